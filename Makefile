@@ -1,0 +1,35 @@
+# One-command entry points. Each target creates .venv and installs on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# The CPU wheel is installed first and explicitly: a bare `torch` requirement on a machine
+# with no torch would pull a multi-GB CUDA build. On a GPU machine, install the CUDA build
+# of torch 2.13 into .venv yourself before running make (see README).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup run test test-slow reproduce clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev,baselines]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m harness $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+reproduce: $(STAMP)
+	$(BIN)/python -m experiments.reproduce
+
+clean:
+	rm -rf $(VENV) outputs multirun
