@@ -1,0 +1,578 @@
+"""Real link faults through network namespaces: blackhole, link down and TCP reset on a rank's data plane.
+
+``NetnsTopology`` builds, for one job, a bridge namespace plus one namespace per rank. Each rank gets two
+veth links into the bridge namespace:
+
+- ``eth0``: the data plane. gloo is pinned to it (``GLOO_SOCKET_IFNAME=eth0``); faults hit only it.
+- ``ctl0``: the out-of-band control channel, never faulted. The control TCPStore server runs inside the
+  bridge namespace (``harness.faults.store_server``) on the control bridge, so the store keeps answering
+  while the data plane is down.
+
+Faults (measured facts, see shared/design/recovery-facts.md section 2): netem is missing from this kernel,
+so a blackhole is ``tbf rate 8bit burst 1 limit 1`` on both ends of the rank's data link; iptables is not
+installed, so a TCP reset is ``ss -K`` (the kernel's sock_destroy) on the rank's data-plane sockets. A
+silent outage shorter than the process-group timeout is absorbed by TCP retransmits: to break a collective,
+make ``outage_s`` longer than the timeout + about 2 s.
+
+Safety: every address lives in 10.0.0.0/8 inside namespaces this job created; no link reaches the root
+namespace and no namespace has a default route, so no packet can leave. The root namespace's interfaces,
+routes and qdiscs are never touched. Teardown always happens: context-manager exit, atexit, and
+SIGINT/SIGTERM handlers; it kills every process inside the job's namespaces (and any process tagged with
+its prefix), deletes the namespaces (which removes the veths, bridges and qdiscs inside them) and checks
+that nothing with the prefix is left. ``cleanup_stale(prefix)`` does the same for a job that was SIGKILLed
+(CLI: ``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from harness.faults.addressing import (
+    CTL_BRIDGE,
+    CTL_IF,
+    DATA_BRIDGE,
+    DATA_IF,
+    PREFIX_RE,
+    Layout,
+    check_prefix,
+    new_prefix,
+)
+
+__all__ = [
+    "FAULT_KINDS",
+    "FALLBACK_KINDS",
+    "TAG_ENV",
+    "LinkFault",
+    "NetnsError",
+    "NetnsTopology",
+    "cleanup_stale",
+    "leftovers",
+    "list_prefixes",
+    "namespaces_available",
+]
+
+FAULT_KINDS = ("blackhole", "link_down", "tcp_reset")
+FALLBACK_KINDS = ("socket_reset", "hang", "kill")  # fault kinds that need no namespaces
+TAG_ENV = "ACCELPACT_NETNS"  # every process of the job carries its prefix here, so leftovers can be found
+_TBF_BLACKHOLE = ("tbf", "rate", "8bit", "burst", "1", "limit", "1")
+
+
+class NetnsError(RuntimeError):
+    """A namespace operation failed; the message names the command and what to do."""
+
+
+@dataclass(frozen=True)
+class LinkFault:
+    """One injected link fault, with wall-clock (``time.time()``) start and heal times."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    t_start: float
+    t_end: float
+    sockets_reset: int = 0  # tcp_reset only: how many sockets ss -K destroyed
+
+
+# --------------------------------------------------------------------------------------------------
+# Running commands
+
+
+def _run(argv: Sequence[str], timeout_s: float = 15.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise NetnsError(f"`{' '.join(argv)}` did not finish in {timeout_s} s") from e
+    if check and done.returncode != 0:
+        raise NetnsError(f"`{' '.join(argv)}` failed (rc {done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _ip_batch(netns: str | None, lines: Sequence[str]) -> None:
+    """Several `ip` commands in one process (inside ``netns`` when given)."""
+    argv = ["ip", *(("-n", netns) if netns else ()), "-batch", "-"]
+    try:
+        done = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired as e:
+        raise NetnsError(f"`{' '.join(argv)}` did not finish in 15 s") from e
+    if done.returncode != 0:
+        raise NetnsError(f"`{' '.join(argv)}` failed: {done.stderr.strip()} (commands: {lines})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Availability
+
+_AVAILABLE: tuple[bool, str] | None = None
+
+
+def namespaces_available() -> tuple[bool, str]:
+    """(True, how) when this process can build network namespaces, else (False, why and what still works).
+
+    Probes by creating and deleting one throwaway namespace; the answer is cached per process."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = _probe()
+    return _AVAILABLE
+
+
+def _probe() -> tuple[bool, str]:
+    still = f"Fault kinds that need no namespaces still work: {', '.join(FALLBACK_KINDS)}."
+    if not sys.platform.startswith("linux"):
+        return False, f"network namespaces are Linux-only (this is {sys.platform}). {still}"
+    missing = [tool for tool in ("ip", "tc", "ss") if shutil.which(tool) is None]
+    if missing:
+        return False, f"{', '.join(missing)} not found (install iproute2). {still}"
+    if os.geteuid() != 0:
+        userns = subprocess.run(["unshare", "-Urn", "true"], capture_output=True).returncode == 0
+        hint = (
+            "unprivileged user namespaces (`unshare -Urn`) do work here, but this harness builds its "
+            "namespaces with `ip netns`, which needs real root"
+            if userns
+            else "unprivileged user namespaces (`unshare -Urn`) are not allowed here either"
+        )
+        return False, f"network-namespace faults ({', '.join(FAULT_KINDS)}) need root; {hint}. Run as root. {still}"
+    probe = f"{new_prefix()}-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return False, f"`ip netns add` failed as root: {made.stderr.strip()}. {still}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return True, "running as root: `ip netns` works"
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding and removing what a job left behind
+
+
+def _netns_list() -> list[str]:
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def list_prefixes() -> list[str]:
+    """Job prefixes that own at least one namespace right now (live or stale)."""
+    found = {name.split("-", 1)[0] for name in _netns_list() if "-" in name}
+    return sorted(p for p in found if PREFIX_RE.match(p))
+
+
+def _tagged_pids(prefix: str) -> set[int]:
+    """Processes of this job found by their tag: ``$ACCELPACT_NETNS`` == prefix, or the job's store server
+    (``--tag prefix``). Never this process or its ancestors (a shell that typed the prefix is not the job)."""
+    import psutil
+
+    spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    pids: set[int] = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.info["pid"] in spared:
+            continue
+        try:
+            argv = proc.info["cmdline"] or []
+            is_server = "harness.faults.store_server" in argv and prefix in argv
+            if is_server or proc.environ().get(TAG_ENV) == prefix:
+                pids.add(proc.info["pid"])
+        except (psutil.Error, OSError):
+            continue
+    return pids
+
+
+def _ns_pids(names: Sequence[str]) -> set[int]:
+    pids: set[int] = set()
+    for name in names:
+        out = _run(["ip", "netns", "pids", name], check=False).stdout
+        pids.update(int(tok) for tok in out.split() if tok.isdigit())
+    pids.discard(os.getpid())
+    return pids
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Everything of job ``prefix`` still on the machine: namespaces, root-namespace links, processes."""
+    check_prefix(prefix)
+    found = [f"netns {n}" for n in _netns_list() if n.startswith(prefix + "-")]
+    links = _run(["ip", "-o", "link", "show"], check=False).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if prefix in line]
+    qdiscs = _run(["tc", "qdisc", "show"], check=False).stdout
+    found += [f"qdisc {line.strip()}" for line in qdiscs.splitlines() if prefix in line]
+    found += [f"process {pid}" for pid in sorted(_tagged_pids(prefix))]
+    return found
+
+
+def cleanup_stale(prefix: str) -> list[str]:
+    """Kill every process of job ``prefix`` and delete its namespaces; return what was removed.
+
+    For a job that died without tearing down (SIGKILL). Safe to call on a live job only if you mean to
+    end it."""
+    check_prefix(prefix)
+    names = [n for n in _netns_list() if n.startswith(prefix + "-")]
+    pids = _ns_pids(names) | _tagged_pids(prefix)
+    removed = [f"process {pid}" for pid in sorted(pids)]
+    _kill_and_wait(pids)
+    for name in names:
+        _run(["ip", "netns", "del", name], check=False)
+    removed += [f"netns {n}" for n in names]
+    return removed
+
+
+def _kill_and_wait(pids: set[int], timeout_s: float = 5.0) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=timeout_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# Teardown on every exit path
+
+_LIVE: set["NetnsTopology"] = set()
+_LIVE_LOCK = threading.Lock()
+_PREVIOUS_HANDLERS: dict[int, object] = {}
+
+
+def _teardown_all() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for topo in live:
+        topo.teardown()
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    _teardown_all()
+    previous = _PREVIOUS_HANDLERS.pop(signum, signal.SIG_DFL)
+    signal.signal(signum, previous)  # type: ignore[arg-type]
+    if callable(previous):
+        previous(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
+    elif previous == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)  # die of the signal as the process would have
+
+
+def _install_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; atexit and __exit__ still cover this owner
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(signum)
+        if current is not _on_signal and current != signal.SIG_IGN:
+            _PREVIOUS_HANDLERS[signum] = current
+            signal.signal(signum, _on_signal)
+
+
+atexit.register(_teardown_all)
+
+
+# --------------------------------------------------------------------------------------------------
+# The topology
+
+
+class NetnsTopology:
+    """A job's namespaces, links, control store server and link faults. Use as a context manager.
+
+    >>> with NetnsTopology(world_size=2) as topo:                      # doctest: +SKIP
+    ...     procs = [subprocess.Popen(topo.wrap_command(r, argv), env={**os.environ, **topo.rank_env(r)})
+    ...              for r in range(2)]
+    ...     topo.blackhole([1], outage_s=timeout + 3)
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        prefix: str | None = None,
+        store_server: bool = True,
+        python: str = sys.executable,
+        server_start_timeout_s: float = 60.0,
+    ) -> None:
+        self.layout = Layout(prefix or new_prefix(), world_size)
+        self.prefix = self.layout.prefix
+        self.world_size = world_size
+        self.faults: list[LinkFault] = []
+        self._want_server = store_server
+        self._python = python
+        self._server_timeout_s = server_start_timeout_s
+        self._server: subprocess.Popen[str] | None = None
+        self._control_addr: tuple[str, int] | None = None
+        self._closed = threading.Event()
+        self._up = False
+
+    # -- lifecycle
+    def __enter__(self) -> "NetnsTopology":
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    def up(self) -> None:
+        """Build the namespaces and links, then start the control store server."""
+        ok, why = namespaces_available()
+        if not ok:
+            raise NetnsError(why)
+        if self._up:
+            return
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        _install_handlers()
+        self._up = True
+        try:
+            self._build()
+            if self._want_server:
+                self._start_server()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _build(self) -> None:
+        lay = self.layout
+        for name in lay.namespaces:
+            _run(["ip", "netns", "add", name])
+        br = lay.bridge_ns
+        lines = ["link set lo up"]
+        for bridge, addr in ((DATA_BRIDGE, lay.bridge_data_addr), (CTL_BRIDGE, lay.bridge_ctl_addr)):
+            lines += [f"link add name {bridge} type bridge", f"addr add {addr}/24 dev {bridge}", f"link set {bridge} up"]
+        for r in range(self.world_size):
+            ns = lay.rank_ns(r)
+            # Both veth ends are created straight into namespaces: the root namespace never holds one.
+            for peer, inner in ((lay.data_peer(r), DATA_IF), (lay.ctl_peer(r), CTL_IF)):
+                bridge = DATA_BRIDGE if inner == DATA_IF else CTL_BRIDGE
+                lines += [
+                    f"link add name {peer} type veth peer name {inner} netns {ns}",
+                    f"link set {peer} master {bridge}",
+                    f"link set {peer} up",
+                ]
+        _ip_batch(br, lines)
+        for r in range(self.world_size):
+            _ip_batch(
+                lay.rank_ns(r),
+                [
+                    "link set lo up",
+                    f"addr add {lay.data_addr(r)}/24 dev {DATA_IF}",
+                    f"addr add {lay.ctl_addr(r)}/24 dev {CTL_IF}",
+                    f"link set {DATA_IF} up",
+                    f"link set {CTL_IF} up",
+                ],
+            )
+
+    def _start_server(self) -> None:
+        host = self.layout.bridge_ctl_addr
+        argv = [self._python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", self.prefix]
+        # The server imports this package: make it importable whatever the launcher's cwd is.
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, TAG_ENV: self.prefix, "PYTHONPATH": path}
+        self._server = subprocess.Popen(
+            ["ip", "netns", "exec", self.layout.bridge_ns, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        # A reader thread keeps the deadline honest even if the server never prints.
+        result: Future[str] = Future()
+
+        def read_ready() -> None:
+            assert self._server is not None and self._server.stdout is not None
+            for line in self._server.stdout:
+                if line.startswith("READY "):
+                    result.set_result(line)
+                    return
+            result.set_result("")
+
+        threading.Thread(target=read_ready, daemon=True, name=f"{self.prefix}-store-ready").start()
+        try:
+            line = result.result(timeout=self._server_timeout_s)
+        except TimeoutError:
+            line = ""
+        if not line:
+            err = ""
+            if self._server.poll() is not None and self._server.stderr is not None:
+                err = self._server.stderr.read()[-2000:]
+            raise NetnsError(
+                f"control store server did not start in the bridge namespace within {self._server_timeout_s} s"
+                f"{': ' + err if err else ''}"
+            )
+        _, host, port = line.split()
+        self._control_addr = (host, int(port))
+
+    def teardown(self) -> list[str]:
+        """Stop faults and the store server, kill every process in the namespaces, delete them.
+
+        Idempotent and safe from signal handlers and atexit. Returns what is left with the prefix
+        (empty on success) and warns on stderr if anything is."""
+        if self._closed.is_set():
+            return []
+        self._closed.set()  # wakes fault threads early; they skip their heal once the namespaces are gone
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if not self._up:
+            return []
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                if self._server.stdin:
+                    self._server.stdin.close()  # EOF: the server exits on its own
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._server.wait(timeout=2)
+        cleanup_stale(self.prefix)
+        left = leftovers(self.prefix)
+        if left:
+            print(
+                f"[netns] teardown of {self.prefix} left: {left}; "
+                f"run `python -m harness.faults.netns cleanup {self.prefix}`",
+                file=sys.stderr,
+            )
+        return left
+
+    # -- what the launcher needs
+    @property
+    def control_addr(self) -> tuple[str, int]:
+        """(host, port) of the control store server, reachable from every rank over ``ctl0``."""
+        if self._control_addr is None:
+            raise NetnsError("no control store server: build the topology with store_server=True and enter it")
+        return self._control_addr
+
+    def wrap_command(self, rank: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside rank ``rank``'s namespace."""
+        return ["ip", "netns", "exec", self.layout.rank_ns(rank), *argv]
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """Environment for rank ``rank`` (merge into the launcher's): gloo pinned to the data plane,
+        MASTER_ADDR on rank 0's data address, the control store address on the control link."""
+        env = {
+            "GLOO_SOCKET_IFNAME": DATA_IF,
+            "MASTER_ADDR": self.layout.data_addr(0),
+            "ACCELPACT_DATA_ADDR": self.layout.data_addr(rank),
+            TAG_ENV: self.prefix,
+        }
+        if self._control_addr is not None:
+            env["ACCELPACT_CONTROL_ADDR"] = f"{self._control_addr[0]}:{self._control_addr[1]}"
+        return env
+
+    # -- faults
+    @contextlib.contextmanager
+    def outage(self, kind: str, ranks: Sequence[int]) -> Iterator[None]:
+        """Apply ``blackhole`` or ``link_down`` to ``ranks`` on entry, heal on exit; record a LinkFault.
+
+        For tests and schedules that hold a fault until something happens rather than for a fixed time."""
+        if kind not in ("blackhole", "link_down"):
+            raise ValueError(f"outage kind must be 'blackhole' or 'link_down', got {kind!r}")
+        ranks = self._check_ranks(ranks)
+        t_start = time.time()
+        try:
+            for r in ranks:
+                self._apply(kind, r, on=True)
+            yield
+        finally:
+            if not self._closed.is_set():
+                for r in ranks:
+                    self._apply(kind, r, on=False)
+            self.faults.append(LinkFault(kind, ranks, t_start, time.time()))
+
+    def _apply(self, kind: str, rank: int, on: bool) -> None:
+        lay = self.layout
+        if kind == "blackhole":
+            op, qdisc = ("add", _TBF_BLACKHOLE) if on else ("del", ())
+            # Both ends: the rank's eth0 drops what it sends, the bridge-side peer what it receives.
+            _run(["tc", "-n", lay.rank_ns(rank), "qdisc", op, "dev", DATA_IF, "root", *qdisc])
+            _run(["tc", "-n", lay.bridge_ns, "qdisc", op, "dev", lay.data_peer(rank), "root", *qdisc])
+        else:
+            _run(["ip", "-n", lay.rank_ns(rank), "link", "set", DATA_IF, "down" if on else "up"])
+
+    def blackhole(self, ranks: Sequence[int], outage_s: float) -> LinkFault:
+        """Drop every data-plane packet of ``ranks`` for ``outage_s`` s, then heal. Blocks; returns the record."""
+        return self._timed("blackhole", ranks, outage_s)
+
+    def link_down(self, ranks: Sequence[int], outage_s: float) -> LinkFault:
+        """``ip link set eth0 down`` on ``ranks`` for ``outage_s`` s, then up again. Blocks."""
+        return self._timed("link_down", ranks, outage_s)
+
+    def tcp_reset(self, ranks: Sequence[int]) -> LinkFault:
+        """Destroy every data-plane TCP socket of ``ranks`` (``ss -K``; the kernel sends the peer a reset).
+
+        Control-link sockets are on another subnet and are left alone."""
+        ranks = self._check_ranks(ranks)
+        t_start = time.time()
+        killed = 0
+        for r in ranks:
+            out = _run(
+                ["ip", "netns", "exec", self.layout.rank_ns(r), "ss", "-K", "-t", "-n", "dst", self.layout.data_subnet],
+                check=False,
+            ).stdout
+            killed += sum(1 for line in out.splitlines()[1:] if line.strip())
+        record = LinkFault("tcp_reset", ranks, t_start, time.time(), sockets_reset=killed)
+        self.faults.append(record)
+        return record
+
+    def inject(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> LinkFault:
+        """Dispatch by fault kind (``FAULT_KINDS``); blocks for the outage."""
+        if kind == "tcp_reset":
+            return self.tcp_reset(ranks)
+        if kind in ("blackhole", "link_down"):
+            return self._timed(kind, ranks, outage_s)
+        raise ValueError(f"unknown link fault {kind!r}: choose one of {FAULT_KINDS}")
+
+    def start(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> "Future[LinkFault]":
+        """``inject`` on a background thread; the future holds the record once healed."""
+        future: Future[LinkFault] = Future()
+
+        def body() -> None:
+            try:
+                future.set_result(self.inject(kind, ranks, outage_s))
+            except BaseException as e:  # surfaced through the future
+                future.set_exception(e)
+
+        threading.Thread(target=body, daemon=True, name=f"{self.prefix}-{kind}").start()
+        return future
+
+    def _timed(self, kind: str, ranks: Sequence[int], outage_s: float) -> LinkFault:
+        if outage_s <= 0:
+            raise ValueError(f"{kind} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)")
+        with self.outage(kind, ranks):
+            self._closed.wait(outage_s)  # returns early if the topology is torn down
+        return self.faults[-1]
+
+    def _check_ranks(self, ranks: Sequence[int]) -> tuple[int, ...]:
+        ranks = tuple(int(r) for r in ranks)
+        if not ranks:
+            raise ValueError("a link fault needs at least one rank")
+        for r in ranks:
+            self.layout.rank_ns(r)  # raises on a rank outside the topology
+        if self._closed.is_set() or not self._up:
+            raise NetnsError("the topology is not up: enter it (with NetnsTopology(...) as topo) first")
+        return ranks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX [PREFIX ...]``"""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.faults.netns", description="find and remove jobs' namespaces")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="job prefixes that own namespaces now (live or stale)")
+    sub.add_parser("leftovers", help="what a job left behind").add_argument("prefix")
+    sub.add_parser("cleanup", help="kill a job's processes and delete its namespaces").add_argument("prefix", nargs="+")
+    args = parser.parse_args(argv)
+    if args.cmd == "list":
+        print("\n".join(list_prefixes()))
+    elif args.cmd == "leftovers":
+        print("\n".join(leftovers(args.prefix)))
+    else:
+        for prefix in args.prefix:
+            for item in cleanup_stale(prefix):
+                print(f"removed {item}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
