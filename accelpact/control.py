@@ -1,0 +1,468 @@
+"""The out-of-band control channel: a long-lived TCPStore client with own deadlines and reconnects.
+
+Ranks agree on how to recover over this channel, never over the data plane that just failed. It is
+a client of a TCPStore server hosted by a process the data-plane faults do not touch (the harness
+parent, or the test process). Facts it is built on (shared/design/recovery-facts.md section 4):
+
+- during a blackhole a store ``wait(timeout)`` is not honoured (26 s for 5 s), so every store call
+  runs on a worker thread and the caller stops waiting at its OWN deadline (plus a small grace);
+  a client whose call overran is abandoned (its socket may be mid-reply) and replaced;
+- after a TCP reset the client never reconnects by itself, so a call that fails with a network
+  error builds a new client (the server and its keys are intact) and retries, within the deadline.
+  Retrying is safe because every call here is idempotent (set of a per-rank key, check, wait, get),
+  except ``add``, which is retried only when the request provably never left ("Broken pipe").
+
+Keys. Every key starts with the per-job token, so a stray process of another job never satisfies a
+wait of this one. Recovery round (generation) ``g`` uses ``{token}/gen{g}/...``; the data plane of
+generation ``g`` is built on a fresh ``PrefixStore("{token}/dp/gen{g}", <fresh client>)``. Keys of
+an older generation or another token are never read, so stale keys need no cleanup to be harmless.
+
+Generations and nested faults. Each rank starts at generation 0 and calls ``advance_generation()``
+exactly once per recovery round, then posts its consensus report with ``gather`` at the new
+generation. A rank therefore posts at EVERY generation it passes through, and it leaves the gather
+of generation ``g`` only after every rank posted there. Hence no rank can be at ``g+2`` while
+another is at ``g``: ranks never differ by more than one generation. If a second fault hits during
+recovery (building or first use of the new group), every rank that sees it advances again; a rank
+that did NOT see it (its part of the collective completed) finds out at its next data-plane
+collective, whose peers have left, or sooner by polling ``generation_superseded()``, which is true
+once any peer has posted at ``generation + 1``. Either way it advances, posts, and the gather at the
+new generation brings everyone back into step, with reports that describe each rank's real state.
+No atomic counter is needed, and nothing is ever decided from a mix of generations.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
+
+if TYPE_CHECKING:
+    import torch.distributed
+
+__all__ = ["ControlConfig", "ControlChannel", "start_control_server", "new_job_token"]
+
+# How much longer than its own deadline a call may take before the caller gives up on the worker:
+# covers thread hand-off and the store's own timeout firing at the same instant as ours.
+_GRACE_S = 0.5
+# Pause between reconnect attempts while the server refuses connections.
+_RECONNECT_BACKOFF_S = 0.05
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Where the control store is and who this rank is. ``job_token`` must not contain '/'."""
+
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    job_token: str  # per-job; every key is prefixed with it so a stray process of another job can't join
+    deadline_s: float = 30.0  # default own deadline for every blocking operation
+    connect_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} / world_size {self.world_size}: need 0 <= rank < world_size")
+        if not self.job_token or "/" in self.job_token:
+            raise ValueError(f"job_token {self.job_token!r} must be non-empty and contain no '/': use new_job_token()")
+        if self.deadline_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("deadline_s and connect_timeout_s must be positive")
+
+
+class _Worker:
+    """One daemon thread that runs store calls, so that the caller can stop waiting at its deadline.
+
+    Daemon, and not a ThreadPoolExecutor, because a worker stuck in a call to a stalled server must
+    never keep the interpreter from exiting.
+    """
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller, which decides
+                fut.set_exception(exc)
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
+class _Connection:
+    """One TCPStore client and the worker thread that runs its calls; replaced whole, never repaired."""
+
+    def __init__(self, name: str):
+        self.worker = _Worker(name)
+        self.store: "torch.distributed.TCPStore | None" = None
+
+
+def _dist():
+    import torch.distributed as dist  # lazily: importing torch costs seconds
+
+    return dist
+
+
+def _is_wait_timeout(exc: BaseException) -> bool:
+    """The store answered 'not yet' (a wait ran out), as opposed to a broken connection."""
+    dist = _dist()
+    return isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower()
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    dist = _dist()
+    return isinstance(exc, dist.DistError) and not _is_wait_timeout(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _new_client(host: str, port: int, timeout_s: float) -> "torch.distributed.TCPStore":
+    dist = _dist()
+    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+class ControlChannel:
+    """A rank's handle on the control store. Thread-safe; calls are serialised on one connection.
+
+    Attributes: ``rank``, ``world_size``, ``job_token``, ``generation`` (the current data-plane
+    generation, starting at 0), ``connects`` / ``reconnects`` (clients built / replaced so far).
+    """
+
+    rank: int
+    world_size: int
+    job_token: str
+    generation: int
+
+    def __init__(self, config: ControlConfig):
+        """Use :meth:`connect` or :meth:`from_env`; this does no I/O."""
+        self.config = config
+        self.rank = config.rank
+        self.world_size = config.world_size
+        self.job_token = config.job_token
+        self.generation = 0
+        self.connects = 0
+        self._lock = threading.RLock()
+        self._conn: _Connection | None = None
+        self._dp_generations: set[int] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def connect(cls, config: ControlConfig) -> "ControlChannel":
+        """Connect to the control store; ControlChannelError if it is unreachable within connect_timeout_s."""
+        chan = cls(config)
+        chan._call(lambda s: s.check([chan.key("hello")]), time.monotonic() + config.connect_timeout_s,
+                   "connect")
+        return chan
+
+    @classmethod
+    def from_env(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+        """Connect using ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE.
+
+        Optional: ACCELPACT_CONTROL_DEADLINE_S, ACCELPACT_CONTROL_CONNECT_TIMEOUT_S. Explicit
+        ``rank`` / ``world_size`` arguments win over the environment.
+        """
+
+        def need(name: str) -> str:
+            value = os.environ.get(name)
+            if not value:
+                raise AccelPactError(
+                    f"environment variable {name} is not set: the launcher must export it "
+                    f"(ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE)")
+            return value
+
+        addr = need("ACCELPACT_CONTROL_ADDR")
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise AccelPactError(f"ACCELPACT_CONTROL_ADDR={addr!r} must look like host:port, e.g. 127.0.0.1:29600")
+        config = ControlConfig(
+            host=host.strip("[]"),
+            port=int(port),
+            rank=int(need("RANK")) if rank is None else rank,
+            world_size=int(need("WORLD_SIZE")) if world_size is None else world_size,
+            job_token=need("ACCELPACT_JOB_TOKEN"),
+            deadline_s=float(os.environ.get("ACCELPACT_CONTROL_DEADLINE_S", ControlConfig.deadline_s)),
+            connect_timeout_s=float(
+                os.environ.get("ACCELPACT_CONTROL_CONNECT_TIMEOUT_S", ControlConfig.connect_timeout_s)),
+        )
+        return cls.connect(config)
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def _addr(self) -> str:
+        return f"{self.config.host}:{self.config.port}"
+
+    def _deadline(self, deadline_s: float | None) -> float:
+        return time.monotonic() + (self.config.deadline_s if deadline_s is None else deadline_s)
+
+    @property
+    def reconnects(self) -> int:
+        """How many times a broken or stalled client was replaced by a new connection."""
+        return max(self.connects - 1, 0)
+
+    def _discard(self, conn: _Connection) -> None:
+        """Stop using conn (reset or stalled); the next call builds a new one."""
+        with self._lock:
+            conn.worker.stop()  # a worker stuck in a call exits once that call returns
+            if self._conn is conn:
+                self._conn = None
+
+    def _run(self, conn: _Connection, fn: Callable[[], Any], deadline: float, what: str) -> Any:
+        """Run fn on conn's worker; at the deadline (plus grace) give up and abandon conn."""
+        fut = conn.worker.submit(fn)
+        try:
+            return fut.result(timeout=max(deadline - time.monotonic(), 0.0) + _GRACE_S)
+        except FutureTimeout:
+            self._discard(conn)  # its socket may be mid-reply: never reuse it
+            raise ControlChannelError(
+                f"control store {self._addr} did not answer {what} before the deadline (rank {self.rank}, "
+                f"generation {self.generation}): the store host is stalled or the network to it is down. "
+                f"Check the process hosting the store, or raise deadline_s.") from None
+
+    def _connection(self, deadline: float) -> _Connection:
+        with self._lock:
+            if self._closed:
+                raise ControlChannelError(f"control channel of rank {self.rank} is closed")
+            if self._conn is None:
+                conn = _Connection(f"accelpact-control-r{self.rank}")
+                timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s) + _GRACE_S
+                try:
+                    conn.store = self._run(
+                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s), deadline,
+                        "a connection")
+                except BaseException:
+                    self._discard(conn)
+                    raise
+                self._conn = conn
+                self.connects += 1
+            return self._conn
+
+    def _call(self, fn: Callable[[Any], Any], deadline: float, what: str, *, idempotent: bool = True) -> Any:
+        """fn(store) with reconnect-and-retry on broken connections, all within the own deadline."""
+        last: BaseException | None = None
+        failures = 0
+        while True:
+            if time.monotonic() >= deadline:
+                raise ControlChannelError(
+                    f"control store {self._addr} unreachable for {what} until the deadline (rank {self.rank}); "
+                    f"last error: {_first_line(last) if last else 'none'}. Is the store host alive?")
+            conn = None
+            try:
+                conn = self._connection(deadline)
+                return self._run(conn, lambda: fn(conn.store), deadline, what)
+            except ControlChannelError:
+                raise
+            except Exception as exc:
+                if not _is_connection_error(exc):
+                    raise
+                last = exc
+                if conn is not None:
+                    self._discard(conn)  # a reset client never recovers by itself: build a new one
+                if not idempotent and "broken pipe" not in str(exc).lower():
+                    raise ControlChannelError(
+                        f"{what} on control store {self._addr} failed mid-request ({_first_line(exc)}); it may or "
+                        f"may not have been applied, so it is not retried. Re-read the key before retrying.") from exc
+                failures += 1
+                if failures > 1:  # the first retry goes straight to a new client: a reset needs no pause
+                    time.sleep(min(_RECONNECT_BACKOFF_S, max(deadline - time.monotonic(), 0.0)))
+
+    # ------------------------------------------------------------------ key-value API
+
+    def key(self, *parts: str) -> str:
+        """The namespaced key ``{job_token}/part/part...`` (never a bare key)."""
+        if not parts or any(not isinstance(p, str) or not p for p in parts):
+            raise ValueError(f"key parts must be non-empty strings, got {parts!r}")
+        return "/".join((self.job_token, *parts))
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set a full key (build it with :meth:`key`)."""
+        self._call(lambda s: s.set(key, value), self._deadline(None), f"set({key!r})")
+
+    def get(self, key: str, deadline_s: float | None = None) -> bytes:
+        """Value of ``key``, waiting for it until the own deadline (ControlChannelError naming the key
+        if it is still absent then). Reconnects transparently after a reset."""
+        values = self._wait_for([key], self._deadline(deadline_s), f"get({key!r})")
+        if values is None:
+            raise ControlChannelError(
+                f"key {key!r} did not appear on control store {self._addr} before the deadline (rank {self.rank})")
+        return values[0]
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomic add; retried after a reconnect only when the request provably never reached the server."""
+        return int(self._call(lambda s: s.add(key, amount), self._deadline(None), f"add({key!r})",
+                              idempotent=False))
+
+    def _wait_for(self, keys: list[str], deadline: float, what: str) -> list[bytes] | None:
+        """Values of all keys, or None if some are still missing at the deadline."""
+
+        def attempt(store):
+            if not store.check(keys):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    store.wait(keys, datetime.timedelta(seconds=remaining))
+                except Exception as exc:
+                    if _is_wait_timeout(exc):
+                        return None
+                    raise
+            return store.multi_get(keys)
+
+        return self._call(attempt, deadline, what)
+
+    def _missing(self, keys: list[str], what: str) -> list[int]:
+        """Indices of keys absent right now (a diagnosis after a deadline, given its own short one)."""
+        present = self._call(lambda s: [s.check([k]) for k in keys], time.monotonic() + _GRACE_S * 4, what)
+        return [i for i, ok in enumerate(present) if not ok]
+
+    # ------------------------------------------------------------------ collectives over the store
+
+    def _round_keys(self, generation: int, tag: str) -> list[str]:
+        return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
+
+    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None) -> dict[int, bytes]:
+        """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
+
+        Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
+        store raises ControlChannelError. Use each (tag, generation) once: keys are never deleted, so
+        a second gather with the same pair would return the first one's payloads.
+        """
+        deadline = self._deadline(deadline_s)
+        keys = self._round_keys(generation, tag)
+        what = f"gather {tag!r} of generation {generation}"
+        self._call(lambda s: (s.set(keys[self.rank], payload),
+                              s.set(self.key(f"gen{generation}", "posted"), b"1")), deadline, what)
+        values = self._wait_for(keys, deadline, what)
+        if values is not None:
+            return dict(enumerate(values))
+        missing = self._missing(keys, what)
+        if not missing:  # everyone arrived just as the deadline passed; keys are never deleted
+            return dict(enumerate(self._call(lambda s: s.multi_get(keys), time.monotonic() + _GRACE_S * 4, what)))
+        raise RankLostError(
+            f"rank(s) {missing} of {self.world_size} did not reach {what} (job {self.job_token}) before the "
+            f"deadline; seen from rank {self.rank}. The rank died, hangs, or is in another generation: "
+            f"recovery in memory is impossible, restore from a checkpoint.",
+            ranks=tuple(missing))
+
+    def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None:
+        """Wait until every rank reached this barrier; RankLostError naming the absent ranks at the deadline."""
+        self.gather(f"barrier/{tag}", b"", generation, deadline_s)
+
+    def generation_superseded(self, deadline_s: float | None = None) -> bool:
+        """True once any rank posted at generation ``self.generation + 1``: a peer is already recovering,
+        so this rank's data plane is dead even if its own collective has not failed yet."""
+        key = self.key(f"gen{self.generation + 1}", "posted")
+        return bool(self._call(lambda s: s.check([key]), self._deadline(deadline_s), "generation check"))
+
+    # ------------------------------------------------------------------ generations and the data plane
+
+    def data_plane_store(self, generation: int) -> "torch.distributed.Store":
+        """A never-used ``PrefixStore("{token}/dp/gen{generation}", <fresh client>)`` for that generation's group.
+
+        A fresh client per generation, not the channel's own: gloo's rendezvous blocks on it without
+        our deadlines, and a client broken by the fault that ended the previous generation must not
+        break the next one. Each generation can be handed out once per channel.
+        """
+        if generation < 0:
+            raise ValueError(f"generation must be >= 0, got {generation}")
+        with self._lock:
+            if generation in self._dp_generations:
+                raise ValueError(
+                    f"the data-plane store of generation {generation} was already handed out; a gloo group "
+                    f"must be built on a never-used prefix: call advance_generation() and use the new generation")
+            self._dp_generations.add(generation)
+        timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s)
+        # Connected on a throwaway worker so that the own deadline holds and a failure here is not
+        # mistaken for a broken control connection.
+        conn = _Connection(f"accelpact-dataplane-r{self.rank}")
+        try:
+            client = self._run(conn, lambda: _new_client(self.config.host, self.config.port, timeout_s),
+                               self._deadline(self.config.connect_timeout_s), "a data-plane connection")
+        except Exception as exc:
+            if not _is_connection_error(exc):
+                raise
+            raise ControlChannelError(
+                f"could not open a data-plane connection to control store {self._addr} for generation "
+                f"{generation} ({_first_line(exc)}). Is the store host alive?") from exc
+        finally:
+            conn.worker.stop()
+        return _dist().PrefixStore(self.key("dp", f"gen{generation}"), client)
+
+    def advance_generation(self) -> int:
+        """generation += 1; each rank calls it exactly once per recovery round. Returns the new generation."""
+        with self._lock:
+            self.generation += 1
+            return self.generation
+
+    # ------------------------------------------------------------------ liveness
+
+    def heartbeat(self) -> None:
+        """Record 'alive now' (wall-clock seconds) for this rank."""
+        self.set(self.key("hb", str(self.rank)), repr(time.time()).encode())
+
+    def last_seen(self, rank: int) -> float | None:
+        """Wall-clock time of ``rank``'s last heartbeat, or None if it never sent one.
+
+        Comparable across processes of one host; across hosts it inherits their clock skew.
+        """
+        key = self.key("hb", str(rank))
+        value = self._call(lambda s: s.get(key) if s.check([key]) else None, self._deadline(None), "last_seen")
+        return None if value is None else float(value.decode())
+
+    def close(self) -> None:
+        """Release the connection. Data-plane stores handed out stay usable by their groups."""
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._discard(self._conn)
+
+    def __enter__(self) -> "ControlChannel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_control_server(host: str = "127.0.0.1", port: int = 0) -> "tuple[torch.distributed.TCPStore, int]":
+    """Host the control store in this process (a long-lived one the data-plane faults do not touch).
+
+    ``port=0`` binds a free port. Returns the server store (keep a reference: the server lives as
+    long as it) and the bound port.
+    """
+    dist = _dist()
+    server = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    return server, server.port
+
+
+def new_job_token() -> str:
+    """A fresh per-job token (16 hex characters) for ControlConfig.job_token / ACCELPACT_JOB_TOKEN."""
+    return secrets.token_hex(8)
