@@ -1,0 +1,382 @@
+"""The parent process: run directory, control store, rank processes, progress, teardown, results.
+
+``Launcher`` owns the processes of one run:
+- ``start_control_store()`` hosts the long-lived TCPStore (the out-of-band control channel; ranks
+  get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
+- ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.worker`` processes, each in
+  its own session (process group) so it can be killed with everything it started,
+- ``poll()`` reports exits, ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
+- ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
+- ``step_hooks`` are called with every rank-0 step event (fault schedules, relaunch policies).
+A later issue adds a relaunch policy (cold restart) by calling ``kill_all`` + ``start_ranks(n+1)``
+from ``wait``'s caller or a hook, without changing the rest.
+
+``run_experiment`` is the whole parent side of one run, and always leaves a results row.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from harness import results
+from harness.events import events_path
+from harness.memory_plan import MemoryPlan
+from harness.progress import EventTailer, Progress
+from harness.rank_env import RankEnv
+from harness.schema import RunConfig, to_dict
+from harness.worker import write_spec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = "logs"
+POLL_S = 0.05
+TERM_GRACE_S = 5.0
+
+
+class Interrupted(Exception):
+    """The parent got SIGINT / SIGTERM / SIGHUP."""
+
+
+@dataclass
+class PollResult:
+    running: list[int]
+    exited: dict[int, int]  # rank -> exit code (negative: killed by that signal)
+
+    @property
+    def failed(self) -> dict[int, int]:
+        return {r: c for r, c in self.exited.items() if c != 0}
+
+    @property
+    def all_ok(self) -> bool:
+        return not self.running and not self.failed
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok" | "failed"
+    reason: str = ""
+    failed_rank: Optional[int] = None
+    exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
+    log_tail: list[str] = field(default_factory=list)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+class Launcher:
+    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, python: str = sys.executable) -> None:
+        self.run = run
+        self.run_dir = Path(run_dir)
+        self.spec_path = spec_path
+        self.python = python
+        self.token = secrets.token_hex(16)
+        self.store: Any = None
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.incarnation = 0
+        self.step_hooks: list[Callable[[dict[str, Any]], None]] = []
+        self._first_failure: Optional[tuple[int, int]] = None
+
+    # -- control channel ---------------------------------------------------------------------
+    def start_control_store(self) -> None:
+        import torch.distributed as dist
+
+        # Port 0: the kernel picks a free port, no race with other runs or tests.
+        self.store = dist.TCPStore(
+            self.run.cluster.master_addr,
+            0,
+            None,
+            True,
+            timeout=timedelta(seconds=self.run.cluster.pg_timeout_s),
+            wait_for_workers=False,
+        )
+
+    @property
+    def control_port(self) -> int:
+        return int(self.store.port)
+
+    # -- ranks -------------------------------------------------------------------------------
+    def rank_environ(self, rank: int, incarnation: int, t_launch: float) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            RankEnv(
+                rank=rank,
+                world_size=self.run.cluster.world_size,
+                local_rank=rank,
+                control_host=self.run.cluster.master_addr,
+                control_port=self.control_port,
+                token=self.token,
+                incarnation=incarnation,
+                t_launch=t_launch,
+                parent_pid=os.getpid(),
+            ).to_environ()
+        )
+        threads = max(1, (os.cpu_count() or 1) // self.run.cluster.world_size)
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",  # never a hub download, even by accident
+                "TRANSFORMERS_OFFLINE": "1",
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+            }
+        )
+        return env
+
+    def start_ranks(self, incarnation: int) -> None:
+        if self.store is None:
+            raise RuntimeError("start_control_store() before start_ranks()")
+        self.incarnation = incarnation
+        (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+        t_launch = time.time()
+        for rank in range(self.run.cluster.world_size):
+            log = open(self.log_path(rank), "ab")
+            try:
+                self.procs[rank] = subprocess.Popen(
+                    [self.python, "-m", "harness.worker", str(self.spec_path)],
+                    env=self.rank_environ(rank, incarnation, t_launch),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: killpg reaches its children too
+                    cwd=os.getcwd(),
+                )
+            finally:
+                log.close()  # the child holds its own descriptor
+
+    def log_path(self, rank: int) -> Path:
+        return self.run_dir / LOG_DIR / f"rank{rank}.log"
+
+    def poll(self) -> PollResult:
+        running, exited = [], {}
+        for rank, proc in self.procs.items():
+            code = proc.poll()
+            if code is None:
+                running.append(rank)
+            else:
+                exited[rank] = code
+        failed = {r: c for r, c in exited.items() if c != 0}
+        if failed and self._first_failure is None:
+            # Several may die in one poll (a killed rank takes its peers down): prefer the one a
+            # signal killed, then the lowest rank, as the origin.
+            rank = min(failed, key=lambda r: (failed[r] >= 0, r))
+            self._first_failure = (rank, failed[rank])
+        return PollResult(running, exited)
+
+    def signal_rank(self, rank: int, sig: int) -> None:
+        """Send ``sig`` to rank ``rank``'s process group (parent-side faults: SIGSTOP, SIGKILL)."""
+        proc = self.procs[rank]
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+
+    def kill_all(self, grace_s: float = TERM_GRACE_S) -> None:
+        """SIGTERM every live rank's process group, SIGKILL what is left after ``grace_s``; reap all."""
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for proc in live:
+            _killpg(proc.pid, signal.SIGCONT)  # a SIGSTOPped rank cannot act on SIGTERM
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            # Also the group of ranks that exited: their children (if any) must not outlive them.
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def last_log_lines(self, rank: int, n: int = 15) -> list[str]:
+        try:
+            lines = self.log_path(rank).read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        return [line for line in lines if line.strip()][-n:]
+
+    def close(self) -> None:
+        self.kill_all()
+        self.store = None  # the server thread stops when the last reference goes
+
+    # -- the main loop -----------------------------------------------------------------------
+    def wait(self, progress: Optional[Progress] = None) -> Outcome:
+        """Follow rank 0's events until every rank exits or one fails; then tear down on failure."""
+        tailer = EventTailer(events_path(self.run_dir, 0))
+
+        def drain() -> None:
+            for event in tailer.read_new():
+                if event.get("kind") != "step":
+                    continue
+                if progress is not None:
+                    progress.update(event)
+                for hook in self.step_hooks:
+                    hook(event)
+
+        with _signals_raise_interrupted():
+            try:
+                while True:
+                    drain()
+                    state = self.poll()
+                    if state.failed or not state.running:
+                        break
+                    time.sleep(POLL_S)
+            except (KeyboardInterrupt, Interrupted) as exc:
+                self.kill_all()
+                what = "SIGINT (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+                return Outcome("failed", f"interrupted by {what}", exit_codes=self._codes())
+            drain()
+            if state.all_ok:
+                return Outcome("ok", exit_codes=self._codes())
+            self.kill_all()
+            assert self._first_failure is not None
+            rank, code = self._first_failure
+            tail = self.last_log_lines(rank)
+            last = next((line for line in reversed(tail) if line.strip()), "")
+            reason = f"rank {rank} exited with code {describe_exit(code)}"
+            if last:
+                reason += f": {last.strip()[:300]}"
+            return Outcome("failed", reason, failed_rank=rank, exit_codes=self._codes(), log_tail=tail)
+
+    def _codes(self) -> dict[int, Optional[int]]:
+        return {r: p.poll() for r, p in self.procs.items()}
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _signals_raise_interrupted:
+    """SIGTERM / SIGHUP raise ``Interrupted`` in the main loop (SIGINT already raises KeyboardInterrupt)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> None:
+        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
+
+        def handler(signum: int, _frame: Any) -> None:
+            raise Interrupted(signal.Signals(signum).name)
+
+        for s in self.SIGNALS:
+            signal.signal(s, handler)
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def new_run_id(run_dir: Path) -> str:
+    return f"{run_dir.name}-{secrets.token_hex(3)}"
+
+
+def write_resolved_config(run_dir: Path, run: RunConfig) -> Path:
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(run))))
+    return path
+
+
+def run_experiment(
+    run: RunConfig,
+    run_dir: Path,
+    memory_plan: Optional[MemoryPlan] = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The parent side of one run. Always writes the results row (status ok or failed) and returns it."""
+    started = time.time()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id(run_dir)
+    write_resolved_config(run_dir, run)
+    spec = write_spec(run_dir, run)
+    if memory_plan is not None:
+        print(memory_plan.table(), flush=True)
+    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
+          f" ranks, strategy={run.strategy.name.value}, fault={run.fault.kind.value}\n  run dir: {run_dir}", flush=True)
+    outcome = Outcome("failed", "harness error before the ranks started")
+    progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
+    launcher = Launcher(run, run_dir, spec)
+    try:
+        launcher.start_control_store()
+        launcher.start_ranks(incarnation=0)
+        outcome = launcher.wait(progress)
+    except BaseException as exc:
+        outcome = Outcome("failed", f"harness error: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        progress.close()
+        launcher.close()
+        row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides)
+    return row
+
+
+def _finish(
+    run: RunConfig,
+    run_dir: Path,
+    run_id: str,
+    outcome: Outcome,
+    started: float,
+    memory_plan: Optional[MemoryPlan],
+    overrides: Sequence[str],
+) -> dict[str, Any]:
+    row = results.build_row(
+        run,
+        run_dir,
+        run_id=run_id,
+        status=outcome.status,
+        reason=outcome.reason,
+        wall_s=time.time() - started,
+        n_params=memory_plan.n_params if memory_plan else None,
+        started_at=started,
+        overrides=overrides,
+        extra={"failed_rank": outcome.failed_rank},
+    )
+    summary = {
+        "exit_codes": outcome.exit_codes,
+        "log_tail": outcome.log_tail,
+        "memory_plan": memory_plan.table() if memory_plan else None,
+    }
+    results.write_row(run_dir, row, summary)
+    index = Path(run.index_path)
+    results.append_to_index(index, row)
+    try:
+        from harness import plots
+
+        plots.plot_run(run_dir, title=f"{run.name}: {run.model.name}, {run.cluster.world_size} ranks")
+    except Exception as exc:  # a plot must never cost the row
+        print(f"warning: plot failed: {exc}", file=sys.stderr)
+    if outcome.status == "ok":
+        tps = row.get("tokens_per_s")
+        print(
+            f"done: {row['steps_done']} steps in {row['wall_s']:.1f} s (train {row['train_s'] or 0:.1f} s), "
+            f"{tps or 0:,.0f} tokens/s, final loss {row['final_loss']}, state {str(row['state_hash'])[:16]}, "
+            f"ranks agree: {row['ranks_agree']}\n  row: {run_dir / results.ROW_FILE}  index: {index}",
+            flush=True,
+        )
+    else:
+        print(f"run failed: {outcome.reason}", file=sys.stderr, flush=True)
+        if outcome.log_tail:
+            print(f"last lines of rank {outcome.failed_rank}'s log ({launcher_log(run_dir, outcome.failed_rank)}):",
+                  file=sys.stderr)
+            for line in outcome.log_tail:
+                print(f"  | {line}", file=sys.stderr)
+    return row
+
+
+def launcher_log(run_dir: Path, rank: Optional[int]) -> Path:
+    return Path(run_dir) / LOG_DIR / f"rank{rank}.log"

@@ -1,0 +1,130 @@
+"""Check a `python -m harness ARGS` command line before Hydra creates anything.
+
+Composes each job the command would run (command-line sweeps expanded), converts it to the typed
+config and validates it against this machine. Every failure becomes a ``ConfigError`` whose text is
+one line naming the override that fixes it; Hydra's own multi-line composition errors are
+translated here. Runs in the parent only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Sequence
+
+from harness import capabilities
+from harness.config import GROUPS, compose, default_option, group_options, load_catalogue, to_run_config
+from harness.machine import probe
+from harness.memory_plan import MemoryPlan
+from harness.schema import Device
+from harness.validate import Catalogue, ConfigError, validate
+
+# Command-line switches after which there is nothing to run (help, printing the config, ...).
+_NO_RUN_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "version")
+MAX_SWEEP_JOBS_CHECKED = 64
+
+
+def job_overrides(argv: Sequence[str]) -> tuple[list[list[str]], bool] | None:
+    """The override list of every job ``argv`` would run and whether it is a multirun; None if it runs none."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _unknown = get_args_parser().parse_known_args(list(argv))
+    if any(getattr(args, flag, None) for flag in _NO_RUN_FLAGS):
+        return None
+    overrides = [o for o in args.overrides if not _key(o).startswith(("hydra.", "hydra/"))]
+    if not args.multirun:
+        return [overrides], False
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise ConfigError(_first_line(exc)) from None
+    axes: list[list[str]] = []
+    for ov in parsed:
+        key = ov.get_key_element()
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+        axes.append([f"{key}={v}" for v in values])
+    jobs = [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_SWEEP_JOBS_CHECKED)]
+    return jobs, True
+
+
+def check(argv: Sequence[str]) -> list[MemoryPlan]:
+    """Memory plans of every job of ``argv``; ConfigError (one line) on the first bad one."""
+    jobs = job_overrides(argv)
+    if jobs is None:
+        return []
+    catalogue = load_catalogue()
+    return [check_overrides(overrides, catalogue) for overrides in jobs[0]]
+
+
+def check_overrides(overrides: Sequence[str], catalogue: Catalogue | None = None) -> MemoryPlan:
+    """Compose + type-check + validate one job's overrides."""
+    try:
+        cfg = compose(overrides)
+        run = to_run_config(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(explain_compose_error(exc, overrides)) from None
+    machine = probe(with_gpus=run.cluster.device == Device.cuda)
+    memory = validate(run, machine, catalogue or load_catalogue(), overrides)
+    capabilities.check_runnable(run)
+    return memory
+
+
+def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
+    """One line for a Hydra/OmegaConf composition error, naming the override that fixes it."""
+    text = str(exc)
+    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    if missing:
+        group, value = missing.groups()
+        options = group_options(group)
+        example = default_option(group) or (options[0] if options else "...")
+        return f"unknown {group}={value}; available {group} options: {', '.join(options)} (e.g. `{group}={example}`)"
+    no_match = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if no_match:
+        return f"unknown config group '{no_match.group(1)}'; the groups are {', '.join(GROUPS)}"
+    cause = exc.__cause__ or exc.__context__
+    full_key = getattr(cause, "full_key", None)
+    if cause is not None and full_key:
+        detail = _first_line(cause)
+        given = next((o for o in overrides if _key(o) == full_key.split("[")[0]), full_key)
+        if "not in" in detail or type(cause).__name__ == "ConfigAttributeError":
+            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+            return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
+        example = _default_value(full_key.split("[")[0], overrides)
+        hint = f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None else ""
+        return f"bad value in `{given}`: {detail}{hint}"
+    return _first_line(exc).replace("To append to your config use", "to add a new key use")
+
+
+def _known_keys(parent: str, overrides: Sequence[str]) -> str:
+    others = [o for o in overrides if not _key(o).startswith(parent + ".")] if parent else []
+    try:
+        node = compose(others)
+        for part in parent.split(".") if parent else []:
+            node = node[part]
+        return f"valid keys{' of ' + parent if parent else ''}: {', '.join(k for k in node.keys())}"
+    except Exception:
+        return "check the spelling against conf/"
+
+
+def _default_value(key: str, overrides: Sequence[str]) -> object | None:
+    others = [o for o in overrides if _key(o) != key]
+    try:
+        node = compose(others)
+        for part in key.split("."):
+            node = node[part]
+        return node
+    except Exception:
+        return None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,69 @@
+"""Progress of a run as the parent sees it, fed by rank 0's step events.
+
+``EventTailer`` reads complete new lines of a JSONL file (a torn last line waits for the next read).
+``Progress`` shows a tqdm bar (step, loss, tokens/s) on a terminal, and one plain line every
+``log_every`` steps otherwise, so logs and CI output stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+
+class EventTailer:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self) -> Iterator[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+
+
+class Progress:
+    def __init__(self, total_steps: int, world_size: int, log_every: int, enabled: bool = True) -> None:
+        self.total = total_steps
+        self.world_size = world_size
+        self.log_every = max(1, log_every)
+        self.enabled = enabled
+        self._bar: Optional[Any] = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+
+    def update(self, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        dt = max(event["t_end"] - event["t_start"], 1e-9)
+        tps = event["tokens"] * self.world_size / dt
+        done = event["step"] + 1
+        if self._bar is not None:
+            self._bar.n = done
+            self._bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            self._bar.refresh()
+        elif done % self.log_every == 0 or done == self.total:
+            print(f"step {done}/{self.total}  loss {event['loss']:.4f}  tokens/s {tps:,.0f}", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

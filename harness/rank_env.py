@@ -1,0 +1,71 @@
+"""The parent -> rank contract carried in environment variables (the spec file carries the config).
+
+``ACCELPACT_CONTROL_ADDR`` / ``ACCELPACT_JOB_TOKEN`` name the parent's long-lived store and this
+job's token; every data-plane key is prefixed with the token so a stray process from another job
+cannot join. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+CONTROL_ADDR = "ACCELPACT_CONTROL_ADDR"
+JOB_TOKEN = "ACCELPACT_JOB_TOKEN"
+INCARNATION = "HARNESS_INCARNATION"
+T_LAUNCH = "HARNESS_T_LAUNCH"
+PARENT_PID = "HARNESS_PARENT_PID"
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    control_host: str
+    control_port: int
+    token: str
+    incarnation: int = 0
+    t_launch: float = 0.0
+    parent_pid: int = 0
+
+    @property
+    def control_addr(self) -> str:
+        return f"{self.control_host}:{self.control_port}"
+
+    def data_plane_prefix(self, generation: int = 0) -> str:
+        """Store prefix of data-plane process group generation ``generation``."""
+        return f"{self.token}/dp/gen{generation}"
+
+    def to_environ(self) -> dict[str, str]:
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            CONTROL_ADDR: self.control_addr,
+            JOB_TOKEN: self.token,
+            INCARNATION: str(self.incarnation),
+            T_LAUNCH: repr(self.t_launch),
+            PARENT_PID: str(self.parent_pid),
+        }
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> "RankEnv":
+        missing = [k for k in ("RANK", "WORLD_SIZE", CONTROL_ADDR, JOB_TOKEN) if k not in env]
+        if missing:
+            raise RuntimeError(
+                f"rank process started without {', '.join(missing)}; start ranks with `python -m harness`"
+            )
+        host, _, port = env[CONTROL_ADDR].rpartition(":")
+        return cls(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+            control_host=host,
+            control_port=int(port),
+            token=env[JOB_TOKEN],
+            incarnation=int(env.get(INCARNATION, "0")),
+            t_launch=float(env.get(T_LAUNCH, "0")),
+            parent_pid=int(env.get(PARENT_PID, "0")),
+        )

@@ -1,0 +1,158 @@
+"""One tidy results row per run: ``<run_dir>/summary.json`` + ``<run_dir>/row.csv``, and an index.
+
+Every file is written atomically (temp file + ``os.replace``), so a reader never sees half a row.
+The index (``RunConfig.index_path``, default ``outputs/index.csv``) gathers the rows of all runs; it
+is rewritten under an exclusive file lock, so concurrent runs do not lose rows and a row with new
+columns (later issues add goodput columns) widens the table instead of breaking it.
+A run that dies still gets its row, with ``status=failed`` and the ``reason``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from harness import identity
+from harness.events import read_events
+from harness.schema import RunConfig
+
+ROW_FILE = "row.csv"
+SUMMARY_FILE = "summary.json"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_sha(repo: Path = REPO_ROOT) -> tuple[str, bool]:
+    """(HEAD sha, working tree dirty) of the repo, ("unknown", False) outside git."""
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.strip()
+        )
+        return (sha or "unknown"), dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def step_stats(events: Sequence[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """Throughput and loss figures from the ranks' step events (pure)."""
+    steps = [e for e in events if e["kind"] == "step"]
+    rank0 = sorted((e for e in steps if e["rank"] == 0), key=lambda e: (e["t_end"]))
+    out: dict[str, Any] = {
+        "steps_done": len({e["step"] for e in rank0}),
+        "tokens": sum(int(e["tokens"]) for e in steps),
+        "final_loss": rank0[-1]["loss"] if rank0 else None,
+        "train_s": None,
+        "tokens_per_s": None,
+        "steps_per_s": None,
+        "step_time_median_s": None,
+    }
+    if rank0:
+        train_s = max(e["t_end"] for e in steps) - min(e["t_start"] for e in steps)
+        out["train_s"] = train_s
+        out["step_time_median_s"] = statistics.median(e["t_end"] - e["t_start"] for e in rank0)
+        if train_s > 0:
+            out["tokens_per_s"] = out["tokens"] / train_s
+            out["steps_per_s"] = len(rank0) / train_s
+    ready = [e["t_ready"] - e["t_launch"] for e in events if e["kind"] == "restart" and e.get("t_launch")]
+    out["startup_s"] = max(ready) if ready else None
+    return out
+
+
+def build_row(
+    run: RunConfig,
+    run_dir: Path,
+    *,
+    run_id: str,
+    status: str,
+    reason: str,
+    wall_s: float,
+    n_params: Optional[int],
+    started_at: float,
+    overrides: Sequence[str] = (),
+    extra: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """The row of a finished (or failed) run, from its config, events and identity records."""
+    import torch
+
+    sha, dirty = git_sha()
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "git_sha": sha,
+        "git_dirty": dirty,
+        "experiment": run.name,
+        "model": run.model.name,
+        "n_params": n_params,
+        "world_size": run.cluster.world_size,
+        "cluster": run.cluster.name,
+        "backend": run.cluster.backend.value,
+        "device": run.cluster.device.value,
+        "precision": run.train.mixed_precision.value,
+        "strategy": run.strategy.name.value,
+        "fault": run.fault.kind.value,
+        "checkpoint_mode": run.checkpoint.mode.value if run.checkpoint.interval else "none",
+        "checkpoint_interval": run.checkpoint.interval,
+        "seed": run.train.seed,
+        "steps": run.train.steps,
+        "batch_size": run.model.batch_size,
+        "seq_len": run.model.seq_len,
+        "status": status,
+        "reason": reason,
+        "wall_s": wall_s,
+    }
+    row.update(step_stats(read_events(run_dir) if (run_dir / "events").exists() else [], run.cluster.world_size))
+    row.update(identity.summarize(run_dir))
+    row.update(
+        {
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at)),
+            "host": socket.gethostname(),
+            "torch": torch.__version__,
+            "overrides": " ".join(overrides),
+            "run_dir": str(run_dir),
+        }
+    )
+    row.update(extra or {})
+    return row
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_row(run_dir: Path, row: dict[str, Any], summary: Optional[dict[str, Any]] = None) -> None:
+    """``row.csv`` (one row) and ``summary.json`` (the row plus ``summary``) in the run directory."""
+    _atomic_write(run_dir / ROW_FILE, pd.DataFrame([row]).to_csv(index=False))
+    _atomic_write(run_dir / SUMMARY_FILE, json.dumps({**(summary or {}), "row": row}, indent=1, default=str))
+
+
+def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
+    """Add ``row`` to the index CSV under an exclusive lock (columns are unioned)."""
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = index_path.with_name(index_path.name + ".lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            frames = [pd.read_csv(index_path)] if index_path.exists() and index_path.stat().st_size else []
+            table = pd.concat([*frames, pd.DataFrame([row])], ignore_index=True)
+            _atomic_write(index_path, table.to_csv(index=False))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_index(index_path: Path) -> pd.DataFrame:
+    return pd.read_csv(index_path)

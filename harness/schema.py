@@ -1,0 +1,196 @@
+"""Typed run configuration: plain dataclasses, no Hydra, no OmegaConf.
+
+These are the schemas Hydra type-checks every YAML value and command-line override against
+(``harness.config`` registers them in the ConfigStore), and the same objects the Hydra-free rank
+processes rebuild from ``worker_spec.json`` (``run_config_from_dict``). Closed vocabularies are
+``str`` enums so OmegaConf rejects a typo with the list of valid values, and so they serialise
+to JSON as their plain string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional, Type, TypeVar
+
+
+class StrategyName(str, Enum):
+    none = "none"
+    accelpact = "accelpact"
+    cold_restart = "cold_restart"
+    checkpoint_restore = "checkpoint_restore"
+
+
+class FaultKind(str, Enum):
+    none = "none"
+    socket_reset = "socket_reset"
+    blackhole = "blackhole"
+    link_down = "link_down"
+    tcp_reset = "tcp_reset"
+    hang = "hang"
+    kill = "kill"
+
+
+class FaultPhase(str, Enum):
+    forward_allgather_first = "forward_allgather_first"
+    forward_allgather_middle = "forward_allgather_middle"
+    backward_reduce_scatter = "backward_reduce_scatter"
+    clip_allreduce = "clip_allreduce"
+    vote = "vote"
+
+
+class FaultSchedule(str, Enum):
+    at_step = "at_step"
+    at_age = "at_age"
+    every = "every"
+    random = "random"
+
+
+# Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
+CheckpointMode = Enum(  # type: ignore[misc]
+    "CheckpointMode", {"sync": "sync", "async": "async", "async_pinned": "async_pinned"}, type=str
+)
+
+
+class Backend(str, Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+@dataclass
+class ModelConfig:
+    """A Mistral-family decoder, built from these numbers with random init (never downloaded)."""
+
+    name: str = "mistral_tiny"
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_layers: int = 4
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    max_position: int = 2048
+    seq_len: int = 128
+    batch_size: int = 4  # per rank
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 25
+    seed: int = 0
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0  # <= 0 disables clipping
+    mixed_precision: Precision = Precision.fp32
+    log_every: int = 5
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local_cpu"
+    backend: Backend = Backend.gloo
+    device: Device = Device.cpu
+    world_size: int = 2
+    pg_timeout_s: float = 120.0
+    master_addr: str = "127.0.0.1"
+
+
+@dataclass
+class StrategyConfig:
+    name: StrategyName = StrategyName.none
+    recovery_deadline_s: float = 60.0
+    max_restarts: int = 20
+
+
+@dataclass
+class FaultConfig:
+    kind: FaultKind = FaultKind.none
+    phase: FaultPhase = FaultPhase.backward_reduce_scatter
+    ranks: List[int] = field(default_factory=lambda: [0])
+    schedule: FaultSchedule = FaultSchedule.at_step
+    at_step: Optional[int] = None
+    at_age: Optional[int] = None
+    every: Optional[int] = None
+    count: int = 1
+    seed: int = 0
+    outage_s: float = 8.0
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 0  # optimizer steps between saves; 0 = never
+    mode: CheckpointMode = CheckpointMode.sync  # type: ignore[valid-type]
+    dir: Optional[str] = None  # None = <run_dir>/checkpoints
+    keep: int = 2
+
+
+@dataclass
+class RunConfig:
+    name: str = "smoke"  # the experiment's name, set by each conf/experiment/*.yaml
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Rows of every run are collected here (relative paths are relative to the working directory).
+    index_path: str = "outputs/index.csv"
+    progress: bool = True
+
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON-ready dict of a config dataclass (enums become their string values)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def from_dict(cls: Type[T], data: dict[str, Any]) -> T:
+    """Inverse of ``to_dict`` for one dataclass; unknown keys are an error, missing keys keep defaults."""
+    hints = _resolved_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = from_dict(tp, value)
+        elif isinstance(tp, type) and issubclass(tp, Enum):
+            kwargs[key] = tp(value)
+        elif isinstance(value, list):
+            kwargs[key] = list(value)
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
+    return from_dict(RunConfig, data)
+
+
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)

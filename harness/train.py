@@ -1,0 +1,152 @@
+"""One rank's training: data-plane process group, FSDP2 model, AdamW, the loop, events, identity.
+
+``train(cfg, env, run_dir)`` is a plain function (NVRx's in-process restart wraps a function). The
+per-step work belongs to a ``Strategy``; this loop is the same for all of them. No Hydra here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from harness import identity, strategies
+from harness.data import make_batch
+from harness.events import EventLog
+from harness.models import build_model
+from harness.rank_env import RankEnv
+from harness.schema import Device, Precision, RunConfig
+from harness.strategies.base import Strategy, TrainContext
+
+
+@dataclass
+class TrainResult:
+    steps_committed: int
+    identity: dict[str, Any]
+
+
+def connect_control_store(env: RankEnv, timeout_s: float) -> Any:
+    """A client of the parent's long-lived TCPStore (the out-of-band channel)."""
+    return dist.TCPStore(
+        env.control_host,
+        env.control_port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def init_data_plane(cfg: RunConfig, env: RankEnv, control_store: Any, generation: int = 0) -> None:
+    """The default process group, built on the token/generation prefix of the control store."""
+    store = dist.PrefixStore(env.data_plane_prefix(generation), control_store)
+    kwargs: dict[str, Any] = {}
+    if cfg.cluster.device == Device.cuda:
+        kwargs["device_id"] = torch.device("cuda", env.local_rank)
+    dist.init_process_group(
+        backend=cfg.cluster.backend.value,
+        store=store,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=cfg.cluster.pg_timeout_s),
+        **kwargs,
+    )
+
+
+def rank_device(cfg: RunConfig, env: RankEnv) -> torch.device:
+    if cfg.cluster.device == Device.cuda:
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def mixed_precision_policy(cfg: RunConfig) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if cfg.train.mixed_precision == Precision.bf16:
+        # bf16 compute and all-gathers, fp32 gradient reduction and fp32 sharded master weights.
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def set_cpu_threads(world_size_on_host: int) -> None:
+    """Split the cores between the ranks of this host: oversubscribed intra-op threads thrash."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
+
+
+def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any) -> TrainContext:
+    device = rank_device(cfg, env)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (env.world_size,))
+    model = build_model(cfg.model, cfg.train.seed, mesh, device, mixed_precision_policy(cfg))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    return TrainContext(
+        cfg=cfg,
+        rank=env.rank,
+        world_size=env.world_size,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        events=events,
+        run_dir=run_dir,
+        incarnation=env.incarnation,
+        control_store=control_store,
+    )
+
+
+def run_loop(
+    ctx: TrainContext, strategy: Strategy, steps: Optional[int] = None, start: Optional[int] = None
+) -> int:
+    """Steps ``start`` (default ``strategy.first_step()``) .. ``steps``-1, one ``step`` event each.
+
+    Returns the index after the last committed step."""
+    cfg, m = ctx.cfg, ctx.cfg.model
+    last = cfg.train.steps if steps is None else steps
+    tokens_per_step = m.batch_size * m.seq_len
+    step = strategy.first_step() if start is None else start
+    while step < last:
+        t_start = time.time()
+        batch = make_batch(cfg.train.seed, step, ctx.rank, m.batch_size, m.seq_len, m.vocab_size)
+        loss = strategy.run_step(step, batch.to(ctx.device, non_blocking=True))
+        t_end = time.time()
+        ctx.events.emit(
+            "step",
+            step=step,
+            t_start=t_start,
+            t_end=t_end,
+            loss=loss,
+            tokens=tokens_per_step,
+            incarnation=ctx.incarnation,
+            replay=strategy.is_replay(step),
+        )
+        strategy.after_step(step)
+        step += 1
+    return step
+
+
+def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
+    """One rank's whole life after start-up. Collective: every rank of the job must call it."""
+    if cfg.cluster.device == Device.cpu:
+        set_cpu_threads(env.world_size)
+    with EventLog(run_dir, env.rank) as events:
+        control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
+        init_data_plane(cfg, env, control_store)
+        try:
+            ctx = build_context(cfg, env, run_dir, events, control_store)
+            strategy = strategies.load(cfg.strategy.name.value)(ctx)
+            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation)
+            try:
+                committed = run_loop(ctx, strategy)
+            finally:
+                strategy.close()
+            record = identity.compute_identity(ctx.model, ctx.optimizer, committed)
+            identity.write_identity(run_dir, record)
+            return TrainResult(steps_committed=committed, identity=record)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()

@@ -1,0 +1,209 @@
+"""Validation of a typed RunConfig against this machine: one readable line per problem, with the fix.
+
+Everything here runs before a run directory or a process exists, so a rejected config leaves nothing
+behind. The rules take the machine as data (``harness.machine.Machine``) so they are unit-testable.
+
+When the requested cluster or model cannot run here, the error names the exact command that runs
+the same protocol (same strategy, fault, checkpoint schedule) at a size that fits: a cluster this
+machine has and the largest shipped model whose memory plan fits. The model is never swapped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from harness.machine import RANKS_PER_CORE, GiB, Machine
+from harness.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
+from harness.schema import Backend, ClusterConfig, Device, ModelConfig, Precision, RunConfig
+
+
+class ConfigError(ValueError):
+    """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it."""
+
+    def __init__(self, message: str, memory_plan: MemoryPlan | None = None) -> None:
+        super().__init__(message)
+        self.memory_plan = memory_plan
+
+
+@dataclass
+class Catalogue:
+    """The shipped group options validation may suggest (from conf/model and conf/cluster)."""
+
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    clusters: dict[str, ClusterConfig] = field(default_factory=dict)
+    _counts: dict[str, ParamCounts] = field(default_factory=dict)
+
+    def counts(self, m: ModelConfig) -> ParamCounts:
+        key = repr(m)
+        if key not in self._counts:
+            self._counts[key] = param_counts(m)
+        return self._counts[key]
+
+
+def check_values(run: RunConfig) -> None:
+    """Checks that need neither the machine nor torch."""
+    t, m, c = run.train, run.model, run.cluster
+    if t.steps <= 0:
+        raise ConfigError(f"train.steps={t.steps}: a run needs at least one step; try `train.steps=25`")
+    if t.log_every <= 0:
+        raise ConfigError(f"train.log_every={t.log_every} must be at least 1; try `train.log_every=5`")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be positive; try `train.lr=3e-3`")
+    if c.world_size < 1:
+        raise ConfigError(f"cluster.world_size={c.world_size} must be at least 1; try `cluster.world_size=2`")
+    if c.pg_timeout_s <= 0:
+        raise ConfigError(f"cluster.pg_timeout_s={c.pg_timeout_s} must be positive; try `cluster.pg_timeout_s=120`")
+    for key in ("batch_size", "seq_len", "num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_size"):
+        if getattr(m, key) < 1:
+            raise ConfigError(f"model.{key}={getattr(m, key)} must be at least 1; pick a shipped model, e.g. `model=mistral_tiny`")
+    if m.seq_len > m.max_position:
+        raise ConfigError(f"model.seq_len={m.seq_len} exceeds model.max_position={m.max_position}; try `model.seq_len={m.max_position}`")
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}")
+    bad = [r for r in run.fault.ranks if not 0 <= r < c.world_size]
+    if bad:
+        raise ConfigError(
+            f"fault.ranks={list(run.fault.ranks)} names rank(s) {bad} outside 0..{c.world_size - 1} "
+            f"(cluster.world_size={c.world_size}); try `fault.ranks=[{c.world_size - 1}]`"
+        )
+    if run.checkpoint.interval < 0:
+        raise ConfigError(f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`")
+    if run.checkpoint.keep < 1:
+        raise ConfigError(f"checkpoint.keep={run.checkpoint.keep} must be at least 1; try `checkpoint.keep=2`")
+
+
+def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, str]] | None:
+    """Why this machine cannot provide ``run.cluster``, and the overrides that give one it can."""
+    c = run.cluster
+    if c.backend == Backend.nccl and c.device == Device.cpu:
+        return "cluster.backend=nccl needs cluster.device=cuda", _to_local_cpu(run, machine)
+    if c.backend == Backend.gloo and c.device == Device.cuda:
+        return "FSDP2 on CUDA needs cluster.backend=nccl (gloo has no CUDA reduce-scatter)", {"cluster.backend": "nccl"}
+    if c.device == Device.cuda:
+        if machine.gpu_count == 0:
+            return f"cluster={c.name} needs CUDA GPUs and this machine has none", _to_local_cpu(run, machine)
+        if c.world_size > machine.gpu_count:
+            return (
+                f"cluster.world_size={c.world_size} needs {c.world_size} GPUs with cluster={c.name}; "
+                f"this machine has {machine.gpu_count}",
+                {"cluster.world_size": str(machine.gpu_count)},
+            )
+        return None
+    limit = machine.local_cpu_rank_limit()
+    if c.world_size > limit:
+        return (
+            f"cluster.world_size={c.world_size} needs {c.world_size} ranks; cluster={c.name} allows at most "
+            f"{limit} on this machine ({RANKS_PER_CORE} per core x {machine.cpu_cores} cores, "
+            f"{machine.usable_mem / GiB:.1f} GiB usable)",
+            {"cluster.world_size": str(limit)},
+        )
+    return None
+
+
+def _to_local_cpu(run: RunConfig, machine: Machine) -> dict[str, str]:
+    fix = {"cluster": "local_cpu"}
+    ws = min(run.cluster.world_size, machine.local_cpu_rank_limit())
+    fix["cluster.world_size"] = str(ws)
+    if run.train.mixed_precision == Precision.bf16:
+        fix["train.mixed_precision"] = "fp32"
+    return fix
+
+
+def apply_fix(run: RunConfig, fix: dict[str, str], catalogue: Catalogue) -> RunConfig:
+    """``run`` with the suggested overrides applied (the few keys validation ever suggests)."""
+    out = dataclasses.replace(run)
+    if "cluster" in fix:
+        out.cluster = dataclasses.replace(catalogue.clusters[fix["cluster"]])
+    if "cluster.world_size" in fix:
+        out.cluster = dataclasses.replace(out.cluster, world_size=int(fix["cluster.world_size"]))
+    if "cluster.backend" in fix:
+        out.cluster = dataclasses.replace(out.cluster, backend=Backend(fix["cluster.backend"]))
+    if "train.mixed_precision" in fix:
+        out.train = dataclasses.replace(out.train, mixed_precision=Precision(fix["train.mixed_precision"]))
+    if "model" in fix:
+        out.model = dataclasses.replace(catalogue.models[fix["model"]])
+    return out
+
+
+def suggest_command(overrides: Sequence[str], fix: dict[str, str]) -> str:
+    """``python -m harness`` with the user's overrides, minus the ones the fix replaces, plus the fix."""
+    replaced = set(fix)
+    if "cluster" in fix:
+        replaced |= {k for k in _keys(overrides) if k.startswith("cluster.")}
+    if "model" in fix:
+        replaced |= {k for k in _keys(overrides) if k.startswith("model.")}
+    kept = [o for o in overrides if _key(o) not in replaced]
+    parts = kept + [f"{k}={v}" for k, v in fix.items()]
+    return "python -m harness " + " ".join(shlex.quote(p) for p in parts)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _keys(overrides: Sequence[str]) -> list[str]:
+    return [_key(o) for o in overrides]
+
+
+def validate(
+    run: RunConfig,
+    machine: Machine,
+    catalogue: Catalogue,
+    overrides: Sequence[str] = (),
+) -> MemoryPlan:
+    """The memory plan of ``run`` when this machine can run it; ConfigError (one line) otherwise."""
+    check_values(run)
+    reasons: list[str] = []
+    fix: dict[str, str] = {}
+    problem = cluster_problem(run, machine)
+    if problem is None and run.train.mixed_precision == Precision.bf16 and run.cluster.device == Device.cpu:
+        problem = ("train.mixed_precision=bf16 needs cluster.device=cuda", {"train.mixed_precision": "fp32"})
+    if problem is not None:
+        reasons.append(problem[0])
+        fix.update(problem[1])
+    target = apply_fix(run, fix, catalogue)
+    if target.cluster.device == Device.cuda and target.cluster.world_size > machine.gpu_count:
+        # Only reachable on a machine that has GPUs but not enough after the fix; keep it simple.
+        raise ConfigError("; ".join(reasons) + f": try `{suggest_command(overrides, fix)}`")
+    memory = plan(target, machine, catalogue.counts(target.model))
+    if memory.fits and not reasons:
+        return memory
+    if not memory.fits:
+        where = f"{memory.ranks_on_host} rank(s) of cluster={target.cluster.name}"
+        if memory.device == "cpu" or memory.per_host > memory.host_budget:
+            need = f"{memory.per_host / GiB:.1f} GiB of host memory with {where}; {memory.host_budget / GiB:.1f} GiB usable here"
+        else:
+            need = f"{memory.per_rank_device / GiB:.1f} GiB per GPU with {where}; {memory.device_budget / GiB:.1f} GiB usable per GPU"
+        reasons.append(f"model={run.model.name} ({memory.n_params / 1e9:.2f}B params) needs {need}")
+        smaller = _largest_fitting_model(target, machine, catalogue, memory.n_params)
+        if smaller is None:
+            raise ConfigError(
+                "; ".join(reasons) + ": no shipped model fits; lower model.batch_size / model.seq_len "
+                "or use a machine with more memory",
+                memory_plan=memory,
+            )
+        fix["model"] = smaller
+    lead = "this machine cannot run it: " if len(reasons) > 1 or not memory.fits else ""
+    tail = "same protocol at a size that fits" if "model" in fix else "fix"
+    raise ConfigError(
+        f"{lead}{'; '.join(reasons)}. {tail.capitalize()}: `{suggest_command(overrides, fix)}`",
+        memory_plan=None if memory.fits else memory,
+    )
+
+
+def _largest_fitting_model(run: RunConfig, machine: Machine, catalogue: Catalogue, below: int) -> str | None:
+    sized = sorted(
+        ((catalogue.counts(m).total, name) for name, m in catalogue.models.items()), reverse=True
+    )
+    for total, name in sized:
+        if total >= below:
+            continue
+        candidate = dataclasses.replace(run, model=catalogue.models[name])
+        if plan(candidate, machine, catalogue.counts(candidate.model)).fits:
+            return name
+    return None

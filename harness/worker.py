@@ -1,0 +1,72 @@
+"""Rank process entry point: ``python -m harness.worker <run_dir>/worker_spec.json``.
+
+Started by the parent (``harness.launch``) with RANK / WORLD_SIZE / ACCELPACT_* in the environment.
+Never imports Hydra or OmegaConf: the spec is the plain-JSON form of the typed RunConfig.
+Exit status: 0 when training finished; 1 with the traceback on stderr (the rank's log) otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from harness.rank_env import RankEnv
+from harness.schema import RunConfig, run_config_from_dict
+
+SPEC_NAME = "worker_spec.json"
+
+
+def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
+    from harness.schema import to_dict
+
+    path = Path(run_dir) / SPEC_NAME
+    path.write_text(json.dumps({"run_dir": str(run_dir), "config": to_dict(cfg)}, indent=1))
+    return path
+
+
+def read_spec(path: str | Path) -> tuple[str, RunConfig]:
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data["run_dir"], run_config_from_dict(data["config"])
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this rank when the parent dies (no orphans if the parent is killed)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    # The parent may already have died before prctl took effect.
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m harness.worker <run_dir>/worker_spec.json", file=sys.stderr)
+        return 2
+    env = RankEnv.from_environ()
+    die_with_parent(env.parent_pid)
+    run_dir, cfg = read_spec(argv[0])
+    from harness.train import train  # torch import after the cheap checks
+
+    try:
+        result = train(cfg, env, run_dir)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+    print(f"rank {env.rank}: done, {result.steps_committed} steps, state {result.identity['state_hash'][:16]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
