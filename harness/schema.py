@@ -49,7 +49,7 @@ class FaultSchedule(str, Enum):
 
 # Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
 CheckpointMode = Enum(  # type: ignore[misc]
-    "CheckpointMode", {"sync": "sync", "async": "async", "async_pinned": "async_pinned"}, type=str
+    "CheckpointMode", {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"}, type=str
 )
 
 
