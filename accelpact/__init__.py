@@ -1,0 +1,44 @@
+"""accelpact: in-memory recovery of FSDP training from network faults.
+
+Attach a guard to an existing model, FSDP wrapping and optimizer; it owns the step boundary, and on a
+communication fault it agrees with the other ranks over an out-of-band store, builds a fresh data-plane
+communicator, rebinds every cached reference in place and continues. See README.md for usage.
+
+This package never imports the harness, Hydra, pandas or matplotlib.
+"""
+
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.errors import (
+    AccelPactError,
+    CommFault,
+    ControlChannelError,
+    RankLostError,
+    StateDivergedError,
+    UnrecoverableError,
+    is_comm_fault,
+)
+from accelpact.events import RecoveryEvent
+from accelpact.guard import Guard, GuardConfig, attach, clip_gradients
+from accelpact.reset import ResetConfig
+from accelpact.testing import FaultInjector
+
+__all__ = [
+    "AccelPactError",
+    "CommFault",
+    "ControlChannel",
+    "ControlChannelError",
+    "ControlConfig",
+    "FaultInjector",
+    "Guard",
+    "GuardConfig",
+    "RankLostError",
+    "RecoveryEvent",
+    "ResetConfig",
+    "StateDivergedError",
+    "UnrecoverableError",
+    "attach",
+    "clip_gradients",
+    "is_comm_fault",
+    "new_job_token",
+    "start_control_server",
+]

@@ -1,0 +1,295 @@
+"""The guard: owns the step boundary, runs the commit protocol, recovers from comm faults in memory.
+
+One guarded step is: ``step_fn(batch)`` (forward + backward), gradient clipping, the vote (a one-
+element all-reduce), ``optimizer.step()``, ``zero_grad(set_to_none=True)``. If the vote completed on
+ANY rank, every rank holds complete reduced gradients, so ranks that have not stepped roll forward;
+if it completed on none, nobody stepped and the step is retried on the same batch (see
+architecture.md, "The commit protocol", and consensus.decide).
+
+On a communication fault the guard:
+1. shuts down its own sockets of the broken generation, so peers blocked on it fail in ms;
+2. resets FSDP to a clean between-steps state (reset.py; both traps handled);
+3. exchanges a RankReport over the out-of-band control channel (own deadline) and decides;
+4. builds the next data-plane generation on a never-used store prefix, under the old names;
+5. rebinds every cached reference in place (bindings.py);
+6. runs the first collective on the new generation;
+7. applies the decision. A fault during 4-6 starts a new round on the next generation.
+A lost rank or irreconcilable reports raise (RankLostError / StateDivergedError) naming the ranks and
+the last committed step; nothing hangs past the control channel's deadline.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from accelpact import comm
+from accelpact import testing as _testing
+from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.consensus import Action, Decision, Phase, RankReport, decide
+from accelpact.errors import AccelPactError, RankLostError, StateDivergedError, is_comm_fault
+from accelpact.events import RecoveryEvent
+from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
+
+__all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
+
+PhaseHook = Callable[[str, int], None]
+
+# Recovery rounds allowed for one fault before giving up (each round is a nested fault).
+_MAX_ROUNDS = 16
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_grad_norm: float | None = 1.0
+    pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
+    verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
+    reset: ResetConfig = ResetConfig()
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip gradients by their global norm; the same math with or without a guard.
+
+    FSDP2 grads are DTensors: the total norm is a partial DTensor whose ``full_tensor()`` is the
+    all-reduce. FSDP1 needs its own ``clip_grad_norm_`` (flat parameters are sharded plain tensors).
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(model, FSDP):
+        return model.clip_grad_norm_(max_norm)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(
+        [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True
+    )
+    return total
+
+
+class Guard:
+    """See module docstring. Build with :func:`attach`."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
+                 process_group: Any = None, config: GuardConfig = GuardConfig()) -> None:
+        if not dist.is_initialized():
+            raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
+        self.model = model
+        self.optimizer = optimizer
+        self.control = control
+        self.config = config
+        self.committed_step = -1
+        self.events: list[RecoveryEvent] = []
+        # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
+        # during a recovery, "recovery" (new generation built, before its first collective).
+        self.phase_hooks: list[PhaseHook] = []
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._flavour = fsdp_flavour(model)
+        self._next_step = 0
+        self._phase = Phase.BEFORE_VOTE
+        self._vote_buf = torch.zeros(1)
+        self.table = BindingTable.build(model, optimizer, process_group)
+        vote_pg = process_group if process_group is not None else dist.group.WORLD
+        self._vote_index = next(i for i, g in enumerate(self.table.groups) if g is vote_pg)
+        self._specs = [comm.group_spec(g, config.pg_timeout) for g in self.table.groups]
+        control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
+        self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
+        self._sockets = comm.DataPlaneSockets(self._exclude_ports)
+        self._closed = False
+
+    # -- public ------------------------------------------------------------------------------------
+
+    @property
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        """The live generation of every data-plane group, vote group included."""
+        return list(self.table.groups)
+
+    def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
+        """Run one committed step; recover in memory from comm faults. Returns step_fn's loss."""
+        if self._closed:
+            raise AccelPactError("guard is closed")
+        step = self._next_step
+        rng = torch.get_rng_state()  # a retried step must see the same random numbers
+        while True:
+            t_start = time.time()
+            self._phase = Phase.BEFORE_VOTE
+            loss: torch.Tensor | None = None
+            try:
+                self._hook("step_start", step)
+                loss = step_fn(batch)
+                self._hook("clip_allreduce", step)
+                if self.config.max_grad_norm is not None:
+                    clip_gradients(self.model, self.config.max_grad_norm)
+                self._hook("vote", step)
+                self._phase = Phase.IN_VOTE
+                self._vote_buf.fill_(1.0)
+                dist.all_reduce(self._vote_buf, group=self.table.groups[self._vote_index])
+                self._phase = Phase.VOTED
+                self._hook("post_vote", step)
+                self._apply(step)
+                return loss
+            except BaseException as exc:  # noqa: BLE001 - filtered right below
+                if not is_comm_fault(exc):
+                    raise
+                decision = self._recover(exc, step, t_start)
+                _drop_traceback(exc)
+                del exc
+            if step == decision.step and self.rank in decision.apply_on:
+                if loss is None or self._phase not in (Phase.IN_VOTE, Phase.VOTED):
+                    raise StateDivergedError(
+                        f"rank {self.rank} was told to roll step {step} forward but holds no reduced "
+                        f"gradients (phase {self._phase.value}); this is a bug in the commit rule",
+                        ranks=(self.rank,), last_committed_step=self.committed_step,
+                    )
+                self._apply(step)
+                return loss
+            if decision.resume_step != step:
+                raise StateDivergedError(
+                    f"rank {self.rank} is at step {step} but the ranks agreed to resume at "
+                    f"{decision.resume_step}", ranks=(self.rank,), last_committed_step=self.committed_step,
+                )
+            torch.set_rng_state(rng)  # retry the same step on the same batch
+
+    def close(self) -> None:
+        self._closed = True
+        self.phase_hooks.clear()
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def _hook(self, phase: str, step: int) -> None:
+        for hook in self.phase_hooks:
+            hook(phase, step)
+
+    def _apply(self, step: int) -> None:
+        self.optimizer.step()
+        self._phase = Phase.STEPPED
+        self.optimizer.zero_grad(set_to_none=True)
+        self.committed_step = step
+        self._next_step = step + 1
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
+        t_detected = time.time()
+        injected = _testing.consume_injection_time(not_before=t_start)
+        detection_s = t_detected - (injected if injected is not None else t_start)
+        fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
+        _drop_traceback(exc)  # its frames hold the old group alive
+        # 1. Make peers blocked on us fail now instead of at their PG timeout.
+        self._sockets.shutdown()
+        report = RankReport(self.rank, step, self.committed_step, self._phase)
+        rounds = 0
+        while True:
+            rounds += 1
+            if rounds > _MAX_ROUNDS:
+                raise RankLostError(
+                    f"rank {self.rank}: {_MAX_ROUNDS} recovery rounds in a row failed for step {step}; "
+                    "the data plane does not come back (restore from a checkpoint)",
+                    ranks=(self.rank,), last_committed_step=self.committed_step,
+                )
+            try:
+                return self._round(report, step, fault, t_detected, detection_s, rounds)
+            except BaseException as nested:  # noqa: BLE001
+                if not is_comm_fault(nested):
+                    raise
+                _drop_traceback(nested)
+                del nested
+                self._sockets.shutdown()  # the half-built generation: peers must fail fast too
+
+    def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
+               detection_s: float, rounds: int) -> Decision:
+        t0 = time.time()
+        # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
+        # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
+        if report.phase is Phase.BEFORE_VOTE:
+            reset_after_fault(self.model, self.optimizer, self.config.reset)
+        # 3. Agree.
+        generation = self.control.advance_generation()
+        payload = json.dumps({"rank": report.rank, "attempt_step": report.attempt_step,
+                              "committed_step": report.committed_step, "phase": report.phase.value,
+                              "fault": fault["type"]}).encode()
+        try:
+            raw = self.control.gather("report", payload, generation)
+        except RankLostError as lost:
+            raise RankLostError(
+                f"rank(s) {list(lost.ranks)} did not report within the control deadline after a fault at "
+                f"step {step}; this rank's last committed step is {self.committed_step}. In-memory recovery "
+                "is impossible: restore from a checkpoint.",
+                ranks=lost.ranks, last_committed_step=self.committed_step,
+            ) from lost
+        docs = [json.loads(raw[r]) for r in sorted(raw)]
+        reports = [RankReport(d["rank"], d["attempt_step"], d["committed_step"], Phase(d["phase"])) for d in docs]
+        decision = decide(reports, self.world_size)
+        t1 = time.time()
+        # 4. Build the next generation under the old names.
+        store = self.control.data_plane_store(generation)
+        before = self._sockets.snapshot()
+        old_groups = list(self.table.groups)
+        new_groups = [comm.rebuild_group(old, spec, store, self.rank)
+                      for old, spec in zip(old_groups, self._specs)]
+        self._sockets.adopt(before)
+        t2 = time.time()
+        # 5. Rebind in place.
+        self.table.rebind(dict(zip(old_groups, new_groups)))
+        t3 = time.time()
+        if self.config.verify_rebind:
+            stale = [(comm.describe(g), find_stale_references(g, ignore=(old_groups,))) for g in old_groups]
+            stale = [(g, refs) for g, refs in stale if refs]
+            if stale:
+                raise AccelPactError(f"rebind incomplete, still referring to the old group: {stale}")
+        # 6. Prove the new generation works (a fault here starts a new round).
+        self._hook("recovery", step)
+        comm.first_collective(new_groups[self._vote_index])
+        t4 = time.time()
+        # Retire the old generation: its destructor joins its threads and closes its sockets.
+        del old_groups
+        t5 = time.time()
+        self.events.append(RecoveryEvent(
+            step=step, generation=generation, phase=report.phase.value, fault=fault,
+            ranks=sorted(r.rank for r in reports),
+            decision={"action": decision.action.value, "step": decision.step,
+                      "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
+            t_detected=t_detected, detection_s=detection_s, agreement_s=t1 - t0, rebuild_s=t2 - t1,
+            rebind_s=t3 - t2, first_collective_s=t4 - t3, total_s=t4 - t_detected, rounds=rounds,
+            retire_s=t5 - t4, reports=docs,
+        ))
+        if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
+            # Our gradients were complete but nobody committed: discard them before the retry.
+            reset_after_fault(self.model, self.optimizer, self.config.reset)
+        return decision
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
+           max_grad_norm: float | None = 1.0, process_group: Any = None,
+           pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
+           reset: ResetConfig = ResetConfig()) -> Guard:
+    """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
+
+    Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
+    construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`.
+    """
+    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout,
+                         verify_rebind=verify_rebind, reset=reset)
+    return Guard(model, optimizer, control, process_group=process_group, config=config)
+
+
+def _drop_traceback(exc: BaseException) -> None:
+    """Clear the frames of a caught fault: they hold the old group (and its sockets) alive."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if cur.__traceback__ is not None:
+            traceback.clear_frames(cur.__traceback__)
+            cur.__traceback__ = None
+        cur = cur.__cause__ or cur.__context__

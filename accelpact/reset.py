@@ -1,0 +1,121 @@
+"""Put FSDP2 / FSDP1 back into a clean between-steps state after a step failed mid-flight.
+
+Two traps make a naive reset silently wrong (recovery-facts.md section 5; both produce wrong numbers
+with no error, and ranks still agree with each other):
+
+- FSDP2 stale root grads: when backward raises, the root group's post-backward never runs, so the
+  root parameters' ``_unsharded_param.grad`` survives ``reset_iter_state()`` and the retried step
+  accumulates into it. Fix: clear every ``_unsharded_param.grad`` and ``unsharded_accumulated_grad``.
+- FSDP1 half-unsharded buffer: an all-gather that fails midway leaves the padded unsharded flat
+  parameter allocated, ``needs_unshard()`` then says False, and the retried forward computes on
+  garbage. Fix: reshard (and free) every handle.
+
+Each fix has a switch (:class:`ResetConfig`) so tests can prove the trap is real by disabling it.
+Pending all-gather Work objects of the broken group are dropped, never waited on: waiting on a
+dead group's Work can block or raise, and holding it keeps the old group alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+__all__ = ["ResetConfig", "fsdp_flavour", "reset_after_fault"]
+
+
+@dataclass(frozen=True)
+class ResetConfig:
+    """Switches for the two trap fixes. Both True in production; tests turn one off to show the trap."""
+
+    clear_unsharded_grads: bool = True  # FSDP2 trap
+    reshard_fsdp1_handles: bool = True  # FSDP1 trap
+
+
+def fsdp_flavour(model: nn.Module) -> str:
+    """'fsdp2', 'fsdp1' or 'none' (no FSDP found under ``model``)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            return "fsdp2"
+        if isinstance(m, FullyShardedDataParallel):
+            return "fsdp1"
+    return "none"
+
+
+def reset_after_fault(
+    model: nn.Module, optimizer: torch.optim.Optimizer, config: ResetConfig = ResetConfig()
+) -> None:
+    """Discard the failed step's partial state: FSDP iteration state, unsharded buffers, all grads."""
+    flavour = fsdp_flavour(model)
+    if flavour == "fsdp2":
+        _reset_fsdp2(model, config)
+    elif flavour == "fsdp1":
+        _reset_fsdp1(model, config)
+    optimizer.zero_grad(set_to_none=True)
+    for p in model.parameters():  # parameters the optimizer does not own (frozen / unregistered)
+        p.grad = None
+
+
+def _fsdp2_root(model: nn.Module) -> nn.Module:
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule) and m._get_fsdp_state()._is_root is not False:
+            return m
+    raise ValueError("no FSDP2 root module found; call fully_shard on the model root")
+
+
+def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
+    root = _fsdp2_root(model)
+    root_state = root._get_fsdp_state()
+    if root_state._is_root is None:
+        return  # never ran forward: nothing to reset (lazy init has not happened)
+    states = root_state._state_ctx.all_states
+    for state in states:
+        for group in state._fsdp_param_groups:
+            # Drop, never wait: the Work belongs to the broken group.
+            group._all_gather_result = None
+            if config.clear_unsharded_grads:
+                for fp in group.fsdp_params:
+                    unsharded = getattr(fp, "_unsharded_param", None)
+                    if unsharded is not None:
+                        unsharded.grad = None
+                    fp.unsharded_accumulated_grad = None
+    comm_ctx = root_state._comm_ctx
+    comm_ctx.all_gather_state = None
+    root.reset_iter_state()  # covers every FSDP state reachable from the root
+
+
+def _reset_fsdp1(model: nn.Module, config: ResetConfig) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._common_utils import TrainingState
+    from torch.distributed.fsdp._flat_param import HandleTrainingState
+
+    states = [m for m in model.modules() if isinstance(m, FSDP)]
+    root = next((s for s in states if s._is_root), None)
+    if root is None:
+        return  # never ran forward
+    for state in states:
+        handle = state._handle
+        if handle is not None:
+            if config.reshard_fsdp1_handles and handle.uses_sharded_strategy:
+                handle.reshard(free_unsharded_flat_param=True)
+                handle.post_reshard()
+            fp = handle.flat_param
+            fp.grad = None
+            if hasattr(fp, "_saved_grad_shard"):
+                delattr(fp, "_saved_grad_shard")
+            if hasattr(fp, "_post_backward_called"):
+                fp._post_backward_called = False
+            handle._ran_pre_backward_hook = False
+            handle._needs_pre_backward_unshard = False
+            handle._needs_pre_forward_unshard = False
+            handle._post_forward_index = None
+            handle._prefetched = False
+            handle._training_state = HandleTrainingState.IDLE
+        state.training_state = TrainingState.IDLE
+    root._post_backward_callback_queued = False
+    root._exec_order_data.next_iter()
