@@ -49,6 +49,9 @@ def hydra_main(cfg: DictConfig) -> float:
             return math.nan
         sys.exit(EXIT_BAD_CONFIG)
 
+    if run.compare.enabled and not multirun:
+        return _compare(run, run_dir, memory, overrides)
+
     from harness.launch import run_experiment
 
     row = run_experiment(run, run_dir, memory, overrides)
@@ -57,6 +60,24 @@ def hydra_main(cfg: DictConfig) -> float:
             return math.nan
         sys.exit(EXIT_RUN_FAILED)
     return float(row["tokens_per_s"] or math.nan)
+
+
+def _compare(run, run_dir: Path, memory, overrides: list[str]) -> float:  # noqa: ANN001
+    """The default experiment: every strategy side by side (harness.compare). Returns AccelPact's
+    goodput gain over cold restart at the largest age (the paper's headline), NaN if unavailable."""
+    from harness import compare
+
+    try:
+        compare.check_all_runnable(run)
+    except ConfigError as err:
+        _remove_fresh_run_dir(run_dir)
+        _report_config_error(err)
+        sys.exit(EXIT_BAD_CONFIG)
+    table = compare.run_comparison(run, run_dir, memory, overrides)
+    if any(r.get("status") != "ok" for r in table):
+        sys.exit(EXIT_RUN_FAILED)
+    gains = [r["accelpact_gain"] for r in table if r["strategy"] == "cold_restart" and r["age"] is not None]
+    return float(gains[-1]) if gains else math.nan
 
 
 def _report_config_error(err: ConfigError) -> None:

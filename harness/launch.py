@@ -66,6 +66,7 @@ class Outcome:
     failed_rank: Optional[int] = None
     exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
 
 def describe_exit(code: int) -> str:
@@ -88,6 +89,17 @@ class Launcher:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnation = 0
         self.step_hooks: list[Callable[[dict[str, Any]], None]] = []
+        # Called on every poll (parent-side fault injection).
+        self.tick_hooks: list[Callable[[], None]] = []
+        # After the first rank failure, wait this long for the others to exit on their own (accelpact's
+        # survivors write their fallback event before exiting) before tearing everything down.
+        self.settle_s = 0.0
+        # Extra environment for every rank (NVRx's store port), and per-rank environment and command
+        # wrapping (network namespaces: the topology's control store and `ip netns exec`).
+        self.extra_env: dict[str, str] = {}
+        self.rank_env_fn: Optional[Callable[[int], dict[str, str]]] = None
+        self.wrap_fn: Optional[Callable[[int, list[str]], list[str]]] = None
+        self.control: Optional[tuple[str, int]] = None  # set instead of start_control_store()
         self._first_failure: Optional[tuple[int, int]] = None
 
     # -- control channel ---------------------------------------------------------------------
@@ -106,7 +118,13 @@ class Launcher:
 
     @property
     def control_port(self) -> int:
+        if self.control is not None:
+            return self.control[1]
         return int(self.store.port)
+
+    @property
+    def control_host(self) -> str:
+        return self.control[0] if self.control is not None else self.run.cluster.master_addr
 
     # -- ranks -------------------------------------------------------------------------------
     def rank_environ(self, rank: int, incarnation: int, t_launch: float) -> dict[str, str]:
@@ -116,7 +134,7 @@ class Launcher:
                 rank=rank,
                 world_size=self.run.cluster.world_size,
                 local_rank=rank,
-                control_host=self.run.cluster.master_addr,
+                control_host=self.control_host,
                 control_port=self.control_port,
                 token=self.token,
                 incarnation=incarnation,
@@ -134,19 +152,30 @@ class Launcher:
                 "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
             }
         )
+        env.update(self.extra_env)
+        if self.rank_env_fn is not None:
+            env.update(self.rank_env_fn(rank))
         return env
 
     def start_ranks(self, incarnation: int) -> None:
-        if self.store is None:
+        if self.store is None and self.control is None:
             raise RuntimeError("start_control_store() before start_ranks()")
+        if incarnation > 0:
+            # A fresh token per incarnation: the relaunched ranks rendezvous on never-used store keys,
+            # and a straggler of the previous incarnation cannot join them.
+            self.token = secrets.token_hex(16)
         self.incarnation = incarnation
+        self._first_failure = None
         (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
         t_launch = time.time()
         for rank in range(self.run.cluster.world_size):
             log = open(self.log_path(rank), "ab")
             try:
+                argv = [self.python, "-m", "harness.worker", str(self.spec_path)]
+                if self.wrap_fn is not None:
+                    argv = self.wrap_fn(rank, argv)
                 self.procs[rank] = subprocess.Popen(
-                    [self.python, "-m", "harness.worker", str(self.spec_path)],
+                    argv,
                     env=self.rank_environ(rank, incarnation, t_launch),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -228,14 +257,24 @@ class Launcher:
             try:
                 while True:
                     drain()
+                    for tick in self.tick_hooks:
+                        tick()
                     state = self.poll()
                     if state.failed or not state.running:
                         break
                     time.sleep(POLL_S)
+                if state.failed and state.running and self.settle_s > 0:
+                    deadline = time.monotonic() + self.settle_s
+                    while state.running and time.monotonic() < deadline:
+                        drain()
+                        for tick in self.tick_hooks:
+                            tick()
+                        time.sleep(POLL_S)
+                        state = self.poll()
             except (KeyboardInterrupt, Interrupted) as exc:
                 self.kill_all()
                 what = "SIGINT (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
-                return Outcome("failed", f"interrupted by {what}", exit_codes=self._codes())
+                return Outcome("failed", f"interrupted by {what}", exit_codes=self._codes(), interrupted=True)
             drain()
             if state.all_ok:
                 return Outcome("ok", exit_codes=self._codes())
@@ -296,8 +335,19 @@ def run_experiment(
     run_dir: Path,
     memory_plan: Optional[MemoryPlan] = None,
     overrides: Sequence[str] = (),
+    reference_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    """The parent side of one run. Always writes the results row (status ok or failed) and returns it."""
+    """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
+
+    Parent-side faults are driven by ``harness.fault_driver``; namespace faults run the ranks inside a
+    ``NetnsTopology`` (torn down whatever happens). cold_restart relaunches every rank after a failure;
+    accelpact relaunches (falls back to checkpoint restore) when a rank cannot recover in memory.
+    ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
+    state is bit-identical to it."""
+    from harness.events import EventLog
+    from harness.fault_driver import FaultDriver, relaunch_reason
+    from harness.schema import FaultKind, StrategyName
+
     started = time.time()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -311,18 +361,76 @@ def run_experiment(
     outcome = Outcome("failed", "harness error before the ranks started")
     progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
     launcher = Launcher(run, run_dir, spec)
+    parent_events = EventLog(run_dir, -1)
+    relaunches: list[str] = []
+    topology: Any = None
+    driver: Optional[FaultDriver] = None
+    nvrx_store: Any = None
     try:
-        launcher.start_control_store()
+        topology = _start_topology(run)
+        if topology is not None:
+            launcher.control = topology.control_addr
+            launcher.rank_env_fn = topology.rank_env
+            launcher.wrap_fn = topology.wrap_command
+        else:
+            launcher.start_control_store()
+        if run.strategy.name == StrategyName.checkpoint_restore:
+            from harness.nvrx_restart import STORE_PORT_ENV, host_store
+
+            # Hosted here so that a rank's death does not take NVRx's store down with it.
+            nvrx_store = host_store(host=run.cluster.master_addr)
+            launcher.extra_env.update({STORE_PORT_ENV: str(nvrx_store.port), "MASTER_ADDR": run.cluster.master_addr,
+                                       "TORCH_CPP_LOG_LEVEL": "ERROR"})
+        if run.strategy.name == StrategyName.accelpact:
+            launcher.settle_s = run.strategy.recovery_deadline_s + 15.0
+        if run.fault.kind != FaultKind.none:
+            driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
+            launcher.tick_hooks.append(driver.tick)
         launcher.start_ranks(incarnation=0)
         outcome = launcher.wait(progress)
+        while True:
+            why = relaunch_reason(run.strategy.name.value, outcome.exit_codes, len(relaunches),
+                                  run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
+            if why is None:
+                break
+            relaunches.append(why)
+            parent_events.emit("relaunch", reason=why, incarnation=launcher.incarnation + 1,
+                               exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
+            print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
+            launcher.kill_all()
+            launcher.start_ranks(incarnation=launcher.incarnation + 1)
+            outcome = launcher.wait(progress)
     except BaseException as exc:
         outcome = Outcome("failed", f"harness error: {type(exc).__name__}: {exc}")
         raise
     finally:
         progress.close()
+        if driver is not None:
+            driver.close()
         launcher.close()
-        row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides)
+        if topology is not None:
+            left = topology.teardown()
+            if left:
+                outcome.reason += f" (namespace teardown left: {left})"
+        parent_events.close()
+        nvrx_store = None
+        extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
+                 "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
+        row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
+
+
+def _start_topology(run: RunConfig) -> Any:
+    """Network namespaces for the link faults (None for every other fault kind)."""
+    from harness.fault_schedule import NETNS_KINDS
+
+    if run.fault.kind not in NETNS_KINDS:
+        return None
+    from harness.faults.netns import NetnsTopology
+
+    topology = NetnsTopology(world_size=run.cluster.world_size)
+    topology.up()
+    return topology
 
 
 def _finish(
@@ -333,7 +441,14 @@ def _finish(
     started: float,
     memory_plan: Optional[MemoryPlan],
     overrides: Sequence[str],
+    extra: Optional[dict[str, Any]] = None,
+    reference_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
+    columns: dict[str, Any] = {"failed_rank": outcome.failed_rank, **(extra or {})}
+    try:
+        columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir))
+    except Exception as exc:  # accounting must never cost the row
+        print(f"warning: goodput accounting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     row = results.build_row(
         run,
         run_dir,
@@ -344,7 +459,7 @@ def _finish(
         n_params=memory_plan.n_params if memory_plan else None,
         started_at=started,
         overrides=overrides,
-        extra={"failed_rank": outcome.failed_rank},
+        extra=columns,
     )
     summary = {
         "exit_codes": outcome.exit_codes,
@@ -368,6 +483,11 @@ def _finish(
             f"ranks agree: {row['ranks_agree']}\n  row: {run_dir / results.ROW_FILE}  index: {index}",
             flush=True,
         )
+        if row.get("goodput") is not None and run.fault.kind.value != "none":
+            print(f"  goodput {row['goodput']:,.0f} tokens/s, {row.get('faults')} fault(s), "
+                  f"{row.get('relaunches', 0)} relaunch(es), {row.get('replayed_steps')} replayed step(s), "
+                  f"fallback: {row.get('fallback_reason') or 'no'}, bit-identical: {row.get('bit_identical')}",
+                  flush=True)
     else:
         print(f"run failed: {outcome.reason}", file=sys.stderr, flush=True)
         if outcome.log_tail:

@@ -128,6 +128,44 @@ def build_row(
     return row
 
 
+def goodput_columns(
+    run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Optional[Path] = None
+) -> dict[str, Any]:
+    """Whole-run goodput, the badput breakdown, replays, faults and fallback of a run (from its events),
+    and ``bit_identical`` against ``reference_dir`` (None when there is no reference to compare with).
+
+    ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks)."""
+    from harness.fault_schedule import targeted_age
+    from harness.goodput import load_report
+
+    report = load_report(str(run_dir))
+    badput = report.badput
+    relaunch_reasons = [r for r in str(parent.get("relaunch_reasons") or "").split("; ") if r]
+    fallback_reasons = list(report.fallbacks) + [r for r in relaunch_reasons if r.startswith("fallback")]
+    events = read_events(run_dir) if (run_dir / "events").exists() else []
+    cols: dict[str, Any] = {
+        "age": targeted_age(run.fault, run.checkpoint.interval),
+        "goodput": report.goodput,
+        "useful_tokens": report.tokens,
+        "goodput_wall_s": report.timeline.wall_s,
+        "useful_s": report.useful_s,
+        **{f"badput_{k}": v for k, v in badput.as_dict().items()},
+        "recovery_s": badput.recovery_s,
+        "replayed_steps": report.replayed_steps,
+        "faults": len(report.faults),
+        "recoveries": sum(1 for e in events if e.get("kind") == "recovery" and e.get("rank") == 0),
+        "fallback": bool(fallback_reasons),
+        "fallback_reason": "; ".join(dict.fromkeys(fallback_reasons))[:1000],
+        "bit_identical": None,
+        "reference_run": str(reference_dir) if reference_dir is not None else None,
+    }
+    if reference_dir is not None:
+        comparison = identity.compare_runs(reference_dir, run_dir)
+        cols["bit_identical"] = comparison.equal
+        cols["identity_detail"] = comparison.describe(limit=3)[:500]
+    return cols
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

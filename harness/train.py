@@ -20,7 +20,7 @@ from harness.data import make_batch
 from harness.events import EventLog
 from harness.models import build_model
 from harness.rank_env import RankEnv
-from harness.schema import Device, Precision, RunConfig
+from harness.schema import Device, Precision, RunConfig, StrategyName
 from harness.strategies.base import Strategy, TrainContext
 
 
@@ -129,10 +129,33 @@ def run_loop(
     return step
 
 
+def exit_without_static_destructors() -> None:
+    """Once this rank's work is done and written, let the process end with os._exit(0) at exit.
+
+    Seen here: a rank that finished cleanly (identity written, "done" printed) was sometimes killed by
+    "terminate called without an active exception" (SIGABRT) from a C++ destructor (gloo / store threads)
+    during interpreter shutdown, which turned a good run into a failed one. Only registered after
+    success, so a failing rank still exits with its own status."""
+    import atexit
+    import sys
+
+    def _exit() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    atexit.register(_exit)
+
+
 def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
     """One rank's whole life after start-up. Collective: every rank of the job must call it."""
     if cfg.cluster.device == Device.cpu:
         set_cpu_threads(env.world_size)
+    if cfg.strategy.name == StrategyName.checkpoint_restore:
+        # NVRx in-process restart must own the process groups from the start: its own entry point.
+        from harness.strategies.checkpoint_restore import train_in_process
+
+        return train_in_process(cfg, env, run_dir)
     with EventLog(run_dir, env.rank) as events:
         control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
         init_data_plane(cfg, env, control_store)
@@ -146,6 +169,7 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
                 strategy.close()
             record = identity.compute_identity(ctx.model, ctx.optimizer, committed)
             identity.write_identity(run_dir, record)
+            exit_without_static_destructors()
             return TrainResult(steps_committed=committed, identity=record)
         finally:
             if dist.is_initialized():

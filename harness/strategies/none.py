@@ -1,15 +1,14 @@
 """Strategy ``none``: the plain step, no recovery. The fault-free reference every other run is
-compared with, bit for bit."""
+compared with, bit for bit. It checkpoints on the same cadence as every other strategy, so it pays
+the same checkpoint cost; a fault (if one is configured) simply fails the run."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.strategies.base import Strategy, clip_and_step, forward_backward
+from harness.strategies._common import Periodic
 
 
-class PlainStep(Strategy):
+class PlainStep(Periodic):
     def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        loss = forward_backward(self.ctx.model, tokens)
-        clip_and_step(self.ctx.model, self.ctx.optimizer, self.ctx.cfg.train.max_grad_norm)
-        return float(loss.detach())
+        return self.plain_step(step, tokens)

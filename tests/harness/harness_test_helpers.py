@@ -14,7 +14,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 
 # A model small enough that a test run is dominated by process start-up, not compute.
-TINY = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false"]
+TINY = ["experiment=smoke", "model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false"]
 
 
 def harness_cmd(args: Sequence[str], tmp: Path) -> list[str]:

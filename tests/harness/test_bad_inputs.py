@@ -14,7 +14,7 @@ from harness_test_helpers import harness_cmd, harness_env, worker_processes
 
 CASES = {
     "unknown_group_value": (["model=mistral_huge"], "model=mistral_tiny"),
-    "unknown_experiment": (["experiment=nope"], "experiment=smoke"),
+    "unknown_experiment": (["experiment=nope"], "experiment=compare"),  # the default experiment
     "type_error": (["train.steps=abc"], "train.steps"),
     "steps_zero": (["train.steps=0"], "train.steps=25"),
     "too_many_local_ranks": (["cluster.world_size=64"], "cluster.world_size="),

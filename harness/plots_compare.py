@@ -1,0 +1,164 @@
+"""Plots of a comparison (PNG, matplotlib Agg), written into the comparison's directory.
+
+- ``goodput_vs_age.png``: whole-run goodput against checkpoint age per strategy (the reference as a
+  line), and AccelPact's gain over each baseline against age with the paper's figures marked.
+- ``timeline.png``: a per-rank timeline of one run (the cold restart at the largest age by default):
+  steps, replayed steps, checkpoint stalls, restarts, restores, in-memory recoveries and faults.
+- ``recovery_breakdown.png``: per strategy and age, the badput charged to the fault, stacked by part
+  (detection, agreement, rebuild, rebind, restart, restore, replay, other).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from harness.goodput import compute_goodput
+
+GOODPUT_FILE = "goodput_vs_age.png"
+TIMELINE_FILE = "timeline.png"
+BREAKDOWN_FILE = "recovery_breakdown.png"
+_PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
+_COLORS = {"accelpact": "tab:green", "cold_restart": "tab:red", "checkpoint_restore": "tab:orange", "none": "black"}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]]) -> Path:
+    from harness.compare import PAPER_GAIN
+
+    plt = _plt()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in table:
+        if r["strategy"].startswith("none") and r["age"] is None:
+            ax.axhline(r["goodput"], color="black", linestyle="--", label="fault-free reference")
+    strategies = sorted({r["strategy"] for r in table if r["age"] is not None})
+    for s in strategies:
+        pts = sorted((r["age"], r["goodput"]) for r in table if r["strategy"] == s and r["age"] is not None)
+        ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=_COLORS.get(s), label=s)
+        if s != "accelpact":
+            gains = sorted((r["age"], r["accelpact_gain"]) for r in table
+                           if r["strategy"] == s and r["age"] is not None and _ok(r["accelpact_gain"]))
+            ax2.plot([a for a, _ in gains], [g for _, g in gains], "o-", color=_COLORS.get(s),
+                     label=f"ours vs {s}")
+    for (s, age), gain in PAPER_GAIN.items():
+        ax2.plot([age], [gain], "*", markersize=14, color=_COLORS.get(s), markeredgecolor="black",
+                 label=f"paper vs {s} (age {age}): {gain}x")
+    ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)", ylabel="goodput (tokens/s)",
+           title="whole-run goodput")
+    ax2.axhline(1.0, color="grey", linewidth=0.8)
+    ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's gain")
+    ax.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / GOODPUT_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(out: Path, events: Sequence[dict[str, Any]], title: str) -> Path:
+    plt = _plt()
+    ranks = sorted({e["rank"] for e in events if e.get("rank", -1) >= 0})
+    t0 = min((e["t_start"] for e in events if e["kind"] == "step"), default=0.0)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * max(1, len(ranks))))
+    seen: set[tuple[int, int]] = set()
+    for e in sorted((e for e in events if e["kind"] == "step"), key=lambda e: (e.get("incarnation", 0), e["t_start"])):
+        key = (e["rank"], e["step"])
+        replay = key in seen or e.get("replay")
+        seen.add(key)
+        ax.barh(e["rank"], e["t_end"] - e["t_start"], left=e["t_start"] - t0, height=0.5,
+                color="tab:orange" if replay else "tab:green", edgecolor="white", linewidth=0.3)
+
+    def span(kind: str, a: str, b: str, color: str, height: float = 0.7) -> None:
+        for e in events:
+            if e["kind"] == kind and e.get(a) is not None and e.get(b) is not None and e.get("rank", -1) >= 0:
+                ax.barh(e["rank"], e[b] - e[a], left=e[a] - t0, height=height, color=color, alpha=0.8)
+
+    span("checkpoint", "t_start", "t_end", "tab:blue")
+    span("restore", "t_start", "t_end", "tab:brown")
+    span("restart", "t_launch", "t_ready", "tab:gray", 0.3)
+    for e in events:
+        if e["kind"] == "recovery" and e.get("rank", -1) >= 0:
+            start = e["t"] - sum(float(e.get(k) or 0) for k in ("detection_s", "agreement_s", "rebuild_s", "rebind_s",
+                                                                 "first_collective_s"))
+            ax.barh(e["rank"], max(e["t"] - start, 0.02), left=start - t0, height=0.8, color="tab:purple")
+        if e["kind"] == "fault":
+            ax.axvline(e["t"] - t0, color="red", linewidth=1.5)
+        if e["kind"] == "fallback":
+            ax.axvline(e["t"] - t0, color="magenta", linestyle=":")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=l) for c, l in (
+        ("tab:green", "step"), ("tab:orange", "replayed step"), ("tab:blue", "checkpoint stall"),
+        ("tab:gray", "restart (launch -> ready)"), ("tab:brown", "restore"), ("tab:purple", "in-memory recovery"),
+        ("red", "fault"))], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set(xlabel="seconds since the first step", title=title)
+    fig.tight_layout()
+    path = out / TIMELINE_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fault_breakdown(events: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Seconds charged to the run's faults, by part (mean over ranks, summed over faults). Pure."""
+    report = compute_goodput(events)
+    out = {p: 0.0 for p in _PARTS}
+    for f in report.faults:
+        for p in _PARTS:
+            out[p] += getattr(f.badput, f"{p}_s")
+    return out
+
+
+def plot_breakdown(out: Path, runs: Sequence[tuple[str, dict[str, float]]]) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(runs)), 4))
+    bottoms = [0.0] * len(runs)
+    cmap = plt.get_cmap("tab10")
+    for i, part in enumerate(_PARTS):
+        vals = [parts[part] for _, parts in runs]
+        ax.bar(range(len(runs)), vals, bottom=bottoms, label=part, color=cmap(i))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_xticks(range(len(runs)), [name for name, _ in runs], rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel="seconds lost to the fault (mean over ranks)", title="recovery time, broken down")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / BREAKDOWN_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Path, dict[str, Any]]],
+             timeline_run: Optional[Path] = None) -> list[Path]:
+    """The three plots of a comparison; ``runs`` are (run_dir, results row)."""
+    from harness.events import read_events
+
+    paths = [plot_goodput_vs_age(out, table)]
+    faulted = [(d, r) for d, r in runs if r.get("fault") not in (None, "none")]
+    if timeline_run is None and faulted:
+        # The most instructive run: a cold restart (relaunch, restore, replay), largest age.
+        pick = sorted(faulted, key=lambda dr: (dr[1].get("strategy") != "cold_restart", -(dr[1].get("age") or 0)))
+        timeline_run = pick[0][0]
+    if timeline_run is not None:
+        row = next((r for d, r in runs if d == timeline_run), {})
+        title = f"{Path(timeline_run).name}: {row.get('strategy')}, {row.get('fault')} at age {row.get('age')}"
+        paths.append(plot_timeline(out, read_events(timeline_run), title))
+    bars = [(f"{r.get('strategy')}\nage {r.get('age')}", fault_breakdown(read_events(d))) for d, r in faulted]
+    if bars:
+        paths.append(plot_breakdown(out, bars))
+    return paths

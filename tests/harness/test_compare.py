@@ -1,0 +1,152 @@
+"""The comparison driver's pure parts: the plan, the relaunch policy, the table over hand-made
+timelines, and the multirun callback over a hand-made sweep directory (no processes started)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.compare import CompareTableCallback, PAPER_GAIN, build_table, plan_runs, reference_config
+from harness.config import compose, to_run_config
+from harness.fault_driver import EXIT_FALLBACK, relaunch_reason
+from harness.goodput import RunSummary, compute_goodput
+
+
+def test_default_experiment_is_the_comparison():
+    run = to_run_config(compose([]))
+    assert run.name == "compare" and run.compare.enabled
+    assert run.model.name == "mistral_tiny" and run.cluster.world_size == 2
+    assert run.fault.kind.value == "socket_reset" and run.compare.ages == [5, 18]
+    smoke = to_run_config(compose(["experiment=smoke"]))
+    assert not smoke.compare.enabled and smoke.fault.kind.value == "none"
+
+
+def test_plan_is_reference_then_every_strategy_at_every_age():
+    base = to_run_config(compose([]))
+    planned = plan_runs(base)
+    assert [p.name for p in planned] == [
+        "reference",
+        "accelpact_age5", "cold_restart_age5", "checkpoint_restore_age5",
+        "accelpact_age18", "cold_restart_age18", "checkpoint_restore_age18",
+    ]
+    ref = planned[0].config
+    assert ref.strategy.name.value == "none" and ref.fault.kind.value == "none"
+    # Same cadence and data as the faulted runs: the only difference is the recovery.
+    assert ref.checkpoint == base.checkpoint and ref.train == base.train and ref.model == base.model
+    for p in planned[1:]:
+        assert p.config.fault.schedule.value == "at_age" and p.config.fault.at_age in (5, 18)
+        assert not p.config.compare.enabled
+    assert reference_config(base) == ref
+    assert base.compare.enabled and base.strategy.name.value == "accelpact"  # the base is not mutated
+
+
+def test_default_ages_fit_the_run():
+    from harness.fault_schedule import plan_faults
+
+    base = to_run_config(compose([]))
+    for p in plan_runs(base)[1:]:
+        [fault] = plan_faults(p.config.fault, p.config.train.steps, p.config.checkpoint.interval)
+        assert fault.age == p.config.fault.at_age
+        assert fault.step < p.config.train.steps - 1  # at least one step after the fault
+
+
+@pytest.mark.parametrize(
+    "strategy,codes,expect",
+    [
+        ("cold_restart", {0: 1, 1: -15}, "cold restart: rank 0 exited with 1"),
+        ("cold_restart", {0: 0, 1: 0}, None),
+        ("accelpact", {0: EXIT_FALLBACK, 1: -9}, "fallback to checkpoint restore"),
+        ("accelpact", {0: 1, 1: 1}, None),  # a plain crash is not a fallback
+        ("none", {0: 1, 1: 1}, None),
+        ("checkpoint_restore", {0: 1, 1: 1}, None),  # NVRx restarts in process; the parent never relaunches
+    ],
+)
+def test_relaunch_policy(strategy, codes, expect):
+    got = relaunch_reason(strategy, codes, restarts=0, max_restarts=3, interrupted=False, first_failure=0)
+    assert (got is None) if expect is None else (got is not None and got.startswith(expect)), got
+
+
+def test_relaunch_policy_stops_at_the_limit_and_on_ctrl_c():
+    assert relaunch_reason("cold_restart", {0: 1}, restarts=3, max_restarts=3, interrupted=False) is None
+    assert relaunch_reason("cold_restart", {0: 1}, restarts=0, max_restarts=3, interrupted=True) is None
+
+
+def _steps(rank: int, spans, tokens: int = 100, incarnation: int = 0, first: int = 0):
+    return [
+        {"kind": "step", "t": b, "rank": rank, "step": first + i, "t_start": a, "t_end": b, "tokens": tokens,
+         "incarnation": incarnation}
+        for i, (a, b) in enumerate(spans)
+    ]
+
+
+def test_table_over_hand_computed_timelines():
+    # Reference: 10 steps of 1 s on one rank -> 1000 tokens in 10 s = 100 tokens/s.
+    ref = _steps(0, [(i, i + 1) for i in range(10)])
+    # AccelPact: the same, with a 0.5 s in-memory recovery inside step 5 -> 1000 tokens in 10.5 s.
+    ours = _steps(0, [(i, i + 1) for i in range(5)] + [(5, 6.5)] + [(i + 0.5, i + 1.5) for i in range(6, 10)])
+    ours.append({"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote",
+                 "ranks": [0]})
+    ours.append({"kind": "recovery", "t": 5.7, "rank": 0, "decision": "retry", "detection_s": 0.1,
+                 "agreement_s": 0.2, "rebuild_s": 0.1, "rebind_s": 0.1})
+    # Cold restart: steps 0..4, fault at 5.2, relaunch ready at 9, replay steps 4 (ckpt after 3) .. 9.
+    cold = _steps(0, [(i, i + 1) for i in range(5)])
+    cold += _steps(0, [(9 + i, 10 + i) for i in range(6)], incarnation=1, first=4)
+    cold.append({"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote",
+                 "ranks": [0]})
+    cold.append({"kind": "restart", "t": 9, "rank": 0, "t_launch": 6.0, "t_ready": 9.0, "incarnation": 1})
+    summaries = [
+        RunSummary("none", compute_goodput(ref), bit_identical=True),
+        RunSummary("accelpact", compute_goodput(ours), age=1, fault="socket_reset", bit_identical=True),
+        RunSummary("cold_restart", compute_goodput(cold), age=1, fault="socket_reset", bit_identical=False),
+    ]
+    table = build_table(summaries, [{"status": "ok"}] * 3)
+    by = {r["strategy"]: r for r in table}
+    assert by["none (reference)"]["goodput"] == pytest.approx(100.0)
+    assert by["accelpact"]["goodput"] == pytest.approx(1000 / 10.5)
+    assert by["cold_restart"]["goodput"] == pytest.approx(1000 / 15.0)
+    assert by["accelpact"]["ratio_to_reference"] == pytest.approx(10 / 10.5)
+    assert by["cold_restart"]["accelpact_gain"] == pytest.approx(15.0 / 10.5)
+    assert by["accelpact"]["recovery_s"] == pytest.approx(0.5)
+    assert by["cold_restart"]["replayed_steps"] == 1  # step 4 ran twice
+    assert by["cold_restart"]["bit_identical"] is False and by["accelpact"]["bit_identical"] is True
+    assert by["cold_restart"]["fallback"] == "no"
+    assert by["cold_restart"]["paper_gain"] is None  # the paper has no age-1 figure
+    assert PAPER_GAIN[("cold_restart", 18)] == 1.698
+
+
+def _fake_run(d: Path, strategy: str, fault: str, age, steps_spans, bit_identical=None, extra_events=()):
+    (d / "events").mkdir(parents=True)
+    events = _steps(0, steps_spans) + list(extra_events)
+    (d / "events" / "rank0.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    row = {"strategy": strategy, "fault": fault, "age": age, "status": "ok", "bit_identical": bit_identical}
+    (d / "summary.json").write_text(json.dumps({"row": row}))
+
+
+def test_multirun_callback_writes_the_table_over_the_sweep(tmp_path: Path, capsys):
+    from omegaconf import OmegaConf
+
+    _fake_run(tmp_path / "0", "none", "none", None, [(i, i + 1) for i in range(4)])
+    fault = {"kind": "fault", "t": 2.1, "rank": 0, "fault": "socket_reset", "step": 2, "ranks": [0]}
+    _fake_run(tmp_path / "1", "accelpact", "socket_reset", 2, [(i, i + 1) for i in range(4)], True, [fault])
+    _fake_run(tmp_path / "2", "cold_restart", "socket_reset", 2, [(i, 2 * i + 1) for i in range(4)], True, [fault])
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    CompareTableCallback().on_multirun_end(cfg)
+    table = (tmp_path / "table.md").read_text()
+    assert "none (reference)" in table and "accelpact" in table and "cold_restart" in table
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "table.csv")
+    gain = frame.set_index("strategy").loc["cold_restart", "accelpact_gain"]
+    assert gain == pytest.approx(7.0 / 4.0)
+    assert (tmp_path / "goodput_vs_age.png").stat().st_size > 1000
+    assert "whole-run goodput over the sweep" in capsys.readouterr().out
+
+
+def test_multirun_callback_ignores_sweeps_without_faults(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    _fake_run(tmp_path / "0", "none", "none", None, [(0, 1)])
+    CompareTableCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert not (tmp_path / "table.md").exists()
