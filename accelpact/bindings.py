@@ -12,14 +12,24 @@ The DeviceMesh is mutated, never replaced: parameter and optimizer-state DTensor
 mesh object through their specs. Mesh ``_dim_group_names`` hold names, which stay stable because
 comm.py re-registers every new group under its old name; the c10d registries are comm.py's job.
 
+Function defaults are holders too: a module imported after ``init_process_group`` that writes
+``def f(..., group=group.WORLD)`` (torch.distributed.nn.functional does, and transformers / FSDP
+import it lazily) captures the group OBJECT in ``f.__defaults__``. Such a tuple holds only
+untracked objects, so the garbage collector stops tracking it and ``gc.get_referrers`` cannot see
+it: the group (its threads, its sockets) stayed alive after every recovery, and a later call of
+``f`` without ``group=`` would use the dead group. The table records these defaults too
+(:meth:`BindingTable.refresh_defaults` picks up modules imported since), and the completeness
+check looks inside untracked containers.
+
 :func:`find_stale_references` is the completeness check: it asks the garbage collector who still
-refers to an old group.
+refers to an old group, including through containers the collector does not track.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -64,6 +74,13 @@ class BindingTable:
 
     slots: list[Slot] = field(default_factory=list)
     groups: list[dist.ProcessGroup] = field(default_factory=list)  # distinct groups, discovery order
+    # (function, "__defaults__" | "__kwdefaults__", path) whose defaults hold a group; see module doc.
+    defaults: list[tuple[Any, str, str]] = field(default_factory=list)
+    _scanned_modules: set[str] = field(default_factory=set, repr=False)
+    _modules_seen: int = field(default=-1, repr=False)
+    # rebind's fast form (see _compiled); rebuilt when slots change.
+    _buckets: dict[int, list[tuple[dict, Any]]] | None = field(default=None, repr=False)
+    _buckets_n: int = field(default=-1, repr=False)
 
     @classmethod
     def build(
@@ -93,6 +110,7 @@ class BindingTable:
         pg = process_group if process_group is not None else dist.group.WORLD
         if pg is not None and all(g is not pg for g in table.groups):
             table.groups.insert(0, pg)
+        table.refresh_defaults()
         # The default group first: non-default groups are rebuilt relative to it.
         world = dist.distributed_c10d._world.default_pg
         table.groups.sort(key=lambda g: 0 if g is world else 1)
@@ -155,40 +173,155 @@ class BindingTable:
             else:
                 self._scan(v, f"{path}.{k}", seen, depth + 1)
 
+    def refresh_defaults(self) -> int:
+        """Record function defaults holding a process group in modules loaded since the last call.
+
+        Scans each torch.distributed module's top-level functions and the methods of classes it
+        defines, once per module (later calls look at newly imported modules only), and records
+        those holding a group of this table. Only that
+        scope: all ~2500 loaded modules cost ~0.8 s here, and torch.distributed is where a default
+        captures the group (torch.distributed.nn.functional). Returns how many were added.
+        """
+        if len(sys.modules) == self._modules_seen:
+            return 0  # nothing imported since the last call (the common case during a recovery)
+        self._modules_seen = len(sys.modules)
+        added = 0
+        for name, mod in list(sys.modules.items()):
+            if name in self._scanned_modules or mod is None or not name.startswith(_DEFAULTS_SCOPE):
+                continue
+            self._scanned_modules.add(name)
+            try:
+                members = list(vars(mod).items())
+            except TypeError:
+                continue
+            for attr, obj in members:
+                for fn, where in _functions_of(obj, name, attr):
+                    for kind in ("__defaults__", "__kwdefaults__"):
+                        held = getattr(fn, kind, None)
+                        values = held.values() if isinstance(held, dict) else (held or ())
+                        # Only the groups this table rebinds: others are not ours to replace.
+                        if any(v is g for v in values for g in self.groups) and \
+                                all(f is not fn or k != kind for f, k, _ in self.defaults):
+                            self.defaults.append((fn, kind, f"{where}.{kind}"))
+                            added += 1
+        return added
+
+    def _compiled(self) -> dict[int, list[tuple[dict, Any]]]:
+        """Slots as (dict, key) pairs bucketed by the id of the group they hold, built once.
+
+        An attribute slot is written through the holder's ``__dict__`` (where the scan found it),
+        so a rebind is a plain dict store per slot: no method call, no getattr/setattr dispatch,
+        no search over the mapping. This is what keeps rebinding at a few microseconds.
+        """
+        if self._buckets is None or self._buckets_n != len(self.slots):
+            buckets: dict[int, list[tuple[dict, Any]]] = {}
+            for slot in self.slots:
+                target = slot.holder if slot.is_item else _instance_dict(slot.holder, slot.key)
+                buckets.setdefault(id(slot.get()), []).append((target, slot.key))
+            self._buckets, self._buckets_n = buckets, len(self.slots)
+        return self._buckets
+
     def rebind(self, mapping: Mapping[dist.ProcessGroup, dist.ProcessGroup] | dist.ProcessGroup) -> int:
         """Swap every slot's group for its replacement, in place. Returns the number of swaps.
 
         ``mapping`` maps old group -> new group; a single group means "everything -> this group".
-        Identity is compared with ``is`` (ProcessGroup equality is identity anyway).
+        Identity is compared with ``is`` (ProcessGroup equality is identity anyway). A slot that no
+        longer holds the group it held when the table was built is left alone and not counted, so
+        a caller can compare the count with ``len(slots)``.
         """
+        buckets = self._compiled()
         if isinstance(mapping, dist.ProcessGroup):
-            new = mapping
-            for slot in self.slots:
-                slot.set(new)
-            self.groups = [new]
-            return len(self.slots)
-        pairs = list(mapping.items())
+            mapping = {g: mapping for g in self.groups}
         n = 0
-        for slot in self.slots:
-            cur = slot.get()
-            for old, new in pairs:
-                if cur is old:
-                    slot.set(new)
+        moved: dict[int, list[tuple[dict, Any]]] = {}
+        for old, new in mapping.items():
+            bucket = buckets.pop(id(old), None)
+            if not bucket:
+                continue
+            for holder, key in bucket:
+                if holder[key] is old:
+                    holder[key] = new
                     n += 1
-                    break
-        self.groups = [next((new for old, new in pairs if old is g), g) for g in self.groups]
+            moved.setdefault(id(new), []).extend(bucket)
+        for gid, bucket in moved.items():
+            buckets.setdefault(gid, []).extend(bucket)
+        if self.defaults:
+            by_id = {id(old): new for old, new in mapping.items()}
+            for fn, kind, _path in self.defaults:
+                n += _swap_defaults(fn, kind, by_id)
+        self.groups = _dedup([next((new for old, new in mapping.items() if old is g), g) for g in self.groups])
         return n
 
     def describe(self) -> list[str]:
-        return [s.path for s in self.slots]
+        return [s.path for s in self.slots] + [path for _fn, _kind, path in self.defaults]
 
 
-def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = ()) -> list[str]:
+_DEFAULTS_SCOPE = ("torch.distributed",)
+
+
+def _functions_of(obj: Any, module: str, attr: str) -> list[tuple[types.FunctionType, str]]:
+    """The plain functions behind a module member: itself, or the methods of a class it defines."""
+    # type(), never isinstance(): isinstance reads obj.__class__, which deprecation proxies (e.g.
+    # torch.distributed.reduce_op) turn into a warning.
+    kind = type(obj)
+    if kind is types.FunctionType:
+        return [(obj, f"{module}.{attr}")]
+    if issubclass(kind, type) and vars(obj).get("__module__") == module:
+        out = []
+        for k, v in vars(obj).items():
+            if type(v) in (staticmethod, classmethod):
+                v = v.__func__
+            if type(v) is types.FunctionType:
+                out.append((v, f"{module}.{attr}.{k}"))
+        return out
+    return []
+
+
+def _swap_defaults(fn: Any, kind: str, by_id: Mapping[int, Any]) -> int:
+    """Replace the old groups in ``fn.<kind>`` (a tuple, or a dict for keyword-only defaults)."""
+    held = getattr(fn, kind, None)
+    if not held:
+        return 0
+    if type(held) is dict:
+        new = {k: by_id.get(id(v), v) for k, v in held.items()}
+        n = sum(1 for k in held if new[k] is not held[k])
+    else:
+        new = tuple([by_id.get(id(v), v) for v in held])
+        n = sum(1 for a, b in zip(held, new) if a is not b)
+    if n:
+        setattr(fn, kind, new)
+    return n
+
+
+def _instance_dict(holder: Any, key: str) -> dict:
+    """The dict an attribute slot lives in; the scan only records attributes found in ``vars()``."""
+    d = vars(holder)
+    if key not in d:
+        raise AssertionError(f"attribute {key!r} of {type(holder).__name__} is not in its __dict__")
+    return d
+
+
+def _dedup(groups: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for g in groups:
+        if all(o is not g for o in out):
+            out.append(g)
+    return out
+
+
+def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool = False) -> list[str]:
     """Who still refers to ``old_pg``? An empty list proves the rebind was complete.
 
     Frames on the current call stack (the caller's own locals) and objects in ``ignore`` are left
     out. A traceback frame of a caught fault is reported: drop the exception (and clear its frames)
     before retiring the old group, or it keeps the group, its threads and its sockets alive.
+
+    Containers holding only untracked objects (a tuple holding a process group, as in a function's
+    defaults) are not tracked by the collector, so ``gc.get_referrers`` misses them. Function
+    defaults in torch.distributed modules (the case seen in practice) are always checked.
+    ``deep=True`` also compares the reference count with what the collector accounts for and, if
+    references are missing, walks one level inside every tracked object to name the holders
+    (seconds in a big process; a diagnostic, not a per-recovery check).
     """
     gc.collect()
     skip = {id(o) for o in ignore}
@@ -197,11 +330,56 @@ def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = ()) -> list[st
         skip.add(id(frame))
         frame = frame.f_back
     found: list[str] = []
-    for ref in gc.get_referrers(old_pg):
+    referrers = gc.get_referrers(old_pg)
+    accounted = 0  # references held by the containers the collector can see, skipped ones included
+    # No closures over old_pg in this function: a generator capturing it would put it in a cell,
+    # and that cell would be reported as a holder.
+    for ref in referrers:
+        for r in gc.get_referents(ref):
+            if r is old_pg:
+                accounted += 1
         if id(ref) in skip:
             continue
         found.append(_describe_referrer(ref, old_pg))
+    hidden = sys.getrefcount(old_pg) - 2 - accounted  # minus getrefcount's argument and `referrers`
+    del referrers
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(_DEFAULTS_SCOPE):
+            continue
+        for attr, obj in list(vars(mod).items()):
+            for fn, where in _functions_of(obj, name, attr):
+                kw = fn.__kwdefaults__ or {}
+                if _holds(fn.__defaults__ or (), old_pg) or _holds(kw.values(), old_pg):
+                    found.append(f"function {where} (its defaults)")
+    if deep and hidden > 0:
+        located = 0
+        for obj in gc.get_objects():
+            if id(obj) in skip:
+                continue
+            for child in gc.get_referents(obj):
+                if type(child) not in (tuple, dict, list) or gc.is_tracked(child):
+                    continue
+                values = list(child.values()) + list(child) if type(child) is dict else child
+                if _holds(values, old_pg):
+                    found.append(f"untracked {type(child).__name__} inside {_describe_owner(obj)}")
+                    located += 1
+        if not located:
+            found.append(f"{hidden} reference(s) from holders the garbage collector cannot see "
+                         "(C-level or untracked containers nested deeper)")
     return found
+
+
+def _holds(values: Iterable[Any], target: Any) -> bool:
+    for v in values:
+        if v is target:
+            return True
+    return False
+
+
+def _describe_owner(obj: Any) -> str:
+    if isinstance(obj, types.FunctionType):
+        return f"function {obj.__module__}.{obj.__qualname__} (its defaults)"
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _describe_referrer(ref: Any, target: Any) -> str:

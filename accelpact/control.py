@@ -171,6 +171,7 @@ class ControlChannel:
         self._lock = threading.RLock()
         self._conn: _Connection | None = None
         self._dp_generations: set[int] = set()
+        self._spare: tuple[Future, int] | None = None  # (connecting data-plane client, self.connects then)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -358,10 +359,28 @@ class ControlChannel:
         """
         deadline = self._deadline(deadline_s)
         keys = self._round_keys(generation, tag)
+        posted = self.key(f"gen{generation}", "posted")
         what = f"gather {tag!r} of generation {generation}"
-        self._call(lambda s: (s.set(keys[self.rank], payload),
-                              s.set(self.key(f"gen{generation}", "posted"), b"1")), deadline, what)
-        values = self._wait_for(keys, deadline, what)
+
+        def attempt(store):
+            # Post, wait and read in ONE hand-off to the worker and three store round trips: during
+            # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
+            # after a reconnect: setting our own key again is idempotent.
+            store.multi_set([keys[self.rank], posted], [payload, b"1"])
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    if not store.check(keys):
+                        return None
+                else:
+                    store.wait(keys, datetime.timedelta(seconds=remaining))
+            except Exception as exc:
+                if _is_wait_timeout(exc):
+                    return None
+                raise
+            return store.multi_get(keys)
+
+        values = self._call(attempt, deadline, what)
         if values is not None:
             return dict(enumerate(values))
         missing = self._missing(keys, what)
@@ -400,6 +419,46 @@ class ControlChannel:
                     f"the data-plane store of generation {generation} was already handed out; a gloo group "
                     f"must be built on a never-used prefix: call advance_generation() and use the new generation")
             self._dp_generations.add(generation)
+        client = self._take_spare()
+        if client is None:
+            client = self._connect_data_plane_client(generation)
+        return _dist().PrefixStore(self.key("dp", f"gen{generation}"), client)
+
+    def prepare_data_plane(self) -> None:
+        """Connect the next generation's data-plane client now, in the background.
+
+        A recovery then starts its rendezvous on an already-open connection instead of paying a
+        thread start and a TCP connect on a loaded host. Optional: :meth:`data_plane_store` falls
+        back to connecting on the spot. Call it when the process is otherwise idle-ish (the guard
+        calls it at attach and after each recovery), never in the middle of a rendezvous.
+        """
+        with self._lock:
+            if self._spare is None and not self._closed:
+                self._start_spare()
+
+    def _start_spare(self) -> None:
+        timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s)
+        conn = _Connection(f"accelpact-dataplane-spare-r{self.rank}")
+        fut = conn.worker.submit(lambda: _new_client(self.config.host, self.config.port, timeout_s))
+        conn.worker.stop()  # the worker exits once the connect returned: no idle thread is left
+        self._spare = (fut, self.connects)
+
+    def _take_spare(self) -> "torch.distributed.TCPStore | None":
+        """The spare client if it connected and nothing suggests it is broken, else None."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        fut, connects_then = spare
+        if self.connects != connects_then:
+            return None  # the control connection was replaced since: the same event may have hit the spare
+        try:
+            # Normally connected long ago; one that still hangs is abandoned, not waited for.
+            return fut.result(timeout=min(1.0, self.config.connect_timeout_s))
+        except Exception:  # noqa: BLE001 - any failure: connect afresh below, under the own deadline
+            return None
+
+    def _connect_data_plane_client(self, generation: int) -> "torch.distributed.TCPStore":
         timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s)
         # Connected on a throwaway worker so that the own deadline holds and a failure here is not
         # mistaken for a broken control connection.
@@ -415,7 +474,7 @@ class ControlChannel:
                 f"{generation} ({_first_line(exc)}). Is the store host alive?") from exc
         finally:
             conn.worker.stop()
-        return _dist().PrefixStore(self.key("dp", f"gen{generation}"), client)
+        return client
 
     def advance_generation(self) -> int:
         """generation += 1; each rank calls it exactly once per recovery round. Returns the new generation."""
@@ -442,6 +501,7 @@ class ControlChannel:
         """Release the connection. Data-plane stores handed out stay usable by their groups."""
         with self._lock:
             self._closed = True
+            self._spare = None  # its client closes when collected
             if self._conn is not None:
                 self._discard(self._conn)
 

@@ -102,10 +102,15 @@ class Guard:
         vote_pg = process_group if process_group is not None else dist.group.WORLD
         self._vote_index = next(i for i, g in enumerate(self.table.groups) if g is vote_pg)
         self._specs = [comm.group_spec(g, config.pg_timeout) for g in self.table.groups]
+        # FSDP creates part of its state lazily, on the first forward (FSDP1's _ExecOrderData holds
+        # the group; so may FSDP2's comm state): the table built now can miss those holders, which
+        # then keep every old generation alive. Scan again once the first step has run.
+        self._table_after_first_step = False
         control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
         self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
         self._sockets = comm.DataPlaneSockets(self._exclude_ports)
         self._closed = False
+        self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -176,8 +181,32 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         self.committed_step = step
         self._next_step = step + 1
+        if not self._table_after_first_step:
+            self._rescan()
+
+    def _rescan(self) -> None:
+        """Rebuild the binding table after FSDP's lazy init; keep each group's spec and the vote group."""
+        vote = self.table.groups[self._vote_index]
+        table = BindingTable.build(self.model, self.optimizer, vote)
+        specs = []
+        for g in table.groups:
+            i = next((i for i, h in enumerate(self.table.groups) if h is g), None)
+            specs.append(self._specs[i] if i is not None else comm.group_spec(g, self.config.pg_timeout))
+        for i, h in enumerate(self.table.groups):  # still data-plane groups even if nothing holds them
+            if all(g is not h for g in table.groups):
+                table.groups.append(h)
+                specs.append(self._specs[i])
+        self.table, self._specs = table, specs
+        self._vote_index = next(i for i, g in enumerate(table.groups) if g is vote)
+        self._table_after_first_step = True
 
     # -- recovery ---------------------------------------------------------------------------------
+
+    def _prepare_next_generation(self) -> None:
+        """Let the control channel open the next generation's store connection in the background."""
+        prepare = getattr(self.control, "prepare_data_plane", None)
+        if prepare is not None:
+            prepare()
 
     def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
         t_detected = time.time()
@@ -231,7 +260,11 @@ class Guard:
         reports = [RankReport(d["rank"], d["attempt_step"], d["committed_step"], Phase(d["phase"])) for d in docs]
         decision = decide(reports, self.world_size)
         t1 = time.time()
-        # 4. Build the next generation under the old names.
+        # 4. Build the next generation under the old names (first, the holders FSDP created lazily
+        # if the fault hit before the first commit: they are in place by now, the old groups are
+        # still registered, and this is the last moment to find them).
+        if not self._table_after_first_step and rounds == 1:
+            self._rescan()
         store = self.control.data_plane_store(generation)
         before = self._sockets.snapshot()
         old_groups = list(self.table.groups)
@@ -239,7 +272,8 @@ class Guard:
                       for old, spec in zip(old_groups, self._specs)]
         self._sockets.adopt(before)
         t2 = time.time()
-        # 5. Rebind in place.
+        # 5. Rebind in place (function defaults of modules imported since attach included).
+        self.table.refresh_defaults()
         self.table.rebind(dict(zip(old_groups, new_groups)))
         t3 = time.time()
         if self.config.verify_rebind:
@@ -254,6 +288,7 @@ class Guard:
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
         t5 = time.time()
+        self._prepare_next_generation()
         self.events.append(RecoveryEvent(
             step=step, generation=generation, phase=report.phase.value, fault=fault,
             ranks=sorted(r.rank for r in reports),

@@ -7,8 +7,12 @@ For a 32-layer model of mistral_tiny width (hidden 256, 8 heads, FSDP2 per block
 3. steady-state cost of an attached guard vs a plain FSDP2 loop, interleaved in the same run
    (target: at most 1% lower throughput).
 
-Usage: .venv/bin/python benchmarks/bench_recovery.py [--rebinds 1000] [--faults 5] [--steps 20]
+Usage: .venv/bin/python benchmarks/bench_recovery.py [--rebinds 1000] [--faults 8] [--parts 123]
+                                                     [--before REV]
 Each world size runs as real processes (gloo over 127.0.0.1) with an out-of-band control store here.
+``--before REV`` (e.g. HEAD) also runs every measurement with accelpact as committed at REV (exported
+with ``git archive`` into a temp dir, nothing in the checkout changes), interleaved with the working
+tree's, and prints both columns: a before/after under the same machine load.
 """
 
 from __future__ import annotations
@@ -33,13 +37,13 @@ LAYERS, VOCAB, HIDDEN, INTER, HEADS, KV_HEADS, SEQ, BATCH = 32, 4096, 256, 768, 
 # ----------------------------------------------------------------------------- rank side
 
 
-def _build():
+def _build(layers: int = LAYERS):
     import torch
     from torch.distributed.fsdp import fully_shard
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers,
                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ * 2)
     model = MistralForCausalLM(cfg)
     for layer in model.model.layers:
@@ -62,7 +66,7 @@ def _worker(cfg: dict) -> None:
     store = dist.PrefixStore(f"{cfg['token']}/init", dist.TCPStore(
         "127.0.0.1", cfg["port"], world, is_master=False, timeout=timedelta(seconds=120)))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    model, opt = _build()
+    model, opt = _build(cfg.get("layers", LAYERS))
     out: dict = {}
 
     def step_fn(tokens):
@@ -123,7 +127,7 @@ def _worker(cfg: dict) -> None:
         if cfg.get("recovery"):
             inj = ft.FaultInjector(exclude_ports=[cfg["port"]])
             guard.phase_hooks.append(inj.on_phase)
-            inj.install(model, model.model.layers[LAYERS // 2])
+            inj.install(model, model.model.layers[len(model.model.layers) // 2])
             start = guard._next_step = step
             phases = ["forward_allgather_middle", "backward_reduce_scatter", "vote", "clip_allreduce"]
             for k in range(cfg["faults"]):
@@ -132,6 +136,7 @@ def _worker(cfg: dict) -> None:
             for s in range(start, start + 2 * cfg["faults"] + 2):
                 guard.step(step_fn, tokens(s))
             out["events"] = [e.to_dict() for e in guard.events]
+            out["fired"] = [f.fired_at for f in inj.fired]
     Path(cfg["out"]).write_text(json.dumps(out))
     os._exit(0)
 
@@ -139,17 +144,27 @@ def _worker(cfg: dict) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-def _run(world: int, args, **extra) -> list[dict]:
+def _export(rev: str) -> Path:
+    """accelpact as committed at ``rev``, in a temp dir (git archive: the checkout is not touched)."""
+    dest = Path(tempfile.mkdtemp(prefix="bench_before_"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "accelpact"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def _run(world: int, args, code: Path = ROOT, **extra) -> list[dict]:
+    """One world of rank processes importing accelpact from ``code``; returns each rank's output."""
     from accelpact.control import new_job_token, start_control_server
 
     server, port = start_control_server()
     token = new_job_token()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_w{world}_"))
     procs = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(dict.fromkeys([str(code), str(ROOT)])))
     for rank in range(world):
         cfg = {"rank": rank, "world": world, "port": port, "token": token, "rebinds": args.rebinds,
-               "out": str(tmp / f"r{rank}.json"), **extra}
+               "layers": args.layers, "out": str(tmp / f"r{rank}.json"), **extra}
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=open(tmp / f"r{rank}.log", "w")))
     for p in procs:
@@ -172,54 +187,114 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:7.2f} ms"
 
 
+RECOVERY_KEYS = ["agreement_s", "rebuild_s", "rebind_s", "first_collective_s", "total_s", "retire_s"]
+EXTRA_KEYS = ["after_last_detect_s", "detect_all_s", "all_ready_s"]
+
+
+def recovery_summary(outs: list[dict]) -> dict[str, list[float]]:
+    """Per fault: each phase's time on the slowest rank, and the all-ranks view of the fault.
+
+    ``total_s`` is the slowest rank's own detection -> ready to continue (the target figure);
+    ``detect_all_s`` is the injection -> the LAST rank caught it (a rank computing when the fault
+    hits notices at its next collective); ``all_ready_s`` is the injection -> the last rank ready.
+    Ranks run on one host, so their wall clocks agree.
+    """
+    n = min(len(o["events"]) for o in outs)
+    fired = sorted(t for o in outs for t in o.get("fired", []))  # one injection per fault, in order
+    out: dict[str, list[float]] = {k: [] for k in RECOVERY_KEYS + EXTRA_KEYS}
+    for i in range(n):
+        evs = [o["events"][i] for o in outs]
+        for k in RECOVERY_KEYS:
+            out[k].append(max(e[k] for e in evs))
+        last_detect = max(e["t_detected"] for e in evs)
+        all_ready = max(e["t_detected"] + e["total_s"] for e in evs)
+        out["after_last_detect_s"].append(all_ready - last_detect)
+        if len(fired) == n:
+            out["detect_all_s"].append(last_detect - fired[i])
+            out["all_ready_s"].append(all_ready - fired[i])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rebinds", type=int, default=1000)
-    ap.add_argument("--faults", type=int, default=5)
+    ap.add_argument("--faults", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--block-steps", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="figure 2: interleaved rounds per code version, --faults faults each")
+    ap.add_argument("--parts", default="123", help="which figures to measure: any of 1, 2, 3")
+    ap.add_argument("--before", metavar="REV", help="also measure accelpact as committed at REV (e.g. HEAD)")
+    ap.add_argument("--json", metavar="PATH", help="write every raw figure here")
     args = ap.parse_args()
     if args.worker:
         _worker(json.loads(args.worker))
         return
     if args.rebinds < 1000:
         print(f"note: {args.rebinds} rebinds (< 1000 asked for by the issue)")
-    print(f"accelpact recovery benchmark: {LAYERS}-layer Mistral, hidden {HIDDEN}, FSDP2 per block + root, "
-          f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores")
+    codes = {"now": ROOT}
+    if args.before:
+        codes = {f"before ({args.before})": _export(args.before), "now": ROOT}
+    load = os.getloadavg()
+    print(f"accelpact recovery benchmark: {args.layers}-layer Mistral, hidden {HIDDEN}, FSDP2 per block + root, "
+          f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    raw: dict = {"load_start": load, "args": vars(args)}
+    cols = "".join(f"{name:>22s}" for name in codes)
 
-    print("\n1. rebinding time (median of %d, rank 0; max over ranks in brackets); target <= 20 us flat, "
-          "paper 493-518 us" % args.rebinds)
-    w4 = None
-    for world in (2, 4, 8):
-        extra = {}
-        if world == 4:
-            extra = {"recovery": True, "faults": args.faults}
-        outs = _run(world, args, **extra)
-        meds = [statistics.median(o["rebind_s"]) for o in outs]
-        print(f"   world {world}: {_us(meds[0])}  [max {_us(max(meds))}]  slots {outs[0]['slots']}, "
-              f"table build {_ms(outs[0]['table_build_s'])}")
-        if world == 4:
-            w4 = outs
+    if "1" in args.parts:
+        print(f"\n1. rebinding time, median of {args.rebinds} on rank 0 [max over ranks]; "
+              "target <= 20 us and flat; paper 493-518 us")
+        print(f"   {'':10s}{cols}")
+        for world in (2, 4, 8):
+            row = []
+            for name, code in codes.items():
+                outs = _run(world, args, code)
+                meds = [statistics.median(o["rebind_s"]) for o in outs]
+                raw[f"rebind/{name}/w{world}"] = meds
+                row.append(f"{meds[0] * 1e6:7.1f} [{max(meds) * 1e6:5.1f}] us")
+            print(f"   world {world:<4d}{''.join(f'{c:>22s}' for c in row)}   slots {outs[0]['slots']}, "
+                  f"table build {_ms(outs[0]['table_build_s'])}")
 
-    print(f"\n2. end-to-end recovery after detection, world 4, {args.faults} socket resets "
-          "(median over faults of the slowest rank); target <= 50 ms")
-    keys = ["agreement_s", "rebuild_s", "rebind_s", "first_collective_s", "total_s", "detection_s", "retire_s"]
-    n = min(len(o["events"]) for o in w4)
-    per_fault = [{k: max(o["events"][i][k] for o in w4) for k in keys} for i in range(n)]
-    for k in keys:
-        vals = [f[k] for f in per_fault]
-        label = k[:-2]
-        print(f"   {label:17s} {_ms(statistics.median(vals))}   (min {_ms(min(vals))}, max {_ms(max(vals))})")
-    print("   (total = detection caught -> first good collective done; retire = old group destructor, after)")
+    if "2" in args.parts:
+        print(f"\n2. end-to-end recovery after detection, world 4, {args.repeats} x {args.faults} socket resets at "
+              "mixed phases; "
+              "median over faults [max], each phase on its slowest rank; target total <= 50 ms; "
+              "paper: not reported")
+        # Interleaved rounds (before, now, before, now, ...): machine load drifts by the minute on a
+        # shared host, so each code's faults are spread over the same stretch of time.
+        sums: dict[str, dict[str, list[float]]] = {name: {} for name in codes}
+        for _round in range(args.repeats):
+            for name, code in codes.items():
+                for k, v in recovery_summary(_run(4, args, code, recovery=True, faults=args.faults)).items():
+                    sums[name].setdefault(k, []).extend(v)
+        for name in codes:
+            raw[f"recovery/{name}"] = sums[name]
+        print(f"   {'':18s}{cols}")
+        for k in RECOVERY_KEYS + EXTRA_KEYS:
+            cells = [f"{statistics.median(v[k]) * 1e3:7.2f} [{max(v[k]) * 1e3:6.1f}] ms" if v[k] else "n/a"
+                     for v in sums.values()]
+            print(f"   {k[:-2]:18s}{''.join(f'{c:>22s}' for c in cells)}")
+        print("   total = a rank's detection -> first good collective on the new generation (slowest rank);\n"
+              "   retire = old group destructor, after; after_last_detect = last rank caught it -> all ready;\n"
+              "   detect_all = injection -> last rank caught it (ranks busy computing notice at their next\n"
+              "   collective);"
+              "   all_ready = injection -> last rank ready")
 
-    print("\n3. steady-state cost of an attached guard, world 2, interleaved blocks "
-          f"({args.blocks} x {args.block_steps} steps each); target <= 1% lower throughput")
-    outs = _run(2, args, overhead=True, blocks=args.blocks, block_steps=args.block_steps)
-    plain = statistics.median(outs[0]["plain_s"])
-    guarded = statistics.median(outs[0]["guarded_s"])
-    print(f"   plain FSDP2 step  {_ms(plain)}   guarded step {_ms(guarded)}   "
-          f"throughput ratio guarded/plain = {plain / guarded:.4f} ({(guarded / plain - 1) * 100:+.2f}% step time)")
+    if "3" in args.parts:
+        print("\n3. steady-state cost of an attached guard vs a plain FSDP2 loop, world 2, interleaved blocks "
+              f"({args.blocks} x {args.block_steps} steps each); target <= 1% lower throughput; paper: not reported")
+        for name, code in codes.items():
+            outs = _run(2, args, code, overhead=True, blocks=args.blocks, block_steps=args.block_steps)
+            plain = statistics.median(outs[0]["plain_s"])
+            guarded = statistics.median(outs[0]["guarded_s"])
+            raw[f"overhead/{name}"] = {"plain_s": outs[0]["plain_s"], "guarded_s": outs[0]["guarded_s"]}
+            print(f"   {name:14s} plain step {_ms(plain)}   guarded step {_ms(guarded)}   throughput "
+                  f"guarded/plain = {plain / guarded:.4f} ({(guarded / plain - 1) * 100:+.2f}% step time)")
+    raw["load_end"] = os.getloadavg()
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1))
 
 
 if __name__ == "__main__":
