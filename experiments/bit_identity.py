@@ -107,13 +107,17 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     diffs, counts = bit_differences(s, "faults", "ref")
     rows = []
     for i, f in enumerate(faults):
-        evs = [r["events"][i] if i < len(r["events"]) else None for r in per_rank]
+        # Matched by step (each fault has its own step), never by position: a fault that produced
+        # no recovery must show up as such, not shift every later row.
+        evs = [next((e for e in r["events"] if e["step"] == f["step"]), None) for r in per_rank]
+        fired = sum(1 for r in per_rank for x in r["fired"] if x["step"] == f["step"])
         res = [next((x for x in r["resources"] if x["step"] == f["step"]), None) for r in per_rank]
         ok = all(e is not None for e in evs)
         rows.append({
             "flavour": flavour, "world": world, "fault": i + 1, "step": f["step"], "kind": f["kind"],
             "phase": f["phase"], "ranks": " ".join(map(str, f["ranks"])),
-            "decision": evs[0]["decision"]["action"] if ok else "missing",
+            "injections_fired": fired,
+            "decision": evs[0]["decision"]["action"] if ok else "no recovery event",
             "apply_on": " ".join(map(str, evs[0]["decision"]["apply_on"])) if ok else "",
             "rounds": max(e["rounds"] for e in evs) if ok else 0,
             "detection_ms_max": max(e["detection_s"] for e in evs) * 1e3 if ok else float("nan"),
