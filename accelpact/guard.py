@@ -119,6 +119,27 @@ class Guard:
         """The live generation of every data-plane group, vote group included."""
         return list(self.table.groups)
 
+    @property
+    def next_step(self) -> int:
+        """The step number the next :meth:`step` call will run."""
+        return self._next_step
+
+    def resume_at(self, step: int) -> None:
+        """Continue numbering from ``step`` (after restoring a checkpoint saved at ``step - 1``).
+
+        Only the numbering changes: the caller restores model and optimizer state. Call it
+        between steps, before the first :meth:`step` of the resumed run, so recovery reports
+        and errors name the caller's step numbers.
+        """
+        if step < 0:
+            raise ValueError(f"resume_at(step={step}): steps count from 0")
+        if self.events and step < self._next_step:
+            raise AccelPactError(
+                f"resume_at({step}) would move back past step {self._next_step - 1}, which this guard "
+                "already committed; build a new guard with attach() for a rolled-back run")
+        self._next_step = step
+        self.committed_step = step - 1
+
     def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
         """Run one committed step; recover in memory from comm faults. Returns step_fn's loss."""
         if self._closed:

@@ -48,9 +48,7 @@ class AccelPactStep(Periodic):
             self.guard.phase_hooks.append(self.faults.on_phase)
         self._seen = 0
         # A resumed guard counts from the restored step, so its messages name the harness's step.
-        if hasattr(self.guard, "_next_step"):
-            self.guard._next_step = self.first_step()
-            self.guard.committed_step = self.first_step() - 1
+        self.guard.resume_at(self.first_step())
 
     def run_step(self, step: int, tokens: torch.Tensor) -> float:
         from accelpact.errors import UnrecoverableError
