@@ -19,6 +19,10 @@ def _scenarios(with_trap: bool) -> list[dict]:
     sc = [{"name": "ref", "guard": False, "steps": STEPS}]
     for name, phase, ranks in CASES:
         sc.append({"name": name, "steps": STEPS, "faults": [{"step": 1, "phase": phase, "ranks": ranks}]})
+    # The completeness check after the rebind: FSDP1 creates its exec-order group lazily at the
+    # first forward, which a table built at attach alone missed (the old group stayed referenced).
+    sc.append({"name": "verified", "steps": STEPS, "verify_rebind": True,
+               "faults": [{"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]}]})
     if with_trap:
         sc.append({"name": "trap_disabled", "steps": STEPS, "reset": {"reshard_fsdp1_handles": False},
                    "faults": [{"step": 1, "phase": "forward_allgather_middle", "ranks": [1]}]})
@@ -38,6 +42,13 @@ def test_fsdp1_fault_is_bit_identical(session, case):
     assert differences(session, case) == []
     for rank in range(2):
         assert len(session.result(case, rank)["events"]) == 1
+
+
+def test_fsdp1_rebind_leaves_no_reference_to_the_old_group(session):
+    """verify_rebind=True runs find_stale_references after every rebind and raises on a holder."""
+    assert differences(session, "verified") == []
+    for rank in range(2):
+        assert len(session.result("verified", rank)["events"]) == 1
 
 
 def test_fsdp1_half_unsharded_trap_reproduces_without_the_fix(session):
