@@ -238,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
+    stale = sorted(p.name for p in out.glob("soak_*")) if not args.soak else []
+    if stale:
+        # table.md and provenance are rewritten on every run: without the soak they would describe
+        # a run that never made the soak files beside them.
+        print(f"{out} holds a soak from an earlier run ({', '.join(stale)}); rerun with --soak to regenerate "
+              f"it too, or write elsewhere with --out DIR", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     command = current_command(argv, module=f"experiments.{NAME}")
     load_start = " ".join(map(str, load_average()))
