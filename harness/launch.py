@@ -91,6 +91,9 @@ class Launcher:
         self.step_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called on every poll (parent-side fault injection).
         self.tick_hooks: list[Callable[[], None]] = []
+        # One reader for the whole run: rank 0 appends to the same events file in every incarnation,
+        # and a fresh reader per wait() would hand the previous incarnation's steps out again.
+        self._tailer: Optional[EventTailer] = None
         # After the first rank failure, wait this long for the others to exit on their own (accelpact's
         # survivors write their fallback event before exiting) before tearing everything down.
         self.settle_s = 0.0
@@ -242,7 +245,9 @@ class Launcher:
     # -- the main loop -----------------------------------------------------------------------
     def wait(self, progress: Optional[Progress] = None) -> Outcome:
         """Follow rank 0's events until every rank exits or one fails; then tear down on failure."""
-        tailer = EventTailer(events_path(self.run_dir, 0))
+        if self._tailer is None:
+            self._tailer = EventTailer(events_path(self.run_dir, 0))
+        tailer = self._tailer
 
         def drain() -> None:
             for event in tailer.read_new():

@@ -89,7 +89,10 @@ def test_strategy_recovers_from_a_socket_reset_bit_identically(comparison, strat
 def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
     tmp, cmp_dir, _ = comparison
     run_dir = tmp / "kill"
-    done = run_harness(["experiment=smoke", *SHRINK, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
+    # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
+    # printed again (the parent once re-read rank 0's whole events file for every incarnation).
+    shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
+    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
                         "fault=kill", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
                         "fault.phase=backward_reduce_scatter", "strategy.recovery_deadline_s=5",
                         f"hydra.run.dir={run_dir}"], tmp, timeout=400)
@@ -102,6 +105,9 @@ def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
     assert fallback["rank"] == 0 and fallback["step"] == FAULT_STEP
     assert {e["from_step"] for e in events if e["kind"] == "restore"} == {3}
     assert row["replayed_steps"] == AGE
+    printed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert printed.count("1/10") == 1 and printed.count("4/10") == 1, printed  # steps 0 and 3: not replayed
+    assert printed.count(f"{FAULT_STEP}/10") == 2, printed  # step FAULT_STEP-1 ran, then was replayed
     result = compare_runs(cmp_dir / "reference", run_dir)
     assert result.equal, result.describe()
     assert worker_processes(str(tmp)) == []
@@ -111,7 +117,10 @@ def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
 def test_accelpact_recovers_from_a_hang_past_the_pg_timeout(comparison):
     tmp, cmp_dir, _ = comparison
     run_dir = tmp / "hang"
-    done = run_harness(["experiment=smoke", *SHRINK, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
+    # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
+    # printed again (the parent once re-read rank 0's whole events file for every incarnation).
+    shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
+    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
                         "fault=hang", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}", "fault.phase=clip_allreduce",
                         "cluster.pg_timeout_s=8", "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -131,7 +140,10 @@ def test_accelpact_recovers_from_a_real_blackhole_in_namespaces(comparison):
         pytest.skip(why)
     tmp, cmp_dir, _ = comparison
     run_dir = tmp / "blackhole"
-    done = run_harness(["experiment=smoke", *SHRINK, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
+    # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
+    # printed again (the parent once re-read rank 0's whole events file for every incarnation).
+    shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
+    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
                         "fault=blackhole", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}", "cluster.pg_timeout_s=8",
                         "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
