@@ -123,7 +123,9 @@ def machine_info() -> dict[str, Any]:
 def collect(command: str, extra: Mapping[str, Any] | None = None) -> Provenance:
     """Provenance of a result produced now, by ``command``, from this checkout, on this machine."""
     sha = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # Dirty means the CODE differs from the commit: results/ is what the experiments rewrite, so a
+    # clean clone running `make reproduce` must not call its own later results dirty.
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return Provenance(
         command=command,
         git_sha=sha or "unknown",
