@@ -207,6 +207,12 @@ def job_train(job: dict, cfg: dict, control: ControlChannel) -> dict:
                 optimizer.zero_grad(set_to_none=True)
             result["step_s"].append(time.perf_counter() - t)
             if job.get("track_resources"):
+                if step in (0, job["steps"] - 1):
+                    # The leak figure is last minus first: take both at a quiet point, once every
+                    # rank is done with the step, so no rank samples its sockets mid-handshake (one
+                    # unsynchronised baseline read 11 fds / 0 sockets where its steady state was 15 / 3).
+                    control.barrier(f"resources/{job['name']}/{step}", control.generation)
+                    time.sleep(0.2)
                 result["resources"].append({"step": step, "recoveries": len(guard.events) if guard else 0,
                                             **resources(cfg["exclude_ports"])})
             if step == 0 and job.get("compile"):
