@@ -1,0 +1,42 @@
+"""README.md's results section is generated from results/: it must match the committed results."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import readme_results as rr
+
+
+def test_readme_results_section_matches_the_committed_results(capsys):
+    rc = rr.main(["--check"])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_markdown_tables_are_split_on_non_table_lines():
+    text = "intro\n| a | b |\n|---|---|\n| 1 | 2 |\n\nmore\n| c |\n|---|\n"
+    assert rr.markdown_tables(text) == ["| a | b |\n|---|---|\n| 1 | 2 |", "| c |\n|---|"]
+
+
+def test_first_paragraph_after_a_heading():
+    text = "# t\n\n## Soak: 100 faults\n\nline one\nline two\n\nnext para\n## Other\n"
+    assert rr.first_paragraph_after(text, "## Soak") == ("Soak: 100 faults", "line one\nline two")
+    assert rr.first_paragraph_after(text, "## Missing") == ("", "")
+
+
+def test_splice_replaces_only_the_block_and_needs_both_markers():
+    readme = f"head\n{rr.BEGIN}\nold\n{rr.END}\ntail\n"
+    assert rr.splice(readme, "new") == f"head\n{rr.BEGIN}\n\nnew\n\n{rr.END}\ntail\n"
+    with pytest.raises(ValueError, match="needs exactly one"):
+        rr.splice("no markers here", "new")
+
+
+def test_a_section_wanting_a_table_that_is_not_there_names_the_fix(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "table.md").write_text("no tables\n")
+    with pytest.raises(ValueError, match="python -m experiments.x"):
+        rr.render_section(tmp_path, rr.Section("x", "X", "intro", tables=(0,)))
+
+
+def test_a_missing_result_says_how_to_make_it(tmp_path):
+    out = rr.render_section(tmp_path, rr.Section("y", "Y", "intro"))
+    assert "python -m experiments.y" in out
