@@ -15,7 +15,7 @@ same data, same step count). FSDP2 and FSDP1 (flat parameters), one run each, 10
 Leaks are tracked per fault (threads, open fds, TCP sockets, RSS): after 10 faults each must be
 within +2 of its pre-fault baseline (the issue's acceptance bar).
 
-    python -m experiments.bit_identity            # full run (~5 min on 2 shared cores)
+    python -m experiments.bit_identity            # full run (~1.5 min on 2 quiet cores; with --soak ~5.5)
     python -m experiments.bit_identity --quick    # FSDP2 only, 2 ranks, 5 faults, temp dir
     python -m experiments.bit_identity --soak     # 100 faults on 2 ranks, leaks per fault (slow, not CI)
 

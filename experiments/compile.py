@@ -15,7 +15,7 @@ Backends: aot_eager (the full dynamo + AOT autograd path, no code generation) al
 (C++ code generation on CPU) too, unless ``--backends`` says otherwise, with its compile time
 reported, because on 2 shared cores it costs minutes per graph.
 
-    python -m experiments.compile            # full run (aot_eager + inductor, ~5 min on 2 cores)
+    python -m experiments.compile            # full run (aot_eager + inductor, ~1 min on 2 quiet cores, ~10 under load)
     python -m experiments.compile --quick    # aot_eager, 2 faults, into a temp dir
 
 Writes results/compile/: table.md, counters.csv, losses.csv, losses.png, provenance.json.

@@ -2,7 +2,7 @@
 NVRx checkpoint restoration at age 5, 1.698x over restart at age 18; Mistral-7B on 16 GPUs), measured
 side by side at this machine's scale.
 
-    python -m experiments.goodput_vs_age            # full run (~15 min on 2 shared cores): ages 0..30
+    python -m experiments.goodput_vs_age            # full run (~10 min on 2 quiet cores): ages 0..30
     python -m experiments.goodput_vs_age --quick    # ~4 min check: ages 5 and 18, into a temp dir
     python -m experiments.goodput_vs_age --rederive # tables and plots again from results/<name>/data.csv
 

@@ -10,7 +10,7 @@ Ours, on this host (gloo over 127.0.0.1, all ranks on the same 2 CPU cores):
   rebind, first collective) from real socket resets injected at mixed phases, at every world size,
   FSDP2 and FSDP1 (use_orig_params=False), 32 layers.
 
-    python -m experiments.rebind_scaling            # full run (~6 min on 2 shared cores)
+    python -m experiments.rebind_scaling            # full run (~10 min on 2 quiet cores)
     python -m experiments.rebind_scaling --quick    # ~1.5 min check (worlds 2 and 4), into a temp dir
 
 Writes results/rebind_scaling/: table.md, data.csv, recoveries.csv, rebind_vs_world.png,

@@ -27,21 +27,21 @@ class Experiment:
     name: str  # also its results/<name>/ directory
     module: str  # importable module with main(argv: list[str] | None) -> int
     claim: str  # the paper's claim it answers
-    budget_min: float  # expected minutes of the full run on the reference machine (2 CPU cores)
+    budget_min: float  # minutes of the full run measured on the reference machine (2 quiet CPU cores)
     full_args: tuple[str, ...] = ()  # main()'s arguments for the full run (the quick run gets --quick)
 
 
 REGISTRY: tuple[Experiment, ...] = (
     Experiment("goodput_vs_age", "experiments.goodput_vs_age",
-               "whole-run goodput vs cold restart / NVRx at checkpoint ages 0-30 (1.197x, 1.194x, 1.698x)", 15),
+               "whole-run goodput vs cold restart / NVRx at checkpoint ages 0-30 (1.197x, 1.194x, 1.698x)", 10),
     Experiment("rebind_scaling", "experiments.rebind_scaling",
-               "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 8),
+               "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 10),
     Experiment("bit_identity", "experiments.bit_identity",
-               "state bit-identical after 10 successive faults (+ the 100-fault soak)", 6, ("--soak",)),
+               "state bit-identical after 10 successive faults (+ the 100-fault soak)", 5.5, ("--soak",)),
     Experiment("ckpt_overhead", "experiments.ckpt_overhead",
-               "per-update async checkpointing: +656.7% latency, 32.5 GiB host memory, 3.39 TB/hour", 8),
+               "per-update async checkpointing: +656.7% latency, 32.5 GiB host memory, 3.39 TB/hour", 3),
     Experiment("compile", "experiments.compile",
-               "torch.compile: no graph breaks or recompiles across recoveries", 5),
+               "torch.compile: no graph breaks or recompiles across recoveries", 1),
 )
 
 
@@ -87,7 +87,7 @@ def run_all(
             log(f"{head}: SKIPPED ({msg})")
             outcomes.append(Outcome(exp.name, "skipped", detail=msg))
             continue
-        log(f"{head}: {exp.claim} (full run ~{exp.budget_min:g} min on 2 cores{'; --quick' if quick else ''})")
+        log(f"{head}: {exp.claim} (full run ~{exp.budget_min:g} min on 2 quiet cores{'; --quick' if quick else ''})")
         t0 = time.time()
         try:
             rc = load(exp.module).main(["--quick"] if quick else list(exp.full_args))  # type: ignore[attr-defined]
