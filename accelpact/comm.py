@@ -14,14 +14,16 @@ down exactly those (never the stores') to make blocked peers fail in millisecond
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as _sockets
+from accelpact.errors import GenerationSuperseded
 
 __all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "DataPlaneSockets"]
 
@@ -156,10 +158,30 @@ class DataPlaneSockets:
         return _sockets.shutdown_sockets(self.inodes)
 
 
-def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu") -> None:
-    """One tiny all-reduce proving the new generation works before anything else uses it."""
+def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
+                     superseded: Callable[[], bool] | None = None, poll_s: float = 0.02) -> None:
+    """One tiny all-reduce proving the new generation works before anything else uses it.
+
+    With ``superseded`` (the control channel's ``generation_superseded``), the wait is polled: if a
+    peer has already started another round, raise :class:`GenerationSuperseded` instead of waiting
+    for a collective its peers have abandoned (gloo may otherwise sit out the whole PG timeout).
+    """
     t = torch.ones(1, device=device)
-    dist.all_reduce(t, group=pg)
+    if superseded is None:
+        dist.all_reduce(t, group=pg)
+    else:
+        work = dist.all_reduce(t, group=pg, async_op=True)
+        next_poll = time.monotonic() + poll_s
+        while not work.is_completed():
+            # The healthy case completes in a few ms: short sleeps keep its latency.
+            time.sleep(0.0002)
+            if time.monotonic() >= next_poll:
+                if superseded():
+                    raise GenerationSuperseded(
+                        f"a peer started a newer recovery round while this rank waited on the first collective "
+                        f"of {describe(pg)}", work=work)
+                next_poll = time.monotonic() + poll_s
+        work.wait()  # raises the backend's error if the collective failed
     if int(t.item()) != pg.size():
         raise RuntimeError(f"first collective on the new generation returned {t.item()}, expected {pg.size()}")
 

@@ -47,6 +47,19 @@ class CommFault(AccelPactError):
             self.__cause__ = cause
 
 
+class GenerationSuperseded(CommFault):
+    """A peer began a newer recovery round while this rank waited on the new generation's first collective.
+
+    gloo can miss the reset of a socket and leave the collective waiting out the whole PG timeout
+    (seen with a second fault during recovery); the peers have moved on, so this rank stops waiting
+    and joins their round. ``work`` is the abandoned collective, still pending in gloo.
+    """
+
+    def __init__(self, message: str, *, work: object = None):
+        super().__init__(message, phase="recovery")
+        self.work = work
+
+
 class UnrecoverableError(AccelPactError):
     """Recovery in memory is impossible; the caller must fall back to checkpoint restore.
 

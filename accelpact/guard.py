@@ -35,7 +35,7 @@ from accelpact import comm
 from accelpact import testing as _testing
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
-from accelpact.errors import AccelPactError, RankLostError, StateDivergedError, is_comm_fault
+from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError, is_comm_fault
 from accelpact.events import RecoveryEvent
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 
@@ -109,6 +109,11 @@ class Guard:
         control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
         self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
         self._sockets = comm.DataPlaneSockets(self._exclude_ports)
+        # Generations whose first collective was abandoned, kept until their PG timeout has passed:
+        # (monotonic deadline, groups, pending work). See _round.
+        self._graveyard: list[tuple[float, list, Any]] = []
+        timeout = config.pg_timeout or dist.default_pg_timeout
+        self._pg_timeout_s = timeout.total_seconds()
         self._closed = False
         self._prepare_next_generation()
 
@@ -231,6 +236,8 @@ class Guard:
 
     def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
         t_detected = time.time()
+        now = time.monotonic()
+        self._graveyard = [g for g in self._graveyard if g[0] > now]  # their abandoned ops have timed out
         injected = _testing.consume_injection_time(not_before=t_start)
         detection_s = t_detected - (injected if injected is not None else t_start)
         fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
@@ -304,7 +311,15 @@ class Guard:
                 raise AccelPactError(f"rebind incomplete, still referring to the old group: {stale}")
         # 6. Prove the new generation works (a fault here starts a new round).
         self._hook("recovery", step)
-        comm.first_collective(new_groups[self._vote_index])
+        try:
+            comm.first_collective(new_groups[self._vote_index],
+                                  superseded=getattr(self.control, "generation_superseded", None))
+        except GenerationSuperseded as abandoned:
+            # The abandoned collective still runs in gloo until the PG timeout, and a gloo group's
+            # destructor joins it: keep this generation alive until then rather than block a
+            # later retirement (and every thread, the control channel's included) for that long.
+            self._graveyard.append((time.monotonic() + self._pg_timeout_s + 5.0, new_groups, abandoned.work))
+            raise
         t4 = time.time()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
