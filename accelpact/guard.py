@@ -138,9 +138,9 @@ class Guard:
         """
         if step < 0:
             raise ValueError(f"resume_at(step={step}): steps count from 0")
-        if self.events and step < self._next_step:
+        if step <= self.committed_step:
             raise AccelPactError(
-                f"resume_at({step}) would move back past step {self._next_step - 1}, which this guard "
+                f"resume_at({step}) would move back past step {self.committed_step}, which this guard "
                 "already committed; build a new guard with attach() for a rolled-back run")
         self._next_step = step
         self.committed_step = step - 1
