@@ -55,7 +55,7 @@ FULL_CONFIGS = ["none", "sync", "async", "async_cached", "async_pinned", "every_
 
 
 def sizes() -> dict[str, ModelSize]:
-    from harness.config import load_group
+    from harness.app.config import load_group
 
     models = load_group("model")
     out = {name: ModelSize.from_model_config(models[name]) for name in ("mistral_tiny", "mistral_small", PAPER_MODEL)}
@@ -64,11 +64,11 @@ def sizes() -> dict[str, ModelSize]:
 
 
 def memory_plans() -> dict[str, Any]:
-    """harness.memory_plan for the paper's model and mistral_small, 2 CPU ranks, per-update async."""
-    from harness.config import load_group
-    from harness.machine import probe
-    from harness.memory_plan import plan
-    from harness.schema import CheckpointConfig, CheckpointMode, ClusterConfig, RunConfig
+    """harness.app.memory_plan for the paper's model and mistral_small, 2 CPU ranks, per-update async."""
+    from harness.app.config import load_group
+    from harness.app.machine import probe
+    from harness.app.memory_plan import plan
+    from harness.app.schema import CheckpointConfig, CheckpointMode, ClusterConfig, RunConfig
 
     models, machine = load_group("model"), probe(with_gpus=False)
     out = {}
@@ -327,7 +327,7 @@ its own figure does; each such row says why.
 
 ## Does the paper's 1.216B decoder fit here? No.
 
-harness.memory_plan for {PAPER_MODEL} ({p1['params']:,} params) on 2 CPU ranks with per-update async
+harness.app.memory_plan for {PAPER_MODEL} ({p1['params']:,} params) on 2 CPU ranks with per-update async
 checkpointing: {p1['per_host_gib']:.1f} GiB per host against {p1['usable_gib']:.1f} GiB usable -> fits: {p1['fits']}.
 Even the floor without activations does not: training state {TRAIN_STATE_BYTES_PER_PARAM} B/param =
 {TRAIN_STATE_BYTES_PER_PARAM * p1['params'] / 1e9:.1f} GB plus one staged checkpoint {CKPT_BYTES_PER_PARAM} B/param =

@@ -53,7 +53,7 @@ class ModelSize:
 
     @classmethod
     def from_model_config(cls, m: Any) -> "ModelSize":
-        """From a ``harness.schema.ModelConfig`` (conf/model/*.yaml)."""
+        """From a ``harness.app.schema.ModelConfig`` (conf/model/*.yaml)."""
         return cls(m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
                    m.num_kv_heads, m.seq_len, m.batch_size)
 
@@ -103,10 +103,10 @@ def _build(size: ModelSize):
     from torch.distributed.fsdp import fully_shard
     from transformers import MistralForCausalLM
 
-    from harness.models import hf_config
-    from harness.schema import ModelConfig
+    from harness.rank.models import hf_config
+    from harness.app.schema import ModelConfig
 
-    # harness.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
+    # harness.rank.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
     # probes the hub for attention kernels). Full init then shard: fine at the sizes that fit here.
     cfg = hf_config(ModelConfig(
         name="ckpt_sweep", vocab_size=size.vocab, hidden_size=size.hidden, intermediate_size=size.intermediate,

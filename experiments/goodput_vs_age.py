@@ -6,7 +6,7 @@ side by side at this machine's scale.
     python -m experiments.goodput_vs_age --quick    # ~4 min check: ages 5 and 18, into a temp dir
     python -m experiments.goodput_vs_age --rederive # tables and plots again from results/<name>/data.csv
 
-Drives ``harness.compare.run_comparison``: a fault-free reference (strategy none), then accelpact,
+Drives ``harness.report.compare.run_comparison``: a fault-free reference (strategy none), then accelpact,
 cold_restart and checkpoint_restore (NVRx in-process restart + DCP restore + replay) at each checkpoint
 age, on mistral_tiny with 2 gloo ranks and one socket reset on rank 0 during the backward reduce-scatter.
 The runs go to a scratch directory outside the repo; only the small derived files come here.
@@ -51,7 +51,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
 BASELINES: tuple[str, ...] = ("cold_restart", "checkpoint_restore")
 STRATEGIES: tuple[str, ...] = ("accelpact", *BASELINES)
 REFERENCE = "reference"
-# The paper's whole-run goodput gains of AccelPact by (baseline, age); same figures as harness.compare's
+# The paper's whole-run goodput gains of AccelPact by (baseline, age); same figures as harness.report.compare's
 # PAPER_GAIN (kept here too so --rederive and the tests need no harness import).
 PAPER_GAIN: dict[tuple[str, int], float] = {
     ("cold_restart", 5): 1.197,
@@ -59,13 +59,13 @@ PAPER_GAIN: dict[tuple[str, int], float] = {
     ("cold_restart", 18): 1.698,
 }
 BASELINE_LABEL = {"cold_restart": "cold restart", "checkpoint_restore": "NVRx checkpoint restoration"}
-# Badput parts charged to the injected fault, in stacking order (harness.goodput.Badput without checkpoint).
+# Badput parts charged to the injected fault, in stacking order (harness.report.goodput.Badput without checkpoint).
 FAULT_PARTS: tuple[str, ...] = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One experiment size. The fault at age ``a`` hits step ``interval + a`` (harness.fault_schedule), so
+    """One experiment size. The fault at age ``a`` hits step ``interval + a`` (harness.faults.schedule), so
     ``interval`` > max age and ``steps`` > interval + max age."""
 
     ages: tuple[int, ...]
@@ -179,13 +179,13 @@ def _f(v: Any) -> float:
 
 
 def run_name(strategy: str, age: Optional[int]) -> str:
-    """The comparison's subdirectory of a run (harness.compare.plan_runs)."""
+    """The comparison's subdirectory of a run (harness.report.compare.plan_runs)."""
     return REFERENCE if age is None else f"{strategy}_age{age}"
 
 
 def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping[str, Any]],
               fault_parts: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
-    """One flat row per run: the comparison table's row (harness.compare.build_table), the run's results
+    """One flat row per run: the comparison table's row (harness.report.compare.build_table), the run's results
     row (``run_rows[run_name]``: step_time_median_s, relaunches, startup_s), the badput charged to its
     fault (``fault_parts[run_name]``: part -> seconds), and derived ratios:
 
@@ -663,7 +663,7 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
 # ---- measuring (impure) ----------------------------------------------------------------------------
 def _fault_parts(run_dir: Path) -> dict[str, float]:
     """Badput charged to the run's faults (summed over faults), part -> seconds."""
-    from harness.goodput import load_report
+    from harness.report.goodput import load_report
 
     parts: dict[str, float] = {}
     for f in load_report(str(run_dir)).faults:
@@ -674,8 +674,8 @@ def _fault_parts(run_dir: Path) -> dict[str, float]:
 
 def measure(plan: Plan, scratch: Path) -> tuple[list[dict[str, Any]], Path]:
     """Run the comparison into ``scratch``; returns data rows and the scratch run directory."""
-    from harness import compare
-    from harness.config import compose, to_run_config
+    from harness.report import compare
+    from harness.app.config import compose, to_run_config
 
     run = to_run_config(compose(overrides(plan, scratch)))
     run.compare.enabled = True

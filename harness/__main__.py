@@ -18,11 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness import capabilities
-from harness.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_schemas, to_run_config
-from harness.machine import probe
-from harness.schema import Device
-from harness.validate import ConfigError, validate
+from harness.app import capabilities
+from harness.app.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_schemas, to_run_config
+from harness.app.machine import probe
+from harness.app.schema import Device
+from harness.app.validate import ConfigError, validate
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
@@ -52,9 +52,9 @@ def hydra_main(cfg: DictConfig) -> float:
     if run.compare.enabled and not multirun:
         return _compare(run, run_dir, memory, overrides)
 
-    from harness.launch import run_experiment
+    from harness.parent.run import run_one
 
-    row = run_experiment(run, run_dir, memory, overrides)
+    row = run_one(run, run_dir, memory, overrides)
     if row["status"] != "ok":
         if multirun:
             return math.nan
@@ -63,9 +63,9 @@ def hydra_main(cfg: DictConfig) -> float:
 
 
 def _compare(run, run_dir: Path, memory, overrides: list[str]) -> float:  # noqa: ANN001
-    """The default experiment: every strategy side by side (harness.compare). Returns AccelPact's
+    """The default experiment: every strategy side by side (harness.report.compare). Returns AccelPact's
     goodput gain over cold restart at the largest age (the paper's headline), NaN if unavailable."""
-    from harness import compare
+    from harness.report import compare
 
     try:
         compare.check_all_runnable(run)
@@ -93,7 +93,7 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
 
 
 def main() -> None:
-    from harness import preflight
+    from harness.app import preflight
 
     try:
         preflight.check(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Strategy registry: strategy name -> ``module:Class``, imported lazily in the rank process.
 
-A later issue adds a strategy by adding its module and one line here; ``harness.train`` is unchanged.
+A later issue adds a strategy by adding its module and one line here; ``harness.rank.train`` is unchanged.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What every strategy shares: the periodic DCP checkpoint cadence, the fault points, resuming.
 
 All strategies checkpoint with the same cadence (``checkpoint.interval`` / ``checkpoint.mode``) through
-``harness.checkpoint.Checkpointer``, so the fault-free reference pays the same checkpoint cost and the
+``harness.checkpoint.checkpointer.Checkpointer``, so the fault-free reference pays the same checkpoint cost and the
 only difference between strategies is how they recover. A restarted process (cold restart, accelpact's
 fallback, an NVRx in-process restart) restores the newest complete checkpoint in the constructor, so
 its ``restart`` event's ``t_ready`` comes after the restore, and resumes at the step after it.
@@ -16,7 +16,7 @@ from typing import Any, Collection, Optional
 
 import torch
 
-from harness.rank_faults import RankFaults
+from harness.faults.rank_side import RankFaults
 from harness.strategies.base import Strategy, TrainContext, forward_backward
 
 

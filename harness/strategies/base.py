@@ -1,6 +1,6 @@
 """The Strategy interface: what happens in one training step, and around the loop.
 
-The loop in ``harness.train`` never changes between strategies: it asks the strategy where to start
+The loop in ``harness.rank.train`` never changes between strategies: it asks the strategy where to start
 (a restarted rank resumes after its checkpoint), then calls ``run_step`` per step and
 ``after_step`` once the step committed. A strategy owns recovery (accelpact), checkpoint save and
 restore (cold_restart, checkpoint_restore), or nothing at all (``none``).
@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from harness.events import EventLog
-from harness.schema import RunConfig
+from harness.app.schema import RunConfig
 
 
 @dataclass
 class TrainContext:
-    """Everything one rank's step needs. Built once per process by ``harness.train``."""
+    """Everything one rank's step needs. Built once per process by ``harness.rank.train``."""
 
     cfg: RunConfig
     rank: int

@@ -1,6 +1,6 @@
 """Strategy ``checkpoint_restore``: NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
 
-The rank's whole training function runs under ``harness.nvrx_restart.run_with_inprocess_restart``:
+The rank's whole training function runs under ``harness.strategies.nvrx_restart.run_with_inprocess_restart``:
 the process stays alive; when a collective fails on any rank, NVRx interrupts every rank, the adapter
 tears the process groups down, and the training function runs again (incarnation + 1). Each
 incarnation builds its process group on a never-used store prefix, rebuilds model and optimizer,
@@ -8,7 +8,7 @@ restores the newest DCP checkpoint (``restore`` event) and replays the steps los
 (``replay=True``). Its ``restart`` event carries NVRx's own timestamps.
 
 NVRx must be importable: without it this strategy fails with ``NvrxUnavailable`` naming the fix;
-there is no silent substitute. ``harness.train.train`` dispatches here (``train_in_process``) because
+there is no silent substitute. ``harness.rank.train.train`` dispatches here (``train_in_process``) because
 NVRx must own the process groups from the start.
 """
 
@@ -37,11 +37,11 @@ class CheckpointRestore(Periodic):
 
 
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
-    """One rank's life under NVRx in-process restart; returns ``harness.train.TrainResult``."""
-    from harness import identity
+    """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
+    from harness.rank import identity
     from harness.events import EventLog
-    from harness.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
-    from harness.train import TrainResult, build_context, run_loop
+    from harness.strategies.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
+    from harness.rank.train import TrainResult, build_context, run_loop
 
     import_inprocess()  # fail first, with the fix named, if NVRx is missing
     logs = Path(run_dir) / "logs"
@@ -79,7 +79,7 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
         )
     if run.value is None:
         raise RuntimeError("NVRx kept this rank inactive; the harness needs every rank to train")
-    from harness.train import exit_without_static_destructors
+    from harness.rank.train import exit_without_static_destructors
 
     exit_without_static_destructors()
     return run.value

@@ -1,5 +1,5 @@
 """Strategy ``cold_restart``: what a cluster manager does. On a fault the ranks fail (the comm error
-ends the process); the parent (``harness.launch``) kills every rank process and launches fresh ones
+ends the process); the parent (``harness.parent.launcher``) kills every rank process and launches fresh ones
 with incarnation + 1. Those rebuild everything, load the newest DCP checkpoint (``restore`` event,
 in ``Periodic.__init__``) and replay the steps lost since it (``replay=True`` step events)."""
 

@@ -46,7 +46,7 @@ def worker_processes(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "harness.worker" in cmd and marker in cmd:
+        if "harness.rank.worker" in cmd and marker in cmd:
             found.append(proc)
     return found
 

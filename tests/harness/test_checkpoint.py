@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.checkpoint_inflight import SaveSlot
-from harness.checkpoint_layout import MARKER, CheckpointLayout, Listing, is_due, parse_step_dir, plan_prune, step_dir_name
-from harness.checkpoint_records import CheckpointSaveError, SaveRecord
+from harness.checkpoint.inflight import SaveSlot
+from harness.checkpoint.layout import MARKER, CheckpointLayout, Listing, is_due, parse_step_dir, plan_prune, step_dir_name
+from harness.checkpoint.records import CheckpointSaveError, SaveRecord
 
 WORLD = 2
 JOIN_TIMEOUT_S = 240
@@ -114,7 +114,7 @@ def test_slot_fills_the_record_on_success():
 
 
 def test_settings_reject_unknown_modes_and_bad_numbers():
-    from harness.checkpoint import CheckpointSettings
+    from harness.checkpoint.checkpointer import CheckpointSettings
 
     with pytest.raises(ValueError, match="async_cached"):
         CheckpointSettings("/tmp/x", 1, "asynchronous")
@@ -127,7 +127,7 @@ def test_settings_reject_unknown_modes_and_bad_numbers():
 def test_pinned_mode_without_cuda_is_refused_naming_the_mode_that_works(tmp_path: Path):
     import torch
 
-    from harness.checkpoint import Checkpointer, CheckpointModeUnavailable, CheckpointSettings
+    from harness.checkpoint.checkpointer import Checkpointer, CheckpointModeUnavailable, CheckpointSettings
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present: pinned staging is available here")
@@ -257,7 +257,7 @@ def _scenario_roundtrip(rank: int, root: str, mode: str, events_file: str) -> di
     Both must equal the saved shards exactly and reproduce the uninterrupted losses and parameters."""
     import torch.distributed as dist
 
-    from harness.checkpoint import Checkpointer, CheckpointSettings
+    from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
 
     events: list[dict] = []
 
@@ -365,7 +365,7 @@ def _scenario_background_failure(rank: int, root: str) -> dict:
     the background and must surface at the next save and never be loadable; the next save works."""
     import torch.distributed as dist
 
-    from harness.checkpoint import Checkpointer, CheckpointSaveError, CheckpointSettings
+    from harness.checkpoint.checkpointer import Checkpointer, CheckpointSaveError, CheckpointSettings
 
     model, optimizer = _build(seed=0)
     ckpt = Checkpointer(CheckpointSettings(root, interval=1, mode="async"), model, optimizer)

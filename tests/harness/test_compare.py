@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare import CompareTableCallback, PAPER_GAIN, build_table, plan_runs, reference_config
-from harness.config import compose, to_run_config
-from harness.fault_driver import EXIT_FALLBACK, relaunch_reason
-from harness.goodput import RunSummary, compute_goodput
+from harness.report.compare import CompareTableCallback, PAPER_GAIN, build_table, plan_runs, reference_config
+from harness.app.config import compose, to_run_config
+from harness.faults.driver import EXIT_FALLBACK, relaunch_reason
+from harness.report.goodput import RunSummary, compute_goodput
 
 
 def test_default_experiment_is_the_comparison():
@@ -43,7 +43,7 @@ def test_plan_is_reference_then_every_strategy_at_every_age():
 
 
 def test_default_ages_fit_the_run():
-    from harness.fault_schedule import plan_faults
+    from harness.faults.schedule import plan_faults
 
     base = to_run_config(compose([]))
     for p in plan_runs(base)[1:]:

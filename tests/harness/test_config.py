@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from harness.config import compose, group_options, load_catalogue, to_run_config
-from harness.machine import GiB, Machine, probe
-from harness.memory_plan import plan
-from harness.preflight import check_overrides, explain_compose_error
-from harness.schema import Backend, Device, RunConfig, run_config_from_dict, to_dict
-from harness.validate import ConfigError, check_values, validate
+from harness.app.config import compose, group_options, load_catalogue, to_run_config
+from harness.app.machine import GiB, Machine, probe
+from harness.app.memory_plan import plan
+from harness.app.preflight import check_overrides, explain_compose_error
+from harness.app.schema import Backend, Device, RunConfig, run_config_from_dict, to_dict
+from harness.app.validate import ConfigError, check_values, validate
 
 EXPERIMENTS = group_options("experiment")
 

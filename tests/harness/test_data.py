@@ -2,7 +2,7 @@
 
 import torch
 
-from harness.data import make_batch
+from harness.rank.data import make_batch
 
 
 def test_same_inputs_same_tokens():

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.fault_schedule import FiredMarkers, ScheduleError, checkpoint_age, fault_steps, plan_faults
-from harness.schema import FaultConfig, FaultKind, FaultSchedule
+from harness.faults.schedule import FiredMarkers, ScheduleError, checkpoint_age, fault_steps, plan_faults
+from harness.app.schema import FaultConfig, FaultKind, FaultSchedule
 from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.goodput import (
+from harness.report.goodput import (
     TABLE_COLUMNS,
     Badput,
     GoodputReport,

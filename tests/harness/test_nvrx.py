@@ -40,7 +40,7 @@ RUN_TIMEOUT_S = 150
 
 # ----------------------------------------------------------------------- fast unit tests ----------
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
-    from harness import nvrx_restart
+    from harness.strategies import nvrx_restart
 
     # None in sys.modules makes the import raise ImportError, as on a machine without the package.
     monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext", None)
@@ -53,7 +53,7 @@ def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
-    from harness.nvrx_restart import STORE_PORT_ENV, NvrxSettings
+    from harness.strategies.nvrx_restart import STORE_PORT_ENV, NvrxSettings
 
     monkeypatch.delenv(STORE_PORT_ENV, raising=False)
     with pytest.raises(ValueError, match=STORE_PORT_ENV):
@@ -64,7 +64,7 @@ def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_restart_record_and_event_fields():
-    from harness.nvrx_restart import RestartContext, RestartRecord
+    from harness.strategies.nvrx_restart import RestartContext, RestartRecord
 
     rec = RestartRecord(incarnation=1, error="RuntimeError: x", t_raised=10.0, t_detected=10.02,
                         t_aborted=10.15, t_finalized=10.2, t_entered=10.6)
@@ -83,7 +83,7 @@ def test_restart_record_and_event_fields():
 
 
 def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
-    from harness.nvrx_restart import _Recorder
+    from harness.strategies.nvrx_restart import _Recorder
 
     rec = _Recorder()
     rec.entered(0, 1.0)
@@ -107,7 +107,7 @@ def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
 def test_store_ports_sees_through_prefix_stores():
     import torch.distributed as dist
 
-    from harness.nvrx_restart import store_ports
+    from harness.strategies.nvrx_restart import store_ports
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     assert store_ports(dist.PrefixStore("a/b", dist.PrefixStore("c", store))) == (store.port,)
@@ -115,7 +115,7 @@ def test_store_ports_sees_through_prefix_stores():
 
 
 def test_settings_reject_bad_values():
-    from harness.nvrx_restart import NvrxSettings
+    from harness.strategies.nvrx_restart import NvrxSettings
 
     with pytest.raises(ValueError, match="max_restarts"):
         NvrxSettings(max_restarts=-1)
@@ -175,7 +175,7 @@ def _exhaust_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.nvrx_restart import NvrxRestartsExhausted, NvrxSettings, run_with_inprocess_restart
+    from harness.strategies.nvrx_restart import NvrxRestartsExhausted, NvrxSettings, run_with_inprocess_restart
 
     seen = []
 
@@ -216,8 +216,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard  # noqa: F401
 
     from accelpact.testing import FaultInjector
-    from harness.checkpoint import Checkpointer, CheckpointSettings
-    from harness.nvrx_restart import NvrxSettings, run_with_inprocess_restart
+    from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
+    from harness.strategies.nvrx_restart import NvrxSettings, run_with_inprocess_restart
 
     rank = int(os.environ["RANK"])
     ports = [int(p) for p in args.ports.split(",")]
@@ -434,7 +434,7 @@ def test_restart_limit_gives_a_clear_error_and_leaves_nothing_behind(tmp_path: P
     pytest.importorskip("nvidia_resiliency_ext.inprocess")
     import psutil
 
-    from harness.nvrx_restart import host_store
+    from harness.strategies.nvrx_restart import host_store
 
     # NVRx's store hosted here, as a harness parent would: rank 0 must connect to it, not host one.
     store = host_store()

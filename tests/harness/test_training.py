@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.identity import compare_runs, load_identity
+from harness.rank.identity import compare_runs, load_identity
 from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
 STEPS = 3
@@ -64,17 +64,17 @@ def test_identical_runs_have_identical_state_and_another_seed_differs(runs):
 
 def test_identity_cli(runs):
     tmp, _ = runs
-    ok = subprocess.run([sys.executable, "-m", "harness.identity", str(tmp / "a"), str(tmp / "b")],
+    ok = subprocess.run([sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "b")],
                         cwd=REPO, capture_output=True, text=True)
     assert ok.returncode == 0 and "identical" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "harness.identity", str(tmp / "a"), str(tmp / "c")],
+    bad = subprocess.run([sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "c")],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 1 and "DIFFERENT" in bad.stdout and "param/" in bad.stdout
 
 
 def test_rank_processes_never_import_hydra():
     code = (
-        "import sys, harness.worker, harness.train, harness.strategies.none, harness.identity, harness.models;"
+        "import sys, harness.rank.worker, harness.rank.train, harness.strategies.none, harness.rank.identity, harness.rank.models;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf'));"
         "assert not bad, bad"
     )

@@ -6,7 +6,7 @@ each checkpoint age of ``compare.ages`` (``fault.schedule=at_age``), one after t
 subdirectory of the Hydra run directory. Then it prints the table (strategy, age, whole-run goodput,
 ratio to the reference, AccelPact's gain over the row with the paper's figure beside it, the recovery
 breakdown, bit-identical to the reference) and writes ``table.md``, ``table.csv`` and the plots
-(``harness.plots_compare``) into the run directory.
+(``harness.report.plots_compare``) into the run directory.
 
 A multirun (``python -m harness -m strategy=accelpact,cold_restart,checkpoint_restore fault.at_age=5,18``)
 runs one job per combination; ``CompareTableCallback.on_multirun_end`` then runs the reference (unless
@@ -23,9 +23,9 @@ from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
-from harness.goodput import RunSummary, comparison_table, format_table, load_report
-from harness.identity import compare_runs
-from harness.schema import FaultKind, FaultSchedule, RunConfig, StrategyName
+from harness.report.goodput import RunSummary, comparison_table, format_table, load_report
+from harness.rank.identity import compare_runs
+from harness.app.schema import FaultKind, FaultSchedule, RunConfig, StrategyName
 
 REFERENCE = "reference"
 # The paper's whole-run goodput gains of AccelPact (paper-claims.md), by (baseline strategy, age).
@@ -152,7 +152,7 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
     text = write_table(out_dir, table, title)
     print(f"\n{title}\n{text}\n  table: {out_dir / 'table.md'}", flush=True)
     try:
-        from harness import plots_compare
+        from harness.report import plots_compare
 
         paths = plots_compare.plot_all(out_dir, table, list(zip(dirs, rows)))
         print("  plots: " + ", ".join(str(p) for p in paths), flush=True)
@@ -163,7 +163,7 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
 
 def check_all_runnable(base: RunConfig) -> None:
     """Refuse before anything starts if any planned run cannot run here (e.g. NVRx missing)."""
-    from harness import capabilities
+    from harness.app import capabilities
 
     for planned in plan_runs(base):
         capabilities.check_runnable(planned.config)
@@ -172,7 +172,7 @@ def check_all_runnable(base: RunConfig) -> None:
 def run_comparison(base: RunConfig, run_dir: Path, memory_plan: Any = None,
                    overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Run the reference and every strategy at every age, sequentially; returns the table rows."""
-    from harness.launch import run_experiment
+    from harness.parent.run import run_one
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +184,7 @@ def run_comparison(base: RunConfig, run_dir: Path, memory_plan: Any = None,
     reference_dir: Optional[Path] = None
     for p in planned:
         sub = run_dir / p.name
-        row = run_experiment(p.config, sub, None, overrides, reference_dir=reference_dir)
+        row = run_one(p.config, sub, None, overrides, reference_dir=reference_dir)
         if p.reference:
             if row["status"] != "ok":
                 raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {sub}/logs")
@@ -226,12 +226,12 @@ class CompareTableCallback(Callback):
     def _run_reference(sweep_dir: Path, job_dir: Path) -> Path:
         from omegaconf import OmegaConf
 
-        from harness.launch import run_experiment
-        from harness.schema import run_config_from_dict
+        from harness.parent.run import run_one
+        from harness.app.schema import run_config_from_dict
 
         data = OmegaConf.to_container(OmegaConf.load(job_dir / "config.yaml"), resolve=True)
         ref = reference_config(run_config_from_dict(data))  # type: ignore[arg-type]
         out = sweep_dir / REFERENCE
         print(f"comparison: running the fault-free reference in {out}", flush=True)
-        run_experiment(ref, out, None, ["(reference of the sweep)"])
+        run_one(ref, out, None, ["(reference of the sweep)"])
         return out

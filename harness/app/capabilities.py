@@ -8,7 +8,7 @@ anything starts, with an error that names what still works.
 from __future__ import annotations
 
 from harness import strategies
-from harness.schema import FaultKind, RunConfig, StrategyName
+from harness.app.schema import FaultKind, RunConfig, StrategyName
 
 # Fault kinds wired into the launcher/ranks.
 LIVE_FAULTS: set[FaultKind] = set(FaultKind)
@@ -18,8 +18,8 @@ OUTAGE_MARGIN_S = 2.0
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.fault_schedule import NETNS_KINDS, ScheduleError, plan_faults
-    from harness.validate import ConfigError
+    from harness.faults.schedule import NETNS_KINDS, ScheduleError, plan_faults
+    from harness.app.validate import ConfigError
 
     if not strategies.is_available(run.strategy.name.value):
         raise ConfigError(
@@ -56,7 +56,7 @@ def check_runnable(run: RunConfig) -> None:
                 "outside the ranks' namespaces; use fault=socket_reset, hang or kill with that strategy"
             )
     if run.strategy.name == StrategyName.checkpoint_restore:
-        from harness.nvrx_restart import NvrxUnavailable, import_inprocess
+        from harness.strategies.nvrx_restart import NvrxUnavailable, import_inprocess
 
         try:
             import_inprocess()

@@ -1,6 +1,6 @@
-"""Rank process entry point: ``python -m harness.worker <run_dir>/worker_spec.json``.
+"""Rank process entry point: ``python -m harness.rank.worker <run_dir>/worker_spec.json``.
 
-Started by the parent (``harness.launch``) with RANK / WORLD_SIZE / ACCELPACT_* in the environment.
+Started by the parent (``harness.parent.launcher``) with RANK / WORLD_SIZE / ACCELPACT_* in the environment.
 Never imports Hydra or OmegaConf: the spec is the plain-JSON form of the typed RunConfig.
 Exit status: 0 when training finished; 1 with the traceback on stderr (the rank's log) otherwise.
 """
@@ -15,14 +15,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness.rank_env import RankEnv
-from harness.schema import RunConfig, run_config_from_dict
+from harness.rank.env import RankEnv
+from harness.app.schema import RunConfig, run_config_from_dict
 
 SPEC_NAME = "worker_spec.json"
 
 
 def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
-    from harness.schema import to_dict
+    from harness.app.schema import to_dict
 
     path = Path(run_dir) / SPEC_NAME
     path.write_text(json.dumps({"run_dir": str(run_dir), "config": to_dict(cfg)}, indent=1))
@@ -51,12 +51,12 @@ def die_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m harness.worker <run_dir>/worker_spec.json", file=sys.stderr)
+        print("usage: python -m harness.rank.worker <run_dir>/worker_spec.json", file=sys.stderr)
         return 2
     env = RankEnv.from_environ()
     die_with_parent(env.parent_pid)
     run_dir, cfg = read_spec(argv[0])
-    from harness.train import train  # torch import after the cheap checks
+    from harness.rank.train import train  # torch import after the cheap checks
 
     try:
         result = train(cfg, env, run_dir)

@@ -2,7 +2,7 @@
 
 ``FaultDriver.tick()`` runs in the parent's poll loop (``Launcher.tick_hooks``). A rank that reached
 the (step, phase) of a parent-side fault wrote ``faults/request_<i>_rank<R>.json`` and waits for the
-ack (``harness.rank_faults``). The driver then acts from outside the rank and records the ``fault``
+ack (``harness.faults.rank_side``). The driver then acts from outside the rank and records the ``fault``
 event (``events/parent.jsonl``) with the wall time it acted:
 
 - ``hang``: SIGSTOP the rank's process group, ack, SIGCONT it ``fault.outage_s`` later (longer than
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from harness.events import EventLog
-from harness.fault_schedule import FAULTS_DIR
-from harness.rank_faults import ack_path
-from harness.schema import FaultKind, RunConfig, StrategyName
+from harness.faults.schedule import FAULTS_DIR
+from harness.faults.rank_side import ack_path
+from harness.app.schema import FaultKind, RunConfig, StrategyName
 
 EXIT_FALLBACK = 75  # mirrors harness.strategies.accelpact.EXIT_FALLBACK (that module imports torch)
 
@@ -73,7 +73,7 @@ class _Hang:
 class FaultDriver:
     run: RunConfig
     run_dir: Path
-    launcher: Any  # harness.launch.Launcher (signal_rank)
+    launcher: Any  # harness.parent.launcher.Launcher (signal_rank)
     events: EventLog  # the parent's event log
     topology: Any = None  # harness.faults.netns.NetnsTopology for namespace faults
     handled: set[str] = field(default_factory=set)

@@ -8,7 +8,7 @@ for ``clip_allreduce`` / ``vote``), so it lands exactly where the schedule says:
   writes the ``fault`` event itself.
 - ``hang`` / ``kill`` / ``blackhole`` / ``link_down`` / ``tcp_reset``: the rank writes a request file
   ``<run_dir>/faults/request_<i>_rank<R>.json`` and waits for the parent's ack. The parent
-  (``harness.fault_driver``) acts from outside (SIGSTOP ... SIGCONT, SIGKILL, a namespace fault),
+  (``harness.faults.driver``) acts from outside (SIGSTOP ... SIGCONT, SIGKILL, a namespace fault),
   records the ``fault`` event with the time it acted, then acks. A hung rank sees the ack once it is
   continued; a killed one never does.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Collection, Optional
 
 from harness.events import EventLog
-from harness.fault_schedule import FiredMarkers, PlannedFault, plan_faults
-from harness.schema import FaultKind, RunConfig
+from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
+from harness.app.schema import FaultKind, RunConfig
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
 ACK_TIMEOUT_S = 60.0
@@ -74,7 +74,7 @@ class RankFaults:
         return cls(cfg, rank, run_dir, events, exclude_ports)
 
     def install(self, model: Any) -> None:
-        from harness.models import decoder_layers
+        from harness.rank.models import decoder_layers
 
         layers = decoder_layers(model)
         self.injector.install(model, layers[len(layers) // 2])

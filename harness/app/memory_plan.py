@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.machine import GiB, RANK_RUNTIME_BYTES, Machine
-from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
+from harness.app.machine import GiB, RANK_RUNTIME_BYTES, Machine
+from harness.app.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4
 # Host memory of a rank that drives a GPU (CUDA libraries, pinned pools): more than a CPU rank.
@@ -68,7 +68,7 @@ class MemoryPlan:
 
 def param_counts(m: ModelConfig) -> ParamCounts:
     """Counted on the meta device through transformers, so the counts are the model's own."""
-    from harness.models import count_params, decoder_layers, meta_model
+    from harness.rank.models import count_params, decoder_layers, meta_model
 
     model = meta_model(m)
     layers = decoder_layers(model)

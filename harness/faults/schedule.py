@@ -5,7 +5,7 @@
 
 - ``at_step``: one fault during step ``at_step``.
 - ``at_age``: during step ``c + a + 1`` where ``c`` is a checkpoint step (saves land after steps
-  ``interval-1, 2*interval-1, ...``, see ``harness.checkpoint_layout.is_due``), so exactly ``a`` steps
+  ``interval-1, 2*interval-1, ...``, see ``harness.checkpoint.layout.is_due``), so exactly ``a`` steps
   have committed since the newest checkpoint and a restore-based strategy replays exactly ``a`` steps.
   ``count`` faults use the first ``count`` checkpoints that leave room before the end of the run.
 - ``every``: during steps ``every, 2*every, ...`` below ``steps`` (at most ``count`` when ``count > 1``).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.schema import FaultConfig, FaultKind, FaultSchedule
+from harness.app.schema import FaultConfig, FaultKind, FaultSchedule
 
 FAULTS_DIR = "faults"
 

@@ -41,10 +41,10 @@ from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from harness.checkpoint_inflight import SaveSlot
-from harness.checkpoint_layout import CheckpointLayout, is_due
-from harness.checkpoint_memory import RssPeakSampler
-from harness.checkpoint_records import (
+from harness.checkpoint.inflight import SaveSlot
+from harness.checkpoint.layout import CheckpointLayout, is_due
+from harness.checkpoint.memory import RssPeakSampler
+from harness.checkpoint.records import (
     CheckpointError,
     CheckpointModeUnavailable,
     CheckpointSaveError,

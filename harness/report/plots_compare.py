@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from harness.goodput import compute_goodput
+from harness.report.goodput import compute_goodput
 
 GOODPUT_FILE = "goodput_vs_age.png"
 TIMELINE_FILE = "timeline.png"
@@ -37,7 +37,7 @@ def _ok(v: Any) -> bool:
 
 
 def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]]) -> Path:
-    from harness.compare import PAPER_GAIN
+    from harness.report.compare import PAPER_GAIN
 
     plt = _plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))

@@ -3,7 +3,7 @@
 ``Launcher`` owns the processes of one run:
 - ``start_control_store()`` hosts the long-lived TCPStore (the out-of-band control channel; ranks
   get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
-- ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.worker`` processes, each in
+- ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.rank.worker`` processes, each in
   its own session (process group) so it can be killed with everything it started,
 - ``poll()`` reports exits, ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
@@ -27,15 +27,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from harness import results
+from harness.report import results
 from harness.events import events_path
-from harness.memory_plan import MemoryPlan
-from harness.progress import EventTailer, Progress
-from harness.rank_env import RankEnv
-from harness.schema import RunConfig, to_dict
-from harness.worker import write_spec
+from harness.app.memory_plan import MemoryPlan
+from harness.parent.progress import EventTailer, Progress
+from harness.rank.env import RankEnv
+from harness.app.schema import RunConfig, to_dict
+from harness.rank.worker import write_spec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
 POLL_S = 0.05
 TERM_GRACE_S = 5.0
@@ -174,7 +174,7 @@ class Launcher:
         for rank in range(self.run.cluster.world_size):
             log = open(self.log_path(rank), "ab")
             try:
-                argv = [self.python, "-m", "harness.worker", str(self.spec_path)]
+                argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
                 if self.wrap_fn is not None:
                     argv = self.wrap_fn(rank, argv)
                 self.procs[rank] = subprocess.Popen(
@@ -321,187 +321,3 @@ class _signals_raise_interrupted:
     def __exit__(self, *exc: object) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
-
-
-def new_run_id(run_dir: Path) -> str:
-    return f"{run_dir.name}-{secrets.token_hex(3)}"
-
-
-def write_resolved_config(run_dir: Path, run: RunConfig) -> Path:
-    from omegaconf import OmegaConf
-
-    path = run_dir / "config.yaml"
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(run))))
-    return path
-
-
-def run_experiment(
-    run: RunConfig,
-    run_dir: Path,
-    memory_plan: Optional[MemoryPlan] = None,
-    overrides: Sequence[str] = (),
-    reference_dir: Optional[Path] = None,
-) -> dict[str, Any]:
-    """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
-
-    Parent-side faults are driven by ``harness.fault_driver``; namespace faults run the ranks inside a
-    ``NetnsTopology`` (torn down whatever happens). cold_restart relaunches every rank after a failure;
-    accelpact relaunches (falls back to checkpoint restore) when a rank cannot recover in memory.
-    ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
-    state is bit-identical to it."""
-    from harness.events import EventLog
-    from harness.fault_driver import FaultDriver, relaunch_reason
-    from harness.schema import FaultKind, StrategyName
-
-    started = time.time()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run_id = new_run_id(run_dir)
-    write_resolved_config(run_dir, run)
-    spec = write_spec(run_dir, run)
-    if memory_plan is not None:
-        print(memory_plan.table(), flush=True)
-    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
-          f" ranks, strategy={run.strategy.name.value}, fault={run.fault.kind.value}\n  run dir: {run_dir}", flush=True)
-    outcome = Outcome("failed", "harness error before the ranks started")
-    progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
-    launcher = Launcher(run, run_dir, spec)
-    parent_events = EventLog(run_dir, -1)
-    relaunches: list[str] = []
-    topology: Any = None
-    driver: Optional[FaultDriver] = None
-    nvrx_store: Any = None
-    try:
-        topology = _start_topology(run)
-        if topology is not None:
-            launcher.control = topology.control_addr
-            launcher.rank_env_fn = topology.rank_env
-            launcher.wrap_fn = topology.wrap_command
-        else:
-            launcher.start_control_store()
-        if run.strategy.name == StrategyName.checkpoint_restore:
-            from harness.nvrx_restart import STORE_PORT_ENV, host_store
-
-            # Hosted here so that a rank's death does not take NVRx's store down with it.
-            nvrx_store = host_store(host=run.cluster.master_addr)
-            launcher.extra_env.update({STORE_PORT_ENV: str(nvrx_store.port), "MASTER_ADDR": run.cluster.master_addr,
-                                       "TORCH_CPP_LOG_LEVEL": "ERROR"})
-        if run.strategy.name == StrategyName.accelpact:
-            launcher.settle_s = run.strategy.recovery_deadline_s + 15.0
-        if run.fault.kind != FaultKind.none:
-            driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
-            launcher.tick_hooks.append(driver.tick)
-        launcher.start_ranks(incarnation=0)
-        outcome = launcher.wait(progress)
-        while True:
-            why = relaunch_reason(run.strategy.name.value, outcome.exit_codes, len(relaunches),
-                                  run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
-            if why is None:
-                break
-            relaunches.append(why)
-            parent_events.emit("relaunch", reason=why, incarnation=launcher.incarnation + 1,
-                               exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
-            print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
-            launcher.kill_all()
-            launcher.start_ranks(incarnation=launcher.incarnation + 1)
-            outcome = launcher.wait(progress)
-    except BaseException as exc:
-        outcome = Outcome("failed", f"harness error: {type(exc).__name__}: {exc}")
-        raise
-    finally:
-        progress.close()
-        if driver is not None:
-            driver.close()
-        launcher.close()
-        if topology is not None:
-            left = topology.teardown()
-            if left:
-                outcome.reason += f" (namespace teardown left: {left})"
-        parent_events.close()
-        nvrx_store = None
-        extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
-                 "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
-        row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
-    return row
-
-
-def _start_topology(run: RunConfig) -> Any:
-    """Network namespaces for the link faults (None for every other fault kind)."""
-    from harness.fault_schedule import NETNS_KINDS
-
-    if run.fault.kind not in NETNS_KINDS:
-        return None
-    from harness.faults.netns import NetnsTopology
-
-    topology = NetnsTopology(world_size=run.cluster.world_size)
-    topology.up()
-    return topology
-
-
-def _finish(
-    run: RunConfig,
-    run_dir: Path,
-    run_id: str,
-    outcome: Outcome,
-    started: float,
-    memory_plan: Optional[MemoryPlan],
-    overrides: Sequence[str],
-    extra: Optional[dict[str, Any]] = None,
-    reference_dir: Optional[Path] = None,
-) -> dict[str, Any]:
-    columns: dict[str, Any] = {"failed_rank": outcome.failed_rank, **(extra or {})}
-    try:
-        columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir))
-    except Exception as exc:  # accounting must never cost the row
-        print(f"warning: goodput accounting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-    row = results.build_row(
-        run,
-        run_dir,
-        run_id=run_id,
-        status=outcome.status,
-        reason=outcome.reason,
-        wall_s=time.time() - started,
-        n_params=memory_plan.n_params if memory_plan else None,
-        started_at=started,
-        overrides=overrides,
-        extra=columns,
-    )
-    summary = {
-        "exit_codes": outcome.exit_codes,
-        "log_tail": outcome.log_tail,
-        "memory_plan": memory_plan.table() if memory_plan else None,
-    }
-    results.write_row(run_dir, row, summary)
-    index = Path(run.index_path)
-    results.append_to_index(index, row)
-    try:
-        from harness import plots
-
-        plots.plot_run(run_dir, title=f"{run.name}: {run.model.name}, {run.cluster.world_size} ranks")
-    except Exception as exc:  # a plot must never cost the row
-        print(f"warning: plot failed: {exc}", file=sys.stderr)
-    if outcome.status == "ok":
-        tps = row.get("tokens_per_s")
-        print(
-            f"done: {row['steps_done']} steps in {row['wall_s']:.1f} s (train {row['train_s'] or 0:.1f} s), "
-            f"{tps or 0:,.0f} tokens/s, final loss {row['final_loss']}, state {str(row['state_hash'])[:16]}, "
-            f"ranks agree: {row['ranks_agree']}\n  row: {run_dir / results.ROW_FILE}  index: {index}",
-            flush=True,
-        )
-        if row.get("goodput") is not None and run.fault.kind.value != "none":
-            print(f"  goodput {row['goodput']:,.0f} tokens/s, {row.get('faults')} fault(s), "
-                  f"{row.get('relaunches', 0)} relaunch(es), {row.get('replayed_steps')} replayed step(s), "
-                  f"fallback: {row.get('fallback_reason') or 'no'}, bit-identical: {row.get('bit_identical')}",
-                  flush=True)
-    else:
-        print(f"run failed: {outcome.reason}", file=sys.stderr, flush=True)
-        if outcome.log_tail:
-            print(f"last lines of rank {outcome.failed_rank}'s log ({launcher_log(run_dir, outcome.failed_rank)}):",
-                  file=sys.stderr)
-            for line in outcome.log_tail:
-                print(f"  | {line}", file=sys.stderr)
-    return row
-
-
-def launcher_log(run_dir: Path, rank: Optional[int]) -> Path:
-    return Path(run_dir) / LOG_DIR / f"rank{rank}.log"

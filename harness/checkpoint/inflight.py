@@ -11,7 +11,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from harness.checkpoint_records import CheckpointSaveError, SaveRecord
+from harness.checkpoint.records import CheckpointSaveError, SaveRecord
 
 
 class SaveSlot:

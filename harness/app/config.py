@@ -1,6 +1,6 @@
 """Hydra side of the configuration: schema registration, composition, DictConfig -> RunConfig.
 
-Parent process only (it imports Hydra). The dataclasses themselves live in ``harness.schema`` so
+Parent process only (it imports Hydra). The dataclasses themselves live in ``harness.app.schema`` so
 rank processes can rebuild the config without Hydra.
 
 Every group YAML starts with ``defaults: [schema, _self_]``: it extends the group's dataclass schema,
@@ -15,7 +15,7 @@ from typing import Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from harness.schema import (
+from harness.app.schema import (
     CheckpointConfig,
     ClusterConfig,
     FaultConfig,
@@ -23,9 +23,9 @@ from harness.schema import (
     RunConfig,
     StrategyConfig,
 )
-from harness.validate import Catalogue
+from harness.app.validate import Catalogue
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "config"
 GROUPS = ("model", "strategy", "fault", "checkpoint", "cluster", "experiment")
 

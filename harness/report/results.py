@@ -21,13 +21,13 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
-from harness import identity
+from harness.rank import identity
 from harness.events import read_events
-from harness.schema import RunConfig
+from harness.app.schema import RunConfig
 
 ROW_FILE = "row.csv"
 SUMMARY_FILE = "summary.json"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_sha(repo: Path = REPO_ROOT) -> tuple[str, bool]:
@@ -135,8 +135,8 @@ def goodput_columns(
     and ``bit_identical`` against ``reference_dir`` (None when there is no reference to compare with).
 
     ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks)."""
-    from harness.fault_schedule import targeted_age
-    from harness.goodput import load_report
+    from harness.faults.schedule import targeted_age
+    from harness.report.goodput import load_report
 
     report = load_report(str(run_dir))
     badput = report.badput

@@ -15,12 +15,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from harness import identity, strategies
-from harness.data import make_batch
+from harness.rank import identity
+
+from harness import strategies
+from harness.rank.data import make_batch
 from harness.events import EventLog
-from harness.models import build_model
-from harness.rank_env import RankEnv
-from harness.schema import Device, Precision, RunConfig, StrategyName
+from harness.rank.models import build_model
+from harness.rank.env import RankEnv
+from harness.app.schema import Device, Precision, RunConfig, StrategyName
 from harness.strategies.base import Strategy, TrainContext
 
 

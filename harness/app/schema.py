@@ -1,7 +1,7 @@
 """Typed run configuration: plain dataclasses, no Hydra, no OmegaConf.
 
 These are the schemas Hydra type-checks every YAML value and command-line override against
-(``harness.config`` registers them in the ConfigStore), and the same objects the Hydra-free rank
+(``harness.app.config`` registers them in the ConfigStore), and the same objects the Hydra-free rank
 processes rebuild from ``worker_spec.json`` (``run_config_from_dict``). Closed vocabularies are
 ``str`` enums so OmegaConf rejects a typo with the list of valid values, and so they serialise
 to JSON as their plain string.
@@ -142,7 +142,7 @@ def _compared_strategies() -> list[StrategyName]:
 
 @dataclass
 class CompareConfig:
-    """``enabled``: ``python -m harness`` runs the comparison (harness.compare) instead of one run: a
+    """``enabled``: ``python -m harness`` runs the comparison (harness.report.compare) instead of one run: a
     fault-free reference, then every strategy in ``strategies`` at every checkpoint age in ``ages``
     (the fault config's schedule is set to ``at_age``), one after the other, then the table and plots.
     Ignored in multirun mode, where each job is one run and a callback builds the table."""

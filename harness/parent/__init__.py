@@ -1,0 +1,1 @@
+"""The parent process of one run: run directory, control store, rank processes, relaunches, progress."""
