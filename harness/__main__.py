@@ -23,10 +23,12 @@ from harness.app.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_s
 from harness.app.machine import probe
 from harness.app.schema import Device
 from harness.app.validate import ConfigError, validate
+from harness.plugins import load_plugins
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
 
+load_plugins()  # before the schemas: a plugin's strategy or fault kind becomes a config option
 register_schemas()
 
 
@@ -76,8 +78,7 @@ def _compare(run, run_dir: Path, memory, overrides: list[str]) -> float:  # noqa
     table = compare.run_comparison(run, run_dir, memory, overrides)
     if any(r.get("status") != "ok" for r in table):
         sys.exit(EXIT_RUN_FAILED)
-    gains = [r["accelpact_gain"] for r in table if r["strategy"] == "cold_restart" and r["age"] is not None]
-    return float(gains[-1]) if gains else math.nan
+    return compare.headline_gain(table)
 
 
 def _report_config_error(err: ConfigError) -> None:

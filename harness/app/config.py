@@ -39,11 +39,21 @@ _GROUP_SCHEMAS = {
 
 
 def register_schemas() -> None:
-    """Put the dataclass schemas in Hydra's ConfigStore (idempotent)."""
+    """Put the dataclass schemas in Hydra's ConfigStore (idempotent), and an option for every registered
+    strategy and fault kind that has no YAML file in conf/ (those of plugins, ``harness.plugins``)."""
+    from harness import strategies
+    from harness.faults import registry as faults
+
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=group, name="schema", node=schema)
+    for name in strategies.names():
+        if not (CONF_DIR / "strategy" / f"{name}.yaml").exists():
+            cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
+    for kind in faults.kinds():
+        if not (CONF_DIR / "fault" / f"{kind}.yaml").exists():
+            cs.store(group="fault", name=kind, node=FaultConfig(kind=kind))
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -61,8 +71,18 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
 
 def group_options(group: str) -> list[str]:
-    """Names of the YAML options of a config group (the `schema` nodes are not options)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """Names of the options of a config group: its YAML files, plus registered plugin strategies and
+    fault kinds (the `schema` nodes are not options)."""
+    names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    if group == "strategy":
+        from harness import strategies
+
+        names |= set(strategies.names())
+    elif group == "fault":
+        from harness.faults import registry as faults
+
+        names |= set(faults.kinds())
+    return sorted(names)
 
 
 def default_option(group: str) -> str | None:

@@ -15,23 +15,6 @@ from enum import Enum
 from typing import Any, List, Optional, Type, TypeVar
 
 
-class StrategyName(str, Enum):
-    none = "none"
-    accelpact = "accelpact"
-    cold_restart = "cold_restart"
-    checkpoint_restore = "checkpoint_restore"
-
-
-class FaultKind(str, Enum):
-    none = "none"
-    socket_reset = "socket_reset"
-    blackhole = "blackhole"
-    link_down = "link_down"
-    tcp_reset = "tcp_reset"
-    hang = "hang"
-    kill = "kill"
-
-
 class FaultPhase(str, Enum):
     forward_allgather_first = "forward_allgather_first"
     forward_allgather_middle = "forward_allgather_middle"
@@ -109,14 +92,14 @@ class ClusterConfig:
 
 @dataclass
 class StrategyConfig:
-    name: StrategyName = StrategyName.none
+    name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
     max_restarts: int = 20
 
 
 @dataclass
 class FaultConfig:
-    kind: FaultKind = FaultKind.none
+    kind: str = "none"  # a registered fault kind (harness.faults.registry); checked at validation
     phase: FaultPhase = FaultPhase.backward_reduce_scatter
     ranks: List[int] = field(default_factory=lambda: [0])
     schedule: FaultSchedule = FaultSchedule.at_step
@@ -136,8 +119,8 @@ class CheckpointConfig:
     keep: int = 2
 
 
-def _compared_strategies() -> list[StrategyName]:
-    return [StrategyName.accelpact, StrategyName.cold_restart, StrategyName.checkpoint_restore]
+def _compared_strategies() -> list[str]:
+    return ["accelpact", "cold_restart", "checkpoint_restore"]
 
 
 @dataclass
@@ -149,7 +132,7 @@ class CompareConfig:
 
     enabled: bool = False
     ages: List[int] = field(default_factory=lambda: [5, 18])
-    strategies: List[StrategyName] = field(default_factory=_compared_strategies)
+    strategies: List[str] = field(default_factory=_compared_strategies)
 
 
 @dataclass

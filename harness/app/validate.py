@@ -43,8 +43,27 @@ class Catalogue:
         return self._counts[key]
 
 
+def check_names(run: RunConfig) -> None:
+    """The strategy and fault kind must be registered (``harness.strategies``, ``harness.faults.registry``)."""
+    from harness import strategies
+    from harness.faults import registry as faults
+
+    for name in [run.strategy.name, *run.compare.strategies]:
+        try:
+            strategies.get(name)
+        except KeyError:
+            raise ConfigError(f"strategy {name!r} is not registered (registered: {', '.join(strategies.names())}); "
+                              "try `strategy=accelpact`") from None
+    try:
+        faults.get(run.fault.kind)
+    except KeyError:
+        raise ConfigError(f"fault.kind={run.fault.kind!r} is not registered (registered: "
+                          f"{', '.join(faults.kinds())}); try `fault=socket_reset`") from None
+
+
 def check_values(run: RunConfig) -> None:
     """Checks that need neither the machine nor torch."""
+    check_names(run)
     t, m, c = run.train, run.model, run.cluster
     if t.steps <= 0:
         raise ConfigError(f"train.steps={t.steps}: a run needs at least one step; try `train.steps=25`")

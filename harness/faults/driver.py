@@ -1,20 +1,11 @@
-"""Parent side of fault injection and recovery: act on the ranks' fault requests, decide relaunches.
+"""Parent side of fault injection: act on the ranks' fault requests.
 
 ``FaultDriver.tick()`` runs in the parent's poll loop (``Launcher.tick_hooks``). A rank that reached
 the (step, phase) of a parent-side fault wrote ``faults/request_<i>_rank<R>.json`` and waits for the
-ack (``harness.faults.rank_side``). The driver then acts from outside the rank and records the ``fault``
-event (``events/parent.jsonl``) with the wall time it acted:
-
-- ``hang``: SIGSTOP the rank's process group, ack, SIGCONT it ``fault.outage_s`` later (longer than
-  the process-group timeout, so its peers time out). Parent-timed; the rank is stopped at its phase.
-- ``kill``: SIGKILL the rank's process group. No ack: the rank is gone.
-- ``blackhole`` / ``link_down``: the rank runs in its own network namespace (``NetnsTopology``); the
-  fault is applied to its data link, acked, and healed ``fault.outage_s`` later (on a thread).
-- ``tcp_reset``: ``ss -K`` on the rank's data-plane sockets, then ack.
-
-``relaunch_reason`` is the relaunch policy: cold_restart relaunches after any rank failure (as a
-cluster manager would); accelpact relaunches (falls back to checkpoint restore) only when a rank said
-it cannot recover in memory (exit ``EXIT_FALLBACK``) or was killed by a signal. Pure.
+ack (``harness.faults.rank_side``). The driver looks up the kind's ``FaultSpec`` and calls its
+``parent_apply(driver, request)`` (the built-in ones are in ``harness.faults.kinds``), which acts from
+outside the rank, records the ``fault`` event (``events/parent.jsonl``) with the wall time it acted
+(:meth:`FaultDriver.record`) and acks (:meth:`FaultDriver.ack`). A killed rank is never acked.
 """
 
 from __future__ import annotations
@@ -25,42 +16,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
+from harness.app.schema import RunConfig
 from harness.events import EventLog
-from harness.faults.schedule import FAULTS_DIR
+from harness.faults import registry
 from harness.faults.rank_side import ack_path
-from harness.app.schema import FaultKind, RunConfig, StrategyName
-
-EXIT_FALLBACK = 75  # mirrors harness.strategies.accelpact.EXIT_FALLBACK (that module imports torch)
-
-
-def relaunch_reason(
-    strategy: str, exit_codes: Mapping[int, Optional[int]], restarts: int, max_restarts: int, interrupted: bool,
-    first_failure: Optional[int] = None,
-) -> Optional[str]:
-    """Why the parent should relaunch every rank now, or None to stop (the run then ends as it is).
-
-    ``first_failure``: the rank that failed first (the others were torn down by the parent)."""
-    if interrupted or restarts >= max_restarts:
-        return None
-    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
-    if not failed:
-        return None
-    if strategy == StrategyName.cold_restart.value:
-        rank = first_failure if first_failure in failed else min(failed)
-        return f"cold restart: rank {rank} exited with {failed[rank]}"
-    if strategy == StrategyName.accelpact.value:
-        fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
-        killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
-        if fell_back or killed:
-            parts = []
-            if killed:
-                parts.append(f"rank(s) {killed} killed by a signal")
-            if fell_back:
-                parts.append(f"rank(s) {fell_back} could not recover in memory")
-            return "fallback to checkpoint restore: " + ", ".join(parts)
-    return None
+from harness.faults.schedule import FAULTS_DIR
 
 
 @dataclass
@@ -86,7 +48,7 @@ class FaultDriver:
         for hang in list(self._hangs):
             if now >= hang.resume_at:
                 self._hangs.remove(hang)
-                self._signal(hang.rank, signal.SIGCONT)
+                self.signal(hang.rank, signal.SIGCONT)
         directory = Path(self.run_dir) / FAULTS_DIR
         if not directory.exists():
             return
@@ -100,66 +62,44 @@ class FaultDriver:
                 self.errors.append(f"{req.name}: {type(exc).__name__}: {exc}")
                 print(f"fault driver: could not inject {req.name}: {exc}", flush=True)
 
-    def _record(self, req: Mapping[str, Any], **extra: Any) -> None:
+    def record(self, req: Mapping[str, Any], **extra: Any) -> None:
         self.events.emit("fault", fault=req["kind"], step=req["step"], phase=req["phase"], ranks=[req["rank"]],
                          index=req["index"], age=req.get("age"), by="parent", **extra)
 
-    def _ack(self, req: Mapping[str, Any]) -> None:
+    def ack(self, req: Mapping[str, Any]) -> None:
         ack_path(self.run_dir, req["index"], req["rank"]).write_text(str(time.time()))
 
-    def _signal(self, rank: int, sig: int) -> None:
+    def signal(self, rank: int, sig: int) -> None:
         try:
             self.launcher.signal_rank(rank, sig)
         except (ProcessLookupError, KeyError):
             pass
 
     def _act(self, req: Mapping[str, Any]) -> None:
-        kind, rank = FaultKind(req["kind"]), int(req["rank"])
-        outage = float(self.run.fault.outage_s)
-        if kind == FaultKind.hang:
-            self._signal(rank, signal.SIGSTOP)
-            self._record(req, outage_s=outage)
-            self._ack(req)  # read by the rank once it is continued
-            self._hangs.append(_Hang(rank, time.time() + outage))
-        elif kind == FaultKind.kill:
-            self._record(req)
-            self._signal(rank, signal.SIGKILL)
-        elif kind == FaultKind.tcp_reset:
-            record = self._topology().tcp_reset([rank])
-            self._record(req, sockets_reset=record.sockets_reset)
-            self._ack(req)
-        elif kind in (FaultKind.blackhole, FaultKind.link_down):
-            topo = self._topology()
-            applied = threading.Event()
+        spec = registry.get(str(req["kind"]))
+        if spec.parent_apply is None:
+            raise ValueError(f"fault kind {spec.kind} is not applied by the parent (where={spec.where})")
+        spec.parent_apply(self, dict(req))
 
-            def outage_body() -> None:
-                try:
-                    with topo.outage(kind.value, [rank]):
-                        self._record(req, outage_s=outage)
-                        applied.set()
-                        topo._closed.wait(outage)  # returns early if the topology is torn down
-                except Exception as exc:  # noqa: BLE001
-                    self.errors.append(f"{kind.value} on rank {rank}: {exc}")
-                finally:
-                    applied.set()
+    def stop_until(self, rank: int, resume_at: float) -> None:
+        """Continue ``rank`` (SIGCONT) at wall time ``resume_at``, from the poll loop."""
+        self._hangs.append(_Hang(rank, resume_at))
 
-            t = threading.Thread(target=outage_body, daemon=True, name=f"fault-{kind.value}-{rank}")
-            t.start()
-            self._threads.append(t)
-            applied.wait(15)
-            self._ack(req)
-        else:
-            raise ValueError(f"fault kind {kind.value} is not injected by the parent")
+    def in_background(self, name: str, body: Any) -> None:
+        """Run ``body()`` on a daemon thread joined at close (link outages that heal later)."""
+        t = threading.Thread(target=body, daemon=True, name=name)
+        t.start()
+        self._threads.append(t)
 
-    def _topology(self) -> Any:
+    def topology_or_fail(self) -> Any:
         if self.topology is None:
-            raise RuntimeError(f"fault={self.run.fault.kind.value} needs the ranks in network namespaces")
+            raise RuntimeError(f"fault={self.run.fault.kind} needs the ranks in network namespaces")
         return self.topology
 
     def close(self) -> None:
         """Continue any rank still stopped; wait for link faults to heal (they end at teardown)."""
         for hang in self._hangs:
-            self._signal(hang.rank, signal.SIGCONT)
+            self.signal(hang.rank, signal.SIGCONT)
         self._hangs.clear()
         for t in self._threads:
             t.join(timeout=1.0)

@@ -25,7 +25,8 @@ from typing import Any, Collection, Optional
 
 from harness.events import EventLog
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
-from harness.app.schema import FaultKind, RunConfig
+from harness.app.schema import RunConfig
+from harness.faults import registry
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
 ACK_TIMEOUT_S = 60.0
@@ -57,8 +58,9 @@ class RankFaults:
         self.injector = FaultInjector(exclude_ports=tuple(exclude_ports), on_fire=self._on_fire)
         self._planned: dict[int, PlannedFault] = {}
         for fault in self.pending:
-            if fault.kind == FaultKind.socket_reset.value:
-                spec = self.injector.arm(fault.step, fault.phase, "reset")
+            kind = registry.get(fault.kind)
+            if kind.where == "rank":
+                spec = self.injector.arm(fault.step, fault.phase, kind.rank_action or "reset")
             else:
                 # The parent does the work (in _on_fire); the 1 ms stall only records the injection time
                 # so accelpact measures detection from the fault, not from the step's start.
@@ -69,7 +71,7 @@ class RankFaults:
     def for_rank(cls, cfg: RunConfig, rank: int, run_dir: str, events: EventLog,
                  exclude_ports: Collection[int]) -> Optional["RankFaults"]:
         """None when this run injects nothing (``fault=none``)."""
-        if cfg.fault.kind == FaultKind.none:
+        if not registry.get(cfg.fault.kind).injects:
             return None
         return cls(cfg, rank, run_dir, events, exclude_ports)
 
@@ -90,6 +92,10 @@ class RankFaults:
         if phase in ("clip_allreduce", "vote"):
             self.injector.maybe_fire(phase)
 
+    def unfired(self, step: int) -> list[str]:
+        """Phases of faults armed for ``step`` that have not fired (the strategy skipped their point)."""
+        return [spec.phase for spec in self.injector.armed if spec.step == step]
+
     def remove(self) -> None:
         self.injector.remove()
 
@@ -101,7 +107,7 @@ class RankFaults:
             spec.action = "stall"
             spec.stall_s = 0.0
             return
-        if fault.kind == FaultKind.socket_reset.value:
+        if registry.get(fault.kind).where == "rank":
             self.events.emit("fault", fault=fault.kind, step=fault.step, phase=fault.phase, ranks=[self.rank],
                              index=fault.index, age=fault.age, t_inject=spec.fired_at, by="rank")
             return

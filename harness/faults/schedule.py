@@ -26,16 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.app.schema import FaultConfig, FaultKind, FaultSchedule
+from harness.app.schema import FaultConfig, FaultSchedule
+from harness.faults import registry
 
 FAULTS_DIR = "faults"
-
-# Kinds injected by the rank itself at the phase (no parent involvement).
-IN_RANK_KINDS = frozenset({FaultKind.socket_reset})
-# Kinds the parent applies (signals, namespaces) when a rank asks for them at the phase.
-PARENT_KINDS = frozenset({FaultKind.hang, FaultKind.kill, FaultKind.blackhole, FaultKind.link_down, FaultKind.tcp_reset})
-NETNS_KINDS = frozenset({FaultKind.blackhole, FaultKind.link_down, FaultKind.tcp_reset})
-
 
 class ScheduleError(ValueError):
     """The fault schedule cannot be realised in this run; the message names the override to change."""
@@ -85,7 +79,7 @@ def _at_age_steps(age: int, count: int, steps: int, interval: int) -> list[int]:
 
 def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> list[int]:
     """The steps (sorted, distinct) during which the faults of ``fault`` fire; [] for kind none."""
-    if fault.kind == FaultKind.none:
+    if not registry.get(fault.kind).injects:
         return []
     count = max(1, int(fault.count))
     sched = fault.schedule
@@ -121,7 +115,7 @@ def plan_faults(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
         PlannedFault(
             index=i,
             step=s,
-            kind=fault.kind.value,
+            kind=fault.kind,
             phase=fault.phase.value,
             ranks=tuple(int(r) for r in fault.ranks),
             age=checkpoint_age(s, checkpoint_interval),
@@ -132,7 +126,7 @@ def plan_faults(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
 
 def targeted_age(fault: FaultConfig, checkpoint_interval: int) -> int | None:
     """The checkpoint age the schedule aims at (for result rows); None when it has no single age."""
-    if fault.kind == FaultKind.none:
+    if not registry.get(fault.kind).injects:
         return None
     if fault.schedule == FaultSchedule.at_age:
         return fault.at_age

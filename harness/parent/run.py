@@ -43,13 +43,14 @@ def run_one(
     """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
 
     Parent-side faults are driven by ``harness.faults.driver``; namespace faults run the ranks inside a
-    ``NetnsTopology`` (torn down whatever happens). cold_restart relaunches every rank after a failure;
-    accelpact relaunches (falls back to checkpoint restore) when a rank cannot recover in memory.
+    ``NetnsTopology`` (torn down whatever happens). The strategy's spec sets up what its ranks need
+    from the parent and decides after a failure whether every rank is relaunched.
     ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
     state is bit-identical to it."""
+    from harness import strategies
     from harness.events import EventLog
-    from harness.faults.driver import FaultDriver, relaunch_reason
-    from harness.app.schema import FaultKind, StrategyName
+    from harness.faults import registry as faults
+    from harness.faults.driver import FaultDriver
 
     started = time.time()
     run_dir = Path(run_dir)
@@ -60,7 +61,7 @@ def run_one(
     if memory_plan is not None:
         print(memory_plan.table(), flush=True)
     print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
-          f" ranks, strategy={run.strategy.name.value}, fault={run.fault.kind.value}\n  run dir: {run_dir}", flush=True)
+          f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}", flush=True)
     outcome = Outcome("failed", "harness error before the ranks started")
     progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
     launcher = Launcher(run, run_dir, spec)
@@ -68,7 +69,8 @@ def run_one(
     relaunches: list[str] = []
     topology: Any = None
     driver: Optional[FaultDriver] = None
-    nvrx_store: Any = None
+    strategy = strategies.get(run.strategy.name)
+    setup: Any = None
     try:
         topology = _start_topology(run)
         if topology is not None:
@@ -77,22 +79,16 @@ def run_one(
             launcher.wrap_fn = topology.wrap_command
         else:
             launcher.start_control_store()
-        if run.strategy.name == StrategyName.checkpoint_restore:
-            from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
-
-            # Hosted here so that a rank's death does not take NVRx's store down with it.
-            nvrx_store = host_store(host=run.cluster.master_addr)
-            launcher.extra_env.update({STORE_PORT_ENV: str(nvrx_store.port), "MASTER_ADDR": run.cluster.master_addr,
-                                       "TORCH_CPP_LOG_LEVEL": "ERROR"})
-        if run.strategy.name == StrategyName.accelpact:
-            launcher.settle_s = run.strategy.recovery_deadline_s + 15.0
-        if run.fault.kind != FaultKind.none:
+        if strategy.parent_setup is not None:
+            setup = strategy.parent_setup(run, launcher)
+        launcher.settle_s = strategy.settle_s(run)
+        if faults.get(run.fault.kind).injects:
             driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
             launcher.tick_hooks.append(driver.tick)
         launcher.start_ranks(incarnation=0)
         outcome = launcher.wait(progress)
         while True:
-            why = relaunch_reason(run.strategy.name.value, outcome.exit_codes, len(relaunches),
+            why = strategies.relaunch_reason(run.strategy.name, outcome.exit_codes, len(relaunches),
                                   run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
             if why is None:
                 break
@@ -116,7 +112,8 @@ def run_one(
             if left:
                 outcome.reason += f" (namespace teardown left: {left})"
         parent_events.close()
-        nvrx_store = None
+        if setup is not None and hasattr(setup, "close"):
+            setup.close()
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
                  "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
@@ -125,9 +122,9 @@ def run_one(
 
 def _start_topology(run: RunConfig) -> Any:
     """Network namespaces for the link faults (None for every other fault kind)."""
-    from harness.faults.schedule import NETNS_KINDS
+    from harness.faults import registry as faults
 
-    if run.fault.kind not in NETNS_KINDS:
+    if not faults.get(run.fault.kind).needs_netns:
         return None
     from harness.faults.netns import NetnsTopology
 
@@ -147,9 +144,13 @@ def _finish(
     extra: Optional[dict[str, Any]] = None,
     reference_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
+    from harness.events import read_events
+
+    # Read once: the row, the goodput report (saved as goodput.json) and the plot all use these.
+    events = read_events(run_dir) if (run_dir / "events").exists() else []
     columns: dict[str, Any] = {"failed_rank": outcome.failed_rank, **(extra or {})}
     try:
-        columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir))
+        columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir, events=events))
     except Exception as exc:  # accounting must never cost the row
         print(f"warning: goodput accounting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     row = results.build_row(
@@ -163,6 +164,7 @@ def _finish(
         started_at=started,
         overrides=overrides,
         extra=columns,
+        events=events,
     )
     summary = {
         "exit_codes": outcome.exit_codes,
@@ -175,7 +177,7 @@ def _finish(
     try:
         from harness.report import plots_run as plots
 
-        plots.plot_run(run_dir, title=f"{run.name}: {run.model.name}, {run.cluster.world_size} ranks")
+        plots.plot_run(run_dir, title=f"{run.name}: {run.model.name}, {run.cluster.world_size} ranks", events=events)
     except Exception as exc:  # a plot must never cost the row
         print(f"warning: plot failed: {exc}", file=sys.stderr)
     if outcome.status == "ok":
@@ -186,7 +188,7 @@ def _finish(
             f"ranks agree: {row['ranks_agree']}\n  row: {run_dir / results.ROW_FILE}  index: {index}",
             flush=True,
         )
-        if row.get("goodput") is not None and run.fault.kind.value != "none":
+        if row.get("goodput") is not None and row.get("faults"):
             print(f"  goodput {row['goodput']:,.0f} tokens/s, {row.get('faults')} fault(s), "
                   f"{row.get('relaunches', 0)} relaunch(es), {row.get('replayed_steps')} replayed step(s), "
                   f"fallback: {row.get('fallback_reason') or 'no'}, bit-identical: {row.get('bit_identical')}",

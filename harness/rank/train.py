@@ -22,7 +22,7 @@ from harness.rank.data import make_batch
 from harness.events import EventLog
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
-from harness.app.schema import Device, Precision, RunConfig, StrategyName
+from harness.app.schema import Device, Precision, RunConfig
 from harness.strategies.base import Strategy, TrainContext
 
 
@@ -114,7 +114,7 @@ def run_loop(
     while step < last:
         t_start = time.time()
         batch = make_batch(cfg.train.seed, step, ctx.rank, m.batch_size, m.seq_len, m.vocab_size)
-        loss = strategy.run_step(step, batch.to(ctx.device, non_blocking=True))
+        loss = strategy.step(step, batch.to(ctx.device, non_blocking=True))
         t_end = time.time()
         ctx.events.emit(
             "step",
@@ -153,17 +153,19 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
     """One rank's whole life after start-up. Collective: every rank of the job must call it."""
     if cfg.cluster.device == Device.cpu:
         set_cpu_threads(env.world_size)
-    if cfg.strategy.name == StrategyName.checkpoint_restore:
-        # NVRx in-process restart must own the process groups from the start: its own entry point.
-        from harness.strategies.checkpoint_restore import train_in_process
+    spec = strategies.get(cfg.strategy.name)
+    if spec.rank_entry is not None:
+        # The strategy owns the process groups from the start (NVRx in-process restart): its own life.
+        import importlib
 
-        return train_in_process(cfg, env, run_dir)
+        module_name, fn_name = spec.rank_entry.split(":")
+        return getattr(importlib.import_module(module_name), fn_name)(cfg, env, run_dir)
     with EventLog(run_dir, env.rank) as events:
         control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
         init_data_plane(cfg, env, control_store)
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store)
-            strategy = strategies.load(cfg.strategy.name.value)(ctx)
+            strategy = strategies.rank_class(cfg.strategy.name)(ctx)
             events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation)
             try:
                 committed = run_loop(ctx, strategy)

@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
     env = RankEnv.from_environ()
     die_with_parent(env.parent_pid)
     run_dir, cfg = read_spec(argv[0])
+    from harness.plugins import load_plugins
+
+    load_plugins()  # strategies and fault kinds of plugins, as in the parent
     from harness.rank.train import train  # torch import after the cheap checks
 
     try:

@@ -23,9 +23,12 @@ from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
-from harness.report.goodput import RunSummary, comparison_table, format_table, load_report
+from harness import strategies
+from harness.faults import registry as faults
+from harness.report.goodput import load_report
+from harness.report.table import RunSummary, comparison_table, format_table
 from harness.rank.identity import compare_runs
-from harness.app.schema import FaultKind, FaultSchedule, RunConfig, StrategyName
+from harness.app.schema import FaultSchedule, RunConfig
 
 REFERENCE = "reference"
 # The paper's whole-run goodput gains of AccelPact (paper-claims.md), by (baseline strategy, age).
@@ -50,8 +53,8 @@ class PlannedRun:
 def reference_config(base: RunConfig) -> RunConfig:
     """The fault-free reference of ``base``: strategy none, no fault, same model, data, steps, checkpoints."""
     ref = copy.deepcopy(base)
-    ref.strategy.name = StrategyName.none
-    ref.fault.kind = FaultKind.none
+    ref.strategy.name = strategies.reference().name
+    ref.fault.kind = faults.NO_FAULT
     ref.compare.enabled = False
     return ref
 
@@ -63,20 +66,36 @@ def plan_runs(base: RunConfig) -> list[PlannedRun]:
         for strategy in base.compare.strategies:
             cfg = copy.deepcopy(base)
             cfg.compare.enabled = False
-            cfg.strategy.name = StrategyName(strategy)
+            cfg.strategy.name = strategies.get(strategy).name
             cfg.fault.schedule = FaultSchedule.at_age
             cfg.fault.at_age = int(age)
             cfg.fault.at_step = None
-            runs.append(PlannedRun(f"{StrategyName(strategy).value}_age{age}", cfg))
+            runs.append(PlannedRun(f"{strategy}_age{age}", cfg))
     return runs
+
+
+def _is_fault_free(row: dict[str, Any]) -> bool:
+    return row.get("fault") in (None, faults.NO_FAULT)
+
+
+def _is_reference(row: dict[str, Any]) -> bool:
+    """A fault-free run of the reference strategy (what every other run is compared with)."""
+    return row.get("strategy") == strategies.reference().name and _is_fault_free(row)
+
+
+def headline_gain(table: Sequence[dict[str, Any]]) -> float:
+    """AccelPact's gain over the paper's headline baseline at its largest age (what sweepers optimise)."""
+    (baseline, _age), _ = max(PAPER_GAIN.items(), key=lambda kv: kv[0][1])
+    gains = [r["accelpact_gain"] for r in table if r["strategy"] == baseline and r["age"] is not None]
+    return float(gains[-1]) if gains else math.nan
 
 
 def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path]) -> RunSummary:
     """A RunSummary for the table from a finished run's directory and row."""
     identical = row.get("bit_identical")
-    if identical is None and reference_dir is not None and row.get("strategy") != "none":
+    is_ref = _is_reference(row)
+    if identical is None and reference_dir is not None and not is_ref:
         identical = compare_runs(reference_dir, run_dir).equal
-    is_ref = row.get("strategy") == "none" and row.get("fault") in (None, "none")
     age = row.get("age")
     return RunSummary(
         strategy=str(row.get("strategy")),
@@ -102,10 +121,10 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
         if row.get("fallback_reason"):
             r["fallback"] = row["fallback_reason"]
         r["fallback"] = "yes: " + r["fallback"] if r["fallback"] else "no"
-        if r["strategy"] == "none" and r["age"] is None:
-            r["strategy"] = "none (reference)"
+        if r["strategy"] == strategies.reference().name and r["age"] is None:
+            r["strategy"] = strategies.reference().label
             r["accelpact_gain"] = math.nan  # a gain "over the reference" would mix ages; see ratio_to_reference
-    table.sort(key=lambda r: r["strategy"] != "none (reference)")  # the reference first; stable otherwise
+    table.sort(key=lambda r: r["strategy"] != strategies.reference().label)  # the reference first; stable otherwise
     return table
 
 
@@ -154,7 +173,10 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
     try:
         from harness.report import plots_compare
 
-        paths = plots_compare.plot_all(out_dir, table, list(zip(dirs, rows)))
+        # The most instructive timeline: the paper's headline baseline (relaunch, restore, replay).
+        baseline = max(PAPER_GAIN, key=lambda k: k[1])[0]
+        paths = plots_compare.plot_all(out_dir, table, list(zip(dirs, rows)), paper_gain=PAPER_GAIN,
+                                       timeline_strategy=baseline)
         print("  plots: " + ", ".join(str(p) for p in paths), flush=True)
     except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
         print(f"warning: comparison plots failed: {type(exc).__name__}: {exc}")
@@ -191,7 +213,7 @@ def run_comparison(base: RunConfig, run_dir: Path, memory_plan: Any = None,
             reference_dir = sub
         entries.append((sub, row))
     title = (f"whole-run goodput: {base.model.name}, {base.cluster.world_size} x {base.cluster.backend.value}, "
-             f"{base.train.steps} steps, {base.fault.kind.value} on rank(s) {list(base.fault.ranks)} "
+             f"{base.train.steps} steps, {base.fault.kind} on rank(s) {list(base.fault.ranks)} "
              f"({base.fault.phase.value}), checkpoint every {base.checkpoint.interval} steps "
              f"({base.checkpoint.mode.value})")
     return finish(run_dir, entries, reference_dir, title)
@@ -209,11 +231,10 @@ class CompareTableCallback(Callback):
             row = json.loads(summary.read_text()).get("row", {})
             if row:
                 entries.append((summary.parent, row))
-        faulted = [(d, r) for d, r in entries if r.get("fault") not in (None, "none")]
+        faulted = [(d, r) for d, r in entries if not _is_fault_free(r)]
         if not faulted:
             return  # not a fault sweep (e.g. the checkpoint-overhead sweep): nothing to compare
-        refs = [(d, r) for d, r in entries if r.get("strategy") == "none" and r.get("fault") == "none"
-                and r.get("status") == "ok"]
+        refs = [(d, r) for d, r in entries if _is_reference(r) and r.get("status") == "ok"]
         if refs:
             reference_dir = refs[0][0]
         else:

@@ -46,8 +46,10 @@ after it. What no fault claims stays in the run total only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
+
+from harness.report.goodput_records import ParsedEvents, StepRecord, parse_events
 
 # Labels from highest to lowest priority; "other" is the implicit bottom.
 _PRIORITY: tuple[str, ...] = (
@@ -139,149 +141,6 @@ class GoodputReport:
 
 
 # --------------------------------------------------------------------------------------------------
-# Parsing: tolerant of torn, partial and unsorted logs.
-
-
-@dataclass(frozen=True)
-class _Step:
-    rank: int
-    step: int
-    t_start: float
-    t_end: float
-    tokens: int
-    incarnation: int
-
-
-@dataclass(frozen=True)
-class _Fault:
-    kind: str
-    step: int | None
-    phase: str | None
-    ranks: tuple[int, ...]
-    t: float
-
-
-@dataclass
-class _Parsed:
-    steps: list[_Step] = field(default_factory=list)
-    faults: list[_Fault] = field(default_factory=list)
-    # (rank, start, end, label) for labels other than useful/replay/restart
-    intervals: list[tuple[int, float, float, str]] = field(default_factory=list)
-    restarts: list[tuple[int, float, float]] = field(default_factory=list)  # rank, t_launch, t_ready
-    retries: list[tuple[int, float]] = field(default_factory=list)  # rank, start of a "retry" recovery
-    fallbacks: list[str] = field(default_factory=list)
-    skipped: int = 0
-
-
-def _num(record: Mapping[str, Any], key: str) -> float:
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(key)
-    return float(value)
-
-
-def _int(record: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = record.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(key)
-    return value
-
-
-def _span(record: Mapping[str, Any], start: str, end: str) -> tuple[float, float]:
-    a, b = _num(record, start), _num(record, end)
-    if b < a:
-        raise ValueError(f"{end} < {start}")
-    return a, b
-
-
-def _parse(events: Iterable[Mapping[str, Any]]) -> _Parsed:
-    out = _Parsed()
-    raw_faults: list[tuple[float, int, _Fault]] = []
-    for record in events:
-        try:
-            kind = record["kind"]
-            rank = _int(record, "rank")
-            if kind == "step":
-                t_start, t_end = _span(record, "t_start", "t_end")
-                out.steps.append(
-                    _Step(
-                        rank=rank,
-                        step=_int(record, "step"),
-                        t_start=t_start,
-                        t_end=t_end,
-                        tokens=_int(record, "tokens", 0),
-                        incarnation=_int(record, "incarnation", 0),
-                    )
-                )
-            elif kind == "fault":
-                ranks = record.get("ranks") or ()
-                step = record.get("step")
-                fault = _Fault(
-                    kind=str(record.get("fault", "unknown")),
-                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                    phase=None if record.get("phase") is None else str(record["phase"]),
-                    ranks=tuple(int(r) for r in ranks),
-                    t=_num(record, "t"),
-                )
-                raw_faults.append((fault.t, rank, fault))
-            elif kind == "recovery":
-                end = _num(record, "t")
-                # Laid back to back, ending when the record was written; the first collective on the
-                # new group is charged to rebind.
-                parts = (
-                    ("detection", record.get("detection_s", 0.0)),
-                    ("agreement", record.get("agreement_s", 0.0)),
-                    ("rebuild", record.get("rebuild_s", 0.0)),
-                    ("rebind", (record.get("rebind_s") or 0.0) + (record.get("first_collective_s") or 0.0)),
-                )
-                durations = [(label, float(d or 0.0)) for label, d in parts]
-                if any(d < 0 or not math.isfinite(d) for _, d in durations):
-                    raise ValueError("negative duration")
-                start = end - sum(d for _, d in durations)
-                if record.get("decision") == "retry":
-                    out.retries.append((rank, start))
-                for label, d in durations:
-                    if d > 0:
-                        out.intervals.append((rank, start, start + d, label))
-                    start += d
-            elif kind == "restore":
-                out.intervals.append((rank, *_span(record, "t_start", "t_end"), "restore"))
-            elif kind == "checkpoint":
-                out.intervals.append((rank, *_span(record, "t_start", "t_end"), "checkpoint"))
-            elif kind == "restart":
-                out.restarts.append((rank, *_span(record, "t_launch", "t_ready")))
-            elif kind == "fallback":
-                out.fallbacks.append(str(record.get("reason", "")))
-            # Unknown kinds are someone else's records: ignored, not "skipped".
-        except (KeyError, TypeError, ValueError):
-            out.skipped += 1
-    out.faults = _merge_faults(raw_faults)
-    return out
-
-
-def _merge_faults(raw: list[tuple[float, int, _Fault]]) -> list[_Fault]:
-    """One fault may be recorded by several writers (each injected rank logs it); merge those.
-
-    Records with the same (kind, step, phase) merge into one fault until a writer repeats: a second record
-    from the same writer is a new fault. The merged fault's time is the earliest record's."""
-    merged: list[_Fault] = []
-    open_groups: dict[tuple[str, int | None, str | None], tuple[int, set[int]]] = {}
-    for _, writer, fault in sorted(raw, key=lambda x: (x[0], x[1])):
-        key = (fault.kind, fault.step, fault.phase)
-        group = open_groups.get(key)
-        if group is not None and writer not in group[1]:
-            index, writers = group
-            writers.add(writer)
-            prev = merged[index]
-            ranks = tuple(sorted(set(prev.ranks) | set(fault.ranks)))
-            merged[index] = _Fault(prev.kind, prev.step, prev.phase, ranks, prev.t)
-        else:
-            open_groups[key] = (len(merged), {writer})
-            merged.append(fault)
-    return merged
-
-
-# --------------------------------------------------------------------------------------------------
 # The sweep.
 
 
@@ -335,13 +194,13 @@ def _fault_before(fault_times: list[float], t: float) -> int:
 
 
 def _rank_pieces(
-    rank: int, parsed: _Parsed, steps: list[_Step], timeline: Timeline, fault_times: list[float]
+    rank: int, parsed: ParsedEvents, steps: list[StepRecord], timeline: Timeline, fault_times: list[float]
 ) -> tuple[list[tuple[float, float, str, int]], list[tuple[float, float]], int]:
     """This rank's labelled pieces, the span of each fault on this rank, and its number of replays."""
     intervals: list[tuple[float, float, str, int]] = []
-    first_runs: list[_Step] = []
+    first_runs: list[StepRecord] = []
     replays = 0
-    by_index: dict[int, list[_Step]] = {}
+    by_index: dict[int, list[StepRecord]] = {}
     for s in steps:
         by_index.setdefault(s.step, []).append(s)
     for runs in by_index.values():
@@ -405,8 +264,8 @@ def _badput(seconds: Mapping[str, float], n: int) -> Badput:
 
 def compute_goodput(events: Iterable[Mapping[str, Any]]) -> GoodputReport:
     """Whole-run goodput and badput breakdown from a run's events (see the module docstring)."""
-    parsed = _parse(events)
-    steps_by_rank: dict[int, list[_Step]] = {}
+    parsed = parse_events(events)
+    steps_by_rank: dict[int, list[StepRecord]] = {}
     for s in parsed.steps:
         steps_by_rank.setdefault(s.rank, []).append(s)
     faults = sorted(parsed.faults, key=lambda f: f.t)
@@ -431,7 +290,7 @@ def compute_goodput(events: Iterable[Mapping[str, Any]]) -> GoodputReport:
     replayed = 0
     for rank, steps in steps_by_rank.items():
         # Tokens of each step index's final execution, counted once.
-        final: dict[int, _Step] = {}
+        final: dict[int, StepRecord] = {}
         for s in steps:
             best = final.get(s.step)
             if best is None or (s.incarnation, s.t_start) > (best.incarnation, best.t_start):
@@ -489,123 +348,57 @@ def goodput_ratio(run: GoodputReport, reference: GoodputReport) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# The comparison table.
+# goodput.json: each run's report, computed once when the run ends and read by every table and plot.
 
-REFERENCE_STRATEGY = "none"
-ACCELPACT_STRATEGY = "accelpact"
-_STRATEGY_ORDER = {"none": 0, "accelpact": 1, "cold_restart": 2, "checkpoint_restore": 3}
-BREAKDOWN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Badput))
-TABLE_COLUMNS: tuple[str, ...] = (
-    "strategy",
-    "age",
-    "fault",
-    "goodput",
-    "ratio_to_reference",
-    "accelpact_gain",
-    "wall_s",
-    "tokens",
-    "faults",
-    "replayed_steps",
-    *BREAKDOWN_COLUMNS,
-    "fallback",
-    "bit_identical",
-)
+REPORT_FILE = "goodput.json"
 
 
-@dataclass(frozen=True)
-class RunSummary:
-    """What the comparison table needs from one run."""
-
-    strategy: str
-    report: GoodputReport
-    age: int | None = None  # checkpoint age the fault schedule targeted
-    fault: str | None = None  # fault kind of the schedule, None for the reference
-    bit_identical: bool | None = None  # final state equal to the fault-free reference's; None = not checked
-
-
-def _find(runs: Sequence[RunSummary], strategy: str, age: int | None, fault: str | None) -> RunSummary | None:
-    """The run of ``strategy`` that matches ``age`` (and ``fault`` where both have one), else any of it."""
-    same = [r for r in runs if r.strategy == strategy]
-    for pick in (
-        lambda r: r.age == age and (r.fault is None or fault is None or r.fault == fault),
-        lambda r: r.age is None,
-        lambda r: True,
-    ):
-        hits = [r for r in same if pick(r)]
-        if hits:
-            return hits[0]
-    return None
+def report_to_dict(report: GoodputReport) -> dict[str, Any]:
+    return {
+        "timeline": {"t0": report.timeline.t0, "t1": report.timeline.t1},
+        "tokens": report.tokens, "steps": report.steps, "n_ranks": report.n_ranks, "useful_s": report.useful_s,
+        "badput": report.badput.as_dict(),
+        "faults": [{"kind": f.kind, "step": f.step, "phase": f.phase, "ranks": list(f.ranks), "t": f.t,
+                    "badput": f.badput.as_dict()} for f in report.faults],
+        "replayed_steps": report.replayed_steps, "fallbacks": list(report.fallbacks), "skipped": report.skipped,
+        "goodput": report.goodput,  # derived; stored so a reader of the file needs no code
+    }
 
 
-def comparison_table(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
-    """One row per run, columns ``TABLE_COLUMNS``, sorted by age then strategy.
-
-    - ``ratio_to_reference``: goodput / the fault-free ("none") run's goodput at the same age (else any
-      reference in the list); NaN when the list has no reference.
-    - ``accelpact_gain``: the AccelPact run's goodput (same age and fault) / this row's goodput. This is the
-      paper's figure: 1.197x on the cold_restart row at age 5. NaN when there is no AccelPact run.
-    - breakdown columns: whole-run badput in seconds (mean over ranks), summing to wall_s minus useful time.
-    - ``fallback``: "; "-joined reasons accelpact fell back to checkpoint restore ("" when it did not).
-    """
-    rows: list[dict[str, Any]] = []
-    for run in runs:
-        ref = _find(runs, REFERENCE_STRATEGY, run.age, run.fault)
-        ours = _find(runs, ACCELPACT_STRATEGY, run.age, run.fault)
-        rep = run.report
-        row: dict[str, Any] = {
-            "strategy": run.strategy,
-            "age": run.age,
-            "fault": run.fault,
-            "goodput": rep.goodput,
-            "ratio_to_reference": goodput_ratio(rep, ref.report) if ref else math.nan,
-            "accelpact_gain": (
-                ours.report.goodput / rep.goodput if ours is not None and rep.goodput > 0 else math.nan
-            ),
-            "wall_s": rep.timeline.wall_s,
-            "tokens": rep.tokens,
-            "faults": len(rep.faults),
-            "replayed_steps": rep.replayed_steps,
-            **rep.badput.as_dict(),
-            "fallback": "; ".join(rep.fallbacks),
-            "bit_identical": run.bit_identical,
-        }
-        rows.append(row)
-    rows.sort(
-        key=lambda r: (
-            r["age"] is None,
-            r["age"] if r["age"] is not None else 0,
-            _STRATEGY_ORDER.get(r["strategy"], len(_STRATEGY_ORDER)),
-            r["strategy"],
-        )
+def report_from_dict(d: Mapping[str, Any]) -> GoodputReport:
+    return GoodputReport(
+        timeline=Timeline(float(d["timeline"]["t0"]), float(d["timeline"]["t1"])),
+        tokens=int(d["tokens"]), steps=int(d["steps"]), n_ranks=int(d["n_ranks"]), useful_s=float(d["useful_s"]),
+        badput=Badput(**d["badput"]),
+        faults=tuple(FaultBadput(f["kind"], f["step"], f["phase"], tuple(f["ranks"]), float(f["t"]),
+                                 Badput(**f["badput"])) for f in d["faults"]),
+        replayed_steps=int(d["replayed_steps"]), fallbacks=tuple(d["fallbacks"]), skipped=int(d["skipped"]),
     )
-    return rows
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Plain-text rendering of ``comparison_table`` rows (what ``python -m harness`` prints)."""
-    columns = list(columns or TABLE_COLUMNS)
+def save_report(run_dir: str, report: GoodputReport) -> None:
+    """Write ``<run_dir>/goodput.json`` atomically."""
+    import json
+    import os
+    from pathlib import Path
 
-    def cell(value: Any) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if isinstance(value, float):
-            if math.isnan(value):
-                return "-"
-            return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
-        return str(value) if value != "" else "-"
-
-    body = [[cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend("  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in body)
-    return "\n".join(lines)
+    path = Path(run_dir) / REPORT_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report_to_dict(report), indent=1))
+    os.replace(tmp, path)
 
 
 def load_report(run_dir: str) -> GoodputReport:
-    """Read a run directory's event logs (``harness.events``) and compute its report."""
-    from harness.events import read_events  # the only I/O in this module
+    """The run's saved ``goodput.json``; a run without one (killed before it ended) is computed from its
+    event logs and saved, so each run's events are parsed once."""
+    import json
+    from pathlib import Path
 
-    return compute_goodput(read_events(run_dir))
+    path = Path(run_dir) / REPORT_FILE
+    if path.exists():
+        return report_from_dict(json.loads(path.read_text()))
+    from harness.events import read_events
+
+    report = compute_goodput(read_events(run_dir))
+    save_report(run_dir, report)
+    return report

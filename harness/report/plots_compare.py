@@ -14,13 +14,21 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from harness.report.goodput import compute_goodput
+from harness import strategies
+from harness.faults import registry as faults
+from harness.report.goodput import GoodputReport, load_report
 
 GOODPUT_FILE = "goodput_vs_age.png"
 TIMELINE_FILE = "timeline.png"
 BREAKDOWN_FILE = "recovery_breakdown.png"
 _PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
-_COLORS = {"accelpact": "tab:green", "cold_restart": "tab:red", "checkpoint_restore": "tab:orange", "none": "black"}
+
+
+def _color(strategy: str) -> Optional[str]:
+    try:
+        return strategies.get(strategy).color
+    except KeyError:  # a row of a strategy this checkout does not register: matplotlib picks
+        return None
 
 
 def _plt() -> Any:
@@ -36,25 +44,25 @@ def _ok(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
-def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]]) -> Path:
-    from harness.report.compare import PAPER_GAIN
-
+def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
+                        paper_gain: Optional[dict[tuple[str, int], float]] = None) -> Path:
+    """Goodput per strategy against checkpoint age, and AccelPact's gain with the paper's figures."""
     plt = _plt()
+    reference, ours = strategies.reference(), strategies.under_test().name
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in table:
-        if r["strategy"].startswith("none") and r["age"] is None:
+        if r["strategy"] == reference.label and r["age"] is None:
             ax.axhline(r["goodput"], color="black", linestyle="--", label="fault-free reference")
-    strategies = sorted({r["strategy"] for r in table if r["age"] is not None})
-    for s in strategies:
+    for s in sorted({r["strategy"] for r in table if r["age"] is not None}):
         pts = sorted((r["age"], r["goodput"]) for r in table if r["strategy"] == s and r["age"] is not None)
-        ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=_COLORS.get(s), label=s)
-        if s != "accelpact":
+        ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=_color(s), label=s)
+        if s != ours:
             gains = sorted((r["age"], r["accelpact_gain"]) for r in table
                            if r["strategy"] == s and r["age"] is not None and _ok(r["accelpact_gain"]))
-            ax2.plot([a for a, _ in gains], [g for _, g in gains], "o-", color=_COLORS.get(s),
+            ax2.plot([a for a, _ in gains], [g for _, g in gains], "o-", color=_color(s),
                      label=f"ours vs {s}")
-    for (s, age), gain in PAPER_GAIN.items():
-        ax2.plot([age], [gain], "*", markersize=14, color=_COLORS.get(s), markeredgecolor="black",
+    for (s, age), gain in (paper_gain or {}).items():
+        ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
                  label=f"paper vs {s} (age {age}): {gain}x")
     ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)", ylabel="goodput (tokens/s)",
            title="whole-run goodput")
@@ -114,9 +122,8 @@ def plot_timeline(out: Path, events: Sequence[dict[str, Any]], title: str) -> Pa
     return path
 
 
-def fault_breakdown(events: Sequence[dict[str, Any]]) -> dict[str, float]:
+def fault_breakdown(report: GoodputReport) -> dict[str, float]:
     """Seconds charged to the run's faults, by part (mean over ranks, summed over faults). Pure."""
-    report = compute_goodput(events)
     out = {p: 0.0 for p in _PARTS}
     for f in report.faults:
         for p in _PARTS:
@@ -144,21 +151,22 @@ def plot_breakdown(out: Path, runs: Sequence[tuple[str, dict[str, float]]]) -> P
 
 
 def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Path, dict[str, Any]]],
-             timeline_run: Optional[Path] = None) -> list[Path]:
-    """The three plots of a comparison; ``runs`` are (run_dir, results row)."""
+             timeline_run: Optional[Path] = None, paper_gain: Optional[dict[tuple[str, int], float]] = None,
+             timeline_strategy: Optional[str] = None) -> list[Path]:
+    """The three plots of a comparison; ``runs`` are (run_dir, results row). The timeline shows
+    ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run)."""
     from harness.events import read_events
 
-    paths = [plot_goodput_vs_age(out, table)]
-    faulted = [(d, r) for d, r in runs if r.get("fault") not in (None, "none")]
+    paths = [plot_goodput_vs_age(out, table, paper_gain)]
+    faulted = [(d, r) for d, r in runs if r.get("fault") not in (None, faults.NO_FAULT)]
     if timeline_run is None and faulted:
-        # The most instructive run: a cold restart (relaunch, restore, replay), largest age.
-        pick = sorted(faulted, key=lambda dr: (dr[1].get("strategy") != "cold_restart", -(dr[1].get("age") or 0)))
+        pick = sorted(faulted, key=lambda dr: (dr[1].get("strategy") != timeline_strategy, -(dr[1].get("age") or 0)))
         timeline_run = pick[0][0]
     if timeline_run is not None:
         row = next((r for d, r in runs if d == timeline_run), {})
         title = f"{Path(timeline_run).name}: {row.get('strategy')}, {row.get('fault')} at age {row.get('age')}"
         paths.append(plot_timeline(out, read_events(timeline_run), title))
-    bars = [(f"{r.get('strategy')}\nage {r.get('age')}", fault_breakdown(read_events(d))) for d, r in faulted]
+    bars = [(f"{r.get('strategy')}\nage {r.get('age')}", fault_breakdown(load_report(str(d)))) for d, r in faulted]
     if bars:
         paths.append(plot_breakdown(out, bars))
     return paths

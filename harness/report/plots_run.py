@@ -28,8 +28,8 @@ def per_step_series(events: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     return {"step": steps, "loss": loss, "tokens_per_s": tps}
 
 
-def plot_run(run_dir: Path, title: str = "") -> Path | None:
-    """Write ``loss_throughput.png``; None when the run logged no steps."""
+def plot_run(run_dir: Path, title: str = "", events: Sequence[dict[str, Any]] | None = None) -> Path | None:
+    """Write ``loss_throughput.png`` (from ``events``, read here if not given); None when no steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +37,7 @@ def plot_run(run_dir: Path, title: str = "") -> Path | None:
 
     from harness.events import read_events
 
-    series = per_step_series(read_events(run_dir))
+    series = per_step_series(read_events(run_dir) if events is None else events)
     if not series["step"]:
         return None
     fig, (ax_loss, ax_tps) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)

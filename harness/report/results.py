@@ -84,8 +84,10 @@ def build_row(
     started_at: float,
     overrides: Sequence[str] = (),
     extra: Optional[dict[str, Any]] = None,
+    events: Optional[Sequence[dict[str, Any]]] = None,
 ) -> dict[str, Any]:
-    """The row of a finished (or failed) run, from its config, events and identity records."""
+    """The row of a finished (or failed) run, from its config, events (read here if not given) and
+    identity records."""
     import torch
 
     sha, dirty = git_sha()
@@ -101,8 +103,8 @@ def build_row(
         "backend": run.cluster.backend.value,
         "device": run.cluster.device.value,
         "precision": run.train.mixed_precision.value,
-        "strategy": run.strategy.name.value,
-        "fault": run.fault.kind.value,
+        "strategy": run.strategy.name,
+        "fault": run.fault.kind,
         "checkpoint_mode": run.checkpoint.mode.value if run.checkpoint.interval else "none",
         "checkpoint_interval": run.checkpoint.interval,
         "seed": run.train.seed,
@@ -113,7 +115,9 @@ def build_row(
         "reason": reason,
         "wall_s": wall_s,
     }
-    row.update(step_stats(read_events(run_dir) if (run_dir / "events").exists() else [], run.cluster.world_size))
+    if events is None:
+        events = read_events(run_dir) if (run_dir / "events").exists() else []
+    row.update(step_stats(events, run.cluster.world_size))
     row.update(identity.summarize(run_dir))
     row.update(
         {
@@ -129,20 +133,25 @@ def build_row(
 
 
 def goodput_columns(
-    run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Optional[Path] = None
+    run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Optional[Path] = None,
+    events: Optional[Sequence[dict[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Whole-run goodput, the badput breakdown, replays, faults and fallback of a run (from its events),
     and ``bit_identical`` against ``reference_dir`` (None when there is no reference to compare with).
 
-    ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks)."""
+    ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks).
+    The goodput report is computed here, once per run, and saved as ``goodput.json`` for every later
+    reader (tables, plots, experiments)."""
     from harness.faults.schedule import targeted_age
-    from harness.report.goodput import load_report
+    from harness.report.goodput import compute_goodput, save_report
 
-    report = load_report(str(run_dir))
+    if events is None:
+        events = read_events(run_dir) if (run_dir / "events").exists() else []
+    report = compute_goodput(events)
+    save_report(str(run_dir), report)
     badput = report.badput
     relaunch_reasons = [r for r in str(parent.get("relaunch_reasons") or "").split("; ") if r]
     fallback_reasons = list(report.fallbacks) + [r for r in relaunch_reasons if r.startswith("fallback")]
-    events = read_events(run_dir) if (run_dir / "events").exists() else []
     cols: dict[str, Any] = {
         "age": targeted_age(run.fault, run.checkpoint.interval),
         "goodput": report.goodput,

@@ -7,7 +7,7 @@ checkpointer's own gloo group (broken by the same fault) is replaced by a fresh 
 When the guard cannot recover (a rank was SIGKILLed: ``RankLostError``; or any other
 ``UnrecoverableError``), the rank writes a ``fallback`` event with the reason and exits with
 ``EXIT_FALLBACK``; the parent then falls back to checkpoint restore: it relaunches every rank, which
-loads the newest checkpoint and replays (``Periodic``), and the results row names the fallback.
+loads the newest checkpoint and replays (the base class), and the results row names the fallback.
 """
 
 from __future__ import annotations
@@ -16,25 +16,24 @@ import os
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING, Mapping, Optional
 
-import torch
-import torch.distributed as dist
+from harness.strategies.base import Strategy, TrainContext, forward_backward
+from harness.strategies.spec import StrategySpec
 
-from harness.strategies._common import Periodic, control_port
-from harness.strategies.base import TrainContext, forward_backward
+if TYPE_CHECKING:
+    import torch
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
 
 
-class AccelPactStep(Periodic):
+class AccelPactStep(Strategy):
     def __init__(self, ctx: TrainContext) -> None:
-        from accelpact.comm import store_ports
         from accelpact.control import ControlChannel
         from accelpact.guard import attach
 
-        port = control_port(ctx)
-        super().__init__(ctx, exclude_ports=store_ports([port] if port is not None else []))
+        super().__init__(ctx)
         # The control channel's own deadline bounds how long survivors wait for a lost rank.
         os.environ.setdefault("ACCELPACT_CONTROL_DEADLINE_S", str(ctx.cfg.strategy.recovery_deadline_s))
         self.control = ControlChannel.from_env()
@@ -44,16 +43,14 @@ class AccelPactStep(Periodic):
             max_grad_norm=max_norm if max_norm > 0 else None,
             pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
         )
-        if self.faults is not None:
-            self.guard.phase_hooks.append(self.faults.on_phase)
+        self.guard.phase_hooks.append(self.on_guard_phase)
         self._seen = 0
         # A resumed guard counts from the restored step, so its messages name the harness's step.
         self.guard.resume_at(self.first_step())
 
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
         from accelpact.errors import UnrecoverableError
 
-        self.begin(step)
         model = self.ctx.model
         try:
             loss = self.guard.step(lambda batch: forward_backward(model, batch), tokens)
@@ -83,6 +80,8 @@ class AccelPactStep(Periodic):
             self.ctx.events.emit("recovery", decision=decision.get("action"), decision_detail=decision,
                                  written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
         if self.ckpt is not None:
+            import torch.distributed as dist
+
             # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
             error = self.ckpt.replace_process_group(
                 dist.new_group(backend="gloo", timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s)))
@@ -96,3 +95,33 @@ class AccelPactStep(Periodic):
         finally:
             self.guard.close()
             self.control.close()
+
+
+def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+    """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
+    memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
+    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
+    fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
+    killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
+    if not (fell_back or killed):
+        return None
+    parts = []
+    if killed:
+        parts.append(f"rank(s) {killed} killed by a signal")
+    if fell_back:
+        parts.append(f"rank(s) {fell_back} could not recover in memory")
+    return "fallback to checkpoint restore: " + ", ".join(parts)
+
+
+SPEC = StrategySpec(
+    name="accelpact",
+    rank_class="harness.strategies.accelpact:AccelPactStep",
+    description="in-memory recovery: agree out of band, new process group, rebind FSDP's references, continue",
+    label="AccelPact",
+    color="tab:green",
+    order=1,
+    relaunch=relaunch_on_fallback,
+    # Survivors of a lost rank wait up to the recovery deadline, then write their fallback event.
+    settle_s=lambda run: run.strategy.recovery_deadline_s + 15.0,
+    recovers_in_memory=True,
+)

@@ -1,22 +1,38 @@
-"""The Strategy interface: what happens in one training step, and around the loop.
+"""The ``Strategy`` base class: one rank's step policy, and everything every strategy shares.
 
-The loop in ``harness.rank.train`` never changes between strategies: it asks the strategy where to start
-(a restarted rank resumes after its checkpoint), then calls ``run_step`` per step and
-``after_step`` once the step committed. A strategy owns recovery (accelpact), checkpoint save and
-restore (cold_restart, checkpoint_restore), or nothing at all (``none``).
+The loop in ``harness.rank.train`` never changes between strategies: it asks the strategy where to
+start, calls :meth:`Strategy.step` once per step and :meth:`Strategy.after_step` once the step
+committed. The base class does what every strategy needs, so a new strategy cannot forget it:
+
+- **Checkpoints.** Every strategy saves on the same cadence (``checkpoint.interval`` / ``mode``), so
+  the fault-free reference pays the same checkpoint cost and strategies differ only in how they
+  recover. A restarted process (cold restart, AccelPact's fallback, an NVRx in-process restart)
+  restores the newest complete checkpoint in the constructor and resumes after it.
+- **Faults.** The scheduled faults of this rank are armed and their module hooks installed here;
+  :meth:`step` tells the injector which step runs and, after the subclass's :meth:`run_step`, fails
+  loudly if a fault armed for that step never fired (a strategy that skipped a fault point would
+  otherwise report a fault-free run as a recovered one). :meth:`plain_step` fires the clip and vote
+  points of a plain loop; a guarded loop passes :meth:`on_guard_phase` to the guard's phase hooks.
+- **Replays.** Steps at or below the highest step committed in an earlier incarnation are replays.
+
+Modules here import torch inside methods only: the registry reads strategy modules in the parent.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Optional
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Collection, Optional
 
-import torch
-from torch import nn
-
-from harness.events import EventLog
 from harness.app.schema import RunConfig
+from harness.events import EventLog
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -26,50 +42,144 @@ class TrainContext:
     cfg: RunConfig
     rank: int
     world_size: int
-    device: torch.device
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
+    device: "torch.device"
+    model: "nn.Module"
+    optimizer: "torch.optim.Optimizer"
     events: EventLog
     run_dir: str
     incarnation: int = 0
-    control_store: Optional[Any] = None  # the parent's long-lived TCPStore (client), for later strategies
+    control_store: Optional[Any] = None  # the parent's long-lived TCPStore (client)
 
 
-def forward_backward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def forward_backward(model: "nn.Module", tokens: "torch.Tensor") -> "torch.Tensor":
     """Next-token loss of ``tokens`` (inputs and labels; transformers shifts them), then backward."""
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
     return loss
 
 
-def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> None:
-    """Clip (a collective under FSDP2: the norm is all-reduced), step, drop the gradients."""
-    if max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+def checkpoint_dir(ctx: TrainContext) -> str:
+    return ctx.cfg.checkpoint.dir or str(Path(ctx.run_dir) / "checkpoints")
+
+
+def committed_before(run_dir: str, rank: int) -> int:
+    """Highest step index this rank committed in any earlier incarnation (-1 if none): later runs of
+    those indices are replays."""
+    from harness.events import events_path
+
+    path = events_path(run_dir, rank)
+    best = -1
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("kind") == "step":
+                best = max(best, int(rec["step"]))
+    return best
+
+
+def store_ports_of(ctx: TrainContext) -> set[int]:
+    """Ports a socket-reset fault must spare: the control store's and every process group's store."""
+    from accelpact.comm import store_ports
+
+    port = getattr(ctx.control_store, "port", None)
+    return store_ports([int(port)] if isinstance(port, int) else [])
+
+
+class FaultPointMissed(RuntimeError):
+    """A strategy finished a step without reaching a fault point armed for it."""
 
 
 class Strategy(ABC):
-    """One rank's step policy."""
+    """One rank's step policy; subclasses implement :meth:`run_step`."""
 
-    def __init__(self, ctx: TrainContext) -> None:
+    def __init__(self, ctx: TrainContext, exclude_ports: Collection[int] = ()) -> None:
+        from harness.faults.rank_side import RankFaults
+
         self.ctx = ctx
+        self._replay_until = committed_before(ctx.run_dir, ctx.rank)
+        self.ckpt: Any = None
+        cc = ctx.cfg.checkpoint
+        if cc.interval > 0:
+            from harness.checkpoint import Checkpointer, CheckpointSettings
 
+            settings = CheckpointSettings(directory=checkpoint_dir(ctx), interval=cc.interval, mode=cc.mode.value,
+                                          keep=cc.keep)
+            self.ckpt = Checkpointer(settings, ctx.model, ctx.optimizer, on_event=ctx.events.emit,
+                                     timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s))
+        self._start = 0
+        # Decided by the incarnation (the same on every rank), because load_latest is collective.
+        if self.ckpt is not None and ctx.incarnation > 0:
+            loaded = self.ckpt.load_latest()
+            self._start = 0 if loaded is None else loaded.from_step + 1
+        self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
+                                          exclude_ports or store_ports_of(ctx))
+        if self.faults is not None:
+            self.faults.install(ctx.model)
+
+    # -- what the loop calls ------------------------------------------------------------------------
     def first_step(self) -> int:
         """Index of the first step this process runs (0 unless it resumed from a checkpoint)."""
-        return 0
+        return self._start
 
     def is_replay(self, step: int) -> bool:
         """Whether ``step`` had already committed once before a rollback (goodput counts it as lost)."""
-        return False
+        return step <= self._replay_until
 
-    @abstractmethod
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        """Run step ``step`` to commit on this rank; return this rank's loss."""
+    def step(self, step: int, tokens: "torch.Tensor") -> float:
+        """Run step ``step`` to commit through the subclass; every fault armed for it must have fired."""
+        if self.faults is not None:
+            self.faults.begin_step(step)
+        loss = self.run_step(step, tokens)
+        if self.faults is not None:
+            missed = self.faults.unfired(step)
+            if missed:
+                raise FaultPointMissed(
+                    f"strategy {type(self).__name__} finished step {step} without reaching the fault point(s) "
+                    f"{missed} armed for it: call self.plain_step(), or pass self.on_guard_phase to the guard's "
+                    "phase hooks, so the clip and vote points fire")
+        return loss
 
     def after_step(self, step: int) -> None:
-        """Called once step ``step`` committed (checkpoint saves go here)."""
+        """Called once step ``step`` committed: periodic checkpoint saves."""
+        if self.ckpt is not None and self.ckpt.due(step):
+            self.ckpt.save(step)
 
     def close(self) -> None:
-        """End of training (flush async checkpoints, release resources)."""
+        """End of training: remove fault hooks, flush async checkpoints."""
+        if self.faults is not None:
+            self.faults.remove()
+        if self.ckpt is not None:
+            self.ckpt.close()
+
+    # -- for subclasses -------------------------------------------------------------------------------
+    @abstractmethod
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+        """Run step ``step`` to commit on this rank; return this rank's loss."""
+
+    def fire(self, phase: str) -> None:
+        """Fire the fault armed at ``phase`` of the current step, if any."""
+        if self.faults is not None:
+            self.faults.maybe_fire(phase)
+
+    def on_guard_phase(self, phase: str, guard_step: int) -> None:
+        """A guard phase hook: fires the clip and vote points inside ``accelpact``'s guarded step."""
+        if self.faults is not None:
+            self.faults.on_phase(phase, guard_step)
+
+    def plain_step(self, step: int, tokens: "torch.Tensor") -> float:
+        """Forward, backward, clip, optimizer step, with the fault points of a plain loop."""
+        model, opt = self.ctx.model, self.ctx.optimizer
+        loss = forward_backward(model, tokens)
+        self.fire("clip_allreduce")
+        if self.ctx.cfg.train.max_grad_norm > 0:
+            # The guard's clipping, so the reference and accelpact do the very same float operations.
+            from accelpact.guard import clip_gradients
+
+            clip_gradients(model, self.ctx.cfg.train.max_grad_norm)
+        self.fire("vote")  # no vote in a plain loop: the point right before optimizer.step
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())

@@ -8,8 +8,10 @@ restores the newest DCP checkpoint (``restore`` event) and replays the steps los
 (``replay=True``). Its ``restart`` event carries NVRx's own timestamps.
 
 NVRx must be importable: without it this strategy fails with ``NvrxUnavailable`` naming the fix;
-there is no silent substitute. ``harness.rank.train.train`` dispatches here (``train_in_process``) because
-NVRx must own the process groups from the start.
+there is no silent substitute. The spec's ``rank_entry`` makes ``harness.rank.train.train`` hand the
+rank's whole life to ``train_in_process``, because NVRx must own the process groups from the start.
+NVRx's own TCPStore is hosted by the parent (``host_nvrx_store``) so that a rank's death does not
+take it down.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from harness.strategies.base import Strategy
+from harness.strategies.spec import StrategySpec
 
-from harness.strategies._common import Periodic
+if TYPE_CHECKING:
+    import torch
 
 
-class CheckpointRestore(Periodic):
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
+class CheckpointRestore(Strategy):
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
         return self.plain_step(step, tokens)
 
     def abandon(self) -> None:
@@ -83,3 +87,46 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
 
     exit_without_static_destructors()
     return run.value
+
+
+class _NvrxStore:
+    """NVRx's TCPStore, hosted in the parent for the whole run; its port goes to every rank."""
+
+    def __init__(self, run: Any, launcher: Any) -> None:
+        from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
+
+        self.store = host_store(host=run.cluster.master_addr)
+        launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": run.cluster.master_addr,
+                                   "TORCH_CPP_LOG_LEVEL": "ERROR"})
+
+    def close(self) -> None:
+        self.store = None  # the server thread stops with its last reference
+
+
+def check_runnable(run: Any) -> None:
+    """NVRx must be importable, and its parent-hosted store cannot reach ranks in network namespaces."""
+    from harness.app.validate import ConfigError
+    from harness.faults import registry as faults
+    from harness.strategies.nvrx_restart import NvrxUnavailable, import_inprocess
+
+    if faults.get(run.fault.kind).needs_netns:
+        raise ConfigError(
+            f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported: NVRx's store is hosted "
+            "outside the ranks' namespaces; use a fault that needs no namespaces (socket_reset, hang, kill)")
+    try:
+        import_inprocess()
+    except NvrxUnavailable as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+SPEC = StrategySpec(
+    name="checkpoint_restore",
+    rank_class="harness.strategies.checkpoint_restore:CheckpointRestore",
+    description="NVRx in-process restart: keep processes, rebuild groups, restore the newest checkpoint, replay",
+    label="NVRx checkpoint restore",
+    color="tab:orange",
+    order=3,
+    parent_setup=_NvrxStore,
+    rank_entry="harness.strategies.checkpoint_restore:train_in_process",
+    check=check_runnable,
+)

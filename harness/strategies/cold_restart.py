@@ -1,15 +1,39 @@
 """Strategy ``cold_restart``: what a cluster manager does. On a fault the ranks fail (the comm error
-ends the process); the parent (``harness.parent.launcher``) kills every rank process and launches fresh ones
-with incarnation + 1. Those rebuild everything, load the newest DCP checkpoint (``restore`` event,
-in ``Periodic.__init__``) and replay the steps lost since it (``replay=True`` step events)."""
+ends the process); the parent kills every rank process and launches fresh ones with incarnation + 1.
+Those rebuild everything, load the newest DCP checkpoint (``restore`` event, in the base class) and
+replay the steps lost since it (``replay=True`` step events)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from harness.strategies._common import Periodic
+from harness.strategies.base import Strategy
+from harness.strategies.spec import StrategySpec
+
+if TYPE_CHECKING:
+    import torch
 
 
-class ColdRestart(Periodic):
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
+class ColdRestart(Strategy):
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
         return self.plain_step(step, tokens)
+
+
+def relaunch_after_any_failure(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+    """Relaunch every rank after any rank failed, as a cluster manager would."""
+    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
+    if not failed:
+        return None
+    rank = first_failure if first_failure in failed else min(failed)
+    return f"cold restart: rank {rank} exited with {failed[rank]}"
+
+
+SPEC = StrategySpec(
+    name="cold_restart",
+    rank_class="harness.strategies.cold_restart:ColdRestart",
+    description="kill every rank, relaunch fresh processes, load the newest checkpoint, replay lost steps",
+    label="cold restart",
+    color="tab:red",
+    order=2,
+    relaunch=relaunch_after_any_failure,
+)

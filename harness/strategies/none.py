@@ -4,11 +4,26 @@ the same checkpoint cost; a fault (if one is configured) simply fails the run.""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from harness.strategies._common import Periodic
+from harness.strategies.base import Strategy
+from harness.strategies.spec import StrategySpec
+
+if TYPE_CHECKING:
+    import torch
 
 
-class PlainStep(Periodic):
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
+class PlainStep(Strategy):
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
         return self.plain_step(step, tokens)
+
+
+SPEC = StrategySpec(
+    name="none",
+    rank_class="harness.strategies.none:PlainStep",
+    description="fault-free reference: a plain training step, no recovery",
+    label="none (reference)",
+    color="black",
+    order=0,
+    reference=True,
+)

@@ -10,17 +10,19 @@ import pytest
 
 from harness.report.compare import CompareTableCallback, PAPER_GAIN, build_table, plan_runs, reference_config
 from harness.app.config import compose, to_run_config
-from harness.faults.driver import EXIT_FALLBACK, relaunch_reason
-from harness.report.goodput import RunSummary, compute_goodput
+from harness.strategies import relaunch_reason
+from harness.strategies.accelpact import EXIT_FALLBACK
+from harness.report.goodput import compute_goodput
+from harness.report.table import RunSummary
 
 
 def test_default_experiment_is_the_comparison():
     run = to_run_config(compose([]))
     assert run.name == "compare" and run.compare.enabled
     assert run.model.name == "mistral_tiny" and run.cluster.world_size == 2
-    assert run.fault.kind.value == "socket_reset" and run.compare.ages == [5, 18]
+    assert run.fault.kind == "socket_reset" and run.compare.ages == [5, 18]
     smoke = to_run_config(compose(["experiment=smoke"]))
-    assert not smoke.compare.enabled and smoke.fault.kind.value == "none"
+    assert not smoke.compare.enabled and smoke.fault.kind == "none"
 
 
 def test_plan_is_reference_then_every_strategy_at_every_age():
@@ -32,14 +34,14 @@ def test_plan_is_reference_then_every_strategy_at_every_age():
         "accelpact_age18", "cold_restart_age18", "checkpoint_restore_age18",
     ]
     ref = planned[0].config
-    assert ref.strategy.name.value == "none" and ref.fault.kind.value == "none"
+    assert ref.strategy.name == "none" and ref.fault.kind == "none"
     # Same cadence and data as the faulted runs: the only difference is the recovery.
     assert ref.checkpoint == base.checkpoint and ref.train == base.train and ref.model == base.model
     for p in planned[1:]:
         assert p.config.fault.schedule.value == "at_age" and p.config.fault.at_age in (5, 18)
         assert not p.config.compare.enabled
     assert reference_config(base) == ref
-    assert base.compare.enabled and base.strategy.name.value == "accelpact"  # the base is not mutated
+    assert base.compare.enabled and base.strategy.name == "accelpact"  # the base is not mutated
 
 
 def test_default_ages_fit_the_run():

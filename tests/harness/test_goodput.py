@@ -11,18 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.report.goodput import (
-    TABLE_COLUMNS,
     Badput,
     GoodputReport,
-    RunSummary,
     Timeline,
     check_invariant,
-    comparison_table,
     compute_goodput,
-    format_table,
     goodput_ratio,
     load_report,
 )
+from harness.report.table import TABLE_COLUMNS, RunSummary, comparison_table, format_table
 
 approx = pytest.approx
 

@@ -1,0 +1,79 @@
+"""The built-in fault kinds: one ``FaultSpec`` entry each, with the parent-side action of the kind.
+
+Each kind also has ``conf/fault/<kind>.yaml``. A parent-side action gets the ``FaultDriver`` and the
+rank's request (index, kind, step, phase, rank, age); it acts, records the ``fault`` event with the
+time it acted (``driver.record``) and acks the rank (``driver.ack``) unless the rank is gone.
+
+- ``hang``: SIGSTOP the rank's process group, ack (the rank reads it once continued), SIGCONT it
+  ``fault.outage_s`` later from the poll loop.
+- ``kill``: SIGKILL the rank's process group; no ack.
+- ``tcp_reset``: ``ss -K`` on the rank's data-plane sockets inside its namespace, then ack.
+- ``blackhole`` / ``link_down``: a link outage on the rank's data link for ``fault.outage_s``, held
+  on a background thread; ack once it is applied.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+from harness.faults.registry import FaultSpec
+
+
+def apply_hang(driver: Any, req: dict) -> None:
+    outage = float(driver.run.fault.outage_s)
+    driver.signal(int(req["rank"]), signal.SIGSTOP)
+    driver.record(req, outage_s=outage)
+    driver.ack(req)
+    driver.stop_until(int(req["rank"]), time.time() + outage)
+
+
+def apply_kill(driver: Any, req: dict) -> None:
+    driver.record(req)
+    driver.signal(int(req["rank"]), signal.SIGKILL)
+
+
+def apply_tcp_reset(driver: Any, req: dict) -> None:
+    record = driver.topology_or_fail().tcp_reset([int(req["rank"])])
+    driver.record(req, sockets_reset=record.sockets_reset)
+    driver.ack(req)
+
+
+def apply_link_outage(driver: Any, req: dict) -> None:
+    """``blackhole`` or ``link_down`` (the request's kind) on the rank's data link for fault.outage_s."""
+    topo = driver.topology_or_fail()
+    kind, rank, outage = str(req["kind"]), int(req["rank"]), float(driver.run.fault.outage_s)
+    applied = threading.Event()
+
+    def outage_body() -> None:
+        try:
+            with topo.outage(kind, [rank]):
+                driver.record(req, outage_s=outage)
+                applied.set()
+                topo._closed.wait(outage)  # returns early if the topology is torn down
+        except Exception as exc:  # noqa: BLE001 - recorded in the row
+            driver.errors.append(f"{kind} on rank {rank}: {exc}")
+        finally:
+            applied.set()
+
+    driver.in_background(f"fault-{kind}-{rank}", outage_body)
+    applied.wait(15)
+    driver.ack(req)
+
+
+BUILTIN: tuple[FaultSpec, ...] = (
+    FaultSpec("none", "no fault", where="none"),
+    FaultSpec("socket_reset", "in-process: shutdown(SHUT_RDWR) on the rank's own gloo sockets (a connection "
+              "reset); no root", where="rank", rank_action="reset"),
+    FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
+              parent_apply=apply_hang, outage=True),
+    FaultSpec("kill", "SIGKILL the rank: not recoverable in memory", where="parent", parent_apply=apply_kill),
+    FaultSpec("tcp_reset", "network namespaces: destroy the rank's gloo TCP connections (ss -K)", where="netns",
+              parent_apply=apply_tcp_reset),
+    FaultSpec("blackhole", "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",
+              where="netns", parent_apply=apply_link_outage, outage=True),
+    FaultSpec("link_down", "network namespaces: ip link set eth0 down on the rank for fault.outage_s",
+              where="netns", parent_apply=apply_link_outage, outage=True),
+)

@@ -1,0 +1,101 @@
+"""The fault registry: fault kind -> ``FaultSpec``, everything the harness knows about one kind.
+
+Who applies a fault (``where``):
+
+- ``rank``: the rank itself at the scheduled (step, phase), through accelpact's ``FaultInjector``
+  with ``rank_action`` (e.g. ``reset``: shut its own gloo connections);
+- ``parent``: the rank asks the parent at the phase and waits; the parent calls ``parent_apply``
+  (signals from outside: SIGSTOP, SIGKILL);
+- ``netns``: like ``parent``, but the ranks run in network namespaces and ``parent_apply`` acts on
+  a rank's link (needs root);
+- ``none``: no fault (the fault-free reference).
+
+The built-in kinds are the entries in ``harness.faults.kinds``; a plugin module named in
+``HARNESS_PLUGINS`` adds its own with :func:`register`. Nothing outside ``harness.faults`` compares
+fault kinds: ask the spec. Torch-free and cheap to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+__all__ = ["FaultSpec", "register", "get", "kinds", "NO_FAULT"]
+
+NO_FAULT = "none"
+_WHERE = ("rank", "parent", "netns", "none")
+# (driver: harness.faults.driver.FaultDriver, request: dict from the rank) -> None
+ParentApply = Callable[[Any, dict], None]
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    description: str
+    where: str  # "rank" | "parent" | "netns" | "none"
+    rank_action: Optional[str] = None  # FaultInjector action, for where == "rank"
+    parent_apply: Optional[ParentApply] = None  # for where == "parent" / "netns"
+    # An outage (a stop or a silent link fault) breaks a collective only if it outlasts the process-
+    # group timeout; shorter ones are absorbed by TCP retransmits and waiting.
+    outage: bool = False
+
+    def __post_init__(self) -> None:
+        if self.where not in _WHERE:
+            raise ValueError(f"FaultSpec({self.kind}).where={self.where!r}: choose one of {_WHERE}")
+        if self.where == "rank" and not self.rank_action:
+            raise ValueError(f"FaultSpec({self.kind}) is applied by the rank: give its rank_action (e.g. 'reset')")
+        if self.where in ("parent", "netns") and self.parent_apply is None:
+            raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
+
+    @property
+    def injects(self) -> bool:
+        """False only for the fault-free kind."""
+        return self.where != "none"
+
+    @property
+    def needs_netns(self) -> bool:
+        """The ranks must run in network namespaces (root only)."""
+        return self.where == "netns"
+
+    @property
+    def needs_root(self) -> bool:
+        return self.needs_netns
+
+
+_REGISTRY: dict[str, FaultSpec] = {}
+_loaded = False
+
+
+def _ensure_builtins() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for spec in importlib.import_module("harness.faults.kinds").BUILTIN:
+            register(spec)
+
+
+def register(spec: FaultSpec) -> FaultSpec:
+    """Add a fault kind. The same spec again is a no-op; a different one under a taken kind raises."""
+    if not isinstance(spec, FaultSpec):
+        raise TypeError(f"register() takes a FaultSpec, got {type(spec).__name__}")
+    _ensure_builtins()  # a plugin must not take a built-in's name before the built-ins load
+    old = _REGISTRY.get(spec.kind)
+    if old is not None and old != spec:
+        raise ValueError(f"fault kind {spec.kind!r} is already registered; pick another name")
+    _REGISTRY[spec.kind] = spec
+    return spec
+
+
+def get(kind: str) -> FaultSpec:
+    """The spec of ``kind``; KeyError naming the registered kinds if there is none."""
+    _ensure_builtins()
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise KeyError(f"unknown fault kind {kind!r}; registered: {', '.join(kinds())}") from None
+
+
+def kinds() -> list[str]:
+    _ensure_builtins()
+    return sorted(_REGISTRY)

@@ -1,0 +1,61 @@
+"""``StrategySpec``: everything the harness knows about one recovery strategy, in one object.
+
+A strategy is registered once (``harness.strategies.register``) and every part of the harness asks
+its spec instead of comparing strategy names: the rank process builds ``rank_class``; the parent
+runs ``parent_setup`` before starting the ranks and asks ``relaunch`` after they exit; validation
+calls ``check``; tables and plots use ``label``, ``color`` and ``order``.
+
+Pure data plus small callables: importing this module costs nothing (no torch, no Hydra), so the
+parent, the ranks and the report code can all read the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from harness.app.schema import RunConfig
+
+# exit_codes (rank -> code, None while running), the rank that failed first -> why relaunch, or None.
+RelaunchPolicy = Callable[[Mapping[int, Optional[int]], Optional[int]], Optional[str]]
+# (run, launcher) -> an object to keep alive for the run (closed with ``close()`` if it has one), or None.
+ParentSetup = Callable[["RunConfig", Any], Any]
+# run -> None, or raise ConfigError naming the fix.
+Check = Callable[["RunConfig"], None]
+
+
+def never_relaunch(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+    """A failed rank ends the run (the reference, and strategies that recover in process)."""
+    return None
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One strategy. ``name`` is what ``strategy=NAME`` selects and what results rows record."""
+
+    name: str
+    # "module:Class" of its ``harness.strategies.base.Strategy`` subclass, imported in the rank only
+    # (it imports torch).
+    rank_class: str
+    description: str
+    label: str  # in tables and legends
+    color: str  # matplotlib colour in every plot
+    order: int  # position in tables (reference first)
+    relaunch: RelaunchPolicy = never_relaunch
+    parent_setup: Optional[ParentSetup] = None
+    # After the first rank fails, how long the parent lets the others finish on their own (a strategy
+    # whose survivors write a fallback event before exiting needs a moment) before tearing down.
+    settle_s: Callable[["RunConfig"], float] = lambda run: 0.0
+    # "module:function" that replaces the standard rank life (harness.rank.train) when the strategy
+    # must own the process groups from the start (NVRx's in-process restart); None: standard life.
+    rank_entry: Optional[str] = None
+    check: Optional[Check] = None
+    reference: bool = False  # the fault-free run every other run is compared with
+    recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"strategy name {self.name!r} must be a non-empty identifier (letters, digits, _)")
+        if ":" not in self.rank_class:
+            raise ValueError(f"StrategySpec({self.name}).rank_class must be 'module:Class', got {self.rank_class!r}")

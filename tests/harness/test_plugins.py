@@ -1,0 +1,121 @@
+"""A strategy and a fault kind registered from THIS module (no harness file edited) run through `python -m harness`.
+
+This module is itself the plugin: the runs below name it in ``HARNESS_PLUGINS``, so the parent and
+every rank import it and it registers, at import time:
+
+- strategy ``toy_plain``: the plain step, plus a ``toy_step`` event per step, and its own relaunch policy;
+- strategy ``toy_skips_points``: a step that never reaches the clip/vote fault points (the base class
+  must stop it loudly instead of reporting a fault that never fired);
+- fault kind ``toy_pause``: applied by the parent, which SIGSTOPs the rank for 0.3 s (well inside the
+  process-group timeout, so training just waits) and records the fault with a marker field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import strategies
+from harness.faults import registry as faults
+from harness.faults.registry import FaultSpec
+from harness.strategies.base import Strategy, forward_backward
+from harness.strategies.spec import StrategySpec
+from harness_test_helpers import TINY, harness_env, read_row, run_harness
+
+HERE = Path(__file__).resolve().parent
+
+
+class ToyPlain(Strategy):
+    def run_step(self, step, tokens):
+        self.ctx.events.emit("toy_step", step=step)
+        return self.plain_step(step, tokens)
+
+
+class ToySkipsPoints(Strategy):
+    def run_step(self, step, tokens):
+        loss = forward_backward(self.ctx.model, tokens)
+        self.ctx.optimizer.step()
+        self.ctx.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+
+def _toy_relaunch(exit_codes, first_failure):
+    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
+    return f"toy relaunch after rank(s) {sorted(failed)}" if failed else None
+
+
+def _toy_pause(driver, req):
+    rank = int(req["rank"])
+    driver.signal(rank, signal.SIGSTOP)
+    driver.record(req, toy_marker="paused by the toy fault", outage_s=0.3)
+    driver.ack(req)
+    driver.stop_until(rank, time.time() + 0.3)
+
+
+strategies.register(StrategySpec(
+    name="toy_plain", rank_class=f"{__name__}:ToyPlain", description="test plugin: plain step + toy events",
+    label="toy", color="tab:purple", order=50, relaunch=_toy_relaunch))
+strategies.register(StrategySpec(
+    name="toy_skips_points", rank_class=f"{__name__}:ToySkipsPoints", description="test plugin: skips fault points",
+    label="toy (skips points)", color="tab:brown", order=51))
+faults.register(FaultSpec("toy_pause", "test plugin: SIGSTOP the rank for 0.3 s", where="parent",
+                          parent_apply=_toy_pause))
+
+
+def _plugin_run(args: list[str], tmp: Path):
+    env = harness_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+    env["HARNESS_PLUGINS"] = Path(__file__).stem
+    import subprocess
+
+    from harness_test_helpers import harness_cmd
+
+    return subprocess.run(harness_cmd(args, tmp), cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_plugin_strategy_and_fault_run_through_python_m_harness(tmp_path):
+    run_dir = tmp_path / "run"
+    done = _plugin_run([*TINY, "train.steps=6", "strategy=toy_plain", "fault=toy_pause", "fault.schedule=at_step",
+                        "fault.at_step=3", "fault.ranks=[1]", "fault.phase=vote", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = read_row(run_dir)
+    assert row["status"] == "ok" and row["strategy"] == "toy_plain" and row["fault"] == "toy_pause"
+    assert row["faults"] == 1
+    rank_events = [json.loads(line) for r in (0, 1) for line in (run_dir / "events" / f"rank{r}.jsonl").read_text().splitlines()]
+    assert sorted(e["step"] for e in rank_events if e["kind"] == "toy_step") == sorted(list(range(6)) * 2)
+    parent = [json.loads(line) for line in (run_dir / "events" / "parent.jsonl").read_text().splitlines()]
+    fired = [e for e in parent if e["kind"] == "fault"]
+    assert len(fired) == 1 and fired[0]["fault"] == "toy_pause" and fired[0]["toy_marker"]
+    assert fired[0]["step"] == 3 and fired[0]["ranks"] == [1]
+
+
+def test_a_strategy_that_skips_a_fault_point_fails_loudly(tmp_path):
+    run_dir = tmp_path / "run"
+    done = _plugin_run([*TINY, "train.steps=5", "strategy=toy_skips_points", "fault=socket_reset",
+                        "fault.schedule=at_step", "fault.at_step=2", "fault.phase=vote", f"hydra.run.dir={run_dir}"],
+                       tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    row = read_row(run_dir)
+    assert row["status"] == "failed"
+    logs = "".join((run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
+    assert "FaultPointMissed" in logs and "without reaching the fault point(s) ['vote']" in logs
+
+
+def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path):
+    done = run_harness([*TINY, "strategy.name=nope"], tmp_path)
+    assert done.returncode == 2
+    assert "strategy 'nope' is not registered" in done.stderr and "accelpact" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = run_harness([*TINY, "fault.kind=nope"], tmp_path)
+    assert done.returncode == 2 and "fault.kind='nope' is not registered" in done.stderr
+
+
+def test_registering_a_taken_name_with_another_spec_raises():
+    with pytest.raises(ValueError, match="already registered"):
+        strategies.register(StrategySpec(name="accelpact", rank_class="x:Y", description="", label="", color="",
+                                         order=0))
