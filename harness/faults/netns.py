@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,20 +38,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
+    TAG_ENV,
+    NetnsError,
+    _ip_batch,
+    _run,
+    cleanup_stale,
+    leftovers,
+    list_prefixes,
+    main,
+    namespaces_available,
+)
 from harness.faults.addressing import (
     CTL_BRIDGE,
     CTL_IF,
     DATA_BRIDGE,
     DATA_IF,
-    PREFIX_RE,
     Layout,
-    check_prefix,
     new_prefix,
 )
 
 __all__ = [
-    "FAULT_KINDS",
-    "FALLBACK_KINDS",
     "TAG_ENV",
     "LinkFault",
     "NetnsError",
@@ -63,14 +69,8 @@ __all__ = [
     "namespaces_available",
 ]
 
-FAULT_KINDS = ("blackhole", "link_down", "tcp_reset")
-FALLBACK_KINDS = ("socket_reset", "hang", "kill")  # fault kinds that need no namespaces
-TAG_ENV = "ACCELPACT_NETNS"  # every process of the job carries its prefix here, so leftovers can be found
+LINK_FAULTS = ("blackhole", "link_down", "tcp_reset")  # what inject() dispatches to
 _TBF_BLACKHOLE = ("tbf", "rate", "8bit", "burst", "1", "limit", "1")
-
-
-class NetnsError(RuntimeError):
-    """A namespace operation failed; the message names the command and what to do."""
 
 
 @dataclass(frozen=True)
@@ -83,160 +83,6 @@ class LinkFault:
     t_end: float
     sockets_reset: int = 0  # tcp_reset only: how many sockets ss -K destroyed
 
-
-# --------------------------------------------------------------------------------------------------
-# Running commands
-
-
-def _run(argv: Sequence[str], timeout_s: float = 15.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        raise NetnsError(f"`{' '.join(argv)}` did not finish in {timeout_s} s") from e
-    if check and done.returncode != 0:
-        raise NetnsError(f"`{' '.join(argv)}` failed (rc {done.returncode}): {done.stderr.strip()}")
-    return done
-
-
-def _ip_batch(netns: str | None, lines: Sequence[str]) -> None:
-    """Several `ip` commands in one process (inside ``netns`` when given)."""
-    argv = ["ip", *(("-n", netns) if netns else ()), "-batch", "-"]
-    try:
-        done = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=15)
-    except subprocess.TimeoutExpired as e:
-        raise NetnsError(f"`{' '.join(argv)}` did not finish in 15 s") from e
-    if done.returncode != 0:
-        raise NetnsError(f"`{' '.join(argv)}` failed: {done.stderr.strip()} (commands: {lines})")
-
-
-# --------------------------------------------------------------------------------------------------
-# Availability
-
-_AVAILABLE: tuple[bool, str] | None = None
-
-
-def namespaces_available() -> tuple[bool, str]:
-    """(True, how) when this process can build network namespaces, else (False, why and what still works).
-
-    Probes by creating and deleting one throwaway namespace; the answer is cached per process."""
-    global _AVAILABLE
-    if _AVAILABLE is None:
-        _AVAILABLE = _probe()
-    return _AVAILABLE
-
-
-def _probe() -> tuple[bool, str]:
-    still = f"Fault kinds that need no namespaces still work: {', '.join(FALLBACK_KINDS)}."
-    if not sys.platform.startswith("linux"):
-        return False, f"network namespaces are Linux-only (this is {sys.platform}). {still}"
-    missing = [tool for tool in ("ip", "tc", "ss") if shutil.which(tool) is None]
-    if missing:
-        return False, f"{', '.join(missing)} not found (install iproute2). {still}"
-    if os.geteuid() != 0:
-        userns = subprocess.run(["unshare", "-Urn", "true"], capture_output=True).returncode == 0
-        hint = (
-            "unprivileged user namespaces (`unshare -Urn`) do work here, but this harness builds its "
-            "namespaces with `ip netns`, which needs real root"
-            if userns
-            else "unprivileged user namespaces (`unshare -Urn`) are not allowed here either"
-        )
-        return False, f"network-namespace faults ({', '.join(FAULT_KINDS)}) need root; {hint}. Run as root. {still}"
-    probe = f"{new_prefix()}-probe"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return False, f"`ip netns add` failed as root: {made.stderr.strip()}. {still}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return True, "running as root: `ip netns` works"
-
-
-# --------------------------------------------------------------------------------------------------
-# Finding and removing what a job left behind
-
-
-def _netns_list() -> list[str]:
-    out = _run(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def list_prefixes() -> list[str]:
-    """Job prefixes that own at least one namespace right now (live or stale)."""
-    found = {name.split("-", 1)[0] for name in _netns_list() if "-" in name}
-    return sorted(p for p in found if PREFIX_RE.match(p))
-
-
-def _tagged_pids(prefix: str) -> set[int]:
-    """Processes of this job found by their tag: ``$ACCELPACT_NETNS`` == prefix, or the job's store server
-    (``--tag prefix``). Never this process or its ancestors (a shell that typed the prefix is not the job)."""
-    import psutil
-
-    spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    pids: set[int] = set()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.info["pid"] in spared:
-            continue
-        try:
-            argv = proc.info["cmdline"] or []
-            is_server = "harness.faults.store_server" in argv and prefix in argv
-            if is_server or proc.environ().get(TAG_ENV) == prefix:
-                pids.add(proc.info["pid"])
-        except (psutil.Error, OSError):
-            continue
-    return pids
-
-
-def _ns_pids(names: Sequence[str]) -> set[int]:
-    pids: set[int] = set()
-    for name in names:
-        out = _run(["ip", "netns", "pids", name], check=False).stdout
-        pids.update(int(tok) for tok in out.split() if tok.isdigit())
-    pids.discard(os.getpid())
-    return pids
-
-
-def leftovers(prefix: str) -> list[str]:
-    """Everything of job ``prefix`` still on the machine: namespaces, root-namespace links, processes."""
-    check_prefix(prefix)
-    found = [f"netns {n}" for n in _netns_list() if n.startswith(prefix + "-")]
-    links = _run(["ip", "-o", "link", "show"], check=False).stdout
-    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if prefix in line]
-    qdiscs = _run(["tc", "qdisc", "show"], check=False).stdout
-    found += [f"qdisc {line.strip()}" for line in qdiscs.splitlines() if prefix in line]
-    found += [f"process {pid}" for pid in sorted(_tagged_pids(prefix))]
-    return found
-
-
-def cleanup_stale(prefix: str) -> list[str]:
-    """Kill every process of job ``prefix`` and delete its namespaces; return what was removed.
-
-    For a job that died without tearing down (SIGKILL). Safe to call on a live job only if you mean to
-    end it."""
-    check_prefix(prefix)
-    names = [n for n in _netns_list() if n.startswith(prefix + "-")]
-    pids = _ns_pids(names) | _tagged_pids(prefix)
-    removed = [f"process {pid}" for pid in sorted(pids)]
-    _kill_and_wait(pids)
-    for name in names:
-        _run(["ip", "netns", "del", name], check=False)
-    removed += [f"netns {n}" for n in names]
-    return removed
-
-
-def _kill_and_wait(pids: set[int], timeout_s: float = 5.0) -> None:
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.kill()
-            procs.append(proc)
-        except psutil.Error:
-            continue
-    psutil.wait_procs(procs, timeout=timeout_s)
-
-
-# --------------------------------------------------------------------------------------------------
-# Teardown on every exit path
 
 _LIVE: set["NetnsTopology"] = set()
 _LIVE_LOCK = threading.Lock()
@@ -515,12 +361,12 @@ class NetnsTopology:
         return record
 
     def inject(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> LinkFault:
-        """Dispatch by fault kind (``FAULT_KINDS``); blocks for the outage."""
+        """Dispatch by link fault (``LINK_FAULTS``); blocks for the outage."""
         if kind == "tcp_reset":
             return self.tcp_reset(ranks)
         if kind in ("blackhole", "link_down"):
             return self._timed(kind, ranks, outage_s)
-        raise ValueError(f"unknown link fault {kind!r}: choose one of {FAULT_KINDS}")
+        raise ValueError(f"unknown link fault {kind!r}: choose one of {LINK_FAULTS}")
 
     def start(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> "Future[LinkFault]":
         """``inject`` on a background thread; the future holds the record once healed."""
@@ -551,27 +397,6 @@ class NetnsTopology:
         if self._closed.is_set() or not self._up:
             raise NetnsError("the topology is not up: enter it (with NetnsTopology(...) as topo) first")
         return ranks
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX [PREFIX ...]``"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m harness.faults.netns", description="find and remove jobs' namespaces")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="job prefixes that own namespaces now (live or stale)")
-    sub.add_parser("leftovers", help="what a job left behind").add_argument("prefix")
-    sub.add_parser("cleanup", help="kill a job's processes and delete its namespaces").add_argument("prefix", nargs="+")
-    args = parser.parse_args(argv)
-    if args.cmd == "list":
-        print("\n".join(list_prefixes()))
-    elif args.cmd == "leftovers":
-        print("\n".join(leftovers(args.prefix)))
-    else:
-        for prefix in args.prefix:
-            for item in cleanup_stale(prefix):
-                print(f"removed {item}")
-    return 0
 
 
 if __name__ == "__main__":

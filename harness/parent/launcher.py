@@ -1,4 +1,4 @@
-"""The parent process: run directory, control store, rank processes, progress, teardown, results.
+"""The parent process's hold on the ranks of one run: control store, rank processes, polling, teardown.
 
 ``Launcher`` owns the processes of one run:
 - ``start_control_store()`` hosts the long-lived TCPStore (the out-of-band control channel; ranks
@@ -8,10 +8,7 @@
 - ``poll()`` reports exits, ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
 - ``step_hooks`` are called with every rank-0 step event (fault schedules, relaunch policies).
-A later issue adds a relaunch policy (cold restart) by calling ``kill_all`` + ``start_ranks(n+1)``
-from ``wait``'s caller or a hook, without changing the rest.
-
-``run_experiment`` is the whole parent side of one run, and always leaves a results row.
+A relaunch (``harness.parent.run``, following the strategy's policy) is ``kill_all`` + ``start_ranks(n+1)``.
 """
 
 from __future__ import annotations
@@ -25,15 +22,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
-from harness.report import results
 from harness.events import events_path
-from harness.app.memory_plan import MemoryPlan
 from harness.parent.progress import EventTailer, Progress
 from harness.rank.env import RankEnv
-from harness.app.schema import RunConfig, to_dict
-from harness.rank.worker import write_spec
+from harness.app.schema import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
