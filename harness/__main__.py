@@ -3,7 +3,8 @@
 Thin on purpose. A preflight check composes and validates the command line before Hydra creates a
 run directory, so a bad input exits with one line (status 2) and leaves nothing behind. Outputs go
 under Hydra's run directory (``hydra.run.dir``); the working directory is never changed.
-The return value (tokens/s for now) is the headline metric sweepers optimise.
+The return value (tokens/s) is the metric sweepers optimise. A sweep over faulted runs (the default
+experiment is one) is compared with its fault-free reference by ``harness.report.compare``.
 """
 
 from __future__ import annotations
@@ -51,34 +52,15 @@ def hydra_main(cfg: DictConfig) -> float:
             return math.nan
         sys.exit(EXIT_BAD_CONFIG)
 
-    if run.compare.enabled and not multirun:
-        return _compare(run, run_dir, memory, overrides)
-
     from harness.parent.run import run_one
+    from harness.report.compare import sweep_reference_dir
 
-    row = run_one(run, run_dir, memory, overrides)
+    row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None)
     if row["status"] != "ok":
         if multirun:
             return math.nan
         sys.exit(EXIT_RUN_FAILED)
     return float(row["tokens_per_s"] or math.nan)
-
-
-def _compare(run, run_dir: Path, memory, overrides: list[str]) -> float:  # noqa: ANN001
-    """The default experiment: every strategy side by side (harness.report.compare). Returns AccelPact's
-    goodput gain over cold restart at the largest age (the paper's headline), NaN if unavailable."""
-    from harness.report import compare
-
-    try:
-        compare.check_all_runnable(run)
-    except ConfigError as err:
-        _remove_fresh_run_dir(run_dir)
-        _report_config_error(err)
-        sys.exit(EXIT_BAD_CONFIG)
-    table = compare.run_comparison(run, run_dir, memory, overrides)
-    if any(r.get("status") != "ok" for r in table):
-        sys.exit(EXIT_RUN_FAILED)
-    return compare.headline_gain(table)
 
 
 def _report_config_error(err: ConfigError) -> None:

@@ -24,9 +24,7 @@ def check_runnable(run: RunConfig) -> None:
     strategy = strategies.get(run.strategy.name)
     fault = faults.get(run.fault.kind)
     try:
-        # A comparison's base config is not run itself: its runs (one per age) are checked one by one.
-        if not run.compare.enabled:
-            plan_faults(run.fault, run.train.steps, run.checkpoint.interval)
+        plan_faults(run.fault, run.train.steps, run.checkpoint.interval)
     except ScheduleError as exc:
         raise ConfigError(str(exc)) from exc
     if fault.outage and run.fault.outage_s <= run.cluster.pg_timeout_s + OUTAGE_MARGIN_S:

@@ -61,9 +61,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
     The ``hydra`` node (present when composed with ``return_hydra_config=True``) is ignored.
     """
+    if "hydra" in cfg:  # leave Hydra's own node out before resolving: it has mandatory fields of its own
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(container, dict)
-    container.pop("hydra", None)
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
     run = OmegaConf.to_object(merged)
     assert isinstance(run, RunConfig)
@@ -110,8 +111,9 @@ def load_catalogue() -> Catalogue:
     return Catalogue(models=load_group("model"), clusters=load_group("cluster"))  # type: ignore[arg-type]
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose conf/ like `python -m harness OVERRIDES` would, without running anything."""
+def compose(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
+    """Compose conf/ like `python -m harness OVERRIDES` would, without running anything
+    (``with_hydra``: keep the ``hydra`` node, e.g. to read an experiment's sweep)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -119,4 +121,4 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=with_hydra)

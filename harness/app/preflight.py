@@ -32,21 +32,41 @@ def job_overrides(argv: Sequence[str]) -> tuple[list[list[str]], bool] | None:
     if any(getattr(args, flag, None) for flag in _NO_RUN_FLAGS):
         return None
     overrides = [o for o in args.overrides if not _key(o).startswith(("hydra.", "hydra/"))]
-    if not args.multirun:
+    swept = _config_sweep(overrides)
+    if not args.multirun and swept is None:
         return [overrides], False
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        # An experiment's own sweep (hydra.sweeper.params) first; the command line wins key by key,
+        # as in Hydra's basic sweeper.
+        parsed = OverridesParser.create().parse_overrides([*(swept or []), *overrides])
     except Exception as exc:
         raise ConfigError(_first_line(exc)) from None
-    axes: list[list[str]] = []
+    by_key: dict[str, list[str]] = {}
     for ov in parsed:
         key = ov.get_key_element()
         values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-        axes.append([f"{key}={v}" for v in values])
+        by_key[key] = [f"{key}={v}" for v in values]
+    axes = list(by_key.values())
     jobs = [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_SWEEP_JOBS_CHECKED)]
     return jobs, True
+
+
+def _config_sweep(overrides: Sequence[str]) -> list[str] | None:
+    """The sweep an experiment config declares (``hydra.mode: MULTIRUN`` + ``hydra.sweeper.params``)
+    as overrides, or None when the composed config is a single run. Composition errors are left to
+    the per-job check, which explains them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        cfg = compose([o.input_line for o in parsed if not o.is_sweep_override() and o.input_line], with_hydra=True)
+    except Exception:
+        return None
+    if str(cfg.hydra.get("mode")) != "RunMode.MULTIRUN":
+        return None
+    return [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
 
 
 def check(argv: Sequence[str]) -> list[MemoryPlan]:

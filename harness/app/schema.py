@@ -119,25 +119,9 @@ class CheckpointConfig:
     keep: int = 2
 
 
-def _compared_strategies() -> list[str]:
-    return ["accelpact", "cold_restart", "checkpoint_restore"]
-
-
-@dataclass
-class CompareConfig:
-    """``enabled``: ``python -m harness`` runs the comparison (harness.report.compare) instead of one run: a
-    fault-free reference, then every strategy in ``strategies`` at every checkpoint age in ``ages``
-    (the fault config's schedule is set to ``at_age``), one after the other, then the table and plots.
-    Ignored in multirun mode, where each job is one run and a callback builds the table."""
-
-    enabled: bool = False
-    ages: List[int] = field(default_factory=lambda: [5, 18])
-    strategies: List[str] = field(default_factory=_compared_strategies)
-
-
 @dataclass
 class RunConfig:
-    name: str = "smoke"  # the experiment's name, set by each conf/experiment/*.yaml
+    name: str = "smoke"  # the name of the conf/experiment preset this run came from (the row's "experiment")
     description: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -145,7 +129,6 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
     # Rows of every run are collected here (relative paths are relative to the working directory).
     index_path: str = "outputs/index.csv"
     progress: bool = True

@@ -48,7 +48,7 @@ def check_names(run: RunConfig) -> None:
     from harness import strategies
     from harness.faults import registry as faults
 
-    for name in [run.strategy.name, *run.compare.strategies]:
+    for name in [run.strategy.name]:
         try:
             strategies.get(name)
         except KeyError:

@@ -8,7 +8,7 @@ veth links into the bridge namespace:
   bridge namespace (``harness.faults.store_server``) on the control bridge, so the store keeps answering
   while the data plane is down.
 
-Faults (measured facts, see shared/design/recovery-facts.md section 2): netem is missing from this kernel,
+Faults (measured on this kind of machine; docs/design.md, "Faults as each rank sees them"): netem is missing from this kernel,
 so a blackhole is ``tbf rate 8bit burst 1 limit 1`` on both ends of the rank's data link; iptables is not
 installed, so a TCP reset is ``ss -K`` (the kernel's sock_destroy) on the rank's data-plane sockets. A
 silent outage shorter than the process-group timeout is absorbed by TCP retransmits: to break a collective,

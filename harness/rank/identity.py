@@ -8,7 +8,7 @@ same committed step count. Each rank writes ``<run_dir>/identity/rank<R>.json``.
 ``compare_runs(reference, run)`` (CLI: ``python -m harness.rank.identity REF_RUN RUN``) checks a run's
 final state bit for bit against a fault-free reference run with the same seed, step count and world
 size, naming every tensor shard that differs. This is the stronger check: ranks agreeing with each
-other does not catch a divergence all ranks share (recovery-facts.md section 5).
+other does not catch a divergence all ranks share (docs/design.md, "Two silent-divergence traps").
 """
 
 from __future__ import annotations

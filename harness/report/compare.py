@@ -1,23 +1,26 @@
-"""The comparison: every strategy on the same fault schedule, side by side with a fault-free reference.
+"""The comparison: strategies on the same fault schedule, side by side with a fault-free reference.
 
-``python -m harness`` (``experiment=compare``, the default) calls ``run_comparison``: a fault-free
-reference run (strategy none, same checkpoint cadence), then each strategy of ``compare.strategies`` at
-each checkpoint age of ``compare.ages`` (``fault.schedule=at_age``), one after the other, each in its own
-subdirectory of the Hydra run directory. Then it prints the table (strategy, age, whole-run goodput,
-ratio to the reference, AccelPact's gain over the row with the paper's figure beside it, the recovery
-breakdown, bit-identical to the reference) and writes ``table.md``, ``table.csv`` and the plots
-(``harness.report.plots_compare``) into the run directory.
+There is one way to run a comparison: a Hydra multirun with :class:`ComparisonCallback`. The default
+experiment (``python -m harness``, ``experiment=compare``) is such a multirun, one job per checkpoint
+age and strategy; any sweep over a faulted run works the same (``python -m harness -m
+strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or on Slurm.
 
-A multirun (``python -m harness -m strategy=accelpact,cold_restart,checkpoint_restore fault.at_age=5,18``)
-runs one job per combination; ``CompareTableCallback.on_multirun_end`` then runs the reference (unless
-a job already is one: strategy none, fault none) and writes the same table into the sweep directory.
+- ``on_multirun_start`` runs the fault-free reference of the sweep's base config (strategy and fault
+  from the registries' reference; same model, data, steps and checkpoint cadence) in
+  ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
+- each job is an ordinary run (``harness.parent.run.run_one``) in ``<sweep dir>/<strategy>_age<age>``.
+- ``on_multirun_end`` prints the table (strategy, age, whole-run goodput, ratio to the reference,
+  AccelPact's gain with the paper's figure beside it, the recovery breakdown, bit-identical) and
+  writes ``table.md``, ``table.csv`` and the plots (``harness.report.plots_compare``) into the sweep
+  directory, from each run's saved row and ``goodput.json``. It exits 1 if a faulted run failed.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,10 +31,10 @@ from harness.faults import registry as faults
 from harness.report.goodput import load_report
 from harness.report.table import RunSummary, comparison_table, format_table
 from harness.rank.identity import compare_runs
-from harness.app.schema import FaultSchedule, RunConfig
+from harness.app.schema import RunConfig
 
 REFERENCE = "reference"
-# The paper's whole-run goodput gains of AccelPact (paper-claims.md), by (baseline strategy, age).
+# The paper's whole-run goodput gains of AccelPact, by (baseline strategy, age).
 PAPER_GAIN: dict[tuple[str, int], float] = {
     ("cold_restart", 5): 1.197,
     ("checkpoint_restore", 5): 1.194,
@@ -43,35 +46,12 @@ PRINT_COLUMNS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class PlannedRun:
-    name: str  # subdirectory
-    config: RunConfig
-    reference: bool = False
-
-
 def reference_config(base: RunConfig) -> RunConfig:
     """The fault-free reference of ``base``: strategy none, no fault, same model, data, steps, checkpoints."""
     ref = copy.deepcopy(base)
     ref.strategy.name = strategies.reference().name
     ref.fault.kind = faults.NO_FAULT
-    ref.compare.enabled = False
     return ref
-
-
-def plan_runs(base: RunConfig) -> list[PlannedRun]:
-    """The reference, then each age x strategy (in that order: ages outer, so a partial run is still useful)."""
-    runs = [PlannedRun(REFERENCE, reference_config(base), reference=True)]
-    for age in base.compare.ages:
-        for strategy in base.compare.strategies:
-            cfg = copy.deepcopy(base)
-            cfg.compare.enabled = False
-            cfg.strategy.name = strategies.get(strategy).name
-            cfg.fault.schedule = FaultSchedule.at_age
-            cfg.fault.at_age = int(age)
-            cfg.fault.at_step = None
-            runs.append(PlannedRun(f"{strategy}_age{age}", cfg))
-    return runs
 
 
 def _is_fault_free(row: dict[str, Any]) -> bool:
@@ -81,13 +61,6 @@ def _is_fault_free(row: dict[str, Any]) -> bool:
 def _is_reference(row: dict[str, Any]) -> bool:
     """A fault-free run of the reference strategy (what every other run is compared with)."""
     return row.get("strategy") == strategies.reference().name and _is_fault_free(row)
-
-
-def headline_gain(table: Sequence[dict[str, Any]]) -> float:
-    """AccelPact's gain over the paper's headline baseline at its largest age (what sweepers optimise)."""
-    (baseline, _age), _ = max(PAPER_GAIN.items(), key=lambda kv: kv[0][1])
-    gains = [r["accelpact_gain"] for r in table if r["strategy"] == baseline and r["age"] is not None]
-    return float(gains[-1]) if gains else math.nan
 
 
 def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path]) -> RunSummary:
@@ -183,48 +156,35 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
     return table
 
 
-def check_all_runnable(base: RunConfig) -> None:
-    """Refuse before anything starts if any planned run cannot run here (e.g. NVRx missing)."""
-    from harness.app import capabilities
-
-    for planned in plan_runs(base):
-        capabilities.check_runnable(planned.config)
+# The sweep's reference directory, set by on_multirun_start; jobs that run in this process (Hydra's
+# local launcher) read it to compare themselves with the reference as they end. Jobs on other
+# machines (Slurm) see None, and the table compares them at the end instead.
+_sweep_reference: dict[str, Path] = {}
 
 
-def run_comparison(base: RunConfig, run_dir: Path, memory_plan: Any = None,
-                   overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Run the reference and every strategy at every age, sequentially; returns the table rows."""
-    from harness.parent.run import run_one
-
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    planned = plan_runs(base)
-    print(f"comparison: {len(planned)} runs ({', '.join(p.name for p in planned)}) in {run_dir}", flush=True)
-    if memory_plan is not None:
-        print(memory_plan.table(), flush=True)
-    entries: list[tuple[Path, dict[str, Any]]] = []
-    reference_dir: Optional[Path] = None
-    for p in planned:
-        sub = run_dir / p.name
-        row = run_one(p.config, sub, None, overrides, reference_dir=reference_dir)
-        if p.reference:
-            if row["status"] != "ok":
-                raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {sub}/logs")
-            reference_dir = sub
-        entries.append((sub, row))
-    title = (f"whole-run goodput: {base.model.name}, {base.cluster.world_size} x {base.cluster.backend.value}, "
-             f"{base.train.steps} steps, {base.fault.kind} on rank(s) {list(base.fault.ranks)} "
-             f"({base.fault.phase.value}), checkpoint every {base.checkpoint.interval} steps "
-             f"({base.checkpoint.mode.value})")
-    return finish(run_dir, entries, reference_dir, title)
+def sweep_reference_dir() -> Optional[Path]:
+    return _sweep_reference.get("dir")
 
 
-class CompareTableCallback(Callback):
-    """After a multirun: the reference (if no job is one) and the comparison table over every job."""
+class ComparisonCallback(Callback):
+    """Runs the reference before a faulted sweep and the comparison table after it (module docstring)."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from harness.app.config import to_run_config
+        from harness.parent.run import run_one
+
+        _sweep_reference.clear()
+        base = to_run_config(config)
+        if not faults.get(base.fault.kind).injects and "fault" not in _swept_keys(config):
+            return  # not a fault sweep (e.g. the checkpoint-overhead sweep): nothing to compare
+        out = Path(str(config.hydra.sweep.dir)) / REFERENCE
+        print(f"comparison: running the fault-free reference in {out}", flush=True)
+        row = run_one(reference_config(base), out, None, ["(reference of the sweep)"])
+        if row["status"] != "ok":
+            raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
+        _sweep_reference["dir"] = out
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        import json
-
         sweep_dir = Path(str(config.hydra.sweep.dir))
         entries: list[tuple[Path, dict[str, Any]]] = []
         for summary in sorted(sweep_dir.glob("*/summary.json")):
@@ -233,26 +193,24 @@ class CompareTableCallback(Callback):
                 entries.append((summary.parent, row))
         faulted = [(d, r) for d, r in entries if not _is_fault_free(r)]
         if not faulted:
-            return  # not a fault sweep (e.g. the checkpoint-overhead sweep): nothing to compare
-        refs = [(d, r) for d, r in entries if _is_reference(r) and r.get("status") == "ok"]
-        if refs:
-            reference_dir = refs[0][0]
-        else:
-            reference_dir = self._run_reference(sweep_dir, faulted[0][0])
-            ref_row = json.loads((reference_dir / "summary.json").read_text())["row"]
-            entries.insert(0, (reference_dir, ref_row))
-        finish(sweep_dir, entries, reference_dir, f"whole-run goodput over the sweep {sweep_dir}")
+            return
+        refs = [d for d, r in entries if _is_reference(r) and r.get("status") == "ok"]
+        reference_dir = sweep_reference_dir() or (refs[0] if refs else None)
+        base = faulted[0][1]
+        title = (f"whole-run goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
+                 f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
+                 f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
+        finish(sweep_dir, entries, reference_dir, title)
+        failed = [d.name for d, r in faulted if r.get("status") != "ok"]
+        if failed:
+            print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)
+            sys.exit(1)
 
-    @staticmethod
-    def _run_reference(sweep_dir: Path, job_dir: Path) -> Path:
-        from omegaconf import OmegaConf
 
-        from harness.parent.run import run_one
-        from harness.app.schema import run_config_from_dict
-
-        data = OmegaConf.to_container(OmegaConf.load(job_dir / "config.yaml"), resolve=True)
-        ref = reference_config(run_config_from_dict(data))  # type: ignore[arg-type]
-        out = sweep_dir / REFERENCE
-        print(f"comparison: running the fault-free reference in {out}", flush=True)
-        run_one(ref, out, None, ["(reference of the sweep)"])
-        return out
+def _swept_keys(config: Any) -> set[str]:
+    """Top-level keys the sweep varies (from the config's sweeper params and the command line)."""
+    keys = {str(k).split(".")[0].split("/")[0] for k in (config.hydra.get("sweeper", {}).get("params") or {})}
+    for override in config.hydra.overrides.get("task", []):
+        if "," in override:
+            keys.add(override.split("=", 1)[0].lstrip("+~").split(".")[0].split("/")[0])
+    return keys

@@ -3,7 +3,7 @@
 Every file is written atomically (temp file + ``os.replace``), so a reader never sees half a row.
 The index (``RunConfig.index_path``, default ``outputs/index.csv``) gathers the rows of all runs; it
 is rewritten under an exclusive file lock, so concurrent runs do not lose rows and a row with new
-columns (later issues add goodput columns) widens the table instead of breaking it.
+columns (a newer harness adds columns) widens the table instead of breaking it.
 A run that dies still gets its row, with ``status=failed`` and the ``reason``.
 """
 

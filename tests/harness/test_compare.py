@@ -1,5 +1,5 @@
-"""The comparison driver's pure parts: the plan, the relaunch policy, the table over hand-made
-timelines, and the multirun callback over a hand-made sweep directory (no processes started)."""
+"""The comparison's pure parts: the default sweep, the reference, the relaunch policy, the table over
+hand-made timelines, and the multirun callback over a hand-made sweep directory (no processes started)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.compare import CompareTableCallback, PAPER_GAIN, build_table, plan_runs, reference_config
+from harness.app.preflight import job_overrides
+from harness.report.compare import PAPER_GAIN, ComparisonCallback, build_table, reference_config
 from harness.app.config import compose, to_run_config
 from harness.strategies import relaunch_reason
 from harness.strategies.accelpact import EXIT_FALLBACK
@@ -16,42 +17,46 @@ from harness.report.goodput import compute_goodput
 from harness.report.table import RunSummary
 
 
-def test_default_experiment_is_the_comparison():
-    run = to_run_config(compose([]))
-    assert run.name == "compare" and run.compare.enabled
-    assert run.model.name == "mistral_tiny" and run.cluster.world_size == 2
-    assert run.fault.kind == "socket_reset" and run.compare.ages == [5, 18]
-    smoke = to_run_config(compose(["experiment=smoke"]))
-    assert not smoke.compare.enabled and smoke.fault.kind == "none"
+def test_default_experiment_is_a_sweep_over_ages_and_strategies():
+    cfg = compose([], with_hydra=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    run = to_run_config(cfg)
+    assert run.name == "compare" and run.model.name == "mistral_tiny" and run.cluster.world_size == 2
+    assert run.fault.kind == "socket_reset" and run.fault.schedule.value == "at_age"
+    smoke = compose(["experiment=smoke"], with_hydra=True)
+    assert str(smoke.hydra.mode) != "RunMode.MULTIRUN" and to_run_config(smoke).fault.kind == "none"
 
 
-def test_plan_is_reference_then_every_strategy_at_every_age():
+def test_the_sweep_is_every_strategy_at_every_age_ages_outer():
+    jobs, multirun = job_overrides([])
+    assert multirun
+    assert [dict(o.split("=") for o in job) for job in jobs] == [
+        {"fault.at_age": age, "strategy": s}
+        for age in ("5", "18") for s in ("accelpact", "cold_restart", "checkpoint_restore")]
+    # The command line narrows the experiment's sweep key by key.
+    jobs, _ = job_overrides(["fault.at_age=2", "strategy=accelpact,cold_restart"])
+    assert [sorted(job) for job in jobs] == [["fault.at_age=2", "strategy=accelpact"],
+                                             ["fault.at_age=2", "strategy=cold_restart"]]
+
+
+def test_reference_is_fault_free_with_the_same_cadence_and_data():
     base = to_run_config(compose([]))
-    planned = plan_runs(base)
-    assert [p.name for p in planned] == [
-        "reference",
-        "accelpact_age5", "cold_restart_age5", "checkpoint_restore_age5",
-        "accelpact_age18", "cold_restart_age18", "checkpoint_restore_age18",
-    ]
-    ref = planned[0].config
+    ref = reference_config(base)
     assert ref.strategy.name == "none" and ref.fault.kind == "none"
     # Same cadence and data as the faulted runs: the only difference is the recovery.
     assert ref.checkpoint == base.checkpoint and ref.train == base.train and ref.model == base.model
-    for p in planned[1:]:
-        assert p.config.fault.schedule.value == "at_age" and p.config.fault.at_age in (5, 18)
-        assert not p.config.compare.enabled
-    assert reference_config(base) == ref
-    assert base.compare.enabled and base.strategy.name == "accelpact"  # the base is not mutated
+    assert base.strategy.name == "accelpact" and base.fault.kind == "socket_reset"  # the base is not mutated
 
 
 def test_default_ages_fit_the_run():
     from harness.faults.schedule import plan_faults
 
-    base = to_run_config(compose([]))
-    for p in plan_runs(base)[1:]:
-        [fault] = plan_faults(p.config.fault, p.config.train.steps, p.config.checkpoint.interval)
-        assert fault.age == p.config.fault.at_age
-        assert fault.step < p.config.train.steps - 1  # at least one step after the fault
+    jobs, _ = job_overrides([])
+    for job in jobs:
+        cfg = to_run_config(compose(job))
+        [fault] = plan_faults(cfg.fault, cfg.train.steps, cfg.checkpoint.interval)
+        assert fault.age == cfg.fault.at_age
+        assert fault.step < cfg.train.steps - 1  # at least one step after the fault
 
 
 @pytest.mark.parametrize(
@@ -134,7 +139,7 @@ def test_multirun_callback_writes_the_table_over_the_sweep(tmp_path: Path, capsy
     _fake_run(tmp_path / "1", "accelpact", "socket_reset", 2, [(i, i + 1) for i in range(4)], True, [fault])
     _fake_run(tmp_path / "2", "cold_restart", "socket_reset", 2, [(i, 2 * i + 1) for i in range(4)], True, [fault])
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
-    CompareTableCallback().on_multirun_end(cfg)
+    ComparisonCallback().on_multirun_end(cfg)
     table = (tmp_path / "table.md").read_text()
     assert "none (reference)" in table and "accelpact" in table and "cold_restart" in table
     import pandas as pd
@@ -143,12 +148,12 @@ def test_multirun_callback_writes_the_table_over_the_sweep(tmp_path: Path, capsy
     gain = frame.set_index("strategy").loc["cold_restart", "accelpact_gain"]
     assert gain == pytest.approx(7.0 / 4.0)
     assert (tmp_path / "goodput_vs_age.png").stat().st_size > 1000
-    assert "whole-run goodput over the sweep" in capsys.readouterr().out
+    assert f"sweep {tmp_path}" in capsys.readouterr().out
 
 
 def test_multirun_callback_ignores_sweeps_without_faults(tmp_path: Path):
     from omegaconf import OmegaConf
 
     _fake_run(tmp_path / "0", "none", "none", None, [(0, 1)])
-    CompareTableCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    ComparisonCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     assert not (tmp_path / "table.md").exists()

@@ -29,7 +29,7 @@ FAULT_STEP = 4 - 1 + AGE + 1  # checkpoint after step 3, AGE steps committed sin
 def comparison(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
     run_dir = tmp / "cmp"
-    done = run_harness([*SHRINK, f"compare.ages=[{AGE}]", f"hydra.run.dir={run_dir}"], tmp, timeout=600)
+    done = run_harness([*SHRINK, f"fault.at_age={AGE}", f"hydra.sweep.dir={run_dir}"], tmp, timeout=600)
     return tmp, run_dir, done
 
 
