@@ -1,0 +1,92 @@
+"""Fast unit tests of the NVRx baseline's adapter (harness.strategies.nvrx_restart): settings, the store
+port, per-restart records and the fields of the harness's restart event. No rank processes."""
+
+import sys
+
+import pytest
+
+def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
+    from harness.strategies import nvrx_restart
+
+    # None in sys.modules makes the import raise ImportError, as on a machine without the package.
+    monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext", None)
+    monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext.inprocess", None)
+    with pytest.raises(nvrx_restart.NvrxUnavailable) as info:
+        nvrx_restart.run_with_inprocess_restart(lambda ctx: None, nvrx_restart.NvrxSettings(store_port=1))
+    msg = str(info.value)
+    assert "strategy=checkpoint_restore needs nvidia-resiliency-ext==0.4.1" in msg
+    assert "pip install -e '.[baselines]'" in msg
+
+
+def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
+    from harness.strategies.nvrx_restart import STORE_PORT_ENV, NvrxSettings
+
+    monkeypatch.delenv(STORE_PORT_ENV, raising=False)
+    with pytest.raises(ValueError, match=STORE_PORT_ENV):
+        NvrxSettings().resolved_port()
+    monkeypatch.setenv(STORE_PORT_ENV, "4321")
+    assert NvrxSettings().resolved_port() == 4321
+    assert NvrxSettings(store_port=99).resolved_port() == 99
+
+
+def test_restart_record_and_event_fields():
+    from harness.strategies.nvrx_restart import RestartContext, RestartRecord
+
+    rec = RestartRecord(incarnation=1, error="RuntimeError: x", t_raised=10.0, t_detected=10.02,
+                        t_aborted=10.15, t_finalized=10.2, t_entered=10.6)
+    assert rec.t_began == 10.0
+    assert rec.restart_s == pytest.approx(0.6)
+    # A rank interrupted by NVRx (it never raised itself) began its restart at detection.
+    assert RestartRecord(incarnation=1, t_detected=5.0, t_entered=5.5).t_began == 5.0
+    ctx = RestartContext(incarnation=1, rank=0, world_size=2, store=None, store_prefix="p", exclude_ports=(1,),
+                         t_launch=1.0, t_entered=10.6, restarts=(rec,))
+    fields = ctx.restart_event_fields(t_ready=12.0)
+    assert (fields["t_launch"], fields["t_ready"], fields["incarnation"]) == (10.0, 12.0, 1)
+    assert fields["nvrx_t_detected"] == 10.02 and fields["nvrx_error"] == "RuntimeError: x"
+    first = RestartContext(incarnation=0, rank=0, world_size=2, store=None, store_prefix="p", exclude_ports=(1,),
+                           t_launch=1.0, t_entered=3.0, restarts=())
+    assert first.restart_event_fields(t_ready=4.0)["t_launch"] == 1.0
+
+
+def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
+    from harness.strategies.nvrx_restart import _Recorder
+
+    rec = _Recorder()
+    rec.entered(0, 1.0)
+    assert rec.restarts == [] and rec.incarnations == 1
+    try:
+        try:
+            raise RuntimeError("Connection closed by peer")
+        except RuntimeError:
+            raise KeyboardInterrupt("stand-in for NVRx's asynchronous RankShouldRestart")
+    except BaseException as exc:  # noqa: BLE001
+        rec.raised(exc, 2.0)
+        rec.raised(exc, 3.0)  # only the first failure of an incarnation counts
+    rec.pending.t_detected = 2.1
+    rec.entered(1, 4.0)
+    [r] = rec.restarts
+    assert (r.incarnation, r.t_raised, r.t_detected, r.t_entered) == (1, 2.0, 2.1, 4.0)
+    assert r.error.startswith("KeyboardInterrupt: stand-in") and "<- RuntimeError: Connection closed" in r.error
+    assert rec.pending.incarnation == 2 and rec.pending.t_raised is None and rec.incarnations == 2
+
+
+def test_store_ports_sees_through_prefix_stores():
+    import torch.distributed as dist
+
+    from harness.strategies.nvrx_restart import store_ports
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    assert store_ports(dist.PrefixStore("a/b", dist.PrefixStore("c", store))) == (store.port,)
+    assert store_ports(None) == ()
+
+
+def test_settings_reject_bad_values():
+    from harness.strategies.nvrx_restart import NvrxSettings
+
+    with pytest.raises(ValueError, match="max_restarts"):
+        NvrxSettings(max_restarts=-1)
+    with pytest.raises(ValueError, match="absolute"):
+        NvrxSettings(monitor_log_file="rel/{rank}.log")
+
+
+# ----------------------------------------------------------------------- the rank script ----------
