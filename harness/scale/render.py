@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 from harness.scale.config import CLASSES
 from harness.scale.outcomes import LABELS
 from harness.scale.project import Projection
-from harness.scale.sources import ANCHORS
+from harness.scale.sources import ANCHORS, Anchor
 
 
 def _pct(x: float) -> str:
@@ -21,10 +21,16 @@ def _minutes(s: float) -> str:
     return "never" if math.isinf(s) else f"{s / 60:.0f} min"
 
 
+def nearest_anchor(gpus: int) -> Anchor | None:
+    """The published ETTR anchor for a cluster within 25% of ``gpus``, if any."""
+    near = [a for a in ANCHORS if 0.8 <= a.gpus / gpus <= 1.25]
+    return min(near, key=lambda a: abs(a.gpus - gpus)) if near else None
+
+
 def anchors_for(gpus: int) -> str:
-    """The published anchors within a factor of two of ``gpus``, as one cell."""
-    near = [a for a in ANCHORS if 0.5 <= a.gpus / gpus <= 2.0]
-    return "; ".join(f"{a.name} {a.text} ({a.gpus:,} GPUs)" for a in near) or "-"
+    """The published anchor near ``gpus``, as one cell."""
+    a = nearest_anchor(gpus)
+    return f"{a.name}: {a.text} ({a.gpus:,} GPUs)" if a else "none published at this size"
 
 
 def ettr_cell(p: Projection) -> str:
@@ -47,16 +53,22 @@ def text_table(projections: Sequence[Projection]) -> str:
 
 
 def anchor_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
-    """The headline: per size and strategy, ETTR at its best interval beside the published anchors."""
-    lines = ["| GPUs | strategy | ETTR at best interval (95% CI) | best interval | Young / Daly | published anchor | "
-             "what drives the difference |", "|---|---|---|---|---|---|---|"]
+    """The headline: per size and strategy, ETTR at its best interval beside the published anchor, and in
+    one line what drives the difference (the gap to the anchor, then the largest badput and its cause)."""
+    lines = ["| GPUs | strategy | ETTR at best interval (95% CI, ± points) | best interval | Young / Daly | "
+             "published anchor | what drives the difference |", "|---|---|---|---|---|---|---|"]
     for gpus, projections in by_size.items():
-        anchor = anchors_for(gpus)
+        a = nearest_anchor(gpus)
+        cell = f"{a.name} {a.ettr:.0%} ({a.text})" if a else "none at this size"
         for p in projections:
             yd = f"{_minutes(p.young_s)} / {_minutes(p.daly_s)}" if p.feasible else "-"
+            why = p.driver if p.feasible else p.reason
+            if a and p.feasible and p.strategy != "none":
+                why = f"{100 * (p.best_ettr - a.ettr):+.1f} pts vs {a.name}; largest loss: {why}"
+            elif p.strategy == "none":
+                why = "no failures drawn: the upper bound"
             lines.append(f"| {gpus:,} | {p.strategy} | {ettr_cell(p)} | "
-                         f"{_minutes(p.best_interval_s) if p.feasible else '-'} | {yd} | {anchor} | "
-                         f"{p.driver if p.feasible else p.reason} |")
+                         f"{_minutes(p.best_interval_s) if p.feasible else '-'} | {yd} | {cell} | {why} |")
     return "\n".join(lines)
 
 
