@@ -11,6 +11,10 @@ from harness.scale.project import Projection
 from harness.scale.sources import ANCHORS, Anchor
 
 
+# Strategies that stop the whole job for a lost host (no replica keeps training meanwhile).
+SYNCHRONOUS = frozenset(("cold_restart", "checkpoint_restore", "accelpact"))
+
+
 def _pct(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
@@ -64,7 +68,10 @@ def anchor_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
             yd = f"{_minutes(p.young_s)} / {_minutes(p.daly_s)}" if p.feasible else "-"
             why = p.driver if p.feasible else p.reason
             if a and p.feasible and p.strategy != "none":
-                why = f"{100 * (p.best_ettr - a.ettr):+.1f} pts vs {a.name}; largest loss: {why}"
+                # A whole-job-stop strategy is compared with the source's synchronous figure when it has one.
+                ref, what = (a.sync_ettr, f"{a.name}'s synchronous {a.sync_ettr:.0%}") \
+                    if a.sync_ettr is not None and p.strategy in SYNCHRONOUS else (a.ettr, a.name)
+                why = f"{100 * (p.best_ettr - ref):+.1f} pts vs {what}; largest loss: {why}"
             elif p.strategy == "none":
                 why = "no failures drawn: the upper bound"
             lines.append(f"| {gpus:,} | {p.strategy} | {ettr_cell(p)} | "

@@ -86,6 +86,7 @@ class Anchor:
     ettr: float  # as a fraction
     text: str  # how the source states it
     source: str
+    sync_ettr: float | None = None  # the same source's figure for fully synchronous training, if given
 
 
 ANCHORS: tuple[Anchor, ...] = (
@@ -94,7 +95,8 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor("ByteRobust", 9600, 0.97, "97% ETTR, a 3-month job",
            "Robust LLM Training Infrastructure at ByteDance (arXiv:2509.16293, 2025), abstract"),
     Anchor("FT-HSDP", 100000, 0.80, "~80% effective training time at O(100K) GPUs (44% fully synchronous)",
-           "Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (Meta, arXiv:2602.00277, 2026), abstract"),
+           "Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (Meta, arXiv:2602.00277, 2026), abstract",
+           sync_ettr=0.44),
 )
 
 # Meta's research-cluster study, for a cross-check of the failure rate (not used as an input):
