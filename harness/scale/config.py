@@ -83,6 +83,8 @@ class Cluster:
             check_number(f"cluster.{key}", getattr(self, key), positive=True)
         for key in ("checkpoint_gb_per_gpu", "hang_timeout_s", "spare_swap_s", "host_repair_s", "bug_fix_s"):
             check_number(f"cluster.{key}", getattr(self, key))
+        if not isinstance(self.spare_available, bool):
+            raise ScaleConfigError(f"cluster.spare_available={self.spare_available!r}: give true or false")
         if self.gpus % self.gpus_per_host:
             raise ScaleConfigError(
                 f"cluster.gpus={self.gpus} is not a multiple of cluster.gpus_per_host={self.gpus_per_host}")

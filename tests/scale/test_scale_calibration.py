@@ -3,7 +3,6 @@ goodput, reproduced by the engine from measured costs and the exact fault schedu
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

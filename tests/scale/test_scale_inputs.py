@@ -46,6 +46,11 @@ def test_bad_cluster_value_names_the_key(key, value):
         Cluster(**{key: value})
 
 
+def test_spare_available_must_be_a_bool():
+    with pytest.raises(ScaleConfigError, match=r"cluster\.spare_available"):
+        Cluster(spare_available="yes")
+
+
 def test_infeasible_cluster_is_reported_not_numbered():
     mix = {c: replace(f, rate_per_hour=f.rate_per_hour * 200) for c, f in llama3_mix().items()}
     out = project(Cluster(gpus=100_000, days=1), mix, ("cold_restart", "torchft_peer_heal"), trials=2)
