@@ -60,6 +60,12 @@ SECTIONS: tuple[Section, ...] = (
     Section("compile", "torch.compile across recoveries",
             "Decoder blocks compiled with aot_eager and inductor; dynamo's counters before and after 4 "
             "recoveries, and the state against a compiled fault-free reference."),
+    Section("scale_projection", "Goodput at cluster scale (simulator)",
+            "A failure-mix simulator (harness/scale/, no torch) calibrated within 5% on the goodput_vs_age runs, "
+            "projecting every strategy to 1k-100k GPUs with Llama 3's failure mix, each at its best checkpoint "
+            "interval, beside the published ETTR anchors. Two strategies are projections: accelpact_heal (the "
+            "process-loss design, not built) and torchft_peer_heal (an outside reference).",
+            tables=(1,), plot="ettr_vs_gpus.png"),
 )
 
 

@@ -42,6 +42,8 @@ REGISTRY: tuple[Experiment, ...] = (
                "per-update async checkpointing: +656.7% latency, 32.5 GiB host memory, 3.39 TB/hour", 3),
     Experiment("compile", "experiments.compile",
                "torch.compile: no graph breaks or recompiles across recoveries", 1),
+    Experiment("scale_projection", "experiments.scale_projection",
+               "ETTR per strategy at 1k-100k GPUs beside Llama 3 / ByteRobust / FT-HSDP (simulator)", 1),
 )
 
 

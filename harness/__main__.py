@@ -76,6 +76,10 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
 
 
 def main() -> None:
+    if "experiment=project_scale" in sys.argv[1:]:  # the cluster-scale simulator: its own keys, no ranks
+        from harness.scale.entry import main as scale_main
+
+        sys.exit(scale_main(sys.argv[1:]))
     from harness.app import preflight
 
     try:

@@ -1,0 +1,161 @@
+"""Per strategy and failure class: what recovery does, the job-wide stop it costs (by part), and the rollback.
+
+Parts are named like the harness's badput columns where they mean the same thing: detection, agreement,
+rebuild, rebind, restart, restore; plus heal (state copied from memory), spare (a replacement host),
+checkpoint (one taken on notice before a planned stop), fix (a recurring bug patched or skipped) and
+degraded (torchft: the failed replica's recovery while the others go on, as the equivalent whole-job stop).
+Replay is not a part: the engine charges the lost work itself, from the rollback.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from harness.scale import scaling as sc
+from harness.scale.config import (
+    CLASSES,
+    ROLLBACK_CHECKPOINT,
+    ROLLBACK_NONE,
+    ROLLBACK_STEP,
+    STRATEGIES,
+    Cluster,
+    Outcome,
+    check_outcomes,
+)
+
+LABELS: dict[str, str] = {
+    "none": "fault-free reference",
+    "cold_restart": "cold restart (torchrun + DCP)",
+    "checkpoint_restore": "NVRx in-process restart + checkpoint",
+    "accelpact": "AccelPact rebinding, disk fallback",
+    "accelpact_heal": "AccelPact rebinding + in-memory heal (projected design)",
+    "torchft_peer_heal": "torchft-style replica drop + peer heal (outside reference)",
+}
+
+
+def _detect(cluster: Cluster, cls: str) -> float:
+    """How long until recovery starts, for strategies that rely on the launcher and NCCL (cold, NVRx)."""
+    return {
+        "transient_network": sc.RESET_DETECT_S,
+        "hang": cluster.hang_timeout_s,
+        "process_crash": sc.CRASH_DETECT_S,
+        "gpu_host_loss": sc.HOST_DETECT_S,
+        "software_bug": sc.CRASH_DETECT_S,
+        "planned_maintenance": 0.0,
+    }[cls]
+
+
+def _cold(cluster: Cluster, cls: str, detect: float | None = None) -> Outcome:
+    """Kill everything, relaunch, load the newest checkpoint, replay."""
+    n = cluster.gpus
+    parts = {"detection": _detect(cluster, cls) if detect is None else detect,
+             "restart": sc.process_restart_s(n), "restore": sc.restore_s(cluster)}
+    if cls in ("gpu_host_loss", "planned_maintenance"):
+        parts["spare"] = sc.spare_s(cluster)
+    if cls == "software_bug":
+        parts["fix"] = cluster.bug_fix_s
+    if cls == "planned_maintenance":
+        # Announced: checkpoint first, so nothing is replayed.
+        parts["checkpoint"] = cluster.checkpoint_write_s
+        return Outcome(ROLLBACK_NONE, parts, "checkpoint on notice, restart, restore")
+    return Outcome(ROLLBACK_CHECKPOINT, parts, "relaunch every process, restore, replay")
+
+
+def _rebind(cluster: Cluster, detect: float) -> dict[str, float]:
+    n = cluster.gpus
+    return {"detection": detect, "agreement": sc.agreement_s(n), "rebuild": sc.comm_init_s(n),
+            "rebind": sc.REBIND_S}
+
+
+def _with_retry_first(cluster: Cluster, cls: str, detect: float) -> Outcome:
+    """A recurring bug under an in-memory strategy: the retry costs one rebind and one step, then the bug
+    comes back and the job falls back to the disk path."""
+    cold = _cold(cluster, cls)
+    retry = _rebind(cluster, detect)
+    parts = {k: cold.parts.get(k, 0.0) + retry.get(k, 0.0) for k in set(cold.parts) | set(retry)}
+    parts["retry_step"] = cluster.step_s
+    return Outcome(ROLLBACK_CHECKPOINT, parts, "in-memory retry fails again, then disk fallback")
+
+
+def _cold_restart(c: Cluster, cls: str) -> Outcome:
+    return _cold(c, cls)
+
+
+def _checkpoint_restore(c: Cluster, cls: str) -> Outcome:
+    if cls in ("transient_network", "hang"):
+        # Every process alive: NVRx restarts in process, rebuilds the groups, restores from disk, replays.
+        parts = {"detection": _detect(c, cls), "restart": sc.inprocess_restart_s(c.gpus),
+                 "restore": sc.restore_s(c)}
+        return Outcome(ROLLBACK_CHECKPOINT, parts, "in-process restart, restore, replay")
+    # A dead process or host: the in-process wrapper cannot continue; the job restarts like a cold one.
+    return _cold(c, cls)
+
+
+def _accelpact(c: Cluster, cls: str) -> Outcome:
+    if cls in ("transient_network", "hang"):
+        detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
+        return Outcome(ROLLBACK_STEP, _rebind(c, detect), "rebind in place, redo the step in flight")
+    if cls == "software_bug":
+        return _with_retry_first(c, cls, sc.RESET_DETECT_S)
+    if cls in ("process_crash", "gpu_host_loss"):
+        # Built today: the survivors wait out recovery_deadline_s for the dead peer, then fall back to disk.
+        return _cold(c, cls, detect=sc.ACCELPACT_DEAD_PEER_S)
+    return _cold(c, cls)
+
+
+def _accelpact_heal(c: Cluster, cls: str) -> Outcome:
+    """Projected design (not built): death notice, a replacement process or spare host, heal from memory."""
+    if cls in ("transient_network", "hang", "software_bug"):
+        return _accelpact(c, cls)
+    n = c.gpus
+    parts = {"restart": sc.PROCESS_START_S, "rebuild": sc.comm_init_s(n), "agreement": sc.agreement_s(n),
+             "rebind": sc.REBIND_S}
+    if cls == "process_crash":
+        parts.update(detection=sc.CRASH_DETECT_S, heal=sc.heal_local_s(c))
+        return Outcome(ROLLBACK_STEP, parts, "projected design: replacement process heals from its shm snapshot")
+    parts.update(detection=sc.HOST_DETECT_S if cls == "gpu_host_loss" else 0.0,
+                 spare=sc.spare_s(c), heal=sc.heal_remote_s(c))
+    rollback = ROLLBACK_STEP if cls == "gpu_host_loss" else ROLLBACK_NONE
+    return Outcome(rollback, parts, "projected design: spare host heals from buddy replicas")
+
+
+def _torchft(c: Cluster, cls: str) -> Outcome:
+    """Outside reference: the failed replica group drops out, the others go on, it rejoins by peer heal.
+
+    Its recovery (spare if needed, process start, communicator over its own group, heal) is paid by one
+    replica group out of N/G, so it costs the job that time x G/N; the survivors stop only for the quorum.
+    torchft's per-step quorum and cross-replica all-reduce overhead is not modelled."""
+    if cls == "software_bug":
+        return _cold(c, cls)  # every replica runs the same code: all hit the bug
+    g = min(c.replica_gpus, c.gpus)
+    replica = sc.PROCESS_START_S + sc.comm_init_s(g) + sc.heal_remote_s(c)
+    if cls in ("gpu_host_loss", "planned_maintenance"):
+        replica += sc.spare_s(c)
+    detect = c.hang_timeout_s if cls == "hang" else 0.0
+    parts = {"detection": detect, "agreement": sc.TORCHFT_QUORUM_S, "degraded": replica * g / c.gpus}
+    rollback = ROLLBACK_NONE if cls == "planned_maintenance" else ROLLBACK_STEP
+    return Outcome(rollback, parts, "replica drops out and rejoins by peer heal")
+
+
+def _none(c: Cluster, cls: str) -> Outcome:
+    return Outcome(ROLLBACK_NONE, {}, "fault-free reference: no failures are drawn for it")
+
+
+_BUILDERS = {"none": _none, "cold_restart": _cold_restart, "checkpoint_restore": _checkpoint_restore,
+             "accelpact": _accelpact, "accelpact_heal": _accelpact_heal, "torchft_peer_heal": _torchft}
+
+
+def outcome_table(cluster: Cluster, strategies: tuple[str, ...] = STRATEGIES) -> dict[str, dict[str, Outcome]]:
+    """{strategy: {class: Outcome}} for this cluster; checked (every pair present, every part finite >= 0)."""
+    unknown = [s for s in strategies if s not in _BUILDERS]
+    if unknown:
+        from harness.scale.config import ScaleConfigError
+
+        raise ScaleConfigError(f"strategy {unknown[0]!r} is unknown: use one of {', '.join(STRATEGIES)}")
+    table = {s: {cls: _BUILDERS[s](cluster, cls) for cls in CLASSES} for s in strategies}
+    check_outcomes(table, strategies)
+    return table
+
+
+def downtimes(table: Mapping[str, Mapping[str, Outcome]], strategy: str) -> list[float]:
+    return [table[strategy][cls].downtime_s for cls in CLASSES]

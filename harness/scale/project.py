@@ -1,0 +1,133 @@
+"""Projection: every strategy at one cluster size, over a grid of checkpoint intervals, by Monte Carlo.
+
+For each strategy the grid spans 1/8x to 8x Daly's interval for the failures that roll that strategy back
+to its checkpoint; the best interval is the grid point with the highest mean ETTR (Young and Daly are
+printed beside it as a cross-check). A strategy whose failures arrive faster than it recovers
+(sum over classes of rate x downtime >= 1) is reported as never finishing, with no number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from harness.scale import analytic
+from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, STRATEGIES, Cluster, FailureClass, check_mix
+from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
+from harness.scale.outcomes import outcome_table
+
+GRID_FACTORS = tuple(float(x) for x in np.geomspace(1 / 8, 8, 10))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One strategy at one cluster size."""
+
+    strategy: str
+    gpus: int
+    feasible: bool
+    reason: str = ""  # why it never finishes, when it does not
+    intervals_s: tuple[float, ...] = ()  # work between checkpoints, the grid
+    ettr: tuple[float, ...] = ()  # mean ETTR per grid point
+    ettr_ci: tuple[float, ...] = ()  # 95% half-width per grid point
+    best_interval_s: float = float("nan")
+    best_ettr: float = float("nan")
+    best_ci: float = float("nan")
+    young_s: float = float("nan")
+    daly_s: float = float("nan")
+    badput: Mapping[str, float] = field(default_factory=dict)  # fraction of wall at the best interval, by class + checkpoint
+    driver: str = ""  # one line: what costs this strategy most
+
+
+def job_rates(mix: Mapping[str, FailureClass], gpus: int) -> np.ndarray:
+    check_mix(mix)
+    return np.array([mix[c].job_rate_per_s(gpus) for c in CLASSES])
+
+
+def mttf_h(mix: Mapping[str, FailureClass], gpus: int) -> float:
+    total = job_rates(mix, gpus).sum()
+    return float("inf") if total == 0 else 1.0 / total / 3600.0
+
+
+def _grid(cluster: Cluster, rates: np.ndarray, rollback_ckpt: np.ndarray) -> tuple[np.ndarray, float, float]:
+    lam = float((rates * rollback_ckpt).sum())
+    c = max(cluster.checkpoint_write_s, cluster.step_s)
+    if lam == 0:
+        young = daly = cluster.horizon_s / 8
+    else:
+        young, daly = analytic.young_interval(c, 1 / lam), analytic.daly_interval(c, 1 / lam)
+    grid = np.array([max(cluster.step_s, round(daly * f / cluster.step_s) * cluster.step_s) for f in GRID_FACTORS])
+    return np.unique(grid), young, daly
+
+
+def _driver(cluster: Cluster, strategy: str, badput: Mapping[str, float], table: Mapping) -> str:
+    parts = sorted(((v, k) for k, v in badput.items() if k != "checkpoint"), reverse=True)
+    if not parts or parts[0][0] <= 0:
+        return f"checkpoint writes {badput.get('checkpoint', 0):.1%}"
+    share, cls = parts[0]
+    outcome = table[strategy][cls]
+    top = sorted(outcome.parts.items(), key=lambda kv: -kv[1])[:2]
+    how = " + ".join(f"{k} {v:.0f} s" for k, v in top if v >= 0.5) or "sub-second stop"
+    roll = {"checkpoint": "replay to checkpoint", "step": "one step lost", "none": "no replay"}[outcome.rollback]
+    return (f"{cls} {share:.1%} ({how}; {roll}); checkpoint writes {badput.get('checkpoint', 0):.1%}")
+
+
+def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Sequence[str] = STRATEGIES,
+            trials: int = 16, seed: int = 0) -> list[Projection]:
+    """Monte Carlo ETTR per strategy and checkpoint interval at ``cluster.gpus``; all lanes in one run."""
+    table = outcome_table(cluster, tuple(strategies))
+    rates = job_rates(mix, cluster.gpus)
+    K = len(CLASSES)
+    out: dict[str, Projection] = {}
+    blocks: list[tuple[str, np.ndarray, float, float]] = []
+    step_l, tau_l, c_l, d_l, r_l, rate_l = [], [], [], [], [], []
+    for s in strategies:
+        d = np.array([table[s][c].downtime_s for c in CLASSES])
+        roll = np.array([ROLLBACK_CODE[table[s][c].rollback] for c in CLASSES])
+        lam = rates if s != "none" else np.zeros(K)
+        load = float((lam * d).sum())
+        if load >= 1.0:
+            out[s] = Projection(s, cluster.gpus, False, reason=(
+                f"never finishes: a failure every {1 / lam.sum():.0f} s against a mean recovery of "
+                f"{load / lam.sum():.0f} s (failure rate x recovery time = {load:.2f} >= 1)"))
+            continue
+        if s == "none":
+            grid, young, daly = np.array([np.inf]), float("nan"), float("nan")
+        else:
+            grid, young, daly = _grid(cluster, rates, np.array([table[s][c].rollback == ROLLBACK_CHECKPOINT
+                                                                 for c in CLASSES]))
+        blocks.append((s, grid, young, daly))
+        n = len(grid) * trials
+        step_l.append(np.full(n, cluster.step_s))
+        tau_l.append(np.repeat(grid, trials))
+        c_l.append(np.full(n, cluster.checkpoint_write_s))
+        d_l.append(np.tile(d, (n, 1)))
+        r_l.append(np.tile(roll, (n, 1)))
+        rate_l.append(np.tile(lam, (n, 1)))
+    if blocks:
+        lanes = Lanes(np.concatenate(step_l), np.concatenate(tau_l), np.concatenate(c_l),
+                      np.concatenate(d_l), np.concatenate(r_l), np.concatenate(rate_l))
+        res = simulate(lanes, horizon_s=cluster.horizon_s, rng=np.random.default_rng(seed))
+        ettr = res.ettr
+        i = 0
+        for s, grid, young, daly in blocks:
+            means, cis = [], []
+            for _ in grid:
+                m, ci = mean_ci(ettr[i:i + trials])
+                means.append(m)
+                cis.append(ci)
+                i += trials
+            b = int(np.nanargmax(means))
+            lo = i - (len(grid) - b) * trials
+            sl = slice(lo, lo + trials)
+            wall = res.wall_s[sl].sum()
+            badput = {c: float((res.downtime_s[sl, k].sum() + res.lost_s[sl, k].sum()) / wall)
+                      for k, c in enumerate(CLASSES)}
+            badput["checkpoint"] = float(res.checkpoint_s[sl].sum() / wall)
+            out[s] = Projection(s, cluster.gpus, True, intervals_s=tuple(map(float, grid)), ettr=tuple(means),
+                                ettr_ci=tuple(cis), best_interval_s=float(grid[b]), best_ettr=means[b],
+                                best_ci=cis[b], young_s=young, daly_s=daly, badput=badput,
+                                driver=_driver(cluster, s, badput, table) if s != "none" else "no failures")
+    return [out[s] for s in strategies]

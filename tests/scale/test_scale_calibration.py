@@ -1,0 +1,41 @@
+"""Calibration against the committed results/goodput_vs_age runs: each strategy's measured whole-run
+goodput, reproduced by the engine from measured costs and the exact fault schedules, within 5%."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.scale import calibrate as cal
+from harness.scale.engine import STEP
+
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "goodput_vs_age"
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def rows():
+    if not (RESULTS / "data.csv").exists():
+        pytest.fail(f"{RESULTS}/data.csv is missing: the calibration needs the committed goodput_vs_age runs")
+    return cal.calibrate(RESULTS)
+
+
+def test_every_strategy_and_age_is_covered(rows):
+    strategies = {r.strategy for r in rows}
+    assert {"none", "accelpact", "cold_restart", "checkpoint_restore"} <= strategies
+    assert {r.age for r in rows if r.strategy == "cold_restart"} == {0, 1, 2, 5, 10, 18, 30}
+
+
+def test_simulated_goodput_within_5_percent_of_measured(rows):
+    misses = [f"{r.strategy} age {r.age}: simulated {r.simulated:.0f} vs measured {r.measured:.0f} ({r.error:+.1%})"
+              for r in rows if abs(r.error) > TOLERANCE]
+    assert not misses, "; ".join(misses)
+
+
+def test_dropping_the_replay_misses(monkeypatch):
+    """Negative control: a restore-based strategy that replayed nothing would miss by far more than 5% at
+    age 30, so the check above can fail."""
+    monkeypatch.setitem(cal.ROLLBACK, "cold_restart", STEP)
+    wrong = [r for r in cal.calibrate(RESULTS) if r.strategy == "cold_restart" and r.age == 30]
+    assert wrong and wrong[0].error > 2 * TOLERANCE
