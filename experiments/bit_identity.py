@@ -32,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments._accelpact_session import bit_differences, load_average, run_session
+from accelpact.testing.compare import bit_differences
+from accelpact.testing.session import load_average, run_session
+from experiments._fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
     current_command,
@@ -106,8 +108,8 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     jobs = [{"name": "ref", "kind": "train", "flavour": flavour, "guard": False, "steps": steps, "model": model},
             {"name": "faults", "kind": "train", "flavour": flavour, "steps": steps, "model": model,
              "faults": armed(faults), "track_resources": True}]
-    s = run_session(tmp / flavour, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
-                    timeout_s=1500.0)
+    s = run_session(tmp / flavour, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S,
+                    control_deadline_s=120.0, timeout_s=1500.0, barrier=True)
     per_rank = s.job("faults")
     s.job("ref")
     diffs, counts = bit_differences(s, "faults", "ref")

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from experiments._accelpact_session import load_average, run_session
+from accelpact.testing.session import load_average, run_session
+from experiments._fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
     current_command,
@@ -95,8 +96,8 @@ def measure(out_tmp: Path, worlds: Sequence[int], depths: Sequence[int], depth_w
     for world in worlds:
         d = sorted(set(depths if world in depth_worlds else []) | {layers})
         t0 = time.time()
-        s = run_session(out_tmp / f"w{world}", jobs_for(world, d, rebinds, faults, layers), world_size=world,
-                        pg_timeout_s=300.0, control_deadline_s=300.0, timeout_s=1500.0)
+        s = run_session(out_tmp / f"w{world}", RUNNER, jobs_for(world, d, rebinds, faults, layers), world_size=world,
+                        pg_timeout_s=300.0, control_deadline_s=300.0, timeout_s=1500.0, barrier=True)
         for flavour in FLAVOURS:
             per_rank = s.job(f"rebind_{flavour}")
             for depth in d:
