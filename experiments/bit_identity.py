@@ -25,7 +25,6 @@ leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import tempfile
@@ -34,10 +33,10 @@ from pathlib import Path
 
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
+from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -46,7 +45,6 @@ from experiments.provenance import (
 )
 
 NAME = "bit_identity"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
 PG_TIMEOUT_S = 15.0  # the hang is detected at the collective timeout; generous enough for a loaded host
 RESOURCES = ("threads", "fds", "tcp", "rss_mib")
 
@@ -235,15 +233,13 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
     ap.add_argument("--soak-faults", type=int, default=100)
     ap.add_argument("--world", type=int, default=4, help="ranks for the FSDP2 run (default 4)")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
+    out = _driver.output_dir(args, NAME)
     stale = sorted(p.name for p in out.glob("soak_*")) if not args.soak else []
     if stale:
         # table.md and provenance are rewritten on every run: without the soak they would describe
@@ -251,14 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out} holds a soak from an earlier run ({', '.join(stale)}); rerun with --soak to regenerate "
               f"it too, or write elsewhere with --out DIR", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
+    timing = _driver.Timing()
     plan = [("fsdp2", 2, ten_faults(2)[:5])] if args.quick else \
         [("fsdp2", args.world, ten_faults(args.world)), ("fsdp1", 2, ten_faults(2))]
     print(f"{NAME}: {[(f, w, len(fl)) for f, w, fl in plan]} (flavour, ranks, faults)"
           + (f" + soak of {args.soak_faults}" if args.soak else "") + f" -> {out}")
-    t0 = time.time()
     results = []
     soak = None
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
@@ -271,11 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             t = time.time()
             soak = run_flavour(Path(tmp) / "soak", "fsdp2", 2, soak_faults(2, args.soak_faults), args.layers)
             print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
-    runtime = time.time() - t0
-    write_provenance(out, command, {"runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan),
-                                    "pg_timeout_s": PG_TIMEOUT_S, "layers": args.layers, "soak": bool(args.soak),
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, _driver.command(argv, NAME), {
+        "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
+        "layers": args.layers, "soak": bool(args.soak), **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
     write_csv(out / "resources.csv", per_step_resources(results))

@@ -23,7 +23,6 @@ Writes results/compile/: table.md, counters.csv, losses.csv, losses.png, provena
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import tempfile
@@ -32,10 +31,10 @@ from pathlib import Path
 
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
+from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -44,7 +43,6 @@ from experiments.provenance import (
 )
 
 NAME = "compile"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
 FAULTS = [
     {"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
     {"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]},
@@ -192,21 +190,16 @@ def table_md(results: list[dict], prov, runtime: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="aot_eager, 2 faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "aot_eager, 2 faults, into a temp dir")
     ap.add_argument("--backends", default=None, help="comma-separated (default aot_eager,inductor; --quick aot_eager)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--inductor-timeout", type=float, default=600.0, help="seconds allowed for the inductor session")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     backends = (args.backends or ("aot_eager" if args.quick else "aot_eager,inductor")).split(",")
     faults = FAULTS[:2] if args.quick else FAULTS
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
+    out = _driver.output_dir(args, NAME)
+    timing = _driver.Timing()
     print(f"{NAME}: backends {backends}, {len(faults)} faults, {args.layers} compiled blocks -> {out}")
-    t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
         for backend in backends:
@@ -214,10 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             limit = args.inductor_timeout if backend == "inductor" else 900.0
             results.append(run_backend(Path(tmp), backend, faults, args.layers, limit))
             print(f"  {backend}: {time.time() - t:.0f}s, error: {results[-1]['error'] is not None} (load {load_average()})")
-    runtime = time.time() - t0
-    write_provenance(out, command, {"backends": ",".join(backends), "faults": len(faults), "layers": args.layers,
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, _driver.command(argv, NAME), {"backends": ",".join(backends), "faults": len(faults),
+                                                         "layers": args.layers, **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "counters.csv", counters_rows(results))
     write_csv(out / "losses.csv", [{"backend": r["backend"], "step": i, "reference": a, "with_faults": b}

@@ -19,20 +19,20 @@ rebind_vs_depth.png, recovery_vs_world.png, provenance.json (+ provenance.md).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from accelpact.testing.session import load_average, run_session
+from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
+from experiments.paper import PAPER_REBIND_MS
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -41,8 +41,6 @@ from experiments.provenance import (
 )
 
 NAME = "rebind_scaling"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
-PAPER_REBIND_MS = (0.493, 0.518)
 FLAVOURS = ("fsdp2", "fsdp1")
 # mistral_tiny width; short sequences keep 16 ranks' steps affordable on 2 cores (rebinding and
 # recovery do not depend on the sequence length).
@@ -275,36 +273,30 @@ def table_md(data: list[dict], recs: list[dict], claims: list[ClaimRow], prov, l
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="worlds 2 and 4, fewer rebinds and faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "worlds 2 and 4, fewer rebinds and faults, into a temp dir")
     ap.add_argument("--worlds", default=None, help="comma-separated world sizes (default 2,4,8,16; --quick 2,4)")
     ap.add_argument("--rebinds", type=int, default=None, help="rebinds per cell (default 1000; --quick 200)")
     ap.add_argument("--faults", type=int, default=None, help="faults per world and flavour (default 3; --quick 2)")
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     worlds = [int(w) for w in (args.worlds or ("2,4" if args.quick else "2,4,8,16")).split(",")]
     rebinds = args.rebinds or (200 if args.quick else 1000)
     faults = args.faults or (2 if args.quick else 3)
     depths = [2, 4, 8, 16, 32] if not args.quick else [2, 8]
     depth_worlds = [2, 4]
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
-    write_provenance(out, command, {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults,
-                                    "layers": args.layers, "depths": ",".join(map(str, depths)),
-                                    "load_avg_start": load_start})
+    out = _driver.output_dir(args, NAME)
+    command = _driver.command(argv, NAME)
+    timing = _driver.Timing()
+    setup = {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults, "layers": args.layers,
+             "depths": ",".join(map(str, depths))}
+    # Written first too, so that an interrupted run still says what it was.
+    write_provenance(out, command, {**setup, "load_avg_start": timing.load_start})
     print(f"{NAME}: worlds {worlds}, depths {depths} (at worlds {depth_worlds}), {rebinds} rebinds, "
           f"{faults} faults per world and flavour -> {out}")
-    t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
         data, recs = measure(Path(tmp), worlds, depths, depth_worlds, rebinds, faults, args.layers)
-    runtime = time.time() - t0
-    write_provenance(out, command, {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults,
-                                    "layers": args.layers, "depths": ",".join(map(str, depths)),
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, command, {**setup, **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "data.csv", data)
     write_csv(out / "recoveries.csv", recs)
