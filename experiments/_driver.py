@@ -10,6 +10,7 @@ below. Standard library only, plus experiments.provenance.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import tempfile
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 from experiments.provenance import current_command, load_provenance, provenance_markdown
 
 __all__ = ["RESULTS_ROOT", "results_dir", "parser", "output_dir", "command", "load_average_text", "Timing",
-           "record_runtime", "add_end_load"]
+           "record_runtime", "add_end_load", "write_csv"]
 
 RESULTS_ROOT = Path(__file__).resolve().parent.parent / "results"
 
@@ -98,3 +99,16 @@ def record_runtime(out: Path, runtime_s: float) -> None:
 def add_end_load(out: Path) -> None:
     """Add the load average at the end too: the machine is shared, and the start alone can mislead."""
     _update_extra(out, load_avg_at_end="/".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], float_spec: str = "") -> None:
+    """``rows`` as CSV with the first row's keys as header; floats formatted with ``float_spec``
+    (e.g. ".6g"; empty: as Python prints them), None as an empty cell. No rows: an empty file."""
+    if not rows:
+        path.write_text("")
+        return
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (format(v, float_spec) if float_spec and isinstance(v, float) else v) for k, v in r.items()})

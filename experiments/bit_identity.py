@@ -25,10 +25,10 @@ leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv
 
 from __future__ import annotations
 
-import csv
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from accelpact.testing.compare import bit_differences
@@ -171,12 +171,8 @@ def per_step_resources(results: list[dict]) -> list[dict]:
             for res in results for rank, series in enumerate(res["resources"]) for x in series]
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+write_csv = partial(_driver.write_csv, float_spec=".3f")
 
 
 def claims(results: list[dict]) -> list[ClaimRow]:

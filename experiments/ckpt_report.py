@@ -9,9 +9,11 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
+from experiments import _driver
 from experiments.ckpt_analysis import GiB, claims, extrapolate, paper_implied
 from experiments.ckpt_sweep import CKPT_BYTES_PER_PARAM, TRAIN_STATE_BYTES_PER_PARAM, ModelSize
 from experiments.paper import PAPER_CKPT as PAPER
@@ -20,12 +22,8 @@ from experiments.provenance import ClaimRow, load_provenance, paper_vs_ours_tabl
 PAPER_MODEL = "decoder1b2"  # the paper's 1.216B decoder (conf/model/decoder1b2.yaml)
 
 
-def _write_csv(path: Path, rows: Sequence[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+_write_csv = partial(_driver.write_csv, float_spec=".6g")
 
 
 def read_data(path: Path) -> list[dict]:

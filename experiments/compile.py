@@ -23,7 +23,6 @@ Writes results/compile/: table.md, counters.csv, losses.csv, losses.png, provena
 
 from __future__ import annotations
 
-import csv
 import sys
 import tempfile
 import time
@@ -155,16 +154,6 @@ def loss_plot(path: Path, results: list[dict], prov) -> None:
     plt.close(fig)
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def table_md(results: list[dict], prov, runtime: float) -> str:
     lines = ["# torch.compile'd decoder blocks across in-memory recoveries", "", paper_vs_ours_table(claims(results)), ""]
     for res in results:
@@ -211,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     write_provenance(out, _driver.command(argv, NAME), {"backends": ",".join(backends), "faults": len(faults),
                                                          "layers": args.layers, **timing.extra()})
     prov = load_provenance(out)
-    write_csv(out / "counters.csv", counters_rows(results))
-    write_csv(out / "losses.csv", [{"backend": r["backend"], "step": i, "reference": a, "with_faults": b}
+    _driver.write_csv(out / "counters.csv", counters_rows(results))
+    _driver.write_csv(out / "losses.csv", [{"backend": r["backend"], "step": i, "reference": a, "with_faults": b}
                                    for r in results if not r["error"]
                                    for i, (a, b) in enumerate(zip(r["ref_losses"], r["fault_losses"]))])
     loss_plot(out / "losses.png", results, prov)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from experiments import _driver
 from experiments.goodput_model import (
     BASELINES,
     FAULT_PARTS,
@@ -167,12 +169,8 @@ in steps), `timeline.png` (one cold-restart run). Data: `data.csv` (one row per 
 {prov_md}"""
 
 
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if v is None else f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+_write_csv = partial(_driver.write_csv, float_spec=".6g")
 
 
 def read_data(path: Path) -> list[dict[str, Any]]:

@@ -19,11 +19,11 @@ rebind_vs_depth.png, recovery_vs_world.png, provenance.json (+ provenance.md).
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -220,12 +220,8 @@ def plots(out: Path, data: list[dict], recs: list[dict], prov, layers: int) -> l
     return files
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+write_csv = partial(_driver.write_csv, float_spec=".4f")
 
 
 def table_md(data: list[dict], recs: list[dict], claims: list[ClaimRow], prov, layers: int, runtime_s: float) -> str:
