@@ -35,6 +35,7 @@ from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
+from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -182,12 +183,12 @@ def claims(results: list[dict]) -> list[ClaimRow]:
         ok = not res["diffs"]
         rows.append(ClaimRow(
             claim=f"state after {n} successive faults, {res['flavour']}, {res['world']} ranks",
-            paper="bit-identical across 16 ranks", comparable=False,
+            paper=f"bit-identical across {PAPER_BIT_IDENTITY_RANKS} ranks", comparable=False,
             ours=(f"bit-identical to the fault-free run on every rank: {res['counts']['tensors']} tensors "
                   f"({res['counts']['bytes'] / 2**20:.1f} MiB) by torch.equal + sha256, {res['counts']['losses']} losses"
                   if ok else f"{len(res['diffs'])} MISMATCHES: {res['diffs'][:3]}"),
             reason=("ours compares with a run that never failed (stronger than ranks agreeing with each other); "
-                    f"{res['world']} ranks on 2 CPU cores vs the paper's 16 GPUs")))
+                    f"{res['world']} ranks on 2 CPU cores vs the paper's {PAPER_RANKS} GPUs")))
         rows.append(ClaimRow(
             claim=f"leak over {n} faults, {res['flavour']} (threads / fds / TCP sockets / RSS MiB, worst rank)",
             paper="", ours=" / ".join(f"{res['leak'][k]:+.0f}" if k != "rss_mib" else f"{res['leak'][k]:+.1f}"

@@ -157,7 +157,7 @@ full interleaved sweep of it is ~20 min, past this experiment's budget; the main
   (params), the second with params x tokens, so on one machine it falls as tokens per step grow and
   barely moves with params. Between machines it is the ratio of host write/copy bandwidth to compute
   throughput: a GPU computes a step hundreds of times faster than these 2 cores while host copies and
-  disk writes are not faster, which is why the paper sees +656.7% and we do not.
+  disk writes are not faster, which is why the paper sees +{PAPER['overhead_pct']}% and we do not.
 - The paper's figures imply (if its checkpoints are 12 B/param) {imp['bytes_per_ckpt'] / 1e9:.1f} GB every
   {imp['step_with_s']:.1f} s with checkpointing and a step of {imp['step_without_s']:.2f} s without.
 

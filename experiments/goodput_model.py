@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from experiments.paper import PAPER_GAIN
+from experiments.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import ClaimRow
 
 BASELINES: tuple[str, ...] = ("cold_restart", "checkpoint_restore")
@@ -258,7 +258,7 @@ def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]
             continue
         g, gn = _f(hit["accelpact_gain"]), _f(hit["accelpact_gain_norm"])
         ident = {True: "yes", False: "NO"}.get(hit.get("bit_identical"), "not checked")
-        rows.append(ClaimRow(label, f"{pg}x (Mistral-7B, 16 GPUs)",
+        rows.append(ClaimRow(label, f"{pg}x ({PAPER_GAIN_SETUP})",
                              f"{g:.3f}x measured, {gn:.3f}x load-normalized (mistral_tiny, 2 CPU ranks); "
                              f"bit-identical: {ident}", pg, g, "higher", claim_reason(hit, ours, paper)))
     for baseline in BASELINES:

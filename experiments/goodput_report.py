@@ -32,7 +32,7 @@ from experiments.goodput_model import (
     projected_gain,
     restart_cost_ratios,
 )
-from experiments.paper import PAPER_GAIN
+from experiments.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -239,7 +239,7 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's whole-run gain")
     ax2.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.suptitle("Whole-run goodput vs checkpoint age: mistral_tiny, 2 gloo ranks on CPU, socket reset on rank 0 "
-                 "(paper: Mistral-7B, 16 GPUs)", fontsize=9.5)
+                 f"(paper: {PAPER_GAIN_SETUP})", fontsize=9.5)
     fig.subplots_adjust(top=0.88, wspace=0.22, left=0.06, right=0.72)
     stamp_figure(fig, prov)
     p1 = out / "goodput_vs_age.png"

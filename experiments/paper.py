@@ -27,7 +27,7 @@ PAPER_GAIN: dict[tuple[str, int], float] = {
     ("checkpoint_restore", 5): 1.194,
     ("cold_restart", 18): 1.698,
 }
-PAPER_GAIN_SETUP = "Mistral-7B on 16 GPUs"
+PAPER_GAIN_SETUP = "Mistral-7B, 16 GPUs"
 
 # Reference-rebinding time (ms), lowest and highest, "constant from 4 to 16 GPUs" (RTX 5880, NCCL).
 PAPER_REBIND_MS: tuple[float, float] = (0.493, 0.518)
