@@ -27,12 +27,16 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accelpact.testing.session import run_session  # noqa: E402
 from experiments._fsdp_models import model_config  # noqa: E402
+
+if TYPE_CHECKING:  # only for the hint: with --before, the ranks import an accelpact that may lack it
+    from accelpact.testing.rank import RankContext
 
 LAYERS = 32
 MODEL = {"seq": 64, "batch": 2}  # mistral_tiny width (experiments._fsdp_models), 64-token sequences
@@ -43,7 +47,7 @@ RUNNER = "benchmarks.bench_recovery:run_rank"
 # ----------------------------------------------------------------------------- rank side
 
 
-def run_rank(sc: dict, ctx) -> dict:
+def run_rank(sc: dict, ctx: "RankContext") -> dict:
     """Scenario runner (accelpact.testing.rank): "rebind" is the shared rebinding job; "overhead"
     and "recovery" time an attached guard against a plain loop and through injected faults."""
     from experiments import _fsdp_scenarios
@@ -62,6 +66,7 @@ def run_rank(sc: dict, ctx) -> dict:
     opt.zero_grad(set_to_none=True)
     out: dict = {}
     inj = ft.FaultInjector(exclude_ports=ctx.exclude_ports)  # before attach: the guard reads its injection times
+    # NEW-API: add injection_clock=inj.consume_injection_time once attach() takes it.
     guard = attach(model, opt, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=120))
     step = 1
     if sc["kind"] == "overhead":
