@@ -26,7 +26,7 @@ if __name__ == "__main__":
     # Run as a file: its own directory lands first on sys.path, where inject.py, session.py, ... would
     # shadow any top-level module of the same name. The package is imported through PYTHONPATH.
     _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != _here]
+    sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _here]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
