@@ -17,12 +17,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from experiments.provenance import current_command, load_provenance, provenance_markdown
 
 __all__ = ["RESULTS_ROOT", "results_dir", "parser", "output_dir", "command", "load_average_text", "Timing",
-           "record_runtime", "add_end_load", "write_csv"]
+           "record_runtime", "add_end_load", "write_csv", "number", "read_csv"]
 
 RESULTS_ROOT = Path(__file__).resolve().parent.parent / "results"
 
@@ -112,3 +112,19 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], float_spec: str = "") 
         w.writeheader()
         for r in rows:
             w.writerow({k: (format(v, float_spec) if float_spec and isinstance(v, float) else v) for k, v in r.items()})
+
+
+def number(v: str) -> Any:
+    """A CSV cell read back: an int, else a float, else the text unchanged."""
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def read_csv(path: Path, cell: Callable[[str, str], Any] = lambda key, v: number(v)) -> list[dict[str, Any]]:
+    """Rows of a CSV as dicts, each cell converted by ``cell(column, text)`` (default: :func:`number`)."""
+    with path.open() as f:
+        return [{k: cell(k, v) for k, v in r.items()} for r in csv.DictReader(f)]

@@ -6,7 +6,6 @@ rebuilds it all without training.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import asdict
 from functools import partial
@@ -27,18 +26,9 @@ _write_csv = partial(_driver.write_csv, float_spec=".6g")
 
 
 def read_data(path: Path) -> list[dict]:
-    """data.csv back as dicts, numbers as numbers (for --replot)."""
-    def num(v: str) -> Any:
-        for cast in (int, float):
-            try:
-                return cast(v)
-            except ValueError:
-                pass
-        return v
-
-    with path.open() as f:
-        return [{k: (v if k in ("model", "config", "mode", "step_blocks_s") else num(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
+    """data.csv back as dicts, numbers as numbers (for --rederive)."""
+    text = ("model", "config", "mode", "step_blocks_s")
+    return _driver.read_csv(path, lambda k, v: v if k in text else _driver.number(v))
 
 
 def plot(out: Path, data: Sequence[dict], main_model: str, prov: Any) -> list[Path]:

@@ -6,7 +6,6 @@ Everything here derives from data.csv's rows (experiments.goodput_model does the
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import asdict
 from functools import partial
@@ -184,15 +183,9 @@ def read_data(path: Path) -> list[dict[str, Any]]:
             return {"True": True, "False": False}.get(v)
         if v == "":
             return None if k == "age" else math.nan
-        for cast in (int, float):
-            try:
-                return cast(v)
-            except ValueError:
-                pass
-        return v
+        return _driver.number(v)
 
-    with path.open() as f:
-        return [{k: cell(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return _driver.read_csv(path, cell)
 
 
 _COLORS = {"accelpact": "tab:green", "cold_restart": "tab:red", "checkpoint_restore": "tab:orange", "none": "black"}
