@@ -27,118 +27,80 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYERS, VOCAB, HIDDEN, INTER, HEADS, KV_HEADS, SEQ, BATCH = 32, 4096, 256, 768, 8, 4, 64, 2
+from accelpact.testing.session import run_session  # noqa: E402
+from experiments._fsdp_models import model_config  # noqa: E402
+
+if TYPE_CHECKING:  # only for the hint: with --before, the ranks import an accelpact that may lack it
+    from accelpact.testing.rank import RankContext
+
+LAYERS = 32
+MODEL = {"seq": 64, "batch": 2}  # mistral_tiny width (experiments._fsdp_models), 64-token sequences
+HIDDEN = model_config()["hidden"]
+RUNNER = "benchmarks.bench_recovery:run_rank"
 
 
 # ----------------------------------------------------------------------------- rank side
 
 
-def _build(layers: int = LAYERS):
-    import torch
-    from torch.distributed.fsdp import fully_shard
-    from transformers import MistralConfig, MistralForCausalLM
+def run_rank(sc: dict, ctx: "RankContext") -> dict:
+    """Scenario runner (accelpact.testing.rank): "rebind" is the shared rebinding job; "overhead"
+    and "recovery" time an attached guard against a plain loop and through injected faults."""
+    from experiments import _fsdp_scenarios
 
-    torch.manual_seed(0)
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers,
-                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ * 2)
-    model = MistralForCausalLM(cfg)
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-
-
-def _worker(cfg: dict) -> None:
-    import torch
-    import torch.distributed as dist
-
+    if sc["kind"] == "rebind":
+        return _fsdp_scenarios.run(sc, ctx)
     from accelpact import testing as ft
-    from accelpact.bindings import BindingTable
-    from accelpact.control import ControlChannel, ControlConfig
     from accelpact.guard import attach, clip_gradients
+    from experiments._fsdp_models import batch_for, build, model_config, step_fn_for
 
-    torch.set_num_threads(1)
-    rank, world = cfg["rank"], cfg["world"]
-    store = dist.PrefixStore(f"{cfg['token']}/init", dist.TCPStore(
-        "127.0.0.1", cfg["port"], world, is_master=False, timeout=timedelta(seconds=120)))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    model, opt = _build(cfg.get("layers", LAYERS))
-    out: dict = {}
-
-    def step_fn(tokens):
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        return loss.detach()
-
-    def tokens(step):
-        g = torch.Generator().manual_seed(step * 101 + rank)
-        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-
-    step_fn(tokens(0))  # lazy init: FSDP builds its param groups' state on the first forward
+    m = model_config({**MODEL, "layers": sc["layers"]})
+    model, opt, root, middle = build("fsdp2", m)
+    rank = ctx.rank
+    step_fn = step_fn_for(model)
+    step_fn(batch_for(0, rank, m))  # lazy init: FSDP builds its param groups' state on the first forward
     opt.zero_grad(set_to_none=True)
-
-    # 1. rebinding: swap every slot between two real groups, back and forth.
-    t0 = time.perf_counter()
-    table = BindingTable.build(model, opt)
-    out["table_build_s"] = time.perf_counter() - t0
-    out["slots"] = len(table.slots)
-    a = table.groups[0]
-    b = dist.new_group(list(range(world)), backend="gloo")
-    times = []
-    for i in range(cfg["rebinds"]):
-        mapping = {a: b} if i % 2 == 0 else {b: a}
-        t = time.perf_counter()
-        table.rebind(mapping)
-        times.append(time.perf_counter() - t)
-    if cfg["rebinds"] % 2:
-        table.rebind({b: a})
-    out["rebind_s"] = times
-    dist.destroy_process_group(b)
-    del table
-
-    if cfg.get("recovery") or cfg.get("overhead"):
-        control = ControlChannel.connect(ControlConfig("127.0.0.1", cfg["port"], rank, world, cfg["token"],
-                                                       deadline_s=60.0))
-        guard = attach(model, opt, control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=120))
-        step = 1
-        if cfg.get("overhead"):
-            # Interleaved blocks so both loops see the same machine load.
-            plain, guarded = [], []
-            for block in range(cfg["blocks"]):
-                for _ in range(cfg["block_steps"]):
-                    t = time.perf_counter()
-                    step_fn(tokens(step))
-                    clip_gradients(model, 1.0)
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    plain.append(time.perf_counter() - t)
-                    step += 1
-                guard._next_step = step  # keep the guard's step count in line with the plain loop
-                for _ in range(cfg["block_steps"]):
-                    t = time.perf_counter()
-                    guard.step(step_fn, tokens(step))
-                    guarded.append(time.perf_counter() - t)
-                    step += 1
-            out["plain_s"], out["guarded_s"] = plain, guarded
-        if cfg.get("recovery"):
-            inj = ft.FaultInjector(exclude_ports=[cfg["port"]])
-            guard.phase_hooks.append(inj.on_phase)
-            inj.install(model, model.model.layers[len(model.model.layers) // 2])
-            start = guard._next_step = step
-            phases = ["forward_allgather_middle", "backward_reduce_scatter", "vote", "clip_allreduce"]
-            for k in range(cfg["faults"]):
-                if rank == k % world:
-                    inj.arm(start + 2 * k + 1, phases[k % len(phases)])
-            for s in range(start, start + 2 * cfg["faults"] + 2):
-                guard.step(step_fn, tokens(s))
-            out["events"] = [e.to_dict() for e in guard.events]
-            out["fired"] = [f.fired_at for f in inj.fired]
-    Path(cfg["out"]).write_text(json.dumps(out))
-    os._exit(0)
+    out: dict = {}
+    inj = ft.FaultInjector(exclude_ports=ctx.exclude_ports)  # before attach: the guard reads its injection times
+    # NEW-API: add injection_clock=inj.consume_injection_time once attach() takes it.
+    guard = attach(model, opt, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=120))
+    step = 1
+    if sc["kind"] == "overhead":
+        # Interleaved blocks so both loops see the same machine load.
+        plain, guarded = [], []
+        for _block in range(sc["blocks"]):
+            for _ in range(sc["block_steps"]):
+                t = time.perf_counter()
+                step_fn(batch_for(step, rank, m))
+                clip_gradients(model, 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                plain.append(time.perf_counter() - t)
+                step += 1
+            guard._next_step = step  # keep the guard's step count in line with the plain loop
+            for _ in range(sc["block_steps"]):
+                t = time.perf_counter()
+                guard.step(step_fn, batch_for(step, rank, m))
+                guarded.append(time.perf_counter() - t)
+                step += 1
+        out["plain_s"], out["guarded_s"] = plain, guarded
+    else:
+        guard.phase_hooks.append(inj.on_phase)
+        inj.install(root, middle)
+        start = guard._next_step = step
+        phases = ["forward_allgather_middle", "backward_reduce_scatter", "vote", "clip_allreduce"]
+        for k in range(sc["faults"]):
+            if rank == k % ctx.world_size:
+                inj.arm(start + 2 * k + 1, phases[k % len(phases)])
+        for s in range(start, start + 2 * sc["faults"] + 2):
+            guard.step(step_fn, batch_for(s, rank, m))
+        out["events"] = [e.to_dict() for e in guard.events]
+        out["fired"] = [f.fired_at for f in inj.fired]
+    return out
 
 
 # ----------------------------------------------------------------------------- driver
@@ -153,30 +115,19 @@ def _export(rev: str) -> Path:
     return dest
 
 
-def _run(world: int, args, code: Path = ROOT, **extra) -> list[dict]:
+def _run(world: int, args, code: Path, scenario: dict) -> list[dict]:
     """One world of rank processes importing accelpact from ``code``; returns each rank's output."""
-    from accelpact.control import new_job_token, start_control_server
-
-    server, port = start_control_server()
-    token = new_job_token()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_w{world}_"))
-    procs = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(dict.fromkeys([str(code), str(ROOT)])))
-    for rank in range(world):
-        cfg = {"rank": rank, "world": world, "port": port, "token": token, "rebinds": args.rebinds,
-               "layers": args.layers, "out": str(tmp / f"r{rank}.json"), **extra}
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=open(tmp / f"r{rank}.log", "w")))
-    for p in procs:
-        p.wait(timeout=1800)
-    del server
-    outs = []
-    for rank in range(world):
-        path = tmp / f"r{rank}.json"
-        if not path.exists():
-            raise SystemExit(f"rank {rank} of world {world} failed; see {tmp / f'r{rank}.log'}")
-        outs.append(json.loads(path.read_text()))
-    return outs
+    s = run_session(tmp, RUNNER, [{"name": scenario["kind"], "layers": args.layers, **scenario}], world_size=world,
+                    pythonpath=[code], timeout_s=1800)
+    return s.job(scenario["kind"])
+
+
+def _rebind(world: int, args, code: Path) -> list[dict]:
+    """Figure 1's cell: every rank's rebinding median, slots and table build time at ``world``."""
+    outs = _run(world, args, code, {"kind": "rebind", "flavour": "fsdp2", "depths": [args.layers],
+                                    "rebinds": args.rebinds, "model": MODEL})
+    return [o["by_depth"][str(args.layers)] for o in outs]
 
 
 def _us(x: float) -> str:
@@ -217,7 +168,6 @@ def recovery_summary(outs: list[dict]) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--rebinds", type=int, default=1000)
     ap.add_argument("--faults", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=6)
@@ -229,9 +179,6 @@ def main() -> None:
     ap.add_argument("--before", metavar="REV", help="also measure accelpact as committed at REV (e.g. HEAD)")
     ap.add_argument("--json", metavar="PATH", help="write every raw figure here")
     args = ap.parse_args()
-    if args.worker:
-        _worker(json.loads(args.worker))
-        return
     if args.rebinds < 1000:
         print(f"note: {args.rebinds} rebinds (< 1000 asked for by the issue)")
     codes = {"now": ROOT}
@@ -250,8 +197,8 @@ def main() -> None:
         for world in (2, 4, 8):
             row = []
             for name, code in codes.items():
-                outs = _run(world, args, code)
-                meds = [statistics.median(o["rebind_s"]) for o in outs]
+                outs = _rebind(world, args, code)
+                meds = [o["median_s"] for o in outs]
                 raw[f"rebind/{name}/w{world}"] = meds
                 row.append(f"{meds[0] * 1e6:7.1f} [{max(meds) * 1e6:5.1f}] us")
             print(f"   world {world:<4d}{''.join(f'{c:>22s}' for c in row)}   slots {outs[0]['slots']}, "
@@ -267,7 +214,7 @@ def main() -> None:
         sums: dict[str, dict[str, list[float]]] = {name: {} for name in codes}
         for _round in range(args.repeats):
             for name, code in codes.items():
-                for k, v in recovery_summary(_run(4, args, code, recovery=True, faults=args.faults)).items():
+                for k, v in recovery_summary(_run(4, args, code, {"kind": "recovery", "faults": args.faults})).items():
                     sums[name].setdefault(k, []).extend(v)
         for name in codes:
             raw[f"recovery/{name}"] = sums[name]
@@ -286,7 +233,7 @@ def main() -> None:
         print("\n3. steady-state cost of an attached guard vs a plain FSDP2 loop, world 2, interleaved blocks "
               f"({args.blocks} x {args.block_steps} steps each); target <= 1% lower throughput; paper: not reported")
         for name, code in codes.items():
-            outs = _run(2, args, code, overhead=True, blocks=args.blocks, block_steps=args.block_steps)
+            outs = _run(2, args, code, {"kind": "overhead", "blocks": args.blocks, "block_steps": args.block_steps})
             plain = statistics.median(outs[0]["plain_s"])
             guarded = statistics.median(outs[0]["guarded_s"])
             raw[f"overhead/{name}"] = {"plain_s": outs[0]["plain_s"], "guarded_s": outs[0]["guarded_s"]}

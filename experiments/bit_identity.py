@@ -25,17 +25,19 @@ leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv
 
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-from experiments._accelpact_session import bit_differences, load_average, run_session
+from accelpact.testing.compare import bit_differences
+from accelpact.testing.session import load_average, run_session
+from experiments import _driver
+from experiments._fsdp_scenarios import RUNNER
+from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -44,7 +46,6 @@ from experiments.provenance import (
 )
 
 NAME = "bit_identity"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
 PG_TIMEOUT_S = 15.0  # the hang is detected at the collective timeout; generous enough for a loaded host
 RESOURCES = ("threads", "fds", "tcp", "rss_mib")
 
@@ -106,8 +107,8 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     jobs = [{"name": "ref", "kind": "train", "flavour": flavour, "guard": False, "steps": steps, "model": model},
             {"name": "faults", "kind": "train", "flavour": flavour, "steps": steps, "model": model,
              "faults": armed(faults), "track_resources": True}]
-    s = run_session(tmp / flavour, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
-                    timeout_s=1500.0)
+    s = run_session(tmp / flavour, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S,
+                    control_deadline_s=120.0, timeout_s=1500.0, barrier=True)
     per_rank = s.job("faults")
     s.job("ref")
     diffs, counts = bit_differences(s, "faults", "ref")
@@ -171,12 +172,8 @@ def per_step_resources(results: list[dict]) -> list[dict]:
             for res in results for rank, series in enumerate(res["resources"]) for x in series]
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+write_csv = partial(_driver.write_csv, float_spec=".3f")
 
 
 def claims(results: list[dict]) -> list[ClaimRow]:
@@ -186,12 +183,12 @@ def claims(results: list[dict]) -> list[ClaimRow]:
         ok = not res["diffs"]
         rows.append(ClaimRow(
             claim=f"state after {n} successive faults, {res['flavour']}, {res['world']} ranks",
-            paper="bit-identical across 16 ranks", comparable=False,
+            paper=f"bit-identical across {PAPER_BIT_IDENTITY_RANKS} ranks", comparable=False,
             ours=(f"bit-identical to the fault-free run on every rank: {res['counts']['tensors']} tensors "
                   f"({res['counts']['bytes'] / 2**20:.1f} MiB) by torch.equal + sha256, {res['counts']['losses']} losses"
                   if ok else f"{len(res['diffs'])} MISMATCHES: {res['diffs'][:3]}"),
             reason=("ours compares with a run that never failed (stronger than ranks agreeing with each other); "
-                    f"{res['world']} ranks on 2 CPU cores vs the paper's 16 GPUs")))
+                    f"{res['world']} ranks on 2 CPU cores vs the paper's {PAPER_RANKS} GPUs")))
         rows.append(ClaimRow(
             claim=f"leak over {n} faults, {res['flavour']} (threads / fds / TCP sockets / RSS MiB, worst rank)",
             paper="", ours=" / ".join(f"{res['leak'][k]:+.0f}" if k != "rss_mib" else f"{res['leak'][k]:+.1f}"
@@ -233,15 +230,13 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
     ap.add_argument("--soak-faults", type=int, default=100)
     ap.add_argument("--world", type=int, default=4, help="ranks for the FSDP2 run (default 4)")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
+    out = _driver.output_dir(args, NAME)
     stale = sorted(p.name for p in out.glob("soak_*")) if not args.soak else []
     if stale:
         # table.md and provenance are rewritten on every run: without the soak they would describe
@@ -249,14 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out} holds a soak from an earlier run ({', '.join(stale)}); rerun with --soak to regenerate "
               f"it too, or write elsewhere with --out DIR", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
+    timing = _driver.Timing()
     plan = [("fsdp2", 2, ten_faults(2)[:5])] if args.quick else \
         [("fsdp2", args.world, ten_faults(args.world)), ("fsdp1", 2, ten_faults(2))]
     print(f"{NAME}: {[(f, w, len(fl)) for f, w, fl in plan]} (flavour, ranks, faults)"
           + (f" + soak of {args.soak_faults}" if args.soak else "") + f" -> {out}")
-    t0 = time.time()
     results = []
     soak = None
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
@@ -269,11 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             t = time.time()
             soak = run_flavour(Path(tmp) / "soak", "fsdp2", 2, soak_faults(2, args.soak_faults), args.layers)
             print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
-    runtime = time.time() - t0
-    write_provenance(out, command, {"runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan),
-                                    "pg_timeout_s": PG_TIMEOUT_S, "layers": args.layers, "soak": bool(args.soak),
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, _driver.command(argv, NAME), {
+        "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
+        "layers": args.layers, "soak": bool(args.soak), **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
     write_csv(out / "resources.csv", per_step_resources(results))

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from experiments.paper import PAPER_CKPT
+
 WORLD = 2
 # The paper's figures (1.216B decoder, per-update async checkpointing), for printing beside ours.
-PAPER = {"overhead_pct": 656.7, "host_mem_gib": 32.5, "tb_per_hour": 3.39, "params": 1.216e9}
+PAPER = PAPER_CKPT
 # fp32 weights + AdamW exp_avg + exp_avg_sq: what a model+optimizer checkpoint holds per parameter.
 CKPT_BYTES_PER_PARAM = 12
 # ... plus fp32 gradients: what training keeps resident per parameter (sharded, summed over ranks).

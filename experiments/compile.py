@@ -23,17 +23,17 @@ Writes results/compile/: table.md, counters.csv, losses.csv, losses.png, provena
 
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from experiments._accelpact_session import bit_differences, load_average, run_session
+from accelpact.testing.compare import bit_differences
+from accelpact.testing.session import load_average, run_session
+from experiments import _driver
+from experiments._fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -42,7 +42,6 @@ from experiments.provenance import (
 )
 
 NAME = "compile"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
 FAULTS = [
     {"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
     {"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]},
@@ -64,8 +63,10 @@ def run_backend(tmp: Path, backend: str, faults: list[dict], layers: int, timeou
             {"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
              "compile": backend, "faults": faults}]
     t0 = time.time()
-    s = run_session(tmp / backend, jobs, world_size=2, pg_timeout_s=600.0, control_deadline_s=600.0,
-                    timeout_s=timeout_s)
+    # check=False: a backend that does not finish in time (inductor on a loaded host) is reported
+    # as such in the table, not raised.
+    s = run_session(tmp / backend, RUNNER, jobs, world_size=2, pg_timeout_s=600.0, control_deadline_s=600.0,
+                    timeout_s=timeout_s, barrier=True, check=False)
     out: dict = {"backend": backend, "steps": steps, "wall_s": time.time() - t0, "error": None}
     try:
         ref, got = s.job("ref"), s.job("faults")
@@ -153,16 +154,6 @@ def loss_plot(path: Path, results: list[dict], prov) -> None:
     plt.close(fig)
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def table_md(results: list[dict], prov, runtime: float) -> str:
     lines = ["# torch.compile'd decoder blocks across in-memory recoveries", "", paper_vs_ours_table(claims(results)), ""]
     for res in results:
@@ -188,21 +179,16 @@ def table_md(results: list[dict], prov, runtime: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="aot_eager, 2 faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "aot_eager, 2 faults, into a temp dir")
     ap.add_argument("--backends", default=None, help="comma-separated (default aot_eager,inductor; --quick aot_eager)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--inductor-timeout", type=float, default=600.0, help="seconds allowed for the inductor session")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     backends = (args.backends or ("aot_eager" if args.quick else "aot_eager,inductor")).split(",")
     faults = FAULTS[:2] if args.quick else FAULTS
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
+    out = _driver.output_dir(args, NAME)
+    timing = _driver.Timing()
     print(f"{NAME}: backends {backends}, {len(faults)} faults, {args.layers} compiled blocks -> {out}")
-    t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
         for backend in backends:
@@ -210,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             limit = args.inductor_timeout if backend == "inductor" else 900.0
             results.append(run_backend(Path(tmp), backend, faults, args.layers, limit))
             print(f"  {backend}: {time.time() - t:.0f}s, error: {results[-1]['error'] is not None} (load {load_average()})")
-    runtime = time.time() - t0
-    write_provenance(out, command, {"backends": ",".join(backends), "faults": len(faults), "layers": args.layers,
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, _driver.command(argv, NAME), {"backends": ",".join(backends), "faults": len(faults),
+                                                         "layers": args.layers, **timing.extra()})
     prov = load_provenance(out)
-    write_csv(out / "counters.csv", counters_rows(results))
-    write_csv(out / "losses.csv", [{"backend": r["backend"], "step": i, "reference": a, "with_faults": b}
+    _driver.write_csv(out / "counters.csv", counters_rows(results))
+    _driver.write_csv(out / "losses.csv", [{"backend": r["backend"], "step": i, "reference": a, "with_faults": b}
                                    for r in results if not r["error"]
                                    for i, (a, b) in enumerate(zip(r["ref_losses"], r["fault_losses"]))])
     loss_plot(out / "losses.png", results, prov)

@@ -19,19 +19,20 @@ rebind_vs_depth.png, recovery_vs_world.png, provenance.json (+ provenance.md).
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from experiments._accelpact_session import load_average, run_session
+from accelpact.testing.session import load_average, run_session
+from experiments import _driver
+from experiments._fsdp_scenarios import RUNNER
+from experiments.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
 from experiments.provenance import (
     ClaimRow,
-    current_command,
     load_provenance,
     paper_vs_ours_table,
     provenance_markdown,
@@ -40,9 +41,8 @@ from experiments.provenance import (
 )
 
 NAME = "rebind_scaling"
-RESULTS = Path(__file__).resolve().parent.parent / "results" / NAME
-PAPER_REBIND_MS = (0.493, 0.518)
 FLAVOURS = ("fsdp2", "fsdp1")
+_PAPER_SPREAD = PAPER_REBIND_MS[1] / PAPER_REBIND_MS[0]  # "constant": max/min of the paper's range
 # mistral_tiny width; short sequences keep 16 ranks' steps affordable on 2 cores (rebinding and
 # recovery do not depend on the sequence length).
 MODEL = {"vocab": 4096, "hidden": 256, "inter": 768, "heads": 8, "kv_heads": 4, "seq": 16, "batch": 1}
@@ -95,8 +95,8 @@ def measure(out_tmp: Path, worlds: Sequence[int], depths: Sequence[int], depth_w
     for world in worlds:
         d = sorted(set(depths if world in depth_worlds else []) | {layers})
         t0 = time.time()
-        s = run_session(out_tmp / f"w{world}", jobs_for(world, d, rebinds, faults, layers), world_size=world,
-                        pg_timeout_s=300.0, control_deadline_s=300.0, timeout_s=1500.0)
+        s = run_session(out_tmp / f"w{world}", RUNNER, jobs_for(world, d, rebinds, faults, layers), world_size=world,
+                        pg_timeout_s=300.0, control_deadline_s=300.0, timeout_s=1500.0, barrier=True)
         for flavour in FLAVOURS:
             per_rank = s.job(f"rebind_{flavour}")
             for depth in d:
@@ -131,7 +131,7 @@ def claim_rows(data: list[dict], recs: list[dict], layers: int) -> list[ClaimRow
         rows.append(ClaimRow(
             claim=f"reference-rebinding time, {flavour}, {layers} layers, worlds {worlds[0]}-{worlds[-1]} "
                   "(median; slowest rank)",
-            paper="0.493-0.518 ms", ours=f"{lo / 1e3:.4f}-{hi / 1e3:.4f} ms ({lo:.1f}-{hi:.1f} us)",
+            paper=f"{PAPER_REBIND_MS[0]}-{PAPER_REBIND_MS[1]} ms", ours=f"{lo / 1e3:.4f}-{hi / 1e3:.4f} ms ({lo:.1f}-{hi:.1f} us)",
             paper_value=sum(PAPER_REBIND_MS) / 2, ours_value=(lo + hi) / 2e3, better="lower",
             reason="the table of every slot is built once at attach; a rebind is one dict store per slot"))
         spread = hi / lo if lo else float("nan")
@@ -140,7 +140,8 @@ def claim_rows(data: list[dict], recs: list[dict], layers: int) -> list[ClaimRow
         slots = sorted({int(r["slots"]) for r in cell})
         rows.append(ClaimRow(
             claim=f"rebinding constant across world sizes ({flavour}): max/min of the medians",
-            paper="1.05 (0.518/0.493)", ours=f"{spread:.2f}", paper_value=0.518 / 0.493, ours_value=spread,
+            paper=f"{_PAPER_SPREAD:.2f} ({PAPER_REBIND_MS[1]}/{PAPER_REBIND_MS[0]})", ours=f"{spread:.2f}",
+            paper_value=_PAPER_SPREAD, ours_value=spread,
             better="lower", tolerance=0.5,
             reason=(f"the work is the same at every world size ({'/'.join(map(str, slots))} slots, set by the "
                     f"number of FSDP units); the medians move with how 4-16 processes share 2 cores, and not "
@@ -171,8 +172,9 @@ def plots(out: Path, data: list[dict], recs: list[dict], prov, layers: int) -> l
         rows = sorted((r for r in data if r["flavour"] == flavour and r["depth"] == layers), key=lambda r: r["world"])
         ax.plot([r["world"] for r in rows], [r["rebind_median_us_max_rank"] for r in rows], marker=marker,
                 label=f"ours, {flavour} (median, slowest rank)")
-    ax.fill_between([4, 16], PAPER_REBIND_MS[0] * 1e3, PAPER_REBIND_MS[1] * 1e3, color="tab:red", alpha=0.3,
-                    label="paper: 493-518 us (4-16 GPUs)")
+    lo_us, hi_us = (round(x * 1e3) for x in PAPER_REBIND_MS)
+    ax.fill_between(list(PAPER_REBIND_WORLDS), lo_us, hi_us, color="tab:red", alpha=0.3,
+                    label=f"paper: {lo_us}-{hi_us} us ({PAPER_REBIND_WORLDS[0]}-{PAPER_REBIND_WORLDS[1]} GPUs)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("world size (ranks)")
@@ -221,12 +223,8 @@ def plots(out: Path, data: list[dict], recs: list[dict], prov, layers: int) -> l
     return files
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+# The figures' precision in this experiment's CSVs.
+write_csv = partial(_driver.write_csv, float_spec=".4f")
 
 
 def table_md(data: list[dict], recs: list[dict], claims: list[ClaimRow], prov, layers: int, runtime_s: float) -> str:
@@ -274,36 +272,30 @@ def table_md(data: list[dict], recs: list[dict], claims: list[ClaimRow], prov, l
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="worlds 2 and 4, fewer rebinds and faults, into a temp dir")
+    ap = _driver.parser(__doc__, NAME, "worlds 2 and 4, fewer rebinds and faults, into a temp dir")
     ap.add_argument("--worlds", default=None, help="comma-separated world sizes (default 2,4,8,16; --quick 2,4)")
     ap.add_argument("--rebinds", type=int, default=None, help="rebinds per cell (default 1000; --quick 200)")
     ap.add_argument("--faults", type=int, default=None, help="faults per world and flavour (default 3; --quick 2)")
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     worlds = [int(w) for w in (args.worlds or ("2,4" if args.quick else "2,4,8,16")).split(",")]
     rebinds = args.rebinds or (200 if args.quick else 1000)
     faults = args.faults or (2 if args.quick else 3)
     depths = [2, 4, 8, 16, 32] if not args.quick else [2, 8]
     depth_worlds = [2, 4]
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_quick_")) if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    command = current_command(argv, module=f"experiments.{NAME}")
-    load_start = " ".join(map(str, load_average()))
-    write_provenance(out, command, {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults,
-                                    "layers": args.layers, "depths": ",".join(map(str, depths)),
-                                    "load_avg_start": load_start})
+    out = _driver.output_dir(args, NAME)
+    command = _driver.command(argv, NAME)
+    timing = _driver.Timing()
+    setup = {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults, "layers": args.layers,
+             "depths": ",".join(map(str, depths))}
+    # Written first too, so that an interrupted run still says what it was.
+    write_provenance(out, command, {**setup, "load_avg_start": timing.load_start})
     print(f"{NAME}: worlds {worlds}, depths {depths} (at worlds {depth_worlds}), {rebinds} rebinds, "
           f"{faults} faults per world and flavour -> {out}")
-    t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
         data, recs = measure(Path(tmp), worlds, depths, depth_worlds, rebinds, faults, args.layers)
-    runtime = time.time() - t0
-    write_provenance(out, command, {"worlds": ",".join(map(str, worlds)), "rebinds": rebinds, "faults": faults,
-                                    "layers": args.layers, "depths": ",".join(map(str, depths)),
-                                    "load_avg_start": load_start, "load_avg_end": " ".join(map(str, load_average())),
-                                    "runtime_s": round(runtime)})
+    runtime = timing.elapsed_s
+    write_provenance(out, command, {**setup, **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "data.csv", data)
     write_csv(out / "recoveries.csv", recs)

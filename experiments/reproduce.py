@@ -1,7 +1,7 @@
 """``make reproduce``: run every experiment's ``main()`` in order, each regenerating ``results/<name>/``.
 
-The registry below lists every experiment the project plans, including ones whose module does not
-exist yet: those are skipped with a message saying so, and the run goes on. A failing experiment
+The registry (experiments/registry.py) lists every experiment the project plans, including ones whose
+module does not exist yet: those are skipped with a message saying so, and the run goes on. A failing experiment
 does not stop the others; the exit status is non-zero if any failed.
 
     python -m experiments.reproduce                 # everything, at this machine's scale
@@ -21,30 +21,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from experiments.registry import REGISTRY, Experiment
 
-@dataclass(frozen=True)
-class Experiment:
-    name: str  # also its results/<name>/ directory
-    module: str  # importable module with main(argv: list[str] | None) -> int
-    claim: str  # the paper's claim it answers
-    budget_min: float  # minutes of the full run measured on the reference machine (2 quiet CPU cores)
-    full_args: tuple[str, ...] = ()  # main()'s arguments for the full run (the quick run gets --quick)
-
-
-REGISTRY: tuple[Experiment, ...] = (
-    Experiment("goodput_vs_age", "experiments.goodput_vs_age",
-               "whole-run goodput vs cold restart / NVRx at checkpoint ages 0-30 (1.197x, 1.194x, 1.698x)", 10),
-    Experiment("rebind_scaling", "experiments.rebind_scaling",
-               "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 10),
-    Experiment("bit_identity", "experiments.bit_identity",
-               "state bit-identical after 10 successive faults (+ the 100-fault soak)", 5.5, ("--soak",)),
-    Experiment("ckpt_overhead", "experiments.ckpt_overhead",
-               "per-update async checkpointing: +656.7% latency, 32.5 GiB host memory, 3.39 TB/hour", 3),
-    Experiment("compile", "experiments.compile",
-               "torch.compile: no graph breaks or recompiles across recoveries", 1),
-    Experiment("scale_projection", "experiments.scale_projection",
-               "ETTR per strategy at 1k-100k GPUs beside Llama 3 / ByteRobust / FT-HSDP (simulator)", 1),
-)
+__all__ = ["REGISTRY", "Experiment", "Outcome", "module_exists", "select", "run_all", "summary", "main"]
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""One rank of the binding-table unit tests: builds real FSDP models and exercises the table directly.
+"""The binding-table unit tests' scenario runner: real FSDP models, the table exercised directly.
 
-Launched by tests/accelpact/test_bindings_unit.py as ``python _bindings_rank.py <config.json>`` on 2
-or 4 ranks (gloo over 127.0.0.1). For each case it builds a tiny Mistral, wraps it (FSDP2, FSDP2 with
-``reshard_after_forward=world/2``, FSDP1 flat params, FSDP1 use_orig_params), trains one step, builds the
-BindingTable, builds the next generation of every group it holds (under the old names, on a fresh
-store prefix, exactly as the guard does), rebinds, and records:
+Named by tests/accelpact/test_bindings_unit.py as ``tests.accelpact._bindings_rank:run`` for a
+multi-rank session (accelpact.testing.session) on 2 or 4 ranks. For each case (one scenario each) it
+builds a tiny Mistral (experiments._fsdp_models, narrower than the recovery tests' one), wraps it
+(FSDP2, FSDP2 with ``reshard_after_forward=world/2``, FSDP1 flat params, FSDP1 use_orig_params),
+trains one step, builds the BindingTable, builds the next generation of every group it holds (under
+the old names, on a fresh store prefix, exactly as the guard does), rebinds, and records:
 
 - the slots and groups found;
 - the completeness check (``find_stale_references``) after a full rebind, and after a rebind with
@@ -18,56 +19,33 @@ from __future__ import annotations
 import gc
 import hashlib
 import importlib
-import json
-import os
-import sys
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from accelpact import comm
+from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.testing.rank import RankContext
+from experiments._fsdp_models import build as build_model
+from experiments._fsdp_models import model_config
 
-from accelpact import comm  # noqa: E402
-from accelpact.bindings import BindingTable, find_stale_references  # noqa: E402
-
-VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, SEQ, BATCH = 512, 64, 128, 4, 4, 2, 16, 2
+MODEL = model_config({"vocab": 512, "hidden": 64, "inter": 128, "layers": 4, "heads": 4, "kv_heads": 2,
+                      "seq": 16, "batch": 2})
 SEED = 77
+FLAVOUR = {"fsdp2": "fsdp2", "fsdp2_raf_int": "fsdp2", "fsdp1": "fsdp1", "fsdp1_orig": "fsdp1_orig"}
 
 
 def build(case: str):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(SEED)
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ * 2,
-                        tie_word_embeddings=False)
-    model = MistralForCausalLM(cfg)
-    if case.startswith("fsdp2"):
-        from torch.distributed.fsdp import fully_shard
-
-        # An int reshards to that group size after forward: a post-forward mesh with its own groups
-        # (half the world; 1 would mean False and the world size would mean True).
-        raf = dist.get_world_size() // 2 if case == "fsdp2_raf_int" else True
-        for layer in model.model.layers:
-            fully_shard(layer, reshard_after_forward=raf)
-        fully_shard(model, reshard_after_forward=raf)
-    else:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
-
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({MistralDecoderLayer}),
-                     use_orig_params=(case == "fsdp1_orig"), device_id=torch.device("cpu"))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    # An int reshards to that group size after forward: a post-forward mesh with its own groups
+    # (half the world; 1 would mean False and the world size would mean True).
+    raf = dist.get_world_size() // 2 if case == "fsdp2_raf_int" else True
+    model, opt, _root, _middle = build_model(FLAVOUR[case], MODEL, reshard_after_forward=raf, seed=SEED)
+    return model, opt
 
 
 def train_step(model, opt, step: int) -> float:
     g = torch.Generator().manual_seed(step * 31 + dist.get_rank())
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    tokens = torch.randint(0, MODEL["vocab"], (MODEL["batch"], MODEL["seq"]), generator=g)
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
     opt.step()
@@ -163,29 +141,15 @@ def run_case(case: str, gens: Generations) -> dict:
     return out
 
 
-def main() -> None:
-    cfg = json.loads(Path(sys.argv[1]).read_text())
-    torch.set_num_threads(1)
-    rank, world = cfg["rank"], cfg["world_size"]
-    store = dist.TCPStore("127.0.0.1", cfg["port"], world, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=dist.PrefixStore("init", store), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    # What transformers / FSDP do lazily in real runs: a module whose defaults capture group.WORLD,
-    # imported after init. Imported explicitly so the function-defaults holder is always exercised.
-    importlib.import_module("torch.distributed.nn.functional")
-
-    gens = Generations(store)
-    results = {}
-    for case in cfg["cases"]:
-        try:
-            results[case] = run_case(case, gens)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            results[case] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        Path(cfg["out_dir"], f"bindings.rank{rank}.json").write_text(json.dumps(results))
-        if "error" in results[case]:
-            break
-    os._exit(0)
+_GENERATIONS: list[Generations] = []  # one per rank process: generation numbers never repeat
 
 
-if __name__ == "__main__":
-    main()
+def run(sc: dict, ctx: RankContext) -> dict:
+    """The scenario runner: ``sc["case"]`` is one of fsdp2, fsdp2_raf_int, fsdp1, fsdp1_orig."""
+    if not _GENERATIONS:
+        # What transformers / FSDP do lazily in real runs: a module whose defaults capture
+        # group.WORLD, imported after init. Imported explicitly so the function-defaults holder is
+        # always exercised.
+        importlib.import_module("torch.distributed.nn.functional")
+        _GENERATIONS.append(Generations(ctx.store))
+    return run_case(sc["case"], _GENERATIONS[0])

@@ -13,18 +13,12 @@ case (an int below the world size needs >= 4 ranks): ~60-90 s together on 2 load
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from accelpact.control import start_control_server
+from accelpact.testing.session import run_session
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 # The shared sessions start in the first test's setup: allow for a loaded 2-core host.
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,35 +28,11 @@ CASES = CASES2 + CASES4
 
 
 def _session(tmp: Path, world: int, cases: list[str]) -> list[dict]:
-    server, port = start_control_server()  # a plain TCPStore server for the ranks' rendezvous
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    procs, logs = [], []
-    for rank in range(world):
-        cfg = tmp / f"cfg{rank}.json"
-        cfg.write_text(json.dumps({"rank": rank, "world_size": world, "port": port, "out_dir": str(tmp),
-                                   "cases": cases}))
-        log = open(tmp / f"log{rank}.txt", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "_bindings_rank.py"), str(cfg)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)))
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=240))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(p.wait())
-    for log in logs:
-        log.close()
-    del server
-    tails = "\n".join((tmp / f"log{r}.txt").read_text()[-3000:] for r in range(world))
-    assert codes == [0] * world, f"rank processes failed {codes}:\n{tails}"
-    out = []
-    for rank in range(world):
-        path = tmp / f"bindings.rank{rank}.json"
-        assert path.exists(), tails
-        out.append(json.loads(path.read_text()))
-    return out
+    """Per rank: case -> result (a rank that failed raises, naming itself, with its log tail)."""
+    s = run_session(tmp, "tests.accelpact._bindings_rank:run", [{"name": c, "case": c} for c in cases],
+                    world_size=world, timeout_s=240)
+    assert s.returncodes == [0] * world, f"rank processes failed {s.returncodes}:\n" + "\n".join(s.logs)
+    return s.results
 
 
 @pytest.fixture(scope="module")

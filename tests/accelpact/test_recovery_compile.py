@@ -7,8 +7,10 @@ that reach the mesh keep resolving and dynamo's guards keep passing.
 
 from __future__ import annotations
 
-from _compare import differences
-from _session import run_session
+from accelpact.testing.compare import differences
+from accelpact.testing.session import run_session
+
+RUNNER = "experiments._fsdp_scenarios:run"
 
 STEPS = 5
 
@@ -23,7 +25,8 @@ def test_compiled_blocks_no_recompile_across_three_recoveries(tmp_path):
                     {"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]},
                     {"step": 3, "phase": "vote", "ranks": [0, 1]}]},
     ]
-    s = run_session(tmp_path, scenarios, compile="aot_eager", timeout_s=290)
+    s = run_session(tmp_path, RUNNER, scenarios, settings={"flavour": "fsdp2", "compile": "aot_eager"},
+                    timeout_s=290)
     assert s.returncodes == [0, 0], "\n".join(s.logs)
     assert differences(s, "faults") == []
     for rank in range(2):

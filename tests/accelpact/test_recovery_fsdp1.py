@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from _compare import differences
-from _session import run_session
+from accelpact.testing.compare import differences
+from accelpact.testing.session import run_session
+
+RUNNER = "experiments._fsdp_scenarios:run"
 
 STEPS = 4
 CASES = [
@@ -31,8 +33,9 @@ def _scenarios(with_trap: bool) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["fsdp1_orig", "fsdp1_flat"])
 def session(request, tmp_path_factory):
-    s = run_session(tmp_path_factory.mktemp(request.param), _scenarios(request.param == "fsdp1_orig"),
-                    flavour=request.param)
+    # 280 s: inside pytest's 300 s per test, so a hang fails with the ranks' log tails.
+    s = run_session(tmp_path_factory.mktemp(request.param), RUNNER, _scenarios(request.param == "fsdp1_orig"),
+                    settings={"flavour": request.param}, timeout_s=280)
     assert s.returncodes == [0, 0], "\n".join(s.logs)
     return s
 

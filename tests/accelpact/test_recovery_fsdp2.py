@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from _compare import differences
-from _session import run_session
+from accelpact.testing.compare import differences
+from accelpact.testing.session import run_session
+
+RUNNER = "experiments._fsdp_scenarios:run"
 
 PHASES = ["forward_allgather_first", "forward_allgather_middle", "backward_reduce_scatter",
           "clip_allreduce", "vote"]
@@ -46,7 +48,9 @@ SCENARIOS.insert(1, {"name": "ref_long", "guard": False, "steps": TEN_FAULT_STEP
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    s = run_session(tmp_path_factory.mktemp("fsdp2"), SCENARIOS, world_size=2, flavour="fsdp2")
+    # 280 s: inside pytest's 300 s per test, so a hang fails with the ranks' log tails.
+    s = run_session(tmp_path_factory.mktemp("fsdp2"), RUNNER, SCENARIOS, world_size=2,
+                    settings={"flavour": "fsdp2"}, timeout_s=280)
     assert s.returncodes == [0, 0], f"rank processes failed: {s.returncodes}\n" + "\n".join(s.logs)
     return s
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from experiments.ckpt_overhead import claims, data_rows, extrapolate, paper_implied
+from experiments.ckpt_analysis import claims, data_rows, extrapolate, paper_implied
 from experiments.ckpt_sweep import ModelSize, block_peaks, configs
 
 

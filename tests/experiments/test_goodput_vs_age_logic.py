@@ -8,25 +8,22 @@ import math
 
 import pytest
 
-from experiments.goodput_vs_age import (
-    FULL,
-    PAPER_GAIN,
+from experiments.goodput_model import (
     GainModel,
-    Plan,
     claims,
     data_rows,
     fit_gain_model,
     gain_table,
-    load_anomalies,
     implied_paper_model,
     implied_r_over_s,
+    load_anomalies,
     model_fits,
-    overrides,
     projected_gain,
-    read_data,
     restart_cost_ratios,
-    _write_csv,
 )
+from experiments.goodput_report import _write_csv, read_data
+from experiments.goodput_vs_age import FULL, Plan, overrides
+from experiments.paper import PAPER_GAIN
 from experiments.provenance import verdict
 
 
