@@ -16,12 +16,14 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+from harness.app.machine import usable_cores
+from harness.report.gitinfo import git_state
 
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_MD = "provenance.md"
@@ -74,14 +76,6 @@ def current_command(argv: Sequence[str] | None = None, module: str | None = None
     return " ".join(["python", *map(shlex.quote, [sys.argv[0], *args])])
 
 
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -99,7 +93,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "hostname": platform.node(),
         "cpu_model": _cpu_model(),
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_cores": usable_cores(),
         "mem_total_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "mem_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
         "os": platform.platform(),
@@ -122,14 +116,12 @@ def machine_info() -> dict[str, Any]:
 
 def collect(command: str, extra: Mapping[str, Any] | None = None) -> Provenance:
     """Provenance of a result produced now, by ``command``, from this checkout, on this machine."""
-    sha = _git("rev-parse", "HEAD")
-    # Dirty means the CODE differs from the commit: results/ is what the experiments rewrite, so a
-    # clean clone running `make reproduce` must not call its own later results dirty.
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    # Dirty means the CODE differs from the commit: results/ is what the experiments rewrite.
+    sha, dirty = git_state(exclude=("results",))
     return Provenance(
         command=command,
         git_sha=sha or "unknown",
-        git_dirty=None if status is None else bool(status),
+        git_dirty=dirty,
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         machine=machine_info(),
         extra=dict(extra or {}),

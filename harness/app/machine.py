@@ -44,9 +44,14 @@ class Machine:
         return max(1, min(by_cores, by_memory))
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which a container or taskset narrows), else all."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def probe(with_gpus: bool = True) -> Machine:
     """This host. GPUs are only looked at when asked (it may initialise CUDA)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     gpu_mem: tuple[int, ...] = ()
     if with_gpus:
         gpu_mem = _gpu_memory()

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 from harness.events import events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.rank.env import RankEnv
+from harness.app.machine import usable_cores
 from harness.app.schema import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +140,7 @@ class Launcher:
                 parent_pid=os.getpid(),
             ).to_environ()
         )
-        threads = max(1, (os.cpu_count() or 1) // self.run.cluster.world_size)
+        threads = max(1, usable_cores() // self.run.cluster.world_size)
         env.update(
             {
                 "HF_HUB_OFFLINE": "1",  # never a hub download, even by accident

@@ -76,7 +76,9 @@ def mixed_precision_policy(cfg: RunConfig) -> Any:
 
 def set_cpu_threads(world_size_on_host: int) -> None:
     """Split the cores between the ranks of this host: oversubscribed intra-op threads thrash."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from harness.app.machine import usable_cores
+
+    cores = usable_cores()
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
 
 

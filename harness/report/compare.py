@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
+from experiments.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
 from harness.faults import registry as faults
 from harness.report.goodput import load_report
@@ -34,12 +35,6 @@ from harness.rank.identity import compare_runs
 from harness.app.schema import RunConfig
 
 REFERENCE = "reference"
-# The paper's whole-run goodput gains of AccelPact, by (baseline strategy, age).
-PAPER_GAIN: dict[tuple[str, int], float] = {
-    ("cold_restart", 5): 1.197,
-    ("checkpoint_restore", 5): 1.194,
-    ("cold_restart", 18): 1.698,
-}
 PRINT_COLUMNS: tuple[str, ...] = (
     "strategy", "age", "goodput", "ratio_to_reference", "accelpact_gain", "paper_gain", "replayed_steps",
     "recovery_s", "restart_s", "restore_s", "replay_s", "checkpoint_s", "other_s", "fallback", "bit_identical",

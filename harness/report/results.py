@@ -14,16 +14,17 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from harness.rank import identity
 from harness.events import read_events
 from harness.app.schema import RunConfig
+from harness.report.gitinfo import git_state
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROW_FILE = "row.csv"
 SUMMARY_FILE = "summary.json"
@@ -31,20 +32,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_sha(repo: Path = REPO_ROOT) -> tuple[str, bool]:
-    """(HEAD sha, working tree dirty) of the repo, ("unknown", False) outside git."""
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, timeout=10,
-            ).stdout.strip()
-        )
-        return (sha or "unknown"), dirty
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", False
+    """(HEAD sha, working tree dirty) for a results row; ("unknown", False) outside git."""
+    sha, dirty = git_state(repo)
+    return sha or "unknown", bool(dirty)
 
 
 def step_stats(events: Sequence[dict[str, Any]], world_size: int) -> dict[str, Any]:
@@ -183,6 +173,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def write_row(run_dir: Path, row: dict[str, Any], summary: Optional[dict[str, Any]] = None) -> None:
     """``row.csv`` (one row) and ``summary.json`` (the row plus ``summary``) in the run directory."""
+    import pandas as pd
+
     _atomic_write(run_dir / ROW_FILE, pd.DataFrame([row]).to_csv(index=False))
     _atomic_write(run_dir / SUMMARY_FILE, json.dumps({**(summary or {}), "row": row}, indent=1, default=str))
 
@@ -194,6 +186,8 @@ def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            import pandas as pd
+
             frames = [pd.read_csv(index_path)] if index_path.exists() and index_path.stat().st_size else []
             table = pd.concat([*frames, pd.DataFrame([row])], ignore_index=True)
             _atomic_write(index_path, table.to_csv(index=False))
@@ -201,5 +195,7 @@ def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def read_index(index_path: Path) -> pd.DataFrame:
+def read_index(index_path: Path) -> "pd.DataFrame":
+    import pandas as pd
+
     return pd.read_csv(index_path)
