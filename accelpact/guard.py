@@ -174,7 +174,7 @@ class Guard:
                 self._hook("vote", step)
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
-                dist.all_reduce(self._vote_buf, group=self.table.groups[self._vote_index])
+                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
                 self._phase = Phase.VOTED
                 self._hook("post_vote", step)
                 self._apply(step)

@@ -11,7 +11,8 @@ The guard itself is backend-neutral. Per backend it needs to:
   (the generic part lives in :mod:`accelpact.comm`) and track its transport;
 - ``first_collective``: prove the new generation works, giving up when a peer has moved on;
 - ``abandon``: what to do with a generation whose first collective was abandoned;
-- ``vote_buffer``: the one-element tensor of the commit vote, on the backend's device;
+- ``vote_buffer`` / ``vote``: the commit vote's one-element tensor on the backend's device, and an
+  all-reduce of it that returns only once it has really completed on this rank;
 - ``is_comm_fault``: classify an exception as a recoverable communication fault, with the
   backend's own message fragments.
 
@@ -121,6 +122,17 @@ class Backend(abc.ABC):
         import torch
 
         return torch.zeros(1, device=self.device)
+
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+        """The commit vote: all-reduce ``buf`` and return only once it has COMPLETED on this rank.
+
+        The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
+        gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
+        device before returning, and raise if the collective failed. gloo's all_reduce is synchronous.
+        """
+        import torch.distributed as dist
+
+        dist.all_reduce(buf, group=pg)
 
     def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
                          poll_s: float = 0.02) -> None:

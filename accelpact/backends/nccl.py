@@ -19,6 +19,8 @@ What recovery needs from NCCL, and how it gets it:
   ncclCommAbort on this rank's communicators). Not ``dist._abort_process_group``: that also removes
   the group from c10d's registries, which :mod:`accelpact.comm` does itself when it rebuilds under
   the old name.
+- The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
+  commit rule must not step the optimizer on a vote that can still fail.
 - Rebuild: the new group is bound to the same ``device_id`` as the old one and connected eagerly,
   as ``init_process_group(device_id=...)`` does, so later groups can be split from it.
 - ``dist.shrink_group`` exists for NCCL only and removes ranks; recovery here keeps every rank, so
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 import torch
 
 from accelpact.backends.base import Backend
-from accelpact.errors import AccelPactError
+from accelpact.errors import AccelPactError, CommFault
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -146,6 +148,21 @@ class NcclBackend(Backend):
             new.append(pg)
         self.groups = new
         return new
+
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+        # NCCL collectives are asynchronous to the CPU: without waiting for the device the guard
+        # would call optimizer.step() on a vote that may still fail. .item() waits for the kernel;
+        # after a watchdog abort the kernel ends without a result, so the sum is the proof: it is
+        # the world size exactly when every rank's 1 arrived, i.e. every rank entered the vote.
+        # (Work.is_success is not relied on: ProcessGroupNCCL has deprecated it.)
+        import torch.distributed as dist
+
+        work = dist.all_reduce(buf, group=pg, async_op=True)
+        work.wait()
+        value = buf.item()
+        if int(value) != pg.size():
+            raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
+                            f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
 
     def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
         # A hung NCCL kernel occupies the stream until its communicator is aborted: abort it now,

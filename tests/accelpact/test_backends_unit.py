@@ -154,3 +154,31 @@ def test_nccl_abandon_aborts_and_keeps_until_timeout():
 def test_gloo_abort_before_track_names_the_order():
     with pytest.raises(RuntimeError, match="track"):
         GlooBackend().abort()
+
+
+def test_nccl_vote_raises_a_comm_fault_unless_every_rank_contributed(monkeypatch):
+    """An aborted NCCL vote returns to the CPU without a result: only the sum proves completion."""
+
+    class FakeWork:
+        def wait(self) -> bool:
+            return True
+
+    class FakePG:
+        group_name = "0"
+
+        def size(self) -> int:
+            return 4
+
+    arrived = {"n": 4}
+
+    def fake_all_reduce(buf, group=None, async_op=False):
+        buf.fill_(float(arrived["n"]))
+        return FakeWork()
+
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    b = NcclBackend()
+    b.vote(torch.ones(1), FakePG())  # every rank's 1 arrived
+    arrived["n"] = 3
+    with pytest.raises(CommFault, match="did not complete") as ei:
+        b.vote(torch.ones(1), FakePG())
+    assert b.is_comm_fault(ei.value)
