@@ -1,7 +1,7 @@
 """The binding table: every place that caches a data-plane process group, swapped in place on rebind.
 
-FSDP caches process-group objects all over its wrapper and parameter hierarchy (recovery-facts.md
-section 1): FSDP2 mesh infos (including the post-forward mesh of ``reshard_after_forward=<int>``),
+FSDP caches process-group objects all over its wrapper and parameter hierarchy (as of torch 2.13;
+docs/design.md lists them): FSDP2 mesh infos (including the post-forward mesh of ``reshard_after_forward=<int>``),
 comm objects' ``_group``, DeviceMesh ``_pg_registry``; FSDP1 states, flat-param handles, exec-order
 data, comm-hook state, the HSDP inter-node group. Rather than hard-code each attribute (they move
 between releases), :meth:`BindingTable.build` walks the FSDP object graph ONCE at attach time and

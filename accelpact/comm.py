@@ -1,10 +1,10 @@
 """Data-plane generations: build process-group generation n+1 under the OLD names, retire generation n.
 
-A gloo process group never works again after an error, so recovery builds a new one. Each generation
-is built on a never-used prefix of the long-lived control store (one rendezvous costs a few ms; a
-fresh TCPStore costs 0.4-0.7 s). The new group is registered in c10d under the old group's name,
-because DeviceMesh and torch.compile'd graphs resolve groups by name and a graph bakes the name in:
-a stable name means no recompile and no stale lookup. The old group is retired by dropping every
+A process group never works again after an error (gloo; NCCL once aborted), so recovery builds a new
+one. Each generation is built on a never-used prefix of the long-lived control store (one rendezvous
+costs a few ms; a fresh TCPStore costs 0.4-0.7 s). The new group is registered in c10d under the old
+group's name, because DeviceMesh and torch.compile'd graphs resolve groups by name and a graph bakes
+the name in: a stable name means no recompile and no stale lookup. The old group is retired by dropping every
 reference, so its C++ destructor (about 20 ms) joins its threads and closes its sockets.
 
 Backend-neutral: what differs per backend (how to abort a generation's transport, which device a

@@ -3,7 +3,7 @@
 Pure logic (no torch, no I/O): every rank gathers the same set of :class:`RankReport` over the
 control channel and calls :func:`decide` on it, so every rank reaches the same :class:`Decision`.
 
-The protocol around it (architecture.md, "The commit protocol"): after backward and gradient
+The protocol around it (also described in docs/design.md): after backward and gradient
 clipping every rank enters a tiny all-reduce, the *vote*, and only after the vote completes locally
 does it call ``optimizer.step()``. The rule:
 

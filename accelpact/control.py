@@ -2,7 +2,7 @@
 
 Ranks agree on how to recover over this channel, never over the data plane that just failed. It is
 a client of a TCPStore server hosted by a process the data-plane faults do not touch (the harness
-parent, or the test process). Facts it is built on (shared/design/recovery-facts.md section 4):
+parent, or the test process). Facts it is built on (measured with torch 2.13's TCPStore):
 
 - during a blackhole a store ``wait(timeout)`` is not honoured (26 s for 5 s), so every store call
   runs on a worker thread and the caller stops waiting at its OWN deadline (plus a small grace);
