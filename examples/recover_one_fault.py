@@ -119,8 +119,9 @@ def main() -> int:
         return 1
     for r in results:
         for e in r["events"]:
-            print(f"rank {r['rank']}: recovered step {e['step']} ({e['fault']['type']}: "
-                  f"{e['fault']['message'].splitlines()[0][:80]}) -> {e['decision']['action']}, "
+            message = e["fault"]["message"].splitlines()[0].split("] ", 1)[-1][:60]  # drop gloo's [file:line]
+            print(f"rank {r['rank']}: recovered step {e['step']} ({e['fault']['type']}: {message}) -> "
+                  f"{e['decision']['action']}, "
                   f"generation {e['generation']}, detection {e['detection_s'] * 1e3:.1f} ms, "
                   f"recovery {e['total_s'] * 1e3:.1f} ms")
     recovered = all(len(r["events"]) >= 1 for r in results)
