@@ -21,8 +21,9 @@ What recovery needs from NCCL, and how it gets it:
   the old name.
 - The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
   commit rule must not step the optimizer on a vote that can still fail.
-- Rebuild: the new group is bound to the same ``device_id`` as the old one and connected eagerly,
-  as ``init_process_group(device_id=...)`` does, so later groups can be split from it.
+- Rebuild: the new group is bound to the same ``device_id`` as the old one; with a device_id, c10d's
+  ``_new_process_group_helper`` connects the communicator eagerly (as ``init_process_group`` does),
+  so groups rebuilt after it can be split from it.
 - ``dist.shrink_group`` exists for NCCL only and removes ranks; recovery here keeps every rank, so
   it is not used.
 """
@@ -131,23 +132,6 @@ class NcclBackend(Backend):
 
     def abort(self) -> int:
         return _abort_groups(self.groups)
-
-    def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
-                       store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
-        from accelpact import comm
-
-        new = []
-        for old, spec in zip(olds, specs):
-            device = self.rebuild_device(spec)
-            pg = comm.rebuild_group(old, spec, store, rank, device_id=device)
-            backend = pg._get_backend(device)
-            if getattr(backend, "supports_splitting", False):
-                # As init_process_group(device_id=...) does: connect now, so that later groups built by
-                # c10d's helper can be split from this one instead of each running a full init.
-                backend.eager_connect_single_device(device)
-            new.append(pg)
-        self.groups = new
-        return new
 
     def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
         # NCCL collectives are asynchronous to the CPU: without waiting for the device the guard
