@@ -10,7 +10,8 @@ repository, non-editable, without extras. In it:
 - ``import harness`` fails with exactly one line that names the ``harness`` extra.
 
 Measured at 64 s and 89 s on 2 shared cores (43-75 s of it installing torch and the package),
-under the ~120 s bar for the slow marker, so it runs by default; it needs pip's configured find-links / local index for torch and setuptools, as ``make`` does.
+under the ~120 s bar for the slow marker, so it runs by default. It needs pip's configured
+find-links / local index for torch and setuptools, as ``make`` does.
 """
 
 from __future__ import annotations
