@@ -109,10 +109,12 @@ class Guard:
         self._phase = Phase.BEFORE_VOTE
         vote_pg = process_group if process_group is not None else dist.group.WORLD
         self.backend = backend_for(vote_pg)
-        self.backend.configure()  # for the groups the guard rebuilds
         self.table = BindingTable.build(model, optimizer, process_group)
+        # Check first: the user's groups were built with the environment as it is now (configuring
+        # first would hide, e.g., NCCL error handling that kills the process on their groups).
         for g in self.table.groups:
             self.backend.check(g)
+        self.backend.configure()  # for the groups the guard rebuilds
         self._vote_index = next(i for i, g in enumerate(self.table.groups) if g is vote_pg)
         self._specs = [comm.group_spec(g, config.pg_timeout) for g in self.table.groups]
         # FSDP creates part of its state lazily, on the first forward (FSDP1's _ExecOrderData holds

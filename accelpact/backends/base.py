@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import datetime
 import time
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
 
 from accelpact.errors import AccelPactError, is_comm_fault
 
@@ -57,11 +57,12 @@ class Backend(abc.ABC):
     # -- environment ---------------------------------------------------------------------------
 
     @classmethod
-    def configure(cls) -> None:
+    def configure(cls, environ: MutableMapping[str, str] | None = None) -> None:
         """Set what this backend needs in the environment for groups created from now on.
 
         Call before ``init_process_group`` for the user's own groups; the guard calls it at attach
-        for the groups it rebuilds. Never overrides a value the user set. Default: nothing.
+        for the groups it rebuilds. ``environ`` defaults to ``os.environ``. Never overrides a value
+        the user set. Default: nothing.
         """
 
     def check(self, pg: dist.ProcessGroup) -> None:
