@@ -182,3 +182,74 @@ def test_nccl_vote_raises_a_comm_fault_unless_every_rank_contributed(monkeypatch
     with pytest.raises(CommFault, match="did not complete") as ei:
         b.vote(torch.ones(1), FakePG())
     assert b.is_comm_fault(ei.value)
+
+
+_ATTACH_SCRIPT = r'''
+import sys
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+import accelpact, accelpact.backends as B
+from accelpact.backends.gloo import GlooBackend
+from accelpact.errors import AccelPactError
+
+calls = []
+
+class Recording(GlooBackend):
+    @classmethod
+    def configure(cls, environ=None):
+        calls.append("configure")
+
+    def check(self, pg):
+        calls.append("check")
+        super().check(pg)
+
+    def vote(self, buf, pg):
+        calls.append("vote")
+        super().vote(buf, pg)
+
+class Refusing(GlooBackend):
+    def check(self, pg):
+        raise AccelPactError("set FOO=1 before init_process_group")
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = nn.Linear(4, 4)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+B.BACKENDS["gloo"] = Refusing
+try:
+    accelpact.attach(model, opt, object())
+    sys.exit("attach accepted a group its backend refused")
+except AccelPactError as exc:
+    assert "FOO=1" in str(exc), exc
+
+B.BACKENDS["gloo"] = Recording
+guard = accelpact.attach(model, opt, object(), injection_clock=lambda t: None)
+assert calls == ["check", "configure"], calls
+assert guard.injection_clock is not None and isinstance(guard.backend, Recording)
+
+def step_fn(x):
+    loss = model(x).sum()
+    loss.backward()
+    return loss.detach()
+
+guard.step(step_fn, torch.ones(2, 4))
+assert calls == ["check", "configure", "vote"] and guard.committed_step == 0, (calls, guard.committed_step)
+print("OK")
+'''
+
+
+def test_attach_goes_through_the_registered_backend(tmp_path):
+    """attach checks the user's groups BEFORE configuring (configuring first would hide NCCL error
+    handling that kills the process), refuses what the backend refuses, and votes through it.
+    Runs in a subprocess: a real 1-rank gloo group, kept out of the pytest process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _ATTACH_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
