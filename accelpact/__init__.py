@@ -4,7 +4,9 @@ Attach a guard to an existing model, FSDP wrapping and optimizer; it owns the st
 communication fault it agrees with the other ranks over an out-of-band store, builds a fresh data-plane
 communicator, rebinds every cached reference in place and continues. See README.md for usage.
 
-This package never imports the harness, Hydra, pandas or matplotlib.
+This package never imports the harness, Hydra, pandas or matplotlib, and its production modules
+never import ``accelpact.testing`` (the fault injector lives there: ``from accelpact.testing import
+FaultInjector``). Backend-specific recovery (gloo, NCCL) lives in ``accelpact.backends``.
 """
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
@@ -20,7 +22,6 @@ from accelpact.errors import (
 from accelpact.events import RecoveryEvent
 from accelpact.guard import Guard, GuardConfig, attach, clip_gradients
 from accelpact.reset import ResetConfig
-from accelpact.testing import FaultInjector
 
 __all__ = [
     "AccelPactError",
@@ -28,7 +29,6 @@ __all__ = [
     "ControlChannel",
     "ControlChannelError",
     "ControlConfig",
-    "FaultInjector",
     "Guard",
     "GuardConfig",
     "RankLostError",

@@ -1,14 +1,14 @@
 """Data-plane generations: build process-group generation n+1 under the OLD names, retire generation n.
 
-A gloo process group never works again after an error, so recovery builds a new one. Each generation
-is built on a never-used prefix of the long-lived control store (one rendezvous costs a few ms; a
-fresh TCPStore costs 0.4-0.7 s). The new group is registered in c10d under the old group's name,
-because DeviceMesh and torch.compile'd graphs resolve groups by name and a graph bakes the name in:
-a stable name means no recompile and no stale lookup. The old group is retired by dropping every
+A process group never works again after an error (gloo; NCCL once aborted), so recovery builds a new
+one. Each generation is built on a never-used prefix of the long-lived control store (one rendezvous
+costs a few ms; a fresh TCPStore costs 0.4-0.7 s). The new group is registered in c10d under the old
+group's name, because DeviceMesh and torch.compile'd graphs resolve groups by name and a graph bakes
+the name in: a stable name means no recompile and no stale lookup. The old group is retired by dropping every
 reference, so its C++ destructor (about 20 ms) joins its threads and closes its sockets.
 
-This module also tracks which TCP sockets belong to the current generation, so the guard can shut
-down exactly those (never the stores') to make blocked peers fail in milliseconds.
+Backend-neutral: what differs per backend (how to abort a generation's transport, which device a
+group is bound to, ...) lives in :mod:`accelpact.backends`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from accelpact import testing as _sockets
 from accelpact.errors import GenerationSuperseded
 
-__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "DataPlaneSockets"]
+__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective",
+           "describe"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class GroupSpec:
     tag: str | None
     desc: str
     timeout: datetime.timedelta | None
+    device_id: torch.device | None = None  # the accelerator the group is bound to (NCCL), else None
 
 
 def group_spec(pg: dist.ProcessGroup, timeout: datetime.timedelta | None = None) -> GroupSpec:
@@ -65,6 +66,7 @@ def group_spec(pg: dist.ProcessGroup, timeout: datetime.timedelta | None = None)
         tag=tag,
         desc=pg.group_desc,
         timeout=timeout,
+        device_id=getattr(pg, "bound_device_id", None),
     )
 
 
@@ -81,12 +83,14 @@ def _forget(pg: dist.ProcessGroup) -> None:
 
 
 def rebuild_group(
-    old: dist.ProcessGroup | None, spec: GroupSpec, store: dist.Store, rank: int
+    old: dist.ProcessGroup | None, spec: GroupSpec, store: dist.Store, rank: int,
+    device_id: torch.device | None = None,
 ) -> dist.ProcessGroup:
     """Build the next generation of ``spec`` on ``store`` (a never-used prefix) under the same name.
 
     ``old``'s registrations are removed first (its name must be free to be reused); ``old`` may be
-    None when a previous round already removed them. Must be called by every member of the group.
+    None when a previous round already removed them. ``device_id`` binds the new group to an
+    accelerator (NCCL; None for gloo). Must be called by every member of the group.
     """
     if old is not None:
         _forget(old)
@@ -108,6 +112,7 @@ def rebuild_group(
         timeout=timeout,
         pg_tag=spec.tag,
         group_desc=spec.desc,
+        device_id=device_id,
     )
     if spec.is_default:
         c10d._update_default_pg(new)
@@ -132,30 +137,6 @@ def store_ports(extra: Collection[int] = ()) -> set[int]:
                 ports.add(port)
             store = getattr(store, "underlying_store", None)
     return ports
-
-
-class DataPlaneSockets:
-    """Which TCP sockets belong to the live data-plane generation.
-
-    Generation 0 was built by the user before attach, so its sockets are "every TCP socket open at
-    attach time that is not a store connection"; later generations are exactly the sockets that
-    appeared while we built them.
-    """
-
-    def __init__(self, exclude_ports: Collection[int]) -> None:
-        self.exclude_ports = set(exclude_ports)
-        self.inodes: set[int] = set(_sockets.tcp_socket_inodes(self.exclude_ports))
-
-    def snapshot(self) -> set[int]:
-        return set(_sockets.tcp_socket_inodes(self.exclude_ports))
-
-    def adopt(self, before: set[int]) -> None:
-        """The sockets that appeared since ``before`` are the new generation's."""
-        self.inodes = self.snapshot() - before
-
-    def shutdown(self) -> int:
-        """Reset this generation's connections so peers blocked on them fail now, not at the timeout."""
-        return _sockets.shutdown_sockets(self.inodes)
 
 
 def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
@@ -187,6 +168,7 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
 
 
 def describe(pg: Any) -> str:
+    """A short description of a process group for error messages (never raises)."""
     try:
         return f"ProcessGroup(name={pg.group_name!r}, size={pg.size()})"
     except Exception:

@@ -3,7 +3,7 @@
 Pure logic (no torch, no I/O): every rank gathers the same set of :class:`RankReport` over the
 control channel and calls :func:`decide` on it, so every rank reaches the same :class:`Decision`.
 
-The protocol around it (architecture.md, "The commit protocol"): after backward and gradient
+The protocol around it (also described in docs/design.md): after backward and gradient
 clipping every rank enters a tiny all-reduce, the *vote*, and only after the vote completes locally
 does it call ``optimizer.step()``. The rule:
 
@@ -67,28 +67,41 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class RankReport:
-    """One rank's account of where it was when the fault hit."""
+    """One rank's account of where it was when the fault hit.
+
+    ``fault`` (optional) names the exception type this rank caught; it is carried for the recovery
+    event only and never influences :func:`decide`.
+    """
 
     rank: int
     attempt_step: int  # the step index the rank was running (0-based)
     committed_step: int  # last step whose optimizer.step applied on this rank (-1 = none)
     phase: Phase
+    fault: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """The wire form as a dict (JSON types only); ``fault`` appears only when set."""
+        d: dict[str, object] = {"rank": self.rank, "attempt_step": self.attempt_step,
+                                "committed_step": self.committed_step, "phase": self.phase.value}
+        if self.fault is not None:
+            d["fault"] = self.fault
+        return d
 
     def to_bytes(self) -> bytes:
         """Wire form for the control channel (JSON, stable across Python versions)."""
-        return json.dumps(
-            {"rank": self.rank, "attempt_step": self.attempt_step,
-             "committed_step": self.committed_step, "phase": self.phase.value},
-            sort_keys=True,
-        ).encode()
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "RankReport":
         """Inverse of :meth:`to_bytes`; raises StateDivergedError on a malformed payload."""
         try:
             d = json.loads(data.decode())
-            return cls(int(d["rank"]), int(d["attempt_step"]), int(d["committed_step"]), Phase(d["phase"]))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            fault = d.get("fault")
+            if fault is not None and not isinstance(fault, str):
+                raise TypeError(f"fault must be a string, got {type(fault).__name__}")
+            return cls(int(d["rank"]), int(d["attempt_step"]), int(d["committed_step"]), Phase(d["phase"]),
+                       fault)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed consensus report {data[:200]!r}: {exc}") from exc
 
 

@@ -2,7 +2,7 @@
 
 Ranks agree on how to recover over this channel, never over the data plane that just failed. It is
 a client of a TCPStore server hosted by a process the data-plane faults do not touch (the harness
-parent, or the test process). Facts it is built on (shared/design/recovery-facts.md section 4):
+parent, or the test process). Facts it is built on (measured with torch 2.13's TCPStore):
 
 - during a blackhole a store ``wait(timeout)`` is not honoured (26 s for 5 s), so every store call
   runs on a worker thread and the caller stops waiting at its OWN deadline (plus a small grace);
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import queue
 import secrets
 import threading
 import time
@@ -43,6 +42,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from accelpact._store_client import (
+    _Connection,
+    _dist,
+    _first_line,
+    _is_connection_error,
+    _is_wait_timeout,
+    _new_client,
+)
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
 
 if TYPE_CHECKING:
@@ -76,76 +83,6 @@ class ControlConfig:
             raise ValueError(f"job_token {self.job_token!r} must be non-empty and contain no '/': use new_job_token()")
         if self.deadline_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("deadline_s and connect_timeout_s must be positive")
-
-
-class _Worker:
-    """One daemon thread that runs store calls, so that the caller can stop waiting at its deadline.
-
-    Daemon, and not a ThreadPoolExecutor, because a worker stuck in a call to a stalled server must
-    never keep the interpreter from exiting.
-    """
-
-    def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the caller, which decides
-                fut.set_exception(exc)
-
-    def submit(self, fn: Callable[[], Any]) -> Future:
-        fut: Future = Future()
-        self._queue.put((fn, fut))
-        return fut
-
-    def stop(self) -> None:
-        self._queue.put(None)
-
-
-class _Connection:
-    """One TCPStore client and the worker thread that runs its calls; replaced whole, never repaired."""
-
-    def __init__(self, name: str):
-        self.worker = _Worker(name)
-        self.store: "torch.distributed.TCPStore | None" = None
-
-
-def _dist():
-    import torch.distributed as dist  # lazily: importing torch costs seconds
-
-    return dist
-
-
-def _is_wait_timeout(exc: BaseException) -> bool:
-    """The store answered 'not yet' (a wait ran out), as opposed to a broken connection."""
-    dist = _dist()
-    return isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower()
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    dist = _dist()
-    return isinstance(exc, dist.DistError) and not _is_wait_timeout(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _new_client(host: str, port: int, timeout_s: float) -> "torch.distributed.TCPStore":
-    dist = _dist()
-    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
 
 
 class ControlChannel:

@@ -15,6 +15,7 @@ families have opposite handling rules:
 from __future__ import annotations
 
 import sys
+from typing import Collection
 
 __all__ = [
     "AccelPactError",
@@ -24,6 +25,7 @@ __all__ = [
     "StateDivergedError",
     "ControlChannelError",
     "is_comm_fault",
+    "GENERIC_FAULT_MARKERS",
 ]
 
 
@@ -85,24 +87,14 @@ class ControlChannelError(AccelPactError):
     """The out-of-band control store is unreachable past its deadline."""
 
 
-# Lower-cased fragments of the messages gloo / c10d raise for transport failures in torch 2.13, as
-# provoked on this machine (tests/accelpact/test_control.py provokes the first three for real):
-#   "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857. ..." (socket reset)
-#   "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation" (hang)
-#   DistStoreError "wait timeout after 1000ms, keys: /g2/0/1" (a peer never joined the new group)
-# A bare "ProcessGroupGloo" is deliberately NOT a marker: "ProcessGroupGloo::allreduce: unsupported
-# layout" and friends are usage errors that a new process group would hit again.
-_COMM_FAULT_MARKERS: tuple[str, ...] = (
-    "connection closed by peer",
+# Lower-cased fragments of operating-system socket errors, whatever the backend's transport. The
+# backend-specific fragments (gloo's "Connection closed by peer" / "Timed out waiting", NCCL's
+# "ncclRemoteError", ...) live with each backend (accelpact.backends, ``Backend.fault_markers``).
+GENERIC_FAULT_MARKERS: tuple[str, ...] = (
     "connection reset by peer",
     "connection refused",
-    "timed out waiting",
     "broken pipe",
     "socket timeout",
-    "connectfullmesh",
-    "gloo/transport/",
-    "read error",
-    "write error",
     "no route to host",
     "network is unreachable",
     "transport endpoint is not connected",
@@ -135,16 +127,25 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in str(exc).lower()
 
 
-def is_comm_fault(exc: BaseException) -> bool:
+def is_comm_fault(exc: BaseException, markers: Collection[str] | None = None,
+                  never_markers: Collection[str] = ()) -> bool:
     """True when ``exc`` is a recoverable data-plane communication fault.
 
     Accepts :class:`CommFault`, torch's ``DistBackendError`` / ``DistNetworkError`` / ``DistStoreError``,
-    and plain ``RuntimeError`` whose text carries a gloo transport message such as "Connection closed
-    by peer" or "Timed out waiting". An exception explicitly wrapping one (``raise X from fault``)
-    counts too; an unrelated error merely raised while handling one (``__context__``) does not.
-    Rejects unrecoverable AccelPact errors, out-of-memory, KeyboardInterrupt/SystemExit, and ordinary
-    errors such as shape mismatches.
+    and plain ``RuntimeError`` whose text carries a transport message: an operating-system socket error
+    (:data:`GENERIC_FAULT_MARKERS`) or one of ``markers``, the lower-cased fragments a backend's
+    transport raises (``None``: every registered backend's, e.g. gloo's "Connection closed by peer" or
+    "Timed out waiting"). ``never_markers`` are fragments that make an error NOT a comm fault even if it
+    is a ``DistBackendError`` (a backend's usage errors). An exception explicitly wrapping a fault
+    (``raise X from fault``) counts too; an unrelated error merely raised while handling one
+    (``__context__``) does not. Rejects unrecoverable AccelPact errors, out-of-memory,
+    KeyboardInterrupt/SystemExit, and ordinary errors such as shape mismatches.
     """
+    if markers is None:
+        from accelpact.backends import all_fault_markers  # lazily: the backends import torch
+
+        markers = all_fault_markers()
+    fragments = GENERIC_FAULT_MARKERS + tuple(markers)
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -156,11 +157,13 @@ def is_comm_fault(exc: BaseException) -> bool:
         if isinstance(cur, CommFault):
             return True
         if isinstance(cur, RuntimeError):
+            text = str(cur).lower()
+            if any(marker in text for marker in never_markers):
+                return False
             dist_types = _dist_error_types()
             if dist_types and isinstance(cur, dist_types):
                 return True
-            text = str(cur).lower()
-            if any(marker in text for marker in _COMM_FAULT_MARKERS):
+            if any(marker in text for marker in fragments):
                 return True
         cur = cur.__cause__
     return False

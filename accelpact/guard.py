@@ -3,11 +3,15 @@
 One guarded step is: ``step_fn(batch)`` (forward + backward), gradient clipping, the vote (a one-
 element all-reduce), ``optimizer.step()``, ``zero_grad(set_to_none=True)``. If the vote completed on
 ANY rank, every rank holds complete reduced gradients, so ranks that have not stepped roll forward;
-if it completed on none, nobody stepped and the step is retried on the same batch (see
-architecture.md, "The commit protocol", and consensus.decide).
+if it completed on none, nobody stepped and the step is retried on the same batch (the proof is in
+accelpact/consensus.py).
+
+Everything backend-specific (how to abort a generation, the vote's device, which errors are
+recoverable) goes through the :class:`accelpact.backends.Backend` of the data-plane group.
 
 On a communication fault the guard:
-1. shuts down its own sockets of the broken generation, so peers blocked on it fail in ms;
+1. aborts its own transport of the broken generation (gloo: resets its sockets), so peers blocked
+   on it fail in ms;
 2. resets FSDP to a clean between-steps state (reset.py; both traps handled);
 3. exchanges a RankReport over the out-of-band control channel (own deadline) and decides;
 4. builds the next data-plane generation on a never-used store prefix, under the old names;
@@ -21,7 +25,6 @@ the last committed step; nothing hangs past the control channel's deadline.
 from __future__ import annotations
 
 import datetime
-import json
 import time
 import traceback
 from dataclasses import dataclass
@@ -32,16 +35,19 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from accelpact import comm
-from accelpact import testing as _testing
+from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
-from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError, is_comm_fault
+from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
 PhaseHook = Callable[[str, int], None]
+# Given the start time of the failed attempt, the wall time of a fault injected at or after it (and
+# forgotten from then on), or None: e.g. accelpact.testing.FaultInjector.consume_injection_time.
+InjectionClock = Callable[[float], "float | None"]
 
 # Recovery rounds allowed for one fault before giving up (each round is a nested fault).
 _MAX_ROUNDS = 16
@@ -80,7 +86,8 @@ class Guard:
     """See module docstring. Build with :func:`attach`."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
-                 process_group: Any = None, config: GuardConfig = GuardConfig()) -> None:
+                 process_group: Any = None, config: GuardConfig = GuardConfig(),
+                 injection_clock: InjectionClock | None = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
         self.model = model
@@ -92,14 +99,22 @@ class Guard:
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
         # during a recovery, "recovery" (new generation built, before its first collective).
         self.phase_hooks: list[PhaseHook] = []
+        # Measures detection time from a known injection instead of from the attempt's start; may
+        # be set after attach.
+        self.injection_clock: InjectionClock | None = injection_clock
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._flavour = fsdp_flavour(model)
         self._next_step = 0
         self._phase = Phase.BEFORE_VOTE
-        self._vote_buf = torch.zeros(1)
-        self.table = BindingTable.build(model, optimizer, process_group)
         vote_pg = process_group if process_group is not None else dist.group.WORLD
+        self.backend = backend_for(vote_pg)
+        self.table = BindingTable.build(model, optimizer, process_group)
+        # Check first: the user's groups were built with the environment as it is now (configuring
+        # first would hide, e.g., NCCL error handling that kills the process on their groups).
+        for g in self.table.groups:
+            self.backend.check(g)
+        self.backend.configure()  # for the groups the guard rebuilds
         self._vote_index = next(i for i, g in enumerate(self.table.groups) if g is vote_pg)
         self._specs = [comm.group_spec(g, config.pg_timeout) for g in self.table.groups]
         # FSDP creates part of its state lazily, on the first forward (FSDP1's _ExecOrderData holds
@@ -108,12 +123,9 @@ class Guard:
         self._table_after_first_step = False
         control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
         self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
-        self._sockets = comm.DataPlaneSockets(self._exclude_ports)
-        # Generations whose first collective was abandoned, kept until their PG timeout has passed:
-        # (monotonic deadline, groups, pending work). See _round.
-        self._graveyard: list[tuple[float, list, Any]] = []
-        timeout = config.pg_timeout or dist.default_pg_timeout
-        self._pg_timeout_s = timeout.total_seconds()
+        self.backend.track(self.table.groups, self._exclude_ports)
+        self._vote_buf = self.backend.vote_buffer()
+        self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
         self._prepare_next_generation()
 
@@ -164,13 +176,13 @@ class Guard:
                 self._hook("vote", step)
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
-                dist.all_reduce(self._vote_buf, group=self.table.groups[self._vote_index])
+                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
                 self._phase = Phase.VOTED
                 self._hook("post_vote", step)
                 self._apply(step)
                 return loss
             except BaseException as exc:  # noqa: BLE001 - filtered right below
-                if not is_comm_fault(exc):
+                if not self.backend.is_comm_fault(exc):
                     raise
                 decision = self._recover(exc, step, t_start)
                 _drop_traceback(exc)
@@ -224,6 +236,7 @@ class Guard:
                 specs.append(self._specs[i])
         self.table, self._specs = table, specs
         self._vote_index = next(i for i, g in enumerate(table.groups) if g is vote)
+        self.backend.groups = list(table.groups)  # the same generation, now complete
         self._table_after_first_step = True
 
     # -- recovery ---------------------------------------------------------------------------------
@@ -236,15 +249,14 @@ class Guard:
 
     def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
         t_detected = time.time()
-        now = time.monotonic()
-        self._graveyard = [g for g in self._graveyard if g[0] > now]  # their abandoned ops have timed out
-        injected = _testing.consume_injection_time(not_before=t_start)
+        self.backend.forget_expired()  # abandoned generations whose collectives have timed out
+        injected = self.injection_clock(t_start) if self.injection_clock is not None else None
         detection_s = t_detected - (injected if injected is not None else t_start)
         fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
         _drop_traceback(exc)  # its frames hold the old group alive
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
-        self._sockets.shutdown()
-        report = RankReport(self.rank, step, self.committed_step, self._phase)
+        self.backend.abort()
+        report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"])
         rounds = 0
         while True:
             rounds += 1
@@ -257,11 +269,11 @@ class Guard:
             try:
                 return self._round(report, step, fault, t_detected, detection_s, rounds)
             except BaseException as nested:  # noqa: BLE001
-                if not is_comm_fault(nested):
+                if not self.backend.is_comm_fault(nested):
                     raise
                 _drop_traceback(nested)
                 del nested
-                self._sockets.shutdown()  # the half-built generation: peers must fail fast too
+                self.backend.abort()  # the half-built generation: peers must fail fast too
 
     def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
                detection_s: float, rounds: int) -> Decision:
@@ -272,11 +284,8 @@ class Guard:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
-        payload = json.dumps({"rank": report.rank, "attempt_step": report.attempt_step,
-                              "committed_step": report.committed_step, "phase": report.phase.value,
-                              "fault": fault["type"]}).encode()
         try:
-            raw = self.control.gather("report", payload, generation)
+            raw = self.control.gather("report", report.to_bytes(), generation)
         except RankLostError as lost:
             raise RankLostError(
                 f"rank(s) {list(lost.ranks)} did not report within the control deadline after a fault at "
@@ -284,8 +293,7 @@ class Guard:
                 "is impossible: restore from a checkpoint.",
                 ranks=lost.ranks, last_committed_step=self.committed_step,
             ) from lost
-        docs = [json.loads(raw[r]) for r in sorted(raw)]
-        reports = [RankReport(d["rank"], d["attempt_step"], d["committed_step"], Phase(d["phase"])) for d in docs]
+        reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
         t1 = time.time()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
@@ -294,11 +302,8 @@ class Guard:
         if not self._table_after_first_step and rounds == 1:
             self._rescan()
         store = self.control.data_plane_store(generation)
-        before = self._sockets.snapshot()
         old_groups = list(self.table.groups)
-        new_groups = [comm.rebuild_group(old, spec, store, self.rank)
-                      for old, spec in zip(old_groups, self._specs)]
-        self._sockets.adopt(before)
+        new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
         t2 = time.time()
         # 5. Rebind in place (function defaults of modules imported since attach included).
         self.table.refresh_defaults()
@@ -312,13 +317,12 @@ class Guard:
         # 6. Prove the new generation works (a fault here starts a new round).
         self._hook("recovery", step)
         try:
-            comm.first_collective(new_groups[self._vote_index],
-                                  superseded=getattr(self.control, "generation_superseded", None))
+            self.backend.first_collective(new_groups[self._vote_index],
+                                          superseded=getattr(self.control, "generation_superseded", None))
         except GenerationSuperseded as abandoned:
-            # The abandoned collective still runs in gloo until the PG timeout, and a gloo group's
-            # destructor joins it: keep this generation alive until then rather than block a
-            # later retirement (and every thread, the control channel's included) for that long.
-            self._graveyard.append((time.monotonic() + self._pg_timeout_s + 5.0, new_groups, abandoned.work))
+            # The abandoned collective may still run in the backend until the PG timeout; the
+            # backend decides how to let go of it without blocking the next round.
+            self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
         t4 = time.time()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
@@ -332,7 +336,7 @@ class Guard:
                       "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
             t_detected=t_detected, detection_s=detection_s, agreement_s=t1 - t0, rebuild_s=t2 - t1,
             rebind_s=t3 - t2, first_collective_s=t4 - t3, total_s=t4 - t_detected, rounds=rounds,
-            retire_s=t5 - t4, reports=docs,
+            retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
         ))
         if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
             # Our gradients were complete but nobody committed: discard them before the retry.
@@ -343,15 +347,20 @@ class Guard:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            max_grad_norm: float | None = 1.0, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
-           reset: ResetConfig = ResetConfig()) -> Guard:
+           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None) -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
     construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`.
+    ``injection_clock`` (tests and benchmarks): called as ``injection_clock(t_start)`` when a fault is
+    detected, it returns the wall time of a fault injected at or after ``t_start`` (and forgets it) or
+    None, so that ``RecoveryEvent.detection_s`` counts from the injection; e.g.
+    ``injection_clock=injector.consume_injection_time``. Also settable later as ``guard.injection_clock``.
     """
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout,
                          verify_rebind=verify_rebind, reset=reset)
-    return Guard(model, optimizer, control, process_group=process_group, config=config)
+    return Guard(model, optimizer, control, process_group=process_group, config=config,
+                 injection_clock=injection_clock)
 
 
 def _drop_traceback(exc: BaseException) -> None:

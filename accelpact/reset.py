@@ -1,7 +1,8 @@
 """Put FSDP2 / FSDP1 back into a clean between-steps state after a step failed mid-flight.
 
-Two traps make a naive reset silently wrong (recovery-facts.md section 5; both produce wrong numbers
-with no error, and ranks still agree with each other):
+Two traps make a naive reset silently wrong (both measured with torch 2.13: they produce wrong
+numbers with no error, and ranks still agree with each other, so only a comparison with a
+fault-free run catches them; docs/design.md has the details):
 
 - FSDP2 stale root grads: when backward raises, the root group's post-backward never runs, so the
   root parameters' ``_unsharded_param.grad`` survives ``reset_iter_state()`` and the retried step

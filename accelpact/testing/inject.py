@@ -7,17 +7,21 @@ backward phases are caught by module hooks that run immediately before the inten
 
 Faults are real: a reset shuts down this process's own gloo TCP connections (every peer blocked on
 them fails in milliseconds), a stall sleeps inside the step (a hang), an exit kills the process
-without cleanup (a dead rank). The wall time of each injection is recorded so the guard can measure
-detection time from the moment of the fault, not from the moment it noticed.
+without cleanup (a dead rank). Each injector records the wall time of its injections; pass
+``injection_clock=injector.consume_injection_time`` to ``accelpact.attach`` so the guard measures
+detection time from the moment of the fault, not from the start of the step.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterable
+from typing import Any, Callable, Collection
+
+# The socket helpers are production code (the gloo backend resets its own connections with them);
+# they are re-exported here because injecting a reset is what tests and the harness use them for.
+from accelpact.backends._sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
 
 __all__ = [
     "PHASES",
@@ -25,9 +29,8 @@ __all__ = [
     "FaultSpec",
     "FaultInjector",
     "reset_own_gloo_sockets",
+    "shutdown_sockets",
     "tcp_socket_inodes",
-    "last_injection_time",
-    "consume_injection_time",
 ]
 
 # Phases a fault can be armed at, in the order they happen within one step.
@@ -45,131 +48,6 @@ PHASES: tuple[str, ...] = (
 #   rank after its data got through would (the only way to make the vote complete on some ranks only);
 # stall: sleep stall_s seconds (a hang); exit: os._exit (a dead rank).
 ACTIONS: tuple[str, ...] = ("reset", "reset_raise", "stall", "exit")
-
-_last_injection: float | None = None
-
-
-def last_injection_time() -> float | None:
-    """time.time() of the newest injection in this process, or None."""
-    return _last_injection
-
-
-def consume_injection_time(not_before: float) -> float | None:
-    """Return and forget the newest injection time if it happened at or after ``not_before``."""
-    global _last_injection
-    t, _last_injection = _last_injection, None
-    return t if t is not None and t >= not_before else None
-
-
-# --- socket discovery through /proc (Linux) -------------------------------------------------------
-
-
-def _socket_inode_to_fd() -> dict[int, int]:
-    out: dict[int, int] = {}
-    fd_dir = "/proc/self/fd"
-    for name in os.listdir(fd_dir):
-        try:
-            target = os.readlink(f"{fd_dir}/{name}")
-        except OSError:  # closed while we looked
-            continue
-        if target.startswith("socket:["):
-            out[int(target[8:-1])] = int(name)
-    return out
-
-
-# Sockets are classified by asking each one (a few syscalls on a dup'ed fd), never by parsing
-# /proc/net/tcp: the kernel builds that file by walking its whole TCP hash table, which took 30 ms
-# per read under load here and sat three times on the recovery path.
-_INET = (socket.AF_INET, socket.AF_INET6)
-
-
-def _port(addr: object) -> int:
-    return addr[1] if isinstance(addr, tuple) and len(addr) >= 2 else 0
-
-
-def _tcp_ports(fd: int) -> tuple[int, int] | None:
-    """(local_port, remote_port) of a non-listening TCP socket fd, None for anything else.
-
-    Asks the socket itself through a dup'ed descriptor (a few syscalls) rather than parsing
-    /proc/net/tcp. A socket that is not connected (never, or reset) reports remote port 0.
-    """
-    try:
-        dup = os.dup(fd)
-    except OSError:  # closed while we looked
-        return None
-    try:
-        s = socket.socket(fileno=dup)
-    except OSError:
-        os.close(dup)
-        return None
-    try:
-        if s.family not in _INET or s.type != socket.SOCK_STREAM:
-            return None
-        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-            # Never touch a listener: shutting down gloo's listening socket makes its accept() loop
-            # throw gloo::EnforceNotMet and std::terminate the whole process.
-            return None
-        local = _port(s.getsockname())
-        try:
-            remote = _port(s.getpeername())
-        except OSError:  # not connected
-            remote = 0
-        return local, remote
-    except OSError:
-        return None
-    finally:
-        s.close()
-
-
-def tcp_socket_inodes(exclude_ports: Collection[int] = ()) -> dict[int, int]:
-    """This process's TCP sockets except listeners and excluded ports, as inode -> fd."""
-    excluded = set(exclude_ports)
-    out: dict[int, int] = {}
-    for inode, fd in _socket_inode_to_fd().items():
-        ports = _tcp_ports(fd)
-        if ports is None:
-            continue  # a unix / udp socket, a listener, or closed meanwhile
-        local, remote = ports
-        if local in excluded or remote in excluded:
-            continue
-        out[inode] = fd
-    return out
-
-
-def shutdown_sockets(inodes: Iterable[int]) -> int:
-    """shutdown(SHUT_RDWR) the sockets with these inodes if this process still has them open.
-
-    shutdown acts on the connection, not on the descriptor, so a dup'ed descriptor is enough and
-    the owner (gloo) keeps its fd: its next read or write fails and it reports a clean error.
-    """
-    wanted = set(inodes)
-    n = 0
-    for inode, fd in _socket_inode_to_fd().items():
-        if inode not in wanted:
-            continue
-        try:
-            dup = os.dup(fd)
-        except OSError:
-            continue
-        s = socket.socket(fileno=dup)
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-            n += 1
-        except OSError:
-            pass  # not connected (a listener) or already gone
-        finally:
-            s.close()
-    return n
-
-
-def reset_own_gloo_sockets(exclude_ports: Collection[int]) -> int:
-    """Reset every TCP connection of this process except those on ``exclude_ports`` (the stores).
-
-    Returns how many sockets were shut down. Pass the control store's port and the port of any
-    TCPStore the process groups were initialised from, or the stores break too.
-    """
-    return shutdown_sockets(tcp_socket_inodes(exclude_ports))
-
 
 # --- the injector ------------------------------------------------------------------------------------
 
@@ -207,6 +85,16 @@ class FaultInjector:
     fired: list[FaultSpec] = field(default_factory=list)
     step: int = -1
     _handles: list[Any] = field(default_factory=list, repr=False)
+    _last_injection: float | None = field(default=None, repr=False)
+
+    def consume_injection_time(self, not_before: float) -> float | None:
+        """Return and forget this injector's newest injection time if it is at or after ``not_before``.
+
+        The guard's ``injection_clock``: it calls this once per detected fault with the start time
+        of the failed attempt, so an injection from an earlier attempt is never counted twice.
+        """
+        t, self._last_injection = self._last_injection, None
+        return t if t is not None and t >= not_before else None
 
     def arm(self, step: int, phase: str, action: str = "reset", *, stall_s: float = 0.0) -> FaultSpec:
         spec = FaultSpec(step, phase, action, stall_s)
@@ -235,9 +123,8 @@ class FaultInjector:
         return False
 
     def _fire(self, spec: FaultSpec) -> None:
-        global _last_injection
         spec.fired_at = time.time()
-        _last_injection = spec.fired_at
+        self._last_injection = spec.fired_at
         self.fired.append(spec)
         if self.on_fire is not None:
             self.on_fire(spec)

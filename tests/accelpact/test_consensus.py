@@ -308,3 +308,14 @@ def test_random_large_worlds_smoke():
         d = decide(reports, n)
         check_safety(reports, d)
         assert d.committed_step == (s if completed else c)
+
+
+def test_report_wire_form_carries_the_fault_type_without_affecting_the_decision():
+    r = RankReport(rank=1, attempt_step=3, committed_step=2, phase=Phase.BEFORE_VOTE, fault="RuntimeError")
+    assert RankReport.from_bytes(r.to_bytes()) == r
+    assert r.to_dict()["fault"] == "RuntimeError"
+    assert "fault" not in rep(1, 3, 2, B).to_dict()  # absent, not null, when unknown
+    plain = [rep(0, 3, 2, B), rep(1, 3, 2, B)]
+    assert decide(plain, 2) == decide([plain[0], r], 2)
+    with pytest.raises(StateDivergedError):
+        RankReport.from_bytes(b'{"rank": 1, "attempt_step": 3, "committed_step": 2, "phase": "voted", "fault": 7}')

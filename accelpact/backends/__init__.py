@@ -1,0 +1,52 @@
+"""Backend registry: one :class:`Backend` class per c10d backend name, looked up from a live group.
+
+``backend_for(pg)`` returns a fresh backend object for the c10d backend ``pg`` was created with
+("gloo" or "nccl"); the guard holds it for its lifetime. An unsupported backend raises an error
+that names the supported ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelpact.backends.base import Backend
+from accelpact.backends.gloo import DataPlaneSockets, GlooBackend
+from accelpact.backends.nccl import NcclBackend
+from accelpact.errors import AccelPactError
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+__all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GlooBackend", "NcclBackend", "all_fault_markers",
+           "backend_for", "backend_name"]
+
+BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}
+
+
+def backend_name(pg: dist.ProcessGroup) -> str:
+    """The c10d backend name ``pg`` was created with (e.g. "gloo")."""
+    import torch.distributed.distributed_c10d as c10d
+
+    entry = c10d._world.pg_map.get(pg)
+    if entry is None:
+        raise AccelPactError(
+            "process group is not registered in c10d (was it destroyed?); attach accelpact after "
+            "init_process_group and fully_shard, before any recovery")
+    return str(entry[0])
+
+
+def backend_for(pg: dist.ProcessGroup) -> Backend:
+    """A new :class:`Backend` for ``pg``'s c10d backend; AccelPactError naming the supported ones otherwise."""
+    name = backend_name(pg)
+    cls = BACKENDS.get(name)
+    if cls is None:
+        raise AccelPactError(
+            f"accelpact cannot recover process groups of backend {name!r}; supported backends: "
+            f"{', '.join(sorted(BACKENDS))}. Create the data-plane groups with one of them "
+            "(init_process_group(backend=...)); mixed backends such as 'cpu:gloo,cuda:nccl' are not supported")
+    return cls()
+
+
+def all_fault_markers() -> tuple[str, ...]:
+    """Every registered backend's fault-message fragments (for ``is_comm_fault`` without a backend)."""
+    return tuple(m for cls in BACKENDS.values() for m in cls.fault_markers)

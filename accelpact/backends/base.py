@@ -1,0 +1,162 @@
+"""The backend seam: everything the guard needs that differs between c10d backends (gloo, NCCL).
+
+The guard itself is backend-neutral. Per backend it needs to:
+
+- ``configure``: prepare the environment before the groups it will rebuild are created, and
+  ``check`` that the user's groups were created in a way recovery can work with (e.g. NCCL error
+  handling that does not kill the process);
+- ``track`` / ``abort``: know the live generation's transport and break it, so that peers blocked on
+  this rank fail within milliseconds instead of at the PG timeout;
+- ``rebuild_groups``: build the next generation on a never-used store prefix under the old names
+  (the generic part lives in :mod:`accelpact.comm`) and track its transport;
+- ``first_collective``: prove the new generation works, giving up when a peer has moved on;
+- ``abandon``: what to do with a generation whose first collective was abandoned;
+- ``vote_buffer`` / ``vote``: the commit vote's one-element tensor on the backend's device, and an
+  all-reduce of it that returns only once it has really completed on this rank;
+- ``is_comm_fault``: classify an exception as a recoverable communication fault, with the
+  backend's own message fragments.
+
+Modelled on torchft's per-backend configure/abort split and on NVIDIA resiliency-ext's small
+composable abort objects: one small object per concern, no backend branches in the guard.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
+
+from accelpact.errors import AccelPactError, is_comm_fault
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.comm import GroupSpec
+
+__all__ = ["Backend"]
+
+
+class Backend(abc.ABC):
+    """One backend's recovery operations. One instance per guard: it holds the live generation."""
+
+    #: the c10d backend name this class handles (``c10d._world.pg_map[pg][0]``)
+    name: ClassVar[str]
+    #: lower-cased message fragments of this backend's transport failures (recoverable)
+    fault_markers: ClassVar[tuple[str, ...]] = ()
+    #: lower-cased fragments that make an error NOT recoverable even if it is a DistBackendError
+    never_markers: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.groups: list[dist.ProcessGroup] = []  # the live generation
+        self.exclude_ports: set[int] = set()
+        # Generations whose first collective was abandoned: (monotonic deadline, groups, work).
+        self._abandoned: list[tuple[float, list[Any], Any]] = []
+
+    # -- environment ---------------------------------------------------------------------------
+
+    @classmethod
+    def configure(cls, environ: MutableMapping[str, str] | None = None) -> None:
+        """Set what this backend needs in the environment for groups created from now on.
+
+        Call before ``init_process_group`` for the user's own groups; the guard calls it at attach
+        for the groups it rebuilds. ``environ`` defaults to ``os.environ``. Never overrides a value
+        the user set. Default: nothing.
+        """
+
+    def check(self, pg: dist.ProcessGroup) -> None:
+        """Raise :class:`accelpact.errors.AccelPactError` naming the fix if ``pg`` cannot be recovered.
+
+        Base rule: every data-plane group of one guard uses this backend.
+        """
+        from accelpact.backends import backend_name
+
+        name = backend_name(pg)
+        if name != self.name:
+            raise AccelPactError(
+                f"data-plane group {getattr(pg, 'group_name', pg)!r} uses backend {name!r} but the guard's vote "
+                f"group uses {self.name!r}; build every data-plane group with one backend")
+
+    # -- the live generation --------------------------------------------------------------------
+
+    def track(self, groups: Sequence[dist.ProcessGroup], exclude_ports: Collection[int] = ()) -> None:
+        """Adopt ``groups`` (built by the user before attach) as the live generation.
+
+        ``exclude_ports`` are the ports of the stores (control store, rendezvous stores): an abort
+        must never break them.
+        """
+        self.groups = list(groups)
+        self.exclude_ports = set(exclude_ports)
+
+    @abc.abstractmethod
+    def abort(self) -> int:
+        """Break the live generation's transport so peers blocked on this rank fail now.
+
+        Idempotent; never raises for an already broken transport. Returns how many transport
+        objects (sockets, communicators) were aborted.
+        """
+
+    def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
+                       store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
+        """Build the next generation of every group on ``store`` (never used) and make it the live one."""
+        from accelpact import comm
+
+        new = [comm.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
+               for old, spec in zip(olds, specs)]
+        self.groups = new
+        return new
+
+    def rebuild_device(self, spec: GroupSpec) -> torch.device | None:
+        """The ``device_id`` a rebuilt group is bound to (None: unbound, as gloo on CPU)."""
+        return spec.device_id
+
+    # -- probes and buffers ----------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> torch.device:
+        """The device of this backend's collectives (the vote and the first collective)."""
+
+    def vote_buffer(self) -> torch.Tensor:
+        """The commit vote's one-element buffer, on :attr:`device`."""
+        import torch
+
+        return torch.zeros(1, device=self.device)
+
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+        """The commit vote: all-reduce ``buf`` and return only once it has COMPLETED on this rank.
+
+        The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
+        gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
+        device before returning, and raise if the collective failed. gloo's all_reduce is synchronous.
+        """
+        import torch.distributed as dist
+
+        dist.all_reduce(buf, group=pg)
+
+    def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
+                         poll_s: float = 0.02) -> None:
+        """One tiny all-reduce on the new generation (see :func:`accelpact.comm.first_collective`)."""
+        from accelpact import comm
+
+        comm.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
+
+    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+        """Keep a generation whose first collective was abandoned alive until its PG timeout.
+
+        The abandoned collective may still run in the backend, and a group's destructor can join
+        it: dropping the group now would block a later retirement (and every thread) for that long.
+        """
+        self._abandoned.append((time.monotonic() + pg_timeout.total_seconds() + 5.0, groups, work))
+
+    def forget_expired(self) -> None:
+        """Drop abandoned generations whose collectives have timed out by now."""
+        now = time.monotonic()
+        self._abandoned = [g for g in self._abandoned if g[0] > now]
+
+    # -- classification --------------------------------------------------------------------------
+
+    def is_comm_fault(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a recoverable communication fault of this backend."""
+        return is_comm_fault(exc, markers=self.fault_markers, never_markers=self.never_markers)

@@ -1,0 +1,167 @@
+"""The NCCL backend: abort the broken communicator, rebuild on the bound GPU, vote on the GPU.
+
+UNTESTED ON HARDWARE: the machine this was written on has no GPU, so this path has never run. It is
+written against torch 2.13's ProcessGroupNCCL as its Python API and C++ header document it; the
+pure logic (environment check, error classification, abort bookkeeping) is unit-tested with fakes.
+``benchmarks/gpu_check.py`` is the prepared check to run on a machine with two or more GPUs.
+
+What recovery needs from NCCL, and how it gets it:
+
+- The process must survive a collective error. ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` selects what the
+  watchdog does on an error or timeout (ProcessGroupNCCL.hpp, ``ErrorHandlingMode``): 0 nothing,
+  1 abort communicators AND tear the process down, 2 ("CleanUpOnly") abort the communicators and
+  keep the process, 3 ("SkipCleanUp", torch's default) tear the process down WITHOUT aborting. Only
+  0 and 2 keep the process alive; 2 also unblocks a hung collective at the PG timeout, so 2 is what
+  :meth:`NcclBackend.configure` sets and what :meth:`NcclBackend.check` demands (0 is accepted too,
+  since the guard aborts communicators itself). The variable is read when a group is created, so it
+  must be set before ``init_process_group``.
+- Abort: ``pg._get_backend(torch.device("cuda")).abort()`` (ProcessGroupNCCL.abort, i.e.
+  ncclCommAbort on this rank's communicators). Not ``dist._abort_process_group``: that also removes
+  the group from c10d's registries, which :mod:`accelpact.comm` does itself when it rebuilds under
+  the old name.
+- The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
+  commit rule must not step the optimizer on a vote that can still fail.
+- Rebuild: the new group is bound to the same ``device_id`` as the old one; with a device_id, c10d's
+  ``_new_process_group_helper`` connects the communicator eagerly (as ``init_process_group`` does),
+  so groups rebuilt after it can be split from it.
+- ``dist.shrink_group`` exists for NCCL only and removes ranks; recovery here keeps every rank, so
+  it is not used.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
+
+import torch
+
+from accelpact.backends.base import Backend
+from accelpact.errors import AccelPactError, CommFault
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from accelpact.comm import GroupSpec
+
+__all__ = ["NcclBackend", "ERROR_HANDLING_VARS", "RECOVERABLE_ERROR_HANDLING", "error_handling_problem"]
+
+# The variable and its deprecated alias, in the order ProcessGroupNCCL reads them.
+ERROR_HANDLING_VARS: tuple[str, ...] = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+# Modes that keep the process alive after a collective error (see the module docstring).
+RECOVERABLE_ERROR_HANDLING: frozenset[str] = frozenset({"0", "2"})
+_WANTED = "2"
+
+
+def error_handling_problem(environ: Mapping[str, str]) -> str | None:
+    """Why NCCL error handling configured in ``environ`` would kill the process, or None if it is fine."""
+    for var in ERROR_HANDLING_VARS:
+        value = environ.get(var)
+        if value is not None:
+            if value.strip() in RECOVERABLE_ERROR_HANDLING:
+                return None
+            return (f"{var}={value} makes NCCL's watchdog tear the process down on a collective error, so "
+                    f"nothing is left to recover. Set {ERROR_HANDLING_VARS[0]}={_WANTED} (abort the communicator, "
+                    "keep the process) before init_process_group, e.g. by calling "
+                    "accelpact.backends.NcclBackend.configure() first")
+    return (f"{ERROR_HANDLING_VARS[0]} is not set: torch's default (3, skip clean-up) tears the process down on a "
+            f"collective error. Set {ERROR_HANDLING_VARS[0]}={_WANTED} before init_process_group, e.g. by calling "
+            "accelpact.backends.NcclBackend.configure() first")
+
+
+class NcclBackend(Backend):
+    """NCCL on CUDA: abort = ncclCommAbort of the live generation; vote and probes on the bound GPU."""
+
+    name = "nccl"
+    # Lower-cased fragments of NCCL transport failures as ProcessGroupNCCL words them.
+    fault_markers = (
+        "nccl error",  # "NCCL error in: ...ProcessGroupNCCL.cpp:..., remote process exited or ..."
+        "ncclremoteerror",
+        "remote process exited or there was a network error",
+        "ncclsystemerror",
+        "unhandled system error",
+        "watchdog caught collective operation timeout",
+        "communicator was aborted",
+        "nccl communicator",
+    )
+    # "NCCL error" also prefixes usage and CUDA errors, which a new communicator would hit again.
+    never_markers = (
+        "ncclinvalidusage",
+        "invalid usage",
+        "ncclinvalidargument",
+        "invalid argument",
+        "unhandled cuda error",
+        "cuda error",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._device: torch.device | None = None
+
+    @classmethod
+    def configure(cls, environ: MutableMapping[str, str] | None = None) -> None:
+        """Default ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` to 2 (abort the communicator, keep the process).
+
+        A value the user set is left alone (:meth:`check` rejects one that kills the process).
+        """
+        env = os.environ if environ is None else environ
+        if not any(var in env for var in ERROR_HANDLING_VARS):
+            env[ERROR_HANDLING_VARS[0]] = _WANTED
+
+    def check(self, pg: dist.ProcessGroup) -> None:
+        super().check(pg)
+        problem = error_handling_problem(os.environ)
+        if problem is not None:
+            raise AccelPactError(problem)
+        try:
+            pg._get_backend(torch.device("cuda"))
+        except RuntimeError as exc:
+            raise AccelPactError(
+                f"process group {getattr(pg, 'group_name', pg)!r} has no CUDA backend ({exc}); the nccl backend "
+                "needs init_process_group('nccl', device_id=torch.device('cuda', local_rank))") from exc
+
+    @property
+    def device(self) -> torch.device:
+        if self._device is None:
+            bound = next((g.bound_device_id for g in self.groups if getattr(g, "bound_device_id", None)), None)
+            self._device = bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
+        return self._device
+
+    def rebuild_device(self, spec: GroupSpec) -> torch.device:
+        return spec.device_id if spec.device_id is not None else self.device
+
+    def abort(self) -> int:
+        return _abort_groups(self.groups)
+
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+        # NCCL collectives are asynchronous to the CPU: without waiting for the device the guard
+        # would call optimizer.step() on a vote that may still fail. .item() waits for the kernel;
+        # after a watchdog abort the kernel ends without a result, so the sum is the proof: it is
+        # the world size exactly when every rank's 1 arrived, i.e. every rank entered the vote.
+        # (Work.is_success is not relied on: ProcessGroupNCCL has deprecated it.)
+        import torch.distributed as dist
+
+        work = dist.all_reduce(buf, group=pg, async_op=True)
+        work.wait()
+        value = buf.item()
+        if int(value) != pg.size():
+            raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
+                            f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
+
+    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+        # A hung NCCL kernel occupies the stream until its communicator is aborted: abort it now,
+        # and still keep the objects until the timeout (their destructors may wait on the work).
+        _abort_groups(groups)
+        super().abandon(groups, work, pg_timeout)
+
+
+def _abort_groups(groups: Sequence[Any]) -> int:
+    """ncclCommAbort every group's CUDA backend; an already aborted or missing one is skipped."""
+    n = 0
+    for pg in groups:
+        try:
+            pg._get_backend(torch.device("cuda")).abort()
+            n += 1
+        except RuntimeError:
+            pass  # no CUDA backend on this group, or the communicator is already gone
+    return n
