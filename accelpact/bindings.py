@@ -28,7 +28,6 @@ the collector does not track.
 
 from __future__ import annotations
 
-import gc
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping

@@ -101,9 +101,9 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     result: dict[str, Any] = {"events": [], "error": None, "resources": [], "step_s": []}
     guard = None
     if sc.get("guard", True):
-        # NEW-API: add injection_clock=injector.consume_injection_time once attach() takes it.
         guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=pg_timeout_s),
-                       verify_rebind=sc.get("verify_rebind", False), reset=ResetConfig(**sc.get("reset", {})))
+                       verify_rebind=sc.get("verify_rebind", False), reset=ResetConfig(**sc.get("reset", {})),
+                       injection_clock=injector.consume_injection_time)
         guard.phase_hooks.append(injector.on_phase)
     if compile_backend:
         from torch import _dynamo

@@ -217,7 +217,7 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
     if soak:
         lines += [f"## Soak: {len(soak['rows'])} faults, {soak['flavour']}, {soak['world']} ranks ({soak['wall_s']:.0f} s)", "",
                   "Bit-identical to the reference: " + ("yes" if not soak["diffs"] else f"NO ({len(soak['diffs'])} mismatches)")
-                  + f"; worst-rank change after the last fault: "
+                  + "; worst-rank change after the last fault: "
                   + ", ".join(f"{k} {soak['leak'][k]:+.1f}" for k in RESOURCES) + ". See soak_leaks.png, soak_faults.csv.", ""]
     lines += ["## How to read it", "",
               "- total ms: a rank's detection to its first good collective on the new generation, slowest rank "

@@ -42,6 +42,8 @@ class AccelPactStep(Strategy):
             ctx.model, ctx.optimizer, self.control,
             max_grad_norm=max_norm if max_norm > 0 else None,
             pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
+            # Detection is measured from the injected fault, not from the failed attempt's start.
+            injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
         )
         self.guard.phase_hooks.append(self.on_guard_phase)
         self._seen = 0
