@@ -101,6 +101,11 @@ def add_end_load(out: Path) -> None:
     _update_extra(out, load_avg_at_end="/".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
+def closing_lines(runtime_s: float, prov: Any) -> list[str]:
+    """The last lines of every table.md: the run time and the provenance block."""
+    return [f"- Run time: {runtime_s / 60:.1f} min.", "", provenance_markdown(prov)]
+
+
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], float_spec: str = "") -> None:
     """``rows`` as CSV with the first row's keys as header; floats formatted with ``float_spec``
     (e.g. ".6g"; empty: as Python prints them), None as an empty cell. No rows: an empty file."""

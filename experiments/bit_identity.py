@@ -40,7 +40,6 @@ from experiments.provenance import (
     ClaimRow,
     load_provenance,
     paper_vs_ours_table,
-    provenance_markdown,
     stamp_figure,
     write_provenance,
 )
@@ -225,7 +224,7 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
               "- decision: retry (no rank committed: every rank re-runs the step from the same batch and RNG "
               "state) or roll_forward (the vote completed on some ranks: the others apply the step from the "
               "reduced gradients they hold). Either way no step is lost, none is applied twice.",
-              f"- Run time: {runtime / 60:.1f} min.", "", provenance_markdown(prov)]
+              *_driver.closing_lines(runtime, prov)]
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,6 @@ from experiments.provenance import (
     ClaimRow,
     load_provenance,
     paper_vs_ours_table,
-    provenance_markdown,
     stamp_figure,
     write_provenance,
 )
@@ -174,7 +173,7 @@ def table_md(results: list[dict], prov, runtime: float) -> str:
               "- inductor generates and compiles C++ for each graph; on this 2-core shared host that is the "
               "slow part (see the first-step time above). Its result is reported when it finished within "
               "the budget.",
-              f"- Run time: {runtime / 60:.1f} min.", "", provenance_markdown(prov)]
+              *_driver.closing_lines(runtime, prov)]
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,6 @@ from experiments.provenance import (
     ClaimRow,
     load_provenance,
     paper_vs_ours_table,
-    provenance_markdown,
     stamp_figure,
     write_provenance,
 )
@@ -267,7 +266,7 @@ def table_md(data: list[dict], recs: list[dict], claims: list[ClaimRow], prov, l
               "GPU) these would not grow with N the same way.",
               "- Faults are real: a rank shuts down its own gloo TCP connections right before the chosen "
               "collective; every rank raises and the guard recovers in memory.",
-              f"- Run time: {runtime_s / 60:.1f} min.", "", provenance_markdown(prov)]
+              *_driver.closing_lines(runtime_s, prov)]
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from harness.registry import Registry
+
 __all__ = ["FaultSpec", "register", "get", "kinds", "NO_FAULT"]
 
 NO_FAULT = "none"
@@ -63,39 +65,19 @@ class FaultSpec:
         return self.needs_netns
 
 
-_REGISTRY: dict[str, FaultSpec] = {}
-_loaded = False
-
-
-def _ensure_builtins() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for spec in importlib.import_module("harness.faults.kinds").BUILTIN:
-            register(spec)
+_REGISTRY: Registry[FaultSpec] = Registry(
+    "fault kind", FaultSpec, lambda s: s.kind, lambda: importlib.import_module("harness.faults.kinds").BUILTIN)
 
 
 def register(spec: FaultSpec) -> FaultSpec:
-    """Add a fault kind. The same spec again is a no-op; a different one under a taken kind raises."""
-    if not isinstance(spec, FaultSpec):
-        raise TypeError(f"register() takes a FaultSpec, got {type(spec).__name__}")
-    _ensure_builtins()  # a plugin must not take a built-in's name before the built-ins load
-    old = _REGISTRY.get(spec.kind)
-    if old is not None and old != spec:
-        raise ValueError(f"fault kind {spec.kind!r} is already registered; pick another name")
-    _REGISTRY[spec.kind] = spec
-    return spec
+    """Add a fault kind (a plugin's, say). The same spec again is a no-op; another under a taken kind raises."""
+    return _REGISTRY.register(spec)
 
 
 def get(kind: str) -> FaultSpec:
     """The spec of ``kind``; KeyError naming the registered kinds if there is none."""
-    _ensure_builtins()
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        raise KeyError(f"unknown fault kind {kind!r}; registered: {', '.join(kinds())}") from None
+    return _REGISTRY.get(kind)
 
 
 def kinds() -> list[str]:
-    _ensure_builtins()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()

@@ -30,7 +30,7 @@ from experiments.paper import PAPER_GAIN  # the paper's figures live in one plac
 from harness import strategies
 from harness.faults import registry as faults
 from harness.report.goodput import load_report
-from harness.report.table import RunSummary, comparison_table, format_table
+from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.rank.identity import compare_runs
 from harness.app.schema import RunConfig
 
@@ -105,22 +105,12 @@ def write_table(out_dir: Path, table: list[dict[str, Any]], title: str) -> str:
     frame.to_csv(out_dir / "table.csv", index=False)
     md = [f"# {title}", "", "| " + " | ".join(PRINT_COLUMNS) + " |", "|" + "---|" * len(PRINT_COLUMNS)]
     for r in table:
-        md.append("| " + " | ".join(_cell(r.get(c)) for c in PRINT_COLUMNS) + " |")
+        md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in PRINT_COLUMNS) + " |")
     md += ["", "goodput: useful tokens / s over the whole run (first step start to last step end); badput parts are "
            "seconds (mean over ranks). accelpact_gain: AccelPact's goodput / this row's (the paper's figure is "
            "paper_gain). recovery_s = detection + agreement + communicator rebuild + rebind.", ""]
     (out_dir / "table.md").write_text("\n".join(md))
     return text
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}")
-    return str(v).replace("|", "/")
 
 
 def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], reference_dir: Optional[Path],

@@ -102,21 +102,22 @@ def comparison_table(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
     return rows
 
 
+def cell(value: Any) -> str:
+    """One table cell as text: '-' for nothing (None, NaN, ''), yes/no, 4 significant digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value) if value != "" else "-"
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Plain-text rendering of ``comparison_table`` rows (what ``python -m harness`` prints)."""
     columns = list(columns or TABLE_COLUMNS)
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if isinstance(value, float):
-            if math.isnan(value):
-                return "-"
-            return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
-        return str(value) if value != "" else "-"
-
     body = [[cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]

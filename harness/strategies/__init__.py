@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Mapping, Optional
 
+from harness.registry import Registry
 from harness.strategies.spec import StrategySpec
 
 if TYPE_CHECKING:
@@ -20,38 +21,19 @@ if TYPE_CHECKING:
 __all__ = ["StrategySpec", "register", "get", "names", "specs", "reference", "under_test", "rank_class", "relaunch_reason"]
 
 _BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore")
-_REGISTRY: dict[str, StrategySpec] = {}
-_loaded = False
-
-
-def _ensure_builtins() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in _BUILTIN_MODULES:
-        register(importlib.import_module(f"harness.strategies.{module}").SPEC)
+_REGISTRY: Registry[StrategySpec] = Registry(
+    "strategy", StrategySpec, lambda s: s.name,
+    lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])
 
 
 def register(spec: StrategySpec) -> StrategySpec:
-    """Add a strategy. Registering the same spec again is a no-op; a different one under a taken name raises."""
-    if not isinstance(spec, StrategySpec):
-        raise TypeError(f"register() takes a StrategySpec, got {type(spec).__name__}")
-    _ensure_builtins()  # a plugin must not take a built-in's name before the built-ins load
-    old = _REGISTRY.get(spec.name)
-    if old is not None and old != spec:
-        raise ValueError(f"strategy {spec.name!r} is already registered (by {old.rank_class}); pick another name")
-    _REGISTRY[spec.name] = spec
-    return spec
+    """Add a strategy (a plugin's, say). The same spec again is a no-op; another under a taken name raises."""
+    return _REGISTRY.register(spec)
 
 
 def get(name: str) -> StrategySpec:
     """The spec of ``name``; KeyError naming the registered strategies if there is none."""
-    _ensure_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown strategy {name!r}; registered: {', '.join(names())}") from None
+    return _REGISTRY.get(name)
 
 
 def names() -> list[str]:
@@ -60,8 +42,7 @@ def names() -> list[str]:
 
 def specs() -> list[StrategySpec]:
     """Every registered strategy, in table order."""
-    _ensure_builtins()
-    return sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
+    return sorted(_REGISTRY.specs(), key=lambda s: (s.order, s.name))
 
 
 def reference() -> StrategySpec:
