@@ -55,7 +55,8 @@ def hydra_main(cfg: DictConfig) -> float:
     from harness.parent.run import run_one
     from harness.report.compare import sweep_reference_dir
 
-    row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None)
+    row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None,
+                  show_plan=not multirun or hc.job.num == 0)
     if row["status"] != "ok":
         if multirun:
             return math.nan

@@ -39,8 +39,10 @@ def run_one(
     memory_plan: Optional[MemoryPlan] = None,
     overrides: Sequence[str] = (),
     reference_dir: Optional[Path] = None,
+    show_plan: bool = True,
 ) -> dict[str, Any]:
     """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
+    ``show_plan``: print the memory plan (a sweep prints it for its first job only: they share it).
 
     Parent-side faults are driven by ``harness.faults.driver``; namespace faults run the ranks inside a
     ``NetnsTopology`` (torn down whatever happens). The strategy's spec sets up what its ranks need
@@ -58,7 +60,7 @@ def run_one(
     run_id = new_run_id(run_dir)
     write_resolved_config(run_dir, run)
     spec = write_spec(run_dir, run)
-    if memory_plan is not None:
+    if memory_plan is not None and show_plan:
         print(memory_plan.table(), flush=True)
     print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
           f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}", flush=True)
