@@ -51,6 +51,7 @@ from accelpact._store_client import (
     _new_client,
 )
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
+from accelpact.liveness import Beat, PeerWatch, Verdict
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -287,12 +288,16 @@ class ControlChannel:
     def _round_keys(self, generation: int, tag: str) -> list[str]:
         return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
 
-    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None) -> dict[int, bytes]:
+    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None,
+               watch: "PeerWatch | None" = None) -> dict[int, bytes]:
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 
         Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
-        store raises ControlChannelError. Use each (tag, generation) once: keys are never deleted, so
-        a second gather with the same pair would return the first one's payloads.
+        store raises ControlChannelError. With ``watch`` (accelpact.liveness.PeerWatch) the wait runs in
+        short slices and, between them, looks at the missing ranks' death notices and heartbeats: a
+        rank found dead raises RankLostError at once (``detected_by`` "notice" or "heartbeat"); the
+        deadline stays the backstop. Use each (tag, generation) once: keys are never deleted, so a
+        second gather with the same pair would return the first one's payloads.
         """
         deadline = self._deadline(deadline_s)
         keys = self._round_keys(generation, tag)
@@ -304,20 +309,33 @@ class ControlChannel:
             # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
             # after a reconnect: setting our own key again is idempotent.
             store.multi_set([keys[self.rank], posted], [payload, b"1"])
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    if not store.check(keys):
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    if remaining <= 0:
+                        if not store.check(keys):
+                            return None
+                    else:
+                        wait_s = remaining if watch is None else min(remaining, watch.slice_s)
+                        store.wait(keys, datetime.timedelta(seconds=wait_s))
+                    return store.multi_get(keys)
+                except Exception as exc:
+                    if not _is_wait_timeout(exc):
+                        raise
+                    if watch is None or remaining <= 0:
                         return None
-                else:
-                    store.wait(keys, datetime.timedelta(seconds=remaining))
-            except Exception as exc:
-                if _is_wait_timeout(exc):
-                    return None
-                raise
-            return store.multi_get(keys)
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                verdict = watch.check(store, missing) if missing else None
+                if verdict is not None:
+                    return verdict
 
         values = self._call(attempt, deadline, what)
+        if isinstance(values, Verdict):
+            raise RankLostError(
+                f"rank(s) {list(values.ranks)} of {self.world_size} died (seen from rank {self.rank} during "
+                f"{what}, job {self.job_token}; detected by {values.detected_by}: {values.reason}): recovery "
+                f"in memory is impossible, restore from a checkpoint.",
+                ranks=values.ranks, generation=generation, detected_by=values.detected_by)
         if values is not None:
             return dict(enumerate(values))
         missing = self._missing(keys, what)
@@ -327,7 +345,7 @@ class ControlChannel:
             f"rank(s) {missing} of {self.world_size} did not reach {what} (job {self.job_token}) before the "
             f"deadline; seen from rank {self.rank}. The rank died, hangs, or is in another generation: "
             f"recovery in memory is impossible, restore from a checkpoint.",
-            ranks=tuple(missing))
+            ranks=tuple(missing), generation=generation, detected_by="deadline")
 
     def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None:
         """Wait until every rank reached this barrier; RankLostError naming the absent ranks at the deadline."""
@@ -423,7 +441,7 @@ class ControlChannel:
 
     def heartbeat(self) -> None:
         """Record 'alive now' (wall-clock seconds) for this rank."""
-        self.set(self.key("hb", str(self.rank)), repr(time.time()).encode())
+        self.set(self.key("hb", str(self.rank)), Beat.format(os.getpid(), 0))
 
     def last_seen(self, rank: int) -> float | None:
         """Wall-clock time of ``rank``'s last heartbeat, or None if it never sent one.
@@ -432,7 +450,7 @@ class ControlChannel:
         """
         key = self.key("hb", str(rank))
         value = self._call(lambda s: s.get(key) if s.check([key]) else None, self._deadline(None), "last_seen")
-        return None if value is None else float(value.decode())
+        return None if value is None else Beat.parse(value).t
 
     def close(self) -> None:
         """Release the connection. Data-plane stores handed out stay usable by their groups."""

@@ -40,6 +40,7 @@ from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent
+from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
@@ -59,6 +60,9 @@ class GuardConfig:
     pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
     verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
     reset: ResetConfig = ResetConfig()
+    # Heartbeat on the control store, and how many missed beats make a peer whose connection dropped
+    # dead (docs/detection.md); None: no heartbeat, a dead peer is found by notices or the deadline.
+    liveness: LivenessConfig | None = LivenessConfig()
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -127,6 +131,8 @@ class Guard:
         self._vote_buf = self.backend.vote_buffer()
         self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
+        self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
+        self._heartbeat = self._start_heartbeat()
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -206,10 +212,13 @@ class Guard:
     def close(self) -> None:
         self._closed = True
         self.phase_hooks.clear()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     # -- the step ---------------------------------------------------------------------------------
 
     def _hook(self, phase: str, step: int) -> None:
+        self._progress += 1
         for hook in self.phase_hooks:
             hook(phase, step)
 
@@ -240,6 +249,21 @@ class Guard:
         self._table_after_first_step = True
 
     # -- recovery ---------------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> Heartbeat | None:
+        """This rank's heartbeat on its own client of the control store (None without a real channel)."""
+        cfg = getattr(self.control, "config", None)
+        if self.config.liveness is None or not all(hasattr(cfg, a) for a in ("host", "port", "job_token")):
+            return None
+        return Heartbeat(cfg.host, cfg.port, cfg.job_token, self.rank, config=self.config.liveness,
+                         progress=lambda: self._progress).start()
+
+    def _peer_watch(self, fault: dict[str, str], generation: int) -> PeerWatch | None:
+        token = getattr(self.control, "job_token", None)
+        if self.config.liveness is None or not isinstance(token, str):
+            return None
+        judge = PeerJudge(self.config.liveness, connection_dropped=is_connection_drop(fault.get("message", "")))
+        return PeerWatch(token, self.rank, judge, generation=generation)
 
     def _prepare_next_generation(self) -> None:
         """Let the control channel open the next generation's store connection in the background."""
@@ -284,14 +308,22 @@ class Guard:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
+        watch = self._peer_watch(fault, generation)
         try:
-            raw = self.control.gather("report", report.to_bytes(), generation)
+            if watch is None:
+                raw = self.control.gather("report", report.to_bytes(), generation)
+            else:
+                raw = self.control.gather("report", report.to_bytes(), generation, watch=watch)
         except RankLostError as lost:
+            how = getattr(lost, "detected_by", None) or "deadline"
+            seen = ("did not report within the control deadline" if how == "deadline"
+                    else f"died (detected by {how}: {lost})")
             raise RankLostError(
-                f"rank(s) {list(lost.ranks)} did not report within the control deadline after a fault at "
-                f"step {step}; this rank's last committed step is {self.committed_step}. In-memory recovery "
+                f"rank(s) {list(lost.ranks)} {seen} after a fault at step {step}, recovery generation "
+                f"{generation}; this rank's last committed step is {self.committed_step}. In-memory recovery "
                 "is impossible: restore from a checkpoint.",
-                ranks=lost.ranks, last_committed_step=self.committed_step,
+                ranks=lost.ranks, last_committed_step=self.committed_step, generation=generation,
+                detected_by=how,
             ) from lost
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
@@ -347,7 +379,8 @@ class Guard:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            max_grad_norm: float | None = 1.0, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
-           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None) -> Guard:
+           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
+           heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4) -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -356,9 +389,13 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     detected, it returns the wall time of a fault injected at or after ``t_start`` (and forgets it) or
     None, so that ``RecoveryEvent.detection_s`` counts from the injection; e.g.
     ``injection_clock=injector.consume_injection_time``. Also settable later as ``guard.injection_clock``.
+    ``heartbeat_interval_s`` / ``heartbeat_misses``: this rank beats on the control store every interval
+    (a daemon thread, its own store client), and a peer whose connection dropped and that missed that
+    many beats is declared dead at once instead of at the control deadline (None: no heartbeat).
     """
+    liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout,
-                         verify_rebind=verify_rebind, reset=reset)
+                         verify_rebind=verify_rebind, reset=reset, liveness=liveness)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
 
