@@ -332,9 +332,8 @@ class ControlChannel:
         values = self._call(attempt, deadline, what)
         if isinstance(values, Verdict):
             raise RankLostError(
-                f"rank(s) {list(values.ranks)} of {self.world_size} died (seen from rank {self.rank} during "
-                f"{what}, job {self.job_token}; detected by {values.detected_by}: {values.reason}): recovery "
-                f"in memory is impossible, restore from a checkpoint.",
+                f"rank(s) {list(values.ranks)} of {self.world_size} died, seen from rank {self.rank} during "
+                f"{what} (detected by {values.detected_by}: {values.reason})",
                 ranks=values.ranks, generation=generation, detected_by=values.detected_by)
         if values is not None:
             return dict(enumerate(values))

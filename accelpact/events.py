@@ -30,6 +30,9 @@ class RecoveryEvent:
     rounds: int = 1  # >1 when faults hit during recovery (nested)
     retire_s: float = 0.0  # dropping the old group (its C++ destructor), after the step continued
     reports: list[dict[str, Any]] = field(default_factory=list)
+    # How this rank learnt of the fault: "exception" (its own collective raised), later "watchdog" or
+    # "interrupt" (a peer's recovery round reached it while it computed).
+    detected_by: str = "exception"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -316,10 +316,10 @@ class Guard:
                 raw = self.control.gather("report", report.to_bytes(), generation, watch=watch)
         except RankLostError as lost:
             how = getattr(lost, "detected_by", None) or "deadline"
-            seen = ("did not report within the control deadline" if how == "deadline"
-                    else f"died (detected by {how}: {lost})")
+            seen = (f"rank(s) {list(lost.ranks)} did not report within the control deadline" if how == "deadline"
+                    else str(lost))
             raise RankLostError(
-                f"rank(s) {list(lost.ranks)} {seen} after a fault at step {step}, recovery generation "
+                f"{seen}; after a fault at step {step}, recovery generation "
                 f"{generation}; this rank's last committed step is {self.committed_step}. In-memory recovery "
                 "is impossible: restore from a checkpoint.",
                 ranks=lost.ranks, last_committed_step=self.committed_step, generation=generation,

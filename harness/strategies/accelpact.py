@@ -58,7 +58,10 @@ class AccelPactStep(Strategy):
             loss = self.guard.step(lambda batch: forward_backward(model, batch), tokens)
         except UnrecoverableError as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__)
+            # detected_by: how the loss was found ("notice", "heartbeat", "deadline"); the row reports it.
+            self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
+                                 detected_by=getattr(exc, "detected_by", None),
+                                 generation=getattr(exc, "generation", None))
             print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
                   f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
             # os._exit, not an exception: tearing down process groups a dead peer left half-open can
@@ -123,7 +126,9 @@ SPEC = StrategySpec(
     color="tab:green",
     order=1,
     relaunch=relaunch_on_fallback,
-    # Survivors of a lost rank wait up to the recovery deadline, then write their fallback event.
-    settle_s=lambda run: run.strategy.recovery_deadline_s + 15.0,
+    # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
+    # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
+    # survivor still waiting then is killed, which the relaunch policy treats the same way.
+    settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
 )
