@@ -26,3 +26,29 @@ def test_kill_is_seen_through_the_parents_notice_within_bound(tmp_path):
     assert 0 < latency <= NOTICE_BOUND_S, f"survivor fell back {latency:.2f} s after the SIGKILL"
     assert row["detected_by"] == "notice"
     assert 0 < row["detection_latency_s"] <= NOTICE_BOUND_S
+
+
+def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
+    # Namespace runs: the parent writes notices through the bridge-namespace server's stdin.
+    import datetime
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from harness_test_helpers import harness_env
+
+    server = subprocess.Popen([sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=harness_env(),
+                              cwd=tmp_path)
+    try:
+        _, host, port = server.stdout.readline().split()
+        value = b'{"rank": 1}'
+        server.stdin.write(f"SET tok/dead/1 {value.hex()}\nSET bad line\n")
+        server.stdin.flush()
+        client = dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=20))
+        client.wait(["tok/dead/1"], datetime.timedelta(seconds=20))
+        assert client.get("tok/dead/1") == b'{"rank": 1}'
+    finally:
+        server.stdin.close()
+        server.wait(timeout=20)
