@@ -42,6 +42,7 @@ from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError
 from accelpact.events import RecoveryEvent
 from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.watchdog import StallWatchdog
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -49,6 +50,10 @@ PhaseHook = Callable[[str, int], None]
 # Given the start time of the failed attempt, the wall time of a fault injected at or after it (and
 # forgotten from then on), or None: e.g. accelpact.testing.FaultInjector.consume_injection_time.
 InjectionClock = Callable[[float], "float | None"]
+
+# The watchdog's default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far
+# below the PG timeouts in use (30 s to 30 min).
+DEFAULT_STALL_TIMEOUT_S = 10.0
 
 # Recovery rounds allowed for one fault before giving up (each round is a nested fault).
 _MAX_ROUNDS = 16
@@ -63,6 +68,10 @@ class GuardConfig:
     # Heartbeat on the control store, and how many missed beats make a peer whose connection dropped
     # dead (docs/detection.md); None: no heartbeat, a dead peer is found by notices or the deadline.
     liveness: LivenessConfig | None = LivenessConfig()
+    # A data-plane collective that has not completed for this long (and longer than 3x the median
+    # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
+    # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
+    stall_timeout_s: float | None = None
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -133,6 +142,7 @@ class Guard:
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
         self._heartbeat = self._start_heartbeat()
+        self._watchdog = self._start_watchdog()
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -173,6 +183,8 @@ class Guard:
             t_start = time.time()
             self._phase = Phase.BEFORE_VOTE
             loss: torch.Tensor | None = None
+            if self._watchdog is not None:
+                self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
             try:
                 self._hook("step_start", step)
                 loss = step_fn(batch)
@@ -183,14 +195,17 @@ class Guard:
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
                 self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
+                if self._watchdog is not None:
+                    self._watchdog.end_attempt(completed=True)
                 self._phase = Phase.VOTED
                 self._hook("post_vote", step)
                 self._apply(step)
                 return loss
             except BaseException as exc:  # noqa: BLE001 - filtered right below
+                fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
                 if not self.backend.is_comm_fault(exc):
                     raise
-                decision = self._recover(exc, step, t_start)
+                decision = self._recover(exc, step, t_start, watchdog=fired)
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:
@@ -214,6 +229,8 @@ class Guard:
         self.phase_hooks.clear()
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -258,11 +275,29 @@ class Guard:
         return Heartbeat(cfg.host, cfg.port, cfg.job_token, self.rank, config=self.config.liveness,
                          progress=lambda: self._progress).start()
 
+    def _start_watchdog(self) -> StallWatchdog | None:
+        """The stall watchdog on its own control-store client (None when off or without a real channel)."""
+        cfg = getattr(self.control, "config", None)
+        if self.config.stall_timeout_s is None or not all(hasattr(cfg, a) for a in ("host", "port", "job_token")):
+            return None
+        if self.config.stall_timeout_s >= self._pg_timeout.total_seconds():
+            raise AccelPactError(
+                f"stall_timeout_s={self.config.stall_timeout_s} must be below the PG timeout "
+                f"({self._pg_timeout.total_seconds():.0f} s), or the timeout fires first: lower stall_timeout_s "
+                "or pass stall_timeout_s=None to turn the watchdog off")
+        sockets = getattr(self.backend, "sockets", None)
+        return StallWatchdog(cfg.host, cfg.port, cfg.job_token, self.rank, self.world_size,
+                             stall_timeout_s=self.config.stall_timeout_s,
+                             liveness=self.config.liveness or LivenessConfig(), abort=self.backend.abort,
+                             inodes=lambda: set(sockets.inodes) if sockets is not None else set()).start()
+
     def _peer_watch(self, fault: dict[str, str], generation: int) -> PeerWatch | None:
         token = getattr(self.control, "job_token", None)
         if self.config.liveness is None or not isinstance(token, str):
             return None
-        judge = PeerJudge(self.config.liveness, connection_dropped=is_connection_drop(fault.get("message", "")))
+        # After a watchdog abort the dropped connections are our own doing: a stopped peer is waited for.
+        dropped = "watchdog" not in fault and is_connection_drop(fault.get("message", ""))
+        judge = PeerJudge(self.config.liveness, connection_dropped=dropped)
         return PeerWatch(token, self.rank, judge, generation=generation)
 
     def _prepare_next_generation(self) -> None:
@@ -271,12 +306,14 @@ class Guard:
         if prepare is not None:
             prepare()
 
-    def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
+    def _recover(self, exc: BaseException, step: int, t_start: float, watchdog: str | None = None) -> Decision:
         t_detected = time.time()
         self.backend.forget_expired()  # abandoned generations whose collectives have timed out
         injected = self.injection_clock(t_start) if self.injection_clock is not None else None
         detection_s = t_detected - (injected if injected is not None else t_start)
         fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
+        if watchdog is not None:
+            fault["watchdog"] = watchdog
         _drop_traceback(exc)  # its frames hold the old group alive
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
         self.backend.abort()
@@ -369,6 +406,7 @@ class Guard:
             t_detected=t_detected, detection_s=detection_s, agreement_s=t1 - t0, rebuild_s=t2 - t1,
             rebind_s=t3 - t2, first_collective_s=t4 - t3, total_s=t4 - t_detected, rounds=rounds,
             retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
+            detected_by="watchdog" if "watchdog" in fault else "exception",
         ))
         if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
             # Our gradients were complete but nobody committed: discard them before the retry.
@@ -380,7 +418,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            max_grad_norm: float | None = 1.0, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
-           heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4) -> Guard:
+           heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
+           stall_timeout_s: float | None | str = "auto") -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -392,10 +431,19 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     ``heartbeat_interval_s`` / ``heartbeat_misses``: this rank beats on the control store every interval
     (a daemon thread, its own store client), and a peer whose connection dropped and that missed that
     many beats is declared dead at once instead of at the control deadline (None: no heartbeat).
+    ``stall_timeout_s``: the stall watchdog (accelpact/watchdog.py): a collective stuck this long, and
+    longer than 3x the median step, while a peer stopped beating or the link retransmits, is aborted
+    and recovered instead of waiting for the PG timeout. "auto": 10 s when the PG timeout is longer,
+    else off; None: off; an explicit value must be below the PG timeout.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
-    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout,
-                         verify_rebind=verify_rebind, reset=reset, liveness=liveness)
+    if stall_timeout_s == "auto":
+        pg_s = (pg_timeout or dist.default_pg_timeout).total_seconds()
+        stall_timeout_s = DEFAULT_STALL_TIMEOUT_S if pg_s > DEFAULT_STALL_TIMEOUT_S else None
+    elif isinstance(stall_timeout_s, str):
+        raise ValueError(f"stall_timeout_s={stall_timeout_s!r}: pass seconds, None (off) or 'auto'")
+    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
+                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
 

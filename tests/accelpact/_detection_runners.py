@@ -46,3 +46,62 @@ def die(sc: dict, ctx: RankContext) -> dict:
     finally:
         guard.close()
     return {"t_raised": None, "error": None}
+
+
+def train(sc: dict, ctx: RankContext) -> dict:
+    """Train ``steps`` steps, guarded unless ``guard`` is False (the fault-free reference).
+
+    ``stop``: ``{"rank", "step"}``: that rank writes ``stopped.json`` and SIGSTOPs itself inside
+    step_fn (the test process continues it). ``slow``: ``{"rank", "step", "factor"}``: that rank
+    sleeps ``factor`` x its median step so far inside step_fn. Saves the state for the comparison.
+    """
+    import statistics
+
+    import torch
+
+    from experiments._fsdp_models import state_of
+
+    m = model_config(None)
+    model, optimizer, _root, _middle = build("fsdp2", m)
+    guard = None
+    if sc.get("guard", True):
+        guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0,
+                       pg_timeout=timedelta(seconds=ctx.pg_timeout_s), stall_timeout_s=sc.get("stall_timeout_s"))
+    inner = step_fn_for(model)
+    stop, slow = sc.get("stop"), sc.get("slow")
+    times: list[float] = []
+    state = {"step": 0}
+
+    def step_fn(batch):
+        if stop and ctx.rank == stop["rank"] and state["step"] == stop["step"]:
+            (ctx.out_dir / "stopped.json").write_text(json.dumps({"t": time.time(), "pid": os.getpid()}))
+            stop["rank"] = -1  # once: the retried step must not stop again
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if slow and ctx.rank == slow["rank"] and state["step"] == slow["step"]:
+            pause = slow["factor"] * statistics.median(times)
+            (ctx.out_dir / "slow.json").write_text(json.dumps({"t": time.time(), "sleep_s": pause}))
+            slow["rank"] = -1
+            time.sleep(pause)
+        return inner(batch)
+
+    ctx.barrier(f"built/{sc['name']}")
+    losses = []
+    for step in range(sc["steps"]):
+        state["step"] = step
+        batch = batch_for(step, ctx.rank, m)
+        t = time.perf_counter()
+        if guard is not None:
+            losses.append(guard.step(step_fn, batch))
+        else:
+            from accelpact.guard import clip_gradients
+
+            losses.append(step_fn(batch))
+            clip_gradients(model, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    events = [e.to_dict() for e in guard.events] if guard is not None else []
+    if guard is not None:
+        guard.close()
+    torch.save({"losses": losses, "state": state_of(model, optimizer)}, ctx.out_dir / f"{sc['name']}.rank{ctx.rank}.pt")
+    return {"events": events, "step_s": times, "error": None}
