@@ -42,7 +42,7 @@ from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError
 from accelpact.events import RecoveryEvent
 from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
-from accelpact.watchdog import StallWatchdog
+from accelpact.watchdog import DEFAULT_STALL_TIMEOUT_S, StallWatchdog
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -50,10 +50,6 @@ PhaseHook = Callable[[str, int], None]
 # Given the start time of the failed attempt, the wall time of a fault injected at or after it (and
 # forgotten from then on), or None: e.g. accelpact.testing.FaultInjector.consume_injection_time.
 InjectionClock = Callable[[float], "float | None"]
-
-# The watchdog's default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far
-# below the PG timeouts in use (30 s to 30 min).
-DEFAULT_STALL_TIMEOUT_S = 10.0
 
 # Recovery rounds allowed for one fault before giving up (each round is a nested fault).
 _MAX_ROUNDS = 16

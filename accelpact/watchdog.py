@@ -34,8 +34,11 @@ from typing import Any, Callable, Collection
 
 from accelpact.liveness import Beat, LivenessConfig, heartbeat_key
 
-__all__ = ["StallWatchdog", "WatchdogState", "sockets_retransmitting"]
+__all__ = ["StallWatchdog", "WatchdogState", "sockets_retransmitting", "DEFAULT_STALL_TIMEOUT_S"]
 
+# The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
+# timeouts in use (30 s to 30 min).
+DEFAULT_STALL_TIMEOUT_S = 10.0
 # Step times kept for the running median; the median needs this many before it is trusted.
 _HISTORY = 32
 _MIN_HISTORY = 3

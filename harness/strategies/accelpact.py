@@ -44,6 +44,8 @@ class AccelPactStep(Strategy):
             pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
             # Detection is measured from the injected fault, not from the failed attempt's start.
             injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
+            # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
+            stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
         )
         self.guard.phase_hooks.append(self.on_guard_phase)
         self._seen = 0
@@ -100,6 +102,12 @@ class AccelPactStep(Strategy):
         finally:
             self.guard.close()
             self.control.close()
+
+
+def _stall_timeout(value: "float | None") -> "float | None | str":
+    if value is None:
+        return "auto"
+    return value or None
 
 
 def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:

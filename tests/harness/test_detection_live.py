@@ -52,3 +52,31 @@ def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
     finally:
         server.stdin.close()
         server.wait(timeout=20)
+
+
+def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_path):
+    done = run_harness([*TINY, "strategy=accelpact", "cluster.pg_timeout_s=30", "strategy.stall_timeout_s=30"],
+                       tmp_path, timeout=120)
+    assert done.returncode != 0
+    err = [line for line in (done.stdout + done.stderr).splitlines() if "stall_timeout_s" in line]
+    assert err and "strategy.stall_timeout_s=15" in err[0], done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_blackhole_shorter_than_the_pg_timeout_is_allowed_with_the_watchdog():
+    from harness.app.capabilities import check_runnable
+    from harness.app.schema import RunConfig
+    from harness.app.validate import ConfigError
+
+    run = RunConfig()
+    run.strategy.name, run.fault.kind, run.fault.at_step = "accelpact", "blackhole", 3
+    run.cluster.pg_timeout_s, run.fault.outage_s, run.train.steps = 120.0, 8.0, 10
+    run.strategy.stall_timeout_s = 3.0
+    try:
+        check_runnable(run)
+    except ConfigError as exc:
+        assert "namespaces" in str(exc), exc  # only the machine may refuse it, never the outage length
+    run.strategy.stall_timeout_s = 0  # watchdog off: TCP would absorb it, refused as before
+    import pytest
+
+    with pytest.raises(ConfigError, match="absorb"):
+        check_runnable(run)
