@@ -39,7 +39,7 @@ from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
-from accelpact.events import RecoveryEvent
+from accelpact.events import RecoveryEvent, RoundClock
 from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.watchdog import DEFAULT_STALL_TIMEOUT_S, StallWatchdog
@@ -315,6 +315,7 @@ class Guard:
         self.backend.abort()
         report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"])
         rounds = 0
+        clock = RoundClock()
         while True:
             rounds += 1
             if rounds > _MAX_ROUNDS:
@@ -324,8 +325,9 @@ class Guard:
                     ranks=(self.rank,), last_committed_step=self.committed_step,
                 )
             try:
-                return self._round(report, step, fault, t_detected, detection_s, rounds)
+                return self._round(report, step, fault, t_detected, detection_s, rounds, clock)
             except BaseException as nested:  # noqa: BLE001
+                clock.close()  # the failed round's time, up to the failure
                 if not self.backend.is_comm_fault(nested):
                     raise
                 _drop_traceback(nested)
@@ -333,7 +335,8 @@ class Guard:
                 self.backend.abort()  # the half-built generation: peers must fail fast too
 
     def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
-               detection_s: float, rounds: int) -> Decision:
+               detection_s: float, rounds: int, clock: RoundClock) -> Decision:
+        clock.start()
         t0 = time.time()
         # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
         # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
@@ -361,6 +364,7 @@ class Guard:
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
         t1 = time.time()
+        clock.mark()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
         # if the fault hit before the first commit: they are in place by now, the old groups are
         # still registered, and this is the last moment to find them).
@@ -370,10 +374,12 @@ class Guard:
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
         t2 = time.time()
+        clock.mark()
         # 5. Rebind in place (function defaults of modules imported since attach included).
         self.table.refresh_defaults()
         self.table.rebind(dict(zip(old_groups, new_groups)))
         t3 = time.time()
+        clock.mark()
         if self.config.verify_rebind:
             stale = [(comm.describe(g), find_stale_references(g, ignore=(old_groups,))) for g in old_groups]
             stale = [(g, refs) for g, refs in stale if refs]
@@ -390,19 +396,22 @@ class Guard:
             self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
         t4 = time.time()
+        clock.mark()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
         t5 = time.time()
+        clock.close()
         self._prepare_next_generation()
         self.events.append(RecoveryEvent(
             step=step, generation=generation, phase=report.phase.value, fault=fault,
             ranks=sorted(r.rank for r in reports),
             decision={"action": decision.action.value, "step": decision.step,
                       "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
-            t_detected=t_detected, detection_s=detection_s, agreement_s=t1 - t0, rebuild_s=t2 - t1,
-            rebind_s=t3 - t2, first_collective_s=t4 - t3, total_s=t4 - t_detected, rounds=rounds,
+            t_detected=t_detected, detection_s=detection_s, agreement_s=clock.total("agreement"),
+            rebuild_s=clock.total("rebuild"), rebind_s=clock.total("rebind"),
+            first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
             retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
-            detected_by="watchdog" if "watchdog" in fault else "exception",
+            detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
         ))
         if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
             # Our gradients were complete but nobody committed: discard them before the retry.
