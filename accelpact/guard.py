@@ -40,6 +40,7 @@ from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.linkprobe import peer_addresses, wait_reachable
 from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.watchdog import DEFAULT_STALL_TIMEOUT_S, StallWatchdog
@@ -139,6 +140,9 @@ class Guard:
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
         self._heartbeat = self._start_heartbeat()
         self._watchdog = self._start_watchdog()
+        sockets = getattr(self.backend, "sockets", None)
+        # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
+        self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -370,6 +374,8 @@ class Guard:
         # still registered, and this is the last moment to find them).
         if not self._table_after_first_step and rounds == 1:
             self._rescan()
+        # A link still down or blackholed: wait for it (within the deadline) instead of building on it.
+        wait_reachable(self._data_peers, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
         store = self.control.data_plane_store(generation)
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
