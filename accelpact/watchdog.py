@@ -11,8 +11,8 @@ collective raises at once and the guard recovers as after a reset) when, during 
    plane is dead even if its own collective has not failed yet); or
 2. the attempt has run longer than ``max(stall_timeout_s, 3 x median step)`` AND it is a stall, not a
    slow step: a peer's heartbeat is stale (the peer is stopped: a rank merely busy in a slow
-   ``step_fn`` keeps beating from its daemon thread), or this rank's own data-plane sockets hold data
-   the kernel keeps retransmitting (a blackhole or a link that went down). A slow peer leaves the
+   ``step_fn`` keeps beating from its daemon thread), or one of this rank's own data-plane sockets has
+   held the same unsent data for 0.5 s (a blackhole or a link that went down). A slow peer leaves the
    sockets idle and its beat fresh, so rule 2 never fires on it, however slow.
 
 Firing is serialised with the guard through one lock, and only for the generation and attempt it was
@@ -22,10 +22,10 @@ measurements behind the thresholds.
 
 from __future__ import annotations
 
-import os
-import socket
+import fcntl
 import statistics
 import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -34,11 +34,12 @@ from typing import Any, Callable, Collection
 
 from accelpact.liveness import Beat, LivenessConfig, heartbeat_key
 
-__all__ = ["StallWatchdog", "WatchdogState", "sockets_retransmitting", "DEFAULT_STALL_TIMEOUT_S"]
+__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S"]
 
 # The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
 # timeouts in use (30 s to 30 min).
 DEFAULT_STALL_TIMEOUT_S = 10.0
+_SIOCOUTQ = termios.TIOCOUTQ  # the same request number for sockets
 # Step times kept for the running median; the median needs this many before it is trusted.
 _HISTORY = 32
 _MIN_HISTORY = 3
@@ -46,39 +47,50 @@ _MIN_HISTORY = 3
 SLOW_FACTOR = 3.0
 
 
-def sockets_retransmitting(inodes: Collection[int]) -> bool:
-    """True when one of this process's sockets (by inode) holds data the kernel keeps retransmitting.
+def send_queues(inodes: Collection[int]) -> dict[int, int]:
+    """Bytes still queued for sending (unsent + unacknowledged: ``SIOCOUTQ``) per socket inode.
 
-    Reads ``TCP_INFO`` through a dup'ed descriptor: ``tcpi_retransmits`` (byte 2: RTO timeouts not yet
-    recovered) and ``tcpi_backoff`` (byte 4), with ``tcpi_unacked`` (u32 at offset 24). An idle socket
-    (a slow peer) has neither; a blackholed one has both after its first RTO (~200 ms).
+    Measured in a namespace with a ``tbf`` blackhole on the link: the data never leaves the qdisc, so
+    ``TCP_INFO`` shows no retransmits and no unacked packets; the send queue is what stays full.
     """
     from accelpact.backends._sockets import _socket_inode_to_fd
 
     wanted = set(inodes)
+    out: dict[int, int] = {}
     for inode, fd in _socket_inode_to_fd().items():
         if inode not in wanted:
             continue
         try:
-            dup = os.dup(fd)
+            buf = fcntl.ioctl(fd, _SIOCOUTQ, b"\0\0\0\0")
         except OSError:
             continue
-        try:
-            s = socket.socket(fileno=dup)
-            try:
-                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-            finally:
-                s.detach()
-        except OSError:
-            continue
-        finally:
-            os.close(dup)
-        if len(info) >= 28:
-            retransmits, backoff = info[2], info[4]
-            (unacked,) = struct.unpack_from("I", info, 24)
-            if unacked > 0 and (retransmits > 0 or backoff > 0):
-                return True
-    return False
+        out[inode] = struct.unpack("i", buf)[0]
+    return out
+
+
+class SendQueueTracker:
+    """Which sockets have held the same non-empty send queue for ``stuck_s``: data the link does not
+    carry. A healthy link drains a queue in milliseconds, however slow the peer's step."""
+
+    def __init__(self, stuck_s: float = 0.5) -> None:
+        self.stuck_s = stuck_s
+        self._seen: dict[int, tuple[int, float]] = {}
+
+    def stuck(self, queues: dict[int, int], now: float) -> bool:
+        found = False
+        for inode, size in queues.items():
+            last = self._seen.get(inode)
+            if size <= 0:
+                self._seen.pop(inode, None)
+                continue
+            if last is None or last[0] != size:
+                self._seen[inode] = (size, now)
+            elif now - last[1] >= self.stuck_s:
+                found = True
+        return found
+
+    def clear(self) -> None:
+        self._seen.clear()
 
 
 @dataclass
@@ -111,6 +123,7 @@ class StallWatchdog:
         self._steps: deque[float] = deque(maxlen=_HISTORY)
         self._stop = threading.Event()
         self._beats: dict[int, tuple[bytes | None, float]] = {}
+        self._queues = SendQueueTracker()
         self._thread = threading.Thread(target=self._loop, name=f"accelpact-watchdog-r{rank}", daemon=True)
 
     # -- the guard's side ------------------------------------------------------------------------
@@ -157,6 +170,7 @@ class StallWatchdog:
                 armed = t0 is not None and self.state.fired is None
             if not armed:
                 self._beats.clear()
+                self._queues.clear()
                 continue
             try:
                 if store is None:
@@ -174,12 +188,13 @@ class StallWatchdog:
             return "a peer is recovering (posted at the next generation)"
         now = time.monotonic()
         stale = self._stale_peers(store, now)
+        stuck = self._queues.stuck(send_queues(self._inodes()), now)
         elapsed = now - t0
         if elapsed < self.threshold_s():
             return None
         if stale:
             return f"stall: no progress for {elapsed:.1f} s and rank(s) {stale} stopped beating"
-        if sockets_retransmitting(self._inodes()):
+        if stuck:
             return f"stall: no progress for {elapsed:.1f} s and the data-plane link is not delivering"
         return None
 
