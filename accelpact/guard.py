@@ -34,16 +34,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import comm
+from accelpact import comm, detection
 from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent, RoundClock
 from accelpact.linkprobe import peer_addresses, wait_reachable
-from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
+from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
-from accelpact.watchdog import DEFAULT_STALL_TIMEOUT_S, StallWatchdog
+from accelpact.watchdog import resolve_stall_timeout
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -138,8 +138,9 @@ class Guard:
         self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
-        self._heartbeat = self._start_heartbeat()
-        self._watchdog = self._start_watchdog()
+        self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
+        self._watchdog = detection.start_watchdog(control, self.rank, self.world_size, config.stall_timeout_s,
+                                                  self._pg_timeout.total_seconds(), config.liveness, self.backend)
         sockets = getattr(self.backend, "sockets", None)
         # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
         self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
@@ -267,39 +268,6 @@ class Guard:
 
     # -- recovery ---------------------------------------------------------------------------------
 
-    def _start_heartbeat(self) -> Heartbeat | None:
-        """This rank's heartbeat on its own client of the control store (None without a real channel)."""
-        cfg = getattr(self.control, "config", None)
-        if self.config.liveness is None or not all(hasattr(cfg, a) for a in ("host", "port", "job_token")):
-            return None
-        return Heartbeat(cfg.host, cfg.port, cfg.job_token, self.rank, config=self.config.liveness,
-                         progress=lambda: self._progress).start()
-
-    def _start_watchdog(self) -> StallWatchdog | None:
-        """The stall watchdog on its own control-store client (None when off or without a real channel)."""
-        cfg = getattr(self.control, "config", None)
-        if self.config.stall_timeout_s is None or not all(hasattr(cfg, a) for a in ("host", "port", "job_token")):
-            return None
-        if self.config.stall_timeout_s >= self._pg_timeout.total_seconds():
-            raise AccelPactError(
-                f"stall_timeout_s={self.config.stall_timeout_s} must be below the PG timeout "
-                f"({self._pg_timeout.total_seconds():.0f} s), or the timeout fires first: lower stall_timeout_s "
-                "or pass stall_timeout_s=None to turn the watchdog off")
-        sockets = getattr(self.backend, "sockets", None)
-        return StallWatchdog(cfg.host, cfg.port, cfg.job_token, self.rank, self.world_size,
-                             stall_timeout_s=self.config.stall_timeout_s,
-                             liveness=self.config.liveness or LivenessConfig(), abort=self.backend.abort,
-                             inodes=lambda: set(sockets.inodes) if sockets is not None else set()).start()
-
-    def _peer_watch(self, fault: dict[str, str], generation: int) -> PeerWatch | None:
-        token = getattr(self.control, "job_token", None)
-        if self.config.liveness is None or not isinstance(token, str):
-            return None
-        # After a watchdog abort the dropped connections are our own doing: a stopped peer is waited for.
-        dropped = "watchdog" not in fault and is_connection_drop(fault.get("message", ""))
-        judge = PeerJudge(self.config.liveness, connection_dropped=dropped)
-        return PeerWatch(token, self.rank, judge, generation=generation)
-
     def _prepare_next_generation(self) -> None:
         """Let the control channel open the next generation's store connection in the background."""
         prepare = getattr(self.control, "prepare_data_plane", None)
@@ -348,7 +316,7 @@ class Guard:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
-        watch = self._peer_watch(fault, generation)
+        watch = detection.peer_watch(self.control, self.rank, self.config.liveness, fault, generation)
         try:
             if watch is None:
                 raw = self.control.gather("report", report.to_bytes(), generation)
@@ -448,11 +416,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     else off; None: off; an explicit value must be below the PG timeout.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
-    if stall_timeout_s == "auto":
-        pg_s = (pg_timeout or dist.default_pg_timeout).total_seconds()
-        stall_timeout_s = DEFAULT_STALL_TIMEOUT_S if pg_s > DEFAULT_STALL_TIMEOUT_S else None
-    elif isinstance(stall_timeout_s, str):
-        raise ValueError(f"stall_timeout_s={stall_timeout_s!r}: pass seconds, None (off) or 'auto'")
+    stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,

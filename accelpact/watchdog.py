@@ -34,7 +34,8 @@ from typing import Any, Callable, Collection
 
 from accelpact.liveness import Beat, LivenessConfig, heartbeat_key
 
-__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S"]
+__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
+           "resolve_stall_timeout"]
 
 # The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
 # timeouts in use (30 s to 30 min).
@@ -91,6 +92,16 @@ class SendQueueTracker:
 
     def clear(self) -> None:
         self._seen.clear()
+
+
+def resolve_stall_timeout(value: "float | None | str", pg_timeout_s: float) -> float | None:
+    """attach()'s ``stall_timeout_s``: "auto" is DEFAULT_STALL_TIMEOUT_S when the PG timeout is longer,
+    else None (off); None stays off; seconds stay as given (checked against the PG timeout at start)."""
+    if value == "auto":
+        return DEFAULT_STALL_TIMEOUT_S if pg_timeout_s > DEFAULT_STALL_TIMEOUT_S else None
+    if isinstance(value, str):
+        raise ValueError(f"stall_timeout_s={value!r}: pass seconds, None (off) or 'auto'")
+    return value
 
 
 @dataclass
