@@ -309,25 +309,30 @@ class ControlChannel:
             # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
             # after a reconnect: setting our own key again is idempotent.
             store.multi_set([keys[self.rank], posted], [payload, b"1"])
-            while True:
-                remaining = deadline - time.monotonic()
-                try:
-                    if remaining <= 0:
-                        if not store.check(keys):
-                            return None
-                    else:
-                        wait_s = remaining if watch is None else min(remaining, watch.slice_s)
-                        store.wait(keys, datetime.timedelta(seconds=wait_s))
-                    return store.multi_get(keys)
-                except Exception as exc:
-                    if not _is_wait_timeout(exc):
-                        raise
-                    if watch is None or remaining <= 0:
+            if watch is not None:
+                # Look, then sleep a slice: a store wait() with a short timeout would do the same, but
+                # torch logs two warnings per timed-out wait (20 lines a second in the rank's log).
+                while time.monotonic() < deadline:
+                    missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                    if not missing:
+                        return store.multi_get(keys)
+                    verdict = watch.check(store, missing)
+                    if verdict is not None:
+                        return verdict
+                    time.sleep(min(watch.slice_s, max(deadline - time.monotonic(), 0.0)))
+                return store.multi_get(keys) if store.check(keys) else None
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    if not store.check(keys):
                         return None
-                missing = [r for r, k in enumerate(keys) if not store.check([k])]
-                verdict = watch.check(store, missing) if missing else None
-                if verdict is not None:
-                    return verdict
+                else:
+                    store.wait(keys, datetime.timedelta(seconds=remaining))
+            except Exception as exc:
+                if _is_wait_timeout(exc):
+                    return None
+                raise
+            return store.multi_get(keys)
 
         values = self._call(attempt, deadline, what)
         if isinstance(values, Verdict):
