@@ -37,6 +37,7 @@ import torch.nn as nn
 from accelpact import comm, detection
 from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent, RoundClock
@@ -69,27 +70,6 @@ class GuardConfig:
     # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
     # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
     stall_timeout_s: float | None = None
-
-
-def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip gradients by their global norm; the same math with or without a guard.
-
-    FSDP2 grads are DTensors: the total norm is a partial DTensor whose ``full_tensor()`` is the
-    all-reduce. FSDP1 needs its own ``clip_grad_norm_`` (flat parameters are sharded plain tensors).
-    """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(model, FSDP):
-        return model.clip_grad_norm_(max_norm)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(
-        [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True
-    )
-    return total
 
 
 class Guard:
@@ -309,7 +289,6 @@ class Guard:
     def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
                detection_s: float, rounds: int, clock: RoundClock) -> Decision:
         clock.start()
-        t0 = time.time()
         # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
         # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
         if report.phase is Phase.BEFORE_VOTE:
@@ -335,7 +314,6 @@ class Guard:
             ) from lost
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
-        t1 = time.time()
         clock.mark()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
         # if the fault hit before the first commit: they are in place by now, the old groups are
@@ -347,12 +325,10 @@ class Guard:
         store = self.control.data_plane_store(generation)
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
-        t2 = time.time()
         clock.mark()
         # 5. Rebind in place (function defaults of modules imported since attach included).
         self.table.refresh_defaults()
         self.table.rebind(dict(zip(old_groups, new_groups)))
-        t3 = time.time()
         clock.mark()
         if self.config.verify_rebind:
             stale = [(comm.describe(g), find_stale_references(g, ignore=(old_groups,))) for g in old_groups]
