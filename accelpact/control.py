@@ -52,6 +52,7 @@ from accelpact._store_client import (
 )
 from accelpact._data_plane_store import DataPlaneStores
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
+from accelpact.liveness import Beat, PeerWatch, Verdict
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -288,12 +289,16 @@ class ControlChannel(DataPlaneStores):
     def _round_keys(self, generation: int, tag: str) -> list[str]:
         return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
 
-    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None) -> dict[int, bytes]:
+    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None,
+               watch: "PeerWatch | None" = None) -> dict[int, bytes]:
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 
         Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
-        store raises ControlChannelError. Use each (tag, generation) once: keys are never deleted, so
-        a second gather with the same pair would return the first one's payloads.
+        store raises ControlChannelError. With ``watch`` (accelpact.liveness.PeerWatch) the wait runs in
+        short slices and, between them, looks at the missing ranks' death notices and heartbeats: a
+        rank found dead raises RankLostError at once (``detected_by`` "notice" or "heartbeat"); the
+        deadline stays the backstop. Use each (tag, generation) once: keys are never deleted, so a
+        second gather with the same pair would return the first one's payloads.
         """
         deadline = self._deadline(deadline_s)
         keys = self._round_keys(generation, tag)
@@ -305,6 +310,18 @@ class ControlChannel(DataPlaneStores):
             # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
             # after a reconnect: setting our own key again is idempotent.
             store.multi_set([keys[self.rank], posted], [payload, b"1"])
+            if watch is not None:
+                # Look, then sleep a slice: a store wait() with a short timeout would do the same, but
+                # torch logs two warnings per timed-out wait (20 lines a second in the rank's log).
+                while time.monotonic() < deadline:
+                    missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                    if not missing:
+                        return store.multi_get(keys)
+                    verdict = watch.check(store, missing)
+                    if verdict is not None:
+                        return verdict
+                    time.sleep(min(watch.slice_s, max(deadline - time.monotonic(), 0.0)))
+                return store.multi_get(keys) if store.check(keys) else None
             remaining = deadline - time.monotonic()
             try:
                 if remaining <= 0:
@@ -319,6 +336,11 @@ class ControlChannel(DataPlaneStores):
             return store.multi_get(keys)
 
         values = self._call(attempt, deadline, what)
+        if isinstance(values, Verdict):
+            raise RankLostError(
+                f"rank(s) {list(values.ranks)} of {self.world_size} died, seen from rank {self.rank} during "
+                f"{what} (detected by {values.detected_by}: {values.reason})",
+                ranks=values.ranks, generation=generation, detected_by=values.detected_by)
         if values is not None:
             return dict(enumerate(values))
         missing = self._missing(keys, what)
@@ -328,7 +350,7 @@ class ControlChannel(DataPlaneStores):
             f"rank(s) {missing} of {self.world_size} did not reach {what} (job {self.job_token}) before the "
             f"deadline; seen from rank {self.rank}. The rank died, hangs, or is in another generation: "
             f"recovery in memory is impossible, restore from a checkpoint.",
-            ranks=tuple(missing))
+            ranks=tuple(missing), generation=generation, detected_by="deadline")
 
     def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None:
         """Wait until every rank reached this barrier; RankLostError naming the absent ranks at the deadline."""
@@ -352,7 +374,7 @@ class ControlChannel(DataPlaneStores):
 
     def heartbeat(self) -> None:
         """Record 'alive now' (wall-clock seconds) for this rank."""
-        self.set(self.key("hb", str(self.rank)), repr(time.time()).encode())
+        self.set(self.key("hb", str(self.rank)), Beat.format(os.getpid(), 0))
 
     def last_seen(self, rank: int) -> float | None:
         """Wall-clock time of ``rank``'s last heartbeat, or None if it never sent one.
@@ -361,7 +383,7 @@ class ControlChannel(DataPlaneStores):
         """
         key = self.key("hb", str(rank))
         value = self._call(lambda s: s.get(key) if s.check([key]) else None, self._deadline(None), "last_seen")
-        return None if value is None else float(value.decode())
+        return None if value is None else Beat.parse(value).t
 
     def close(self) -> None:
         """Release the connection. Data-plane stores handed out stay usable by their groups."""

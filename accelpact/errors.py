@@ -76,7 +76,18 @@ class UnrecoverableError(AccelPactError):
 
 
 class RankLostError(UnrecoverableError):
-    """A rank died or missed the control-channel deadline."""
+    """A rank died or missed the control-channel deadline.
+
+    ``generation``: the recovery round in which it was found lost (None if unknown); ``detected_by``:
+    how ("notice": someone who saw it die said so; "heartbeat": its connection dropped and it stopped
+    beating; "deadline": it did not report before the control deadline).
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), last_committed_step: int | None = None,
+                 generation: int | None = None, detected_by: str | None = None):
+        super().__init__(message, ranks=ranks, last_committed_step=last_committed_step)
+        self.generation = generation
+        self.detected_by = detected_by
 
 
 class StateDivergedError(UnrecoverableError):

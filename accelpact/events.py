@@ -6,10 +6,52 @@ into its per-rank event log (kind ``recovery``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RecoveryEvent"]
+__all__ = ["RecoveryEvent", "RoundClock", "ROUND_PARTS"]
+
+# The parts of one recovery round, in order (detection happens once, before the first round).
+ROUND_PARTS = ("agreement", "rebuild", "rebind", "first_collective")
+
+
+class RoundClock:
+    """Times every round of one recovery, the failed ones included, so no second goes unattributed.
+
+    ``start()`` opens a round, ``mark()`` ends each part in ROUND_PARTS order, ``close()`` records the
+    round; a round that failed midway is charged up to its failure to the part it was in.
+    """
+
+    def __init__(self) -> None:
+        self.rounds: list[dict[str, float]] = []
+        self._marks: list[float] | None = None
+
+    def start(self) -> None:
+        self.close()
+        self._marks = [time.time()]
+
+    def mark(self) -> None:
+        if self._marks is not None:
+            self._marks.append(time.time())
+
+    def close(self) -> None:
+        if self._marks is None:
+            return
+        marks, self._marks = self._marks, None
+        end = time.time()
+        parts: dict[str, float] = {}
+        for i, name in enumerate(ROUND_PARTS):
+            if i + 1 < len(marks):
+                parts[name] = marks[i + 1] - marks[i]
+            elif i + 1 == len(marks):
+                parts[name] = end - marks[i]
+            else:
+                parts[name] = 0.0
+        self.rounds.append(parts)
+
+    def total(self, part: str) -> float:
+        return sum(r[part] for r in self.rounds)
 
 
 @dataclass
@@ -30,6 +72,12 @@ class RecoveryEvent:
     rounds: int = 1  # >1 when faults hit during recovery (nested)
     retire_s: float = 0.0  # dropping the old group (its C++ destructor), after the step continued
     reports: list[dict[str, Any]] = field(default_factory=list)
+    # How this rank learnt of the fault: "exception" (its own collective raised), later "watchdog" or
+    # "interrupt" (a peer's recovery round reached it while it computed).
+    detected_by: str = "exception"
+    # Every round's own {agreement, rebuild, rebind, first_collective} seconds, failed rounds included;
+    # agreement_s ... first_collective_s above are their sums.
+    round_times: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,13 +34,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import comm
+from accelpact import comm, detection
 from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
-from accelpact.events import RecoveryEvent
+from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.linkprobe import peer_addresses, wait_reachable
+from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.watchdog import resolve_stall_timeout
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -59,27 +63,13 @@ class GuardConfig:
     pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
     verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
     reset: ResetConfig = ResetConfig()
-
-
-def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip gradients by their global norm; the same math with or without a guard.
-
-    FSDP2 grads are DTensors: the total norm is a partial DTensor whose ``full_tensor()`` is the
-    all-reduce. FSDP1 needs its own ``clip_grad_norm_`` (flat parameters are sharded plain tensors).
-    """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(model, FSDP):
-        return model.clip_grad_norm_(max_norm)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(
-        [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True
-    )
-    return total
+    # Heartbeat on the control store, and how many missed beats make a peer whose connection dropped
+    # dead (docs/detection.md); None: no heartbeat, a dead peer is found by notices or the deadline.
+    liveness: LivenessConfig | None = LivenessConfig()
+    # A data-plane collective that has not completed for this long (and longer than 3x the median
+    # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
+    # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
+    stall_timeout_s: float | None = None
 
 
 class Guard:
@@ -127,6 +117,13 @@ class Guard:
         self._vote_buf = self.backend.vote_buffer()
         self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
+        self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
+        self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
+        self._watchdog = detection.start_watchdog(control, self.rank, self.world_size, config.stall_timeout_s,
+                                                  self._pg_timeout.total_seconds(), config.liveness, self.backend)
+        sockets = getattr(self.backend, "sockets", None)
+        # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
+        self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -167,6 +164,8 @@ class Guard:
             t_start = time.time()
             self._phase = Phase.BEFORE_VOTE
             loss: torch.Tensor | None = None
+            if self._watchdog is not None:
+                self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
             try:
                 self._hook("step_start", step)
                 loss = step_fn(batch)
@@ -177,14 +176,17 @@ class Guard:
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
                 self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
+                if self._watchdog is not None:
+                    self._watchdog.end_attempt(completed=True)
                 self._phase = Phase.VOTED
                 self._hook("post_vote", step)
                 self._apply(step)
                 return loss
             except BaseException as exc:  # noqa: BLE001 - filtered right below
+                fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
                 if not self.backend.is_comm_fault(exc):
                     raise
-                decision = self._recover(exc, step, t_start)
+                decision = self._recover(exc, step, t_start, watchdog=fired)
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:
@@ -206,10 +208,15 @@ class Guard:
     def close(self) -> None:
         self._closed = True
         self.phase_hooks.clear()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     # -- the step ---------------------------------------------------------------------------------
 
     def _hook(self, phase: str, step: int) -> None:
+        self._progress += 1
         for hook in self.phase_hooks:
             hook(phase, step)
 
@@ -247,17 +254,20 @@ class Guard:
         if prepare is not None:
             prepare()
 
-    def _recover(self, exc: BaseException, step: int, t_start: float) -> Decision:
+    def _recover(self, exc: BaseException, step: int, t_start: float, watchdog: str | None = None) -> Decision:
         t_detected = time.time()
         self.backend.forget_expired()  # abandoned generations whose collectives have timed out
         injected = self.injection_clock(t_start) if self.injection_clock is not None else None
         detection_s = t_detected - (injected if injected is not None else t_start)
         fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
+        if watchdog is not None:
+            fault["watchdog"] = watchdog
         _drop_traceback(exc)  # its frames hold the old group alive
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
         self.backend.abort()
         report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"])
         rounds = 0
+        clock = RoundClock()
         while True:
             rounds += 1
             if rounds > _MAX_ROUNDS:
@@ -267,8 +277,9 @@ class Guard:
                     ranks=(self.rank,), last_committed_step=self.committed_step,
                 )
             try:
-                return self._round(report, step, fault, t_detected, detection_s, rounds)
+                return self._round(report, step, fault, t_detected, detection_s, rounds, clock)
             except BaseException as nested:  # noqa: BLE001
+                clock.close()  # the failed round's time, up to the failure
                 if not self.backend.is_comm_fault(nested):
                     raise
                 _drop_traceback(nested)
@@ -276,39 +287,49 @@ class Guard:
                 self.backend.abort()  # the half-built generation: peers must fail fast too
 
     def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
-               detection_s: float, rounds: int) -> Decision:
-        t0 = time.time()
+               detection_s: float, rounds: int, clock: RoundClock) -> Decision:
+        clock.start()
         # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
         # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
         if report.phase is Phase.BEFORE_VOTE:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
+        watch = detection.peer_watch(self.control, self.rank, self.config.liveness, fault, generation)
         try:
-            raw = self.control.gather("report", report.to_bytes(), generation)
+            if watch is None:
+                raw = self.control.gather("report", report.to_bytes(), generation)
+            else:
+                raw = self.control.gather("report", report.to_bytes(), generation, watch=watch)
         except RankLostError as lost:
+            how = getattr(lost, "detected_by", None) or "deadline"
+            seen = (f"rank(s) {list(lost.ranks)} did not report within the control deadline" if how == "deadline"
+                    else str(lost))
             raise RankLostError(
-                f"rank(s) {list(lost.ranks)} did not report within the control deadline after a fault at "
-                f"step {step}; this rank's last committed step is {self.committed_step}. In-memory recovery "
+                f"{seen}; after a fault at step {step}, recovery generation "
+                f"{generation}; this rank's last committed step is {self.committed_step}. In-memory recovery "
                 "is impossible: restore from a checkpoint.",
-                ranks=lost.ranks, last_committed_step=self.committed_step,
+                ranks=lost.ranks, last_committed_step=self.committed_step, generation=generation,
+                detected_by=how,
             ) from lost
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
-        t1 = time.time()
+        clock.mark()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
         # if the fault hit before the first commit: they are in place by now, the old groups are
         # still registered, and this is the last moment to find them).
         if not self._table_after_first_step and rounds == 1:
             self._rescan()
+        # A link still down or blackholed: wait for it (within the deadline) instead of building on it.
+        wait_reachable(self._data_peers, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
         store = self.control.data_plane_store(generation)
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
-        t2 = time.time()
+        clock.mark()
         # 5. Rebind in place (function defaults of modules imported since attach included).
         self.table.refresh_defaults()
         self.table.rebind(dict(zip(old_groups, new_groups)))
-        t3 = time.time()
+        clock.mark()
         if self.config.verify_rebind:
             stale = [(comm.describe(g), find_stale_references(g, ignore=(old_groups,))) for g in old_groups]
             stale = [(g, refs) for g, refs in stale if refs]
@@ -325,18 +346,22 @@ class Guard:
             self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
         t4 = time.time()
+        clock.mark()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
         t5 = time.time()
+        clock.close()
         self._prepare_next_generation()
         self.events.append(RecoveryEvent(
             step=step, generation=generation, phase=report.phase.value, fault=fault,
             ranks=sorted(r.rank for r in reports),
             decision={"action": decision.action.value, "step": decision.step,
                       "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
-            t_detected=t_detected, detection_s=detection_s, agreement_s=t1 - t0, rebuild_s=t2 - t1,
-            rebind_s=t3 - t2, first_collective_s=t4 - t3, total_s=t4 - t_detected, rounds=rounds,
+            t_detected=t_detected, detection_s=detection_s, agreement_s=clock.total("agreement"),
+            rebuild_s=clock.total("rebuild"), rebind_s=clock.total("rebind"),
+            first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
             retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
+            detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
         ))
         if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
             # Our gradients were complete but nobody committed: discard them before the retry.
@@ -347,7 +372,9 @@ class Guard:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            max_grad_norm: float | None = 1.0, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
-           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None) -> Guard:
+           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
+           heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
+           stall_timeout_s: float | None | str = "auto") -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -356,9 +383,18 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     detected, it returns the wall time of a fault injected at or after ``t_start`` (and forgets it) or
     None, so that ``RecoveryEvent.detection_s`` counts from the injection; e.g.
     ``injection_clock=injector.consume_injection_time``. Also settable later as ``guard.injection_clock``.
+    ``heartbeat_interval_s`` / ``heartbeat_misses``: this rank beats on the control store every interval
+    (a daemon thread, its own store client), and a peer whose connection dropped and that missed that
+    many beats is declared dead at once instead of at the control deadline (None: no heartbeat).
+    ``stall_timeout_s``: the stall watchdog (accelpact/watchdog.py): a collective stuck this long, and
+    longer than 3x the median step, while a peer stopped beating or the link retransmits, is aborted
+    and recovered instead of waiting for the PG timeout. "auto": 10 s when the PG timeout is longer,
+    else off; None: off; an explicit value must be below the PG timeout.
     """
-    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout,
-                         verify_rebind=verify_rebind, reset=reset)
+    liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
+    stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
+    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
+                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
 

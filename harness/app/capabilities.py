@@ -17,6 +17,17 @@ from harness.faults import registry as faults
 OUTAGE_MARGIN_S = 2.0
 
 
+def effective_stall_timeout_s(run: RunConfig) -> float | None:
+    """The stall watchdog's timeout for this run, or None when it is off (``strategy.stall_timeout_s``:
+    None = auto, 10 s when the PG timeout is longer; 0 = off)."""
+    from accelpact.watchdog import DEFAULT_STALL_TIMEOUT_S
+
+    stall = run.strategy.stall_timeout_s
+    if stall is None:
+        return DEFAULT_STALL_TIMEOUT_S if run.cluster.pg_timeout_s > DEFAULT_STALL_TIMEOUT_S else None
+    return stall or None
+
+
 def check_runnable(run: RunConfig) -> None:
     from harness.app.validate import ConfigError
     from harness.faults.schedule import ScheduleError, plan_faults
@@ -27,12 +38,17 @@ def check_runnable(run: RunConfig) -> None:
         plan_faults(run.fault, run.train.steps, run.checkpoint.interval)
     except ScheduleError as exc:
         raise ConfigError(str(exc)) from exc
-    if fault.outage and run.fault.outage_s <= run.cluster.pg_timeout_s + OUTAGE_MARGIN_S:
+    watchdog_s = effective_stall_timeout_s(run) if strategy.recovers_in_memory else None
+    if fault.outage and watchdog_s is not None and run.fault.outage_s > watchdog_s:
+        pass  # the stall watchdog ends it after watchdog_s, however long the PG timeout
+    elif fault.outage and run.fault.outage_s <= run.cluster.pg_timeout_s + OUTAGE_MARGIN_S:
         need = run.cluster.pg_timeout_s + OUTAGE_MARGIN_S + 1
         raise ConfigError(
             f"fault={fault.kind} with fault.outage_s={run.fault.outage_s} does not outlast the process-group "
             f"timeout (cluster.pg_timeout_s={run.cluster.pg_timeout_s}) by {OUTAGE_MARGIN_S:.0f} s, so TCP would "
             f"absorb it and nothing would break; set fault.outage_s={need:g} or lower cluster.pg_timeout_s"
+            + (" (or, under an in-memory strategy, strategy.stall_timeout_s below the outage: the watchdog "
+               "then ends it)" if strategy.recovers_in_memory else "")
         )
     if fault.needs_netns:
         from harness.faults.netns import namespaces_available

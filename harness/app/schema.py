@@ -95,6 +95,9 @@ class StrategyConfig:
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
     max_restarts: int = 20
+    # accelpact's stall watchdog (accelpact/watchdog.py): None = auto (10 s when the PG timeout is
+    # longer, else off), 0 = off, else seconds; must be below cluster.pg_timeout_s.
+    stall_timeout_s: Optional[float] = None
 
 
 @dataclass

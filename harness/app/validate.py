@@ -90,6 +90,13 @@ def check_values(run: RunConfig) -> None:
             f"fault.ranks={list(run.fault.ranks)} names rank(s) {bad} outside 0..{c.world_size - 1} "
             f"(cluster.world_size={c.world_size}); try `fault.ranks=[{c.world_size - 1}]`"
         )
+    stall = run.strategy.stall_timeout_s
+    if stall is not None and stall < 0:
+        raise ConfigError(f"strategy.stall_timeout_s={stall} must be >= 0 (0 = watchdog off); try `strategy.stall_timeout_s=10`")
+    if stall and stall >= c.pg_timeout_s:
+        raise ConfigError(
+            f"strategy.stall_timeout_s={stall} is not below cluster.pg_timeout_s={c.pg_timeout_s}, so the PG timeout "
+            f"would always fire first; set strategy.stall_timeout_s={c.pg_timeout_s / 2:g} or raise cluster.pg_timeout_s")
     if run.checkpoint.interval < 0:
         raise ConfigError(f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`")
     if run.checkpoint.keep < 1:

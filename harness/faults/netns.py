@@ -149,6 +149,7 @@ class NetnsTopology:
         self._server_timeout_s = server_start_timeout_s
         self._server: subprocess.Popen[str] | None = None
         self._control_addr: tuple[str, int] | None = None
+        self._stdin_lock = threading.Lock()
         self._closed = threading.Event()
         self._up = False
 
@@ -281,6 +282,14 @@ class NetnsTopology:
         return left
 
     # -- what the launcher needs
+    def store_set(self, key: str, value: bytes) -> None:
+        """Set ``key`` on the control store from the root namespace (a line on the server's stdin)."""
+        if self._server is None or self._server.stdin is None:
+            raise NetnsError("no control store server: build the topology with store_server=True and enter it")
+        with self._stdin_lock:
+            self._server.stdin.write(f"SET {key} {value.hex()}\n")
+            self._server.stdin.flush()
+
     @property
     def control_addr(self) -> tuple[str, int]:
         """(host, port) of the control store server, reachable from every rank over ``ctl0``."""

@@ -5,7 +5,9 @@
   get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
 - ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.rank.worker`` processes, each in
   its own session (process group) so it can be killed with everything it started,
-- ``poll()`` reports exits, ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
+- ``poll()`` reports exits and writes a death notice (accelpact.liveness) for each rank that failed, so
+  survivors stop waiting for it within milliseconds, not at their control deadline,
+- ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
 - ``step_hooks`` are called with every rank-0 step event (fault schedules, relaunch policies).
 A relaunch (``harness.parent.run``, following the strategy's policy) is ``kill_all`` + ``start_ranks(n+1)``.
@@ -98,6 +100,9 @@ class Launcher:
         self.rank_env_fn: Optional[Callable[[int], dict[str, str]]] = None
         self.wrap_fn: Optional[Callable[[int, list[str]], list[str]]] = None
         self.control: Optional[tuple[str, int]] = None  # set instead of start_control_store()
+        # How to set a key on the control store when it is not hosted here (network namespaces).
+        self.store_set_fn: Optional[Callable[[str, bytes], None]] = None
+        self._noticed: set[int] = set()  # ranks of this incarnation a death notice was written for
         self._first_failure: Optional[tuple[int, int]] = None
 
     # -- control channel ---------------------------------------------------------------------
@@ -164,6 +169,7 @@ class Launcher:
             self.token = secrets.token_hex(16)
         self.incarnation = incarnation
         self._first_failure = None
+        self._noticed = set()
         (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
         t_launch = time.time()
         for rank in range(self.run.cluster.world_size):
@@ -196,12 +202,36 @@ class Launcher:
             else:
                 exited[rank] = code
         failed = {r: c for r, c in exited.items() if c != 0}
+        for rank, code in failed.items():
+            if rank not in self._noticed:
+                self._noticed.add(rank)
+                self._publish_death(rank, code)
         if failed and self._first_failure is None:
             # Several may die in one poll (a killed rank takes its peers down): prefer the one a
             # signal killed, then the lowest rank, as the origin.
             rank = min(failed, key=lambda r: (failed[r] >= 0, r))
             self._first_failure = (rank, failed[rank])
         return PollResult(running, exited)
+
+    def _publish_death(self, rank: int, code: int) -> None:
+        """Tell the survivors (accelpact's gather watches ``{token}/dead/{rank}``) that ``rank`` is gone.
+
+        Best effort: without it the survivors still find out by heartbeat or at their deadline.
+        """
+        from accelpact.liveness import publish_death
+
+        class _Setter:
+            def __init__(self, fn: Callable[[str, bytes], None]) -> None:
+                self.set = fn
+
+        fn = self.store.set if self.store is not None else self.store_set_fn
+        if fn is None:
+            return
+        try:
+            publish_death(_Setter(fn), self.token, rank, by="harness parent (waitpid)",
+                          reason=f"rank {rank} exited with code {describe_exit(code)}", pid=self.procs[rank].pid)
+        except Exception as exc:  # noqa: BLE001 - a notice is an accelerator, never a new failure
+            print(f"launcher: could not write the death notice of rank {rank}: {exc}", file=sys.stderr, flush=True)
 
     def signal_rank(self, rank: int, sig: int) -> None:
         """Send ``sig`` to rank ``rank``'s process group (parent-side faults: SIGSTOP, SIGKILL)."""

@@ -79,6 +79,7 @@ def run_one(
             launcher.control = topology.control_addr
             launcher.rank_env_fn = topology.rank_env
             launcher.wrap_fn = topology.wrap_command
+            launcher.store_set_fn = topology.store_set
         else:
             launcher.start_control_store()
         if strategy.parent_setup is not None:

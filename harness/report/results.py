@@ -158,11 +158,38 @@ def goodput_columns(
         "bit_identical": None,
         "reference_run": str(reference_dir) if reference_dir is not None else None,
     }
+    cols.update(detection_columns(events))
     if reference_dir is not None:
         comparison = identity.compare_runs(reference_dir, run_dir)
         cols["bit_identical"] = comparison.equal
         cols["identity_detail"] = comparison.describe(limit=3)[:500]
     return cols
+
+
+def detection_columns(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How the first fault was detected and how late, on the slowest rank (pure).
+
+    ``detected_by``: "exception" (a collective raised), "notice" / "heartbeat" / "deadline" (a lost
+    rank, from the survivors' fallback events), "watchdog", ... (the recovery events' own field).
+    ``detection_latency_s``: for an in-memory recovery, the largest ``detection_s`` of the first
+    recovery round; for a fallback, the last survivor's fallback event minus the first fault event.
+    None when the run had no fault.
+    """
+    faults = sorted((e for e in events if e.get("kind") == "fault"), key=lambda e: e["t"])
+    fallbacks = [e for e in events if e.get("kind") == "fallback"]
+    recoveries = [e for e in events if e.get("kind") == "recovery"]
+    if fallbacks and faults:
+        t_fault = faults[0]["t"]
+        after = [e for e in fallbacks if e["t"] >= t_fault]
+        if after:
+            by = sorted({str(e.get("detected_by") or "deadline") for e in after})
+            return {"detected_by": "+".join(by), "detection_latency_s": max(e["t"] for e in after) - t_fault}
+    if recoveries:
+        first_gen = min(int(e.get("generation", 0)) for e in recoveries)
+        first = [e for e in recoveries if int(e.get("generation", 0)) == first_gen]
+        by = sorted({str(e.get("detected_by") or "exception") for e in first})
+        return {"detected_by": "+".join(by), "detection_latency_s": max(float(e["detection_s"]) for e in first)}
+    return {"detected_by": None, "detection_latency_s": None}
 
 
 def _atomic_write(path: Path, text: str) -> None:

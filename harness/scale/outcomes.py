@@ -98,7 +98,7 @@ def _accelpact(c: Cluster, cls: str) -> Outcome:
     if cls == "software_bug":
         return _with_retry_first(c, cls, sc.RESET_DETECT_S)
     if cls in ("process_crash", "gpu_host_loss"):
-        # Built today: the survivors wait out recovery_deadline_s for the dead peer, then fall back to disk.
+        # Built: a death notice or the heartbeat rule tells the survivors in seconds; they fall back to disk.
         return _cold(c, cls, detect=sc.ACCELPACT_DEAD_PEER_S)
     return _cold(c, cls)
 

@@ -44,6 +44,8 @@ class AccelPactStep(Strategy):
             pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
             # Detection is measured from the injected fault, not from the failed attempt's start.
             injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
+            # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
+            stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
         )
         self.guard.phase_hooks.append(self.on_guard_phase)
         self._seen = 0
@@ -58,7 +60,10 @@ class AccelPactStep(Strategy):
             loss = self.guard.step(lambda batch: forward_backward(model, batch), tokens)
         except UnrecoverableError as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__)
+            # detected_by: how the loss was found ("notice", "heartbeat", "deadline"); the row reports it.
+            self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
+                                 detected_by=getattr(exc, "detected_by", None),
+                                 generation=getattr(exc, "generation", None))
             print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
                   f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
             # os._exit, not an exception: tearing down process groups a dead peer left half-open can
@@ -99,6 +104,12 @@ class AccelPactStep(Strategy):
             self.control.close()
 
 
+def _stall_timeout(value: "float | None") -> "float | None | str":
+    if value is None:
+        return "auto"
+    return value or None
+
+
 def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
     """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
     memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
@@ -123,7 +134,9 @@ SPEC = StrategySpec(
     color="tab:green",
     order=1,
     relaunch=relaunch_on_fallback,
-    # Survivors of a lost rank wait up to the recovery deadline, then write their fallback event.
-    settle_s=lambda run: run.strategy.recovery_deadline_s + 15.0,
+    # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
+    # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
+    # survivor still waiting then is killed, which the relaunch policy treats the same way.
+    settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
 )

@@ -88,6 +88,13 @@ def test_nested_fault_during_recovery(session):
     for rank in range(2):
         events = _events(session, "nested", rank)
         assert len(events) == 1 and events[0]["rounds"] >= 2, events
+        ev = events[0]
+        # Every round keeps its own parts (the failed one included), and the event's parts are their
+        # sums, so the whole recovery after detection is attributed (only the inter-round abort is not).
+        assert len(ev["round_times"]) == ev["rounds"], ev["round_times"]
+        assert all(r["agreement"] > 0 for r in ev["round_times"])
+        parts = sum(ev[k] for k in ("agreement_s", "rebuild_s", "rebind_s", "first_collective_s"))
+        assert ev["total_s"] - 0.05 <= parts <= ev["total_s"] + 1e-6, (parts, ev["total_s"])
 
 
 def test_rebind_leaves_no_reference_to_the_old_group(session):

@@ -103,6 +103,7 @@ def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
     events = _events(run_dir)
     [fallback] = [e for e in events if e["kind"] == "fallback"]
     assert fallback["rank"] == 0 and fallback["step"] == FAULT_STEP
+    assert fallback["detected_by"] == "notice" and row["detected_by"] == "notice"  # the parent's waitpid notice
     assert {e["from_step"] for e in events if e["kind"] == "restore"} == {3}
     assert row["replayed_steps"] == AGE
     printed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("step ")]
