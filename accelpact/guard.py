@@ -25,6 +25,7 @@ the last committed step; nothing hangs past the control channel's deadline.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 import traceback
 from dataclasses import dataclass
@@ -41,10 +42,13 @@ from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses, wait_reachable
 from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.watchdog import resolve_stall_timeout
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -124,6 +128,12 @@ class Guard:
         sockets = getattr(self.backend, "sockets", None)
         # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
         self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
+        # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
+        # (accelpact/interruptible.py: gloo can leave them waiting for the PG timeout).
+        self._wait = CollectiveWaiter(
+            fired=self._watchdog.fired_reason if self._watchdog is not None else None,
+            superseded=getattr(control, "generation_superseded", None),
+            abandon=lambda work: self.backend.abandon(list(self.table.groups), work, self._pg_timeout))
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -171,11 +181,11 @@ class Guard:
                 loss = step_fn(batch)
                 self._hook("clip_allreduce", step)
                 if self.config.max_grad_norm is not None:
-                    clip_gradients(self.model, self.config.max_grad_norm)
+                    clip_gradients(self.model, self.config.max_grad_norm, wait=self._wait)
                 self._hook("vote", step)
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
-                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
+                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
                 if self._watchdog is not None:
                     self._watchdog.end_attempt(completed=True)
                 self._phase = Phase.VOTED
@@ -263,6 +273,8 @@ class Guard:
         if watchdog is not None:
             fault["watchdog"] = watchdog
         _drop_traceback(exc)  # its frames hold the old group alive
+        _log.info("rank %d: %s at step %d (phase %s, generation %d): recovering", self.rank, fault["type"],
+                  step, self._phase.value, getattr(self.control, "generation", -1))
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
         self.backend.abort()
         report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"])
@@ -282,6 +294,8 @@ class Guard:
                 clock.close()  # the failed round's time, up to the failure
                 if not self.backend.is_comm_fault(nested):
                     raise
+                _log.info("rank %d: recovery round %d failed (%s: %s, at %s); next round", self.rank, rounds,
+                          type(nested).__name__, str(nested)[:200], _where(nested))
                 _drop_traceback(nested)
                 del nested
                 self.backend.abort()  # the half-built generation: peers must fail fast too
@@ -295,6 +309,7 @@ class Guard:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
+        _log.info("rank %d: round %d, generation %d: reporting", self.rank, rounds, generation)
         watch = detection.peer_watch(self.control, self.rank, self.config.liveness, fault, generation)
         try:
             if watch is None:
@@ -314,6 +329,8 @@ class Guard:
             ) from lost
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
+        _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", self.rank, generation, decision,
+                  len(self.table.groups))
         clock.mark()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
         # if the fault hit before the first commit: they are in place by now, the old groups are
@@ -346,6 +363,7 @@ class Guard:
             self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
         t4 = time.time()
+        _log.info("rank %d: generation %d works (first collective done)", self.rank, generation)
         clock.mark()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
@@ -397,6 +415,12 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frames of ``exc`` (for the recovery log)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
 
 
 def _drop_traceback(exc: BaseException) -> None:
