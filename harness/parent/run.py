@@ -124,14 +124,16 @@ def run_one(
 
 
 def _start_topology(run: RunConfig) -> Any:
-    """Network namespaces for the link faults (None for every other fault kind)."""
+    """Network namespaces for the link faults and for ``cluster.hosts`` > 0 (the multi-host topology,
+    built for its fault-free runs too, so a reference runs on the same networks); else None."""
     from harness.faults import registry as faults
 
-    if not faults.get(run.fault.kind).needs_netns:
+    hosts = run.cluster.hosts or None
+    if not faults.get(run.fault.kind).needs_netns and hosts is None:
         return None
     from harness.faults.netns import NetnsTopology
 
-    topology = NetnsTopology(world_size=run.cluster.world_size)
+    topology = NetnsTopology(world_size=run.cluster.world_size, hosts=hosts)
     topology.up()
     return topology
 
