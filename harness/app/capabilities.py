@@ -9,7 +9,7 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 from harness import strategies
-from harness.app.schema import LinkPlane, RunConfig
+from harness.app.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
@@ -52,6 +52,12 @@ def check_runnable(run: RunConfig) -> None:
             + (" (or, under an in-memory strategy, strategy.stall_timeout_s below the outage: the watchdog "
                "then ends it)" if strategy.recovers_in_memory else "")
         )
+    if run.cluster.launch == RankLaunch.srun and (fault.where in ("parent", "netns") or run.cluster.hosts):
+        what = f"cluster.hosts={run.cluster.hosts}" if run.cluster.hosts else f"fault={fault.kind}"
+        raise ConfigError(
+            f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
+            f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
+            f"try `fault=socket_reset`")
     if fault.needs_netns or run.cluster.hosts:
         from harness.faults.netns import namespaces_available
 

@@ -46,6 +46,14 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class RankLaunch(str, Enum):
+    """How the parent starts the ranks: as its own child processes on this host, or as the tasks of one
+    ``srun`` step across a Slurm allocation (rank, world size, local rank from Slurm's environment)."""
+
+    local = "local"
+    srun = "srun"
+
+
 class LinkPlane(str, Enum):
     """Which of a host's links a namespace fault acts on: the data plane (gloo/NCCL traffic) or the
     control plane (the out-of-band store), to test the control channel's own deadlines."""
@@ -99,6 +107,10 @@ class ClusterConfig:
     # 0: every rank on this host, one network (local_cpu). N > 0: the ranks in N host network namespaces
     # (world_size / N each) with separate data and control networks (cluster=local_hosts; root only).
     hosts: int = 0
+    # launch=srun: the ranks are srun tasks over `nodes` nodes of the Slurm allocation the parent runs in,
+    # world_size / nodes per node; master_addr "auto" is the allocation's first node (cluster=slurm).
+    launch: RankLaunch = RankLaunch.local
+    nodes: int = 1
 
 
 @dataclass

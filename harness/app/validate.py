@@ -17,7 +17,7 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.app.schema import Backend, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RunConfig
+from harness.app.schema import Backend, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
 class ConfigError(ValueError):
@@ -78,6 +78,13 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(
             f"cluster.hosts={c.hosts} must be 0 (no host namespaces) or divide cluster.world_size={c.world_size}: "
             f"every host holds the same number of ranks; try `cluster.world_size={per * max(c.hosts, 1)}`")
+    if c.nodes < 1 or c.world_size % c.nodes:
+        raise ConfigError(
+            f"cluster.nodes={c.nodes} must be at least 1 and divide cluster.world_size={c.world_size} (the same "
+            f"number of ranks on every node); try `cluster.world_size={max(c.nodes, 1) * max(c.world_size // max(c.nodes, 1), 1)}`")
+    if c.nodes > 1 and c.launch != RankLaunch.srun:
+        raise ConfigError(f"cluster.nodes={c.nodes} needs ranks started on other nodes: only cluster.launch=srun "
+                          "does that; try `cluster=slurm` or `cluster.nodes=1`")
     if run.fault.link == LinkPlane.control and not faults_need_netns(run):
         raise ConfigError(
             f"fault.link=control cuts a host's control link, which only the network-namespace faults can do "
@@ -121,6 +128,8 @@ def faults_need_netns(run: RunConfig) -> bool:
 def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, str]] | None:
     """Why this machine cannot provide ``run.cluster``, and the overrides that give one it can."""
     c = run.cluster
+    if c.launch == RankLaunch.srun and not machine.in_slurm_job:
+        return None  # submitting: the ranks run on the allocation's nodes, checked there, not on this host
     if c.backend == Backend.nccl and c.device == Device.cpu:
         return "cluster.backend=nccl needs cluster.device=cuda", _to_local_cpu(run, machine)
     if c.backend == Backend.gloo and c.device == Device.cuda:

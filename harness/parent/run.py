@@ -55,6 +55,7 @@ def run_one(
     from harness.faults.driver import FaultDriver
 
     started = time.time()
+    run = _resolve_cluster(run)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id(run_dir)
@@ -121,6 +122,20 @@ def run_one(
                  "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
+
+
+def _resolve_cluster(run: RunConfig) -> RunConfig:
+    """Under cluster.launch=srun, the cluster as the Slurm allocation describes it (master_addr=auto -> its
+    first node); every other cluster unchanged."""
+    import dataclasses
+
+    from harness.app.schema import RankLaunch
+
+    if run.cluster.launch != RankLaunch.srun:
+        return run
+    from harness.app.slurm_env import resolve_cluster
+
+    return dataclasses.replace(run, cluster=resolve_cluster(run.cluster))
 
 
 def _start_topology(run: RunConfig) -> Any:
