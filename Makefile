@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # of torch 2.13 into .venv yourself before running make (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-slow reproduce clean
+.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down
 
 setup: $(STAMP)
 
@@ -27,6 +27,15 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# A real one-node Slurm on this machine (root: apt-get install slurm-wlm munge on first use, then munged,
+# slurmctld, slurmd) plus the Hydra submitit launcher, for cluster=slurm and the `slurm` tests.
+slurm-up: $(STAMP)
+	$(BIN)/pip install -q -e ".[slurm]"
+	scripts/slurm.sh up
+
+slurm-down:
+	scripts/slurm.sh down
 
 reproduce: $(STAMP)
 	$(BIN)/python -m experiments.reproduce
