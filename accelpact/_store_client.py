@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import queue
+import socket
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
@@ -86,7 +87,30 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _new_client(host: str, port: int, timeout_s: float) -> "torch.distributed.TCPStore":
+class _StoreRefused(Exception):
+    """Nothing listens at the store's address (or its host name does not resolve): no retry can help."""
+
+
+def _probe(host: str, port: int, timeout_s: float) -> None:
+    """Raise _StoreRefused if host:port refuses a TCP connection or host does not resolve.
+
+    A TCPStore client retries a refused connection until its whole timeout (30 s by default) and then
+    prints a C++ stack trace; a refusal is final (the server's keys died with it), so a plain socket
+    looks first. Anything else (no answer, unreachable) is left to the caller's own deadline.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except (ConnectionRefusedError, socket.gaierror) as exc:
+        raise _StoreRefused(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+    except OSError:
+        return
+
+
+def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False) -> "torch.distributed.TCPStore":
+    """A TCPStore client; with ``probe``, a refused address raises _StoreRefused at once (see _probe)."""
     dist = _dist()
+    if probe:
+        _probe(host, port, timeout_s)
     return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)

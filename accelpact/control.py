@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from accelpact._store_client import (
     _Connection,
+    _StoreRefused,
     _dist,
     _first_line,
     _is_connection_error,
     _is_wait_timeout,
     _new_client,
 )
+from accelpact import _launch_env
 from accelpact._data_plane_store import DataPlaneStores
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
 from accelpact.liveness import Beat, PeerWatch, Verdict
@@ -77,6 +79,7 @@ class ControlConfig:
     job_token: str  # per-job; every key is prefixed with it so a stray process of another job can't join
     deadline_s: float = 30.0  # default own deadline for every blocking operation
     connect_timeout_s: float = 30.0
+    token_source: str = "job_token"  # where the token came from (e.g. ACCELPACT_JOB_TOKEN), for errors
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -127,33 +130,55 @@ class ControlChannel(DataPlaneStores):
     def from_env(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
         """Connect using ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE.
 
-        Optional: ACCELPACT_CONTROL_DEADLINE_S, ACCELPACT_CONTROL_CONNECT_TIMEOUT_S. Explicit
-        ``rank`` / ``world_size`` arguments win over the environment.
+        Under torchrun, a missing ACCELPACT_CONTROL_ADDR / ACCELPACT_JOB_TOKEN falls back to torchrun's
+        own store and run id (see :meth:`from_torchrun`). Optional: ACCELPACT_CONTROL_DEADLINE_S,
+        ACCELPACT_CONTROL_CONNECT_TIMEOUT_S. Explicit ``rank`` / ``world_size`` win over the environment.
         """
+        return cls._from_settings(_launch_env.control_settings(), rank, world_size)
 
-        def need(name: str) -> str:
-            value = os.environ.get(name)
-            if not value:
-                raise AccelPactError(
-                    f"environment variable {name} is not set: the launcher must export it "
-                    f"(ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE)")
-            return value
+    @classmethod
+    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+        """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run id.
 
-        addr = need("ACCELPACT_CONTROL_ADDR")
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise AccelPactError(f"ACCELPACT_CONTROL_ADDR={addr!r} must look like host:port, e.g. 127.0.0.1:29600")
-        config = ControlConfig(
-            host=host.strip("[]"),
-            port=int(port),
-            rank=int(need("RANK")) if rank is None else rank,
-            world_size=int(need("WORLD_SIZE")) if world_size is None else world_size,
-            job_token=need("ACCELPACT_JOB_TOKEN"),
-            deadline_s=float(os.environ.get("ACCELPACT_CONTROL_DEADLINE_S", ControlConfig.deadline_s)),
-            connect_timeout_s=float(
-                os.environ.get("ACCELPACT_CONTROL_CONNECT_TIMEOUT_S", ControlConfig.connect_timeout_s)),
-        )
-        return cls.connect(config)
+        The agent, not a worker, hosts that store, so faults inside the workers leave it alone; the
+        channel's own client reconnects after a reset like any other. If the agent dies, so do its
+        workers. AccelPactError when this process was not started by torchrun.
+        """
+        return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
+
+    @classmethod
+    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> "ControlChannel":
+        if rank is None or world_size is None:
+            env_rank, env_world = _launch_env.rank_and_world()
+            rank = env_rank if rank is None else rank
+            world_size = env_world if world_size is None else world_size
+        return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
+
+    def join(self, deadline_s: float | None = None) -> None:
+        """Post this rank under its job token and wait for all ``world_size`` ranks (attach calls it).
+
+        A rank started with another token (or world size) waits in a namespace of its own and would
+        only show up as "lost" at the first fault; here it fails at once, within ``connect_timeout_s``,
+        naming the missing ranks and where the token came from.
+        """
+        keys = [self.key("members", str(r)) for r in range(self.world_size)]
+        self.set(keys[self.rank], str(self.world_size).encode())
+        timeout = self.config.connect_timeout_s if deadline_s is None else deadline_s
+        what = f"join of job token {self.job_token!r}"
+        if self._wait_for(keys, time.monotonic() + timeout, what) is None:
+            missing = self._missing(keys, what)
+            if missing:
+                raise ControlChannelError(
+                    f"rank(s) {missing} of {self.world_size} did not join job token {self.job_token!r} (from "
+                    f"{self.config.token_source}) on control store {self._addr} within connect_timeout_s="
+                    f"{timeout:g}; seen from rank {self.rank}. Every rank must get the same "
+                    f"{self.config.token_source} and WORLD_SIZE; a rank with another token waits on its own.")
+        sizes = self._call(lambda s: s.multi_get(keys), self._deadline(None), what)
+        other = [r for r, v in enumerate(sizes) if int(v) != self.world_size]
+        if other:
+            raise ControlChannelError(
+                f"rank(s) {other} joined job token {self.job_token!r} with another world size than rank "
+                f"{self.rank}'s {self.world_size}: every rank must be started with the same WORLD_SIZE")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -183,10 +208,12 @@ class ControlChannel(DataPlaneStores):
             return fut.result(timeout=max(deadline - time.monotonic(), 0.0) + _GRACE_S)
         except FutureTimeout:
             self._discard(conn)  # its socket may be mid-reply: never reuse it
+            knob = (f"connect_timeout_s={self.config.connect_timeout_s:g}" if self.connects == 0
+                    else f"deadline_s={self.config.deadline_s:g}")
             raise ControlChannelError(
                 f"control store {self._addr} did not answer {what} before the deadline (rank {self.rank}, "
                 f"generation {self.generation}): the store host is stalled or the network to it is down. "
-                f"Check the process hosting the store, or raise deadline_s.") from None
+                f"Check the process hosting the store, or raise {knob}.") from None
 
     def _connection(self, deadline: float) -> _Connection:
         with self._lock:
@@ -197,8 +224,16 @@ class ControlChannel(DataPlaneStores):
                 timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s) + _GRACE_S
                 try:
                     conn.store = self._run(
-                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s), deadline,
-                        "a connection")
+                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True),
+                        deadline, "a connection")
+                except _StoreRefused as refused:
+                    self._discard(conn)
+                    # One line, at once: a refusal does not heal by waiting (nothing listens there).
+                    raise ControlChannelError(
+                        f"control store {self._addr} refused the connection ({refused}) (rank {self.rank}): "
+                        f"nothing listens there. Check the address (ACCELPACT_CONTROL_ADDR, or torchrun's "
+                        f"MASTER_ADDR:MASTER_PORT) and that the store host is up; connect_timeout_s="
+                        f"{self.config.connect_timeout_s:g} only bounds a store that does not answer.") from None
                 except BaseException:
                     self._discard(conn)
                     raise
