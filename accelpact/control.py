@@ -51,7 +51,7 @@ from accelpact._store_client import (
     _is_wait_timeout,
     _new_client,
 )
-from accelpact import _launch_env
+from accelpact import _launch_env, _membership
 from accelpact._data_plane_store import DataPlaneStores
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
 from accelpact.liveness import Beat, PeerWatch, Verdict
@@ -138,12 +138,8 @@ class ControlChannel(DataPlaneStores):
 
     @classmethod
     def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
-        """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run id.
-
-        The agent, not a worker, hosts that store, so faults inside the workers leave it alone; the
-        channel's own client reconnects after a reset like any other. If the agent dies, so do its
-        workers. AccelPactError when this process was not started by torchrun.
-        """
+        """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run
+        id (docs/torchrun.md). AccelPactError when this process was not started by torchrun."""
         return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
 
     @classmethod
@@ -155,30 +151,9 @@ class ControlChannel(DataPlaneStores):
         return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
 
     def join(self, deadline_s: float | None = None) -> None:
-        """Post this rank under its job token and wait for all ``world_size`` ranks (attach calls it).
-
-        A rank started with another token (or world size) waits in a namespace of its own and would
-        only show up as "lost" at the first fault; here it fails at once, within ``connect_timeout_s``,
-        naming the missing ranks and where the token came from.
-        """
-        keys = [self.key("members", str(r)) for r in range(self.world_size)]
-        self.set(keys[self.rank], str(self.world_size).encode())
-        timeout = self.config.connect_timeout_s if deadline_s is None else deadline_s
-        what = f"join of job token {self.job_token!r}"
-        if self._wait_for(keys, time.monotonic() + timeout, what) is None:
-            missing = self._missing(keys, what)
-            if missing:
-                raise ControlChannelError(
-                    f"rank(s) {missing} of {self.world_size} did not join job token {self.job_token!r} (from "
-                    f"{self.config.token_source}) on control store {self._addr} within connect_timeout_s="
-                    f"{timeout:g}; seen from rank {self.rank}. Every rank must get the same "
-                    f"{self.config.token_source} and WORLD_SIZE; a rank with another token waits on its own.")
-        sizes = self._call(lambda s: s.multi_get(keys), self._deadline(None), what)
-        other = [r for r, v in enumerate(sizes) if int(v) != self.world_size]
-        if other:
-            raise ControlChannelError(
-                f"rank(s) {other} joined job token {self.job_token!r} with another world size than rank "
-                f"{self.rank}'s {self.world_size}: every rank must be started with the same WORLD_SIZE")
+        """Post this rank under its job token and wait, within ``connect_timeout_s``, for all ranks
+        (attach calls it): a token or world-size mismatch fails here, naming the missing ranks."""
+        _membership.join(self, self.config.connect_timeout_s if deadline_s is None else deadline_s)
 
     # ------------------------------------------------------------------ plumbing
 
