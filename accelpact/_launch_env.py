@@ -90,8 +90,7 @@ def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: boo
     }
 
 
-def rank_and_world(env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """RANK and WORLD_SIZE as the launcher exported them."""
+def launcher_int(name: str, env: Mapping[str, str] | None = None) -> int:
+    """RANK or WORLD_SIZE as the launcher exported it."""
     env = os.environ if env is None else env
-    hint = "the launcher (torchrun, srun, the harness) must export RANK and WORLD_SIZE"
-    return int(_need(env, "RANK", hint)), int(_need(env, "WORLD_SIZE", hint))
+    return int(_need(env, name, "the launcher (torchrun, srun, the harness) must export RANK and WORLD_SIZE"))

@@ -144,10 +144,8 @@ class ControlChannel(DataPlaneStores):
 
     @classmethod
     def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> "ControlChannel":
-        if rank is None or world_size is None:
-            env_rank, env_world = _launch_env.rank_and_world()
-            rank = env_rank if rank is None else rank
-            world_size = env_world if world_size is None else world_size
+        rank = _launch_env.launcher_int("RANK") if rank is None else rank
+        world_size = _launch_env.launcher_int("WORLD_SIZE") if world_size is None else world_size
         return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
 
     def join(self, deadline_s: float | None = None) -> None:
