@@ -195,16 +195,17 @@ class ControlChannel(DataPlaneStores):
             if self._conn is None:
                 conn = _Connection(f"accelpact-control-r{self.rank}")
                 timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s) + _GRACE_S
+                first = self.connects == 0
                 try:
                     conn.store = self._run(
-                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True),
-                        deadline, "a connection")
+                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True,
+                                                  first=first), deadline, "a connection")
                 except _StoreRefused as refused:
                     self._discard(conn)
                     # One line, at once: a refusal does not heal by waiting (nothing listens there).
                     raise ControlChannelError(
-                        f"control store {self._addr} refused the connection ({refused}) (rank {self.rank}): "
-                        f"nothing listens there. Check the address (ACCELPACT_CONTROL_ADDR, or torchrun's "
+                        f"control store {self._addr} {refused} on rank {self.rank}; waiting will not help. "
+                        f"Check the address (ACCELPACT_CONTROL_ADDR, or torchrun's "
                         f"MASTER_ADDR:MASTER_PORT) and that the store host is up; connect_timeout_s="
                         f"{self.config.connect_timeout_s:g} only bounds a store that does not answer.") from None
                 except BaseException:

@@ -90,6 +90,13 @@ def test_a_refused_connection_fails_at_once_in_one_line():
     assert "frame #" not in out.stderr and "Exception raised from" not in out.stderr, out.stderr[-2000:]
 
 
+def test_an_address_that_does_not_resolve_fails_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(ControlChannelError, match="no-such-host.invalid:29500 does not resolve") as info:
+        ControlChannel.connect(ControlConfig("no-such-host.invalid", 29500, 0, 1, "tok", connect_timeout_s=30.0))
+    assert time.monotonic() - t0 < 10.0 and "connect_timeout_s" in str(info.value)
+
+
 def test_a_store_that_never_answers_names_connect_timeout_s():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
