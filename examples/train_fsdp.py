@@ -125,7 +125,8 @@ def main(args: argparse.Namespace) -> dict:
         if rank == args.fault_rank:
             injector.arm(int(step), phase, action)
         guard.injection_clock = injector.consume_injection_time
-        guard.phase_hooks.append(injector.on_phase)
+        guard.phase_hooks.append(injector.on_phase)  # step_start, clip_allreduce, vote, post_vote, recovery
+        injector.install(model, model.layers[LAYERS // 2])  # the forward / backward phases
 
     def step_fn(tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward; the guard runs the optimizer step once all ranks agree."""
