@@ -13,10 +13,16 @@ TORCH_SPEC ?= torch==2.13.0
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# nvidia-resiliency-ext (the `baselines` extra) requires the `pynvml` package, which since 12.x is
+# only a shim: the `pynvml` module itself comes from nvidia-ml-py (also installed, and what torch
+# expects), while the shim adds a .pth import hook that makes every `import torch.cuda` print "The
+# pynvml package is deprecated" in every process. Removing the shim leaves the module in place.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[harness,dev,baselines]"
+	$(BIN)/pip uninstall -q -y pynvml
+	$(BIN)/python -c "import pynvml" # nvidia-ml-py's module, still there for torch and NVRx
 	touch $(STAMP)
 
 run: $(STAMP)
