@@ -58,6 +58,13 @@ def check_runnable(run: RunConfig) -> None:
             f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
             f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
             f"try `fault=socket_reset`")
+    if run.cluster.launch == RankLaunch.srun:
+        import shutil
+
+        if shutil.which("srun") is None:
+            raise ConfigError(f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
+                              "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
+                              "try `cluster=local_cpu`")
     if fault.needs_netns or run.cluster.hosts:
         from harness.faults.netns import namespaces_available
 

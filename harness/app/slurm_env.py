@@ -108,5 +108,5 @@ def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:  # type
     return [
         "srun", "--overlap", f"--nodes={cluster.nodes}", f"--ntasks={cluster.world_size}",
         f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=0", "--unbuffered", "--export=ALL", "--open-mode=append",
-        f"--job-name=accelpact-ranks", f"--output={log_dir}/rank%t.log", *argv,
+        "--job-name=accelpact-ranks", f"--output={log_dir}/rank%t.log", *argv,
     ]

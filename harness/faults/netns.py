@@ -37,7 +37,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
@@ -218,46 +217,10 @@ class NetnsTopology:
             )
 
     def _start_server(self) -> None:
-        host = self.layout.bridge_ctl_addr
-        argv = [self._python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", self.prefix]
-        # The server imports this package: make it importable whatever the launcher's cwd is.
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, TAG_ENV: self.prefix, "PYTHONPATH": path}
-        self._server = subprocess.Popen(
-            ["ip", "netns", "exec", self.layout.bridge_ns, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        # A reader thread keeps the deadline honest even if the server never prints.
-        result: Future[str] = Future()
+        from harness.faults.store_server import start_in_namespace
 
-        def read_ready() -> None:
-            assert self._server is not None and self._server.stdout is not None
-            for line in self._server.stdout:
-                if line.startswith("READY "):
-                    result.set_result(line)
-                    return
-            result.set_result("")
-
-        threading.Thread(target=read_ready, daemon=True, name=f"{self.prefix}-store-ready").start()
-        try:
-            line = result.result(timeout=self._server_timeout_s)
-        except TimeoutError:
-            line = ""
-        if not line:
-            err = ""
-            if self._server.poll() is not None and self._server.stderr is not None:
-                err = self._server.stderr.read()[-2000:]
-            raise NetnsError(
-                f"control store server did not start in the bridge namespace within {self._server_timeout_s} s"
-                f"{': ' + err if err else ''}"
-            )
-        _, host, port = line.split()
-        self._control_addr = (host, int(port))
+        self._server, self._control_addr = start_in_namespace(
+            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s)
 
     def teardown(self) -> list[str]:
         """Stop faults and the store server, kill every process in the namespaces, delete them.

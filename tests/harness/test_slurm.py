@@ -78,7 +78,7 @@ def _slurm_state() -> tuple[bool, str]:
     if done.returncode != 0 or not any(s.startswith(("idle", "mixed")) for s in done.stdout.split()):
         return False, f"no Slurm controller with an idle node answers ({done.stderr.strip() or done.stdout.strip()}); `make slurm-up`"
     try:
-        import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+        import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (the launcher plugin must be importable)
     except ImportError:
         return False, "hydra-submitit-launcher is not installed: `pip install -e '.[slurm]'` (make slurm-up does)"
     return True, ""
@@ -117,3 +117,14 @@ def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path):
     assert (run_dir / "logs" / "rank0.log").exists() and (run_dir / "logs" / "rank1.log").exists()
     result = compare_runs(sweep / "reference", run_dir)
     assert result.equal, result.describe()
+
+
+def test_without_srun_the_run_is_refused_in_one_line(monkeypatch):
+    from harness.app import capabilities
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    run = dataclasses.replace(RunConfig(), cluster=dataclasses.replace(SLURM, nodes=1))
+    with pytest.raises(ConfigError, match="srun, which is not on PATH here.*make slurm-up"):
+        capabilities.check_runnable(run)
+    with pytest.raises(SlurmEnvError, match="srun, which is not on PATH"):
+        resolve_cluster(SLURM, {})
