@@ -4,7 +4,8 @@
 - netns: a 4-rank, 2-host topology where a data-link outage of host 1 leaves its control link (the
   store) reachable and a control-link outage leaves its data link reachable;
 - netns + slow: ``python -m harness ... cluster=local_hosts fault=link_down`` recovers bit-identical to
-  its fault-free reference, and a control-link outage is survived (status ok, bit-identical too).
+  its fault-free reference, and a control-link outage and a reset of every control-link connection are
+  survived (status ok, bit-identical too).
 """
 
 from __future__ import annotations
@@ -151,5 +152,13 @@ def test_harness_data_link_fault_recovers_bit_identical_and_control_link_fault_i
     [fault] = [e for e in read_events(ctl_dir) if e["kind"] == "fault"]
     assert fault["link"] == "control"
     result = compare_runs(ref_dir, ctl_dir)
+    assert result.equal, result.describe()
+    # A reset of every control-link connection of host 1 (the store clients: control channel, heartbeat):
+    # they reconnect at their next call; nothing else notices.
+    rst_dir, rst = _harness(tmp_path, "control_reset", ["strategy=accelpact", "fault=tcp_reset", "fault.link=control"])
+    assert rst["status"] == "ok" and rst["relaunches"] == 0 and not rst.get("fallback_reason"), rst["reason"]
+    [fault] = [e for e in read_events(rst_dir) if e["kind"] == "fault"]
+    assert fault["link"] == "control" and fault["sockets_reset"] >= 1
+    result = compare_runs(ref_dir, rst_dir)
     assert result.equal, result.describe()
     assert set(list_prefixes()) <= before, "a run left namespaces behind"
