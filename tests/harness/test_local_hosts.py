@@ -59,6 +59,17 @@ def test_a_control_link_fault_needs_a_namespace_fault():
     check_values(_run(fault_kind="link_down", fault_link=LinkPlane.control, cluster_hosts=2))
 
 
+def test_without_namespaces_local_hosts_is_refused_in_one_line(monkeypatch):
+    from harness.app import capabilities
+    from harness.faults import netns
+
+    monkeypatch.setattr(netns, "namespaces_available", lambda: (False, "network-namespace faults need root"))
+    run = _run(cluster_name="local_hosts", cluster_hosts=2, cluster_pg_timeout_s=5.0)
+    with pytest.raises(ConfigError, match=r"^cluster=local_hosts \(cluster.hosts=2\) runs the ranks in network "
+                                          r"namespaces, which are unavailable: .*need root; try `cluster=local_cpu`$"):
+        capabilities.check_runnable(run)
+
+
 # ---- the real thing -------------------------------------------------------------------------------------
 def _available() -> tuple[bool, str]:
     from harness.faults.netns import namespaces_available
@@ -128,10 +139,25 @@ def _harness(tmp_path, name: str, extra: list[str]):
     return run_dir, read_row(run_dir)
 
 
+@pytest.fixture
+def no_new_namespaces():
+    """Whatever happens to the runs (a pytest timeout SIGKILLs the harness before its teardown), remove
+    the namespaces of this test's jobs; fail if a run that ended normally left any."""
+    from harness.faults.netns import cleanup_stale, list_prefixes
+
+    before = set(list_prefixes())
+    left: list[str] = []
+    yield left
+    for prefix in set(list_prefixes()) - before:
+        left.append(prefix)
+        cleanup_stale(prefix)
+
+
 @pytest.mark.slow
 @pytest.mark.netns
+@pytest.mark.timeout(900)  # four harness runs of about 60-80 s each on this loaded machine
 @pytest.mark.skipif(not _OK, reason=_WHY)
-def test_harness_data_link_fault_recovers_bit_identical_and_control_link_fault_is_survived(tmp_path):
+def test_harness_data_link_fault_recovers_bit_identical_and_control_link_fault_is_survived(tmp_path, no_new_namespaces):
     from harness.events import read_events
     from harness.faults.netns import list_prefixes
     from harness.rank.identity import compare_runs

@@ -87,9 +87,19 @@ def _slurm_state() -> tuple[bool, str]:
 _UP, _WHY = _slurm_state()
 
 
+@pytest.fixture
+def cancel_jobs(tmp_path):
+    """scancel this test's jobs (submitit's folder is named by job id) if the test ends before they do."""
+    yield
+    ids = [d.name for d in (tmp_path / "sweep" / ".submitit").glob("*") if d.name.isdigit()]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
+
+
 @pytest.mark.slurm
+@pytest.mark.timeout(700)  # a queued job, a reference through srun and the job itself: ~100 s here
 @pytest.mark.skipif(not _UP, reason=_WHY)
-def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path):
+def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path, cancel_jobs):
     from harness.rank.identity import compare_runs
 
     sweep = tmp_path / "sweep"
