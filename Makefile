@@ -17,6 +17,7 @@ setup: $(STAMP)
 # only a shim: the `pynvml` module itself comes from nvidia-ml-py (also installed, and what torch
 # expects), while the shim adds a .pth import hook that makes every `import torch.cuda` print "The
 # pynvml package is deprecated" in every process. Removing the shim leaves the module in place.
+# (`pip check` then reports that nvidia-resiliency-ext requires pynvml: expected, and harmless.)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"

@@ -42,6 +42,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from accelpact import _launch_env, _membership
 from accelpact._store_client import (
     _Connection,
     _StoreRefused,
@@ -51,9 +52,8 @@ from accelpact._store_client import (
     _is_wait_timeout,
     _new_client,
 )
-from accelpact import _launch_env, _membership
 from accelpact._data_plane_store import DataPlaneStores
-from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
+from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.liveness import Beat, PeerWatch, Verdict
 
 if TYPE_CHECKING:

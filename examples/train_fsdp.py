@@ -11,8 +11,8 @@ own store, see ``ControlChannel.from_torchrun``), ``attach`` and ``guard.step``.
 ``--fault STEP:PHASE:ACTION`` makes rank ``--fault-rank`` inject one real fault (``reset``: shut down
 its own gloo connections) at that step and phase, through ``accelpact.testing.FaultInjector``
 (docs/fault_injection.md). ``--out DIR`` writes each rank's local shards, optimizer state and losses to
-``DIR/rank{r}.pt`` so that two runs can be compared tensor by tensor. Runs on CPU (gloo) and on GPUs
-(nccl, one per local rank).
+``DIR/rank{r}.pt`` so that two runs can be compared tensor by tensor. Runs on CPU (gloo); with CUDA
+it picks nccl, one GPU per local rank (that path has not been run on this CPU-only project machine).
 """
 
 from __future__ import annotations
