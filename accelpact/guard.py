@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import comm, detection
+from accelpact import _attach_checks, comm, detection
 from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.clipping import clip_gradients
@@ -63,7 +63,7 @@ _MAX_ROUNDS = 16
 
 @dataclass(frozen=True)
 class GuardConfig:
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: float | None = None  # None: no clipping (a script that never clipped trains unchanged)
     pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
     verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
     reset: ResetConfig = ResetConfig()
@@ -84,6 +84,9 @@ class Guard:
                  injection_clock: InjectionClock | None = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
+        _attach_checks.check_model(model)
+        _attach_checks.check_optimizer(model, optimizer)
+        _attach_checks.check_members(control)  # a job-token mismatch fails here, not at the first fault
         self.model = model
         self.optimizer = optimizer
         self.control = control
@@ -388,7 +391,7 @@ class Guard:
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
-           max_grad_norm: float | None = 1.0, process_group: Any = None,
+           max_grad_norm: float | None = None, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
@@ -396,7 +399,10 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
-    construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`.
+    construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`; attach waits
+    (within its connect_timeout_s) until every rank has joined under the same job token.
+    ``max_grad_norm``: clip the total gradient norm to this inside the step (None, the default: no
+    clipping, exactly what the script did before attach).
     ``injection_clock`` (tests and benchmarks): called as ``injection_clock(t_start)`` when a fault is
     detected, it returns the wall time of a fault injected at or after ``t_start`` (and forgets it) or
     None, so that ``RecoveryEvent.detection_s`` counts from the injection; e.g.
