@@ -27,8 +27,6 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-import traceback
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -41,7 +39,10 @@ from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
+from accelpact._tracebacks import drop_traceback as _drop_traceback
+from accelpact._tracebacks import where as _where
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.guard_config import GuardConfig, InjectionClock
 from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses, wait_reachable
 from accelpact.liveness import LivenessConfig
@@ -53,27 +54,8 @@ _log = logging.getLogger(__name__)
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
 PhaseHook = Callable[[str, int], None]
-# Given the start time of the failed attempt, the wall time of a fault injected at or after it (and
-# forgotten from then on), or None: e.g. accelpact.testing.FaultInjector.consume_injection_time.
-InjectionClock = Callable[[float], "float | None"]
-
 # Recovery rounds allowed for one fault before giving up (each round is a nested fault).
 _MAX_ROUNDS = 16
-
-
-@dataclass(frozen=True)
-class GuardConfig:
-    max_grad_norm: float | None = None  # None: no clipping (a script that never clipped trains unchanged)
-    pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
-    verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
-    reset: ResetConfig = ResetConfig()
-    # Heartbeat on the control store, and how many missed beats make a peer whose connection dropped
-    # dead (docs/detection.md); None: no heartbeat, a dead peer is found by notices or the deadline.
-    liveness: LivenessConfig | None = LivenessConfig()
-    # A data-plane collective that has not completed for this long (and longer than 3x the median
-    # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
-    # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
-    stall_timeout_s: float | None = None
 
 
 class Guard:
@@ -421,21 +403,3 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
-
-
-def _where(exc: BaseException) -> str:
-    """``file:line in function`` of the innermost frames of ``exc`` (for the recovery log)."""
-    frames = traceback.extract_tb(exc.__traceback__)[-3:]
-    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
-
-
-def _drop_traceback(exc: BaseException) -> None:
-    """Clear the frames of a caught fault: they hold the old group (and its sockets) alive."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if cur.__traceback__ is not None:
-            traceback.clear_frames(cur.__traceback__)
-            cur.__traceback__ = None
-        cur = cur.__cause__ or cur.__context__
