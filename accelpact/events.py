@@ -63,7 +63,9 @@ class RecoveryEvent:
     ranks: list[int]  # ranks that reported a fault in this round (all of them: every rank sees one)
     decision: dict[str, Any]  # {"action": "retry"|"roll_forward", "step", "apply_on", "resume_step"}
     t_detected: float  # time.time() when this rank caught the fault
-    detection_s: float  # fault injection (when accelpact.testing recorded one) or attempt start -> caught
+    # caught minus the earliest fault injection any rank of the round reported (when accelpact.testing
+    # recorded one; see detection_from), else minus this rank's attempt start
+    detection_s: float
     agreement_s: float  # reset + report exchange + decision
     rebuild_s: float  # new process group(s) on the never-used store prefix
     rebind_s: float  # swapping every cached reference
@@ -78,6 +80,9 @@ class RecoveryEvent:
     # Every round's own {agreement, rebuild, rebind, first_collective} seconds, failed rounds included;
     # agreement_s ... first_collective_s above are their sums.
     round_times: list[dict[str, float]] = field(default_factory=list)
+    # What detection_s counts from: "injection" (the earliest injection reported in the round, on
+    # any rank; all ranks share a wall clock on one host) or "attempt_start" (nothing was injected).
+    detection_from: str = "attempt_start"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
