@@ -20,16 +20,20 @@ class RoundClock:
     """Times every round of one recovery, the failed ones included, so no second goes unattributed.
 
     ``start()`` opens a round, ``mark()`` ends each part in ROUND_PARTS order, ``close()`` records the
-    round; a round that failed midway is charged up to its failure to the part it was in.
+    round; a round that failed midway is charged up to its failure to the part it was in. Rounds are
+    back to back: the first starts at ``t0`` (when the fault was caught: the abort and FSDP reset
+    before the first round belong to its agreement), each later one where the previous one ended (the
+    abort between rounds), so the rounds cover caught -> ready without a gap.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, t0: float | None = None) -> None:
         self.rounds: list[dict[str, float]] = []
         self._marks: list[float] | None = None
+        self._end = t0  # where the next round starts (None: when start() is called)
 
     def start(self) -> None:
         self.close()
-        self._marks = [time.time()]
+        self._marks = [self._end if self._end is not None else time.time()]
 
     def mark(self) -> None:
         if self._marks is not None:
@@ -39,7 +43,7 @@ class RoundClock:
         if self._marks is None:
             return
         marks, self._marks = self._marks, None
-        end = time.time()
+        end = self._end = time.time()
         parts: dict[str, float] = {}
         for i, name in enumerate(ROUND_PARTS):
             if i + 1 < len(marks):

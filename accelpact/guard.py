@@ -273,7 +273,7 @@ class Guard:
         report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"],
                             injected_at=injected)
         rounds = 0
-        clock = RoundClock()
+        clock = RoundClock(t_detected)
         while True:
             rounds += 1
             if rounds > _MAX_ROUNDS:
