@@ -69,6 +69,13 @@ def notice_latency(trials: int) -> list[float]:
     return out
 
 
+def _thread_cpu_s(beat: Any) -> float:
+    """CPU seconds the heartbeat's thread has run (the kernel's per-thread schedstat, in ns)."""
+    if beat is None:
+        return 0.0
+    return int(Path(f"/proc/self/task/{beat._thread.native_id}/schedstat").read_text().split()[0]) / 1e9
+
+
 def run(sc: dict, ctx: Any) -> dict:
     """Scenario runner (ranks of a session): ``kind`` "steps" (time steps, heartbeat on/off) or "die"."""
     from accelpact.errors import RankLostError
@@ -104,17 +111,20 @@ def run(sc: dict, ctx: Any) -> dict:
     guard.phase_hooks.append(lambda phase, step: mark(phase, step) if phase in ("post_vote", "step_start") else None)
     # Prepended before FSDP's own pre-forward: right before the step's first all-gather.
     root.register_forward_pre_hook(lambda _mod, _args: mark("first_collective", guard.next_step), prepend=True)
+    beat = getattr(guard, "_heartbeat", None)  # its thread's CPU time: the beat's cost, whatever the load
+    cpu0, wall0 = _thread_cpu_s(beat), time.perf_counter()
     for step in range(sc["steps"]):
         t = time.perf_counter()
         guard.step(inner, batch_for(step, ctx.rank, m))
         mark("applied", step)
         times.append(time.perf_counter() - t)
+    beat_cpu = None if beat is None else {"cpu_s": _thread_cpu_s(beat) - cpu0, "wall_s": time.perf_counter() - wall0}
     guard.close()
     gap = [{"apply": marks[s]["applied"] - marks[s]["post_vote"],
             "between": marks[s + 1]["step_start"] - marks[s]["applied"],
             "to_first_collective": marks[s + 1]["first_collective"] - marks[s + 1]["step_start"]}
            for s in range(3, sc["steps"] - 1)]
-    return {"step_s": times[3:], "post_vote_gap": gap, "error": None}  # the first steps include lazy init
+    return {"step_s": times[3:], "post_vote_gap": gap, "beat_cpu": beat_cpu, "error": None}  # the first steps include lazy init
 
 
 def main() -> None:
@@ -155,6 +165,7 @@ def main() -> None:
         res = d.result("die", 0)
         if res and res.get("t_raised"):
             hb_latency.append(res["t_raised"] - died)
+    beats = [s.result(f"on{i}", r)["beat_cpu"] for i in range(args.rounds) for r in (0, 1)]
     gaps = [g for i in range(args.rounds) for n in (f"on{i}", f"off{i}") for r in (0, 1)
             for g in s.result(n, r)["post_vote_gap"]]
     reset_samples: list[dict] = []
@@ -176,14 +187,17 @@ def main() -> None:
               f"{', '.join(f'{x:.2f}' for x in hb_latency)} s")
     print(f"step time, heartbeat on  (n={len(on)}): median {med_on * 1e3:.1f} ms")
     print(f"step time, heartbeat off (n={len(off)}): median {med_off * 1e3:.1f} ms")
-    print(f"heartbeat cost: {(med_on - med_off) / med_off * 100:+.2f} % of the median step")
+    print(f"heartbeat cost: {(med_on - med_off) / med_off * 100:+.2f} % of the median step (on vs off)")
+    beat_cpu, beat_wall = sum(b["cpu_s"] for b in beats), sum(b["wall_s"] for b in beats)
+    print(f"heartbeat thread CPU: {beat_cpu * 1e3:.1f} ms over {beat_wall:.0f} s of training per rank summed "
+          f"({beat_cpu / beat_wall * 100:.3f} % of one core; at most that share of each step, whatever the load)")
     parts = {k: statistics.median(g[k] for g in gaps) * 1e3 for k in ("apply", "between", "to_first_collective")}
     print(f"data plane idle after the vote (n={len(gaps)}, medians): optimizer.step + zero_grad {parts['apply']:.1f} ms, "
           f"between steps {parts['between']:.1f} ms, step start -> first all-gather {parts['to_first_collective']:.1f} ms; "
           f"total {statistics.median(sum(g.values()) for g in gaps) * 1e3:.1f} ms (a post_vote reset is met at its end)")
     (out / "results.json").write_text(json.dumps({
         "argv": sys.argv, "sha": sha, "load_before": load_before, "load_after": load_average(),
-        "notice_s": notices, "heartbeat_rule_s": hb_latency, "step_s_on": on, "step_s_off": off,
+        "notice_s": notices, "heartbeat_rule_s": hb_latency, "step_s_on": on, "step_s_off": off, "beat_cpu": beats,
         "post_vote_gap": gaps, "reset_cells": cells, "reset_samples": reset_samples}, indent=1))
     print(f"raw figures -> {out / 'results.json'}")
 
