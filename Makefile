@@ -9,14 +9,21 @@ STAMP := $(VENV)/.installed
 # of torch 2.13 into .venv yourself before running make (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-slow reproduce clean
+.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# nvidia-resiliency-ext (the `baselines` extra) requires the `pynvml` package, which since 12.x is
+# only a shim: the `pynvml` module itself comes from nvidia-ml-py (also installed, and what torch
+# expects), while the shim adds a .pth import hook that makes every `import torch.cuda` print "The
+# pynvml package is deprecated" in every process. Removing the shim leaves the module in place.
+# (`pip check` then reports that nvidia-resiliency-ext requires pynvml: expected, and harmless.)
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[harness,dev,baselines]"
+	$(BIN)/pip uninstall -q -y pynvml
+	$(BIN)/python -c "import pynvml" # nvidia-ml-py's module, still there for torch and NVRx
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -27,6 +34,15 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# A real one-node Slurm on this machine (root: apt-get install slurm-wlm munge on first use, then munged,
+# slurmctld, slurmd) plus the Hydra submitit launcher, for cluster=slurm and the `slurm` tests.
+slurm-up: $(STAMP)
+	$(BIN)/pip install -q -e ".[slurm]"
+	scripts/slurm.sh up
+
+slurm-down:
+	scripts/slurm.sh down
 
 reproduce: $(STAMP)
 	$(BIN)/python -m experiments.reproduce

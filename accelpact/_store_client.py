@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import queue
+import socket
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
@@ -86,7 +87,34 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _new_client(host: str, port: int, timeout_s: float) -> "torch.distributed.TCPStore":
+class _StoreRefused(Exception):
+    """Nothing listens at the store's address (or its host name does not resolve): no retry can help."""
+
+
+def _probe(host: str, port: int, timeout_s: float, *, first: bool) -> None:
+    """Raise _StoreRefused if host:port refuses a TCP connection (or, on the ``first`` connection, if
+    host does not resolve: a typo; later, a resolver hiccup may pass).
+
+    A TCPStore client retries a refused connection until its whole timeout (30 s by default) and then
+    prints a C++ stack trace; a refusal is final (the server's keys died with it), so a plain socket
+    looks first. Anything else (no answer, unreachable) is left to the caller's own deadline.
+    """
+    final: tuple[type[OSError], ...] = (ConnectionRefusedError, socket.gaierror) if first else (ConnectionRefusedError,)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except final as exc:
+        what = "refused the connection" if isinstance(exc, ConnectionRefusedError) else "does not resolve"
+        raise _StoreRefused(f"{what} ({type(exc).__name__}: {exc.strerror or exc})") from None
+    except OSError:
+        return
+
+
+def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False,
+                first: bool = False) -> "torch.distributed.TCPStore":
+    """A TCPStore client; with ``probe``, a refused address raises _StoreRefused at once (see _probe)."""
     dist = _dist()
+    if probe:
+        _probe(host, port, timeout_s, first=first)
     return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)

@@ -14,7 +14,6 @@ group is bound to, ...) lives in :mod:`accelpact.backends`.
 from __future__ import annotations
 
 import datetime
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection
 
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from accelpact.errors import GenerationSuperseded
+from accelpact.errors import CollectiveAbandoned, GenerationSuperseded
 
 __all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective",
            "describe"]
@@ -147,22 +146,20 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
     peer has already started another round, raise :class:`GenerationSuperseded` instead of waiting
     for a collective its peers have abandoned (gloo may otherwise sit out the whole PG timeout).
     """
+    from accelpact.interruptible import wait_interruptibly
+
     t = torch.ones(1, device=device)
     if superseded is None:
         dist.all_reduce(t, group=pg)
     else:
         work = dist.all_reduce(t, group=pg, async_op=True)
-        next_poll = time.monotonic() + poll_s
-        while not work.is_completed():
-            # The healthy case completes in a few ms: short sleeps keep its latency.
-            time.sleep(0.0002)
-            if time.monotonic() >= next_poll:
-                if superseded():
-                    raise GenerationSuperseded(
-                        f"a peer started a newer recovery round while this rank waited on the first collective "
-                        f"of {describe(pg)}", work=work)
-                next_poll = time.monotonic() + poll_s
-        work.wait()  # raises the backend's error if the collective failed
+        try:
+            wait_interruptibly(work, lambda: "superseded" if superseded() else None,
+                               what=f"the first collective of {describe(pg)}", phase="recovery", poll_s=poll_s)
+        except CollectiveAbandoned:
+            raise GenerationSuperseded(
+                f"a peer started a newer recovery round while this rank waited on the first collective "
+                f"of {describe(pg)}", work=work) from None
     if int(t.item()) != pg.size():
         raise RuntimeError(f"first collective on the new generation returned {t.item()}, expected {pg.size()}")
 

@@ -42,8 +42,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from accelpact import _launch_env, _membership
 from accelpact._store_client import (
     _Connection,
+    _StoreRefused,
     _dist,
     _first_line,
     _is_connection_error,
@@ -51,7 +53,7 @@ from accelpact._store_client import (
     _new_client,
 )
 from accelpact._data_plane_store import DataPlaneStores
-from accelpact.errors import AccelPactError, ControlChannelError, RankLostError
+from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.liveness import Beat, PeerWatch, Verdict
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ class ControlConfig:
     job_token: str  # per-job; every key is prefixed with it so a stray process of another job can't join
     deadline_s: float = 30.0  # default own deadline for every blocking operation
     connect_timeout_s: float = 30.0
+    token_source: str = "job_token"  # where the token came from (e.g. ACCELPACT_JOB_TOKEN), for errors
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -127,33 +130,28 @@ class ControlChannel(DataPlaneStores):
     def from_env(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
         """Connect using ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE.
 
-        Optional: ACCELPACT_CONTROL_DEADLINE_S, ACCELPACT_CONTROL_CONNECT_TIMEOUT_S. Explicit
-        ``rank`` / ``world_size`` arguments win over the environment.
+        Under torchrun, a missing ACCELPACT_CONTROL_ADDR / ACCELPACT_JOB_TOKEN falls back to torchrun's
+        own store and run id (see :meth:`from_torchrun`). Optional: ACCELPACT_CONTROL_DEADLINE_S,
+        ACCELPACT_CONTROL_CONNECT_TIMEOUT_S. Explicit ``rank`` / ``world_size`` win over the environment.
         """
+        return cls._from_settings(_launch_env.control_settings(), rank, world_size)
 
-        def need(name: str) -> str:
-            value = os.environ.get(name)
-            if not value:
-                raise AccelPactError(
-                    f"environment variable {name} is not set: the launcher must export it "
-                    f"(ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE)")
-            return value
+    @classmethod
+    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+        """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run
+        id (docs/torchrun.md). AccelPactError when this process was not started by torchrun."""
+        return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
 
-        addr = need("ACCELPACT_CONTROL_ADDR")
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise AccelPactError(f"ACCELPACT_CONTROL_ADDR={addr!r} must look like host:port, e.g. 127.0.0.1:29600")
-        config = ControlConfig(
-            host=host.strip("[]"),
-            port=int(port),
-            rank=int(need("RANK")) if rank is None else rank,
-            world_size=int(need("WORLD_SIZE")) if world_size is None else world_size,
-            job_token=need("ACCELPACT_JOB_TOKEN"),
-            deadline_s=float(os.environ.get("ACCELPACT_CONTROL_DEADLINE_S", ControlConfig.deadline_s)),
-            connect_timeout_s=float(
-                os.environ.get("ACCELPACT_CONTROL_CONNECT_TIMEOUT_S", ControlConfig.connect_timeout_s)),
-        )
-        return cls.connect(config)
+    @classmethod
+    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> "ControlChannel":
+        rank = _launch_env.launcher_int("RANK") if rank is None else rank
+        world_size = _launch_env.launcher_int("WORLD_SIZE") if world_size is None else world_size
+        return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
+
+    def join(self, deadline_s: float | None = None) -> None:
+        """Post this rank under its job token and wait, within ``connect_timeout_s``, for all ranks
+        (attach calls it): a token or world-size mismatch fails here, naming the missing ranks."""
+        _membership.join(self, self.config.connect_timeout_s if deadline_s is None else deadline_s)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -183,10 +181,12 @@ class ControlChannel(DataPlaneStores):
             return fut.result(timeout=max(deadline - time.monotonic(), 0.0) + _GRACE_S)
         except FutureTimeout:
             self._discard(conn)  # its socket may be mid-reply: never reuse it
+            knob = (f"connect_timeout_s={self.config.connect_timeout_s:g}" if self.connects == 0
+                    else f"deadline_s={self.config.deadline_s:g}")
             raise ControlChannelError(
                 f"control store {self._addr} did not answer {what} before the deadline (rank {self.rank}, "
                 f"generation {self.generation}): the store host is stalled or the network to it is down. "
-                f"Check the process hosting the store, or raise deadline_s.") from None
+                f"Check the process hosting the store, or raise {knob}.") from None
 
     def _connection(self, deadline: float) -> _Connection:
         with self._lock:
@@ -195,10 +195,19 @@ class ControlChannel(DataPlaneStores):
             if self._conn is None:
                 conn = _Connection(f"accelpact-control-r{self.rank}")
                 timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s) + _GRACE_S
+                first = self.connects == 0
                 try:
                     conn.store = self._run(
-                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s), deadline,
-                        "a connection")
+                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True,
+                                                  first=first), deadline, "a connection")
+                except _StoreRefused as refused:
+                    self._discard(conn)
+                    # One line, at once: a refusal does not heal by waiting (nothing listens there).
+                    raise ControlChannelError(
+                        f"control store {self._addr} {refused} on rank {self.rank}; waiting will not help. "
+                        f"Check the address (ACCELPACT_CONTROL_ADDR, or torchrun's "
+                        f"MASTER_ADDR:MASTER_PORT) and that the store host is up; connect_timeout_s="
+                        f"{self.config.connect_timeout_s:g} only bounds a store that does not answer.") from None
                 except BaseException:
                     self._discard(conn)
                     raise

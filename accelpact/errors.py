@@ -20,6 +20,7 @@ from typing import Collection
 __all__ = [
     "AccelPactError",
     "CommFault",
+    "CollectiveAbandoned",
     "UnrecoverableError",
     "RankLostError",
     "StateDivergedError",
@@ -49,7 +50,21 @@ class CommFault(AccelPactError):
             self.__cause__ = cause
 
 
-class GenerationSuperseded(CommFault):
+class CollectiveAbandoned(CommFault):
+    """This rank stopped waiting on one of the guard's own collectives because its peers moved on.
+
+    gloo can miss the break of a rank's own connection and leave a collective posted at that moment
+    waiting out the whole PG timeout (accelpact/interruptible.py has the measurements). ``work`` is
+    the abandoned collective, still pending in the backend: keep it (and its group) alive until the
+    PG timeout.
+    """
+
+    def __init__(self, message: str, *, work: object = None, phase: str | None = None):
+        super().__init__(message, phase=phase)
+        self.work = work
+
+
+class GenerationSuperseded(CollectiveAbandoned):
     """A peer began a newer recovery round while this rank waited on the new generation's first collective.
 
     gloo can miss the reset of a socket and leave the collective waiting out the whole PG timeout
@@ -58,8 +73,7 @@ class GenerationSuperseded(CommFault):
     """
 
     def __init__(self, message: str, *, work: object = None):
-        super().__init__(message, phase="recovery")
-        self.work = work
+        super().__init__(message, work=work, phase="recovery")
 
 
 class UnrecoverableError(AccelPactError):

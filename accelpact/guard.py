@@ -25,6 +25,7 @@ the last committed step; nothing hangs past the control channel's deadline.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 import traceback
 from dataclasses import dataclass
@@ -34,17 +35,20 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import comm, detection
+from accelpact import _attach_checks, comm, detection
 from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses, wait_reachable
 from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.watchdog import resolve_stall_timeout
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
@@ -59,7 +63,7 @@ _MAX_ROUNDS = 16
 
 @dataclass(frozen=True)
 class GuardConfig:
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: float | None = None  # None: no clipping (a script that never clipped trains unchanged)
     pg_timeout: datetime.timedelta | None = None  # timeout of rebuilt groups; None: 30 min (c10d default)
     verify_rebind: bool = False  # run the gc completeness check after every rebind (slow: ~100 ms)
     reset: ResetConfig = ResetConfig()
@@ -80,6 +84,9 @@ class Guard:
                  injection_clock: InjectionClock | None = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
+        _attach_checks.check_model(model)
+        _attach_checks.check_optimizer(model, optimizer)
+        _attach_checks.check_members(control)  # a job-token mismatch fails here, not at the first fault
         self.model = model
         self.optimizer = optimizer
         self.control = control
@@ -128,6 +135,12 @@ class Guard:
         sockets = getattr(self.backend, "sockets", None)
         # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
         self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
+        # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
+        # (accelpact/interruptible.py: gloo can leave them waiting for the PG timeout).
+        self._wait = CollectiveWaiter(
+            fired=self._watchdog.fired_reason if self._watchdog is not None else None,
+            superseded=getattr(control, "generation_superseded", None),
+            abandon=lambda work: self.backend.abandon(list(self.table.groups), work, self._pg_timeout))
         self._prepare_next_generation()
 
     # -- public ------------------------------------------------------------------------------------
@@ -175,11 +188,11 @@ class Guard:
                 loss = step_fn(batch)
                 self._hook("clip_allreduce", step)
                 if self.config.max_grad_norm is not None:
-                    clip_gradients(self.model, self.config.max_grad_norm)
+                    clip_gradients(self.model, self.config.max_grad_norm, wait=self._wait)
                 self._hook("vote", step)
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
-                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index])
+                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
                 self._unchecked_since = time.time()
                 if self._watchdog is not None:
                     self._watchdog.end_attempt(completed=True)
@@ -268,6 +281,8 @@ class Guard:
         if watchdog is not None:
             fault["watchdog"] = watchdog
         _drop_traceback(exc)  # its frames hold the old group alive
+        _log.info("rank %d: %s at step %d (phase %s, generation %d): recovering", self.rank, fault["type"],
+                  step, self._phase.value, getattr(self.control, "generation", -1))
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
         self.backend.abort()
         report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"],
@@ -290,6 +305,8 @@ class Guard:
                 clock.close()  # the failed round's time, up to the failure
                 if not self.backend.is_comm_fault(nested):
                     raise
+                _log.info("rank %d: recovery round %d failed (%s: %s, at %s); next round", self.rank, rounds,
+                          type(nested).__name__, str(nested)[:200], _where(nested))
                 _drop_traceback(nested)
                 del nested
                 self.backend.abort()  # the half-built generation: peers must fail fast too
@@ -303,6 +320,7 @@ class Guard:
             reset_after_fault(self.model, self.optimizer, self.config.reset)
         # 3. Agree.
         generation = self.control.advance_generation()
+        _log.info("rank %d: round %d, generation %d: reporting", self.rank, rounds, generation)
         watch = detection.peer_watch(self.control, self.rank, self.config.liveness, fault, generation)
         try:
             if watch is None:
@@ -323,6 +341,8 @@ class Guard:
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
         detected_from, detection_from = detection.detection_origin(reports, t_start)
+        _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", self.rank, generation, decision,
+                  len(self.table.groups))
         clock.mark()
         # 4. Build the next generation under the old names (first, the holders FSDP created lazily
         # if the fault hit before the first commit: they are in place by now, the old groups are
@@ -355,6 +375,7 @@ class Guard:
             self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
         t4 = time.time()
+        _log.info("rank %d: generation %d works (first collective done)", self.rank, generation)
         clock.mark()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
@@ -380,7 +401,7 @@ class Guard:
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
-           max_grad_norm: float | None = 1.0, process_group: Any = None,
+           max_grad_norm: float | None = None, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
@@ -388,7 +409,10 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
-    construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`.
+    construction. ``control`` is a connected :class:`accelpact.control.ControlChannel`; attach waits
+    (within its connect_timeout_s) until every rank has joined under the same job token.
+    ``max_grad_norm``: clip the total gradient norm to this inside the step (None, the default: no
+    clipping, exactly what the script did before attach).
     ``injection_clock`` (tests and benchmarks): called as ``injection_clock(t_start)`` when a fault is
     detected, it returns the wall time of a fault injected at or after ``t_start`` (and forgets it) or
     None, so that ``RecoveryEvent.detection_s`` counts from the injection; e.g.
@@ -407,6 +431,12 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock)
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frames of ``exc`` (for the recovery log)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
 
 
 def _drop_traceback(exc: BaseException) -> None:

@@ -9,7 +9,8 @@ collective raises at once and the guard recovers as after a reset) when, during 
 
 1. a peer has already posted at the next recovery generation (it is recovering: this rank's data
    plane is dead even if its own collective has not failed yet); or
-2. the attempt has run longer than ``max(stall_timeout_s, 3 x median step)`` AND it is a stall, not a
+2. (once ``_MIN_HISTORY`` steps have completed and been timed) the attempt has run longer than
+   ``max(stall_timeout_s, 3 x median step)`` AND it is a stall, not a
    slow step: a peer's heartbeat is stale (the peer is stopped: a rank merely busy in a slow
    ``step_fn`` keeps beating from its daemon thread), or one of this rank's own data-plane sockets has
    held the same unsent data for 0.5 s (a blackhole or a link that went down). A slow peer leaves the
@@ -177,6 +178,10 @@ class StallWatchdog:
                       f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
                       f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so", RuntimeWarning, stacklevel=3)
 
+    def fired_reason(self) -> str | None:
+        """Why the watchdog aborted the attempt in progress, or None (read without consuming it)."""
+        return self.state.fired
+
     def threshold_s(self) -> float:
         """How long an attempt may run before a stall is considered: max(stall_timeout_s, 3 x median)."""
         if len(self._steps) < _MIN_HISTORY:
@@ -211,6 +216,12 @@ class StallWatchdog:
         posted = f"{self.token}/gen{gen + 1}/posted"
         if store.check([posted]):
             return "a peer is recovering (posted at the next generation)"
+        if len(self._steps) < _MIN_HISTORY:
+            # No step time to judge against yet. The first steps hold lazy initialisation and
+            # compilation: measured, an aot_eager compile of step 0 on a loaded 2-core host kept a
+            # rank busy past the 10 s default while its heartbeat thread starved, and rule 2 took
+            # the slow first step for a stall. Until then only rule 1 (a peer is recovering) fires.
+            return None
         now = time.monotonic()
         stale = self._stale_peers(store, now)
         stuck = self._queues.stuck(send_queues(self._inodes()), now)

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMa
 
 from accelpact.errors import AccelPactError, is_comm_fault
 
+#: how the guard waits for its own collectives: wait(work, what, phase)
+Waiter = Callable[[Any, str, str], None]
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
@@ -124,16 +127,22 @@ class Backend(abc.ABC):
 
         return torch.zeros(1, device=self.device)
 
-    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup, wait: Waiter | None = None) -> None:
         """The commit vote: all-reduce ``buf`` and return only once it has COMPLETED on this rank.
 
         The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
         gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
-        device before returning, and raise if the collective failed. gloo's all_reduce is synchronous.
+        device before returning, and raise if the collective failed. ``wait(work, what, phase)`` (the
+        guard's :class:`accelpact.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
+        may give it up; None: ``work.wait()``.
         """
         import torch.distributed as dist
 
-        dist.all_reduce(buf, group=pg)
+        work = dist.all_reduce(buf, group=pg, async_op=True)
+        if wait is None:
+            work.wait()
+        else:
+            wait(work, "the commit vote", "vote")
 
     def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
                          poll_s: float = 0.02) -> None:

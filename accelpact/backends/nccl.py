@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
 
 import torch
 
-from accelpact.backends.base import Backend
+from accelpact.backends.base import Backend, Waiter
 from accelpact.errors import AccelPactError, CommFault
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class NcclBackend(Backend):
     def abort(self) -> int:
         return _abort_groups(self.groups)
 
-    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup) -> None:
+    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup, wait: Waiter | None = None) -> None:
         # NCCL collectives are asynchronous to the CPU: without waiting for the device the guard
         # would call optimizer.step() on a vote that may still fail. .item() waits for the kernel;
         # after a watchdog abort the kernel ends without a result, so the sum is the proof: it is
@@ -142,7 +142,10 @@ class NcclBackend(Backend):
         import torch.distributed as dist
 
         work = dist.all_reduce(buf, group=pg, async_op=True)
-        work.wait()
+        if wait is None:
+            work.wait()
+        else:
+            wait(work, "the commit vote", "vote")
         value = buf.item()
         if int(value) != pg.size():
             raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "

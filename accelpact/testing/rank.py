@@ -11,9 +11,12 @@ unrecoverable one the process group is gone.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
+import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -99,6 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     """Run the scenarios of the config file ``argv[0]`` and exit without gloo teardown."""
     args = sys.argv[1:] if argv is None else argv
     cfg = json.loads(Path(args[0]).read_text())
+    # The session sends SIGUSR1 before it kills a rank at its timeout: every thread's stack goes to
+    # this rank's log, so a hang names the call it hung in.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # accelpact logs each recovery's milestones at INFO: the rank's log then tells its rounds apart.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("accelpact").setLevel(logging.INFO)
     torch.set_num_threads(1)  # every rank shares the host's few cores
     runner = load_runner(cfg["runner"])
     store, control = _connect(cfg)
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         if sc.get("barrier", cfg.get("barrier", False)):
             ctx.barrier(f"scenario/{name}")  # start together: start-up skew must not look like a hang
         t0 = time.time()
+        logging.getLogger("accelpact.testing").info("rank %d: scenario %s", ctx.rank, name)
         try:
             results[name] = runner(sc, ctx)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which decides

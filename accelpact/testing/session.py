@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -172,14 +173,31 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
 
 
 def _wait_all(procs: list[subprocess.Popen], deadline: float) -> tuple[list[int], bool]:
-    """Exit codes of every process; those still running at ``deadline`` are killed (and flagged)."""
+    """Exit codes of every process; those still running at ``deadline`` are killed (and flagged).
+
+    Before the kill, every live rank gets SIGUSR1, on which it writes the Python stack of each of its
+    threads to its log (see ``rank.py``): a hang then names the call it hung in.
+    """
     codes: list[int] = []
     timed_out = False
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
         except subprocess.TimeoutExpired:
+            if not timed_out:
+                _dump_stacks(procs)
             timed_out = True
             p.kill()
             codes.append(p.wait())
     return codes, timed_out
+
+
+def _dump_stacks(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            p.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    if live:
+        time.sleep(wait_s)  # faulthandler writes from a signal handler: a moment is plenty

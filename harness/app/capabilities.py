@@ -9,7 +9,7 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 from harness import strategies
-from harness.app.schema import RunConfig
+from harness.app.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
@@ -39,7 +39,9 @@ def check_runnable(run: RunConfig) -> None:
     except ScheduleError as exc:
         raise ConfigError(str(exc)) from exc
     watchdog_s = effective_stall_timeout_s(run) if strategy.recovers_in_memory else None
-    if fault.outage and watchdog_s is not None and run.fault.outage_s > watchdog_s:
+    if run.fault.link == LinkPlane.control:
+        pass  # a control-link outage breaks no collective; it tests the control channel's deadlines
+    elif fault.outage and watchdog_s is not None and run.fault.outage_s > watchdog_s:
         pass  # the stall watchdog ends it after watchdog_s, however long the PG timeout
     elif fault.outage and run.fault.outage_s <= run.cluster.pg_timeout_s + OUTAGE_MARGIN_S:
         need = run.cluster.pg_timeout_s + OUTAGE_MARGIN_S + 1
@@ -50,11 +52,26 @@ def check_runnable(run: RunConfig) -> None:
             + (" (or, under an in-memory strategy, strategy.stall_timeout_s below the outage: the watchdog "
                "then ends it)" if strategy.recovers_in_memory else "")
         )
-    if fault.needs_netns:
+    if run.cluster.launch == RankLaunch.srun and (fault.where in ("parent", "netns") or run.cluster.hosts):
+        what = f"cluster.hosts={run.cluster.hosts}" if run.cluster.hosts else f"fault={fault.kind}"
+        raise ConfigError(
+            f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
+            f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
+            f"try `fault=socket_reset`")
+    if run.cluster.launch == RankLaunch.srun:
+        import shutil
+
+        if shutil.which("srun") is None:
+            raise ConfigError(f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
+                              "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
+                              "try `cluster=local_cpu`")
+    if fault.needs_netns or run.cluster.hosts:
         from harness.faults.netns import namespaces_available
 
         ok, why = namespaces_available()
         if not ok:
-            raise ConfigError(f"fault={fault.kind} runs the ranks in network namespaces, which are unavailable: {why}")
+            what = f"fault={fault.kind}" if fault.needs_netns else f"cluster={run.cluster.name} (cluster.hosts={run.cluster.hosts})"
+            raise ConfigError(f"{what} runs the ranks in network namespaces, which are unavailable: {why}"
+                              + ("" if fault.needs_netns else "; try `cluster=local_cpu`"))
     if strategy.check is not None:
         strategy.check(run)

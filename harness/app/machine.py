@@ -28,6 +28,9 @@ class Machine:
     cpu_cores: int
     mem_available: int  # bytes
     gpu_mem: tuple[int, ...] = field(default_factory=tuple)  # total bytes of each visible GPU
+    # Inside a Slurm allocation (SLURM_JOB_ID): a cluster.launch=srun run is checked against this node;
+    # outside one (the host that submits it) its ranks will run elsewhere and are not.
+    in_slurm_job: bool = False
 
     @property
     def gpu_count(self) -> int:
@@ -55,7 +58,8 @@ def probe(with_gpus: bool = True) -> Machine:
     gpu_mem: tuple[int, ...] = ()
     if with_gpus:
         gpu_mem = _gpu_memory()
-    return Machine(cpu_cores=cores, mem_available=psutil.virtual_memory().available, gpu_mem=gpu_mem)
+    return Machine(cpu_cores=cores, mem_available=psutil.virtual_memory().available, gpu_mem=gpu_mem,
+                   in_slurm_job="SLURM_JOB_ID" in os.environ)
 
 
 def _gpu_memory() -> tuple[int, ...]:

@@ -46,6 +46,22 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class RankLaunch(str, Enum):
+    """How the parent starts the ranks: as its own child processes on this host, or as the tasks of one
+    ``srun`` step across a Slurm allocation (rank, world size, local rank from Slurm's environment)."""
+
+    local = "local"
+    srun = "srun"
+
+
+class LinkPlane(str, Enum):
+    """Which of a host's links a namespace fault acts on: the data plane (gloo/NCCL traffic) or the
+    control plane (the out-of-band store), to test the control channel's own deadlines."""
+
+    data = "data"
+    control = "control"
+
+
 class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
@@ -88,6 +104,13 @@ class ClusterConfig:
     world_size: int = 2
     pg_timeout_s: float = 120.0
     master_addr: str = "127.0.0.1"
+    # 0: every rank on this host, one network (local_cpu). N > 0: the ranks in N host network namespaces
+    # (world_size / N each) with separate data and control networks (cluster=local_hosts; root only).
+    hosts: int = 0
+    # launch=srun: the ranks are srun tasks over `nodes` nodes of the Slurm allocation the parent runs in,
+    # world_size / nodes per node; master_addr "auto" is the allocation's first node (cluster=slurm).
+    launch: RankLaunch = RankLaunch.local
+    nodes: int = 1
 
 
 @dataclass
@@ -112,6 +135,7 @@ class FaultConfig:
     count: int = 1
     seed: int = 0
     outage_s: float = 8.0
+    link: LinkPlane = LinkPlane.data  # namespace faults: cut the host's data link or its control link
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.app.schema import Backend, ClusterConfig, Device, ModelConfig, Precision, RunConfig
+from harness.app.schema import Backend, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
 class ConfigError(ValueError):
@@ -73,6 +73,22 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(f"train.lr={t.lr} must be positive; try `train.lr=3e-3`")
     if c.world_size < 1:
         raise ConfigError(f"cluster.world_size={c.world_size} must be at least 1; try `cluster.world_size=2`")
+    if c.hosts < 0 or (c.hosts and c.world_size % c.hosts):
+        per = max(1, c.world_size // max(c.hosts, 1))
+        raise ConfigError(
+            f"cluster.hosts={c.hosts} must be 0 (no host namespaces) or divide cluster.world_size={c.world_size}: "
+            f"every host holds the same number of ranks; try `cluster.world_size={per * max(c.hosts, 1)}`")
+    if c.nodes < 1 or c.world_size % c.nodes:
+        raise ConfigError(
+            f"cluster.nodes={c.nodes} must be at least 1 and divide cluster.world_size={c.world_size} (the same "
+            f"number of ranks on every node); try `cluster.world_size={max(c.nodes, 1) * max(c.world_size // max(c.nodes, 1), 1)}`")
+    if c.nodes > 1 and c.launch != RankLaunch.srun:
+        raise ConfigError(f"cluster.nodes={c.nodes} needs ranks started on other nodes: only cluster.launch=srun "
+                          "does that; try `cluster=slurm` or `cluster.nodes=1`")
+    if run.fault.link == LinkPlane.control and not faults_need_netns(run):
+        raise ConfigError(
+            f"fault.link=control cuts a host's control link, which only the network-namespace faults can do "
+            f"(fault={run.fault.kind} acts elsewhere); try `fault=link_down fault.link=control cluster=local_hosts`")
     if c.pg_timeout_s <= 0:
         raise ConfigError(f"cluster.pg_timeout_s={c.pg_timeout_s} must be positive; try `cluster.pg_timeout_s=120`")
     for key in ("batch_size", "seq_len", "num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_size"):
@@ -103,9 +119,17 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(f"checkpoint.keep={run.checkpoint.keep} must be at least 1; try `checkpoint.keep=2`")
 
 
+def faults_need_netns(run: RunConfig) -> bool:
+    from harness.faults import registry as faults
+
+    return faults.get(run.fault.kind).needs_netns
+
+
 def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, str]] | None:
     """Why this machine cannot provide ``run.cluster``, and the overrides that give one it can."""
     c = run.cluster
+    if c.launch == RankLaunch.srun and not machine.in_slurm_job:
+        return None  # submitting: the ranks run on the allocation's nodes, checked there, not on this host
     if c.backend == Backend.nccl and c.device == Device.cpu:
         return "cluster.backend=nccl needs cluster.device=cuda", _to_local_cpu(run, machine)
     if c.backend == Backend.gloo and c.device == Device.cuda:

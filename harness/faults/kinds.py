@@ -36,21 +36,24 @@ def apply_kill(driver: Any, req: dict) -> None:
 
 
 def apply_tcp_reset(driver: Any, req: dict) -> None:
-    record = driver.topology_or_fail().tcp_reset([int(req["rank"])])
-    driver.record(req, sockets_reset=record.sockets_reset)
+    plane = driver.run.fault.link.value
+    record = driver.topology_or_fail().tcp_reset([int(req["rank"])], plane=plane)
+    driver.record(req, sockets_reset=record.sockets_reset, link=plane)
     driver.ack(req)
 
 
 def apply_link_outage(driver: Any, req: dict) -> None:
-    """``blackhole`` or ``link_down`` (the request's kind) on the rank's data link for fault.outage_s."""
+    """``blackhole`` or ``link_down`` (the request's kind) on the link of the rank's host that
+    ``fault.link`` names (data by default) for fault.outage_s."""
     topo = driver.topology_or_fail()
     kind, rank, outage = str(req["kind"]), int(req["rank"]), float(driver.run.fault.outage_s)
+    plane = driver.run.fault.link.value
     applied = threading.Event()
 
     def outage_body() -> None:
         try:
-            with topo.outage(kind, [rank]):
-                driver.record(req, outage_s=outage)
+            with topo.outage(kind, [rank], plane=plane):
+                driver.record(req, outage_s=outage, link=plane)
                 applied.set()
                 topo._closed.wait(outage)  # returns early if the topology is torn down
         except Exception as exc:  # noqa: BLE001 - recorded in the row

@@ -1,12 +1,14 @@
 """Real link faults through network namespaces: blackhole, link down and TCP reset on a rank's data plane.
 
-``NetnsTopology`` builds, for one job, a bridge namespace plus one namespace per rank. Each rank gets two
-veth links into the bridge namespace:
+``NetnsTopology`` builds, for one job, a bridge namespace plus one namespace per rank, or, with
+``hosts=N`` (``cluster=local_hosts``), one namespace per host holding ``world_size / N`` ranks that share
+its links. Each rank (host) namespace gets two veth links into the bridge namespace:
 
 - ``eth0``: the data plane. gloo is pinned to it (``GLOO_SOCKET_IFNAME=eth0``); faults hit only it.
-- ``ctl0``: the out-of-band control channel, never faulted. The control TCPStore server runs inside the
-  bridge namespace (``harness.faults.store_server``) on the control bridge, so the store keeps answering
-  while the data plane is down.
+- ``ctl0``: the out-of-band control channel, on its own bridge. The control TCPStore server runs inside
+  the bridge namespace (``harness.faults.store_server``) on the control bridge, so the store keeps
+  answering while the data plane is down. Data-plane faults never touch it; a fault aimed at the
+  control plane (``plane="control"``) acts on ``ctl0`` instead, to test the control channel's deadlines.
 
 Faults (measured on this kind of machine; docs/design.md, "Faults as each rank sees them"): netem is missing from this kernel,
 so a blackhole is ``tbf rate 8bit burst 1 limit 1`` on both ends of the rank's data link; iptables is not
@@ -35,7 +37,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
@@ -70,6 +71,7 @@ __all__ = [
 ]
 
 LINK_FAULTS = ("blackhole", "link_down", "tcp_reset")  # what inject() dispatches to
+PLANES = ("data", "control")  # which of a host's links a fault acts on
 _TBF_BLACKHOLE = ("tbf", "rate", "8bit", "burst", "1", "limit", "1")
 
 
@@ -82,6 +84,7 @@ class LinkFault:
     t_start: float
     t_end: float
     sockets_reset: int = 0  # tcp_reset only: how many sockets ss -K destroyed
+    plane: str = "data"
 
 
 _LIVE: set["NetnsTopology"] = set()
@@ -136,11 +139,12 @@ class NetnsTopology:
         self,
         world_size: int,
         prefix: str | None = None,
+        hosts: int | None = None,
         store_server: bool = True,
         python: str = sys.executable,
         server_start_timeout_s: float = 60.0,
     ) -> None:
-        self.layout = Layout(prefix or new_prefix(), world_size)
+        self.layout = Layout(prefix or new_prefix(), world_size, hosts)
         self.prefix = self.layout.prefix
         self.world_size = world_size
         self.faults: list[LinkFault] = []
@@ -188,7 +192,8 @@ class NetnsTopology:
         lines = ["link set lo up"]
         for bridge, addr in ((DATA_BRIDGE, lay.bridge_data_addr), (CTL_BRIDGE, lay.bridge_ctl_addr)):
             lines += [f"link add name {bridge} type bridge", f"addr add {addr}/24 dev {bridge}", f"link set {bridge} up"]
-        for r in range(self.world_size):
+        heads = [lay.ranks_of_host(h)[0] for h in range(lay.n_hosts)]  # one rank names each host's links
+        for r in heads:
             ns = lay.rank_ns(r)
             # Both veth ends are created straight into namespaces: the root namespace never holds one.
             for peer, inner in ((lay.data_peer(r), DATA_IF), (lay.ctl_peer(r), CTL_IF)):
@@ -199,7 +204,7 @@ class NetnsTopology:
                     f"link set {peer} up",
                 ]
         _ip_batch(br, lines)
-        for r in range(self.world_size):
+        for r in heads:
             _ip_batch(
                 lay.rank_ns(r),
                 [
@@ -212,46 +217,10 @@ class NetnsTopology:
             )
 
     def _start_server(self) -> None:
-        host = self.layout.bridge_ctl_addr
-        argv = [self._python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", self.prefix]
-        # The server imports this package: make it importable whatever the launcher's cwd is.
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, TAG_ENV: self.prefix, "PYTHONPATH": path}
-        self._server = subprocess.Popen(
-            ["ip", "netns", "exec", self.layout.bridge_ns, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        # A reader thread keeps the deadline honest even if the server never prints.
-        result: Future[str] = Future()
+        from harness.faults.store_server import start_in_namespace
 
-        def read_ready() -> None:
-            assert self._server is not None and self._server.stdout is not None
-            for line in self._server.stdout:
-                if line.startswith("READY "):
-                    result.set_result(line)
-                    return
-            result.set_result("")
-
-        threading.Thread(target=read_ready, daemon=True, name=f"{self.prefix}-store-ready").start()
-        try:
-            line = result.result(timeout=self._server_timeout_s)
-        except TimeoutError:
-            line = ""
-        if not line:
-            err = ""
-            if self._server.poll() is not None and self._server.stderr is not None:
-                err = self._server.stderr.read()[-2000:]
-            raise NetnsError(
-                f"control store server did not start in the bridge namespace within {self._server_timeout_s} s"
-                f"{': ' + err if err else ''}"
-            )
-        _, host, port = line.split()
-        self._control_addr = (host, int(port))
+        self._server, self._control_addr = start_in_namespace(
+            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s)
 
     def teardown(self) -> list[str]:
         """Stop faults and the store server, kill every process in the namespaces, delete them.
@@ -303,8 +272,10 @@ class NetnsTopology:
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """Environment for rank ``rank`` (merge into the launcher's): gloo pinned to the data plane,
-        MASTER_ADDR on rank 0's data address, the control store address on the control link."""
+        MASTER_ADDR on rank 0's data address, the control store address on the control link, LOCAL_RANK
+        the rank's index on its host."""
         env = {
+            "LOCAL_RANK": str(self.layout.local_rank(rank)),
             "GLOO_SOCKET_IFNAME": DATA_IF,
             "MASTER_ADDR": self.layout.data_addr(0),
             "ACCELPACT_DATA_ADDR": self.layout.data_addr(rank),
@@ -316,33 +287,43 @@ class NetnsTopology:
 
     # -- faults
     @contextlib.contextmanager
-    def outage(self, kind: str, ranks: Sequence[int]) -> Iterator[None]:
-        """Apply ``blackhole`` or ``link_down`` to ``ranks`` on entry, heal on exit; record a LinkFault.
+    def outage(self, kind: str, ranks: Sequence[int], plane: str = "data") -> Iterator[None]:
+        """Apply ``blackhole`` or ``link_down`` to the ``plane`` link of ``ranks``' hosts on entry, heal on
+        exit; record a LinkFault. With several ranks per host the whole host is cut.
 
         For tests and schedules that hold a fault until something happens rather than for a fixed time."""
         if kind not in ("blackhole", "link_down"):
             raise ValueError(f"outage kind must be 'blackhole' or 'link_down', got {kind!r}")
         ranks = self._check_ranks(ranks)
+        targets = self._host_heads(ranks, plane)
         t_start = time.time()
         try:
-            for r in ranks:
-                self._apply(kind, r, on=True)
+            for r in targets:
+                self._apply(kind, r, on=True, plane=plane)
             yield
         finally:
             if not self._closed.is_set():
-                for r in ranks:
-                    self._apply(kind, r, on=False)
-            self.faults.append(LinkFault(kind, ranks, t_start, time.time()))
+                for r in targets:
+                    self._apply(kind, r, on=False, plane=plane)
+            self.faults.append(LinkFault(kind, ranks, t_start, time.time(), plane=plane))
 
-    def _apply(self, kind: str, rank: int, on: bool) -> None:
+    def _host_heads(self, ranks: Sequence[int], plane: str) -> list[int]:
+        """One rank per distinct host (a host's link is cut once however many of its ranks are named)."""
+        if plane not in PLANES:
+            raise ValueError(f"plane must be one of {PLANES}, got {plane!r}")
+        hosts = sorted({self.layout.host_of(r) for r in ranks})
+        return [self.layout.ranks_of_host(h)[0] for h in hosts]
+
+    def _apply(self, kind: str, rank: int, on: bool, plane: str = "data") -> None:
         lay = self.layout
+        inner, peer = (DATA_IF, lay.data_peer(rank)) if plane == "data" else (CTL_IF, lay.ctl_peer(rank))
         if kind == "blackhole":
             op, qdisc = ("add", _TBF_BLACKHOLE) if on else ("del", ())
-            # Both ends: the rank's eth0 drops what it sends, the bridge-side peer what it receives.
-            _run(["tc", "-n", lay.rank_ns(rank), "qdisc", op, "dev", DATA_IF, "root", *qdisc])
-            _run(["tc", "-n", lay.bridge_ns, "qdisc", op, "dev", lay.data_peer(rank), "root", *qdisc])
+            # Both ends: the host's link drops what it sends, the bridge-side peer what it receives.
+            _run(["tc", "-n", lay.rank_ns(rank), "qdisc", op, "dev", inner, "root", *qdisc])
+            _run(["tc", "-n", lay.bridge_ns, "qdisc", op, "dev", peer, "root", *qdisc])
         else:
-            _run(["ip", "-n", lay.rank_ns(rank), "link", "set", DATA_IF, "down" if on else "up"])
+            _run(["ip", "-n", lay.rank_ns(rank), "link", "set", inner, "down" if on else "up"])
 
     def blackhole(self, ranks: Sequence[int], outage_s: float) -> LinkFault:
         """Drop every data-plane packet of ``ranks`` for ``outage_s`` s, then heal. Blocks; returns the record."""
@@ -352,20 +333,20 @@ class NetnsTopology:
         """``ip link set eth0 down`` on ``ranks`` for ``outage_s`` s, then up again. Blocks."""
         return self._timed("link_down", ranks, outage_s)
 
-    def tcp_reset(self, ranks: Sequence[int]) -> LinkFault:
-        """Destroy every data-plane TCP socket of ``ranks`` (``ss -K``; the kernel sends the peer a reset).
-
-        Control-link sockets are on another subnet and are left alone."""
+    def tcp_reset(self, ranks: Sequence[int], plane: str = "data") -> LinkFault:
+        """Destroy every TCP socket of ``ranks``' hosts on ``plane`` (``ss -K``; the kernel sends the peer a
+        reset). The other plane's sockets are on another subnet and are left alone."""
         ranks = self._check_ranks(ranks)
+        subnet = self.layout.data_subnet if plane == "data" else self.layout.ctl_subnet
         t_start = time.time()
         killed = 0
-        for r in ranks:
+        for r in self._host_heads(ranks, plane):
             out = _run(
-                ["ip", "netns", "exec", self.layout.rank_ns(r), "ss", "-K", "-t", "-n", "dst", self.layout.data_subnet],
+                ["ip", "netns", "exec", self.layout.rank_ns(r), "ss", "-K", "-t", "-n", "dst", subnet],
                 check=False,
             ).stdout
             killed += sum(1 for line in out.splitlines()[1:] if line.strip())
-        record = LinkFault("tcp_reset", ranks, t_start, time.time(), sockets_reset=killed)
+        record = LinkFault("tcp_reset", ranks, t_start, time.time(), sockets_reset=killed, plane=plane)
         self.faults.append(record)
         return record
 

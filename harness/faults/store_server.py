@@ -8,14 +8,20 @@ serves, each stdin line ``SET <key> <hex value>`` sets that key: the parent, in 
 writes death notices (accelpact.liveness) this way without a route into the bridge namespace. It sits on the
 control link only, which the data-plane faults never touch, so it keeps answering during an outage.
 ``--tag`` is unused by the server; it makes the process findable by its job prefix.
+``start_in_namespace`` starts it that way and waits for its READY line (``NetnsTopology`` uses it).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import signal
+import subprocess
 import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +54,45 @@ def main(argv: list[str] | None = None) -> int:
         pass
     del store
     return 0
+
+
+def start_in_namespace(
+    netns: str, host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
+) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+    """Start this server inside ``netns`` listening on ``host`` (port chosen by the kernel); return the
+    process (close its stdin to stop it) and the (host, port) it printed. NetnsError if it is not ready
+    within ``timeout_s``."""
+    from harness.faults.netns_host import TAG_ENV, NetnsError
+
+    argv = [python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", tag]
+    # The server imports this package: make it importable whatever the launcher's cwd is.
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": path}
+    server = subprocess.Popen(["ip", "netns", "exec", netns, *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A reader thread keeps the deadline honest even if the server never prints.
+    result: Future[str] = Future()
+
+    def read_ready() -> None:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if line.startswith("READY "):
+                result.set_result(line)
+                return
+        result.set_result("")
+
+    threading.Thread(target=read_ready, daemon=True, name=f"{tag}-store-ready").start()
+    try:
+        line = result.result(timeout=timeout_s)
+    except TimeoutError:
+        line = ""
+    if not line:
+        err = server.stderr.read()[-2000:] if server.poll() is not None and server.stderr is not None else ""
+        raise NetnsError(f"control store server did not start in namespace {netns} within {timeout_s} s"
+                         f"{': ' + err if err else ''}")
+    _, addr, port = line.split()
+    return server, (addr, int(port))
 
 
 if __name__ == "__main__":

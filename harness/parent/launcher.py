@@ -30,7 +30,7 @@ from harness.events import events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
-from harness.app.schema import RunConfig
+from harness.app.schema import RankLaunch, RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
@@ -145,7 +145,8 @@ class Launcher:
                 parent_pid=os.getpid(),
             ).to_environ()
         )
-        threads = max(1, usable_cores() // self.run.cluster.world_size)
+        ranks_here = max(1, self.run.cluster.world_size // max(self.run.cluster.nodes, 1))
+        threads = max(1, usable_cores() // ranks_here)
         env.update(
             {
                 "HF_HUB_OFFLINE": "1",  # never a hub download, even by accident
@@ -172,6 +173,9 @@ class Launcher:
         self._noticed = set()
         (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
         t_launch = time.time()
+        if self.run.cluster.launch == RankLaunch.srun:
+            self._start_srun(incarnation, t_launch)
+            return
         for rank in range(self.run.cluster.world_size):
             log = open(self.log_path(rank), "ab")
             try:
@@ -189,6 +193,26 @@ class Launcher:
                 )
             finally:
                 log.close()  # the child holds its own descriptor
+
+    def _start_srun(self, incarnation: int, t_launch: float) -> None:
+        """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
+
+        The tasks number themselves from Slurm (SLURM_PROCID ...), so the environment carries no RANK. Each
+        rank's entry in ``procs`` is the one srun process: srun exits when its last task does, so a failure
+        shows once every rank has ended, with srun's exit code (the worst task's)."""
+        from harness.app.slurm_env import srun_argv
+
+        env = self.rank_environ(0, incarnation, t_launch)
+        # No parent pid either: a task's parent is slurmstepd, not this process (the rank's die-with-parent
+        # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HARNESS_PARENT_PID"):
+            env.pop(key, None)
+        argv = srun_argv(self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)],
+                         self.run_dir / LOG_DIR)
+        with open(self.run_dir / LOG_DIR / "srun.log", "ab") as log:  # srun's own messages
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=os.getcwd())
+        self.procs = {rank: proc for rank in range(self.run.cluster.world_size)}
 
     def log_path(self, rank: int) -> Path:
         return self.run_dir / LOG_DIR / f"rank{rank}.log"

@@ -55,6 +55,7 @@ def run_one(
     from harness.faults.driver import FaultDriver
 
     started = time.time()
+    run = _resolve_cluster(run)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id(run_dir)
@@ -123,15 +124,31 @@ def run_one(
     return row
 
 
+def _resolve_cluster(run: RunConfig) -> RunConfig:
+    """Under cluster.launch=srun, the cluster as the Slurm allocation describes it (master_addr=auto -> its
+    first node); every other cluster unchanged."""
+    import dataclasses
+
+    from harness.app.schema import RankLaunch
+
+    if run.cluster.launch != RankLaunch.srun:
+        return run
+    from harness.app.slurm_env import resolve_cluster
+
+    return dataclasses.replace(run, cluster=resolve_cluster(run.cluster))
+
+
 def _start_topology(run: RunConfig) -> Any:
-    """Network namespaces for the link faults (None for every other fault kind)."""
+    """Network namespaces for the link faults and for ``cluster.hosts`` > 0 (the multi-host topology,
+    built for its fault-free runs too, so a reference runs on the same networks); else None."""
     from harness.faults import registry as faults
 
-    if not faults.get(run.fault.kind).needs_netns:
+    hosts = run.cluster.hosts or None
+    if not faults.get(run.fault.kind).needs_netns and hosts is None:
         return None
     from harness.faults.netns import NetnsTopology
 
-    topology = NetnsTopology(world_size=run.cluster.world_size)
+    topology = NetnsTopology(world_size=run.cluster.world_size, hosts=hosts)
     topology.up()
     return topology
 

@@ -52,6 +52,14 @@ class RankEnv:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> "RankEnv":
+        """From the parent's variables; an ``srun`` task (cluster.launch=srun) that was given no RANK takes
+        rank, world size and local rank from Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)."""
+        from harness.app.slurm_env import rank_identity
+
+        slurm = None if "RANK" in env else rank_identity(env)
+        if slurm is not None:
+            rank, world_size, local_rank = slurm
+            env = {**env, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)}
         missing = [k for k in ("RANK", "WORLD_SIZE", CONTROL_ADDR, JOB_TOKEN) if k not in env]
         if missing:
             raise RuntimeError(

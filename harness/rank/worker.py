@@ -54,6 +54,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m harness.rank.worker <run_dir>/worker_spec.json", file=sys.stderr)
         return 2
     env = RankEnv.from_environ()
+    # An srun task numbered itself from SLURM_PROCID & co.: export the result, so that everything that
+    # reads the standard variables (accelpact's ControlChannel.from_env, torch) sees the same numbers.
+    os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank)})
     die_with_parent(env.parent_pid)
     run_dir, cfg = read_spec(argv[0])
     from harness.plugins import load_plugins

@@ -203,9 +203,9 @@ class Recording(GlooBackend):
         calls.append("check")
         super().check(pg)
 
-    def vote(self, buf, pg):
+    def vote(self, buf, pg, wait=None):
         calls.append("vote")
-        super().vote(buf, pg)
+        super().vote(buf, pg, wait)
 
 class Refusing(GlooBackend):
     def check(self, pg):

@@ -211,11 +211,24 @@ def server_process():
         proc.wait(timeout=30)
 
 
+def _wait_until_stopped(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGSTOP is delivered asynchronously: on a loaded host the server answered one more request
+    after os.kill returned. Wait until the kernel reports the process stopped ('T')."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"server {pid} did not stop within {timeout_s} s of SIGSTOP")
+
+
 def test_own_deadline_holds_when_the_server_stops_answering(server_process):
     proc, port = server_process
     chan, = open_channels(port, 1, deadline_s=10.0)
     chan.set(chan.key("k"), b"v")
     os.kill(proc.pid, signal.SIGSTOP)
+    _wait_until_stopped(proc.pid)
     try:
         get = run_all([lambda: chan.get(chan.key("k"), deadline_s=1.0)])[0]
         assert isinstance(get, ControlChannelError), get
@@ -248,8 +261,9 @@ def test_connect_to_a_listener_that_never_answers_fails_at_the_deadline():
 
 
 def test_other_job_token_or_generation_cannot_satisfy_a_gather(port):
-    a0, a1 = open_channels(port, 2, deadline_s=1.0)
-    stray = ControlChannel.connect(ControlConfig("127.0.0.1", port, 1, 2, new_job_token(), deadline_s=1.0))
+    # 3 s, not 1: under a load of 17 on 2 cores, a 1 s deadline once ran out before the posts landed.
+    a0, a1 = open_channels(port, 2, deadline_s=3.0)
+    stray = ControlChannel.connect(ControlConfig("127.0.0.1", port, 1, 2, new_job_token(), deadline_s=3.0))
     # a stray process of another job posts rank 1's report for the same tag and generation ...
     res = run_all([lambda: stray.gather("reports", b"stray", 1), lambda: a0.gather("reports", b"a0", 1)])
     assert isinstance(res[0], RankLostError) and res[0].ranks == (0,), res  # the stray never meets its job

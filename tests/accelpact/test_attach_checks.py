@@ -1,0 +1,131 @@
+"""What attach() checks and defaults to: a model with no FSDP module, an optimizer built before sharding,
+a job-token mismatch (join), and no gradient clipping unless asked.
+
+One real 1-rank gloo process runs every check (a subprocess: a process group must not leak into the
+pytest process) and reports each as a JSON line. Each failed before this branch: attach accepted the
+unwrapped model and the stale optimizer, did not wait for the other ranks of its token, and clipped
+at max_grad_norm=1.0 by default.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r'''
+import json, sys, time
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+import accelpact
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+out = {}
+
+def report(name, fn):
+    try:
+        fn()
+        out[name] = None
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+def sharded():
+    m = net()
+    for layer in (m[0], m[2]):
+        fully_shard(layer)
+    fully_shard(m)
+    return m
+
+plain = net()
+report("unwrapped", lambda: accelpact.attach(plain, torch.optim.SGD(plain.parameters(), lr=0.1), object()))
+early = net()
+stale = torch.optim.SGD(early.parameters(), lr=0.1)  # built before fully_shard
+for layer in (early[0], early[2]):
+    fully_shard(layer)
+fully_shard(early)
+report("stale_optimizer", lambda: accelpact.attach(early, stale, object()))
+
+# Join: this control channel says world_size 2, and no rank 1 ever joins under its token.
+server, port = start_control_server()
+control = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 2, new_job_token(), connect_timeout_s=1.0,
+                                               token_source="ACCELPACT_JOB_TOKEN"))
+m = sharded()
+t0 = time.monotonic()
+report("join", lambda: accelpact.attach(m, torch.optim.SGD(m.parameters(), lr=0.1), control))
+out["join_s"] = time.monotonic() - t0
+
+# Default clipping: big gradients (total norm far above 1) under attach() with no max_grad_norm.
+def train(max_grad_norm=..., guarded=True):
+    m = sharded()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    kwargs = {} if max_grad_norm is ... else {"max_grad_norm": max_grad_norm}
+    guard = accelpact.attach(m, opt, object(), **kwargs) if guarded else None
+    norms = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 8, generator=g) * 100
+        def step_fn(x):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            norms.append(torch.linalg.vector_norm(torch.stack(
+                [p.grad.full_tensor().norm() for p in m.parameters()])).item())
+            return loss.detach()
+        if guard is None:
+            step_fn(x); opt.step(); opt.zero_grad(set_to_none=True)
+        else:
+            guard.step(step_fn, x)
+    return [p.full_tensor() for p in m.parameters()], norms
+
+reference, norms = train(guarded=False)
+default, _ = train()
+clipped, _ = train(max_grad_norm=1.0)
+out["grad_norms"] = norms
+out["default_equals_unclipped"] = all(torch.equal(a, b) for a, b in zip(reference, default))
+out["clipped_differs"] = not all(torch.equal(a, b) for a, b in zip(reference, clipped))
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict:
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_a_model_without_fsdp_modules_is_refused_with_the_fix(checks):
+    msg = checks["unwrapped"]
+    assert msg is not None and msg.startswith("AccelPactError") and "no FSDP module" in msg, msg
+    assert "fully_shard" in msg and "FullyShardedDataParallel" in msg
+
+
+def test_an_optimizer_built_before_sharding_is_refused_with_the_fix(checks):
+    msg = checks["stale_optimizer"]
+    assert msg is not None and "does not hold the model's sharded parameters" in msg, msg
+    assert "AFTER" in msg and "model.parameters()" in msg
+
+
+def test_attach_waits_for_every_rank_of_its_token(checks):
+    msg = checks["join"]
+    assert msg is not None and msg.startswith("ControlChannelError"), msg
+    assert "rank(s) [1] of 2" in msg and "ACCELPACT_JOB_TOKEN" in msg and "connect_timeout_s=1" in msg, msg
+    assert checks["join_s"] < 30.0  # generous: the bound is connect_timeout_s=1
+
+
+def test_attach_does_not_clip_unless_asked(checks):
+    assert min(checks["grad_norms"]) > 10.0, checks["grad_norms"]  # clipping at 1.0 would change every step
+    assert checks["clipped_differs"], "max_grad_norm=1.0 changed nothing: the test could not fail"
+    assert checks["default_equals_unclipped"], "attach() without max_grad_norm clipped the gradients"
