@@ -69,8 +69,12 @@ class Phase(enum.Enum):
 class RankReport:
     """One rank's account of where it was when the fault hit.
 
-    ``fault`` (optional) names the exception type this rank caught; it is carried for the recovery
-    event only and never influences :func:`decide`.
+    ``fault`` (optional) names the exception type this rank caught; ``injected_at`` (optional) is the
+    wall time of a fault injected on this rank (tests and benchmarks: the guard's ``injection_clock``),
+    so that every rank can time its detection from the earliest injection of the round, not from its
+    own attempt's start. Both are carried for the recovery event only and never influence
+    :func:`decide`; both are left off the wire when unset, and a reader ignores keys it does not know,
+    so ranks of older and newer versions read each other's reports.
     """
 
     rank: int
@@ -78,13 +82,16 @@ class RankReport:
     committed_step: int  # last step whose optimizer.step applied on this rank (-1 = none)
     phase: Phase
     fault: str | None = None
+    injected_at: float | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """The wire form as a dict (JSON types only); ``fault`` appears only when set."""
+        """The wire form as a dict (JSON types only); ``fault`` and ``injected_at`` appear only when set."""
         d: dict[str, object] = {"rank": self.rank, "attempt_step": self.attempt_step,
                                 "committed_step": self.committed_step, "phase": self.phase.value}
         if self.fault is not None:
             d["fault"] = self.fault
+        if self.injected_at is not None:
+            d["injected_at"] = self.injected_at
         return d
 
     def to_bytes(self) -> bytes:
@@ -99,8 +106,11 @@ class RankReport:
             fault = d.get("fault")
             if fault is not None and not isinstance(fault, str):
                 raise TypeError(f"fault must be a string, got {type(fault).__name__}")
+            injected_at = d.get("injected_at")
+            if injected_at is not None and (isinstance(injected_at, bool) or not isinstance(injected_at, (int, float))):
+                raise TypeError(f"injected_at must be a number, got {type(injected_at).__name__}")
             return cls(int(d["rank"]), int(d["attempt_step"]), int(d["committed_step"]), Phase(d["phase"]),
-                       fault)
+                       fault, None if injected_at is None else float(injected_at))
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed consensus report {data[:200]!r}: {exc}") from exc
 

@@ -8,13 +8,14 @@ docs/detection.md explains the detectors.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from accelpact.consensus import RankReport
 from accelpact.errors import AccelPactError
 from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.watchdog import StallWatchdog
 
-__all__ = ["start_heartbeat", "start_watchdog", "peer_watch"]
+__all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 
 
 def _store_config(control: Any) -> Any:
@@ -57,3 +58,14 @@ def peer_watch(control: Any, rank: int, liveness: LivenessConfig | None, fault: 
     # a stall, waited for, never declared dead.
     dropped = "watchdog" not in fault and is_connection_drop(fault.get("message", ""))
     return PeerWatch(token, rank, PeerJudge(liveness, connection_dropped=dropped), generation=generation)
+
+
+def detection_origin(reports: Sequence[RankReport], attempt_start: float) -> tuple[float, str]:
+    """What a rank's ``detection_s`` counts from: the earliest injection any rank of the round reported
+    (``"injection"``), else this rank's attempt start (``"attempt_start"``).
+
+    A peer of the faulted rank injected nothing itself; timed from its own attempt's start it reported
+    how far into its step the fault fell (the bit_identity soak's 135-231 ms), not how late it noticed.
+    """
+    injections = [r.injected_at for r in reports if r.injected_at is not None]
+    return (min(injections), "injection") if injections else (attempt_start, "attempt_start")

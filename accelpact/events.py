@@ -20,16 +20,20 @@ class RoundClock:
     """Times every round of one recovery, the failed ones included, so no second goes unattributed.
 
     ``start()`` opens a round, ``mark()`` ends each part in ROUND_PARTS order, ``close()`` records the
-    round; a round that failed midway is charged up to its failure to the part it was in.
+    round; a round that failed midway is charged up to its failure to the part it was in. Rounds are
+    back to back: the first starts at ``t0`` (when the fault was caught: the abort and FSDP reset
+    before the first round belong to its agreement), each later one where the previous one ended (the
+    abort between rounds), so the rounds cover caught -> ready without a gap.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, t0: float | None = None) -> None:
         self.rounds: list[dict[str, float]] = []
         self._marks: list[float] | None = None
+        self._end = t0  # where the next round starts (None: when start() is called)
 
     def start(self) -> None:
         self.close()
-        self._marks = [time.time()]
+        self._marks = [self._end if self._end is not None else time.time()]
 
     def mark(self) -> None:
         if self._marks is not None:
@@ -39,7 +43,7 @@ class RoundClock:
         if self._marks is None:
             return
         marks, self._marks = self._marks, None
-        end = time.time()
+        end = self._end = time.time()
         parts: dict[str, float] = {}
         for i, name in enumerate(ROUND_PARTS):
             if i + 1 < len(marks):
@@ -63,7 +67,9 @@ class RecoveryEvent:
     ranks: list[int]  # ranks that reported a fault in this round (all of them: every rank sees one)
     decision: dict[str, Any]  # {"action": "retry"|"roll_forward", "step", "apply_on", "resume_step"}
     t_detected: float  # time.time() when this rank caught the fault
-    detection_s: float  # fault injection (when accelpact.testing recorded one) or attempt start -> caught
+    # caught minus the earliest fault injection any rank of the round reported (when accelpact.testing
+    # recorded one; see detection_from), else minus this rank's attempt start
+    detection_s: float
     agreement_s: float  # reset + report exchange + decision
     rebuild_s: float  # new process group(s) on the never-used store prefix
     rebind_s: float  # swapping every cached reference
@@ -78,6 +84,9 @@ class RecoveryEvent:
     # Every round's own {agreement, rebuild, rebind, first_collective} seconds, failed rounds included;
     # agreement_s ... first_collective_s above are their sums.
     round_times: list[dict[str, float]] = field(default_factory=list)
+    # What detection_s counts from: "injection" (the earliest injection reported in the round, on
+    # any rank; all ranks share a wall clock on one host) or "attempt_start" (nothing was injected).
+    detection_from: str = "attempt_start"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -107,6 +107,10 @@ class Guard:
         self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
+        # Wall time since which the data plane is unchecked: the last vote or recovery that completed.
+        # A fault injected after it (e.g. after the vote, while no collective is in flight) surfaces
+        # at the next collective, so the injection clock is asked from here, not from the attempt's start.
+        self._unchecked_since: float | None = None
         self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
         self._watchdog = detection.start_watchdog(control, self.rank, self.world_size, config.stall_timeout_s,
                                                   self._pg_timeout.total_seconds(), config.liveness, self.backend)
@@ -171,6 +175,7 @@ class Guard:
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
                 self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
+                self._unchecked_since = time.time()
                 if self._watchdog is not None:
                     self._watchdog.end_attempt(completed=True)
                 self._phase = Phase.VOTED
@@ -252,8 +257,8 @@ class Guard:
     def _recover(self, exc: BaseException, step: int, t_start: float, watchdog: str | None = None) -> Decision:
         t_detected = time.time()
         self.backend.forget_expired()  # abandoned generations whose collectives have timed out
-        injected = self.injection_clock(t_start) if self.injection_clock is not None else None
-        detection_s = t_detected - (injected if injected is not None else t_start)
+        since = t_start if self._unchecked_since is None else min(t_start, self._unchecked_since)
+        injected = self.injection_clock(since) if self.injection_clock is not None else None
         fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
         if watchdog is not None:
             fault["watchdog"] = watchdog
@@ -262,9 +267,10 @@ class Guard:
                   step, self._phase.value, getattr(self.control, "generation", -1))
         # 1. Make peers blocked on us fail now instead of at their PG timeout.
         self.backend.abort()
-        report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"])
+        report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"],
+                            injected_at=injected)
         rounds = 0
-        clock = RoundClock()
+        clock = RoundClock(t_detected)
         while True:
             rounds += 1
             if rounds > _MAX_ROUNDS:
@@ -274,7 +280,9 @@ class Guard:
                     ranks=(self.rank,), last_committed_step=self.committed_step,
                 )
             try:
-                return self._round(report, step, fault, t_detected, detection_s, rounds, clock)
+                decision = self._round(report, step, fault, t_detected, t_start, rounds, clock)
+                self._unchecked_since = time.time()
+                return decision
             except BaseException as nested:  # noqa: BLE001
                 clock.close()  # the failed round's time, up to the failure
                 if not self.backend.is_comm_fault(nested):
@@ -286,7 +294,7 @@ class Guard:
                 self.backend.abort()  # the half-built generation: peers must fail fast too
 
     def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
-               detection_s: float, rounds: int, clock: RoundClock) -> Decision:
+               t_start: float, rounds: int, clock: RoundClock) -> Decision:
         clock.start()
         # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
         # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
@@ -314,6 +322,7 @@ class Guard:
             ) from lost
         reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
         decision = decide(reports, self.world_size)
+        detected_from, detection_from = detection.detection_origin(reports, t_start)
         _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", self.rank, generation, decision,
                   len(self.table.groups))
         clock.mark()
@@ -360,11 +369,12 @@ class Guard:
             ranks=sorted(r.rank for r in reports),
             decision={"action": decision.action.value, "step": decision.step,
                       "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
-            t_detected=t_detected, detection_s=detection_s, agreement_s=clock.total("agreement"),
+            t_detected=t_detected, detection_s=t_detected - detected_from, agreement_s=clock.total("agreement"),
             rebuild_s=clock.total("rebuild"), rebind_s=clock.total("rebind"),
             first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
             retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
             detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
+            detection_from=detection_from,
         ))
         if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
             # Our gradients were complete but nobody committed: discard them before the retry.

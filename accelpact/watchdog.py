@@ -24,11 +24,13 @@ measurements behind the thresholds.
 from __future__ import annotations
 
 import fcntl
+import math
 import statistics
 import struct
 import termios
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Collection
@@ -133,6 +135,7 @@ class StallWatchdog:
         self._abort = abort
         self._inodes = inodes
         self._steps: deque[float] = deque(maxlen=_HISTORY)
+        self._warned_slow = False
         self._stop = threading.Event()
         self._beats: dict[int, tuple[bytes | None, float]] = {}
         self._queues = SendQueueTracker()
@@ -162,7 +165,18 @@ class StallWatchdog:
             fired, self.state.fired = self.state.fired, None
         if completed and t0 is not None and fired is None:
             self._steps.append(time.monotonic() - t0)
+            self._warn_if_raised()
         return fired
+
+    def _warn_if_raised(self) -> None:
+        """Say once that the observed steps raised the threshold: the setting alone would misfire."""
+        threshold = self.threshold_s()
+        if self._warned_slow or threshold <= self.stall_timeout_s:
+            return
+        self._warned_slow = True
+        warnings.warn(f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
+                      f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
+                      f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so", RuntimeWarning, stacklevel=3)
 
     def fired_reason(self) -> str | None:
         """Why the watchdog aborted the attempt in progress, or None (read without consuming it)."""

@@ -10,16 +10,16 @@ matched to the fault.
 What is measured (all ranks share this host's ``time.time()``):
 
 - one rank: for every NON-faulted rank (a peer), ``peer_ms = t_detected(peer) - fired_at(faulted
-  rank)``, the injection's wall time recorded by the faulted rank's injector. NOT the peer's
-  ``detection_s``: the peer's own injector never fired, so its ``detection_s`` counts from the start
-  of its step attempt (guard.py ``_recover``), which is what the bit_identity soak's
-  ``detection_ms_max`` (the max over ranks) reported. That old figure is kept as ``peer_old_ms``.
+  rank)``, the injection's wall time recorded by the faulted rank's injector. The peer's own
+  ``RecoveryEvent.detection_s`` now counts from the same instant (the faulted rank's injection time
+  travels in its consensus report); it is shown as ``event_ms`` beside it. Before, a peer's
+  ``detection_s`` counted from the start of its own step attempt (its injector never fired), which
+  is what the bit_identity soak's ``detection_ms_max`` (the max over ranks) reported as 135-231 ms.
 - all ranks: for every rank, ``peer_ms = t_detected(rank) - earliest fired_at over the ranks`` (when
-  the first socket anywhere went down), and ``own_ms`` = its ``detection_s`` from its own injection.
-- where the peer was: ``offset_ms = fired_at - peer's attempt start`` (its attempt start is
-  ``t_detected - detection_s`` since its injector did not fire), and the peer's guard phase at
-  detection (``before_vote`` / ``in_vote`` ...), and ``detected_by``. The faulted rank's own
-  ``t_detected - fired_at`` is shown beside the peers' (a peer is only "late" relative to that).
+  the first socket anywhere went down); its ``detection_s`` counts from that earliest injection too.
+- the peer's guard phase at detection (``before_vote`` / ``in_vote`` ...) and ``detected_by``. The
+  faulted rank's own ``t_detected - fired_at`` is shown beside the peers' (a peer is only "late"
+  relative to that).
 - post_vote: the reset lands after the vote, when no collective is in flight; every rank, the faulted
   one included, meets it at the next step's first collective (after optimizer.step), so its figure is
   the time to that collective, not a detection delay of the peer.
@@ -115,12 +115,8 @@ def run_world(tmp: Path, world: int, faults: list[dict], sessions: int, layers: 
                         "detected_by": ev.get("detected_by"), "total_s": ev["total_s"],
                         "peer_ms": (ev["t_detected"] - t_inj) * 1e3,
                     })
-                    if rank not in f["ranks"]:
-                        attempt_start = ev["t_detected"] - ev["detection_s"]
-                        row["peer_old_ms"] = ev["detection_s"] * 1e3
-                        row["offset_ms"] = (t_inj - attempt_start) * 1e3
-                    else:
-                        row["own_ms"] = ev["detection_s"] * 1e3
+                    row["event_ms"] = ev["detection_s"] * 1e3
+                    row["detection_from"] = ev.get("detection_from", "attempt_start")
                 samples.append(row)
     return samples, meta
 
@@ -137,22 +133,19 @@ def summarise(samples: list[dict], worlds: list[int], phases: tuple[str, ...]) -
                 cell = {"world": w, "phase": p, "mode": m, "faults": len({(r["session"], r["step"]) for r in rows}),
                         "n": len(lat), "missing": sum(1 for r in rows if r["missing"]),
                         "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "max": max(lat) if lat else float("nan")}
+                event = [r["event_ms"] for r in use]
+                cell.update({"event_p50": _pct(event, 0.5),
+                             "from_injection": sum(1 for r in use if r["detection_from"] == "injection")})
                 if m == "one":
-                    old = [r["peer_old_ms"] for r in use]
-                    off = [r["offset_ms"] for r in use]
                     fr = [r["peer_ms"] for r in rows if r["is_faulted"] and not r["missing"]]
                     # each peer against its own fault's faulted rank: > 0 only where the peer is later
                     faulted = {(r["session"], r["step"]): r["peer_ms"] for r in rows if r["is_faulted"] and not r["missing"]}
                     gap = [r["peer_ms"] - faulted[(r["session"], r["step"])] for r in use
                            if (r["session"], r["step"]) in faulted]
-                    cell.update({"old_p50": _pct(old, 0.5), "old_max": max(old) if old else float("nan"),
-                                 "offset_p50": _pct(off, 0.5), "faulted_own_p50": _pct(fr, 0.5),
+                    cell.update({"faulted_own_p50": _pct(fr, 0.5),
                                  "gap_p50": _pct(gap, 0.5), "gap_max": max(gap) if gap else float("nan"),
                                  "peer_phase": sorted({r["guard_phase"] for r in use}),
                                  "detected_by": sorted({str(r["detected_by"]) for r in use})})
-                else:
-                    own = [r["own_ms"] for r in use]
-                    cell.update({"own_p50": _pct(own, 0.5), "own_max": max(own) if own else float("nan")})
                 cell["meets"] = (cell["p50"] <= TARGET_P50_MS and cell["p99"] <= TARGET_P99_MS) if lat else None
                 cells.append(cell)
     return cells
@@ -161,25 +154,27 @@ def summarise(samples: list[dict], worlds: list[int], phases: tuple[str, ...]) -
 def table(cells: list[dict]) -> str:
     lines = [f"peer detection of a connection reset (ms from the injection; target p50 <= {TARGET_P50_MS:.0f}, "
              f"p99 <= {TARGET_P99_MS:.0f} for one-rank resets)", "",
-             "| world | phase | reset on | faults | n | p50 | p99 | max | target | old figure p50 / max | "
-             "injection into step p50 | faulted rank itself p50 | peer minus faulted p50 / max | peer's guard phase |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| world | phase | reset on | faults | n | p50 | p99 | max | target | RecoveryEvent.detection_s p50 "
+             "(from the injection: n) | faulted rank itself p50 | peer minus faulted p50 / max | peer's guard phase |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         ok = "-" if c["meets"] is None else ("met" if c["meets"] else "MISSED")
+        event = f"{c['event_p50']:.1f} ({c['from_injection']})"
         if c["mode"] == "one":
-            extra = (f"{c['old_p50']:.0f} / {c['old_max']:.0f} | {c['offset_p50']:.0f} | {c['faulted_own_p50']:.1f} | "
-                     f"{c['gap_p50']:.1f} / {c['gap_max']:.1f} | "
+            extra = (f"{event} | {c['faulted_own_p50']:.1f} | {c['gap_p50']:.1f} / {c['gap_max']:.1f} | "
                      f"{', '.join(c['peer_phase'])}")
             tgt = f"{ok} (<= {TARGET_P50_MS:.0f} / {TARGET_P99_MS:.0f})"
         else:
-            extra = f"(own clock p50 {c['own_p50']:.1f}, max {c['own_max']:.1f}) | | | |"
+            extra = f"{event} | | | |"
             tgt = "(reference)"
         lines.append(f"| {c['world']} | {c['phase']} | {c['mode']} | {c['faults']} | {c['n']} | {c['p50']:.1f} | "
                      f"{c['p99']:.1f} | {c['max']:.1f} | {tgt} | {extra} |")
     lines += ["", "n: peer samples (one rank: world-1 peers per fault; all ranks: every rank per fault, timed from "
-              "the earliest injection). old figure: the peer's RecoveryEvent.detection_s, which counts from its "
-              "step attempt's start (its own injector never fired) - what the soak reported. injection into step: ms from the peer's attempt start to the injection. "
-              "peer minus faulted: each peer's latency minus its fault's faulted rank's (both from the injection)."]
+              "the earliest injection). RecoveryEvent.detection_s: what the guard itself now reports (from the "
+              "earliest injection any rank put in its consensus report; n of the samples counted that way). "
+              "peer minus faulted: each peer's latency minus its fault's faulted rank's (both from the injection). "
+              "post_vote: no collective is in flight; every rank, the faulted one too, meets the reset at the next "
+              "step's first all-gather, after optimizer.step."]
     return "\n".join(lines)
 
 

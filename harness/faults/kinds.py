@@ -70,6 +70,9 @@ BUILTIN: tuple[FaultSpec, ...] = (
     FaultSpec("none", "no fault", where="none"),
     FaultSpec("socket_reset", "in-process: shutdown(SHUT_RDWR) on the rank's own gloo sockets (a connection "
               "reset); no root", where="rank", rank_action="reset"),
+    FaultSpec("nested_reset", "in-process: a socket reset, then another on the same rank(s) inside the in-memory "
+              "recovery it starts (before the new generation's first collective): a two-round recovery; no root",
+              where="rank", rank_action="reset", nested=True),
     FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
               parent_apply=apply_hang, outage=True),
     FaultSpec("kill", "SIGKILL the rank: not recoverable in memory", where="parent", parent_apply=apply_kill),

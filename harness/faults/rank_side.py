@@ -57,10 +57,14 @@ class RankFaults:
         self.pending: list[PlannedFault] = self.markers.pending(plan, rank)
         self.injector = FaultInjector(exclude_ports=tuple(exclude_ports), on_fire=self._on_fire)
         self._planned: dict[int, PlannedFault] = {}
+        # Second firings of nested kinds, by the id of their first: they fire only inside a recovery.
+        self._nested: dict[int, Any] = {}
         for fault in self.pending:
             kind = registry.get(fault.kind)
             if kind.where == "rank":
                 spec = self.injector.arm(fault.step, fault.phase, kind.rank_action or "reset")
+                if kind.nested:
+                    self._nested[id(spec)] = self.injector.arm(fault.step, "recovery", kind.rank_action or "reset")
             else:
                 # The parent does the work (in _on_fire); the 1 ms stall only records the injection time
                 # so accelpact measures detection from the fault, not from the step's start.
@@ -89,11 +93,16 @@ class RankFaults:
 
     def on_phase(self, phase: str, _guard_step: int) -> None:
         """A guard phase hook. The harness's step index (set by ``begin_step``) is used, not the guard's."""
-        if phase in ("clip_allreduce", "vote"):
+        if phase in ("clip_allreduce", "vote", "recovery"):
             self.injector.maybe_fire(phase)
 
     def unfired(self, step: int) -> list[str]:
-        """Phases of faults armed for ``step`` that have not fired (the strategy skipped their point)."""
+        """Phases of faults armed for ``step`` that have not fired (the strategy skipped their point).
+
+        A nested second firing is not missed when no recovery happened (cold restart): it is dropped."""
+        seconds = {id(s) for s in self._nested.values()}
+        for spec in [s for s in self.injector.armed if s.step == step and id(s) in seconds]:
+            self.injector.armed.remove(spec)
         return [spec.phase for spec in self.injector.armed if spec.step == step]
 
     def remove(self) -> None:
@@ -101,11 +110,16 @@ class RankFaults:
 
     # -- firing ------------------------------------------------------------------------------------
     def _on_fire(self, spec: Any) -> None:
+        if id(spec) not in self._planned:
+            return  # a nested second firing: part of its first one's fault (one event, one marker)
         fault = self._planned[id(spec)]
         if not self.markers.claim(fault.index, self.rank, step=fault.step, phase=fault.phase, kind=fault.kind):
             # Already fired in an earlier incarnation: turn this one into a no-op reset of nothing.
             spec.action = "stall"
             spec.stall_s = 0.0
+            second = self._nested.get(id(spec))
+            if second is not None and second in self.injector.armed:
+                self.injector.armed.remove(second)
             return
         if registry.get(fault.kind).where == "rank":
             self.events.emit("fault", fault=fault.kind, step=fault.step, phase=fault.phase, ranks=[self.rank],

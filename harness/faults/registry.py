@@ -41,6 +41,11 @@ class FaultSpec:
     # An outage (a stop or a silent link fault) breaks a collective only if it outlasts the process-
     # group timeout; shorter ones are absorbed by TCP retransmits and waiting.
     outage: bool = False
+    # The rank applies its action once more during the in-memory recovery the first one starts (the
+    # guard's "recovery" point: new generation built, before its first collective), so that recovery
+    # needs a second round. For where == "rank" only; a strategy without in-memory recovery never
+    # reaches that point, and the second firing is simply skipped.
+    nested: bool = False
 
     def __post_init__(self) -> None:
         if self.where not in _WHERE:
@@ -49,6 +54,9 @@ class FaultSpec:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the rank: give its rank_action (e.g. 'reset')")
         if self.where in ("parent", "netns") and self.parent_apply is None:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
+        if self.nested and self.where != "rank":
+            raise ValueError(f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
+                             "inside the recovery; use where='rank'")
 
     @property
     def injects(self) -> bool:

@@ -218,12 +218,14 @@ def _rank_pieces(
 
     # A "retry" recovery inside a step threw away the attempt in flight: from the step's start to the
     # recovery's start the work was done again, so it is replay, not useful. ("roll_forward" keeps it.)
-    for r, rec_start in parsed.retries:
+    # Charged to the fault that caused the recovery (the latest before its end): the recovery starts at
+    # the injection, the very instant of the fault's time, where rounding may put it a hair before.
+    for r, rec_start, rec_end in parsed.retries:
         if r != rank:
             continue
         for s in first_runs:
             if s.t_start < rec_start < s.t_end:
-                intervals.append((s.t_start, rec_start, "replay", _fault_before(fault_times, rec_start)))
+                intervals.append((s.t_start, rec_start, "replay", _fault_before(fault_times, rec_end)))
 
     ends = sorted(s.t_end for s in steps)
     for r, t_launch, t_ready in parsed.restarts:

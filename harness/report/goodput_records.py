@@ -36,7 +36,7 @@ class ParsedEvents:
     # (rank, start, end, label) for labels other than useful/replay/restart
     intervals: list[tuple[int, float, float, str]] = field(default_factory=list)
     restarts: list[tuple[int, float, float]] = field(default_factory=list)  # rank, t_launch, t_ready
-    retries: list[tuple[int, float]] = field(default_factory=list)  # rank, start of a "retry" recovery
+    retries: list[tuple[int, float, float]] = field(default_factory=list)  # rank, start, end of a "retry" recovery
     fallbacks: list[str] = field(default_factory=list)
     skipped: int = 0
 
@@ -89,7 +89,9 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
                     step=step if isinstance(step, int) and not isinstance(step, bool) else None,
                     phase=None if record.get("phase") is None else str(record["phase"]),
                     ranks=tuple(int(r) for r in ranks),
-                    t=_num(record, "t"),
+                    # A rank-side fault records when it was injected; its record is written a few ms
+                    # later, after the lost attempt's replay interval (step start -> injection) ended.
+                    t=_num(record, "t_inject") if "t_inject" in record else _num(record, "t"),
                 )
                 raw_faults.append((fault.t, rank, fault))
             elif kind == "recovery":
@@ -107,7 +109,7 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
                     raise ValueError("negative duration")
                 start = end - sum(d for _, d in durations)
                 if record.get("decision") == "retry":
-                    out.retries.append((rank, start))
+                    out.retries.append((rank, start, end))
                 for label, d in durations:
                     if d > 0:
                         out.intervals.append((rank, start, start + d, label))

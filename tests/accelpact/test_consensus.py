@@ -319,3 +319,19 @@ def test_report_wire_form_carries_the_fault_type_without_affecting_the_decision(
     assert decide(plain, 2) == decide([plain[0], r], 2)
     with pytest.raises(StateDivergedError):
         RankReport.from_bytes(b'{"rank": 1, "attempt_step": 3, "committed_step": 2, "phase": "voted", "fault": 7}')
+
+
+def test_report_wire_form_carries_the_injection_time_backwards_compatibly():
+    r = RankReport(rank=1, attempt_step=3, committed_step=2, phase=Phase.IN_VOTE, fault="RuntimeError",
+                   injected_at=1764500000.125)
+    assert RankReport.from_bytes(r.to_bytes()) == r
+    assert "injected_at" not in rep(1, 3, 2, B).to_dict()  # absent, not null, when nothing was injected
+    # An older rank's report (no such key) reads as "nothing injected"; a newer key an older rank
+    # does not know is ignored by from_bytes (it reads the keys it needs).
+    old = b'{"rank": 1, "attempt_step": 3, "committed_step": 2, "phase": "in_vote"}'
+    assert RankReport.from_bytes(old).injected_at is None
+    assert RankReport.from_bytes(r.to_bytes().replace(b'"fault"', b'"future_key": [1], "fault"')) == r
+    assert decide([rep(0, 3, 2, I), r], 2) == decide([rep(0, 3, 2, I), rep(1, 3, 2, I)], 2)
+    for bad in (b'"x"', b'true'):
+        with pytest.raises(StateDivergedError):
+            RankReport.from_bytes(old[:-1] + b', "injected_at": ' + bad + b'}')

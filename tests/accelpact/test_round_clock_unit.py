@@ -33,3 +33,20 @@ def test_close_is_idempotent():
     clock.close()
     clock.close()
     assert len(clock.rounds) == 1
+
+
+def test_rounds_are_back_to_back_from_the_moment_the_fault_was_caught():
+    t0 = time.time()
+    clock = RoundClock(t0)
+    time.sleep(0.02)  # the abort and FSDP reset before the first round
+    clock.start()
+    clock.mark()
+    clock.close()
+    time.sleep(0.02)  # the abort between rounds
+    clock.start()
+    for _ in ROUND_PARTS:
+        clock.mark()
+    clock.close()
+    spent = time.time() - t0
+    assert clock.rounds[0]["agreement"] >= 0.02 and clock.rounds[1]["agreement"] >= 0.02
+    assert abs(sum(clock.total(p) for p in ROUND_PARTS) - spent) < 0.005

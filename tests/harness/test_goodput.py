@@ -172,6 +172,18 @@ def test_accelpact_roll_forward_loses_no_work():
     check_invariant(rep)
 
 
+def test_retry_replay_is_charged_to_its_fault_when_the_recovery_starts_at_the_injection():
+    # The recovery's start (its record's t minus its parts) lands on the injection, which the fault
+    # record carries as t_inject (its own t is when it was written, later); float rounding may put the
+    # start a hair before it. The attempt thrown away is still this fault's replay.
+    ev = [e for e in accelpact_events() if e["kind"] != "fault"]
+    ev.append(dict(fault(7.504), t_inject=7.5 + 1e-9))
+    rep = compute_goodput(ev)
+    [f] = rep.faults
+    assert f.t == approx(7.5) and f.badput.replay_s == approx(0.5) and rep.badput.replay_s == approx(0.5)
+    check_invariant(rep)
+
+
 def test_cold_restart_with_replay():
     rep = compute_goodput(cold_restart_events())
     # wall = 20.5; tokens = 10 x 50 = 500; goodput = 500 / 20.5 = 24.39 tokens/s

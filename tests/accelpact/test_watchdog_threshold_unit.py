@@ -1,0 +1,80 @@
+"""The watchdog's slow-step rule as pure logic (a fake clock and a fake store; the thread never starts):
+it never fires before max(stall_timeout_s, 3 x the median completed step), even with a peer stale.
+
+The real-process counterpart is tests/accelpact/test_detection_stall.py (a rank sleeping 5x its
+median step inside step_fn fires nothing).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact import watchdog as wd
+from accelpact.liveness import LivenessConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FrozenPeerStore:
+    """Rank 1's beat never changes (it is stale once stale_after_s has passed); nobody posted."""
+
+    def check(self, keys):
+        return all(k.endswith("/hb/1") for k in keys)
+
+    def get(self, key):
+        return b"1000.0 4242 7"
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(wd.time, "monotonic", c)
+    return c
+
+
+def _dog(stall_timeout_s: float) -> wd.StallWatchdog:
+    return wd.StallWatchdog("127.0.0.1", 1, "tok", 0, 2, stall_timeout_s=stall_timeout_s,
+                            liveness=LivenessConfig(0.5, 4), abort=lambda: None, inodes=lambda: set())
+
+
+def _complete_steps(dog: wd.StallWatchdog, clock: Clock, seconds: list[float]) -> None:
+    for s in seconds:
+        dog.begin_attempt(0)
+        clock.t += s
+        assert dog.end_attempt(completed=True) is None
+
+
+def test_threshold_is_three_times_the_median_step_once_known(clock):
+    dog = _dog(0.2)
+    assert dog.threshold_s() == 0.2  # no history yet: the configured timeout
+    _complete_steps(dog, clock, [1.0, 0.9])
+    assert dog.threshold_s() == 0.2  # two steps are not a median to trust
+    with pytest.warns(RuntimeWarning, match=r"stall_timeout_s=0.2 is below 3x the median step \(3.00 s\).*stall_timeout_s=3 or more"):
+        _complete_steps(dog, clock, [1.1])
+    assert dog.threshold_s() == pytest.approx(3.0)
+    _complete_steps(dog, clock, [0.1])  # one fast step barely moves the median
+    assert dog.threshold_s() == pytest.approx(3 * 0.95)
+    big = _dog(10.0)
+    _complete_steps(big, clock, [1.0, 1.0, 1.0])
+    assert big.threshold_s() == 10.0  # the configured timeout when it is the larger
+
+
+@pytest.mark.filterwarnings("ignore:accelpact. stall_timeout_s")
+def test_a_stale_peer_fires_only_past_three_times_the_median(clock):
+    dog = _dog(0.2)
+    _complete_steps(dog, clock, [1.0, 1.0, 1.0])
+    store = FrozenPeerStore()
+    dog.begin_attempt(0)
+    t0 = clock.t
+    assert dog._why(store, t0, 0) is None  # first sight of the beat
+    clock.t = t0 + 2.9  # the beat is stale (2 s), but the attempt is below 3x the 1 s median
+    assert dog._why(store, t0, 0) is None
+    clock.t = t0 + 3.05
+    why = dog._why(store, t0, 0)
+    assert why is not None and "rank(s) [1] stopped beating" in why
