@@ -14,7 +14,10 @@ dynamo's counters, and saves every local parameter shard and optimizer-state ten
 ``{step, phase, ranks, action?, stall_s?}``), ``pg_timeout_s`` (a short collective timeout set
 after every rank built its model), ``verify_rebind``, ``reset`` (ResetConfig fields),
 ``leak_check`` (resources after step 0 and after teardown), ``track_resources`` (after every
-step), ``save_state`` (default True).
+step), ``progress`` (with ``track_resources``: append each step's resources and new recovery events
+as one JSON line to ``progress.{name}.rank{rank}.jsonl``, flushed at once, so that a run killed
+part-way keeps its data), ``settle_s`` (after the last step, wait this long, e.g. past the PG
+timeout of abandoned generations, and record ``resources_settled``), ``save_state`` (default True).
 
 ``kind: "rebind"``: for each depth in ``depths``, build the model, run one step (FSDP initialises
 lazily), build the binding table and time ``rebinds`` swaps back and forth between the live groups
@@ -24,6 +27,7 @@ and a second real set of groups with the same members.
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import time
 from datetime import timedelta
@@ -110,6 +114,9 @@ def train(sc: dict, ctx: "RankContext") -> dict:
 
         _dynamo.reset()  # a fresh model per scenario: start each from an empty cache
     losses: list[torch.Tensor] = []
+    progress = None
+    if sc.get("progress") and sc.get("track_resources"):
+        progress = open(ctx.out_dir / f"progress.{sc['name']}.rank{rank}.jsonl", "a", buffering=1)
     t0 = time.time()
     try:
         for step in range(sc["steps"]):
@@ -129,12 +136,28 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                     time.sleep(0.2)
                 result["resources"].append({"step": step, "recoveries": len(guard.events) if guard else 0,
                                             **resources(ctx.exclude_ports)})
+                if progress is not None:
+                    new = [e.to_dict() for e in guard.events[result.get("_logged", 0):]] if guard else []
+                    result["_logged"] = len(guard.events) if guard else 0
+                    progress.write(json.dumps({**result["resources"][-1], "loss": float(losses[-1]),
+                                               "step_s": result["step_s"][-1], "events": new}) + "\n")
             if step == 0 and sc.get("leak_check"):
                 result["resources_before"] = resources(ctx.exclude_ports)
             if step == 0 and compile_backend:
                 result["compile_after_warmup"] = dynamo_counters()
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         result["error"] = ctx.error(exc, elapsed_s=time.time() - t0)
+    result.pop("_logged", None)
+    if sc.get("settle_s") and result["error"] is None:
+        # Abandoned generations' threads and sockets go only once their collectives time out: the
+        # "back to baseline" figure is taken after that, with the guard still attached.
+        ctx.barrier(f"settle/{sc['name']}")
+        time.sleep(float(sc["settle_s"]))
+        result["resources_settled"] = resources(ctx.exclude_ports)
+        if progress is not None:
+            progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"]}) + "\n")
+    if progress is not None:
+        progress.close()
     if "pg_timeout_s" in sc and result["error"] is None:
         set_pg_timeout(dist.group.WORLD, ctx.pg_timeout_s)
     if guard is not None:
