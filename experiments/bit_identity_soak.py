@@ -205,3 +205,51 @@ def _count(rows: Sequence[dict], key: str) -> dict[str, int]:
     for r in rows:
         out[r[key]] = out.get(r[key], 0) + 1
     return out
+
+
+def collect(out: Path) -> dict:
+    """A finished (or killed) soak read back from its kept directory alone, bit comparison included
+    when both runs saved their state: what ``--soak-from DIR`` tables."""
+    from accelpact.testing.session import Session
+
+    soak = load_progress(out)
+    world = soak["world"]
+    results = [json.loads(p.read_text()) if (p := out / f"results.rank{r}.json").exists() else {}
+               for r in range(world)]
+    meta = json.loads((out / "session.json").read_text()) if (out / "session.json").exists() else {}
+    s = Session(out, world, results, meta.get("returncodes", [0] * world), [], meta.get("wall_s", float("nan")))
+    soak.update(wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"))
+    if all(s.result(n, r) and not s.result(n, r).get("error") for n in ("ref", "faults") for r in range(world)):
+        soak["diffs"], soak["counts"] = bit_differences(s, "faults", "ref")
+        soak["settled"] = [s.result("faults", r).get("resources_settled") for r in range(world)]
+    else:
+        soak["diffs"], soak["counts"] = [f"the soak did not finish; {len(soak['rows'])} faults kept in {out}"], {}
+    return soak
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.bit_identity_soak --faults N --dir DIR``: only the soak, kept in DIR;
+    ``python -m experiments.bit_identity --soak --soak-from DIR`` then tables it with the short runs."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--faults", type=int, default=100)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--timeout-s", type=float, default=None)
+    args = ap.parse_args(argv)
+    out = Path(args.dir)
+    t = time.time()
+    soak = run_soak(out, 2, args.faults, args.layers, args.timeout_s)
+    (out / "session.json").write_text(json.dumps({k: soak[k] for k in ("wall_s", "timeout_s", "timed_out",
+                                                                        "returncodes")}))
+    print(f"soak of {args.faults} faults: {time.time() - t:.0f} s, {len(soak['rows'])} faults reached, "
+          f"mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    print("\n".join(soak_lines(soak)))
+    return 1 if soak["diffs"] else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
