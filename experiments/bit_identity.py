@@ -26,6 +26,7 @@ leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -36,7 +37,7 @@ from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
-from experiments.bit_identity_soak import default_soak_dir, load_progress, run_soak, soak_lines
+from experiments.bit_identity_soak import collect, default_soak_dir, load_progress, soak_provenance, run_soak, soak_lines
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
 from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak-dir", default=None,
                     help="where the soak's ranks write as they go, kept afterwards "
                          "(default outputs/bit_identity_soak/<UTC time>/)")
+    ap.add_argument("--soak-from", default=None, metavar="DIR",
+                    help="with --soak: table the soak already run into DIR (python -m experiments.bit_identity_soak "
+                         "--faults N --dir DIR) instead of running one")
     ap.add_argument("--soak-report", default=None, metavar="DIR",
                     help="only print the soak section for a kept (possibly killed) soak dir, and write its "
                          "soak_faults.csv and soak_resources.csv there")
@@ -203,25 +207,29 @@ def main(argv: list[str] | None = None) -> int:
           + (f" + soak of {args.soak_faults}" if args.soak else "") + f" -> {out}")
     results = []
     soak = None
-    with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
-        for flavour, world, faults in plan:
-            t = time.time()
-            results.append(run_flavour(Path(tmp), flavour, world, faults, args.layers))
-            print(f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
-                  f"leak {results[-1]['leak']} (load {load_average()})")
-        if args.soak:
-            t = time.time()
-            soak_dir = Path(args.soak_dir) if args.soak_dir else default_soak_dir(Path(__file__).resolve().parents[1])
-            print(f"  soak of {args.soak_faults} faults -> {soak_dir} (kept; progress.faults.rank*.jsonl grow per step)")
-            soak_layers = args.soak_layers or args.layers
-            soak = run_soak(soak_dir, 2, args.soak_faults, soak_layers, args.soak_timeout_s)
-            print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    # Not a TemporaryDirectory: a run that fails keeps its rank logs (deleted below on success).
+    tmp = tempfile.mkdtemp(prefix=f"{NAME}_")
+    for flavour, world, faults in plan:
+        t = time.time()
+        results.append(run_flavour(Path(tmp), flavour, world, faults, args.layers))
+        print(f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
+              f"leak {results[-1]['leak']} (load {load_average()})")
+    if args.soak and args.soak_from:
+        soak = collect(Path(args.soak_from))
+        print(f"  soak from {args.soak_from}: {len(soak['rows'])} faults, mismatches {len(soak['diffs'])}")
+    elif args.soak:
+        t = time.time()
+        soak_dir = Path(args.soak_dir) if args.soak_dir else default_soak_dir(Path(__file__).resolve().parents[1])
+        print(f"  soak of {args.soak_faults} faults -> {soak_dir} (kept; progress.faults.rank*.jsonl grow per step)")
+        soak_layers = args.soak_layers or args.layers
+        soak = run_soak(soak_dir, 2, args.soak_faults, soak_layers, args.soak_timeout_s)
+        print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    shutil.rmtree(tmp, ignore_errors=True)
     runtime = timing.elapsed_s
     write_provenance(out, _driver.command(argv, NAME), {
         "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
         "layers": args.layers, "soak": bool(args.soak),
-        **({"soak_faults": args.soak_faults, "soak_layers": args.soak_layers or args.layers, "soak_timeout_s": round(soak["timeout_s"]), "soak_dir": soak["dir"]}
-           if soak else {}), **timing.extra()})
+        **(soak_provenance(soak) if soak else {}), **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
     write_csv(out / "resources.csv", per_step_resources(results))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -61,7 +62,7 @@ def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None
             {"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
              "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S}]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps}))
+    (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers}))
     budget = timeout_s if timeout_s is not None else soak_timeout_s(n)
     s = run_session(out, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
                     timeout_s=budget, barrier=True, check=False)
@@ -102,6 +103,7 @@ def load_progress(out: Path) -> dict:
     leak = ({k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES} if done
             else {k: float("nan") for k in RESOURCES})
     return {"flavour": "fsdp2", "world": world, "faults_planned": len(faults), "steps": sched["steps"],
+            "layers": sched.get("layers"),
             "rows": fault_rows("fsdp2", world, reached, per_rank), "baseline": baseline, "leak": leak,
             "resources": [r["resources"] for r in per_rank], "settled": settled, "dir": str(out)}
 
@@ -207,6 +209,14 @@ def _count(rows: Sequence[dict], key: str) -> dict[str, int]:
     return out
 
 
+def soak_provenance(soak: dict) -> dict[str, Any]:
+    """What the soak's own run recorded (its command, code, load), for the table's provenance."""
+    keys = ("command", "git", "started", "load_avg_start", "load_avg_end")
+    return {"soak_faults": soak["faults_planned"], "soak_layers": soak.get("layers"), "soak_timeout_s": soak["timeout_s"],
+            "soak_wall_s": round(soak.get("wall_s", float("nan"))), "soak_dir": soak["dir"],
+            **{f"soak_{k}": soak["meta"][k] for k in keys if k in soak.get("meta", {})}}
+
+
 def collect(out: Path) -> dict:
     """A finished (or killed) soak read back from its kept directory alone, bit comparison included
     when both runs saved their state: what ``--soak-from DIR`` tables."""
@@ -218,7 +228,8 @@ def collect(out: Path) -> dict:
                for r in range(world)]
     meta = json.loads((out / "session.json").read_text()) if (out / "session.json").exists() else {}
     s = Session(out, world, results, meta.get("returncodes", [0] * world), [], meta.get("wall_s", float("nan")))
-    soak.update(wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"))
+    soak.update(wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"),
+                meta=meta)
     if all(s.result(n, r) and not s.result(n, r).get("error") for n in ("ref", "faults") for r in range(world)):
         soak["diffs"], soak["counts"] = bit_differences(s, "faults", "ref")
         soak["settled"] = [s.result("faults", r).get("resources_settled") for r in range(world)]
@@ -238,11 +249,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--timeout-s", type=float, default=None)
     args = ap.parse_args(argv)
+    import os
+    import subprocess
+
     out = Path(args.dir)
     t = time.time()
+    here = Path(__file__).resolve().parents[1]
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True).stdout.strip()
+    meta = {"command": "python -m experiments.bit_identity_soak " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "git": git + (" (working tree had uncommitted changes)" if dirty else ""),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     soak = run_soak(out, 2, args.faults, args.layers, args.timeout_s)
-    (out / "session.json").write_text(json.dumps({k: soak[k] for k in ("wall_s", "timeout_s", "timed_out",
-                                                                        "returncodes")}))
+    meta["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    (out / "session.json").write_text(json.dumps({**meta, **{k: soak[k] for k in ("wall_s", "timeout_s", "timed_out",
+                                                                                  "returncodes")}}))
     print(f"soak of {args.faults} faults: {time.time() - t:.0f} s, {len(soak['rows'])} faults reached, "
           f"mismatches {len(soak['diffs'])}, leak {soak['leak']}")
     print("\n".join(soak_lines(soak)))
@@ -250,6 +273,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())
