@@ -52,17 +52,21 @@ def default_soak_dir(root: Path) -> Path:
     return root / "outputs" / "bit_identity_soak" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None = None) -> dict:
+def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None = None,
+             model: dict[str, int] | None = None) -> dict:
     """Run the soak into ``out`` (kept), then read it back with :func:`load_progress` plus the
     bit comparison when both runs finished."""
     faults = soak_faults(world, n)
     steps = max(f["step"] for f in faults) + 2
-    model = {"layers": layers}
-    jobs = [{"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps, "model": model},
-            {"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
-             "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S}]
+    model = {**(model or {}), "layers": layers}
+    # The faulted run first: a soak cut short (killed, out of time) keeps its per-fault data from
+    # the first minute on; the fault-free reference only matters once the faulted run has finished.
+    jobs = [{"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
+             "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S},
+            {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps, "model": model}]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers}))
+    (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers,
+                                                   "model": model}))
     budget = timeout_s if timeout_s is not None else soak_timeout_s(n)
     s = run_session(out, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
                     timeout_s=budget, barrier=True, check=False)
@@ -103,7 +107,7 @@ def load_progress(out: Path) -> dict:
     leak = ({k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES} if done
             else {k: float("nan") for k in RESOURCES})
     return {"flavour": "fsdp2", "world": world, "faults_planned": len(faults), "steps": sched["steps"],
-            "layers": sched.get("layers"),
+            "layers": sched.get("layers"), "model": sched.get("model"),
             "rows": fault_rows("fsdp2", world, reached, per_rank), "baseline": baseline, "leak": leak,
             "resources": [r["resources"] for r in per_rank], "settled": settled, "dir": str(out)}
 
@@ -212,7 +216,7 @@ def _count(rows: Sequence[dict], key: str) -> dict[str, int]:
 def soak_provenance(soak: dict) -> dict[str, Any]:
     """What the soak's own run recorded (its command, code, load), for the table's provenance."""
     keys = ("command", "git", "started", "load_avg_start", "load_avg_end")
-    return {"soak_faults": soak["faults_planned"], "soak_layers": soak.get("layers"), "soak_timeout_s": soak["timeout_s"],
+    return {"soak_faults": soak["faults_planned"], "soak_model": soak.get("model"), "soak_timeout_s": soak["timeout_s"],
             "soak_wall_s": round(soak.get("wall_s", float("nan"))), "soak_dir": soak["dir"],
             **{f"soak_{k}": soak["meta"][k] for k in keys if k in soak.get("meta", {})}}
 
@@ -246,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="model width (default the experiment's 256); a narrower model makes each step cheap "
+                         "so that recoveries, what a soak measures, dominate its time on a loaded host")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--timeout-s", type=float, default=None)
     args = ap.parse_args(argv)
@@ -262,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "git": git + (" (working tree had uncommitted changes)" if dirty else ""),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    soak = run_soak(out, 2, args.faults, args.layers, args.timeout_s)
+    model = {"hidden": args.hidden, "inter": 3 * args.hidden} if args.hidden else None
+    soak = run_soak(out, 2, args.faults, args.layers, args.timeout_s, model)
     meta["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     (out / "session.json").write_text(json.dumps({**meta, **{k: soak[k] for k in ("wall_s", "timeout_s", "timed_out",
                                                                                   "returncodes")}}))
