@@ -27,8 +27,11 @@ import json
 import os
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+from accelpact import notice_auth
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
            "heartbeat_key", "notice_key", "is_connection_drop"]
@@ -120,7 +123,7 @@ def publish_death(store: Any, job_token: str, rank: int, *, by: str, reason: str
     if not job_token or "/" in job_token:
         raise ValueError(f"job_token {job_token!r} must be the job's token (ACCELPACT_JOB_TOKEN), without '/'")
     notice = DeathNotice(rank=rank, by=by, reason=reason, pid=pid, generation=generation)
-    store.set(notice_key(job_token, rank), notice.to_bytes())
+    store.set(notice_key(job_token, rank), notice_auth.sign(asdict(notice), job_token))  # see notice_auth
     return notice
 
 
@@ -258,6 +261,21 @@ class PeerWatch:
         self.rank = rank
         self.judge = judge
         self.generation = generation
+        self.rejected: dict[int, str] = {}  # rank -> why its notice was ignored (reported once)
+
+    def _authentic(self, rank: int, notice: bytes | None) -> bytes | None:
+        """The notice if it is signed for this job and not from an older generation (notice_auth);
+        otherwise None, reported once per rank (a forged or stray notice must not stop the job)."""
+        if notice is None:
+            return None
+        try:
+            notice_auth.verify(notice, self.job_token, min_generation=self.generation)
+        except notice_auth.NoticeRejected as why:
+            if rank not in self.rejected:
+                self.rejected[rank] = str(why)
+                warnings.warn(f"accelpact: ignored a death notice about rank {rank}: {why}", stacklevel=2)
+            return None
+        return notice
 
     def check(self, store: Any, missing: list[int]) -> Verdict | None:
         """One look at every missing rank; the first Verdict found, or None."""
@@ -265,6 +283,7 @@ class PeerWatch:
         for r in missing:
             nk, hk = notice_key(self.job_token, r), heartbeat_key(self.job_token, r)
             notice = store.get(nk) if store.check([nk]) else None
+            notice = self._authentic(r, notice)
             beat = store.get(hk) if store.check([hk]) else None
             verdict = self.judge.observe(r, beat, notice, now)
             if verdict is None:
