@@ -27,7 +27,7 @@ from accelpact.testing.session import run_session
 from experiments._fsdp_scenarios import RUNNER
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
 
-__all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak",
+__all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
            "load_progress", "fit_slope", "growth", "soak_lines"]
 
 WARMUP_FAULTS = 50
@@ -50,6 +50,16 @@ def soak_timeout_s(n_faults: int, pg_timeout_s: float = PG_TIMEOUT_S) -> float:
 def default_soak_dir(root: Path) -> Path:
     """A fresh, kept directory for one soak: ``root/outputs/bit_identity_soak/<UTC time>``."""
     return root / "outputs" / "bit_identity_soak" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def run_reference(out: Path, world: int, n: int, layers: int, model: dict[str, int] | None = None) -> None:
+    """Only the fault-free reference of an n-fault soak, into ``out/ref_run`` (alongside a running
+    soak: on a crowded host the two sessions together get the reference done sooner)."""
+    steps = 2 * n + 2  # as soak_faults' schedule: the last fault at step 2n-1, two steps after it
+    job = {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps,
+           "model": {**(model or {}), "layers": layers}}
+    run_session(out / "ref_run", RUNNER, [job], world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
+                timeout_s=soak_timeout_s(n), barrier=True, check=True)
 
 
 def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None = None,
@@ -230,6 +240,12 @@ def collect(out: Path) -> dict:
     world = soak["world"]
     results = [json.loads(p.read_text()) if (p := out / f"results.rank{r}.json").exists() else {}
                for r in range(world)]
+    ref_run = out / "ref_run"
+    for r in range(world):  # a reference run beside the soak (run_reference) stands in for its own
+        if "ref" not in results[r] and (ref_run / f"results.rank{r}.json").exists():
+            results[r]["ref"] = json.loads((ref_run / f"results.rank{r}.json").read_text())["ref"]
+            if not (out / f"ref.rank{r}.pt").exists():
+                (out / f"ref.rank{r}.pt").symlink_to((ref_run / f"ref.rank{r}.pt").resolve())
     meta = json.loads((out / "session.json").read_text()) if (out / "session.json").exists() else {}
     s = Session(out, world, results, meta.get("returncodes", [0] * world), [], meta.get("wall_s", float("nan")))
     soak.update(wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"),
@@ -255,7 +271,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "so that recoveries, what a soak measures, dominate its time on a loaded host")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--timeout-s", type=float, default=None)
+    ap.add_argument("--reference-only", action="store_true",
+                    help="only the fault-free reference, into DIR/ref_run (beside a running soak in DIR)")
     args = ap.parse_args(argv)
+    if args.reference_only:
+        model = {"hidden": args.hidden, "inter": 3 * args.hidden} if args.hidden else None
+        run_reference(Path(args.dir), 2, args.faults, args.layers, model)
+        return 0
     import os
     import subprocess
 
