@@ -55,7 +55,7 @@ def default_soak_dir(root: Path) -> Path:
 def run_reference(out: Path, world: int, n: int, layers: int, model: dict[str, int] | None = None) -> None:
     """Only the fault-free reference of an n-fault soak, into ``out/ref_run`` (alongside a running
     soak: on a crowded host the two sessions together get the reference done sooner)."""
-    steps = 2 * n + 2  # as soak_faults' schedule: the last fault at step 2n-1, two steps after it
+    steps = max(f["step"] for f in soak_faults(world, n)) + 2  # exactly the soak's step count
     job = {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps,
            "model": {**(model or {}), "layers": layers}}
     run_session(out / "ref_run", RUNNER, [job], world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
