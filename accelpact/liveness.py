@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from accelpact import notice_auth
+from accelpact.store_loss import StoreLossReporter
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
            "heartbeat_key", "notice_key", "is_connection_drop"]
@@ -215,6 +216,7 @@ class Heartbeat:
         self.config = config
         self.progress = progress
         self.beats = 0
+        self.store_loss = StoreLossReporter(rank, host, port)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"accelpact-heartbeat-r{rank}", daemon=True)
 
@@ -240,8 +242,10 @@ class Heartbeat:
                     store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s))
                 store.set(self.key, Beat.format(pid, int(self.progress())))
                 self.beats += 1
-            except Exception:  # noqa: BLE001 - a broken client: build a new one at the next beat
+                self.store_loss.answered()
+            except Exception as exc:  # noqa: BLE001 - a broken client: build a new one at the next beat
                 store = None
+                self.store_loss.failed(exc)  # said once per loss (accelpact.store_loss)
             self._stop.wait(self.config.interval_s)
 
 

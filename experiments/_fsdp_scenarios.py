@@ -17,7 +17,9 @@ after every rank built its model), ``verify_rebind``, ``reset`` (ResetConfig fie
 step), ``progress`` (with ``track_resources``: append each step's resources and new recovery events
 as one JSON line to ``progress.{name}.rank{rank}.jsonl``, flushed at once, so that a run killed
 part-way keeps its data), ``settle_s`` (after the last step, wait this long, e.g. past the PG
-timeout of abandoned generations, and record ``resources_settled``), ``save_state`` (default True).
+timeout of abandoned generations, and record ``resources_settled``), ``resources_barrier`` (default
+True: line the ranks up on the control store before the first and last samples), ``pause_s`` (sleep
+after every step), ``save_state`` (default True).
 
 ``kind: "rebind"``: for each depth in ``depths``, build the model, run one step (FSDP initialises
 lazily), build the binding table and time ``rebinds`` swaps back and forth between the live groups
@@ -128,7 +130,7 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                 losses.append(_plain_step(model, optimizer, injector, step_fn, tokens, step))
             result["step_s"].append(time.perf_counter() - t)
             if sc.get("track_resources"):
-                if step in (0, sc["steps"] - 1):
+                if step in (0, sc["steps"] - 1) and sc.get("resources_barrier", True):
                     # The leak figure is last minus first: take both at a quiet point, once every
                     # rank is done with the step, so no rank samples its sockets mid-handshake (one
                     # unsynchronised baseline read 11 fds / 0 sockets where its steady state was 15 / 3).
@@ -141,6 +143,8 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                     result["_logged"] = len(guard.events) if guard else 0
                     progress.write(json.dumps({**result["resources"][-1], "loss": float(losses[-1]),
                                                "step_s": result["step_s"][-1], "events": new}) + "\n")
+            if sc.get("pause_s"):
+                time.sleep(float(sc["pause_s"]))  # room for a test to act between steps (e.g. kill the store)
             if step == 0 and sc.get("leak_check"):
                 result["resources_before"] = resources(ctx.exclude_ports)
             if step == 0 and compile_backend:
