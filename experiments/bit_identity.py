@@ -78,9 +78,9 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # constrained layout, and x-labels on the bottom row only: with sharex the top row's labels sat
-    # on the bottom row's titles.
-    fig, axes = plt.subplots(2, 2, figsize=(8.5, 5.8), sharex=True, layout="constrained")
+    # x-labels on the bottom row only, and room between the rows: with sharex the top row's labels
+    # sat on the bottom row's titles.
+    fig, axes = plt.subplots(2, 2, figsize=(8.5, 5.8), sharex=True)
     for ax, key in zip(axes.flat, RESOURCES):
         for res in results:
             for rank, series in enumerate(res["resources"]):
@@ -97,6 +97,7 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
     axes.flat[0].legend(fontsize=6, ncol=2)
     fig.suptitle(title, fontsize=10)
     stamp_figure(fig, prov)
+    fig.subplots_adjust(hspace=0.3, bottom=0.16, top=0.9)  # room for the bottom row's titles and the footer
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -160,6 +161,25 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
     return "\n".join(lines) + "\n"
 
 
+def soak_only(out: Path, kept: Path, argv: list[str] | None) -> int:
+    """Table a soak from its kept dir into ``out`` without rerunning the short runs: soak_* files, the
+    soak's own provenance in ``out/soak/``, and table.md's soak section replaced in place."""
+    soak = collect(kept)
+    write_provenance(out / "soak", _driver.command(argv, NAME), soak_provenance(soak))
+    prov = load_provenance(out / "soak")
+    write_csv(out / "soak_faults.csv", soak["rows"])
+    write_csv(out / "soak_resources.csv", per_step_resources([soak]))
+    leak_plot(out / "soak_leaks.png", [soak], prov, f"Soak: resources over {len(soak['rows'])} recoveries")
+    section = "\n".join(soak_lines(soak)) + "\n" + (out / "soak" / "provenance.md").read_text().replace(
+        "### Provenance", "### Provenance of the soak section") + "\n"
+    table = (out / "table.md").read_text().replace("issue bar:", "target:")
+    head, sep, tail = table.partition("## How to read it")
+    head = head.split("## Soak")[0]
+    (out / "table.md").write_text(head + section + sep + tail)
+    print(section)
+    return 1 if soak["diffs"] and not (soak.get("loss_check") or {}).get("steps") else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
@@ -180,7 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak-layers", type=int, default=None,
                     help="decoder layers in the soak (default --layers); fewer make a 1000-fault soak fit a "
                          "loaded host: what it measures is per recovery, not per parameter")
+    ap.add_argument("--soak-only", action="store_true",
+                    help="with --soak-from DIR: replace only the soak section of an existing table.md (the short "
+                         "runs' sections and provenance stay as they are); the soak's provenance goes to soak/")
     args = ap.parse_args(argv)
+    if args.soak_only:
+        if not args.soak_from:
+            print("--soak-only needs --soak-from DIR (a soak run with python -m experiments.bit_identity_soak)",
+                  file=sys.stderr)
+            return 2
+        return soak_only(_driver.output_dir(args, NAME), Path(args.soak_from), argv)
     if args.soak_report:
         kept = Path(args.soak_report)
         if not (kept / "schedule.json").exists():

@@ -56,8 +56,11 @@ def run_reference(out: Path, world: int, n: int, layers: int, model: dict[str, i
     """Only the fault-free reference of an n-fault soak, into ``out/ref_run`` (alongside a running
     soak: on a crowded host the two sessions together get the reference done sooner)."""
     steps = max(f["step"] for f in soak_faults(world, n)) + 2  # exactly the soak's step count
+    # Per-step progress lines (losses) without a control-store barrier: a soak cut short can still
+    # compare its losses step by step with the reference's.
     job = {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps,
-           "model": {**(model or {}), "layers": layers}}
+           "model": {**(model or {}), "layers": layers}, "track_resources": True, "progress": True,
+           "resources_barrier": False}
     run_session(out / "ref_run", RUNNER, [job], world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
                 timeout_s=soak_timeout_s(n), barrier=True, check=True)
 
@@ -177,12 +180,18 @@ def soak_lines(soak: dict) -> list[str]:
     g = growth(soak)
     unit = {"rss_mib": "MiB", "threads": "threads", "fds": "fds", "tcp": "sockets"}
     ok_bits = not soak["diffs"]
+    lc = soak.get("loss_check") or {}
+    partial = ([f"Losses step by step against the fault-free reference, over the {lc['steps']} steps both runs "
+                "reached: " + ("bit-identical on every rank." if not lc["n_mismatches"]
+                              else f"{lc['n_mismatches']} MISMATCHES (rank, step): {lc['mismatches'][:5]}."), ""]
+               if lc.get("steps") and soak["diffs"] else [])
     lines = [f"## Soak: {len(soak['rows'])} of {soak['faults_planned']} faults, {soak['flavour']}, "
-             f"{soak['world']} ranks, {soak['steps']} steps ({soak.get('wall_s', float('nan')):.0f} s)", "",
+             f"{soak['world']} ranks, {soak['steps']} steps planned, model {soak.get('model')} "
+             f"({soak.get('wall_s', float('nan')):.0f} s)", "",
              "Bit-identical to the fault-free run: " + (
                  f"yes, {soak['counts']['tensors']} tensors ({soak['counts']['bytes'] / 2**20:.1f} MiB) by "
                  f"torch.equal + sha256 and {soak['counts']['losses']} losses" if ok_bits
-                 else f"NO: {'; '.join(soak['diffs'][:3])}") + ".", "",
+                 else f"NO: {'; '.join(soak['diffs'][:3])}") + ".", "", *partial,
              f"Growth after a warm-up of {WARMUP_FAULTS} faults: least-squares slope per fault of the worst "
              "rank, 95% interval from Newey-West standard errors (successive samples are autocorrelated). "
              f"Settled: change from before the first fault to {SETTLE_S:.0f} s after the last step "
@@ -227,8 +236,12 @@ def soak_provenance(soak: dict) -> dict[str, Any]:
     """What the soak's own run recorded (its command, code, load), for the table's provenance."""
     keys = ("command", "git", "started", "load_avg_start", "load_avg_end")
     return {"soak_faults": soak["faults_planned"], "soak_model": soak.get("model"), "soak_timeout_s": soak["timeout_s"],
-            "soak_wall_s": round(soak.get("wall_s", float("nan"))), "soak_dir": soak["dir"],
+            "soak_wall_s": _whole(soak.get("wall_s")), "soak_dir": soak["dir"],
             **{f"soak_{k}": soak["meta"][k] for k in keys if k in soak.get("meta", {})}}
+
+
+def _whole(x: float | None) -> int | None:
+    return None if x is None or math.isnan(x) else round(x)
 
 
 def collect(out: Path) -> dict:
@@ -255,7 +268,26 @@ def collect(out: Path) -> dict:
         soak["settled"] = [s.result("faults", r).get("resources_settled") for r in range(world)]
     else:
         soak["diffs"], soak["counts"] = [f"the soak did not finish; {len(soak['rows'])} faults kept in {out}"], {}
+    soak["loss_check"] = _compare_losses(out, world)
     return soak
+
+
+def _compare_losses(out: Path, world: int) -> dict[str, Any]:
+    """Step-by-step losses of the faulted run against the reference's, over the steps both reached
+    (from the progress lines: meaningful even when neither run finished)."""
+    def losses(path: Path) -> dict[int, float]:
+        if not path.exists():
+            return {}
+        return {x["step"]: x["loss"] for x in map(json.loads, filter(str.strip, path.read_text().splitlines()))
+                if "step" in x and "loss" in x}
+    compared, mismatched = 0, []
+    for r in range(world):
+        got = losses(out / f"progress.faults.rank{r}.jsonl")
+        ref = losses(out / "ref_run" / f"progress.ref.rank{r}.jsonl") or losses(out / f"progress.ref.rank{r}.jsonl")
+        common = sorted(set(got) & set(ref))
+        compared = len(common) if r == 0 else min(compared, len(common))
+        mismatched += [(r, st) for st in common if got[st] != ref[st]]
+    return {"steps": compared, "mismatches": mismatched[:20], "n_mismatches": len(mismatched)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
