@@ -19,7 +19,8 @@ as one JSON line to ``progress.{name}.rank{rank}.jsonl``, flushed at once, so th
 part-way keeps its data), ``settle_s`` (after the last step, wait this long, e.g. past the PG
 timeout of abandoned generations, and record ``resources_settled``), ``resources_barrier`` (default
 True: line the ranks up on the control store before the first and last samples), ``pause_s`` (sleep
-after every step), ``save_state`` (default True).
+after every step), ``heartbeat_misses`` (missed beats before a peer whose connection dropped is
+called dead; default 4), ``save_state`` (default True).
 
 ``kind: "rebind"``: for each depth in ``depths``, build the model, run one step (FSDP initialises
 lazily), build the binding table and time ``rebinds`` swaps back and forth between the live groups
@@ -109,7 +110,8 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     if sc.get("guard", True):
         guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=pg_timeout_s),
                        verify_rebind=sc.get("verify_rebind", False), reset=ResetConfig(**sc.get("reset", {})),
-                       injection_clock=injector.consume_injection_time)
+                       injection_clock=injector.consume_injection_time,
+                       heartbeat_misses=int(sc.get("heartbeat_misses", 4)))
         guard.phase_hooks.append(injector.on_phase)
     if compile_backend:
         from torch import _dynamo

@@ -35,6 +35,11 @@ RSS_TARGET_MIB_PER_FAULT = 0.05
 SETTLE_S = PG_TIMEOUT_S + 5.0  # abandoned generations' collectives time out after PG_TIMEOUT_S
 # Upper bounds per unit of work on 2 cores shared with other jobs (a quiet host needs ~1/4 of each):
 # a step of either run ~0.3 s quiet, a recovery ~0.1-0.4 s, a hang its stall plus the timeout.
+# Missed heartbeats (of 0.5 s) before a peer whose connection dropped is called dead. The default 4
+# (2 s) called a live rank dead at fault 123 of a 1000-fault soak on this 2-core host at load ~19: a
+# rank starved of CPU for 2 s stops beating although it is alive. 20 (10 s) keeps the soak about
+# leaks, not about starvation; the false verdict itself is reported, not hidden.
+HEARTBEAT_MISSES = 20
 _STARTUP_S = 180.0
 _PER_STEP_S = 1.5
 _PER_FAULT_S = 2.0
@@ -75,7 +80,8 @@ def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None
     # The faulted run first: a soak cut short (killed, out of time) keeps its per-fault data from
     # the first minute on; the fault-free reference only matters once the faulted run has finished.
     jobs = [{"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
-             "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S},
+             "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S,
+             "heartbeat_misses": HEARTBEAT_MISSES},
             {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps, "model": model}]
     out.mkdir(parents=True, exist_ok=True)
     (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers,
