@@ -114,7 +114,7 @@ def load_progress(out: Path) -> dict:
     settled: list[dict | None] = []
     for rank in range(world):
         path = out / f"progress.faults.rank{rank}.jsonl"
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        lines = _json_lines(path)
         steps = [x for x in lines if "step" in x]
         per_rank.append({"events": [e for x in steps for e in x["events"]],
                          "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps]})
@@ -129,6 +129,17 @@ def load_progress(out: Path) -> dict:
             "layers": sched.get("layers"), "model": sched.get("model"),
             "rows": fault_rows("fsdp2", world, reached, per_rank), "baseline": baseline, "leak": leak,
             "resources": [r["resources"] for r in per_rank], "settled": settled, "dir": str(out)}
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """Every complete JSON line of ``path`` (a soak still running may be half-way through its last)."""
+    out = []
+    for x in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(x))
+        except ValueError:
+            continue
+    return out
 
 
 def _t95(dof: int) -> float:
@@ -282,10 +293,7 @@ def _compare_losses(out: Path, world: int) -> dict[str, Any]:
     """Step-by-step losses of the faulted run against the reference's, over the steps both reached
     (from the progress lines: meaningful even when neither run finished)."""
     def losses(path: Path) -> dict[int, float]:
-        if not path.exists():
-            return {}
-        return {x["step"]: x["loss"] for x in map(json.loads, filter(str.strip, path.read_text().splitlines()))
-                if "step" in x and "loss" in x}
+        return {x["step"]: x["loss"] for x in _json_lines(path) if "step" in x and "loss" in x}
     compared, mismatched = 0, []
     for r in range(world):
         got = losses(out / f"progress.faults.rank{r}.jsonl")
