@@ -227,6 +227,10 @@ def soak_lines(soak: dict) -> list[str]:
             verdict = "within" if r["settled"] <= 0 else ("not measured" if math.isnan(r["settled"]) else "OVER")
         lines.append(f"| {key} | {r['slope']:+.4f} {unit[key]} | [{r['low']:+.4f}, {r['high']:+.4f}] | "
                      f"{r['settled']:+.1f} | {target} | {verdict} |")
+    later = [(w, growth(soak, w)["rss_mib"]) for w in (200, 500) if w < len(soak["rows"]) - 50]
+    if later:  # is it warm-up that has not ended yet, or growth per recovery?
+        lines += ["", "RSS slope after longer warm-ups: " + "; ".join(
+            f"{w} faults {r['slope']:+.4f} MiB/fault [{r['low']:+.4f}, {r['high']:+.4f}]" for w, r in later) + "."]
     rounds = sum(1 for r in soak["rows"] if r["rounds"] > 1)
     missing = [r["fault"] for r in soak["rows"] if r["decision"] == "no recovery event"]
     decisions: dict[str, int] = {}
