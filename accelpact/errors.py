@@ -25,6 +25,7 @@ __all__ = [
     "RankLostError",
     "StateDivergedError",
     "ControlChannelError",
+    "ControlStoreLostError",
     "is_comm_fault",
     "GENERIC_FAULT_MARKERS",
 ]
@@ -110,6 +111,19 @@ class StateDivergedError(UnrecoverableError):
 
 class ControlChannelError(AccelPactError):
     """The out-of-band control store is unreachable past its deadline."""
+
+
+class ControlStoreLostError(UnrecoverableError):
+    """The control store was lost during the recovery of a fault (accelpact.store_loss): restore from a
+    checkpoint. ``address``: the store's host:port; ``detected_by`` is always "control store"."""
+
+    detected_by = "control store"
+
+    def __init__(self, message: str, *, last_committed_step: int | None = None, generation: int | None = None,
+                 address: str = ""):
+        super().__init__(message, last_committed_step=last_committed_step)
+        self.generation = generation
+        self.address = address
 
 
 # Lower-cased fragments of operating-system socket errors, whatever the backend's transport. The

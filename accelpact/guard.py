@@ -38,7 +38,7 @@ from accelpact.backends import backend_for
 from accelpact.bindings import BindingTable, find_stale_references
 from accelpact.clipping import clip_gradients
 from accelpact.consensus import Action, Decision, Phase, RankReport, decide
-from accelpact.errors import AccelPactError, GenerationSuperseded, RankLostError, StateDivergedError
+from accelpact.errors import AccelPactError, ControlChannelError, GenerationSuperseded, RankLostError, StateDivergedError
 from accelpact._tracebacks import drop_traceback as _drop_traceback
 from accelpact._tracebacks import where as _where
 from accelpact.events import RecoveryEvent, RoundClock
@@ -47,6 +47,7 @@ from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses, wait_reachable
 from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.store_loss import store_lost_error
 from accelpact.watchdog import resolve_stall_timeout
 
 _log = logging.getLogger(__name__)
@@ -186,7 +187,11 @@ class Guard:
                 fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
                 if not self.backend.is_comm_fault(exc):
                     raise
-                decision = self._recover(exc, step, t_start, watchdog=fired)
+                try:
+                    decision = self._recover(exc, step, t_start, watchdog=fired)
+                except ControlChannelError as lost:  # the store's host died: say so (accelpact.store_loss)
+                    raise store_lost_error(lost, control=self.control, step=step,
+                                           committed_step=self.committed_step) from lost
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:

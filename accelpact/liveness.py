@@ -27,8 +27,12 @@ import json
 import os
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+from accelpact import notice_auth
+from accelpact.store_loss import StoreLossReporter
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
            "heartbeat_key", "notice_key", "is_connection_drop"]
@@ -120,7 +124,7 @@ def publish_death(store: Any, job_token: str, rank: int, *, by: str, reason: str
     if not job_token or "/" in job_token:
         raise ValueError(f"job_token {job_token!r} must be the job's token (ACCELPACT_JOB_TOKEN), without '/'")
     notice = DeathNotice(rank=rank, by=by, reason=reason, pid=pid, generation=generation)
-    store.set(notice_key(job_token, rank), notice.to_bytes())
+    store.set(notice_key(job_token, rank), notice_auth.sign(asdict(notice), job_token))  # see notice_auth
     return notice
 
 
@@ -212,6 +216,7 @@ class Heartbeat:
         self.config = config
         self.progress = progress
         self.beats = 0
+        self.store_loss = StoreLossReporter(rank, host, port)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"accelpact-heartbeat-r{rank}", daemon=True)
 
@@ -237,8 +242,10 @@ class Heartbeat:
                     store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s))
                 store.set(self.key, Beat.format(pid, int(self.progress())))
                 self.beats += 1
-            except Exception:  # noqa: BLE001 - a broken client: build a new one at the next beat
+                self.store_loss.answered()
+            except Exception as exc:  # noqa: BLE001 - a broken client: build a new one at the next beat
                 store = None
+                self.store_loss.failed(exc)  # said once per loss (accelpact.store_loss)
             self._stop.wait(self.config.interval_s)
 
 
@@ -258,6 +265,21 @@ class PeerWatch:
         self.rank = rank
         self.judge = judge
         self.generation = generation
+        self.rejected: dict[int, str] = {}  # rank -> why its notice was ignored (reported once)
+
+    def _authentic(self, rank: int, notice: bytes | None) -> bytes | None:
+        """The notice if it is signed for this job and not from an older generation (notice_auth);
+        otherwise None, reported once per rank (a forged or stray notice must not stop the job)."""
+        if notice is None:
+            return None
+        try:
+            notice_auth.verify(notice, self.job_token, min_generation=self.generation)
+        except notice_auth.NoticeRejected as why:
+            if rank not in self.rejected:
+                self.rejected[rank] = str(why)
+                warnings.warn(f"accelpact: ignored a death notice about rank {rank}: {why}", stacklevel=2)
+            return None
+        return notice
 
     def check(self, store: Any, missing: list[int]) -> Verdict | None:
         """One look at every missing rank; the first Verdict found, or None."""
@@ -265,6 +287,7 @@ class PeerWatch:
         for r in missing:
             nk, hk = notice_key(self.job_token, r), heartbeat_key(self.job_token, r)
             notice = store.get(nk) if store.check([nk]) else None
+            notice = self._authentic(r, notice)
             beat = store.get(hk) if store.check([hk]) else None
             verdict = self.judge.observe(r, beat, notice, now)
             if verdict is None:

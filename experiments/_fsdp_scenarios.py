@@ -14,7 +14,13 @@ dynamo's counters, and saves every local parameter shard and optimizer-state ten
 ``{step, phase, ranks, action?, stall_s?}``), ``pg_timeout_s`` (a short collective timeout set
 after every rank built its model), ``verify_rebind``, ``reset`` (ResetConfig fields),
 ``leak_check`` (resources after step 0 and after teardown), ``track_resources`` (after every
-step), ``save_state`` (default True).
+step), ``progress`` (with ``track_resources``: append each step's resources and new recovery events
+as one JSON line to ``progress.{name}.rank{rank}.jsonl``, flushed at once, so that a run killed
+part-way keeps its data), ``settle_s`` (after the last step, wait this long, e.g. past the PG
+timeout of abandoned generations, and record ``resources_settled``), ``resources_barrier`` (default
+True: line the ranks up on the control store before the first and last samples), ``pause_s`` (sleep
+after every step), ``heartbeat_misses`` (missed beats before a peer whose connection dropped is
+called dead; default 4), ``save_state`` (default True).
 
 ``kind: "rebind"``: for each depth in ``depths``, build the model, run one step (FSDP initialises
 lazily), build the binding table and time ``rebinds`` swaps back and forth between the live groups
@@ -24,6 +30,7 @@ and a second real set of groups with the same members.
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import time
 from datetime import timedelta
@@ -103,13 +110,17 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     if sc.get("guard", True):
         guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=pg_timeout_s),
                        verify_rebind=sc.get("verify_rebind", False), reset=ResetConfig(**sc.get("reset", {})),
-                       injection_clock=injector.consume_injection_time)
+                       injection_clock=injector.consume_injection_time,
+                       heartbeat_misses=int(sc.get("heartbeat_misses", 4)))
         guard.phase_hooks.append(injector.on_phase)
     if compile_backend:
         from torch import _dynamo
 
         _dynamo.reset()  # a fresh model per scenario: start each from an empty cache
     losses: list[torch.Tensor] = []
+    progress = None
+    if sc.get("progress") and sc.get("track_resources"):
+        progress = open(ctx.out_dir / f"progress.{sc['name']}.rank{rank}.jsonl", "a", buffering=1)
     t0 = time.time()
     try:
         for step in range(sc["steps"]):
@@ -121,7 +132,7 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                 losses.append(_plain_step(model, optimizer, injector, step_fn, tokens, step))
             result["step_s"].append(time.perf_counter() - t)
             if sc.get("track_resources"):
-                if step in (0, sc["steps"] - 1):
+                if step in (0, sc["steps"] - 1) and sc.get("resources_barrier", True):
                     # The leak figure is last minus first: take both at a quiet point, once every
                     # rank is done with the step, so no rank samples its sockets mid-handshake (one
                     # unsynchronised baseline read 11 fds / 0 sockets where its steady state was 15 / 3).
@@ -129,12 +140,30 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                     time.sleep(0.2)
                 result["resources"].append({"step": step, "recoveries": len(guard.events) if guard else 0,
                                             **resources(ctx.exclude_ports)})
+                if progress is not None:
+                    new = [e.to_dict() for e in guard.events[result.get("_logged", 0):]] if guard else []
+                    result["_logged"] = len(guard.events) if guard else 0
+                    progress.write(json.dumps({**result["resources"][-1], "loss": float(losses[-1]),
+                                               "step_s": result["step_s"][-1], "events": new}) + "\n")
+            if sc.get("pause_s"):
+                time.sleep(float(sc["pause_s"]))  # room for a test to act between steps (e.g. kill the store)
             if step == 0 and sc.get("leak_check"):
                 result["resources_before"] = resources(ctx.exclude_ports)
             if step == 0 and compile_backend:
                 result["compile_after_warmup"] = dynamo_counters()
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         result["error"] = ctx.error(exc, elapsed_s=time.time() - t0)
+    result.pop("_logged", None)
+    if sc.get("settle_s") and result["error"] is None:
+        # Abandoned generations' threads and sockets go only once their collectives time out: the
+        # "back to baseline" figure is taken after that, with the guard still attached.
+        ctx.barrier(f"settle/{sc['name']}")
+        time.sleep(float(sc["settle_s"]))
+        result["resources_settled"] = resources(ctx.exclude_ports)
+        if progress is not None:
+            progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"]}) + "\n")
+    if progress is not None:
+        progress.close()
     if "pg_timeout_s" in sc and result["error"] is None:
         set_pg_timeout(dist.group.WORLD, ctx.pg_timeout_s)
     if guard is not None:

@@ -18,6 +18,7 @@ within +2 of its pre-fault baseline (the bar we hold recovery to).
     python -m experiments.bit_identity            # full run (~1.5 min on 2 quiet cores; with --soak ~5.5)
     python -m experiments.bit_identity --quick    # FSDP2 only, 2 ranks, 5 faults, temp dir
     python -m experiments.bit_identity --soak     # 100 faults on 2 ranks, leaks per fault (slow, not CI)
+    python -m experiments.bit_identity --soak --soak-faults 1000 --soak-layers 2   # ~1-1.5 h, see bit_identity_soak
 
 Writes results/bit_identity/: table.md, faults.csv, identity.csv, resources.csv (per step and rank),
 leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv and soak_leaks.png.
@@ -25,6 +26,7 @@ leaks.png, provenance.json; with --soak also soak_faults.csv, soak_resources.csv
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +37,8 @@ from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
+from experiments.bit_identity_soak import collect, default_soak_dir, load_progress, soak_provenance, run_soak, soak_lines
+from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
 from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
     ClaimRow,
@@ -45,59 +49,6 @@ from experiments.provenance import (
 )
 
 NAME = "bit_identity"
-PG_TIMEOUT_S = 15.0  # the hang is detected at the collective timeout; generous enough for a loaded host
-RESOURCES = ("threads", "fds", "tcp", "rss_mib")
-
-
-def ten_faults(world: int) -> list[dict]:
-    """The mixed schedule, labelled for the table: one fault every other step (1, 3, ..., 19).
-
-    A fault's recovery is recorded at its own step, or at the next one where the broken connection
-    surfaces only then (a reset after the vote completed): faults two steps apart keep every
-    recovery attributable to exactly one fault.
-    """
-    last = world - 1
-    allr = list(range(world))
-    faults = [
-        {"step": 1, "phase": "forward_allgather_first", "ranks": [1], "kind": "reset, one rank"},
-        {"step": 2, "phase": "forward_allgather_middle", "ranks": allr, "kind": "reset, all ranks"},
-        {"step": 3, "phase": "backward_reduce_scatter", "ranks": [last], "kind": "reset, one rank"},
-        {"step": 4, "phase": "clip_allreduce", "ranks": allr, "kind": "reset, all ranks"},
-        {"step": 5, "phase": "vote", "ranks": [0], "kind": "reset, one rank"},
-        {"step": 6, "phase": "post_vote", "action": "reset_raise", "ranks": [1],
-         "kind": "vote completed on some ranks only (roll forward)"},
-        {"step": 7, "phase": "forward_allgather_middle", "action": "stall", "stall_s": PG_TIMEOUT_S + 3,
-         "ranks": [last], "kind": f"hang past the {PG_TIMEOUT_S:.0f} s collective timeout"},
-        {"step": 8, "phase": "forward_allgather_first", "ranks": [0], "kind": "nested: reset, then reset during recovery",
-         "nested": {"phase": "recovery", "ranks": [1 % world]}},
-        {"step": 9, "phase": "vote", "ranks": allr, "kind": "reset, all ranks"},
-        {"step": 10, "phase": "backward_reduce_scatter", "ranks": allr, "kind": "reset, all ranks"},
-    ]
-    return [{**f, "step": 2 * i + 1} for i, f in enumerate(faults)]
-
-
-def soak_faults(world: int, n: int) -> list[dict]:
-    """n faults, one every other step, cycling through the kinds (hangs every 25th: each costs the timeout)."""
-    cycle = [f for f in ten_faults(world) if f.get("action") != "stall"]
-    out = []
-    for i in range(n):
-        if i % 25 == 24:
-            f = dict(ten_faults(world)[6])
-        else:
-            f = dict(cycle[i % len(cycle)])
-        f["step"] = 2 * i + 1  # every other step, as in ten_faults: each recovery belongs to one fault
-        out.append(f)
-    return out
-
-
-def armed(faults: list[dict]) -> list[dict]:
-    """FaultInjector specs (the nested fault's second injection is its own spec)."""
-    specs = []
-    for f in faults:
-        specs.append({k: f[k] for k in ("step", "phase", "ranks", "action", "stall_s") if k in f})
-        if "nested" in f:
-            specs.append({"step": f["step"], **f["nested"]})
-    return specs
 
 
 def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers: int) -> dict:
@@ -111,26 +62,7 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     per_rank = s.job("faults")
     s.job("ref")
     diffs, counts = bit_differences(s, "faults", "ref")
-    rows = []
-    for i, f in enumerate(faults):
-        # Matched by step, never by position: a fault that produced no recovery must show up as
-        # such, not shift every later row. Its recovery is at its step or the next (see ten_faults).
-        window = (f["step"], f["step"] + 1)
-        evs = [next((e for e in r["events"] if e["step"] in window), None) for r in per_rank]
-        fired = sum(1 for r in per_rank for x in r["fired"] if x["step"] == f["step"])
-        res = [next((x for x in r["resources"] if x["step"] == f["step"]), None) for r in per_rank]
-        ok = all(e is not None for e in evs)
-        rows.append({
-            "flavour": flavour, "world": world, "fault": i + 1, "step": f["step"], "kind": f["kind"],
-            "phase": f["phase"], "ranks": " ".join(map(str, f["ranks"])),
-            "injections_fired": fired,
-            "decision": evs[0]["decision"]["action"] if ok else "no recovery event",
-            "apply_on": " ".join(map(str, evs[0]["decision"]["apply_on"])) if ok else "",
-            "rounds": max(e["rounds"] for e in evs) if ok else 0,
-            "detection_ms_max": max(e["detection_s"] for e in evs) * 1e3 if ok else float("nan"),
-            "total_ms_max": max(e["total_s"] for e in evs) * 1e3 if ok else float("nan"),
-            **{f"{k}_max": max(x[k] for x in res) if all(res) else float("nan") for k in RESOURCES},
-        })
+    rows = fault_rows(flavour, world, faults, per_rank)
     baseline = [next(x for x in r["resources"] if x["step"] == 0) for r in per_rank]
     final = [r["resources"][-1] for r in per_rank]
     leak = {k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES}
@@ -146,7 +78,9 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(8.5, 5.6), sharex=True)
+    # x-labels on the bottom row only, and room between the rows: with sharex the top row's labels
+    # sat on the bottom row's titles.
+    fig, axes = plt.subplots(2, 2, figsize=(8.5, 5.8), sharex=True)
     for ax, key in zip(axes.flat, RESOURCES):
         for res in results:
             for rank, series in enumerate(res["resources"]):
@@ -158,10 +92,12 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
             ax.axhline(2, color="tab:red", linestyle="--", linewidth=1)
         ax.set_title(f"{key}: change from before the first fault" + (" (limit +2)" if key != "rss_mib" else " (MiB)"),
                      fontsize=9)
+    for ax in axes[-1]:
         ax.set_xlabel("recoveries so far")
     axes.flat[0].legend(fontsize=6, ncol=2)
     fig.suptitle(title, fontsize=10)
     stamp_figure(fig, prov)
+    fig.subplots_adjust(hspace=0.3, bottom=0.16, top=0.9)  # room for the bottom row's titles and the footer
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -192,7 +128,7 @@ def claims(results: list[dict]) -> list[ClaimRow]:
             claim=f"leak over {n} faults, {res['flavour']} (threads / fds / TCP sockets / RSS MiB, worst rank)",
             paper="", ours=" / ".join(f"{res['leak'][k]:+.0f}" if k != "rss_mib" else f"{res['leak'][k]:+.1f}"
                                       for k in RESOURCES),
-            reason="our bar: threads, fds, sockets within +2 of the pre-fault baseline"))
+            reason="target: threads, fds, sockets within +2 of the pre-fault baseline"))
     return rows
 
 
@@ -214,10 +150,7 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
                   "Mismatches against the reference: " + ("none." if not res["diffs"] else "; ".join(res["diffs"][:10])),
                   ""]
     if soak:
-        lines += [f"## Soak: {len(soak['rows'])} faults, {soak['flavour']}, {soak['world']} ranks ({soak['wall_s']:.0f} s)", "",
-                  "Bit-identical to the reference: " + ("yes" if not soak["diffs"] else f"NO ({len(soak['diffs'])} mismatches)")
-                  + "; worst-rank change after the last fault: "
-                  + ", ".join(f"{k} {soak['leak'][k]:+.1f}" for k in RESOURCES) + ". See soak_leaks.png, soak_faults.csv.", ""]
+        lines += soak_lines(soak)
     lines += ["## How to read it", "",
               "- total ms: a rank's detection to its first good collective on the new generation, slowest rank "
               "(the hang's includes nothing of the timeout: detection is separate).",
@@ -228,13 +161,66 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
     return "\n".join(lines) + "\n"
 
 
+def soak_only(out: Path, kept: Path, argv: list[str] | None) -> int:
+    """Table a soak from its kept dir into ``out`` without rerunning the short runs: soak_* files, the
+    soak's own provenance in ``out/soak/``, and table.md's soak section replaced in place."""
+    soak = collect(kept)
+    write_provenance(out / "soak", _driver.command(argv, NAME), soak_provenance(soak))
+    prov = load_provenance(out / "soak")
+    write_csv(out / "soak_faults.csv", soak["rows"])
+    write_csv(out / "soak_resources.csv", per_step_resources([soak]))
+    leak_plot(out / "soak_leaks.png", [soak], prov, f"Soak: resources over {len(soak['rows'])} recoveries")
+    section = "\n".join(soak_lines(soak)) + "\n" + (out / "soak" / "provenance.md").read_text().replace(
+        "### Provenance", "### Provenance of the soak section") + "\n"
+    table = (out / "table.md").read_text().replace("issue bar:", "target:")
+    head, sep, tail = table.partition("## How to read it")
+    head = head.split("## Soak")[0]
+    (out / "table.md").write_text(head + section + sep + tail)
+    print(section)
+    return 1 if soak["diffs"] and not (soak.get("loss_check") or {}).get("steps") else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
-    ap.add_argument("--soak-faults", type=int, default=100)
+    ap.add_argument("--soak-faults", type=int, default=100, help="faults in the soak (default 100; 1000 is ~1 h)")
+    ap.add_argument("--soak-timeout-s", type=float, default=None,
+                    help="the soak's session budget (default: scales with --soak-faults, see bit_identity_soak)")
+    ap.add_argument("--soak-dir", default=None,
+                    help="where the soak's ranks write as they go, kept afterwards "
+                         "(default outputs/bit_identity_soak/<UTC time>/)")
+    ap.add_argument("--soak-from", default=None, metavar="DIR",
+                    help="with --soak: table the soak already run into DIR (python -m experiments.bit_identity_soak "
+                         "--faults N --dir DIR) instead of running one")
+    ap.add_argument("--soak-report", default=None, metavar="DIR",
+                    help="only print the soak section for a kept (possibly killed) soak dir, and write its "
+                         "soak_faults.csv and soak_resources.csv there")
     ap.add_argument("--world", type=int, default=4, help="ranks for the FSDP2 run (default 4)")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--soak-layers", type=int, default=None,
+                    help="decoder layers in the soak (default --layers); fewer make a 1000-fault soak fit a "
+                         "loaded host: what it measures is per recovery, not per parameter")
+    ap.add_argument("--soak-only", action="store_true",
+                    help="with --soak-from DIR: replace only the soak section of an existing table.md (the short "
+                         "runs' sections and provenance stay as they are); the soak's provenance goes to soak/")
     args = ap.parse_args(argv)
+    if args.soak_only:
+        if not args.soak_from:
+            print("--soak-only needs --soak-from DIR (a soak run with python -m experiments.bit_identity_soak)",
+                  file=sys.stderr)
+            return 2
+        return soak_only(_driver.output_dir(args, NAME), Path(args.soak_from), argv)
+    if args.soak_report:
+        kept = Path(args.soak_report)
+        if not (kept / "schedule.json").exists():
+            print(f"{kept} is not a soak dir (no schedule.json); pass the --soak-dir of a soak", file=sys.stderr)
+            return 2
+        soak = load_progress(kept)
+        soak["diffs"] = [f"not compared: rebuilt from the progress lines in {kept}"]
+        write_csv(kept / "soak_faults.csv", soak["rows"])
+        write_csv(kept / "soak_resources.csv", per_step_resources([soak]))
+        print("\n".join(soak_lines(soak)))
+        return 0
     out = _driver.output_dir(args, NAME)
     stale = sorted(p.name for p in out.glob("soak_*")) if not args.soak else []
     if stale:
@@ -250,20 +236,29 @@ def main(argv: list[str] | None = None) -> int:
           + (f" + soak of {args.soak_faults}" if args.soak else "") + f" -> {out}")
     results = []
     soak = None
-    with tempfile.TemporaryDirectory(prefix=f"{NAME}_") as tmp:
-        for flavour, world, faults in plan:
-            t = time.time()
-            results.append(run_flavour(Path(tmp), flavour, world, faults, args.layers))
-            print(f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
-                  f"leak {results[-1]['leak']} (load {load_average()})")
-        if args.soak:
-            t = time.time()
-            soak = run_flavour(Path(tmp) / "soak", "fsdp2", 2, soak_faults(2, args.soak_faults), args.layers)
-            print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    # Not a TemporaryDirectory: a run that fails keeps its rank logs (deleted below on success).
+    tmp = tempfile.mkdtemp(prefix=f"{NAME}_")
+    for flavour, world, faults in plan:
+        t = time.time()
+        results.append(run_flavour(Path(tmp), flavour, world, faults, args.layers))
+        print(f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
+              f"leak {results[-1]['leak']} (load {load_average()})")
+    if args.soak and args.soak_from:
+        soak = collect(Path(args.soak_from))
+        print(f"  soak from {args.soak_from}: {len(soak['rows'])} faults, mismatches {len(soak['diffs'])}")
+    elif args.soak:
+        t = time.time()
+        soak_dir = Path(args.soak_dir) if args.soak_dir else default_soak_dir(Path(__file__).resolve().parents[1])
+        print(f"  soak of {args.soak_faults} faults -> {soak_dir} (kept; progress.faults.rank*.jsonl grow per step)")
+        soak_layers = args.soak_layers or args.layers
+        soak = run_soak(soak_dir, 2, args.soak_faults, soak_layers, args.soak_timeout_s)
+        print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    shutil.rmtree(tmp, ignore_errors=True)
     runtime = timing.elapsed_s
     write_provenance(out, _driver.command(argv, NAME), {
         "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
-        "layers": args.layers, "soak": bool(args.soak), **timing.extra()})
+        "layers": args.layers, "soak": bool(args.soak),
+        **(soak_provenance(soak) if soak else {}), **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
     write_csv(out / "resources.csv", per_step_resources(results))

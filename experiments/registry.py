@@ -68,8 +68,9 @@ REGISTRY: tuple[Experiment, ...] = (
         "state bit-identical after 10 successive faults (+ the 100-fault soak)", 5.5, ("--soak",),
         title="Bit-identity after successive faults",
         intro="10 successive faults of mixed kinds and phases in one run (FSDP2 on 4 ranks, FSDP1 on 2), every "
-              "rank's parameters, optimizer state and losses compared with a fault-free run; plus a 100-fault "
-              "soak with resources tracked per fault.",
+              "rank's parameters, optimizer state and losses compared with a fault-free run; plus a long soak "
+              "with resources tracked per fault (`make reproduce`: 100 faults; the committed one: 1000, made by "
+              "`python -m experiments.bit_identity_soak` with its own provenance and growth slopes in table.md).",
         plot="leaks.png", paragraphs=("## Soak",)),
     Experiment(
         "ckpt_overhead", "experiments.ckpt_overhead",

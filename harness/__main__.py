@@ -77,12 +77,14 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
 
 
 def main() -> None:
+    from harness.app import preflight
+
+    if preflight.VALIDATE_ONLY_FLAG in sys.argv[1:]:  # check the composition(s), run nothing
+        sys.exit(preflight.validate_only(sys.argv[1:]))
     if "experiment=project_scale" in sys.argv[1:]:  # the cluster-scale simulator: its own keys, no ranks
         from harness.scale.entry import main as scale_main
 
         sys.exit(scale_main(sys.argv[1:]))
-    from harness.app import preflight
-
     try:
         preflight.check(sys.argv[1:])
     except ConfigError as err:

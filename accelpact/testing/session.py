@@ -111,7 +111,8 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
                 settings: Mapping[str, Any] | None = None, pg_timeout_s: float = 120.0,
                 control_deadline_s: float = 60.0, timeout_s: float | None = None, barrier: bool = False,
                 pythonpath: Sequence[Path | str] = (), env_extra: Mapping[str, str] | None = None,
-                check: bool = True, allowed_to_fail: Sequence[int] = ()) -> Session:
+                check: bool = True, allowed_to_fail: Sequence[int] = (),
+                control_addr: tuple[str, int] | None = None) -> Session:
     """Run ``scenarios`` on ``world_size`` gloo ranks, each through ``runner`` ("module:function").
 
     ``settings`` reach every scenario unchanged (e.g. the FSDP flavour); ``barrier`` makes every rank
@@ -120,6 +121,8 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     still running then are killed. ``pythonpath`` entries go first on the ranks' PYTHONPATH (e.g. an
     older accelpact to compare with). With ``check`` a rank that exited non-zero, other than those in
     ``allowed_to_fail`` (a rank a scenario kills on purpose), raises SessionError naming it.
+    ``control_addr``: a control store the caller hosts elsewhere (e.g. in a process a test kills)
+    instead of one in this process.
     """
     from accelpact.control import new_job_token, start_control_server
 
@@ -136,13 +139,14 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     path = os.pathsep.join(dict.fromkeys([*map(str, pythonpath), here, str(_SOURCE_ROOT)]))
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                **(env_extra or {}))
-    server, port = start_control_server()
+    server, port = start_control_server() if control_addr is None else (None, int(control_addr[1]))
+    host = "127.0.0.1" if control_addr is None else control_addr[0]
     token = new_job_token()
     procs, logs = [], []
     t0 = time.time()
     try:
         for rank in range(world_size):
-            cfg = {"rank": rank, "world_size": world_size, "host": "127.0.0.1", "port": port, "job_token": token,
+            cfg = {"rank": rank, "world_size": world_size, "host": host, "port": port, "job_token": token,
                    "out_dir": str(out_dir), "pg_timeout_s": pg_timeout_s, "control_deadline_s": control_deadline_s,
                    "runner": runner, "settings": dict(settings or {}), "barrier": barrier,
                    "scenarios": [dict(sc) for sc in scenarios]}

@@ -42,7 +42,7 @@ def job_overrides(argv: Sequence[str]) -> tuple[list[list[str]], bool] | None:
         # as in Hydra's basic sweeper.
         parsed = OverridesParser.create().parse_overrides([*(swept or []), *overrides])
     except Exception as exc:
-        raise ConfigError(_first_line(exc)) from None
+        raise ConfigError(_unparsable(exc, [*(swept or []), *overrides]) or _first_line(exc)) from None
     by_key: dict[str, list[str]] = {}
     for ov in parsed:
         key = ov.get_key_element()
@@ -96,12 +96,19 @@ def check_overrides(overrides: Sequence[str], catalogue: Catalogue | None = None
 def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
     """One line for a Hydra/OmegaConf composition error, naming the override that fixes it."""
     text = str(exc)
-    missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+    missing = re.search(r"Could not find '([^'/]+)/([^']*)'", text)
     if missing:
         group, value = missing.groups()
         options = group_options(group)
         example = default_option(group) or (options[0] if options else "...")
         return f"unknown {group}={value}; available {group} options: {', '.join(options)} (e.g. `{group}={example}`)"
+    unparsable = _unparsable(exc, overrides)
+    if unparsable:
+        return unparsable
+    if "interpolation" in text or "Interpolation" in type(exc).__name__:
+        given = next((o for o in overrides if "${" in o), None)
+        return (f"cannot resolve {('`' + given + '`') if given else 'an interpolation'}: {_first_line(exc)}; "
+                "give a literal value instead (e.g. `cluster.world_size=2`)")
     no_match = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if no_match:
         return f"unknown config group '{no_match.group(1)}'; the groups are {', '.join(GROUPS)}"
@@ -114,9 +121,29 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
             return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
         example = _default_value(full_key.split("[")[0], overrides)
-        hint = f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None else ""
+        hint = (f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None
+                else "; give a value of the field's type (see `python -m harness --cfg job`)")
         return f"bad value in `{given}`: {detail}{hint}"
-    return _first_line(exc).replace("To append to your config use", "to add a new key use")
+    line = _first_line(exc).replace("To append to your config use", "to add a new key use")
+    # Anything else Hydra raises: still one line, and still a way forward.
+    return line if "`" in line or " use " in line else f"{line}; check the overrides against `python -m harness --cfg job`"
+
+
+def _unparsable(exc: BaseException, overrides: Sequence[str]) -> str | None:
+    """One line for an override Hydra's grammar rejects (a stray bracket, quote, or a bare key)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for o in overrides:
+        try:
+            OverridesParser.create().parse_overrides([o])
+        except Exception as err:  # noqa: BLE001 - any grammar error, reported as one line
+            detail = _first_line(err).replace("\n", " ")
+            if "=" not in o:
+                return (f"cannot parse override `{o}`: give it a value as key=value (e.g. `{_key(o) or 'train.steps'}=...`) "
+                        "or remove it with ~key")
+            return (f"cannot parse override `{o}` ({detail}); quote a value with brackets, quotes, spaces or "
+                    f"other special characters, e.g. `{_key(o) or 'key'}='...'`, or use a plain value")
+    return None
 
 
 def _known_keys(parent: str, overrides: Sequence[str]) -> str:
@@ -148,3 +175,41 @@ def _key(override: str) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+VALIDATE_ONLY_FLAG = "--validate-only"
+
+
+def validate_only(argv: Sequence[str], out=None, err=None) -> int:
+    """``python -m harness --validate-only ARGS``: check every job ``ARGS`` would run, train nothing.
+
+    Prints one ``ok:`` line (0) or one ``error:`` line naming the fix (2, like a rejected run).
+    Nothing is created: no Hydra run directory, no process. The same function the CLI calls, so
+    tests can fuzz it in-process.
+    """
+    import sys
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = [a for a in argv if a != VALIDATE_ONLY_FLAG]
+    try:
+        if "experiment=project_scale" in args:  # the cluster-scale simulator has its own keys
+            from harness.scale.config import ScaleConfigError
+            from harness.scale.entry import parse
+
+            try:
+                parse(args)
+            except ScaleConfigError as exc:
+                raise ConfigError(_first_line(exc)) from None
+            print("ok: experiment=project_scale arguments are valid", file=out)
+            return 0
+        plans = check(args)
+    except ConfigError as exc:
+        print(f"error: {_one_line(str(exc))}", file=err)
+        return 2
+    print(f"ok: {max(1, len(plans))} job(s) valid on this machine", file=out)
+    return 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())

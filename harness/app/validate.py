@@ -97,9 +97,11 @@ def check_values(run: RunConfig) -> None:
     if m.seq_len > m.max_position:
         raise ConfigError(f"model.seq_len={m.seq_len} exceeds model.max_position={m.max_position}; try `model.seq_len={m.max_position}`")
     if m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
+                          f"try `model.num_heads={_divisor_at_most(m.hidden_size, m.num_heads)}`")
     if m.num_heads % m.num_kv_heads:
-        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}")
+        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}; "
+                          f"try `model.num_kv_heads={_divisor_at_most(m.num_heads, m.num_kv_heads)}`")
     bad = [r for r in run.fault.ranks if not 0 <= r < c.world_size]
     if bad:
         raise ConfigError(
@@ -123,6 +125,11 @@ def faults_need_netns(run: RunConfig) -> bool:
     from harness.faults import registry as faults
 
     return faults.get(run.fault.kind).needs_netns
+
+
+def _divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` not above ``limit`` (1 at worst): the nearest valid head count."""
+    return max((d for d in range(1, min(n, limit) + 1) if n % d == 0), default=1)
 
 
 def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, str]] | None:

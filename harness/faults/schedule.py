@@ -85,15 +85,15 @@ def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
     sched = fault.schedule
     if sched == FaultSchedule.at_step:
         if fault.at_step is None:
-            raise ScheduleError("fault.schedule=at_step needs fault.at_step=<step>")
+            raise ScheduleError("fault.schedule=at_step needs fault.at_step=<step>; e.g. `fault.at_step=10`")
         result = [int(fault.at_step)]
     elif sched == FaultSchedule.at_age:
         if fault.at_age is None:
-            raise ScheduleError("fault.schedule=at_age needs fault.at_age=<steps since the newest checkpoint>")
+            raise ScheduleError("fault.schedule=at_age needs fault.at_age=<steps since the newest checkpoint>; e.g. `fault.at_age=5`")
         result = _at_age_steps(int(fault.at_age), count, steps, checkpoint_interval)
     elif sched == FaultSchedule.every:
         if not fault.every or fault.every <= 0:
-            raise ScheduleError("fault.schedule=every needs fault.every=<n> with n > 0")
+            raise ScheduleError("fault.schedule=every needs fault.every=<n> with n > 0; e.g. `fault.every=10`")
         result = list(range(fault.every, steps, fault.every))
         if fault.count > 1:
             result = result[:count]
