@@ -361,9 +361,9 @@ class Guard:
             # backend decides how to let go of it without blocking the next round.
             self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
             raise
+        clock.mark()  # before t4: the parts never add up to more than the total
         t4 = time.time()
         _log.info("rank %d: generation %d works (first collective done)", self.rank, generation)
-        clock.mark()
         # Retire the old generation: its destructor joins its threads and closes its sockets.
         del old_groups
         t5 = time.time()

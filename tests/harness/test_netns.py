@@ -83,6 +83,11 @@ def _wait_for(workdir: Path, what: str, gen: int, procs, timeout_s: float = 60.0
     pytest.fail(f"timed out waiting for {what}/{gen}: {[_reports(workdir, k) for k in range(len(procs))]}")
 
 
+# Slow, not default: its tcp_reset step (``ss -K``) destroys gloo's sockets locally, and gloo then
+# sometimes throws gloo::IoException ("writev ...: Software caused connection abort") on a thread
+# that does not catch it, so the rank dies with SIGABRT (1 of 9 clean-clone CI runs; 4 reruns passed).
+# A reset that arrives from the network (ECONNRESET) takes gloo's normal error path instead.
+@pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.skipif(not _OK, reason=_WHY)
 def test_each_link_fault_breaks_gloo_store_survives_new_group_works(tmp_path):
