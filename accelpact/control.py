@@ -273,20 +273,7 @@ class ControlChannel(DataPlaneStores):
     def _wait_for(self, keys: list[str], deadline: float, what: str) -> list[bytes] | None:
         """Values of all keys, or None if some are still missing at the deadline."""
 
-        def attempt(store):
-            if not store.check(keys):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                try:
-                    store.wait(keys, datetime.timedelta(seconds=remaining))
-                except Exception as exc:
-                    if _is_wait_timeout(exc):
-                        return None
-                    raise
-            return store.multi_get(keys)
-
-        return self._call(attempt, deadline, what)
+        return self._call(lambda store: _wait_then_get(store, keys, deadline), deadline, what)
 
     def _missing(self, keys: list[str], what: str) -> list[int]:
         """Indices of keys absent right now (a diagnosis after a deadline, given its own short one)."""
@@ -331,18 +318,7 @@ class ControlChannel(DataPlaneStores):
                         return verdict
                     time.sleep(min(watch.slice_s, max(deadline - time.monotonic(), 0.0)))
                 return store.multi_get(keys) if store.check(keys) else None
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    if not store.check(keys):
-                        return None
-                else:
-                    store.wait(keys, datetime.timedelta(seconds=remaining))
-            except Exception as exc:
-                if _is_wait_timeout(exc):
-                    return None
-                raise
-            return store.multi_get(keys)
+            return _wait_then_get(store, keys, deadline)
 
         values = self._call(attempt, deadline, what)
         if isinstance(values, Verdict):
@@ -407,6 +383,24 @@ class ControlChannel(DataPlaneStores):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wait_then_get(store: Any, keys: list[str], deadline: float) -> list[bytes] | None:
+    """Values of all ``keys`` once present, or None if some are still missing at ``deadline`` (monotonic).
+
+    One store wait and one read: a wait() on keys already there returns at once."""
+    remaining = deadline - time.monotonic()
+    try:
+        if remaining <= 0:
+            if not store.check(keys):
+                return None
+        else:
+            store.wait(keys, datetime.timedelta(seconds=remaining))
+    except Exception as exc:
+        if _is_wait_timeout(exc):
+            return None
+        raise
+    return store.multi_get(keys)
 
 
 def start_control_server(host: str = "127.0.0.1", port: int = 0) -> "tuple[torch.distributed.TCPStore, int]":

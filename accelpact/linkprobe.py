@@ -14,7 +14,6 @@ is needed on the peer, and nothing touches the data plane's own sockets.
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import time
 from typing import Collection, Iterable
@@ -27,27 +26,14 @@ _UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHO
 
 def peer_addresses(inodes: Iterable[int]) -> set[str]:
     """The distinct remote IP addresses of this process's sockets with these inodes (loopback excluded)."""
-    from accelpact.backends._sockets import _socket_inode_to_fd
+    from accelpact.backends._sockets import open_sockets
 
-    wanted = set(inodes)
     out: set[str] = set()
-    for inode, fd in _socket_inode_to_fd().items():
-        if inode not in wanted:
-            continue
+    for s in open_sockets(inodes):
         try:
-            dup = os.dup(fd)
-        except OSError:
+            host = s.getpeername()[0]
+        except OSError:  # not connected (any more)
             continue
-        try:
-            s = socket.socket(fileno=dup)
-            try:
-                host = s.getpeername()[0]
-            finally:
-                s.detach()
-        except OSError:
-            continue
-        finally:
-            os.close(dup)
         if not (host.startswith("127.") or host == "::1"):
             out.add(host)
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Iterator
 
 __all__ = ["tcp_socket_inodes", "shutdown_sockets", "reset_own_gloo_sockets"]
 
@@ -93,24 +93,32 @@ def shutdown_sockets(inodes: Iterable[int]) -> int:
     the owner (gloo) keeps its fd: its next read or write fails and it reports a clean error.
     Returns how many sockets were shut down.
     """
-    wanted = set(inodes)
     n = 0
-    for inode, fd in _socket_inode_to_fd().items():
-        if inode not in wanted:
-            continue
-        try:
-            dup = os.dup(fd)
-        except OSError:
-            continue
-        s = socket.socket(fileno=dup)
+    for s in open_sockets(inodes):
         try:
             s.shutdown(socket.SHUT_RDWR)
             n += 1
         except OSError:
             pass  # not connected (a listener) or already gone
+    return n
+
+
+def open_sockets(inodes: Iterable[int]) -> Iterator[socket.socket]:
+    """Each socket of this process with one of these inodes that is still open, as a socket object
+    on a dup'ed descriptor (closed after the caller's loop body; the owner keeps its own fd)."""
+    wanted = set(inodes)
+    for inode, fd in _socket_inode_to_fd().items():
+        if inode not in wanted:
+            continue
+        try:
+            dup = os.dup(fd)
+        except OSError:  # closed while we looked
+            continue
+        s = socket.socket(fileno=dup)
+        try:
+            yield s
         finally:
             s.close()
-    return n
 
 
 def reset_own_gloo_sockets(exclude_ports: Collection[int]) -> int:
