@@ -45,9 +45,10 @@ def digest_dir(slot: Path) -> dict[str, str]:
 def main(path: str) -> int:
     cfg = json.loads(Path(path).read_text())
     rank, world, token = cfg["rank"], cfg["world_size"], cfg["token"]
-    chan = ControlChannel.connect(ControlConfig(host="127.0.0.1", port=cfg["port"], rank=rank, world_size=world,
+    host = cfg.get("host", "127.0.0.1")
+    chan = ControlChannel.connect(ControlConfig(host=host, port=cfg["port"], rank=rank, world_size=world,
                                                 job_token=token, deadline_s=60))
-    rep = Replication(chan, rank=rank, world_size=world, root=cfg["root"], bind_host=control_bind_address("127.0.0.1"),
+    rep = Replication(chan, rank=rank, world_size=world, root=cfg["root"], bind_host=control_bind_address(host),
                       topology=cfg.get("topology"))
     out: dict = {"rank": rank, "buddy": rep.buddy}
     if cfg["mode"] == "push":
