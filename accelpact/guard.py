@@ -64,7 +64,7 @@ class Guard:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                  process_group: Any = None, config: GuardConfig = GuardConfig(),
-                 injection_clock: InjectionClock | None = None) -> None:
+                 injection_clock: InjectionClock | None = None, snapshots: Any = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
         _attach_checks.check_model(model)
@@ -75,6 +75,10 @@ class Guard:
         self.control = control
         self.config = config
         self.committed_step = -1
+        # accelpact.snapshot.Snapshotter (or None): a copy of the shard after every committed step.
+        self.snapshots = snapshots
+        if snapshots is not None and getattr(snapshots, "generation", 0) is None:
+            snapshots.generation = lambda: getattr(control, "generation", 0)
         self.events: list[RecoveryEvent] = []
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
         # during a recovery, "recovery" (new generation built, before its first collective).
@@ -226,10 +230,14 @@ class Guard:
             hook(phase, step)
 
     def _apply(self, step: int) -> None:
+        if self.snapshots is not None:
+            self.snapshots.before_update()  # the previous snapshot's copy must not see this update
         self.optimizer.step()
         self._phase = Phase.STEPPED
         self.optimizer.zero_grad(set_to_none=True)
         self.committed_step = step
+        if self.snapshots is not None:
+            self.snapshots.after_commit(step)
         self._next_step = step + 1
         if not self._table_after_first_step:
             self._rescan()
@@ -392,7 +400,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
-           stall_timeout_s: float | None | str = "auto") -> Guard:
+           stall_timeout_s: float | None | str = "auto", snapshots: Any = None) -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -411,10 +419,12 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     longer than 3x the median step, while a peer stopped beating or the link retransmits, is aborted
     and recovered instead of waiting for the PG timeout. "auto": 10 s when the PG timeout is longer,
     else off; None: off; an explicit value must be below the PG timeout.
+    ``snapshots``: an :class:`accelpact.snapshot.Snapshotter`; the guard calls its ``before_update()``
+    right before and ``after_commit(step)`` right after each optimizer step (docs/snapshots.md).
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
-                 injection_clock=injection_clock)
+                 injection_clock=injection_clock, snapshots=snapshots)
