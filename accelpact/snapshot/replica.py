@@ -39,6 +39,7 @@ from typing import Any, Callable, Protocol, Sequence
 from accelpact.errors import RankLostError
 from accelpact.notice_auth import NoticeRejected, sign, verify
 from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
+from accelpact.snapshot.slots import SnapshotError
 from accelpact.snapshot._replica_wire import (
     MARKER,
     WireError,
@@ -51,8 +52,8 @@ from accelpact.snapshot._replica_wire import (
     write_json_atomic,
 )
 
-__all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "Replication", "ReplicaServer",
-           "BuddyLostError"]
+__all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "check_replica", "Replication",
+           "ReplicaServer", "BuddyLostError"]
 
 _CONNECT_TIMEOUT_S = 5.0
 _IO_TIMEOUT_S = 60.0
@@ -60,8 +61,22 @@ _RETRY_PAUSES_S = (0.0, 0.05, 0.2, 0.5)  # a reset heals at once; a replaced bud
 _RESOLVE_DEADLINE_S = 2.0
 
 
-class BuddyLostError(RankLostError):
-    """A rank and its buddy were both lost: no copy of the rank's snapshot survives in memory."""
+class BuddyLostError(RankLostError, SnapshotError):
+    """A rank and its buddy were both lost: no copy of the rank's snapshot survives in memory.
+
+    A RankLostError (``ranks``: the lost rank(s) and their buddies) and a SnapshotError (what
+    ``restore_latest`` raises when some rank holds no snapshot), so either ``except`` catches it."""
+
+
+def check_replica(job_token: str, world_size: int) -> Callable[[Path, dict], bool]:
+    """The snapshot reader's own check (marker fields, sizes, CRC-32s) as a replica validator."""
+    def ok(slot: Path, marker: dict) -> bool:
+        from accelpact.snapshot.load import check_slot  # torch: only when a replica is checked
+
+        _, why = check_slot(slot, job_token=job_token, rank=int(marker.get("rank", -1)), world_size=world_size,
+                            step=marker.get("step"), verify=True)
+        return why is None
+    return ok
 
 
 class _Store(Protocol):  # the part of accelpact.ControlChannel used here
@@ -130,9 +145,15 @@ def control_bind_address(control_host: str) -> str:
 class Replication:
     """One rank's end of buddy replication: its server (holding its wards' replicas), its pusher, its fetch.
 
-    ``store`` is the rank's ``accelpact.ControlChannel`` (only ``key``/``set``/``get`` are used).
-    ``root`` is this host's snapshot root. ``validate(slot_dir, marker)`` is the snapshot reader's
-    checksum check, applied to what is received and served.
+    ``store`` is the rank's ``accelpact.ControlChannel`` (only ``key``/``set``/``get`` are used);
+    ``job_token`` the snapshots' token, when it is not the channel's (the Snapshotter's ``job_token``).
+    ``root`` is this host's snapshot root. ``validate(slot_dir, marker)`` checks what is received and
+    served; the default is the snapshot reader's own check (:func:`check_replica`: marker, sizes,
+    CRC-32s), so a replica torn or corrupted on the way is never kept as complete.
+
+    Use: ``Snapshotter(..., on_complete=rep.push)`` on every rank, and ``restore_latest(...,
+    fetch=rep)`` in a restarted or replacement rank (the object is the fetch callable; when some
+    rank holds neither a snapshot nor a replica it raises :class:`BuddyLostError` naming the buddies).
 
     Counters: ``pushed``, ``retried``, ``dropped``, ``skipped``, ``push_bytes``, ``push_s`` (wall time
     spent in successful pushes: ``push_bytes / push_s`` is the measured transfer speed).
@@ -140,9 +161,13 @@ class Replication:
 
     def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
                  topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
-                 start: bool = True) -> None:
+                 job_token: str | None = None, start: bool = True) -> None:
         self.store = store
-        self.job_token = store.job_token
+        # The snapshots' job token: it names their directories, is checked in every marker and keys
+        # the requests' signatures. The control channel's token by default.
+        self.job_token = job_token or store.job_token
+        if validate is None:
+            validate = check_replica(self.job_token, world_size)
         self.rank, self.world_size = rank, world_size
         self.root = Path(root)
         self.topology = dict(topology or {})
@@ -161,6 +186,16 @@ class Replication:
         self._thread = threading.Thread(target=self._push_loop, name=f"accelpact-push-r{rank}", daemon=True)
         if start:
             self.start()
+
+    @classmethod
+    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> "Replication":
+        """For a rank with a connected ``accelpact.ControlChannel``: rank and world size from it, the
+        root from ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm/accelpact), the bind address on the control
+        network (:func:`control_bind_address`), hosts from ``LOCAL_WORLD_SIZE``."""
+        from accelpact.snapshot.layout import default_root
+
+        return cls(chan, rank=chan.rank, world_size=chan.world_size, root=root or default_root(),
+                   bind_host=control_bind_address(chan.config.host), **kwargs)
 
     def start(self) -> None:
         """Serve, publish the address under the job token, start the pusher."""
@@ -228,6 +263,12 @@ class Replication:
 
     def _push_with_retries(self, slot_dir: Path, marker: dict) -> None:
         assert self.buddy is not None
+        if not marker_matches(marker, self.job_token, self.rank):
+            self.last_error = (f"the slot's marker names job/rank {marker.get('job_token')!r}/{marker.get('rank')}, "
+                               f"this replication pushes for rank {self.rank} of another job token: pass the "
+                               "Snapshotter's job_token to Replication(job_token=...)")
+            self._drop(marker)
+            return
         for attempt, pause in enumerate(_RETRY_PAUSES_S):
             time.sleep(pause)
             t0 = time.monotonic()
@@ -248,12 +289,15 @@ class Replication:
                       file=sys.stderr, flush=True)
                 self._warned_drop = False
             return
+        self._drop(marker)
+
+    def _drop(self, marker: dict) -> None:
         self.dropped += 1
         if not self._warned_drop:
             self._warned_drop = True
-            print(f"[accelpact] rank {self.rank}: buddy rank {self.buddy} unreachable, snapshot of step "
-                  f"{marker.get('step')} not replicated ({self.last_error}); training goes on, the next snapshot "
-                  f"tries again (failures are counted, logged once)", file=sys.stderr, flush=True)
+            print(f"[accelpact] rank {self.rank}: snapshot of step {marker.get('step')} not replicated to buddy rank "
+                  f"{self.buddy} ({self.last_error}); training goes on, the next snapshot tries again (failures are "
+                  f"counted, logged once)", file=sys.stderr, flush=True)
 
     def _push_once(self, slot_dir: Path, marker: dict, fresh: bool) -> int | None:
         files = payload_files(slot_dir)
@@ -314,16 +358,31 @@ class Replication:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+        """:meth:`fetch`: the object is ``restore_latest``'s ``fetch`` callable."""
+        return self.fetch(src_rank, dest_dir, step)
+
+    def holder_of(self, src_rank: int) -> int | None:
+        """The rank whose host keeps ``src_rank``'s replicas."""
+        return buddy_of(src_rank, self.world_size, **self.topology)
+
+    def lost_error(self, ranks: Sequence[int], held: Sequence[Sequence[int]] = ()) -> BuddyLostError:
+        """The error for ranks that hold neither a snapshot of their own nor a replica at their buddy."""
+        pairs = [(r, self.holder_of(r)) for r in ranks]
+        named = "; ".join(f"rank {r} and its buddy rank {b} were both lost" for r, b in pairs)
+        seen = f" (steps held by each rank: {dict(enumerate(held))})" if held else ""
+        involved = tuple(sorted({x for pair in pairs for x in pair if x is not None}))
+        return BuddyLostError(
+            f"{named}: no in-memory copy of rank(s) {list(ranks)}'s state survives, neither its own snapshot nor "
+            f"its buddy's replica{seen}. Restore from a disk checkpoint.", ranks=involved)
+
     def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict:
         """:meth:`fetch`, or BuddyLostError naming ``src_rank`` and its buddy: no copy survives."""
         marker = self.fetch(src_rank, dest_dir, step)
         if marker is None:
-            holder = buddy_of(src_rank, self.world_size, **self.topology)
-            raise BuddyLostError(
-                f"rank {src_rank} has no valid snapshot of its own{'' if step is None else f' at step {step}'} and "
-                f"its buddy rank {holder} holds no replica of it ({self.last_error}): rank {src_rank} and rank "
-                f"{holder} were both lost, no in-memory copy of rank {src_rank}'s state survives. Restore from a "
-                f"disk checkpoint.", ranks=tuple(sorted({src_rank, holder if holder is not None else src_rank})))
+            err = self.lost_error([src_rank])
+            err.args = (f"{err.args[0]} (buddy: {self.last_error})",)
+            raise err
         return marker
 
     # ------------------------------------------------------------------ end

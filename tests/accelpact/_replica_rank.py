@@ -16,7 +16,6 @@ from pathlib import Path
 
 from accelpact.control import ControlChannel, ControlConfig
 from accelpact.snapshot.replica import Replication, control_bind_address
-from accelpact.snapshot._replica_wire import write_json_atomic
 
 
 def payload(rank: int, step: int, nbytes: int) -> bytes:
@@ -25,17 +24,22 @@ def payload(rank: int, step: int, nbytes: int) -> bytes:
 
 
 def write_slot(slot: Path, token: str, rank: int, world: int, step: int, nbytes: int) -> dict:
-    """A synthetic slot: two payload files, marker last (the marker of a stale slot is removed first)."""
+    """A synthetic slot in the snapshot format (accelpact.snapshot.slots): the marker of a stale slot is
+    removed first, then two payload files, then the marker with their sizes and CRC-32s."""
+    from accelpact.snapshot.slots import Marker, combined_checksum, crc32_file, invalidate, write_marker
+
     slot.mkdir(parents=True, exist_ok=True)
-    (slot / "marker.json").unlink(missing_ok=True)
-    data = payload(rank, step, nbytes)
-    (slot / "shard.bin").write_bytes(data)
+    invalidate(slot)
+    (slot / "shard.bin").write_bytes(payload(rank, step, nbytes))
     (slot / "extra.json").write_text(json.dumps({"step": step, "rank": rank}))
-    marker = {"format": "test/1", "job_token": token, "rank": rank, "world_size": world, "step": step,
-              "generation": 0, "nbytes": len(data), "checksum": hashlib.sha256(data).hexdigest(),
-              "written_at": time.time()}
-    write_json_atomic(slot / "marker.json", marker)
-    return marker
+    files = {}
+    for name in ("shard.bin", "extra.json"):
+        n, crc = crc32_file(slot / name)
+        files[name] = {"nbytes": n, "crc32": crc}
+    marker = Marker(job_token=token, rank=rank, world_size=world, step=step, generation=0,
+                    nbytes=sum(f["nbytes"] for f in files.values()), checksum=combined_checksum(files), files=files)
+    write_marker(slot, marker)
+    return marker.to_dict()
 
 
 def digest_dir(slot: Path) -> dict[str, str]:

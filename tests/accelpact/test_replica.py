@@ -243,10 +243,10 @@ def test_unreachable_buddy_is_dropped_counted_and_rank_plus_buddy_lost_names_bot
             assert time.monotonic() - t0 < 0.1  # push only queues: training never waits for the buddy
             assert src.flush(30)
         assert src.dropped == 2 and src.pushed == 0
-        assert capfd.readouterr().err.count("buddy rank 1 unreachable") == 1  # logged once
+        assert capfd.readouterr().err.count("not replicated to buddy rank 1") == 1  # logged once
         with pytest.raises(BuddyLostError) as err:
             src.fetch_or_raise(0, tmp_path / "none")
         assert err.value.ranks == (0, 1)
-        assert "rank 0 and rank 1 were both lost" in str(err.value) and "no in-memory copy" in str(err.value)
+        assert "rank 0 and its buddy rank 1 were both lost" in str(err.value) and "no in-memory copy" in str(err.value)
     finally:
         src.close()
