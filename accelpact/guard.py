@@ -80,6 +80,10 @@ class Guard:
         self.control = control
         self.config = config
         self.committed_step = -1
+        # accelpact.snapshot.Snapshotter (or None): a copy of the shard after every committed step.
+        self.snapshots = snapshots
+        if snapshots is not None and getattr(snapshots, "generation", 0) is None:
+            snapshots.generation = lambda: getattr(control, "generation", 0)
         self.events: list[RecoveryEvent] = []
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
         # during a recovery, "recovery" (new generation built, before its first collective).
@@ -95,8 +99,7 @@ class Guard:
                 f"snapshots and heals need FSDP2 (fully_shard); this model uses {self._flavour}: its flat "
                 "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
                 "attach without snapshots= and heal=")
-        # Per-step snapshots (accelpact.snapshot) and the heal of a lost rank (accelpact.heal).
-        self.snapshots = snapshots
+        # The heal of a lost rank (accelpact.heal).
         self.heal_events: list[HealEvent] = []
         self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
         self._healer = None

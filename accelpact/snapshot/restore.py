@@ -1,0 +1,105 @@
+"""The library restore call: every rank loads the newest snapshot that ALL ranks hold.
+
+For a job restarted by its launcher (torchrun ``--max-restarts``, a relaunch, a replacement): each
+rank lists its own valid slots (CRC-checked), fetches its buddy's replica when it holds none
+(``fetch``), and the ranks agree on the newest step held everywhere. Two slots per rank and a commit
+protocol that lets ranks differ by at most one committed step make such a step exist whenever every
+rank holds anything. If no rank holds anything, every rank starts fresh (None). If some ranks hold
+snapshots and others none, restoring would mix a resumed rank with a fresh one: SnapshotError naming
+them (fall back to a disk checkpoint).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from accelpact.snapshot import layout as paths
+from accelpact.snapshot.load import check_slot, load_slot, own_slots
+from accelpact.snapshot.slots import Marker, SnapshotError, invalidate
+from accelpact.snapshot.snapshotter import SnapshotConfig
+
+__all__ = ["SnapshotInfo", "restore_latest", "Fetch"]
+
+# fetch(src_rank, dest_dir, step=None) -> marker dict or None: copy the buddy's replica of src_rank
+# (its newest, or of ``step``) into dest_dir, marker last.
+Fetch = Callable[..., "dict | None"]
+
+
+@dataclass
+class SnapshotInfo:
+    """What :func:`restore_latest` loaded: the step (resume with step + 1), from where, and how long it took."""
+
+    step: int
+    source: str  # "own" or "buddy"
+    slot: Path
+    extra_state: Any
+    nbytes: int
+    load_s: float
+    marker: Marker
+
+
+def _candidates(root: Path, job_token: str, rank: int, world_size: int,
+                fetch: Fetch | None) -> list[tuple[Path, Marker, str]]:
+    mine = [(d, m, "own") for d, m in own_slots(root, job_token, rank, world_size, verify=True)]
+    if mine or fetch is None:
+        return mine
+    dest = paths.job_dir(root, job_token) / "fetched" / f"rank{rank}"
+    invalidate(dest)
+    got = fetch(rank, dest)
+    if not got:
+        return []
+    marker, why = check_slot(dest, job_token=job_token, rank=rank, world_size=world_size, verify=True)
+    return [(dest, marker, "buddy")] if why is None and marker is not None else []
+
+
+def _gather(held: list[int], world_size: int) -> list[list[int]]:
+    if world_size == 1 or not dist.is_initialized():
+        return [held]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, held)
+    return out
+
+
+def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_token: str, rank: int,
+                   config: SnapshotConfig | None = None, fetch: Fetch | None = None,
+                   world_size: int | None = None) -> SnapshotInfo | None:
+    """Load the newest snapshot step every rank holds into ``model``/``optimizer`` in place (see module doc).
+
+    Call it on every rank after building model, FSDP wrapping and optimizer (collective: it agrees over
+    the default process group when one is initialised). Returns None when no rank holds a snapshot
+    (start from step 0); then this rank's stale slots are dropped. Resume the loop at ``info.step + 1``
+    after re-running whatever the loop does after ``guard.step`` for ``info.step``.
+    """
+    config = config or SnapshotConfig()
+    root = Path(config.root)
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+    t0 = time.perf_counter()
+    cands = _candidates(root, job_token, rank, world_size, fetch)
+    everyone = _gather(sorted({m.step for _, m, _ in cands}), world_size)
+    if not any(everyone):
+        for d, _, _ in cands:
+            invalidate(d)
+        return None
+    empty = [r for r, steps in enumerate(everyone) if not steps]
+    common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+    if empty or not common:
+        raise SnapshotError(
+            f"no snapshot step is held by every rank (held: "
+            f"{ {r: s for r, s in enumerate(everyone)} }); rank(s) {empty or 'all'} cannot resume with the "
+            "others in memory: restore from a disk checkpoint")
+    step = max(common)
+    slot, marker, source = next((d, m, s) for d, m, s in cands if m.step == step)
+    marker, extra = load_slot(model, optimizer, slot, job_token=job_token, rank=rank, world_size=world_size, step=step)
+    for d, m in own_slots(root, job_token, rank, world_size, verify=False):
+        if m.step > step:  # that future is re-run: the next snapshot must not overwrite the restored one
+            invalidate(d)
+    return SnapshotInfo(step=step, source=source, slot=slot, extra_state=extra, nbytes=marker.nbytes,
+                        load_s=time.perf_counter() - t0, marker=marker)

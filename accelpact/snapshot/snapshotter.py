@@ -1,0 +1,230 @@
+"""The per-rank snapshotter: after every committed step, copy the shard into the older of two slots.
+
+The guard calls :meth:`Snapshotter.before_update` right before ``optimizer.step()`` (waits for the copy
+still reading the shard) and :meth:`Snapshotter.after_commit` right after ``zero_grad`` (captures the
+RNG, hyper-parameters and ``extra_state`` now, starts the copy in a background thread). The copy of
+step N thus overlaps step N+1's forward and backward, and only what is left of it when step N+1's
+update begins is on the critical path (``wait_s``).
+
+"Snapshot of step N" is the state after step N committed: a resumed run continues with step N+1.
+It is taken inside ``guard.step(N)``, so whatever a loop does after ``guard.step`` returns (e.g.
+``scheduler.step()``) is not in it: after a restore, run that part of step N again, then step N+1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from accelpact.snapshot import layout as paths
+from accelpact.snapshot.load import load_slot, own_slots
+from accelpact.snapshot.sizing import check_room, snapshot_nbytes
+from accelpact.snapshot.slots import SnapshotError, SnapshotMissingError, invalidate
+from accelpact.snapshot.state import capture_meta, check_supported, entries
+from accelpact.snapshot.writer import CopyJob, PayloadMaps
+
+__all__ = ["SnapshotConfig", "Snapshotter"]
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """Where and how often to snapshot.
+
+    ``root``: this host's snapshot directory (``$ACCELPACT_SNAPSHOT_ROOT``, else ``/dev/shm/accelpact``).
+    ``every``: snapshot the steps divisible by it (1: every step). ``check_room``: refuse at start when
+    the root cannot hold 4 slots per rank sharing it (``ranks_sharing_root``; None: ``$LOCAL_WORLD_SIZE``,
+    else 1). ``pause_mid_copy_s``: fault-injection tests only (sleep halfway through each copy).
+    """
+
+    root: str = ""
+    every: int = 1
+    check_room: bool = True
+    ranks_sharing_root: int | None = None
+    pause_mid_copy_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            object.__setattr__(self, "root", paths.default_root())
+        if self.every < 1:
+            raise ValueError(f"SnapshotConfig.every={self.every}: use 1 (every step) or more")
+
+    def sharing(self) -> int:
+        if self.ranks_sharing_root is not None:
+            return max(1, int(self.ranks_sharing_root))
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+class Snapshotter:
+    """Double-buffered per-step snapshots of one rank's shard (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, job_token: str, rank: int,
+                 world_size: int, config: SnapshotConfig | None = None,
+                 extra_state: Callable[[], Any] | None = None,
+                 on_complete: Callable[[Path, dict], None] | None = None,
+                 generation: Callable[[], int] | None = None) -> None:
+        check_supported(model)
+        self.model, self.optimizer = model, optimizer
+        self.job_token, self.rank, self.world_size = paths.check_token(job_token), int(rank), int(world_size)
+        self.config = config or SnapshotConfig()
+        self.extra_state = extra_state
+        self.on_complete = on_complete
+        self.generation = generation  # the control channel's generation, recorded in each marker
+        self.root = Path(self.config.root)
+        self.dir = paths.rank_dir(self.root, job_token, rank)
+        self.nbytes = snapshot_nbytes(model, optimizer)
+        if self.config.check_room:
+            check_room(self.root, paths.job_dir(self.root, job_token), self.nbytes, self.config.sharing())
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._maps = PayloadMaps()
+        self._staging: dict[str, Any] = {}
+        self._job: CopyJob | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Seconds the training thread was blocked: the last before_update, and in total.
+        self.last_wait_s = 0.0
+        self.wait_s = 0.0
+        self.snapshots = 0
+        self.last_copy_s = 0.0
+        self.last_seal_s = 0.0
+
+    # -- the guard's two calls ---------------------------------------------------------------------
+
+    def after_commit(self, step: int) -> None:
+        """Start the snapshot of committed step ``step`` (the guard calls it right after zero_grad)."""
+        if self._closed or step % self.config.every:
+            return
+        self._finish(block_counts=True)  # the previous snapshot's seal and push, if still running
+        slot = self._target_slot()
+        items = entries(self.model, self.optimizer)
+        index = [e for e, _ in items]
+        nbytes = max((e.offset + -(-e.nbytes // 64) * 64 for e in index), default=0)
+        extra = self.extra_state() if self.extra_state is not None else None
+        meta = capture_meta(self.model, self.optimizer, step, index, extra)
+        gen = int(self.generation()) if self.generation is not None else 0
+        job = CopyJob(slot=slot, items=items, nbytes=nbytes, meta=meta, on_complete=self.on_complete,
+                      pause_mid_copy_s=self.config.pause_mid_copy_s,
+                      marker_fields={"job_token": self.job_token, "rank": self.rank, "world_size": self.world_size,
+                                     "step": int(step), "generation": gen, "written_at": time.time()})
+        job.start_device_copy(self._staging)
+        self._job = job
+        self._thread = threading.Thread(target=job.run, args=(self._maps,), name=f"accelpact-snapshot-{step}",
+                                        daemon=True)
+        self._thread.start()
+
+    def before_update(self) -> None:
+        """Wait until the in-flight copy no longer reads the shard (the guard calls it before optimizer.step)."""
+        job = self._job
+        self.last_wait_s = 0.0
+        if job is None:
+            return
+        if job.cuda_event is not None:
+            # GPU: the optimizer's kernels wait on the device for the side stream's copy; no host block.
+            torch.cuda.current_stream(job.items[0][1].device).wait_event(job.cuda_event)
+        if not job.copied.is_set():
+            t0 = time.perf_counter()
+            job.copied.wait()
+            self.last_wait_s = time.perf_counter() - t0
+            self.wait_s += self.last_wait_s
+        if job.error is not None:
+            self._finish(block_counts=False)
+
+    def flush(self) -> None:
+        """Wait for the in-flight snapshot (and its on_complete hook); SnapshotError if it failed."""
+        self._finish(block_counts=False)
+
+    # -- what is held, and restore -----------------------------------------------------------------
+
+    def held_steps(self, verify: bool = False) -> list[int]:
+        """Steps of this rank's valid own slots, newest first (``verify``: CRCs checked too, slower)."""
+        self.flush()
+        return [m.step for _, m in own_slots(self.root, self.job_token, self.rank, self.world_size, verify=verify)]
+
+    def restore(self, step: int, source: Path | None = None) -> Any:
+        """Load snapshot ``step`` into model and optimizer in place; set the RNG; return its extra_state.
+
+        ``source``: a slot directory elsewhere (e.g. a replica fetched from the buddy); default this
+        rank's own slot holding ``step``. Own slots newer than ``step`` are dropped (that future is
+        re-run), so the next snapshot never overwrites the one just restored.
+        """
+        self.flush()
+        if source is None:
+            held = own_slots(self.root, self.job_token, self.rank, self.world_size, verify=False)
+            match = [d for d, m in held if m.step == step]
+            if not match:
+                raise SnapshotMissingError(
+                    f"rank {self.rank}: no valid snapshot of step {step} in {self.dir}; held: "
+                    f"{[m.step for _, m in held] or 'none'}", held=[m.step for _, m in held])
+            source = match[0]
+        marker, extra = load_slot(self.model, self.optimizer, Path(source), job_token=self.job_token,
+                                  rank=self.rank, world_size=self.world_size, step=step)
+        self.drop_newer_than(step)
+        return extra
+
+    def drop_newer_than(self, step: int) -> None:
+        """Invalidate own slots of steps after ``step`` (after a rollback to ``step``)."""
+        for d, m in own_slots(self.root, self.job_token, self.rank, self.world_size, verify=False):
+            if m.step > step:
+                invalidate(d)
+
+    def close(self, remove: bool = False) -> None:
+        """Finish the in-flight copy, unmap the slots; ``remove``: delete this rank's snapshots."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finish(block_counts=False)
+        except SnapshotError:
+            if not remove:
+                raise
+        finally:
+            self._maps.drop()
+            self._staging.clear()
+            if remove:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                for d in (self.dir.parent,):  # the job directory once no rank is left in it
+                    try:
+                        d.rmdir()
+                    except OSError:
+                        pass
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _target_slot(self) -> Path:
+        """The slot to overwrite: one without a valid marker, else the one with the older step."""
+        steps = {}
+        for s in paths.SLOTS:
+            d = paths.slot_dir(self.root, self.job_token, self.rank, s)
+            held = [m.step for dd, m in own_slots(self.root, self.job_token, self.rank, self.world_size,
+                                                   verify=False, slots=(s,))]
+            if not held:
+                return d
+            steps[d] = held[0]
+        return min(steps, key=steps.get)
+
+    def _finish(self, block_counts: bool) -> None:
+        job, thread = self._job, self._thread
+        if job is None:
+            return
+        if not job.done.is_set():
+            t0 = time.perf_counter()
+            job.done.wait()
+            if block_counts:
+                waited = time.perf_counter() - t0
+                self.last_wait_s += waited
+                self.wait_s += waited
+        if thread is not None:
+            thread.join()
+        self._job, self._thread = None, None
+        if job.error is not None:
+            raise SnapshotError(f"rank {self.rank}: the snapshot into {job.slot} failed: "
+                                f"{type(job.error).__name__}: {job.error}") from job.error
+        self.snapshots += 1
+        self.last_copy_s, self.last_seal_s = job.copy_s, job.seal_s
