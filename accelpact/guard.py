@@ -101,6 +101,9 @@ class Guard:
                 "attach without snapshots= and heal=")
         # The heal of a lost rank (accelpact.heal).
         self.heal_events: list[HealEvent] = []
+        # Called as hook(event) on a survivor once a heal is done, before training continues (e.g. to
+        # build a side group with the replacement, which builds its own right after attach returns).
+        self.heal_hooks: list[Callable[[HealEvent], None]] = []
         self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
         self._healer = None
         if heal is not None:
@@ -229,6 +232,8 @@ class Guard:
                     del exc
                     outcome = self._healer.survive(lost, step, t_caught)
                     self.heal_events.append(outcome.event)
+                    for heal_hook in self.heal_hooks:
+                        heal_hook(outcome.event)
                     self._unchecked_since = time.time()
                     if outcome.resume_step == step:
                         torch.set_rng_state(rng)  # the same step again, as after a retry
