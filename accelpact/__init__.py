@@ -15,12 +15,15 @@ from accelpact.errors import (
     CommFault,
     ControlChannelError,
     RankLostError,
+    RolledBack,
     StateDivergedError,
     UnrecoverableError,
     is_comm_fault,
 )
 from accelpact.events import RecoveryEvent
 from accelpact.guard import Guard, GuardConfig, attach, clip_gradients
+from accelpact.heal import HealPolicy
+from accelpact.rejoin import RejoinTicket, rejoin
 from accelpact.reset import ResetConfig
 
 __all__ = [
@@ -31,14 +34,18 @@ __all__ = [
     "ControlConfig",
     "Guard",
     "GuardConfig",
+    "HealPolicy",
     "RankLostError",
     "RecoveryEvent",
+    "RejoinTicket",
     "ResetConfig",
+    "RolledBack",
     "StateDivergedError",
     "UnrecoverableError",
     "attach",
     "clip_gradients",
     "is_comm_fault",
     "new_job_token",
+    "rejoin",
     "start_control_server",
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "UnrecoverableError",
     "RankLostError",
     "StateDivergedError",
+    "RolledBack",
     "ControlChannelError",
     "ControlStoreLostError",
     "is_comm_fault",
@@ -107,6 +108,22 @@ class RankLostError(UnrecoverableError):
 
 class StateDivergedError(UnrecoverableError):
     """The ranks' reports form a combination the commit rule cannot reconcile."""
+
+
+class RolledBack(AccelPactError):
+    """Not a failure: a heal moved this rank back to an earlier step; continue at ``resume_step``.
+
+    Raised by ``Guard.step`` on a survivor of a lost rank that had committed past the newest step every
+    rank holds (accelpact.heal): its model and optimizer now hold step ``resume_step - 1`` (loaded from
+    its own snapshot slot, RNG included). The training loop catches it and runs ``resume_step`` next,
+    with the batch of that step (``extra_state``: what the snapshot's ``extra_state`` callable saved, e.g.
+    the data position). A heal that needs no rollback never raises: the step is retried inside.
+    """
+
+    def __init__(self, message: str, *, resume_step: int, extra_state: dict | None = None):
+        super().__init__(message)
+        self.resume_step = resume_step
+        self.extra_state = extra_state or {}
 
 
 class ControlChannelError(AccelPactError):

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RecoveryEvent", "RoundClock", "ROUND_PARTS"]
+__all__ = ["RecoveryEvent", "HealEvent", "RoundClock", "ROUND_PARTS"]
 
 # The parts of one recovery round, in order (detection happens once, before the first round).
 ROUND_PARTS = ("agreement", "rebuild", "rebind", "first_collective")
@@ -87,6 +87,40 @@ class RecoveryEvent:
     # What detection_s counts from: "injection" (the earliest injection reported in the round, on
     # any rank; all ranks share a wall clock on one host) or "attempt_start" (nothing was injected).
     detection_from: str = "attempt_start"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class HealEvent:
+    """What one heal after a lost rank did, as seen by one rank (survivor or replacement).
+
+    Times are wall-clock seconds. A survivor counts from when it caught the fault that revealed the loss
+    (``t_detected``); a replacement from its process launch (``t_launch``, when the launcher gave it).
+    ``replacement_start_s``: survivor: caught -> every replacement arrived on the control channel;
+    replacement: launch -> arrived (the Python + torch start and the control connection).
+    ``heal_transfer_s``: the rest up to the first collective: the new generation's rendezvous with the
+    replacement, its model build (survivors wait for it), the exchange of heal reports and the load of
+    the resume step's state (own snapshot slot, buddy replica, or nothing for a survivor at that step).
+    """
+
+    role: str  # "survivor" | "replacement"
+    lost_ranks: list[int]
+    step: int  # the step this rank was attempting (survivor) / -1 (replacement)
+    resume_step: int  # the step every rank runs next
+    replayed_steps: int  # committed steps this rank runs again (survivors that committed past S)
+    source: str  # where the lost rank(s) were healed from: "own" | "buddy" (| "live" when nothing was lost)
+    own_source: str  # where THIS rank's state of S came from: "live" | "own" | "buddy"
+    generation: int
+    replacement_start_s: float
+    heal_transfer_s: float
+    total_s: float
+    t: float  # when the heal ended (first collective done)
+    t_detected: float
+    rounds: int = 1  # >1 when a replacement was lost during its heal
+    load_s: float = 0.0  # of heal_transfer_s: loading the resume step (restore or fetch + restore)
+    bytes_read_from_disk: int = 0  # always 0: a heal never reads a checkpoint file
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

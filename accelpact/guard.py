@@ -27,36 +27,40 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import _attach_checks, comm, detection
+from accelpact import _attach_checks, comm, detection, recovery
 from accelpact.backends import backend_for
-from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.bindings import BindingTable
 from accelpact.clipping import clip_gradients
-from accelpact.consensus import Action, Decision, Phase, RankReport, decide
-from accelpact.errors import AccelPactError, ControlChannelError, GenerationSuperseded, RankLostError, StateDivergedError
+from accelpact.consensus import Phase
+from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
 from accelpact._tracebacks import drop_traceback as _drop_traceback
-from accelpact._tracebacks import where as _where
-from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.events import HealEvent, RecoveryEvent
 from accelpact.guard_config import GuardConfig, InjectionClock
 from accelpact.interruptible import CollectiveWaiter
-from accelpact.linkprobe import peer_addresses, wait_reachable
+from accelpact.linkprobe import peer_addresses
 from accelpact.liveness import LivenessConfig
-from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.reset import ResetConfig, fsdp_flavour
 from accelpact.store_loss import store_lost_error
 from accelpact.watchdog import resolve_stall_timeout
+
+if TYPE_CHECKING:
+    from accelpact.heal import HealPolicy
+    from accelpact.rejoin import RejoinTicket
 
 _log = logging.getLogger(__name__)
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
 PhaseHook = Callable[[str, int], None]
-# Recovery rounds allowed for one fault before giving up (each round is a nested fault).
-_MAX_ROUNDS = 16
+# Heals (accelpact.heal) happen only for ranks found dead, never for one that missed the deadline
+# (it may be alive and hung: a replacement would run beside it).
+_HEALABLE = ("notice", "heartbeat")
 
 
 class Guard:
@@ -64,7 +68,8 @@ class Guard:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                  process_group: Any = None, config: GuardConfig = GuardConfig(),
-                 injection_clock: InjectionClock | None = None, snapshots: Any = None) -> None:
+                 injection_clock: InjectionClock | None = None, snapshots: Any = None,
+                 heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
         _attach_checks.check_model(model)
@@ -89,6 +94,22 @@ class Guard:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._flavour = fsdp_flavour(model)
+        if (snapshots is not None or heal is not None) and self._flavour != "fsdp2":
+            raise AccelPactError(
+                f"snapshots and heals need FSDP2 (fully_shard); this model uses {self._flavour}: its flat "
+                "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
+                "attach without snapshots= and heal=")
+        # The heal of a lost rank (accelpact.heal).
+        self.heal_events: list[HealEvent] = []
+        # Called as hook(event) on a survivor once a heal is done, before training continues (e.g. to
+        # build a side group with the replacement, which builds its own right after attach returns).
+        self.heal_hooks: list[Callable[[HealEvent], None]] = []
+        self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
+        self._healer = None
+        if heal is not None:
+            from accelpact.heal import Healer
+
+            self._healer = Healer(self, heal, snapshots)
         self._next_step = 0
         self._phase = Phase.BEFORE_VOTE
         vote_pg = process_group if process_group is not None else dist.group.WORLD
@@ -129,6 +150,11 @@ class Guard:
             superseded=getattr(control, "generation_superseded", None),
             abandon=lambda work: self.backend.abandon(list(self.table.groups), work, self._pg_timeout))
         self._prepare_next_generation()
+        if rejoin is not None:
+            if self._healer is None:
+                raise AccelPactError("attach(rejoin=ticket) needs heal=HealPolicy(...): the replacement's heal runs it")
+            rejoin.stop_heartbeat()  # this guard's own heartbeat beats from now on
+            self.heal_events.append(self._healer.join(rejoin).event)
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -164,6 +190,7 @@ class Guard:
             raise AccelPactError("guard is closed")
         step = self._next_step
         rng = torch.get_rng_state()  # a retried step must see the same random numbers
+        self.last_snapshot_wait_s = 0.0
         while True:
             t_start = time.time()
             self._phase = Phase.BEFORE_VOTE
@@ -177,6 +204,7 @@ class Guard:
                 if self.config.max_grad_norm is not None:
                     clip_gradients(self.model, self.config.max_grad_norm, wait=self._wait)
                 self._hook("vote", step)
+                self._wait_for_snapshot()
                 self._phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
                 self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
@@ -191,11 +219,29 @@ class Guard:
                 fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
                 if not self.backend.is_comm_fault(exc):
                     raise
+                t_caught = time.time()
                 try:
-                    decision = self._recover(exc, step, t_start, watchdog=fired)
+                    decision = recovery.recover(self, exc, step, t_start, watchdog=fired)
                 except ControlChannelError as lost:  # the store's host died: say so (accelpact.store_loss)
                     raise store_lost_error(lost, control=self.control, step=step,
                                            committed_step=self.committed_step) from lost
+                except RankLostError as lost:
+                    if self._healer is None or lost.detected_by not in _HEALABLE:
+                        raise
+                    _drop_traceback(exc)
+                    del exc
+                    outcome = self._healer.survive(lost, step, t_caught)
+                    self.heal_events.append(outcome.event)
+                    for heal_hook in self.heal_hooks:
+                        heal_hook(outcome.event)
+                    self._unchecked_since = time.time()
+                    if outcome.resume_step == step:
+                        torch.set_rng_state(rng)  # the same step again, as after a retry
+                        continue
+                    raise RolledBack(  # our own snapshot restored the RNG of resume_step
+                        f"rank {self.rank}: healed the loss of rank(s) {outcome.event.lost_ranks}; rolled back "
+                        f"to step {outcome.resume_step - 1}, continue at step {outcome.resume_step}",
+                        resume_step=outcome.resume_step, extra_state=outcome.extra_state) from None
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:
@@ -230,17 +276,25 @@ class Guard:
             hook(phase, step)
 
     def _apply(self, step: int) -> None:
-        if self.snapshots is not None:
-            self.snapshots.before_update()  # the previous snapshot's copy must not see this update
+        self._wait_for_snapshot()  # a roll forward skips the vote: the copy must be done here too
         self.optimizer.step()
         self._phase = Phase.STEPPED
         self.optimizer.zero_grad(set_to_none=True)
         self.committed_step = step
-        if self.snapshots is not None:
-            self.snapshots.after_commit(step)
         self._next_step = step + 1
+        if self.snapshots is not None:
+            self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
         if not self._table_after_first_step:
             self._rescan()
+
+    def _wait_for_snapshot(self) -> None:
+        """Wait for the previous step's snapshot copy BEFORE the vote, not just before optimizer.step:
+        then no rank commits step c + 1 unless every rank's snapshot of c is complete, so a heal
+        replays at most one step (accelpact.heal_plan has the argument)."""
+        if self.snapshots is not None:
+            t0 = time.time()
+            self.snapshots.before_update()
+            self.last_snapshot_wait_s += time.time() - t0
 
     def _rescan(self) -> None:
         """Rebuild the binding table after FSDP's lazy init; keep each group's spec and the vote group."""
@@ -267,140 +321,14 @@ class Guard:
         if prepare is not None:
             prepare()
 
-    def _recover(self, exc: BaseException, step: int, t_start: float, watchdog: str | None = None) -> Decision:
-        t_detected = time.time()
-        self.backend.forget_expired()  # abandoned generations whose collectives have timed out
-        since = t_start if self._unchecked_since is None else min(t_start, self._unchecked_since)
-        injected = self.injection_clock(since) if self.injection_clock is not None else None
-        fault = {"type": type(exc).__name__, "message": str(exc)[:500]}
-        if watchdog is not None:
-            fault["watchdog"] = watchdog
-        _drop_traceback(exc)  # its frames hold the old group alive
-        _log.info("rank %d: %s at step %d (phase %s, generation %d): recovering", self.rank, fault["type"],
-                  step, self._phase.value, getattr(self.control, "generation", -1))
-        # 1. Make peers blocked on us fail now instead of at their PG timeout.
-        self.backend.abort()
-        report = RankReport(self.rank, step, self.committed_step, self._phase, fault=fault["type"],
-                            injected_at=injected)
-        rounds = 0
-        clock = RoundClock(t_detected)
-        while True:
-            rounds += 1
-            if rounds > _MAX_ROUNDS:
-                raise RankLostError(
-                    f"rank {self.rank}: {_MAX_ROUNDS} recovery rounds in a row failed for step {step}; "
-                    "the data plane does not come back (restore from a checkpoint)",
-                    ranks=(self.rank,), last_committed_step=self.committed_step,
-                )
-            try:
-                decision = self._round(report, step, fault, t_detected, t_start, rounds, clock)
-                self._unchecked_since = time.time()
-                return decision
-            except BaseException as nested:  # noqa: BLE001
-                clock.close()  # the failed round's time, up to the failure
-                if not self.backend.is_comm_fault(nested):
-                    raise
-                _log.info("rank %d: recovery round %d failed (%s: %s, at %s); next round", self.rank, rounds,
-                          type(nested).__name__, str(nested)[:200], _where(nested))
-                _drop_traceback(nested)
-                del nested
-                self.backend.abort()  # the half-built generation: peers must fail fast too
-
-    def _round(self, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
-               t_start: float, rounds: int, clock: RoundClock) -> Decision:
-        clock.start()
-        # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
-        # complete and FSDP is idle: keep the reduced, clipped grads for a possible roll forward.
-        if report.phase is Phase.BEFORE_VOTE:
-            reset_after_fault(self.model, self.optimizer, self.config.reset)
-        # 3. Agree.
-        generation = self.control.advance_generation()
-        _log.info("rank %d: round %d, generation %d: reporting", self.rank, rounds, generation)
-        watch = detection.peer_watch(self.control, self.rank, self.config.liveness, fault, generation)
-        try:
-            if watch is None:
-                raw = self.control.gather("report", report.to_bytes(), generation)
-            else:
-                raw = self.control.gather("report", report.to_bytes(), generation, watch=watch)
-        except RankLostError as lost:
-            how = getattr(lost, "detected_by", None) or "deadline"
-            seen = (f"rank(s) {list(lost.ranks)} did not report within the control deadline" if how == "deadline"
-                    else str(lost))
-            raise RankLostError(
-                f"{seen}; after a fault at step {step}, recovery generation "
-                f"{generation}; this rank's last committed step is {self.committed_step}. In-memory recovery "
-                "is impossible: restore from a checkpoint.",
-                ranks=lost.ranks, last_committed_step=self.committed_step, generation=generation,
-                detected_by=how,
-            ) from lost
-        reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
-        decision = decide(reports, self.world_size)
-        detected_from, detection_from = detection.detection_origin(reports, t_start)
-        _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", self.rank, generation, decision,
-                  len(self.table.groups))
-        clock.mark()
-        # 4. Build the next generation under the old names (first, the holders FSDP created lazily
-        # if the fault hit before the first commit: they are in place by now, the old groups are
-        # still registered, and this is the last moment to find them).
-        if not self._table_after_first_step and rounds == 1:
-            self._rescan()
-        # A link still down or blackholed: wait for it (within the deadline) instead of building on it.
-        wait_reachable(self._data_peers, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
-        store = self.control.data_plane_store(generation)
-        old_groups = list(self.table.groups)
-        new_groups = self.backend.rebuild_groups(old_groups, self._specs, store, self.rank)
-        clock.mark()
-        # 5. Rebind in place (function defaults of modules imported since attach included).
-        self.table.refresh_defaults()
-        self.table.rebind(dict(zip(old_groups, new_groups)))
-        clock.mark()
-        if self.config.verify_rebind:
-            stale = [(comm.describe(g), find_stale_references(g, ignore=(old_groups,))) for g in old_groups]
-            stale = [(g, refs) for g, refs in stale if refs]
-            if stale:
-                raise AccelPactError(f"rebind incomplete, still referring to the old group: {stale}")
-        # 6. Prove the new generation works (a fault here starts a new round).
-        self._hook("recovery", step)
-        try:
-            self.backend.first_collective(new_groups[self._vote_index],
-                                          superseded=getattr(self.control, "generation_superseded", None))
-        except GenerationSuperseded as abandoned:
-            # The abandoned collective may still run in the backend until the PG timeout; the
-            # backend decides how to let go of it without blocking the next round.
-            self.backend.abandon(new_groups, abandoned.work, self._pg_timeout)
-            raise
-        clock.mark()  # before t4: the parts never add up to more than the total
-        t4 = time.time()
-        _log.info("rank %d: generation %d works (first collective done)", self.rank, generation)
-        # Retire the old generation: its destructor joins its threads and closes its sockets.
-        del old_groups
-        t5 = time.time()
-        clock.close()
-        self._prepare_next_generation()
-        self.events.append(RecoveryEvent(
-            step=step, generation=generation, phase=report.phase.value, fault=fault,
-            ranks=sorted(r.rank for r in reports),
-            decision={"action": decision.action.value, "step": decision.step,
-                      "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
-            t_detected=t_detected, detection_s=t_detected - detected_from, agreement_s=clock.total("agreement"),
-            rebuild_s=clock.total("rebuild"), rebind_s=clock.total("rebind"),
-            first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
-            retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
-            detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
-            detection_from=detection_from,
-        ))
-        if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
-            # Our gradients were complete but nobody committed: discard them before the retry.
-            reset_after_fault(self.model, self.optimizer, self.config.reset)
-        return decision
-
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            max_grad_norm: float | None = None, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
-           stall_timeout_s: float | None | str = "auto", snapshots: Any = None) -> Guard:
+           stall_timeout_s: float | None | str = "auto", snapshots: Any = None,
+           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -419,12 +347,17 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     longer than 3x the median step, while a peer stopped beating or the link retransmits, is aborted
     and recovered instead of waiting for the PG timeout. "auto": 10 s when the PG timeout is longer,
     else off; None: off; an explicit value must be below the PG timeout.
-    ``snapshots``: an :class:`accelpact.snapshot.Snapshotter`; the guard calls its ``before_update()``
-    right before and ``after_commit(step)`` right after each optimizer step (docs/snapshots.md).
+    ``snapshots``: an ``accelpact.snapshot.Snapshotter`` of this model and optimizer: the guard waits for
+    its copy before each vote and starts the next copy after each commit. ``heal``: an
+    :class:`accelpact.heal.HealPolicy`: a rank found dead is healed in memory (survivors wait for its
+    replacement) instead of raising RankLostError; ``step`` may then raise :class:`accelpact.RolledBack`.
+    ``rejoin``: on a replacement process, the ticket of :func:`accelpact.rejoin.rejoin`; attach then
+    loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
+    FSDP2 only with ``snapshots`` or ``heal``.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
                          reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
-                 injection_clock=injection_clock, snapshots=snapshots)
+                 injection_clock=injection_clock, snapshots=snapshots, heal=heal, rejoin=rejoin)

@@ -114,6 +114,14 @@ class ClusterConfig:
 
 
 @dataclass
+class SnapshotSettings:
+    """accelpact's per-step snapshots (accelpact.snapshot) and the in-memory heal of a lost rank."""
+
+    every: int = 0  # snapshot every k committed steps; 0 = off (a lost rank then falls back to disk)
+    replicas: bool = True  # also push each snapshot to the buddy rank (accelpact.snapshot.replica)
+
+
+@dataclass
 class StrategyConfig:
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
@@ -121,6 +129,12 @@ class StrategyConfig:
     # accelpact's stall watchdog (accelpact/watchdog.py): None = auto (10 s when the PG timeout is
     # longer, else off), 0 = off, else seconds; must be below cluster.pg_timeout_s.
     stall_timeout_s: Optional[float] = None
+    # accelpact: snapshots on (conf/strategy/accelpact.yaml sets every=1) make a killed rank heal in
+    # memory: the parent starts a replacement for that rank only (accelpact.heal).
+    snapshot: SnapshotSettings = field(default_factory=SnapshotSettings)
+    # How long survivors wait for a replacement to arrive (a Python + torch + transformers start).
+    replacement_timeout_s: float = 120.0
+    hot_spares: int = 0  # pre-started processes that take the rank of the first death (0: none)
 
 
 @dataclass

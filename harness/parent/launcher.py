@@ -11,6 +11,8 @@
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
 - ``step_hooks`` are called with every rank-0 step event (fault schedules, relaunch policies).
 A relaunch (``harness.parent.run``, following the strategy's policy) is ``kill_all`` + ``start_ranks(n+1)``.
+A heal (``replace_dead``: the strategy heals a lost rank in memory) is ``start_replacement(rank)``: one new
+process for the dead rank only, under the same job token, while the survivors wait for it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,12 @@ class Launcher:
         self.store_set_fn: Optional[Callable[[str, bytes], None]] = None
         self._noticed: set[int] = set()  # ranks of this incarnation a death notice was written for
         self._first_failure: Optional[tuple[int, int]] = None
+        # Heal in memory: (rank, exit code, every rank's exit code) -> start a replacement for that rank?
+        # None: a failure ends the incarnation (the strategy's relaunch policy decides what follows).
+        self.replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
+        self.on_replace: Optional[Callable[[dict[str, Any]], None]] = None  # parent-side event of each one
+        self.replacements = 0  # replacement processes started in this run
+        self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
@@ -130,7 +138,7 @@ class Launcher:
         return self.control[0] if self.control is not None else self.run.cluster.master_addr
 
     # -- ranks -------------------------------------------------------------------------------
-    def rank_environ(self, rank: int, incarnation: int, t_launch: float) -> dict[str, str]:
+    def rank_environ(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             RankEnv(
@@ -143,6 +151,7 @@ class Launcher:
                 incarnation=incarnation,
                 t_launch=t_launch,
                 parent_pid=os.getpid(),
+                replacement=replacement,
             ).to_environ()
         )
         ranks_here = max(1, self.run.cluster.world_size // max(self.run.cluster.nodes, 1))
@@ -177,22 +186,56 @@ class Launcher:
             self._start_srun(incarnation, t_launch)
             return
         for rank in range(self.run.cluster.world_size):
-            log = open(self.log_path(rank), "ab")
-            try:
-                argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
-                if self.wrap_fn is not None:
-                    argv = self.wrap_fn(rank, argv)
-                self.procs[rank] = subprocess.Popen(
-                    argv,
-                    env=self.rank_environ(rank, incarnation, t_launch),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own process group: killpg reaches its children too
-                    cwd=os.getcwd(),
-                )
-            finally:
-                log.close()  # the child holds its own descriptor
+            self._spawn(rank, incarnation, t_launch)
+
+    def _spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
+        log = open(self.log_path(rank), "ab")
+        try:
+            argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
+            if self.wrap_fn is not None:
+                argv = self.wrap_fn(rank, argv)
+            self.procs[rank] = subprocess.Popen(
+                argv,
+                env=self.rank_environ(rank, incarnation, t_launch, replacement),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches its children too
+                cwd=os.getcwd(),
+            )
+        finally:
+            log.close()  # the child holds its own descriptor
+
+    def start_replacement(self, rank: int, code: int) -> None:
+        """Start a new process for dead ``rank`` only (same rank, same job token): it heals in memory.
+
+        The death notice was written by ``poll`` already, before the spawn: the survivors tell a
+        replacement from the process it replaces by the pid the notice names."""
+        t_death = time.time()
+        dead = self.procs[rank]
+        self._retired.append(dead)
+        self.replacements += 1
+        self._spawn(rank, self.incarnation, time.time(), replacement=self.replacements)
+        self._noticed.discard(rank)  # its replacement's own death must be noticed again
+        if self._first_failure is not None and self._first_failure[0] == rank:
+            self._first_failure = None
+        if self.on_replace is not None:
+            self.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid, "pid": self.procs[rank].pid,
+                             "t_death_seen": t_death, "t_spawn": time.time(), "replacement": self.replacements,
+                             "incarnation": self.incarnation})
+
+    def _replace_the_dead(self, state: "PollResult") -> bool:
+        """Start a replacement for every failed rank the strategy heals; False when any may not be."""
+        if self.replace_dead is None or not state.failed:
+            return False
+        codes = self._codes()
+        if not all(self.replace_dead(r, c, codes) for r, c in state.failed.items()):
+            return False
+        for rank, code in sorted(state.failed.items()):
+            print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
+                  f"(heal in memory, replacement {self.replacements + 1})", flush=True)
+            self.start_replacement(rank, code)
+        return True
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -275,10 +318,11 @@ class Launcher:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for proc in self.procs.values():
+        for proc in [*self.procs.values(), *self._retired]:
             # Also the group of ranks that exited: their children (if any) must not outlive them.
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        self._retired = []
 
     def last_log_lines(self, rank: int, n: int = 15) -> list[str]:
         try:
@@ -314,6 +358,8 @@ class Launcher:
                     for tick in self.tick_hooks:
                         tick()
                     state = self.poll()
+                    if self._replace_the_dead(state):
+                        continue
                     if state.failed or not state.running:
                         break
                     time.sleep(POLL_S)

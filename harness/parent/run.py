@@ -89,6 +89,11 @@ def run_one(
         if strategy.parent_setup is not None:
             setup = strategy.parent_setup(run, launcher)
         launcher.settle_s = strategy.settle_s(run)
+        if strategy.replace_dead is not None:
+            policy = strategy.replace_dead
+            launcher.replace_dead = lambda rank, code, codes: (launcher.replacements < run.strategy.max_restarts
+                                                               and policy(run, rank, code, codes))
+            launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
         if faults.get(run.fault.kind).injects:
             driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
             launcher.tick_hooks.append(driver.tick)

@@ -16,6 +16,9 @@ JOB_TOKEN = "ACCELPACT_JOB_TOKEN"
 INCARNATION = "HARNESS_INCARNATION"
 T_LAUNCH = "HARNESS_T_LAUNCH"
 PARENT_PID = "HARNESS_PARENT_PID"
+# n > 0: this process replaces a lost process of its rank (the n-th replacement of the run) and joins
+# the running job in memory (accelpact.rejoin) instead of starting with everyone.
+REPLACEMENT = "HARNESS_REPLACEMENT"
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class RankEnv:
     incarnation: int = 0
     t_launch: float = 0.0
     parent_pid: int = 0
+    replacement: int = 0
 
     @property
     def control_addr(self) -> str:
@@ -48,6 +52,7 @@ class RankEnv:
             INCARNATION: str(self.incarnation),
             T_LAUNCH: repr(self.t_launch),
             PARENT_PID: str(self.parent_pid),
+            REPLACEMENT: str(self.replacement),
         }
 
     @classmethod
@@ -76,4 +81,5 @@ class RankEnv:
             incarnation=int(env.get(INCARNATION, "0")),
             t_launch=float(env.get(T_LAUNCH, "0")),
             parent_pid=int(env.get(PARENT_PID, "0")),
+            replacement=int(env.get(REPLACEMENT, "0")),
         )

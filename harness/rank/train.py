@@ -23,7 +23,7 @@ from harness.events import EventLog
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
 from harness.app.schema import Device, Precision, RunConfig
-from harness.strategies.base import Strategy, TrainContext
+from harness.strategies.base import Rewind, Strategy, TrainContext
 
 
 @dataclass
@@ -82,7 +82,8 @@ def set_cpu_threads(world_size_on_host: int) -> None:
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
 
 
-def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any) -> TrainContext:
+def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any,
+                  rejoin: Any = None) -> TrainContext:
     device = rank_device(cfg, env)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -100,6 +101,8 @@ def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, 
         run_dir=run_dir,
         incarnation=env.incarnation,
         control_store=control_store,
+        replacement=env.replacement,
+        rejoin=rejoin,
     )
 
 
@@ -116,7 +119,11 @@ def run_loop(
     while step < last:
         t_start = time.time()
         batch = make_batch(cfg.train.seed, step, ctx.rank, m.batch_size, m.seq_len, m.vocab_size)
-        loss = strategy.step(step, batch.to(ctx.device, non_blocking=True))
+        try:
+            loss = strategy.step(step, batch.to(ctx.device, non_blocking=True))
+        except Rewind as back:  # a heal rolled this rank back in memory: run from there again
+            step = back.step
+            continue
         t_end = time.time()
         ctx.events.emit(
             "step",
@@ -127,6 +134,7 @@ def run_loop(
             tokens=tokens_per_step,
             incarnation=ctx.incarnation,
             replay=strategy.is_replay(step),
+            **strategy.step_fields(),
         )
         strategy.after_step(step)
         step += 1
@@ -164,11 +172,20 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
         return getattr(importlib.import_module(module_name), fn_name)(cfg, env, run_dir)
     with EventLog(run_dir, env.rank) as events:
         control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
-        init_data_plane(cfg, env, control_store)
+        rejoin = None
+        if env.replacement and spec.rejoin is not None:
+            # A replacement joins the running job's next generation instead of a fresh rendezvous.
+            import importlib
+
+            module_name, fn_name = spec.rejoin.split(":")
+            rejoin = getattr(importlib.import_module(module_name), fn_name)(cfg, env)
+        else:
+            init_data_plane(cfg, env, control_store)
         try:
-            ctx = build_context(cfg, env, run_dir, events, control_store)
+            ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
-            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation)
+            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
+                        replacement=env.replacement)
             try:
                 committed = run_loop(ctx, strategy)
             finally:

@@ -2,30 +2,40 @@
 
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the
-checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one.
+checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one, built on an
+explicit store prefix per control generation (harness.strategies.accelpact_heal.side_group).
 
-When the guard cannot recover (a rank was SIGKILLed: ``RankLostError``; or any other
-``UnrecoverableError``), the rank writes a ``fallback`` event with the reason and exits with
-``EXIT_FALLBACK``; the parent then falls back to checkpoint restore: it relaunches every rank, which
-loads the newest checkpoint and replays (the base class), and the results row names the fallback.
+A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
+default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
+newest step every rank holds, roll back from their own snapshot if they committed past it, and continue
+(accelpact.heal). Each rank writes a ``heal`` event; a survivor that rolled back re-runs the steps from
+the resume step (replays). When the heal is impossible (no copy of the lost rank survives, no
+replacement arrives), or snapshots are off, the rank writes a ``fallback`` event and exits with
+``EXIT_FALLBACK``; the parent then relaunches every rank from the checkpoint (the base class), and the
+results row names the fallback.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from harness.strategies.base import Strategy, TrainContext, forward_backward
+from harness.strategies.accelpact_heal import (
+    EXIT_FALLBACK,
+    control_deadline,
+    replace_on_kill,
+    side_group,
+    snapshots_and_policy,
+)
+from harness.strategies.base import Rewind, Strategy, TrainContext, forward_backward
 from harness.strategies.spec import StrategySpec
 
 if TYPE_CHECKING:
     import torch
 
-# Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
-EXIT_FALLBACK = 75
+__all__ = ["AccelPactStep", "EXIT_FALLBACK", "relaunch_on_fallback", "SPEC"]
 
 
 class AccelPactStep(Strategy):
@@ -34,46 +44,89 @@ class AccelPactStep(Strategy):
         from accelpact.guard import attach
 
         super().__init__(ctx)
-        # The control channel's own deadline bounds how long survivors wait for a lost rank.
-        os.environ.setdefault("ACCELPACT_CONTROL_DEADLINE_S", str(ctx.cfg.strategy.recovery_deadline_s))
-        self.control = ControlChannel.from_env()
+        control_deadline(ctx.cfg)
+        rejoined = ctx.rejoin
+        self.control = rejoined.control if rejoined is not None else ControlChannel.from_env()
+        self.snapshots, heal, self.replication = snapshots_and_policy(
+            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size)
         max_norm = ctx.cfg.train.max_grad_norm
-        self.guard = attach(
-            ctx.model, ctx.optimizer, self.control,
-            max_grad_norm=max_norm if max_norm > 0 else None,
-            pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
-            # Detection is measured from the injected fault, not from the failed attempt's start.
-            injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
-            # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
-            stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
-        )
+        try:
+            self.guard = attach(
+                ctx.model, ctx.optimizer, self.control,
+                max_grad_norm=max_norm if max_norm > 0 else None,
+                pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
+                # Detection is measured from the injected fault, not from the failed attempt's start.
+                injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
+                # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
+                stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
+                snapshots=self.snapshots, heal=heal, rejoin=rejoined.ticket if rejoined is not None else None,
+            )
+        except Exception as exc:  # a replacement that cannot heal (no copy survives): fall back
+            from accelpact.errors import UnrecoverableError
+
+            if isinstance(exc, UnrecoverableError):
+                self._fall_back(-1, exc)
+            raise
         self.guard.phase_hooks.append(self.on_guard_phase)
+        self.guard.heal_hooks.append(lambda _event: self._new_side_groups())
         self._seen = 0
-        # A resumed guard counts from the restored step, so its messages name the harness's step.
-        self.guard.resume_at(self.first_step())
+        self._heals_seen = 0
+        if rejoined is not None:
+            # Joined the survivors at the resume step; the checkpoint group with them comes now (they
+            # build theirs in the guard's heal hook, before training continues).
+            self._start = self.guard.next_step
+            self._record_heals()
+            if ctx.cfg.checkpoint.interval > 0:
+                self.ckpt = self.make_checkpointer(self.checkpoint_group())
+        else:
+            # A resumed guard counts from the restored step, so its messages name the harness's step.
+            self.guard.resume_at(self.first_step())
+
+    def checkpoint_group(self) -> Any:
+        ctx = self.ctx
+        generation = getattr(getattr(self, "control", None), "generation", 0)
+        return side_group(ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size,
+                          ctx.cfg.cluster.pg_timeout_s)
 
     def run_step(self, step: int, tokens: "torch.Tensor") -> float:
-        from accelpact.errors import UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError
 
         model = self.ctx.model
         try:
             loss = self.guard.step(lambda batch: forward_backward(model, batch), tokens)
+        except RolledBack as back:
+            # A heal moved this rank back to the newest step every rank holds: steps up to the one it
+            # had committed are replays from here on.
+            self._replay_until = max(self._replay_until, step - 1)
+            self._record_recoveries()
+            raise Rewind(back.resume_step) from None
         except UnrecoverableError as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            # detected_by: how the loss was found ("notice", "heartbeat", "deadline"); the row reports it.
-            self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
-                                 detected_by=getattr(exc, "detected_by", None),
-                                 generation=getattr(exc, "generation", None))
-            print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
-                  f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
-            # os._exit, not an exception: tearing down process groups a dead peer left half-open can
-            # block, and the parent only needs the event (already flushed) and the exit status.
-            sys.stdout.flush()
-            os._exit(EXIT_FALLBACK)
+            self._fall_back(step, exc)
         self._record_recoveries()
         return float(loss.detach())
 
+    def step_fields(self) -> dict[str, Any]:
+        if self.snapshots is None:
+            return {}
+        return {"snapshot_wait_s": self.guard.last_snapshot_wait_s}
+
+    def _fall_back(self, step: int, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        # detected_by: how the loss was found ("notice", "heartbeat", "deadline", "heal"); the row reports it.
+        self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
+                             detected_by=getattr(exc, "detected_by", None),
+                             generation=getattr(exc, "generation", None))
+        print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
+              f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
+        # os._exit, not an exception: tearing down process groups a dead peer left half-open can
+        # block, and the parent only needs the event (already flushed) and the exit status.
+        sys.stdout.flush()
+        import os
+
+        os._exit(EXIT_FALLBACK)
+
     def _record_recoveries(self) -> None:
+        self._record_heals()
         new = self.guard.events[self._seen:]
         if not new:
             return
@@ -86,22 +139,47 @@ class AccelPactStep(Strategy):
             # the record is written after the retried step, so t must be given explicitly.
             self.ctx.events.emit("recovery", decision=decision.get("action"), decision_detail=decision,
                                  written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
-        if self.ckpt is not None:
-            import torch.distributed as dist
+        # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
+        self._new_side_groups()
 
-            # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
-            error = self.ckpt.replace_process_group(
-                dist.new_group(backend="gloo", timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s)))
-            if error is not None:
-                print(f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
-                      file=sys.stderr, flush=True)
+    def _record_heals(self) -> None:
+        for ev in self.guard.heal_events[self._heals_seen:]:
+            self.ctx.events.emit("heal", written=time.time(), **ev.to_dict())
+        self._heals_seen = len(self.guard.heal_events)
+
+    def _new_side_groups(self) -> None:
+        """The checkpoint group of the current control generation (every rank builds it at the same point)."""
+        if self.ckpt is None:
+            return
+        from accelpact import comm
+
+        old = self.ckpt._pg
+        error = self.ckpt.replace_process_group(self.checkpoint_group())
+        if old is not None and old is not self.ckpt._pg:
+            try:
+                comm.retire_group(old)
+            except Exception:  # noqa: BLE001 - a group c10d no longer knows: nothing to retire
+                pass
+        if error is not None:
+            print(f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
         try:
             super().close()
         finally:
             self.guard.close()
+            if self.snapshots is not None:
+                self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
+            if self.replication is not None:
+                self.replication.close(remove=True)
             self.control.close()
+
+
+def _token() -> str:
+    import os
+
+    return os.environ["ACCELPACT_JOB_TOKEN"]
 
 
 def _stall_timeout(value: "float | None") -> "float | None | str":
@@ -134,6 +212,8 @@ SPEC = StrategySpec(
     color="tab:green",
     order=1,
     relaunch=relaunch_on_fallback,
+    replace_dead=replace_on_kill,
+    rejoin="harness.strategies.accelpact_heal:rejoin_job",
     # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
     # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
     # survivor still waiting then is killed, which the relaunch policy treats the same way.

@@ -49,6 +49,16 @@ class TrainContext:
     run_dir: str
     incarnation: int = 0
     control_store: Optional[Any] = None  # the parent's long-lived TCPStore (client)
+    replacement: int = 0  # > 0: this process replaces a lost one of its rank (heals in memory)
+    rejoin: Optional[Any] = None  # what the strategy's rejoin hook returned (replacements only)
+
+
+class Rewind(Exception):
+    """Raised by a strategy's step: the rank moved back in memory; the loop runs ``step`` next."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"continue at step {step}")
+        self.step = step
 
 
 def forward_backward(model: "nn.Module", tokens: "torch.Tensor") -> "torch.Tensor":
@@ -101,17 +111,13 @@ class Strategy(ABC):
         self.ctx = ctx
         self._replay_until = committed_before(ctx.run_dir, ctx.rank)
         self.ckpt: Any = None
-        cc = ctx.cfg.checkpoint
-        if cc.interval > 0:
-            from harness.checkpoint import Checkpointer, CheckpointSettings
-
-            settings = CheckpointSettings(directory=checkpoint_dir(ctx), interval=cc.interval, mode=cc.mode.value,
-                                          keep=cc.keep)
-            self.ckpt = Checkpointer(settings, ctx.model, ctx.optimizer, on_event=ctx.events.emit,
-                                     timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s))
+        # A replacement builds its checkpointer once it has joined the survivors (its group is
+        # collective with theirs): the subclass calls make_checkpointer then.
+        if ctx.cfg.checkpoint.interval > 0 and not ctx.replacement:
+            self.ckpt = self.make_checkpointer(self.checkpoint_group())
         self._start = 0
         # Decided by the incarnation (the same on every rank), because load_latest is collective.
-        if self.ckpt is not None and ctx.incarnation > 0:
+        if self.ckpt is not None and ctx.incarnation > 0 and not ctx.replacement:
             loaded = self.ckpt.load_latest()
             self._start = 0 if loaded is None else loaded.from_step + 1
         self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
@@ -119,10 +125,27 @@ class Strategy(ABC):
         if self.faults is not None:
             self.faults.install(ctx.model)
 
+    def checkpoint_group(self) -> Any:
+        """The checkpointer's process group; None: the checkpointer creates one (dist.new_group)."""
+        return None
+
+    def make_checkpointer(self, process_group: Any) -> Any:
+        from harness.checkpoint import Checkpointer, CheckpointSettings
+
+        cc = self.ctx.cfg.checkpoint
+        settings = CheckpointSettings(directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value,
+                                      keep=cc.keep)
+        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
+                            on_event=self.ctx.events.emit, timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
+
     # -- what the loop calls ------------------------------------------------------------------------
     def first_step(self) -> int:
         """Index of the first step this process runs (0 unless it resumed from a checkpoint)."""
         return self._start
+
+    def step_fields(self) -> dict[str, Any]:
+        """Extra fields of the step event just run (e.g. how long it waited for a snapshot)."""
+        return {}
 
     def is_replay(self, step: int) -> bool:
         """Whether ``step`` had already committed once before a rollback (goodput counts it as lost)."""

@@ -23,6 +23,9 @@ RelaunchPolicy = Callable[[Mapping[int, Optional[int]], Optional[int]], Optional
 ParentSetup = Callable[["RunConfig", Any], Any]
 # run -> None, or raise ConfigError naming the fix.
 Check = Callable[["RunConfig"], None]
+# (run, dead rank, its exit code, every rank's exit code) -> start a replacement for that rank only
+# (the strategy heals it in memory) instead of ending the incarnation.
+ReplacePolicy = Callable[["RunConfig", int, int, Mapping[int, Optional[int]]], bool]
 
 
 def never_relaunch(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
@@ -51,6 +54,10 @@ class StrategySpec:
     # must own the process groups from the start (NVRx's in-process restart); None: standard life.
     rank_entry: Optional[str] = None
     check: Optional[Check] = None
+    replace_dead: Optional[ReplacePolicy] = None
+    # "module:function" called as fn(cfg, env) INSTEAD of building the default process group in a
+    # replacement process (harness.rank.env REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
+    rejoin: Optional[str] = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
 

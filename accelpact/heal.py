@@ -1,0 +1,327 @@
+"""Heal a lost rank in memory: survivors keep their live state and wait for a replacement process.
+
+Who waits for whom (docs/process_loss.md has the whole protocol):
+
+1. A survivor's recovery round finds a rank dead (RankLostError from a death notice or the heartbeat
+   rule). With a :class:`HealPolicy` attached it does not give up: it flushes its snapshot copy,
+   discards the failed step's gradients, and posts a heal request per lost rank.
+2. It waits (``replacement_timeout_s``) until a replacement process of each lost rank has ARRIVED
+   on the control channel (``{token}/heal/arrived/{rank}``, with a pid that no death notice names).
+   The launcher starts the replacement when it reaps the dead process (or a hot spare takes the rank).
+3. It writes the replacement's PLAN (``{token}/heal/plan/{rank}/{pid}``): the generation G to build
+   and the data-plane groups' names; then builds generation G under the old names (the replacement
+   builds the same groups on the same store prefix: accelpact.rejoin) and rebinds.
+4. Every rank posts a :class:`accelpact.heal_plan.HealReport` at G; all compute the same resume
+   step S (newest step every rank holds). Survivors past S roll back from their own slot; the
+   replacement loads S from its own slot (the dead process's shared memory), else a buddy replica.
+5. First collective on G; continue at S + 1.
+
+A replacement lost during its heal shows up as one more death (a notice naming its pid): the
+survivors go around again from step 2 and wait for the next replacement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from accelpact import notice_auth, recovery
+from accelpact.errors import RankLostError
+from accelpact.events import HealEvent
+from accelpact.heal_plan import HealReport, ResumePlan, decide_resume
+from accelpact.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
+from accelpact.reset import reset_after_fault
+
+if TYPE_CHECKING:
+    from accelpact.guard import Guard
+    from accelpact.rejoin import RejoinTicket
+
+_log = logging.getLogger(__name__)
+
+__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key"]
+
+# A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
+# replica's marker (a dict with at least "step") or None when it holds none.
+FetchReplica = Callable[[int, Path, "int | None"], "dict | None"]
+
+
+@dataclass(frozen=True)
+class HealPolicy:
+    """How survivors heal a lost rank instead of raising RankLostError (``attach(..., heal=...)``).
+
+    ``replacement_timeout_s``: how long survivors wait for a replacement to arrive; a Python + torch +
+    transformers start on a loaded host took 5-15 s here, so the default leaves room for several.
+    ``fetch_replica``: the buddy's fetch (None: no replicas, own slots only). ``buddy_of``: rank -> the
+    rank holding its replica (for the error that names both). ``initial_state_reproducible``: a
+    replacement's freshly built model and optimizer equal every rank's state before step 0 (seeded
+    init), so a rank lost before its first snapshot is healed from step -1. ``max_rounds``: heals in a
+    row for one loss (a replacement lost during its heal costs one more).
+    """
+
+    replacement_timeout_s: float = 180.0
+    fetch_replica: FetchReplica | None = None
+    buddy_of: Callable[[int], int] | None = None
+    initial_state_reproducible: bool = True
+    max_rounds: int = 4
+    poll_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.replacement_timeout_s <= 0 or self.max_rounds < 1:
+            raise ValueError(f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
+                             f"{self.max_rounds}): both must be positive")
+
+
+@dataclass(frozen=True)
+class HealOutcome:
+    """What the guard does after a heal: continue at ``resume_step`` (with ``extra_state`` restored)."""
+
+    resume_step: int
+    extra_state: dict
+    event: HealEvent
+
+
+def request_key(control: Any, rank: int) -> str:
+    return control.key("heal", "request", str(rank))
+
+
+def arrived_key(control: Any, rank: int) -> str:
+    return control.key("heal", "arrived", str(rank))
+
+
+def plan_key(control: Any, rank: int, pid: int) -> str:
+    return control.key("heal", "plan", str(rank), str(pid))
+
+
+def _peek(control: Any, key: str) -> bytes | None:
+    """The value of ``key`` now, or None (never waits)."""
+    return control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}")
+
+
+class Healer:
+    """One rank's side of heals: :meth:`survive` on a survivor, :meth:`join` on a replacement."""
+
+    def __init__(self, guard: "Guard", policy: HealPolicy, snapshots: Any) -> None:
+        self.g = guard
+        self.policy = policy
+        self.snapshots = snapshots
+        self.control = guard.control
+
+    # -- survivors --------------------------------------------------------------------------------
+
+    def survive(self, lost: RankLostError, step: int, t_detected: float) -> HealOutcome:
+        """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible."""
+        g = self.g
+        if self.snapshots is not None:
+            self.snapshots.flush()  # a copy in flight must not race the rollback (or be half-read)
+        # Nobody can roll the failed step forward (the lost rank's gradients are gone): drop ours.
+        reset_after_fault(g.model, g.optimizer, g.config.reset)
+        dead = set(lost.ranks)
+        rounds = 0
+        while True:
+            rounds += 1
+            if rounds > self.policy.max_rounds:
+                raise RankLostError(
+                    f"rank {g.rank}: {self.policy.max_rounds} heals in a row failed after losing rank(s) "
+                    f"{sorted(dead)} at step {step} (a replacement was lost during each); restore from a "
+                    "checkpoint, or raise HealPolicy.max_rounds", ranks=tuple(sorted(dead)),
+                    last_committed_step=g.committed_step, detected_by="heal")
+            dead |= self._dead_now()
+            dead.discard(g.rank)
+            _log.info("rank %d: heal round %d for lost rank(s) %s at step %d", g.rank, rounds, sorted(dead), step)
+            for r in dead:
+                self.control.set(request_key(self.control, r), json.dumps(
+                    {"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode())
+            arrivals = self._wait_arrivals(dead, step)
+            t_arrived = time.time()
+            generation = self.control.generation + 1
+            plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
+                    "groups": [_spec_to_dict(s) for s in g._specs]}
+            for r, pid in arrivals.items():
+                self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
+            self.control.advance_generation()
+            try:
+                return self._heal_round(step, generation, sorted(dead), rounds, t_detected, t_arrived)
+            except RankLostError as again:
+                if again.detected_by == "heal":
+                    raise
+                dead = set(again.ranks)
+            except BaseException as nested:  # noqa: BLE001 - a rendezvous or collective with a dead replacement
+                if not g.backend.is_comm_fault(nested):
+                    raise
+                _log.info("rank %d: heal round %d failed: %s", g.rank, rounds, str(nested)[:200])
+                del nested
+                dead = set()  # who died is read from the notices at the top of the loop
+            g.backend.abort()
+
+    def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
+                    t_arrived: float) -> HealOutcome:
+        g = self.g
+        old_groups, new_groups = recovery.rebuild(g, generation)
+        held = {g.committed_step: "live"}
+        if self.snapshots is not None:
+            held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
+        plan = self._agree(HealReport(g.rank, "survivor", g.committed_step, held), generation)
+        t_load = time.time()
+        extra: dict = {}
+        replayed = plan.replayed(g.committed_step)
+        if g.committed_step > plan.step:
+            extra = self.snapshots.restore(plan.step) or {}
+            g.committed_step = plan.step
+        g._next_step = plan.resume_step
+        load_s = time.time() - t_load
+        g._hook("recovery", step)
+        recovery.prove(g, new_groups)
+        t_end = time.time()
+        del old_groups
+        g._prepare_next_generation()
+        event = HealEvent(
+            role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
+            source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
+            replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
+            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s)
+        _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
+                  plan.resume_step)
+        return HealOutcome(plan.resume_step, extra, event)
+
+    def _dead_now(self) -> set[int]:
+        """Ranks whose death notice names the pid they beat with now (or that never beat again)."""
+        dead = set()
+        for r in range(self.g.world_size):
+            if r == self.g.rank:
+                continue
+            notice = _peek(self.control, notice_key(self.control.job_token, r))
+            if notice is None:
+                continue
+            try:
+                n = DeathNotice.from_bytes(json.dumps(notice_auth.verify(notice, self.control.job_token)).encode())
+            except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
+                continue
+            beat = _peek(self.control, heartbeat_key(self.control.job_token, r))
+            beat_pid = _beat_pid(beat)
+            if n.pid is None or beat_pid is None or beat_pid == n.pid:
+                dead.add(r)
+        return dead
+
+    def _wait_arrivals(self, lost: set[int], step: int) -> dict[int, int]:
+        """rank -> pid of the replacement of every rank in ``lost``, once all have arrived."""
+        deadline = time.monotonic() + self.policy.replacement_timeout_s
+        found: dict[int, int] = {}
+        next_scan = time.monotonic() + 0.5
+        while True:
+            for r in sorted(lost - set(found)):
+                raw = _peek(self.control, arrived_key(self.control, r))
+                if raw is None:
+                    continue
+                pid = int(json.loads(raw.decode())["pid"])
+                notice = _peek(self.control, notice_key(self.control.job_token, r))
+                dead_pid = _notice_pid(notice, self.control.job_token)
+                if dead_pid is not None and dead_pid == pid:
+                    continue  # an earlier replacement, itself lost since
+                found[r] = pid
+            if set(found) >= lost:
+                return found
+            if time.monotonic() >= deadline:
+                missing = sorted(lost - set(found))
+                raise RankLostError(
+                    f"no replacement for lost rank(s) {missing} arrived within replacement_timeout_s="
+                    f"{self.policy.replacement_timeout_s:g} (seen from rank {self.g.rank}, step {step}); the "
+                    "launcher must start one per lost rank (harness: strategy=accelpact does), or raise "
+                    "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
+                    ranks=tuple(missing), last_committed_step=self.g.committed_step, detected_by="heal")
+            if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
+                lost |= self._dead_now() - {self.g.rank}
+                next_scan = time.monotonic() + 0.5
+            time.sleep(self.policy.poll_s)
+
+    def _agree(self, report: HealReport, generation: int) -> ResumePlan:
+        """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
+        # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile.
+        watch = PeerWatch(self.control.job_token, self.g.rank,
+                          PeerJudge(self.g.config.liveness or LivenessConfig(), connection_dropped=False))
+        raw = self.control.gather("heal", report.to_bytes(), generation,
+                                  deadline_s=self.policy.replacement_timeout_s, watch=watch)
+        return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.g.world_size)
+
+    # -- a replacement ----------------------------------------------------------------------------
+
+    def join(self, ticket: "RejoinTicket") -> HealOutcome:
+        """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
+        g = self.g
+        t0 = time.time()
+        held: dict[int, str] = {}
+        if self.policy.initial_state_reproducible:
+            held[-1] = "live"
+        if self.snapshots is not None:
+            held.update({s: "own" for s in self.snapshots.held_steps()})
+        replicas: dict[int, Path] = {}
+        buddy = self.policy.buddy_of(g.rank) if self.policy.buddy_of is not None else None
+        if not [s for s, src in held.items() if src == "own"] and self.policy.fetch_replica is not None:
+            newest = self._fetch(None)
+            if newest is not None:
+                replicas[newest[0]] = newest[1]
+                held[newest[0]] = "buddy"
+                held.setdefault(newest[0] - 1, "buddy")  # the buddy keeps two: fetched only if chosen
+        plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
+        t_load = time.time()
+        extra: dict = {}
+        source = plan.sources[g.rank]
+        if source == "own":
+            extra = self.snapshots.restore(plan.step) or {}
+        elif source == "buddy":
+            path = replicas.get(plan.step)
+            if path is None:
+                got = self._fetch(plan.step)
+                if got is None:
+                    raise RankLostError(
+                        f"rank {g.rank}: its buddy (rank {buddy}) no longer holds the replica of step {plan.step} "
+                        "and no own snapshot slot survives: restore from a checkpoint",
+                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()), detected_by="heal")
+                path = got[1]
+            extra = self.snapshots.restore(plan.step, source=path) or {}
+        load_s = time.time() - t_load
+        g.resume_at(plan.resume_step)
+        recovery.prove(g, list(g.table.groups))
+        t_end = time.time()
+        t_launch = ticket.t_launch or ticket.t_start
+        event = HealEvent(
+            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=plan.resume_step, replayed_steps=0,
+            source=source, own_source=source, generation=ticket.generation,
+            replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
+            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s)
+        _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
+                  source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
+        return HealOutcome(plan.resume_step, extra, event)
+
+    def _fetch(self, step: int | None) -> tuple[int, Path] | None:
+        dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.g.rank}-"))
+        marker = self.policy.fetch_replica(self.g.rank, dest, step)
+        return None if marker is None else (int(marker["step"]), dest)
+
+
+def _beat_pid(raw: bytes | None) -> int | None:
+    try:
+        return int(raw.decode().split()[1]) if raw is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _notice_pid(raw: bytes | None, token: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        pid = notice_auth.verify(raw, token).get("pid")
+    except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
+        return None
+    return None if pid is None else int(pid)
+
+
+def _spec_to_dict(spec: Any) -> dict:
+    return {"name": spec.name, "backend": spec.backend, "ranks": list(spec.ranks), "is_default": spec.is_default,
+            "tag": spec.tag, "desc": spec.desc,
+            "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
+            "bound": spec.device_id is not None}

@@ -1,0 +1,116 @@
+"""The harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups, the parent's policy.
+
+- ``snapshots_and_policy``: with ``strategy.snapshot.every > 0`` every rank snapshots each k-th committed
+  step into its host's shared memory (``ACCELPACT_SNAPSHOT_ROOT``) and heals a lost rank in memory.
+- ``rejoin_job`` (the spec's ``rejoin`` hook): in a replacement process, the control channel and
+  :func:`accelpact.rejoin` instead of a fresh ``init_process_group``.
+- ``side_group``: the checkpointer's gloo group, built on an explicit store prefix and name per control
+  generation. ``dist.new_group`` names groups from c10d's counter, which differs between a survivor and
+  a fresh replacement, and rendezvouses on the default group's store: the two would never meet.
+- ``replace_on_kill`` (the spec's ``replace_dead``): the parent starts a replacement for a rank killed
+  by a signal, unless a rank already gave up (then the disk fallback runs, as before).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+if TYPE_CHECKING:
+    from harness.app.schema import RunConfig
+    from harness.rank.env import RankEnv
+
+# Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
+EXIT_FALLBACK = 75
+
+
+@dataclass
+class Rejoined:
+    """What a replacement's rejoin hook hands to its strategy: its control channel and ticket."""
+
+    control: Any
+    ticket: Any
+
+
+def control_deadline(cfg: "RunConfig") -> None:
+    """The control channel's own deadline bounds how long survivors wait for a lost rank."""
+    os.environ.setdefault("ACCELPACT_CONTROL_DEADLINE_S", str(cfg.strategy.recovery_deadline_s))
+
+
+def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
+    """A replacement: arrive on the control channel and build the survivors' next generation."""
+    import accelpact
+    from accelpact.control import ControlChannel
+
+    control_deadline(cfg)
+    control = ControlChannel.from_env()
+    try:
+        ticket = accelpact.rejoin(control, timeout_s=cfg.strategy.replacement_timeout_s, t_launch=env.t_launch)
+    except accelpact.RankLostError as exc:
+        print(f"rank {env.rank}: replacement {env.replacement} could not join: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_FALLBACK)
+    return Rejoined(control, ticket)
+
+
+def side_group(control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int,
+               timeout_s: float) -> Any:
+    """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
+    import torch.distributed as dist
+
+    from accelpact import comm
+
+    spec = comm.GroupSpec(name=f"{tag}-g{generation}", backend="gloo", ranks=tuple(range(world_size)),
+                          is_default=False, tag=None, desc=tag, timeout=timedelta(seconds=timeout_s))
+    store = dist.PrefixStore(f"{token}/side/{tag}/gen{generation}", control_store)
+    return comm.rebuild_group(None, spec, store, rank)
+
+
+def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: Any,
+                         rank: int, world_size: int) -> tuple[Any, Any, Any]:
+    """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off."""
+    every = cfg.strategy.snapshot.every
+    if every <= 0:
+        return None, None, None
+    from accelpact.heal import HealPolicy
+    from accelpact.snapshot import SnapshotConfig, Snapshotter
+
+    replication = _replication(cfg, control, rank, world_size)
+    snapshots = Snapshotter(model, optimizer, job_token=control.job_token, rank=rank, world_size=world_size,
+                            config=SnapshotConfig(every=every),
+                            on_complete=replication.push if replication is not None else None)
+    policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
+                        fetch_replica=replication.fetch if replication is not None else None,
+                        buddy_of=(lambda r: _buddy(r, world_size)) if replication is not None else None)
+    return snapshots, policy, replication
+
+
+def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> Any:
+    """The buddy replica channel (accelpact.snapshot.replica), when replicas are on and it is available."""
+    if not cfg.strategy.snapshot.replicas or world_size < 2:
+        return None
+    try:
+        from accelpact.snapshot import replica
+    except ImportError:
+        return None
+    from accelpact.snapshot.layout import default_root
+
+    bind = os.environ.get("ACCELPACT_REPLICA_ADDR") or replica.control_bind_address(control.config.host)
+    rep = replica.Replication(control, rank=rank, world_size=world_size, root=default_root(), bind_host=bind)
+    rep.start()
+    return rep
+
+
+def _buddy(rank: int, world_size: int) -> Optional[int]:
+    from accelpact.snapshot import replica
+
+    return replica.buddy_of(rank, world_size)
+
+
+def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
+    """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
+    signal, and no rank has given up on in-memory recovery (then the disk fallback runs instead)."""
+    return run.strategy.snapshot.every > 0 and code < 0 and EXIT_FALLBACK not in codes.values()
