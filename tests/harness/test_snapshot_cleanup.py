@@ -67,6 +67,7 @@ def test_ctrl_c_of_the_parent_leaves_no_snapshots(tmp_path):
     _no_leftovers(base, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_killed_parent_leaves_snapshots_that_the_stale_cleanup_removes(tmp_path):
     base = tmp_path / "shm"
     proc = _start(tmp_path, base, [])
