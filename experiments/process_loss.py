@@ -124,12 +124,17 @@ def _heal_columns(run_dir: Path) -> dict[str, Any]:
 
 def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]:
     """Run one fault's comparison; one flat row per run (the reference included)."""
-    from harness.report import compare
-
     run_dir = scratch / fault
     done = subprocess.run([sys.executable, "-m", "harness", *sweep_overrides(plan, fault, run_dir)], cwd=_ROOT)
     if done.returncode != 0:
         print(f"warning: the {fault} comparison exited with {done.returncode}; its failed runs show in data.csv")
+    return collect_fault(fault, run_dir)
+
+
+def collect_fault(fault: str, run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of one fault's finished comparison directory."""
+    from harness.report import compare
+
     rows: list[dict[str, Any]] = []
     for sub in sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists()):
         row = json.loads((sub / "summary.json").read_text()).get("row", {})
@@ -152,7 +157,12 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
     return rows
 
 
-def measure_overhead(plan: Plan, scratch: Path) -> list[dict[str, Any]]:
+def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[str]:
+    return ["experiment=smoke", *common(plan, scratch), f"train.steps={plan.overhead_steps}", "checkpoint=none",
+            "strategy=accelpact", f"strategy.snapshot.every={every}", "fault=none", f"hydra.run.dir={run_dir}"]
+
+
+def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
     from harness.app.machine import probe
@@ -162,12 +172,12 @@ def measure_overhead(plan: Plan, scratch: Path) -> list[dict[str, Any]]:
     for pair in range(plan.overhead_pairs):
         for every in (0, 1):
             run_dir = scratch / "overhead" / f"every{every}_{pair}"
-            args = ["experiment=smoke", *common(plan, scratch), f"train.steps={plan.overhead_steps}",
-                    "checkpoint=none", "strategy=accelpact", f"strategy.snapshot.every={every}", "fault=none",
-                    f"hydra.run.dir={run_dir}"]
-            subprocess.run([sys.executable, "-m", "harness", *args], cwd=_ROOT, check=False)
-            row = json.loads((run_dir / "summary.json").read_text()).get("row", {}) \
-                if (run_dir / "summary.json").exists() else {}
+            args = overhead_args(plan, scratch, every, run_dir)
+            if not collect_only:
+                subprocess.run([sys.executable, "-m", "harness", *args], cwd=_ROOT, check=False)
+            if not (run_dir / "summary.json").exists():
+                continue
+            row = json.loads((run_dir / "summary.json").read_text()).get("row", {})
             snaps = _events(run_dir, "snapshots")
             run_cfg = to_run_config(compose(args[:-1]))
             planned = memory_plan(run_cfg, probe(with_gpus=False), load_catalogue().counts(run_cfg.model))
@@ -190,11 +200,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--rederive", action="store_true", help="rebuild table.md and plots from OUT/data.csv")
+    ap.add_argument("--collect", action="store_true",
+                    help="run nothing: rebuild data.csv, overhead.csv, table.md and plots from the runs in --scratch")
     args = ap.parse_args(argv)
     if args.rederive:
         out = _driver.output_dir(args, NAME, rederive=True)
         prov = load_provenance(out)
         write_outputs(out, read_rows(out / "data.csv"), read_rows(out / "overhead.csv"),
+                      float(prov.extra.get("runtime_s", math.nan)))
+        return 0
+    plan = QUICK if args.quick else FULL
+    faults = tuple(f for f in args.faults.split(",") if f)
+    if args.collect:
+        if not args.scratch:
+            print("error: --collect reads the runs of --scratch DIR", file=sys.stderr)
+            return 2
+        out, scratch = _driver.output_dir(args, NAME, rederive=True), Path(args.scratch)
+        data = [row for f in faults if (scratch / f).is_dir() for row in collect_fault(f, scratch / f)]
+        prov = load_provenance(out)
+        write_outputs(out, data, measure_overhead(plan, scratch, collect_only=True),
                       float(prov.extra.get("runtime_s", math.nan)))
         return 0
     from harness.faults.netns import namespaces_available
@@ -203,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"error: process_loss runs two simulated hosts in network namespaces: {why}", file=sys.stderr)
         return 2
-    plan = QUICK if args.quick else FULL
-    faults = tuple(f for f in args.faults.split(",") if f)
     out = _driver.output_dir(args, NAME)
     scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"{NAME}_runs_"))
     scratch.mkdir(parents=True, exist_ok=True)
