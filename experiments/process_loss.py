@@ -122,26 +122,54 @@ def _heal_columns(run_dir: Path) -> dict[str, Any]:
             "disk_bytes_read": sum(int(h.get("bytes_read_from_disk") or 0) for h in heals)}
 
 
+def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
+    """Strategies the harness refuses for ``fault`` here, with its one-line reason (e.g. NVRx's store
+    cannot live outside the ranks' namespaces for host_loss): they get a row saying so, not a run."""
+    from harness.app.capabilities import check_runnable
+    from harness.app.config import compose, to_run_config
+    from harness.app.validate import ConfigError
+
+    out = {}
+    for strategy in STRATEGIES:
+        args = [a for a in sweep_overrides(plan, fault, scratch / fault) if not a.startswith(("strategy=", "fault.at_age=",
+                                                                                            "hydra."))]
+        try:
+            check_runnable(to_run_config(compose([*args, f"strategy={strategy}", f"fault.at_age={max(plan.ages)}"])))
+        except ConfigError as exc:
+            out[strategy] = str(exc).splitlines()[0]
+    return out
+
+
 def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]:
     """Run one fault's comparison; one flat row per run (the reference included)."""
     run_dir = scratch / fault
-    done = subprocess.run([sys.executable, "-m", "harness", *sweep_overrides(plan, fault, run_dir)], cwd=_ROOT)
+    refused = unsupported(plan, fault, scratch)
+    (scratch / f"{fault}.refused.json").write_text(json.dumps(refused))
+    strategies = [s for s in STRATEGIES if s not in refused]
+    args = [a if not a.startswith("strategy=") else f"strategy={','.join(strategies)}"
+            for a in sweep_overrides(plan, fault, run_dir)]
+    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=_ROOT)
     if done.returncode != 0:
         print(f"warning: the {fault} comparison exited with {done.returncode}; its failed runs show in data.csv")
-    return collect_fault(fault, run_dir)
+    return collect_fault(fault, run_dir, plan)
 
 
-def collect_fault(fault: str, run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of one fault's finished comparison directory."""
+def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]:
+    """The rows of one fault's finished comparison directory, plus one per refused (strategy, age)."""
     from harness.report import compare
 
-    rows: list[dict[str, Any]] = []
+    refused_path = run_dir.parent / f"{fault}.refused.json"
+    refused = json.loads(refused_path.read_text()) if refused_path.exists() else {}
+    rows: list[dict[str, Any]] = [{"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a,
+                                   "status": "not supported", "reason": why}
+                                  for s, why in refused.items() for a in plan.ages]
     for sub in sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists()):
         row = json.loads((sub / "summary.json").read_text()).get("row", {})
         d: dict[str, Any] = {"fault": fault, "run": sub.name, "strategy": row.get("strategy"), "age": row.get("age"),
                              "status": row.get("status"), "goodput": row.get("goodput"), "wall_s": row.get("wall_s"),
                              "step_median_s": row.get("step_time_median_s"), "startup_s": row.get("startup_s"),
                              "replayed_steps": row.get("replayed_steps"), "relaunches": row.get("relaunches"),
+                             "reason": row.get("reason") or "",
                              "fallback": row.get("fallback_reason") or ("yes" if row.get("fallback") else "no")}
         try:
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
@@ -216,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --collect reads the runs of --scratch DIR", file=sys.stderr)
             return 2
         out, scratch = _driver.output_dir(args, NAME, rederive=True), Path(args.scratch)
-        data = [row for f in faults if (scratch / f).is_dir() for row in collect_fault(f, scratch / f)]
+        data = [row for f in faults if (scratch / f).is_dir() for row in collect_fault(f, scratch / f, plan)]
         prov = load_provenance(out)
         write_outputs(out, data, measure_overhead(plan, scratch, collect_only=True),
                       float(prov.extra.get("runtime_s", math.nan)))

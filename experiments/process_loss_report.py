@@ -104,6 +104,8 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
                                        ORDER.index(r["strategy"]) if r["strategy"] in ORDER else 9))
     for r in rows:
         r["label"] = LABELS.get(r["strategy"], r["strategy"])
+        if r.get("status") not in (None, "ok") and r.get("reason"):
+            r["status"] = f"{r['status']}: {r['reason']}"
         r["parts"] = _parts_text(r) if r["strategy"] != "reference" else ""
     ov = overhead_summary(overhead)
     text = ["# Losing a process or a host: heal in memory vs restart from disk", "",
