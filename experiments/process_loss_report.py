@@ -74,6 +74,8 @@ def best_rows(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         else:
             b = ok[best]
             row["reason"] = (f"{_f(ours['wall_s']) - _f(b['wall_s']):+.1f} s wall vs {LABELS.get(best, best)}: "
+                             f"median step {_f(ours.get('step_median_s')):.2f} s vs {_f(b.get('step_median_s')):.2f} s "
+                             f"(per-step snapshots and replica pushes share the cores with training); "
                              f"accelpact's parts {_parts_text(ours)}; {LABELS.get(best, best)}'s {_parts_text(b)}")
         out.append(row)
     return out
@@ -134,7 +136,9 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
                        ("push_mb_s", "replica push (MB/s)", ".0f")]), "",
             f"Alternated fault-free accelpact runs ({ov['runs']} in all, snapshots off/on), the same hosts and "
             "model; overhead = median step on / off - 1. Shared-memory bytes are measured on the ranks at their "
-            "clean exit (st_blocks of the slot files); the plan's figure is 2 own slots + 2 replicas.", "",
+            "clean exit (st_blocks of the slot files); the plan's figure is 2 own slots + 2 replicas. Where \"blocked\" "
+            "is near 0, the overhead is not waiting: it is the CPU that the background copy, CRC-32s and replica push "
+            "take from the training threads on the same cores (2 cores here, shared by both ranks and other jobs).", "",
             *_driver.closing_lines(runtime_s, prov)]
     return "\n".join(text) + "\n"
 

@@ -14,7 +14,7 @@ from experiments.process_loss import FULL, Plan, sweep_overrides
 def _row(fault, strategy, age, goodput, wall, **parts):
     return {"fault": fault, "run": f"{strategy}_age{age}", "strategy": strategy, "age": age, "status": "ok",
             "goodput": goodput, "wall_s": wall, "replayed_steps": 1 if strategy == "accelpact" else age,
-            "heal_source": "buddy" if strategy == "accelpact" else "", "bit_identical": True,
+            "heal_source": "buddy" if strategy == "accelpact" else "", "bit_identical": True, "step_median_s": 1.0,
             **{f"part_{k}_s": v for k, v in parts.items()}}
 
 
@@ -32,6 +32,7 @@ def test_best_and_the_measured_reason_when_accelpact_is_not_best():
     assert row["gain_cold_restart"] == pytest.approx(1.5) and row["gain_checkpoint_restore"] == pytest.approx(90 / 95)
     assert row["reason"].startswith("+1.5 s wall vs NVRx checkpoint restore")
     assert "restart 2.0 s" in row["reason"] and "replay 0.9 s" in row["reason"]
+    assert "median step 1.00 s vs 1.00 s" in row["reason"]
     best_ours = [dict(r, goodput=r["goodput"] * (2 if r["strategy"] == "accelpact" else 1)) for r in DATA]
     assert rep.best_rows(best_ours)[0]["reason"].startswith("best; healed from buddy, 1 step(s) replayed")
 
