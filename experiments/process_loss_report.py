@@ -73,7 +73,7 @@ def best_rows(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                              f"{int(_f(ours.get('replayed_steps')) or 0)} step(s) replayed, parts: {_parts_text(ours)}")
         else:
             b = ok[best]
-            row["reason"] = (f"{_f(ours['wall_s']) - _f(b['wall_s']):+.1f} s wall vs {LABELS.get(best, best)}: "
+            row["reason"] = (f"goodput {_f(ours['goodput']):.1f} vs {_f(b['goodput']):.1f} tok/s: "
                              f"median step {_f(ours.get('step_median_s')):.2f} s vs {_f(b.get('step_median_s')):.2f} s "
                              f"(per-step snapshots and replica pushes share the cores with training); "
                              f"accelpact's parts {_parts_text(ours)}; {LABELS.get(best, best)}'s {_parts_text(b)}")
@@ -106,9 +106,12 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
                                        ORDER.index(r["strategy"]) if r["strategy"] in ORDER else 9))
     for r in rows:
         r["label"] = LABELS.get(r["strategy"], r["strategy"])
-        if r.get("status") not in (None, "ok") and r.get("reason"):
-            r["status"] = f"{r['status']}: {r['reason']}"
         r["parts"] = _parts_text(r) if r["strategy"] != "reference" else ""
+        if r.get("status") not in (None, "ok"):
+            # A failed run's goodput counts the steps before it died: not comparable, so not shown.
+            r["goodput"] = r["wall_s"] = r["parts"] = None
+            if r.get("reason"):
+                r["status"] = f"{r['status']}: {r['reason']}"
     ov = overhead_summary(overhead)
     text = ["# Losing a process or a host: heal in memory vs restart from disk", "",
             "mistral_tiny (seq 64 x batch 2 per rank) on two simulated hosts (network namespaces, one gloo rank "
@@ -157,11 +160,16 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], prov: Any) -> Path:
     for ax, fault in zip(axes[0], faults):
         rows = [r for r in data if r["fault"] == fault]
         ages = sorted({int(_f(r["age"])) for r in rows if not math.isnan(_f(r.get("age")))})
-        ref = next((_f(r["goodput"]) for r in rows if r["strategy"] == "reference"), math.nan)
+        ref = next((_f(r.get("goodput")) for r in rows if r["strategy"] == "reference"), math.nan)
         width = 0.8 / len(names)
         for i, s in enumerate(names):
-            ys = [next((_f(r["goodput"]) for r in rows if r["strategy"] == s and _f(r.get("age")) == a), math.nan)
-                  for a in ages]
+            cells = [next((r for r in rows if r["strategy"] == s and _f(r.get("age")) == a), None) for a in ages]
+            # A failed or refused run has no comparable goodput: no bar, its status written at the base.
+            ys = [_f(c.get("goodput")) if c and c.get("status") == "ok" else math.nan for c in cells]
+            for j, c in enumerate(cells):
+                if c and c.get("status") != "ok":
+                    ax.text(j + (i - (len(names) - 1) / 2) * 0.8 / len(names), 2, str(c.get("status")).split(":")[0],
+                            rotation=90, ha="center", va="bottom", fontsize=7)
             try:
                 color = strategies.get(s).color
             except KeyError:
