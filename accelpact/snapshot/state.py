@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from accelpact.snapshot.slots import SnapshotError
 
-__all__ = ["Entry", "Meta", "ALIGN", "entries", "layout", "capture_meta", "check_groups", "apply_meta", "restore_tensors",
+__all__ = ["Entry", "Meta", "ALIGN", "entries", "layout", "capture_meta", "check_groups", "signature", "apply_meta", "restore_tensors",
            "param_names", "check_supported"]
 
 ALIGN = 64  # every tensor starts on a 64-byte boundary of the payload file (any dtype can view it)
@@ -78,6 +78,11 @@ class Meta:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
+    # A DTensor's ``_local_tensor`` directly: ``to_local()`` is an autograd function, ~0.1 ms a call,
+    # which made the per-step capture of a 4-layer model's 120 tensors cost 19 ms on the training thread.
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        return local
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -109,7 +114,8 @@ def _tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tup
     names = param_names(model, optimizer)
     seen: set[int] = set()
     params = [p for _, p in model.named_parameters()]
-    params += [p for g in optimizer.param_groups for p in g["params"] if id(p) not in {id(q) for q in params}]
+    known = {id(q) for q in params}
+    params += [p for g in optimizer.param_groups for p in g["params"] if id(p) not in known]
     for p in params:
         if id(p) in seen:
             continue
@@ -145,10 +151,26 @@ def _shard_devices(model: nn.Module) -> list[torch.device]:
     return sorted({_local(p).device for p in model.parameters() if _local(p).device.type == "cuda"}, key=str)
 
 
+def signature(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
+    """Identity of every tensor a snapshot reads: unchanged means a cached :func:`entries` is still right.
+
+    Cheap (no module traversal): the optimizer's parameters, their local tensors and their state
+    tensors. A ``load_state_dict`` or new state replaces some of them and changes it.
+    """
+    ids: list[int] = []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            ids += (id(p), id(_local(p)))
+            st = optimizer.state.get(p)
+            if st:
+                ids += (id(v) for v in st.values())
+    return tuple(ids)
+
+
 def capture_meta(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, index: list[Entry],
-                 extra_state: Any) -> Meta:
+                 extra_state: Any, names: dict[int, str] | None = None) -> Meta:
     """The small part of a snapshot, read now (RNG and hyper-parameters as of this instant)."""
-    names = param_names(model, optimizer)
+    names = names if names is not None else param_names(model, optimizer)
     groups = []
     for g in optimizer.param_groups:
         hyper = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
@@ -160,7 +182,8 @@ def capture_meta(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, 
         if plain:
             scalars[names.get(id(p), "?")] = plain
     rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
-    devices = _shard_devices(model)
+    devices = sorted({e.device_type for e in index} - {"cpu"})
+    devices = _shard_devices(model) if devices else []
     if devices:
         rng["cuda"] = {d.index: torch.cuda.get_rng_state(d) for d in devices}
     return Meta(step, [e.to_dict() for e in index], groups, scalars, rng, extra_state)
