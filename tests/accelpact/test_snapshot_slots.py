@@ -172,3 +172,18 @@ def test_bad_tokens_and_fsdp1_flat_parameters_are_refused():
 
     with pytest.raises(SnapshotError, match="FSDP1 flat parameters"):
         check_supported(Flat())
+
+
+def test_the_cleanup_command_lists_and_removes_a_killed_jobs_snapshots(tmp_path, capsys):
+    from accelpact.snapshot.__main__ import main as cli
+
+    model, opt = build()
+    snap = Snapshotter(model, opt, job_token="job-killed", rank=0, world_size=1, config=SnapshotConfig(root=str(tmp_path)))
+    train_step(model, opt, 0, snap)
+    snap.flush()  # no close: as a SIGKILLed job leaves it
+    assert cli(["--root", str(tmp_path), "list"]) == 0
+    assert "job-killed  ranks=rank0  newest_step=0" in capsys.readouterr().out
+    cli(["--root", str(tmp_path), "cleanup", "--idle-s", "3600"])
+    assert capsys.readouterr().out == ""  # written just now: not idle
+    cli(["--root", str(tmp_path), "cleanup", "job-killed"])
+    assert "removed" in capsys.readouterr().out and not (tmp_path / "job-killed").exists()
