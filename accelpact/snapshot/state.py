@@ -91,13 +91,16 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 def check_supported(model: nn.Module) -> None:
-    """Refuse FSDP1 flat parameters with the reason and what works."""
-    for name, p in model.named_parameters():
-        if type(p).__name__ == "FlatParameter" or "_flat_param" in name:
-            raise SnapshotError(
-                f"snapshots do not support FSDP1 flat parameters ({name}): their local shard is a padded slice "
-                "of a flat buffer, not one tensor per named parameter. Use FSDP2 (fully_shard), or FSDP1 "
-                "with use_orig_params=True is not supported either; checkpoint to disk instead")
+    """Refuse FSDP1 (flat parameters, or original parameters viewing them) with the reason and what works."""
+    from accelpact.reset import fsdp_flavour
+
+    flat = next((n for n, p in model.named_parameters() if type(p).__name__ == "FlatParameter" or "_flat_param" in n),
+                None)
+    if flat is not None or fsdp_flavour(model) == "fsdp1":
+        raise SnapshotError(
+            f"snapshots do not support FSDP1 ({flat or 'FullyShardedDataParallel'}): its local shard is a padded "
+            "slice of a flat buffer (with use_orig_params=True too, each parameter is a view into it), not one "
+            "tensor per named parameter. Use FSDP2 (fully_shard), or checkpoint to disk")
 
 
 def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:

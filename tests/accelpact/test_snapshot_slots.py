@@ -170,7 +170,7 @@ def test_bad_tokens_and_fsdp1_flat_parameters_are_refused():
             super().__init__()
             self._flat_param = torch.nn.Parameter(torch.zeros(4))
 
-    with pytest.raises(SnapshotError, match="FSDP1 flat parameters"):
+    with pytest.raises(SnapshotError, match="do not support FSDP1"):
         check_supported(Flat())
 
 
@@ -187,3 +187,29 @@ def test_the_cleanup_command_lists_and_removes_a_killed_jobs_snapshots(tmp_path,
     assert capsys.readouterr().out == ""  # written just now: not idle
     cli(["--root", str(tmp_path), "cleanup", "job-killed"])
     assert "removed" in capsys.readouterr().out and not (tmp_path / "job-killed").exists()
+
+
+def test_restore_latest_fetches_the_buddys_replica_when_the_own_slots_are_gone(trained, tmp_path_factory):
+    import shutil
+
+    root, model, opt, snap = trained
+    replicas = tmp_path_factory.mktemp("buddy")  # what a buddy would hold: copies of both slots
+    for s in (0, 1):
+        shutil.copytree(slot_dir(root, "job-a", 0, s), replicas / f"slot{s}")
+    shutil.rmtree(root / "job-a" / "rank0")  # the host's shared memory is gone
+    calls = []
+
+    def fetch(src_rank, dest, step=None):
+        calls.append((src_rank, step))
+        held = {read_marker(replicas / f"slot{s}").step: replicas / f"slot{s}" for s in (0, 1)}
+        src = held.get(step if step is not None else max(held))
+        if src is None:
+            return None
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest)
+        return json.loads((dest / "marker.json").read_text())
+
+    fresh, fopt = build()
+    info = restore_latest(fresh, fopt, job_token="job-a", rank=0, config=SnapshotConfig(root=str(root)), fetch=fetch)
+    assert (info.step, info.source) == (2, "buddy") and calls == [(0, None)]
+    assert _states_equal(model, fresh, opt, fopt)
