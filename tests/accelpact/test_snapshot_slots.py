@@ -213,3 +213,22 @@ def test_restore_latest_fetches_the_buddys_replica_when_the_own_slots_are_gone(t
     info = restore_latest(fresh, fopt, job_token="job-a", rank=0, config=SnapshotConfig(root=str(root)), fetch=fetch)
     assert (info.step, info.source) == (2, "buddy") and calls == [(0, None)]
     assert _states_equal(model, fresh, opt, fopt)
+
+
+def test_before_update_returns_only_once_the_previous_snapshot_is_complete(tmp_path):
+    """The heal's at-most-one-step argument: a rank that passed before_update (the guard calls it ahead
+    of the next vote) holds a valid slot of the previous step, even with a slow copy."""
+    model, opt = build()
+    snap = Snapshotter(model, opt, job_token="job-d", rank=0, world_size=1,
+                       config=SnapshotConfig(root=str(tmp_path), pause_mid_copy_s=0.5))
+    train_step(model, opt, 0, snap)
+    assert snap.held_steps() == [0]
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1))
+    (model(x) + torch.randn(8, 256)).pow(2).mean().backward()
+    snap.before_update()  # a copy of step 0 would still be paused here if it were not waited for
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    snap.after_commit(1)
+    snap.before_update()
+    assert read_marker(slot_dir(tmp_path, "job-d", 0, 1)).step == 1 and snap.last_wait_s > 0.3
+    snap.close(remove=True)
