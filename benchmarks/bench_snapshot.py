@@ -11,7 +11,7 @@ busy training, as this one, the snapshot thread's CPU is what it costs; wall tim
 by other processes' load.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_snapshot.py --sizes mistral_tiny mistral_small \
-        --steps 4 --rounds 3 --out results/snapshots
+        --steps 2 --rounds 6 --seq mistral_small=64 --out results/snapshots
 
 Snapshots go to a fresh directory under /dev/shm (removed at the end).
 """
@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["mistral_tiny", "mistral_small"], choices=sorted(SIZES))
     ap.add_argument("--steps", type=int, default=4, help="steps per block")
     ap.add_argument("--rounds", type=int, default=3, help="off/on block pairs per size (after a warm-up pair)")
-    ap.add_argument("--seq", type=int, default=None, help="override every size's sequence length (fewer FLOPs, "
-                    "same snapshot bytes: a stricter overhead test on a loaded host)")
+    ap.add_argument("--seq", nargs="*", default=[], metavar="SIZE=SEQ",
+                    help="override a size's sequence length, e.g. mistral_small=64 (fewer FLOPs per step, the same "
+                    "snapshot bytes: a stricter overhead test, and a step short enough for a loaded host)")
     ap.add_argument("--out", type=Path, default=None, help="write bench_snapshot.md and provenance here")
     args = ap.parse_args(argv)
     command = "PYTHONPATH=. .venv/bin/python benchmarks/bench_snapshot.py " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -153,14 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.sizes:
-                model = {**SIZES[name], **({"seq": args.seq} if args.seq else {})}
+                seq = dict(item.split("=", 1) for item in args.seq).get(name)
+                model = {**SIZES[name], **({"seq": int(seq)} if seq else {})}
                 sc = {"name": name, "model": model, "steps": args.steps, "rounds": args.rounds, "root": root}
                 total_steps = args.steps * (2 * args.rounds + 2)
                 s = run_session(Path(tmp) / name, RUNNER, [{**sc, "steps_total": total_steps}], world_size=2,
                                 barrier=True, pg_timeout_s=900, control_deadline_s=900,
                                 timeout_s=300 + 60 * total_steps * (6 if name == "mistral_small" else 1))
                 res = s.job(name)
-                rows += summarize(name if not args.seq else f"{name} (seq {args.seq})", res)
+                rows += summarize(f"{name} (seq {model['seq']}, batch {model['batch']})", res)
                 notes.append(f"{name}: {s.wall_s:.0f} s, load {load_average()}")
                 print(f"  {notes[-1]}", flush=True)
     finally:
