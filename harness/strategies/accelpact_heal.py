@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
+# Fault injection for tests: the replacement with this number (HARNESS_REPLACEMENT) SIGKILLs itself in
+# the middle of its heal.
+DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
 
 
 @dataclass
@@ -43,8 +46,13 @@ def control_deadline(cfg: "RunConfig") -> None:
 def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
     import accelpact
+    import accelpact.snapshot  # noqa: F401 - imported before arriving: the survivors wait from then on
     from accelpact.control import ControlChannel
+    from harness.rank.models import meta_model
 
+    # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
+    # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
+    meta_model(cfg.model)
     control_deadline(cfg)
     control = ControlChannel.from_env()
     try:
@@ -53,6 +61,12 @@ def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
         print(f"rank {env.rank}: replacement {env.replacement} could not join: {exc}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_FALLBACK)
+    if os.environ.get(DIE_IN_HEAL) == str(env.replacement):
+        # Fault injection (tests): this replacement dies inside its heal, after joining the new
+        # generation and before the heal reports: the survivors must heal once more.
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
     return Rejoined(control, ticket)
 
 
@@ -80,7 +94,8 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
 
     replication = _replication(cfg, control, rank, world_size)
     snapshots = Snapshotter(model, optimizer, job_token=control.job_token, rank=rank, world_size=world_size,
-                            config=SnapshotConfig(every=every),
+                            config=SnapshotConfig(every=every,
+                                                  pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
                             on_complete=replication.push if replication is not None else None)
     policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
                         fetch_replica=replication.fetch if replication is not None else None,
