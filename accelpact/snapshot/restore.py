@@ -90,6 +90,8 @@ def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_to
         return None
     empty = [r for r, steps in enumerate(everyone) if not steps]
     common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+    if empty and fetch is not None and hasattr(fetch, "lost_error"):
+        raise fetch.lost_error(empty, everyone)  # buddy replication: name each lost rank's buddy too
     if empty or not common:
         raise SnapshotError(
             f"no snapshot step is held by every rank (held: "

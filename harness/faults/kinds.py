@@ -7,6 +7,8 @@ time it acted (``driver.record``) and acks the rank (``driver.ack``) unless the 
 - ``hang``: SIGSTOP the rank's process group, ack (the rank reads it once continued), SIGCONT it
   ``fault.outage_s`` later from the poll loop.
 - ``kill``: SIGKILL the rank's process group; no ack.
+- ``host_loss``: SIGKILL every rank of the rank's host and delete the host's snapshot root
+  (``harness.faults.host_loss``); no ack.
 - ``tcp_reset``: ``ss -K`` on the rank's data-plane sockets inside its namespace, then ack.
 - ``blackhole`` / ``link_down``: a link outage on the rank's data link for ``fault.outage_s``, held
   on a background thread; ack once it is applied.
@@ -19,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from harness.faults.host_loss import apply_host_loss
 from harness.faults.registry import FaultSpec
 
 
@@ -76,6 +79,8 @@ BUILTIN: tuple[FaultSpec, ...] = (
     FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
               parent_apply=apply_hang, outage=True),
     FaultSpec("kill", "SIGKILL the rank: not recoverable in memory", where="parent", parent_apply=apply_kill),
+    FaultSpec("host_loss", "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
+              "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss),
     FaultSpec("tcp_reset", "network namespaces: destroy the rank's gloo TCP connections (ss -K)", where="netns",
               parent_apply=apply_tcp_reset),
     FaultSpec("blackhole", "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",

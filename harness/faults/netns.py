@@ -37,6 +37,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
@@ -50,6 +51,7 @@ from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI 
     main,
     namespaces_available,
 )
+from harness.faults.snapshot_roots import ROOT_ENV, host_root, snapshot_base
 from harness.faults.addressing import (
     CTL_BRIDGE,
     CTL_IF,
@@ -156,6 +158,7 @@ class NetnsTopology:
         self._stdin_lock = threading.Lock()
         self._closed = threading.Event()
         self._up = False
+        self._snapshot_base = snapshot_base()
 
     # -- lifecycle
     def __enter__(self) -> "NetnsTopology":
@@ -279,11 +282,21 @@ class NetnsTopology:
             "GLOO_SOCKET_IFNAME": DATA_IF,
             "MASTER_ADDR": self.layout.data_addr(0),
             "ACCELPACT_DATA_ADDR": self.layout.data_addr(rank),
+            # The replica server binds here: the control link, never the data plane the faults hit.
+            "ACCELPACT_REPLICA_ADDR": self.layout.ctl_addr(rank),
+            # The buddy of a rank is the same local rank on the next host (accelpact.snapshot.replica).
+            "LOCAL_WORLD_SIZE": str(self.layout.ranks_per_host),
+            # Each host its own shared-memory directory: host_loss deletes exactly this one.
+            ROOT_ENV: str(self.snapshot_root(self.layout.host_of(rank))),
             TAG_ENV: self.prefix,
         }
         if self._control_addr is not None:
             env["ACCELPACT_CONTROL_ADDR"] = f"{self._control_addr[0]}:{self._control_addr[1]}"
         return env
+
+    def snapshot_root(self, host: int) -> Path:
+        """The snapshot root (its "shared-memory directory") of ``host`` (harness.faults.snapshot_roots)."""
+        return host_root(self.layout.host_ns(host), self._snapshot_base)
 
     # -- faults
     @contextlib.contextmanager

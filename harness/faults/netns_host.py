@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from harness.faults.addressing import PREFIX_RE, check_prefix, new_prefix
+from harness.faults.snapshot_roots import job_roots, remove_job_roots, root_prefixes
 
 TAG_ENV = "ACCELPACT_NETNS"  # every process of the job carries its prefix here, so leftovers can be found
 
@@ -101,9 +102,9 @@ def _netns_list() -> list[str]:
 
 
 def list_prefixes() -> list[str]:
-    """Job prefixes that own at least one namespace right now (live or stale)."""
+    """Job prefixes that own at least one namespace or snapshot root right now (live or stale)."""
     found = {name.split("-", 1)[0] for name in _netns_list() if "-" in name}
-    return sorted(p for p in found if PREFIX_RE.match(p))
+    return sorted({p for p in found if PREFIX_RE.match(p)} | set(root_prefixes()))
 
 
 def _tagged_pids(prefix: str) -> set[int]:
@@ -144,11 +145,13 @@ def leftovers(prefix: str) -> list[str]:
     qdiscs = _run(["tc", "qdisc", "show"], check=False).stdout
     found += [f"qdisc {line.strip()}" for line in qdiscs.splitlines() if prefix in line]
     found += [f"process {pid}" for pid in sorted(_tagged_pids(prefix))]
+    found += [f"snapshots {root}" for root in job_roots(prefix)]
     return found
 
 
 def cleanup_stale(prefix: str) -> list[str]:
-    """Kill every process of job ``prefix`` and delete its namespaces; return what was removed.
+    """Kill every process of job ``prefix``, delete its namespaces and its hosts' snapshot directories;
+    return what was removed.
 
     For a job that died without tearing down (SIGKILL). Safe to call on a live job only if you mean to
     end it."""
@@ -160,6 +163,7 @@ def cleanup_stale(prefix: str) -> list[str]:
     for name in names:
         _run(["ip", "netns", "del", name], check=False)
     removed += [f"netns {n}" for n in names]
+    removed += remove_job_roots(prefix)  # the hosts' snapshot directories, after their writers are dead
     return removed
 
 

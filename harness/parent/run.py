@@ -53,6 +53,7 @@ def run_one(
     from harness.events import EventLog
     from harness.faults import registry as faults
     from harness.faults.driver import FaultDriver
+    from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
 
     started = time.time()
     run = _resolve_cluster(run)
@@ -71,6 +72,7 @@ def run_one(
     parent_events = EventLog(run_dir, -1)
     relaunches: list[str] = []
     topology: Any = None
+    single_host_prefix = ""  # names the snapshot root of a run without namespaces (one host)
     driver: Optional[FaultDriver] = None
     strategy = strategies.get(run.strategy.name)
     setup: Any = None
@@ -83,6 +85,7 @@ def run_one(
             launcher.store_set_fn = topology.store_set
         else:
             launcher.start_control_store()
+            single_host_prefix = single_host_snapshot_env(launcher.extra_env)
         if strategy.parent_setup is not None:
             setup = strategy.parent_setup(run, launcher)
         launcher.settle_s = strategy.settle_s(run)
@@ -120,6 +123,8 @@ def run_one(
             left = topology.teardown()
             if left:
                 outcome.reason += f" (namespace teardown left: {left})"
+        if single_host_prefix:
+            remove_job_roots(single_host_prefix)  # after launcher.close(): no rank writes any more
         parent_events.close()
         if setup is not None and hasattr(setup, "close"):
             setup.close()

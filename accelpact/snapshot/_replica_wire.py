@@ -1,0 +1,141 @@
+"""The replica channel's wire format: signed frames, then raw file bytes. Stdlib only.
+
+One request per TCP connection. A frame is a 4-byte big-endian length and a JSON body signed with
+the job token (``accelpact.notice_auth``: HMAC-SHA256 under a key derived from the token, and a
+``job`` tag). A peer of another job, or anything that merely reaches the port, cannot produce a
+frame the other side accepts, so it can neither read nor overwrite this job's replicas.
+
+What the signature covers: the header (operation, source rank, step, file names and sizes, and the
+slot's marker). The payload bytes are not MACed, which keeps the send zero-copy (``socket.sendfile``
+from the slot file straight into the socket); they are covered by the marker's checksum, which is
+inside the signed header and which every reader of a slot checks before loading it.
+
+Receiving writes straight into the destination file through ``mmap`` + ``recv_into``: one copy,
+kernel socket buffer to the shared-memory page, with no Python ``bytes`` in between.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any, Sequence
+
+from accelpact.notice_auth import NoticeRejected, sign, verify
+
+__all__ = ["WireError", "PeerClosed", "send_frame", "recv_frame", "send_files", "recv_files", "check_file_list",
+           "MARKER", "write_json_atomic"]
+
+MARKER = "marker.json"
+_LEN = struct.Struct(">I")
+_MAX_FRAME = 1 << 20  # a header is a few hundred bytes; anything near this is not ours
+_CHUNK = 8 << 20  # recv_into slice: large enough that the per-call overhead vanishes
+
+
+class WireError(ConnectionError):
+    """The peer broke the protocol, closed early, or failed authentication; ``str()`` says which.
+
+    A ConnectionError so that callers treat it like a reset: drop the connection, maybe retry."""
+
+
+class PeerClosed(WireError):
+    """The peer's connection ended mid-message (it died, or its socket was reset)."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise PeerClosed(f"peer closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_frame(sock: socket.socket, body: dict[str, Any], job_token: str) -> None:
+    raw = sign(body, job_token)
+    sock.sendall(_LEN.pack(len(raw)) + raw)
+
+
+def recv_frame(sock: socket.socket, job_token: str) -> dict[str, Any]:
+    """The next frame's body; WireError if it is oversized, unsigned, forged or another job's."""
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > _MAX_FRAME:
+        raise WireError(f"frame of {n} bytes refused (limit {_MAX_FRAME}): not an accelpact replica peer")
+    try:
+        return verify(_recv_exact(sock, n), job_token)
+    except NoticeRejected as why:
+        raise WireError(f"request refused: {why}") from None
+
+
+def check_file_list(files: Any) -> list[tuple[str, int]]:
+    """[(name, size)] from a frame, refusing anything that could leave the slot directory."""
+    if not isinstance(files, list):
+        raise WireError("files must be a list of [name, size]")
+    out: list[tuple[str, int]] = []
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 2):
+            raise WireError(f"bad file entry {item!r}")
+        name, size = item
+        if (not isinstance(name, str) or not name or "/" in name or "\0" in name or name.startswith(".")
+                or name == MARKER):
+            raise WireError(f"bad file name {name!r}: plain names only, no marker, no hidden files")
+        if not isinstance(size, int) or size < 0:
+            raise WireError(f"bad size {size!r} for {name}")
+        out.append((name, size))
+    return out
+
+
+def payload_files(slot_dir: Path) -> list[tuple[str, int]]:
+    """The slot's payload files (everything but the marker and hidden temporaries), sorted by name."""
+    return sorted((p.name, p.stat().st_size) for p in slot_dir.iterdir()
+                  if p.is_file() and p.name != MARKER and not p.name.startswith("."))
+
+
+def send_files(sock: socket.socket, slot_dir: Path, files: Sequence[tuple[str, int]]) -> None:
+    """Each file's first ``size`` bytes, in order, zero-copy. WireError if a file shrank meanwhile."""
+    for name, size in files:
+        if size == 0:
+            continue
+        with open(slot_dir / name, "rb") as f:
+            sent = sock.sendfile(f, 0, size)
+        if sent != size:
+            raise WireError(f"{name}: sent {sent} of {size} bytes (the slot changed under the send)")
+
+
+def recv_files(sock: socket.socket, dest: Path, files: Sequence[tuple[str, int]]) -> int:
+    """Receive the files into ``dest`` (which exists); returns the bytes received."""
+    total = 0
+    for name, size in files:
+        fd = os.open(dest / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            if size == 0:
+                continue
+            os.ftruncate(fd, size)
+            with mmap.mmap(fd, size) as mm:
+                view = memoryview(mm)
+                try:
+                    got = 0
+                    while got < size:
+                        k = sock.recv_into(view[got:got + _CHUNK])
+                        if k == 0:
+                            raise PeerClosed(f"{name}: peer closed after {got} of {size} bytes")
+                        got += k
+                finally:
+                    view.release()
+            total += size
+        finally:
+            os.close(fd)
+    return total
+
+
+def write_json_atomic(path: Path, body: dict[str, Any]) -> None:
+    """Write ``path`` by a temporary file and rename: a reader sees the old file, the new one, or none."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(body, sort_keys=True))
+    os.replace(tmp, path)

@@ -1,0 +1,410 @@
+"""Buddy replicas: every snapshot slot of a rank is copied to a buddy rank on another host.
+
+A rank's own snapshots live in its host's shared memory, so they survive the process but not the
+host. Each completed slot is therefore also pushed to the rank's *buddy*, which keeps the last two
+complete replicas per source (``accelpact.snapshot._replica_server``). A replacement whose own slot
+is missing or corrupt fetches the replica back (:meth:`Replication.fetch`).
+
+Who is whose buddy (:func:`buddy_of`): the same local rank on the next host, wrapping around; with
+one host, the next rank. Hosts are, in this order of preference: an explicit list of each host's
+ranks (``hosts=``), or contiguous blocks of ``local_world_size`` ranks (torchrun's and Slurm's
+block placement; read from ``LOCAL_WORLD_SIZE`` when not given), else one host holding every rank.
+
+The channel is plain TCP between ranks, bound on this rank's *control-network* address (the one it
+uses to reach the control store; ``ACCELPACT_REPLICA_ADDR`` overrides it), never the training data
+plane, so a data-plane fault never reaches it. Each server's address is published in the control
+store under the job token. Requests are signed with the job token (``accelpact.notice_auth``):
+another job can neither read nor overwrite this job's replicas.
+
+A push never blocks training: :meth:`Replication.push` (the snapshotter's ``on_complete`` hook) only
+hands the slot to a pusher thread, which sends the newest pending slot; slots that arrive while one
+is being sent replace each other (counted in ``skipped``). A connection that breaks (a socket reset:
+the fault injector and the gloo backend's abort reset every TCP connection of the process that is
+not a store connection, these included) is retried with a fresh connection and a fresh look-up of
+the buddy's address; a buddy that stays unreachable costs one log line, and the slot is dropped
+(``dropped``); the next snapshot tries again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from accelpact.errors import RankLostError
+from accelpact.notice_auth import NoticeRejected, sign, verify
+from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
+from accelpact.snapshot.slots import SnapshotError
+from accelpact.snapshot._replica_wire import (
+    MARKER,
+    WireError,
+    check_file_list,
+    payload_files,
+    recv_files,
+    recv_frame,
+    send_files,
+    send_frame,
+    write_json_atomic,
+)
+
+__all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "check_replica", "Replication",
+           "ReplicaServer", "BuddyLostError"]
+
+_CONNECT_TIMEOUT_S = 5.0
+_IO_TIMEOUT_S = 60.0
+_RETRY_PAUSES_S = (0.0, 0.05, 0.2, 0.5)  # a reset heals at once; a replaced buddy needs a moment to publish
+_RESOLVE_DEADLINE_S = 2.0
+
+
+class BuddyLostError(RankLostError, SnapshotError):
+    """A rank and its buddy were both lost: no copy of the rank's snapshot survives in memory.
+
+    A RankLostError (``ranks``: the lost rank(s) and their buddies) and a SnapshotError (what
+    ``restore_latest`` raises when some rank holds no snapshot), so either ``except`` catches it."""
+
+
+def check_replica(job_token: str, world_size: int) -> Callable[[Path, dict], bool]:
+    """The snapshot reader's own check (marker fields, sizes, CRC-32s) as a replica validator."""
+    def ok(slot: Path, marker: dict) -> bool:
+        from accelpact.snapshot.load import check_slot  # torch: only when a replica is checked
+
+        _, why = check_slot(slot, job_token=job_token, rank=int(marker.get("rank", -1)), world_size=world_size,
+                            step=marker.get("step"), verify=True)
+        return why is None
+    return ok
+
+
+class _Store(Protocol):  # the part of accelpact.ControlChannel used here
+    job_token: str
+
+    def key(self, *parts: str) -> str: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def get(self, key: str, deadline_s: float | None = None) -> bytes: ...
+
+
+# ---------------------------------------------------------------------------------------------- topology
+
+def host_groups(world_size: int, *, hosts: Sequence[Sequence[int]] | None = None,
+                local_world_size: int | None = None) -> list[list[int]]:
+    """Each host's ranks: ``hosts`` as given, else blocks of ``local_world_size`` (default: the
+    ``LOCAL_WORLD_SIZE`` environment variable, else every rank on one host)."""
+    if hosts is not None:
+        groups = [list(h) for h in hosts]
+        flat = sorted(r for h in groups for r in h)
+        if flat != list(range(world_size)) or any(not h for h in groups):
+            raise ValueError(f"hosts={hosts!r} must split ranks 0..{world_size - 1} into non-empty hosts, each rank once")
+        return groups
+    if local_world_size is None:
+        env = os.environ.get("LOCAL_WORLD_SIZE")
+        local_world_size = int(env) if env else world_size
+    if local_world_size < 1:
+        raise ValueError(f"local_world_size={local_world_size} must be >= 1")
+    return [list(range(s, min(s + local_world_size, world_size))) for s in range(0, world_size, local_world_size)]
+
+
+def buddy_of(rank: int, world_size: int, **topology: Any) -> int | None:
+    """The rank that holds ``rank``'s replicas (None with a single rank: there is nobody to hold them).
+
+    The same local rank on the next host (a smaller next host wraps the local rank); with one host,
+    the next rank. ``topology``: ``hosts=`` or ``local_world_size=`` as for :func:`host_groups`."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+    if world_size == 1:
+        return None
+    groups = host_groups(world_size, **topology)
+    if len(groups) == 1:
+        return (rank + 1) % world_size
+    h = next(i for i, g in enumerate(groups) if rank in g)
+    nxt = groups[(h + 1) % len(groups)]
+    return nxt[groups[h].index(rank) % len(nxt)]
+
+
+def wards_of(rank: int, world_size: int, **topology: Any) -> list[int]:
+    """The ranks whose replicas ``rank`` holds."""
+    return [r for r in range(world_size) if buddy_of(r, world_size, **topology) == rank]
+
+
+def control_bind_address(control_host: str) -> str:
+    """This host's address on the control network: ``ACCELPACT_REPLICA_ADDR`` if set, else the local
+    address the kernel routes to the control store from (a UDP connect sends nothing)."""
+    explicit = os.environ.get("ACCELPACT_REPLICA_ADDR")
+    if explicit:
+        return explicit
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((control_host, 9))
+        return s.getsockname()[0]
+
+
+# ---------------------------------------------------------------------------------------------- replication
+
+class Replication:
+    """One rank's end of buddy replication: its server (holding its wards' replicas), its pusher, its fetch.
+
+    ``store`` is the rank's ``accelpact.ControlChannel`` (only ``key``/``set``/``get`` are used);
+    ``job_token`` the snapshots' token, when it is not the channel's (the Snapshotter's ``job_token``).
+    ``root`` is this host's snapshot root. ``validate(slot_dir, marker)`` checks what is received and
+    served; the default is the snapshot reader's own check (:func:`check_replica`: marker, sizes,
+    CRC-32s), so a replica torn or corrupted on the way is never kept as complete.
+
+    Use: ``Snapshotter(..., on_complete=rep.push)`` on every rank, and ``restore_latest(...,
+    fetch=rep)`` in a restarted or replacement rank (the object is the fetch callable; when some
+    rank holds neither a snapshot nor a replica it raises :class:`BuddyLostError` naming the buddies).
+
+    Counters: ``pushed``, ``retried``, ``dropped``, ``skipped``, ``push_bytes``, ``push_s`` (wall time
+    spent in successful pushes: ``push_bytes / push_s`` is the measured transfer speed).
+    """
+
+    def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
+                 topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
+                 job_token: str | None = None, start: bool = True) -> None:
+        self.store = store
+        # The snapshots' job token: it names their directories, is checked in every marker and keys
+        # the requests' signatures. The control channel's token by default.
+        self.job_token = job_token or store.job_token
+        if validate is None:
+            validate = check_replica(self.job_token, world_size)
+        self.rank, self.world_size = rank, world_size
+        self.root = Path(root)
+        self.topology = dict(topology or {})
+        self.buddy = buddy_of(rank, world_size, **self.topology)
+        self.server = ReplicaServer(job_token=self.job_token, rank=rank, world_size=world_size, root=self.root,
+                                    host=bind_host, validate=validate)
+        self.pushed = self.retried = self.dropped = self.skipped = self.push_bytes = 0
+        self.push_s = 0.0
+        self.last_error: str | None = None
+        self._addr_cache: dict[int, tuple[str, int]] = {}
+        self._pending: tuple[Path, dict] | None = None
+        self._busy = False
+        self._cv = threading.Condition()
+        self._closed = False
+        self._warned_drop = False
+        self._thread = threading.Thread(target=self._push_loop, name=f"accelpact-push-r{rank}", daemon=True)
+        if start:
+            self.start()
+
+    @classmethod
+    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> "Replication":
+        """For a rank with a connected ``accelpact.ControlChannel``: rank and world size from it, the
+        root from ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm/accelpact), the bind address on the control
+        network (:func:`control_bind_address`), hosts from ``LOCAL_WORLD_SIZE``."""
+        from accelpact.snapshot.layout import default_root
+
+        return cls(chan, rank=chan.rank, world_size=chan.world_size, root=root or default_root(),
+                   bind_host=control_bind_address(chan.config.host), **kwargs)
+
+    def start(self) -> None:
+        """Serve, publish the address under the job token, start the pusher."""
+        host, port = self.server.start()
+        body = {"rank": self.rank, "host": host, "port": port, "pid": os.getpid()}
+        self.store.set(self._addr_key(self.rank), sign(body, self.job_token))
+        self._thread.start()
+
+    def _addr_key(self, rank: int) -> str:
+        return self.store.key("replica", "addr", str(rank))
+
+    def _resolve(self, rank: int, fresh: bool = False) -> tuple[str, int]:
+        if fresh or rank not in self._addr_cache:
+            raw = self.store.get(self._addr_key(rank), deadline_s=_RESOLVE_DEADLINE_S)
+            try:
+                body = verify(raw, self.job_token)
+            except NoticeRejected as why:
+                raise WireError(f"replica address of rank {rank} refused: {why}") from None
+            self._addr_cache[rank] = (str(body["host"]), int(body["port"]))
+        return self._addr_cache[rank]
+
+    def _connect(self, rank: int, fresh: bool) -> socket.socket:
+        sock = socket.create_connection(self._resolve(rank, fresh), timeout=_CONNECT_TIMEOUT_S)
+        sock.settimeout(_IO_TIMEOUT_S)
+        return sock
+
+    # ------------------------------------------------------------------ push (source side)
+
+    def push(self, slot_dir: Path, marker: dict) -> None:
+        """The snapshotter's ``on_complete`` hook: queue this slot for the buddy and return at once."""
+        if self.buddy is None:
+            return
+        with self._cv:
+            if self._pending is not None:
+                self.skipped += 1  # a newer slot supersedes one that never left
+            self._pending = (Path(slot_dir), dict(marker))
+            self._cv.notify_all()
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every queued slot was pushed or dropped; False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._pending is not None or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def _push_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closed:
+                    self._cv.wait()
+                if self._pending is None:
+                    return
+                slot_dir, marker = self._pending
+                self._pending, self._busy = None, True
+            try:
+                self._push_with_retries(slot_dir, marker)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _push_with_retries(self, slot_dir: Path, marker: dict) -> None:
+        assert self.buddy is not None
+        if not marker_matches(marker, self.job_token, self.rank):
+            self.last_error = (f"the slot's marker names job/rank {marker.get('job_token')!r}/{marker.get('rank')}, "
+                               f"this replication pushes for rank {self.rank} of another job token: pass the "
+                               "Snapshotter's job_token to Replication(job_token=...)")
+            self._drop(marker)
+            return
+        for attempt, pause in enumerate(_RETRY_PAUSES_S):
+            time.sleep(pause)
+            t0 = time.monotonic()
+            try:
+                sent = self._push_once(slot_dir, marker, fresh=attempt > 0)
+            except Exception as exc:  # noqa: BLE001 - a reset, a refusal, a vanished buddy: retry, then drop
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if attempt + 1 < len(_RETRY_PAUSES_S):
+                    self.retried += 1
+                continue
+            if sent is None:
+                return  # withdrawn: the slot changed under the send, a newer push follows
+            self.pushed += 1
+            self.push_bytes += sent
+            self.push_s += time.monotonic() - t0
+            if self._warned_drop:
+                print(f"[accelpact] rank {self.rank}: replica pushes to buddy rank {self.buddy} work again",
+                      file=sys.stderr, flush=True)
+                self._warned_drop = False
+            return
+        self._drop(marker)
+
+    def _drop(self, marker: dict) -> None:
+        self.dropped += 1
+        if not self._warned_drop:
+            self._warned_drop = True
+            print(f"[accelpact] rank {self.rank}: snapshot of step {marker.get('step')} not replicated to buddy rank "
+                  f"{self.buddy} ({self.last_error}); training goes on, the next snapshot tries again (failures are "
+                  f"counted, logged once)", file=sys.stderr, flush=True)
+
+    def _push_once(self, slot_dir: Path, marker: dict, fresh: bool) -> int | None:
+        files = payload_files(slot_dir)
+        with self._connect(self.buddy, fresh) as sock:  # type: ignore[arg-type]
+            send_frame(sock, {"op": "put", "src": self.rank, "step": marker.get("step"),
+                              "files": [list(f) for f in files], "marker": marker}, self.job_token)
+            send_files(sock, slot_dir, files)
+            # The slot is the snapshotter's: if it started rewriting it meanwhile, withdraw the replica.
+            unchanged = read_marker(slot_dir) == marker
+            send_frame(sock, {"commit": unchanged}, self.job_token)
+            ack = recv_frame(sock, self.job_token)
+        if not unchanged:
+            return None
+        if not ack.get("ok"):
+            raise WireError(f"buddy rank {self.buddy} refused the replica: {ack.get('error')}")
+        return sum(size for _, size in files)
+
+    # ------------------------------------------------------------------ fetch (replacement side)
+
+    def fetch(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+        """Copy the newest valid replica of ``src_rank`` (or the one of ``step``) from its buddy into
+        ``dest_dir`` (a slot directory, marker written last); its marker, or None when the buddy holds
+        none or cannot be reached (``last_error`` says which)."""
+        holder = buddy_of(src_rank, self.world_size, **self.topology)
+        if holder is None:
+            self.last_error = "a single rank has no buddy"
+            return None
+        dest = Path(dest_dir)
+        for attempt, pause in enumerate(_RETRY_PAUSES_S):
+            time.sleep(pause)
+            try:
+                return self._fetch_once(holder, src_rank, dest, step, fresh=attempt > 0)
+            except _NotHeld as why:
+                self.last_error = str(why)
+                return None
+            except Exception as exc:  # noqa: BLE001 - a reset or a vanished buddy: retry, then give up
+                self.last_error = f"buddy rank {holder}: {type(exc).__name__}: {exc}"
+        return None
+
+    def _fetch_once(self, holder: int, src: int, dest: Path, step: int | None, fresh: bool) -> dict:
+        tmp = dest.parent / f".fetch-{dest.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            with self._connect(holder, fresh) as sock:
+                send_frame(sock, {"op": "get", "src": src, "step": step}, self.job_token)
+                head = recv_frame(sock, self.job_token)
+                if not head.get("ok"):
+                    raise _NotHeld(str(head.get("error")))
+                marker = head.get("marker")
+                if not marker_matches(marker, self.job_token, src, step):
+                    raise WireError(f"buddy rank {holder} sent a replica of another job, rank or step")
+                recv_files(sock, tmp, check_file_list(head.get("files")))
+            write_json_atomic(tmp / MARKER, marker)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.rename(tmp, dest)
+            return marker
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+        """:meth:`fetch`: the object is ``restore_latest``'s ``fetch`` callable."""
+        return self.fetch(src_rank, dest_dir, step)
+
+    def holder_of(self, src_rank: int) -> int | None:
+        """The rank whose host keeps ``src_rank``'s replicas."""
+        return buddy_of(src_rank, self.world_size, **self.topology)
+
+    def lost_error(self, ranks: Sequence[int], held: Sequence[Sequence[int]] = ()) -> BuddyLostError:
+        """The error for ranks that hold neither a snapshot of their own nor a replica at their buddy."""
+        pairs = [(r, self.holder_of(r)) for r in ranks]
+        named = "; ".join(f"rank {r} and its buddy rank {b} were both lost" for r, b in pairs)
+        seen = f" (steps held by each rank: {dict(enumerate(held))})" if held else ""
+        involved = tuple(sorted({x for pair in pairs for x in pair if x is not None}))
+        return BuddyLostError(
+            f"{named}: no in-memory copy of rank(s) {list(ranks)}'s state survives, neither its own snapshot nor "
+            f"its buddy's replica{seen}. Restore from a disk checkpoint.", ranks=involved)
+
+    def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict:
+        """:meth:`fetch`, or BuddyLostError naming ``src_rank`` and its buddy: no copy survives."""
+        marker = self.fetch(src_rank, dest_dir, step)
+        if marker is None:
+            err = self.lost_error([src_rank])
+            err.args = (f"{err.args[0]} (buddy: {self.last_error})",)
+            raise err
+        return marker
+
+    # ------------------------------------------------------------------ end
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the rank's events (and the measured push speed in MB/s)."""
+        mbps = self.push_bytes / self.push_s / 1e6 if self.push_s > 0 else None
+        return {"buddy": self.buddy, "pushed": self.pushed, "retried": self.retried, "dropped": self.dropped,
+                "skipped": self.skipped, "push_bytes": self.push_bytes, "push_mb_s": mbps,
+                "held_for": self.server.puts, "served": self.server.gets, "refused": self.server.refused}
+
+    def close(self, remove: bool = False, flush_s: float = 0.0) -> None:
+        """Stop pushing (after up to ``flush_s`` for a queued push) and serving; ``remove`` deletes the
+        replicas this host holds for the job (a clean exit)."""
+        if flush_s > 0:
+            self.flush(flush_s)
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self.server.close(remove=remove)
+
+
+class _NotHeld(Exception):
+    """The buddy answered, and holds no such replica: retrying will not help."""
+
