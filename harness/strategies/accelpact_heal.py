@@ -99,30 +99,18 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
                             on_complete=replication.push if replication is not None else None)
     policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
                         fetch_replica=replication.fetch if replication is not None else None,
-                        buddy_of=(lambda r: _buddy(r, world_size)) if replication is not None else None)
+                        buddy_of=(lambda r: replication.buddy) if replication is not None else None)
     return snapshots, policy, replication
 
 
 def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> Any:
-    """The buddy replica channel (accelpact.snapshot.replica), when replicas are on and it is available."""
+    """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
+    its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
-    try:
-        from accelpact.snapshot import replica
-    except ImportError:
-        return None
-    from accelpact.snapshot.layout import default_root
+    from accelpact.snapshot.replica import Replication
 
-    bind = os.environ.get("ACCELPACT_REPLICA_ADDR") or replica.control_bind_address(control.config.host)
-    rep = replica.Replication(control, rank=rank, world_size=world_size, root=default_root(), bind_host=bind)
-    rep.start()
-    return rep
-
-
-def _buddy(rank: int, world_size: int) -> Optional[int]:
-    from accelpact.snapshot import replica
-
-    return replica.buddy_of(rank, world_size)
+    return Replication.from_env(control)
 
 
 def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
