@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from harness.events import events_path
 from harness.parent.progress import EventTailer, Progress
+from harness.parent.spares import SparePool
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
 from harness.app.schema import RankLaunch, RunConfig
@@ -111,6 +112,7 @@ class Launcher:
         self.replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
         self.on_replace: Optional[Callable[[dict[str, Any]], None]] = None  # parent-side event of each one
         self.replacements = 0  # replacement processes started in this run
+        self.spares = SparePool(0)  # hot spares (harness.parent.spares): set .wanted before start_ranks
         self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
 
     # -- control channel ---------------------------------------------------------------------
@@ -187,6 +189,7 @@ class Launcher:
             return
         for rank in range(self.run.cluster.world_size):
             self._spawn(rank, incarnation, t_launch)
+        self.spares.start(self, incarnation)
 
     def _spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
         log = open(self.log_path(rank), "ab")
@@ -215,12 +218,17 @@ class Launcher:
         dead = self.procs[rank]
         self._retired.append(dead)
         self.replacements += 1
-        self._spawn(rank, self.incarnation, time.time(), replacement=self.replacements)
+        spare = self.spares.take(self, rank, self.replacements)
+        if spare is not None:  # a hot spare: already started and imported, it becomes the rank now
+            self.procs[rank] = spare
+        else:
+            self._spawn(rank, self.incarnation, time.time(), replacement=self.replacements)
         self._noticed.discard(rank)  # its replacement's own death must be noticed again
         if self._first_failure is not None and self._first_failure[0] == rank:
             self._first_failure = None
         if self.on_replace is not None:
             self.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid, "pid": self.procs[rank].pid,
+                             "hot_spare": spare is not None,
                              "t_death_seen": t_death, "t_spawn": time.time(), "replacement": self.replacements,
                              "incarnation": self.incarnation})
 
@@ -308,7 +316,7 @@ class Launcher:
 
     def kill_all(self, grace_s: float = TERM_GRACE_S) -> None:
         """SIGTERM every live rank's process group, SIGKILL what is left after ``grace_s``; reap all."""
-        live = [p for p in self.procs.values() if p.poll() is None]
+        live = [p for p in [*self.procs.values(), *self.spares.all_procs()] if p.poll() is None]
         for proc in live:
             _killpg(proc.pid, signal.SIGCONT)  # a SIGSTOPped rank cannot act on SIGTERM
             _killpg(proc.pid, signal.SIGTERM)
@@ -318,11 +326,12 @@ class Launcher:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for proc in [*self.procs.values(), *self._retired]:
+        for proc in [*self.procs.values(), *self._retired, *self.spares.all_procs()]:
             # Also the group of ranks that exited: their children (if any) must not outlive them.
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self._retired = []
+        self.spares.clear()
 
     def last_log_lines(self, rank: int, n: int = 15) -> list[str]:
         try:

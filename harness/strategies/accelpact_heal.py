@@ -113,6 +113,25 @@ def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> 
     return Replication.from_env(control)
 
 
+def check_heal(run: "RunConfig") -> None:
+    """ConfigError naming the fix for heal settings that cannot work (the spec's ``check``)."""
+    from harness.app.validate import ConfigError
+    from harness.faults import registry
+
+    st = run.strategy
+    if st.snapshot.every < 0 or st.replacement_timeout_s <= 0 or st.hot_spares < 0:
+        raise ConfigError(f"strategy.snapshot.every={st.snapshot.every}, strategy.replacement_timeout_s="
+                          f"{st.replacement_timeout_s}, strategy.hot_spares={st.hot_spares}: use every >= 0 (0: off), "
+                          "a positive timeout and hot_spares >= 0")
+    if st.hot_spares and st.snapshot.every == 0:
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} needs snapshots to heal from: set "
+                          "strategy.snapshot.every=1 (or strategy.hot_spares=0)")
+    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
+                          "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
+                          "which host loses a rank. Use strategy.hot_spares=0 here")
+
+
 def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
     """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
     signal, and no rank has given up on in-memory recovery (then the disk fallback runs instead)."""

@@ -1,0 +1,73 @@
+"""Hot spares: pre-started rank processes that take the rank of the first death (``strategy.hot_spares``).
+
+A replacement process spends seconds importing torch and transformers before it can heal; a spare has
+done that already and waits on the control store. When a rank dies the parent ASSIGNS a spare instead
+of starting a process: it writes ``{token}/spare/{i}`` = ``"<rank> <replacement number> <time>"``, and
+the spare (``harness.rank.spare``) becomes a replacement of that rank (accelpact.rejoin) at once.
+
+Spares run on the parent's host only: a rank in a network-namespace host runs inside that host's
+namespace, and a spare cannot know in advance which host will lose a rank (validation refuses
+``strategy.hot_spares`` with ``cluster.hosts`` or a namespace fault).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from harness.parent.launcher import Launcher
+
+SPARE_ENV = "HARNESS_SPARE"  # the spare's index; a worker with it waits for a rank before training
+
+
+def spare_key(token: str, index: int) -> str:
+    return f"{token}/spare/{index}"
+
+
+class SparePool:
+    """The spares of one incarnation: started with the ranks, assigned to dead ranks, killed with them."""
+
+    def __init__(self, wanted: int) -> None:
+        self.wanted = wanted
+        self.idle: list[tuple[int, subprocess.Popen[bytes]]] = []
+        self.used: list[subprocess.Popen[bytes]] = []
+        self._next = 0
+
+    def start(self, launcher: "Launcher", incarnation: int) -> None:
+        for _ in range(self.wanted):
+            index = self._next
+            self._next += 1
+            log = open(launcher.run_dir / "logs" / f"spare{index}.log", "ab")
+            try:
+                env = launcher.rank_environ(0, incarnation, time.time())
+                env[SPARE_ENV] = str(index)
+                argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            finally:
+                log.close()
+            self.idle.append((index, proc))
+
+    def take(self, launcher: "Launcher", rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
+        """A live idle spare, now told to become ``rank`` (None when none is left)."""
+        while self.idle:
+            index, proc = self.idle.pop(0)
+            if proc.poll() is not None:
+                self.used.append(proc)
+                continue
+            value = json.dumps({"rank": rank, "replacement": replacement, "t": time.time()}).encode()
+            setter = launcher.store.set if launcher.store is not None else launcher.store_set_fn
+            assert setter is not None, "a spare needs the control store"
+            setter(spare_key(launcher.token, index), value)
+            self.used.append(proc)
+            return proc
+        return None
+
+    def all_procs(self) -> list[Any]:
+        return [p for _, p in self.idle] + self.used
+
+    def clear(self) -> None:
+        self.idle, self.used = [], []
