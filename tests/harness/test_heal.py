@@ -33,13 +33,15 @@ def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heal")
     runs = {}
 
-    def get(world_size: int = 2) -> Path:
-        if world_size not in runs:
-            run_dir = tmp / f"reference{world_size}"
-            done = run_harness([*BASE, f"cluster.world_size={world_size}", f"hydra.run.dir={run_dir}"], tmp)
+    def get(world_size: int = 2, hosts: int = 0) -> Path:
+        if (world_size, hosts) not in runs:
+            run_dir = tmp / f"reference{world_size}h{hosts}"
+            cluster = ["cluster=local_hosts", f"cluster.hosts={hosts}"] if hosts else []
+            done = run_harness([*BASE, *cluster, f"cluster.world_size={world_size}", f"hydra.run.dir={run_dir}"], tmp,
+                               timeout=500)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            runs[world_size] = run_dir
-        return runs[world_size]
+            runs[(world_size, hosts)] = run_dir
+        return runs[(world_size, hosts)]
 
     return tmp, get
 
@@ -56,12 +58,12 @@ def _losses(run_dir: Path) -> dict[tuple[int, int], float]:
 
 
 def _heal(reference, name: str, *overrides: str, world_size: int = 2, env_extra: dict | None = None,
-          timeout: float = 500) -> tuple[Path, dict, list[dict]]:
+          timeout: float = 500, fault: str = "kill", ref_key: object = None) -> tuple[Path, dict, list[dict]]:
     tmp, get_ref = reference
-    ref_dir = get_ref(world_size)
+    ref_dir = get_ref(world_size) if ref_key is None else get_ref(world_size, ref_key)
     run_dir = tmp / name
-    args = [*BASE, f"cluster.world_size={world_size}", "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}",
-            *overrides, f"hydra.run.dir={run_dir}"]
+    args = [*BASE, f"cluster.world_size={world_size}", "strategy=accelpact", f"fault={fault}",
+            f"fault.at_step={FAULT_STEP}", *overrides, f"hydra.run.dir={run_dir}"]
     if env_extra:
         import os
 
@@ -136,6 +138,7 @@ def test_a_killed_rank_heals_at_the_other_phases(reference, phase):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_two_ranks_killed_at_once_of_four_heal_together(reference):
     _, row, events = _heal(reference, "kill_two", "fault.ranks=[1,2]", "fault.phase=vote", world_size=4,
                            timeout=900)
@@ -164,3 +167,35 @@ def test_a_replacement_killed_during_its_heal_costs_one_more_heal(reference):
     assert [e["replacement"] for e in replacements] == [1, 2], json.dumps(replacements)
     last = _check_heal(row, events, lost=[1])
     assert max(e["rounds"] for e in last if e["role"] == "survivor") == 2
+
+
+@pytest.mark.slow
+def test_a_hot_spare_takes_the_rank_without_a_process_start(reference):
+    _, row, events = _heal(reference, "kill_spare", "fault.ranks=[1]", "fault.phase=vote", "strategy.hot_spares=1")
+    [replacement] = [e for e in events if e["kind"] == "replacement"]
+    assert replacement["hot_spare"] is True
+    last = _check_heal(row, events, lost=[1])
+    [spare] = [e for e in last if e["role"] == "replacement"]
+    # The spare imported everything before the death: it arrives within a second of its assignment
+    # (a fresh process took 6-16 s here).
+    assert spare["replacement_start_s"] < 1.0, spare
+
+
+def _netns() -> tuple[bool, str]:
+    from harness.faults.netns import namespaces_available
+
+    return namespaces_available()
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _netns()[0], reason=_netns()[1])
+def test_host_loss_heals_from_the_buddy_replicas(reference):
+    # 4 ranks on 2 namespace hosts: host 0 (ranks 0, 1) is lost with its shared memory; the replicas of
+    # ranks 0 and 1 live on host 1 (their buddies: ranks 2 and 3).
+    _, row, events = _heal(reference, "host_loss", "cluster=local_hosts", "cluster.hosts=2", "fault.ranks=[1]",
+                           "fault.phase=vote", world_size=4, fault="host_loss", ref_key=2, timeout=900)
+    last = _check_heal(row, events, lost=[0, 1], world_size=4)
+    assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"buddy"}
+    assert row["heal_source"] == "buddy"
