@@ -13,9 +13,10 @@ and the survivors heal it in memory (accelpact.heal). From the run's events:
 - ``replayed``: steps run twice; ``disk bytes``: bytes the heal read from a checkpoint file (0 by design;
   any ``restore`` event would show up here).
 
-Side by side, in the same run of this script, the reference process start: ``python -c "import torch,
-transformers"`` timed --starts times. The issue's target is death -> resumed <= one such start + 1 s
-(with a hot spare, <= 1 s: not built yet).
+Each trial runs twice, side by side: with a fresh replacement process, and with a hot spare
+(``strategy.hot_spares=1``: a process started with the ranks, imported and waiting). Also in the same run
+of this script, the reference process start: ``python -c "import torch, transformers"`` timed --starts
+times. The issue's targets: death -> resumed <= one such start + 1 s; with a hot spare, <= 1 s.
 
     .venv/bin/python benchmarks/bench_heal.py --trials 3 --phase vote --out results/heal
 """
@@ -50,13 +51,13 @@ def process_start(n: int) -> list[float]:
     return out
 
 
-def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int) -> dict:
+def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, spares: int) -> dict:
     from harness.events import read_events
 
-    run_dir = tmp / f"trial{i}"
+    run_dir = tmp / f"trial{i}-spares{spares}"
     cmd = [sys.executable, "-m", "harness", f"index_path={tmp / 'index.csv'}", *TINY, f"train.steps={steps}",
            "strategy=accelpact", "fault=kill", "fault.ranks=[1]", f"fault.at_step={step}", f"fault.phase={phase}",
-           f"hydra.run.dir={run_dir}"]
+           f"strategy.hot_spares={spares}", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -72,6 +73,7 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int) -> dict:
         if e["kind"] == "step":
             steps_seen[(e["rank"], e["step"])] = steps_seen.get((e["rank"], e["step"]), 0) + 1
     return {
+        "mode": "hot spare" if spares else "new process",
         "death_to_resumed_s": resumed - fault["t"],
         "death_to_spawn_s": rep["t_detected"] - fault["t"],
         "process_start_s": rep["replacement_start_s"],
@@ -101,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     starts = process_start(args.starts)
     with tempfile.TemporaryDirectory(prefix="bench_heal_") as tmp:
-        trials = [one_trial(Path(tmp), i, args.phase, args.step, args.steps) for i in range(args.trials)]
+        # Interleaved, so that the load of the shared host hits both modes alike.
+        trials = [one_trial(Path(tmp), i, args.phase, args.step, args.steps, spares)
+                  for i in range(args.trials) for spares in (0, 1)]
     starts += process_start(args.starts)  # before and after: the load moves during the run
-    med = {k: statistics.median(t[k] for t in trials) for k in
-           ("death_to_resumed_s", "death_to_spawn_s", "process_start_s", "after_arrival_s", "load_s")}
+    keys = ("death_to_resumed_s", "death_to_spawn_s", "process_start_s", "after_arrival_s", "load_s")
+    med = {mode: {k: statistics.median(t[k] for t in trials if t["mode"] == mode) for k in keys}
+           for mode in ("new process", "hot spare")}
     ref_start = statistics.median(starts)
     lines = [
         f"# Heal benchmark: one run ({args.trials} kills at step {args.step}, phase {args.phase}, 2 gloo ranks)",
@@ -115,24 +120,28 @@ def main(argv: list[str] | None = None) -> int:
         f"- machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, load average "
         f"{load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
         "",
-        "| trial | death -> every rank resumed (s) | death -> spawn | replacement process start | after arrival "
-        "| of which state load | source | replayed steps | bytes read from disk |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| trial | replacement | death -> every rank resumed (s) | death -> spawn or assignment | replacement "
+        "start -> arrival | after arrival | of which state load | source | replayed steps | bytes read from disk |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, t in enumerate(trials):
-        lines.append(f"| {i} | {t['death_to_resumed_s']:.2f} | {t['death_to_spawn_s']:.3f} | {t['process_start_s']:.2f} "
-                     f"| {t['after_arrival_s']:.2f} | {t['load_s']:.3f} | {t['source']} | {t['replayed_steps']} "
-                     f"| {t['disk_bytes']} |")
+        lines.append(f"| {i // 2} | {t['mode']} | {t['death_to_resumed_s']:.2f} | {t['death_to_spawn_s']:.3f} "
+                     f"| {t['process_start_s']:.2f} | {t['after_arrival_s']:.2f} | {t['load_s']:.3f} | {t['source']} "
+                     f"| {t['replayed_steps']} | {t['disk_bytes']} |")
     target = ref_start + 1.0
+    new, spare = med["new process"], med["hot spare"]
+    for mode, m in med.items():
+        lines.append(f"| median | {mode} | {m['death_to_resumed_s']:.2f} | {m['death_to_spawn_s']:.3f} "
+                     f"| {m['process_start_s']:.2f} | {m['after_arrival_s']:.2f} | {m['load_s']:.3f} | | | |")
     lines += [
-        f"| median | {med['death_to_resumed_s']:.2f} | {med['death_to_spawn_s']:.3f} | {med['process_start_s']:.2f} "
-        f"| {med['after_arrival_s']:.2f} | {med['load_s']:.3f} | | | |",
         "",
         f"Reference process start (`python -c 'import torch, transformers'`, {len(starts)} runs, side by side): "
         f"median {ref_start:.2f} s (min {min(starts):.2f}, max {max(starts):.2f}).",
-        f"Target: death -> resumed <= one process start + 1 s = {target:.2f} s: "
-        f"{'met' if med['death_to_resumed_s'] <= target else 'NOT met'} (median {med['death_to_resumed_s']:.2f} s; "
-        f"ratio to one process start {med['death_to_resumed_s'] / ref_start:.2f}).",
+        f"Target, new process: death -> resumed <= one process start + 1 s = {target:.2f} s: "
+        f"{'met' if new['death_to_resumed_s'] <= target else 'NOT met'} (median {new['death_to_resumed_s']:.2f} s; "
+        f"ratio to one process start {new['death_to_resumed_s'] / ref_start:.2f}).",
+        f"Target, hot spare: death -> resumed <= 1 s: {'met' if spare['death_to_resumed_s'] <= 1.0 else 'NOT met'} "
+        f"(median {spare['death_to_resumed_s']:.2f} s).",
         f"Replayed steps <= 1: {'met' if max(t['replayed_steps'] for t in trials) <= 1 else 'NOT met'}; "
         f"bytes read from disk: {sum(t['disk_bytes'] for t in trials)}.",
     ]
