@@ -134,5 +134,7 @@ def check_heal(run: "RunConfig") -> None:
 
 def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
     """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
-    signal, and no rank has given up on in-memory recovery (then the disk fallback runs instead)."""
-    return run.strategy.snapshot.every > 0 and code < 0 and EXIT_FALLBACK not in codes.values()
+    signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
+    (then the disk fallback runs instead)."""
+    alive = [r for r, c in codes.items() if c is None]
+    return run.strategy.snapshot.every > 0 and code < 0 and bool(alive) and EXIT_FALLBACK not in codes.values()

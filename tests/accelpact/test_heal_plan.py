@@ -52,6 +52,11 @@ def test_no_copy_of_a_lost_rank_names_the_rank_and_its_buddy():
     assert set(err.value.ranks) == {0, 1} and err.value.detected_by == "heal"
 
 
+def test_a_replacement_with_only_its_fresh_state_has_no_copy_once_survivors_committed():
+    with pytest.raises(RankLostError, match="no in-memory copy of the lost rank"):
+        decide_resume([survivor(0, 6, 6, 5), replacement(1, {-1: "live"})], 2)
+
+
 def test_no_step_in_common_lists_every_ranks_held_steps():
     with pytest.raises(RankLostError) as err:
         decide_resume([survivor(0, 9, 9, 8), replacement(1, {3: "buddy"})], 2)

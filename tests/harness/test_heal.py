@@ -199,3 +199,38 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
     last = _check_heal(row, events, lost=[0, 1], world_size=4)
     assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"buddy"}
     assert row["heal_source"] == "buddy"
+
+
+@pytest.mark.slow
+def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
+    tmp, _ = reference
+    run_dir = tmp / "no_replacement"
+    # max_restarts=0: the parent starts no replacement (and relaunches nothing): the survivor's wait ends
+    # at replacement_timeout_s with the error naming the rank and the knob.
+    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                        "fault.phase=vote", "strategy.replacement_timeout_s=3", "strategy.max_restarts=0",
+                        f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    assert done.returncode != 0
+    [fallback] = [e for e in read_events(run_dir) if e["kind"] == "fallback"]
+    assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
+    assert "no replacement for lost rank(s) [1] arrived within replacement_timeout_s=3" in fallback["reason"]
+    assert worker_processes(str(tmp)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _netns()[0], reason=_netns()[1])
+def test_a_lost_host_without_replicas_falls_back_to_disk_and_says_so(reference):
+    tmp, get_ref = reference
+    run_dir = tmp / "host_loss_no_replicas"
+    done = run_harness([*BASE, "cluster=local_hosts", "cluster.hosts=2", "cluster.world_size=4", "strategy=accelpact",
+                        "strategy.snapshot.replicas=false", "fault=host_loss", f"fault.at_step={FAULT_STEP}",
+                        "fault.ranks=[1]", "fault.phase=vote", f"hydra.run.dir={run_dir}"], tmp, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = read_row(run_dir)
+    assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1
+    assert row["heal_source"] == "disk", row["heal_source"]
+    reasons = [e["reason"] for e in read_events(run_dir) if e["kind"] == "fallback"]
+    assert any("no in-memory copy of the lost rank(s)" in r for r in reasons), reasons
+    assert compare_runs(get_ref(4, 2), run_dir).equal
