@@ -15,10 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from harness.parent.launcher import Launcher
+from typing import Any, Optional
 
 SPARE_ENV = "HARNESS_SPARE"  # the spare's index; a worker with it waits for a rank before training
 
@@ -36,7 +33,7 @@ class SparePool:
         self.used: list[subprocess.Popen[bytes]] = []
         self._next = 0
 
-    def start(self, launcher: "Launcher", incarnation: int) -> None:
+    def start(self, launcher: Any, incarnation: int) -> None:
         for _ in range(self.wanted):
             index = self._next
             self._next += 1
@@ -51,7 +48,7 @@ class SparePool:
                 log.close()
             self.idle.append((index, proc))
 
-    def take(self, launcher: "Launcher", rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
+    def take(self, launcher: Any, rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
         """A live idle spare, now told to become ``rank`` (None when none is left)."""
         while self.idle:
             index, proc = self.idle.pop(0)
