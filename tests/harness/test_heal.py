@@ -26,9 +26,10 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 STEPS = 8
 FAULT_STEP = 5
 BASE = [*TINY, f"train.steps={STEPS}", "checkpoint=sync", "checkpoint.interval=4"]
-# Namespace hosts: no checkpoints in the fault-free reference (its checkpoint group, dist.new_group, timed
-# out in its 5 s rendezvous across namespace hosts under load here); saves never change the training state.
-BASE_HOSTS = [*TINY, f"train.steps={STEPS}"]
+# Namespace hosts: cluster=local_hosts sets a 5 s PG timeout (for its link faults), which a fault-free
+# all-gather overran here under load; and no checkpoints in the reference (its dist.new_group rendezvous
+# timed out across hosts the same way). Saves never change the training state.
+BASE_HOSTS = [*TINY, f"train.steps={STEPS}", "cluster=local_hosts", "cluster.pg_timeout_s=60"]
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,9 @@ def reference(tmp_path_factory):
     def get(world_size: int = 2, hosts: int = 0) -> Path:
         if (world_size, hosts) not in runs:
             run_dir = tmp / f"reference{world_size}h{hosts}"
-            cluster = ["cluster=local_hosts", f"cluster.hosts={hosts}"] if hosts else []
-            done = run_harness([*(BASE_HOSTS if hosts else BASE), *cluster, f"cluster.world_size={world_size}", f"hydra.run.dir={run_dir}"], tmp,
-                               timeout=500)
+            cluster = [f"cluster.hosts={hosts}"] if hosts else []
+            done = run_harness([*(BASE_HOSTS if hosts else BASE), *cluster, f"cluster.world_size={world_size}",
+                                f"hydra.run.dir={run_dir}"], tmp, timeout=500)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             runs[(world_size, hosts)] = run_dir
         return runs[(world_size, hosts)]
@@ -198,7 +199,7 @@ def _netns() -> tuple[bool, str]:
 def test_host_loss_heals_from_the_buddy_replicas(reference):
     # 4 ranks on 2 namespace hosts: host 0 (ranks 0, 1) is lost with its shared memory; the replicas of
     # ranks 0 and 1 live on host 1 (their buddies: ranks 2 and 3).
-    _, row, events = _heal(reference, "host_loss", "cluster=local_hosts", "cluster.hosts=2", "fault.ranks=[1]",
+    _, row, events = _heal(reference, "host_loss", "cluster.hosts=2", "fault.ranks=[1]",
                            "fault.phase=vote", world_size=4, fault="host_loss", ref_key=2, timeout=900,
                            base=BASE_HOSTS)
     last = _check_heal(row, events, lost=[0, 1], world_size=4)
@@ -229,7 +230,8 @@ def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
 def test_a_lost_host_without_replicas_falls_back_to_disk_and_says_so(reference):
     tmp, get_ref = reference
     run_dir = tmp / "host_loss_no_replicas"
-    done = run_harness([*BASE, "cluster=local_hosts", "cluster.hosts=2", "cluster.world_size=4", "strategy=accelpact",
+    done = run_harness([*BASE, "cluster=local_hosts", "cluster.pg_timeout_s=60", "cluster.hosts=2",
+                        "cluster.world_size=4", "strategy=accelpact",
                         "strategy.snapshot.replicas=false", "fault=host_loss", f"fault.at_step={FAULT_STEP}",
                         "fault.ranks=[1]", "fault.phase=vote", f"hydra.run.dir={run_dir}"], tmp, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
