@@ -1,6 +1,6 @@
 """A hot spare's wait (``strategy.hot_spares``): import everything, then wait for the parent to assign a rank.
 
-Started by the parent with ``HARNESS_SPARE=<index>`` (harness.parent.spares). It imports torch, the
+Started by the parent with ``HARNESS_SPARE=<index>`` (harness.parent.replacements). It imports torch, the
 harness's training code and transformers (a model on the meta device), connects to the control store
 and waits for ``{token}/spare/{index}``. The parent writes it when a rank dies; the spare then sets
 RANK / LOCAL_RANK / HARNESS_REPLACEMENT and its launch time (the assignment's) in its environment and
@@ -25,7 +25,7 @@ def become_rank(cfg: RunConfig, env: RankEnv, index: int) -> RankEnv:
 
     import accelpact.snapshot  # noqa: F401 - everything a replacement imports, now rather than after a death
     import harness.rank.train  # noqa: F401
-    from harness.parent.spares import spare_key
+    from harness.parent.replacements import spare_key
     from harness.rank.models import meta_model
 
     meta_model(cfg.model)

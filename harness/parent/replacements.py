@@ -1,4 +1,11 @@
-"""Hot spares: pre-started rank processes that take the rank of the first death (``strategy.hot_spares``).
+"""Replacing a dead rank while the others live on (a strategy that heals in memory): a new process or a hot spare.
+
+``replace_the_dead(launcher, state)``: when the strategy's ``replace_dead`` policy says so for every failed
+rank, start a replacement for each: one new worker process for that rank only, under the same job token
+(the death notice was written by ``Launcher.poll`` before, so the survivors tell the replacement from the
+process it replaces by the pid the notice names), or an idle hot spare assigned the rank.
+
+Hot spares: pre-started rank processes that take the rank of the first death (``strategy.hot_spares``).
 
 A replacement process spends seconds importing torch and transformers before it can heal; a spare has
 done that already and waits on the control store. When a rank dies the parent ASSIGNS a spare instead
@@ -13,9 +20,20 @@ namespace, and a spare cannot know in advance which host will lose a rank (valid
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from typing import Any, Optional
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
 
 SPARE_ENV = "HARNESS_SPARE"  # the spare's index; a worker with it waits for a rank before training
 
@@ -68,3 +86,38 @@ class SparePool:
 
     def clear(self) -> None:
         self.idle, self.used = [], []
+
+
+def replace_the_dead(launcher: Any, state: Any) -> bool:
+    """Start a replacement for every failed rank the strategy heals; False when any may not be healed."""
+    if launcher.replace_dead is None or not state.failed:
+        return False
+    codes = launcher._codes()
+    if not all(launcher.replace_dead(r, c, codes) for r, c in state.failed.items()):
+        return False
+    for rank, code in sorted(state.failed.items()):
+        print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
+              f"(heal in memory, replacement {launcher.replacements + 1})", flush=True)
+        start_replacement(launcher, rank, code)
+    return True
+
+
+def start_replacement(launcher: Any, rank: int, code: int) -> None:
+    """A new process, or a hot spare, for dead ``rank`` only; the parent-side ``replacement`` event."""
+    t_death = time.time()
+    dead = launcher.procs[rank]
+    launcher._retired.append(dead)
+    launcher.replacements += 1
+    spare = launcher.spares.take(launcher, rank, launcher.replacements)
+    if spare is not None:  # a hot spare: already started and imported, it becomes the rank now
+        launcher.procs[rank] = spare
+    else:
+        launcher.spawn(rank, launcher.incarnation, time.time(), replacement=launcher.replacements)
+    launcher._noticed.discard(rank)  # its replacement's own death must be noticed again
+    if launcher._first_failure is not None and launcher._first_failure[0] == rank:
+        launcher._first_failure = None
+    if launcher.on_replace is not None:
+        launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
+                             "pid": launcher.procs[rank].pid, "hot_spare": spare is not None,
+                             "t_death_seen": t_death, "t_spawn": time.time(), "replacement": launcher.replacements,
+                             "incarnation": launcher.incarnation})
