@@ -150,6 +150,24 @@ def test_two_ranks_killed_at_once_of_four_heal_together(reference):
     _check_heal(row, events, lost=[1, 2], world_size=4, heals=row["heals"])
 
 
+def _netns() -> tuple[bool, str]:
+    from harness.faults.netns import namespaces_available
+
+    return namespaces_available()
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _netns()[0], reason=_netns()[1])
+def test_two_ranks_of_different_hosts_killed_at_once_heal_from_their_own_snapshots(reference):
+    # Ranks 1 (host 0) and 2 (host 1) of 4 on 2 namespace hosts: each host keeps its shared memory.
+    _, row, events = _heal(reference, "kill_two_hosts", "cluster.hosts=2", "fault.ranks=[1,2]", "fault.phase=vote",
+                           world_size=4, ref_key=2, timeout=900, base=BASE_HOSTS)
+    last = _check_heal(row, events, lost=[1, 2], world_size=4, heals=row["heals"])
+    assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"own"}
+
+
 @pytest.mark.slow
 def test_a_kill_during_the_snapshot_copy_heals_from_the_older_slot(reference):
     # Every copy pauses halfway for 3 s: the kill at the start of step 5's forward lands inside the copy of
@@ -184,12 +202,6 @@ def test_a_hot_spare_takes_the_rank_without_a_process_start(reference):
     # The spare imported everything before the death: it arrives within a second of its assignment
     # (a fresh process took 6-16 s here).
     assert spare["replacement_start_s"] < 1.0, spare
-
-
-def _netns() -> tuple[bool, str]:
-    from harness.faults.netns import namespaces_available
-
-    return namespaces_available()
 
 
 @pytest.mark.slow
