@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 examples/train_fsdp.py --steps 8
     torchrun --nproc-per-node 2 examples/train_fsdp.py --steps 8 --fault 3:vote:reset --out /tmp/faulted
+    torchrun --nproc-per-node 2 --max-restarts 1 examples/train_fsdp.py --steps 8 --snapshots --kill-at 5
 
 Everything but the lines marked ``accelpact`` is what the script did before: init the process group
 from torchrun's environment, build a small decoder-only language model, shard it with
@@ -13,6 +14,13 @@ its own gloo connections) at that step and phase, through ``accelpact.testing.Fa
 (docs/fault_injection.md). ``--out DIR`` writes each rank's local shards, optimizer state and losses to
 ``DIR/rank{r}.pt`` so that two runs can be compared tensor by tensor. Runs on CPU (gloo); with CUDA
 it picks nccl, one GPU per local rank (that path has not been run on this CPU-only project machine).
+
+``--snapshots`` (accelpact.snapshot): after every committed step each rank copies its shard into
+shared memory (``$ACCELPACT_SNAPSHOT_ROOT``, default ``/dev/shm/accelpact``). A worker group that
+torchrun restarted (``--max-restarts``) first calls ``restore_latest``: every rank loads the newest
+step all ranks hold and the loop continues after it; no checkpoint file exists or is read. At a clean
+exit the snapshots are removed. ``--kill-at STEP`` makes rank ``--fault-rank`` SIGKILL itself in the
+middle of that step (between forward and backward), in the first attempt only.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -91,7 +100,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault", default=None, help="STEP:PHASE:ACTION, e.g. 3:vote:reset (one injected fault)")
     ap.add_argument("--fault-rank", type=int, default=1, help="the rank that injects --fault")
     ap.add_argument("--out", type=Path, default=None, help="write rank{r}.pt (state and losses) here")
+    ap.add_argument("--snapshots", action="store_true", help="per-step shared-memory snapshots; restore after a restart")
+    ap.add_argument("--kill-at", type=int, default=None, help="rank --fault-rank SIGKILLs itself in this step (first attempt)")
     return ap.parse_args(argv)
+
+
+def init_process_group(backend: str) -> None:
+    """``init_process_group`` from torchrun's variables, on a store prefix of its own per restart.
+
+    Plain ``env://`` fails after a restart of the group (``--max-restarts``) under torchrun's default
+    static rendezvous: measured with torch 2.13 and gloo, every restarted worker died in
+    ``init_process_group`` with "Gloo connectFullMesh failed ... Connection refused". The static
+    rendezvous keeps ONE agent store for every attempt (``static_tcp_rendezvous.next_rendezvous``
+    reuses ``self._store``) while ``env://`` adds no attempt prefix ("we create a new TCPStore for
+    every retry" says ``rendezvous._create_c10d_store``; the static backend does not), so the new
+    workers read the dead attempt's gloo addresses and connect to ports nobody listens on any more.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None:  # not under torchrun: plain env://
+        dist.init_process_group(backend)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts_store,
+                          multi_tenant=True)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"accelpact/attempt{restart}", store), rank=rank,
+                            world_size=world)
 
 
 def main(args: argparse.Namespace) -> dict:
@@ -101,7 +135,7 @@ def main(args: argparse.Namespace) -> dict:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun's variables
+    init_process_group("nccl" if cuda else "gloo")  # torchrun's variables, one store prefix per restart
     rank = dist.get_rank()
 
     torch.manual_seed(0)  # the same initial weights on every rank and in every run
@@ -112,8 +146,34 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)  # after fully_shard
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(args.steps, 1))
 
+    losses: list[torch.Tensor] = []
+    current: dict[str, torch.Tensor] = {}  # the loss of the step being committed (the snapshot keeps it)
+    start, snap, restored = 0, None, None
+    if args.snapshots:  # accelpact.snapshot
+        from accelpact import snapshot
+
+        token = snapshot.job_token_from_env()  # the run id: the same after a restart
+        config = snapshot.SnapshotConfig()
+        if snapshot.restart_count() > 0:
+            # Every rank loads the newest step all ranks hold (they agree over the process group).
+            restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
+        else:
+            # A new job: whatever this rank's directory holds is from an earlier job with this run id.
+            snapshot.remove_rank(config.root, token, rank)
+        snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=dist.get_world_size(),
+                                    config=config,
+                                    extra_state=lambda: {"scheduler": scheduler.state_dict(),
+                                                         "losses": [*losses, current["loss"]]})
+        if restored is not None:
+            scheduler.load_state_dict(restored.extra_state["scheduler"])
+            losses = list(restored.extra_state["losses"])
+            scheduler.step()  # what the loop did after guard.step of the restored step (the snapshot precedes it)
+            start = restored.step + 1
+
     control = ControlChannel.from_env()  # accelpact: torchrun's store and run id unless ACCELPACT_* are set
-    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0)  # accelpact
+    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, snapshots=snap)  # accelpact
+    if start:
+        guard.resume_at(start)  # accelpact: step numbers continue after the restored step
     if args.fault:  # accelpact.testing: inject one real fault into this run
         from accelpact import comm
         from accelpact.testing import FaultInjector
@@ -132,21 +192,31 @@ def main(args: argparse.Namespace) -> dict:
         """Forward and backward; the guard runs the optimizer step once all ranks agree."""
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        if killing and guard.next_step == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a lost process, mid-step
         loss.backward()
+        current["loss"] = loss.detach()
         return loss.detach()
 
-    losses = []
-    for step in range(args.steps):
+    killing = (args.kill_at is not None and rank == args.fault_rank
+               and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0)
+    for step in range(start, args.steps):
         losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
         scheduler.step()  # after guard.step: the step has been committed on every rank
         if rank == 0:
             print(f"step {step} loss {losses[-1].item():.4f}", flush=True)
+    if snap is not None:
+        snap.close(remove=True)  # a clean exit leaves nothing in shared memory
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({"losses": [x.cpu() for x in losses], "state": local_state(model, optimizer)},
                    args.out / f"rank{rank}.pt")
     return {"rank": rank, "committed_step": guard.committed_step, "token": control.job_token,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "restored": None if restored is None else {"step": restored.step, "source": restored.source,
+                                                       "nbytes": restored.nbytes, "load_s": round(restored.load_s, 4)},
+            "snapshot_wait_s": None if snap is None else round(snap.wait_s, 4),
             "control": f"{control.config.host}:{control.config.port}",
             "events": [{"step": e.step, "action": e.decision["action"], "total_ms": round(e.total_s * 1e3, 1)}
                        for e in guard.events]}

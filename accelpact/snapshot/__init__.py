@@ -11,15 +11,17 @@ its payload. See docs/snapshots.md.
 - :func:`restore_latest`: the restore call of a restarted job (torchrun ``--max-restarts``).
 - :func:`snapshot_nbytes`: one slot's size; the memory plan is 4 of them per rank.
 - :func:`remove_job`: delete a job's snapshots (clean exit, stale clean-up).
+- :func:`job_token_from_env`, :func:`restart_count`: the token that survives a torchrun restart.
 
 torch and the standard library only, like the rest of accelpact.
 """
 
-from accelpact.snapshot.layout import default_root, remove_job
+from accelpact.snapshot.launch import job_token_from_env, restart_count
+from accelpact.snapshot.layout import default_root, remove_job, remove_rank
 from accelpact.snapshot.restore import SnapshotInfo, restore_latest
 from accelpact.snapshot.sizing import snapshot_nbytes
 from accelpact.snapshot.slots import SnapshotError, SnapshotMissingError
 from accelpact.snapshot.snapshotter import SnapshotConfig, Snapshotter
 
 __all__ = ["SnapshotConfig", "Snapshotter", "SnapshotInfo", "SnapshotError", "SnapshotMissingError",
-           "restore_latest", "snapshot_nbytes", "remove_job", "default_root"]
+           "restore_latest", "snapshot_nbytes", "remove_job", "remove_rank", "default_root", "job_token_from_env", "restart_count"]

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 __all__ = ["DEFAULT_ROOT", "ENV_ROOT", "default_root", "job_dir", "rank_dir", "slot_dir", "replica_dir",
-           "SLOTS", "check_token", "remove_job"]
+           "SLOTS", "check_token", "remove_job", "remove_rank"]
 
 ENV_ROOT = "ACCELPACT_SNAPSHOT_ROOT"
 DEFAULT_ROOT = "/dev/shm/accelpact"
@@ -60,6 +60,16 @@ def replica_dir(root: str | os.PathLike, job_token: str, src_rank: int, slot: in
 def remove_job(root: str | os.PathLike, job_token: str) -> bool:
     """Delete every snapshot and replica of ``job_token`` under ``root``; True if there was anything."""
     path = job_dir(root, job_token)
+    if not path.exists():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def remove_rank(root: str | os.PathLike, job_token: str, rank: int) -> bool:
+    """Delete rank ``rank``'s own slots of ``job_token`` (a new job reusing a token: stale slots must go,
+    or the double buffer would keep overwriting the new job's older slot next to a stale newer one)."""
+    path = rank_dir(root, job_token, rank)
     if not path.exists():
         return False
     shutil.rmtree(path, ignore_errors=True)

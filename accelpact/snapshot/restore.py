@@ -1,8 +1,9 @@
 """The library restore call: every rank loads the newest snapshot that ALL ranks hold.
 
 For a job restarted by its launcher (torchrun ``--max-restarts``, a relaunch, a replacement): each
-rank lists its own valid slots (CRC-checked), fetches its buddy's replica when it holds none
-(``fetch``), and the ranks agree on the newest step held everywhere. Two slots per rank and a commit
+rank lists its own valid slots (CRC-checked), the ranks exchange what they hold, a rank that lacks the
+newest step no rank is behind of fetches its buddy's replica of it (``fetch``), and the ranks agree on
+the newest step held everywhere. Two slots per rank and a commit
 protocol that lets ranks differ by at most one committed step make such a step exist whenever every
 rank holds anything. If no rank holds anything, every rank starts fresh (None). If some ranks hold
 snapshots and others none, restoring would mix a resumed rank with a fresh one: SnapshotError naming
@@ -45,17 +46,18 @@ class SnapshotInfo:
     marker: Marker
 
 
-def _candidates(root: Path, job_token: str, rank: int, world_size: int,
-                fetch: Fetch | None) -> list[tuple[Path, Marker, str]]:
-    mine = [(d, m, "own") for d, m in own_slots(root, job_token, rank, world_size, verify=True)]
-    if mine or fetch is None:
-        return mine
+def _own(root: Path, job_token: str, rank: int, world_size: int) -> list[tuple[Path, Marker, str]]:
+    return [(d, m, "own") for d, m in own_slots(root, job_token, rank, world_size, verify=True)]
+
+
+def _fetched(root: Path, job_token: str, rank: int, world_size: int, fetch: Fetch,
+             step: int | None) -> list[tuple[Path, Marker, str]]:
+    """The buddy's replica of this rank (of ``step``, or its newest), copied next to the own slots."""
     dest = paths.job_dir(root, job_token) / "fetched" / f"rank{rank}"
     invalidate(dest)
-    got = fetch(rank, dest)
-    if not got:
+    if not fetch(rank, dest, step=step):
         return []
-    marker, why = check_slot(dest, job_token=job_token, rank=rank, world_size=world_size, verify=True)
+    marker, why = check_slot(dest, job_token=job_token, rank=rank, world_size=world_size, step=step, verify=True)
     return [(dest, marker, "buddy")] if why is None and marker is not None else []
 
 
@@ -73,7 +75,7 @@ def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_to
     """Load the newest snapshot step every rank holds into ``model``/``optimizer`` in place (see module doc).
 
     Call it on every rank after building model, FSDP wrapping and optimizer (collective: it agrees over
-    the default process group when one is initialised). Returns None when no rank holds a snapshot
+    the default process group when one is initialised; pass ``fetch`` on every rank or on none). Returns None when no rank holds a snapshot
     (start from step 0); then this rank's stale slots are dropped. Resume the loop at ``info.step + 1``
     after re-running whatever the loop does after ``guard.step`` for ``info.step``.
     """
@@ -82,8 +84,17 @@ def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_to
     if world_size is None:
         world_size = dist.get_world_size() if dist.is_initialized() else 1
     t0 = time.perf_counter()
-    cands = _candidates(root, job_token, rank, world_size, fetch)
+    cands = _own(root, job_token, rank, world_size)
+    if not cands and fetch is not None:  # this rank's own slots are gone (host lost): the buddy's newest
+        cands = _fetched(root, job_token, rank, world_size, fetch, None)
     everyone = _gather(sorted({m.step for _, m, _ in cands}), world_size)
+    if fetch is not None and any(everyone):
+        # The newest step no rank is behind of; a rank whose own slots lack it (lost, corrupt) asks
+        # its buddy for that step's replica, then everyone reports again.
+        want = min(max(steps) for steps in everyone if steps)
+        if want not in {m.step for _, m, _ in cands}:
+            cands += _fetched(root, job_token, rank, world_size, fetch, want)
+        everyone = _gather(sorted({m.step for _, m, _ in cands}), world_size)
     if not any(everyone):
         for d, _, _ in cands:
             invalidate(d)

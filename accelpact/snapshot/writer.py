@@ -106,7 +106,9 @@ class CopyJob:
         if staging is None or staging.numel() != self.nbytes:
             staging = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
             staging_pool["pinned"] = staging
-        stream = staging_pool.setdefault("stream", torch.cuda.Stream(device=cuda[0][1].device))
+        stream = staging_pool.get("stream")
+        if stream is None:
+            stream = staging_pool["stream"] = torch.cuda.Stream(device=cuda[0][1].device)
         stream.wait_stream(torch.cuda.current_stream(cuda[0][1].device))  # after optimizer.step's kernels
         with torch.cuda.stream(stream):
             for e, t in cuda:
