@@ -198,7 +198,9 @@ class Replication:
                    bind_host=control_bind_address(chan.config.host), **kwargs)
 
     def start(self) -> None:
-        """Serve, publish the address under the job token, start the pusher."""
+        """Serve, publish the address under the job token, start the pusher (once: a second call is a no-op)."""
+        if self._thread.is_alive() or self._closed:
+            return
         host, port = self.server.start()
         body = {"rank": self.rank, "host": host, "port": port, "pid": os.getpid()}
         self.store.set(self._addr_key(self.rank), sign(body, self.job_token))

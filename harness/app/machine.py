@@ -31,6 +31,10 @@ class Machine:
     # Inside a Slurm allocation (SLURM_JOB_ID): a cluster.launch=srun run is checked against this node;
     # outside one (the host that submits it) its ranks will run elsewhere and are not.
     in_slurm_job: bool = False
+    # Free bytes where the ranks keep their snapshots (ACCELPACT_SNAPSHOT_ROOT, else /dev/shm); None:
+    # not probed (then only the memory plan bounds the snapshots).
+    shm_free: int | None = None
+    shm_path: str = "/dev/shm"
 
     @property
     def gpu_count(self) -> int:
@@ -58,8 +62,23 @@ def probe(with_gpus: bool = True) -> Machine:
     gpu_mem: tuple[int, ...] = ()
     if with_gpus:
         gpu_mem = _gpu_memory()
+    shm_path, shm_free = snapshot_space()
     return Machine(cpu_cores=cores, mem_available=psutil.virtual_memory().available, gpu_mem=gpu_mem,
-                   in_slurm_job="SLURM_JOB_ID" in os.environ)
+                   in_slurm_job="SLURM_JOB_ID" in os.environ, shm_free=shm_free, shm_path=shm_path)
+
+
+def snapshot_space() -> tuple[str, int | None]:
+    """(the filesystem the snapshots go to, its free bytes): the nearest existing directory of
+    ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm); None when there is no such filesystem to ask."""
+    path = os.environ.get("ACCELPACT_SNAPSHOT_ROOT") or "/dev/shm"
+    probe_at = path
+    while probe_at and not os.path.isdir(probe_at):
+        probe_at = os.path.dirname(probe_at.rstrip("/"))
+    try:
+        st = os.statvfs(probe_at or "/")
+    except OSError:
+        return path, None
+    return path, st.f_bavail * st.f_frsize
 
 
 def _gpu_memory() -> tuple[int, ...]:

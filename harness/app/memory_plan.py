@@ -2,8 +2,9 @@
 
 Per rank: FSDP2-sharded parameters, gradients and AdamW state (1/world_size each), the unsharded
 working set (the root unit plus two decoder layers in flight: current + prefetched, params and
-grads), an activation estimate, checkpoint staging copies (async modes), and the runtime of one
-process. Per host: the sum over the ranks that share this host. On a CPU cluster everything lives in
+grads), an activation estimate, checkpoint staging copies (async modes), accelpact's snapshots in
+shared memory (``strategy.snapshot.every > 0``: 2 own slots + 2 buddy replicas of the rank's
+parameters and AdamW state), and the runtime of one process. Per host: the sum over the ranks that share this host. On a CPU cluster everything lives in
 host memory; on a GPU cluster the model lives in GPU memory and the host holds runtimes and staging.
 The estimate errs high (the attention term assumes the math kernel that stores probabilities).
 """
@@ -16,6 +17,8 @@ from harness.app.machine import GiB, RANK_RUNTIME_BYTES, Machine
 from harness.app.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4
+# A snapshot slot's metadata (RNG states, param groups, the index, the marker): well under 1 MiB.
+SNAPSHOT_META_BYTES = 1 << 20
 # Host memory of a rank that drives a GPU (CUDA libraries, pinned pools): more than a CPU rank.
 GPU_RANK_HOST_BYTES = int(2.0 * GiB)
 
@@ -40,6 +43,7 @@ class MemoryPlan:
     per_host: int = 0  # bytes this host needs in RAM
     host_budget: int = 0
     device_budget: int = 0  # per GPU; 0 on CPU
+    snapshot_per_rank: int = 0  # shared-memory bytes of one rank's snapshots (own slots + replicas)
 
     @property
     def fits(self) -> bool:
@@ -90,6 +94,25 @@ def activation_bytes(m: ModelConfig, compute_bytes: int) -> int:
     return layers + logits
 
 
+def snapshot_slot_bytes(shard_params: int) -> int:
+    """One snapshot slot of a rank: its fp32 parameter shard and both AdamW moments (the layout of
+    accelpact.snapshot.sizing, which the rank checks again against the real tensors at start)."""
+    return 3 * shard_params * FP32 + SNAPSHOT_META_BYTES
+
+
+def snapshot_rows(run: RunConfig, shard_params: int) -> list[tuple[str, int]]:
+    """The plan's snapshot rows per rank: none with snapshots off; 2 own slots; 2 buddy replicas when
+    replicas are on and there is a buddy (world_size > 1)."""
+    snap = run.strategy.snapshot
+    if snap.every <= 0:
+        return []
+    slot = snapshot_slot_bytes(shard_params)
+    rows = [("snapshots: 2 own slots (shared memory)", 2 * slot)]
+    if snap.replicas and run.cluster.world_size > 1:
+        rows.append(("snapshots: 2 buddy replicas (shared memory)", 2 * slot))
+    return rows
+
+
 def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) -> MemoryPlan:
     m, ws = run.model, run.cluster.world_size
     counts = counts or param_counts(m)
@@ -109,6 +132,7 @@ def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) ->
         staging = 4 * shard * FP32  # a host copy of params + AdamW state (+ room for the next one)
     ranks_on_host = ws // max(run.cluster.nodes, 1)  # cluster.nodes > 1 only for srun across an allocation
     per_rank_model = sum(b for _, b in rows)
+    snapshots = snapshot_rows(run, shard)  # host shared memory on every cluster
     result = MemoryPlan(
         model=m.name,
         n_params=counts.total,
@@ -116,12 +140,14 @@ def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) ->
         ranks_on_host=ranks_on_host,
         device=run.cluster.device.value,
         host_budget=machine.usable_mem,
+        snapshot_per_rank=sum(b for _, b in snapshots),
     )
     if on_gpu:
         result.rows = rows
         result.host_rows = [("runtime of each rank process (host)", GPU_RANK_HOST_BYTES * ranks_on_host)]
         if staging:
             result.host_rows.append(("async checkpoint staging (host)", staging * ranks_on_host))
+        result.host_rows += [(f"{what} (host)", b * ranks_on_host) for what, b in snapshots]
         result.per_rank_device = per_rank_model
         result.per_host = sum(b for _, b in result.host_rows)
         result.device_budget = int(0.9 * min(machine.gpu_mem)) if machine.gpu_mem else 0
@@ -129,6 +155,7 @@ def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) ->
         rows.append(("runtime of the rank process", RANK_RUNTIME_BYTES))
         if staging:
             rows.append(("async checkpoint staging", staging))
+        rows += snapshots
         result.rows = rows
         result.per_rank_device = sum(b for _, b in rows)
         result.per_host = result.per_rank_device * ranks_on_host

@@ -115,10 +115,44 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(
             f"strategy.stall_timeout_s={stall} is not below cluster.pg_timeout_s={c.pg_timeout_s}, so the PG timeout "
             f"would always fire first; set strategy.stall_timeout_s={c.pg_timeout_s / 2:g} or raise cluster.pg_timeout_s")
+    check_snapshot_values(run)
     if run.checkpoint.interval < 0:
         raise ConfigError(f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`")
     if run.checkpoint.keep < 1:
         raise ConfigError(f"checkpoint.keep={run.checkpoint.keep} must be at least 1; try `checkpoint.keep=2`")
+
+
+def check_snapshot_values(run: RunConfig) -> None:
+    """strategy.snapshot / hot_spares / replacement_timeout_s (accelpact's in-memory heal of a lost rank)."""
+    st = run.strategy
+    if st.snapshot.every < 0:
+        raise ConfigError(f"strategy.snapshot.every={st.snapshot.every} must be >= 0 (0 = snapshots off, k = every "
+                          "k-th committed step); try `strategy.snapshot.every=1`")
+    if st.hot_spares < 0:
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} must be >= 0; try `strategy.hot_spares=0`")
+    if st.hot_spares and st.snapshot.every == 0:
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} takes the rank of a dead process and heals it from "
+                          "its snapshot, and snapshots are off; try `strategy.snapshot.every=1`")
+    if st.replacement_timeout_s <= 0:
+        raise ConfigError(f"strategy.replacement_timeout_s={st.replacement_timeout_s} must be positive (seconds the "
+                          "survivors wait for a replacement); try `strategy.replacement_timeout_s=120`")
+
+
+def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) -> None:
+    """Refuse at start when the ranks of this host cannot keep their snapshots in its shared memory."""
+    need = memory.snapshot_per_rank * memory.ranks_on_host
+    if not need or machine.shm_free is None:
+        return
+    if run.cluster.launch == RankLaunch.srun and not machine.in_slurm_job:
+        return  # the ranks run on the allocation's nodes, not here: they check their own at start
+    if need > machine.shm_free:
+        raise ConfigError(
+            f"snapshots need {need / GiB:.2f} GiB in {machine.shm_path} ({memory.ranks_on_host} rank(s) x "
+            f"{memory.snapshot_per_rank / GiB:.2f} GiB: 2 own slots + 2 buddy replicas each), "
+            f"{machine.shm_free / GiB:.2f} GiB free there: DOES NOT FIT. Enlarge it (`mount -o remount,size="
+            f"{-(-need * 5 // 4 // GiB) + 1}G /dev/shm`, or `docker run --shm-size=...`), point "
+            f"ACCELPACT_SNAPSHOT_ROOT at a larger tmpfs, or turn snapshots off: `strategy.snapshot.every=0`",
+            memory_plan=memory)
 
 
 def faults_need_netns(run: RunConfig) -> bool:
@@ -229,6 +263,7 @@ def validate(
         raise ConfigError("; ".join(reasons) + f": try `{suggest_command(overrides, fix)}`")
     memory = plan(target, machine, catalogue.counts(target.model))
     if memory.fits and not reasons:
+        check_snapshot_room(target, memory, machine)
         return memory
     if not memory.fits:
         where = f"{memory.ranks_on_host} rank(s) of cluster={target.cluster.name}"

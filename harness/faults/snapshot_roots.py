@@ -50,7 +50,7 @@ def remove_job_roots(prefix: str, base: Path | None = None) -> list[str]:
     return removed
 
 
-def single_host_snapshot_env(env: dict[str, str]) -> str:
+def single_host_snapshot_env(env: dict[str, str], tag_env: str) -> str:
     """Point the ranks of a run without namespaces (one host) at a fresh root of their own; returns
     the fresh prefix that names it (``remove_job_roots(prefix)`` at the end, ``cleanup PREFIX`` after
     a parent that was killed)."""
@@ -58,6 +58,7 @@ def single_host_snapshot_env(env: dict[str, str]) -> str:
 
     prefix = new_prefix()
     env[ROOT_ENV] = str(host_root(f"{prefix}-h0"))
+    env[tag_env] = prefix  # the job tag (netns_host.TAG_ENV): `cleanup PREFIX` finds ranks a killed parent orphaned
     return prefix
 
 

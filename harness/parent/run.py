@@ -53,6 +53,7 @@ def run_one(
     from harness.events import EventLog
     from harness.faults import registry as faults
     from harness.faults.driver import FaultDriver
+    from harness.faults.netns_host import TAG_ENV
     from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
 
     started = time.time()
@@ -85,7 +86,7 @@ def run_one(
             launcher.store_set_fn = topology.store_set
         else:
             launcher.start_control_store()
-            single_host_prefix = single_host_snapshot_env(launcher.extra_env)
+            single_host_prefix = single_host_snapshot_env(launcher.extra_env, TAG_ENV)
         if strategy.parent_setup is not None:
             setup = strategy.parent_setup(run, launcher)
         launcher.settle_s = strategy.settle_s(run)

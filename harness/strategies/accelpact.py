@@ -171,6 +171,15 @@ class AccelPactStep(Strategy):
         finally:
             self.guard.close()
             if self.snapshots is not None:
+                # What the snapshots cost this rank (the process_loss experiment reads it): shared-memory
+                # bytes of one slot, own slots + the replicas its host held, time blocked, pushes.
+                from accelpact.snapshot.sizing import used_bytes
+
+                rep = self.replication.stats() if self.replication is not None else {}
+                held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
+                self.ctx.events.emit("snapshots", slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
+                                     wait_s=self.snapshots.wait_s, own_shm_bytes=used_bytes(self.snapshots.dir),
+                                     replica_shm_bytes=held, replication=rep)
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
             if self.replication is not None:
                 self.replication.close(remove=True)

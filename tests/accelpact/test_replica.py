@@ -250,3 +250,27 @@ def test_unreachable_buddy_is_dropped_counted_and_rank_plus_buddy_lost_names_bot
         assert "rank 0 and its buddy rank 1 were both lost" in str(err.value) and "no in-memory copy" in str(err.value)
     finally:
         src.close()
+
+
+def test_a_replica_corrupted_on_the_way_fails_its_checksum_and_is_not_kept(tmp_path, store):
+    """The holder checks each received replica with the snapshot reader's CRC-32s before it counts."""
+    from accelpact.snapshot._replica_wire import recv_frame
+
+    token = new_job_token()
+    holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
+    try:
+        slot = tmp_path / "h0" / token / "rank0" / "slot0"
+        marker = write_slot(slot, token, 0, 2, 4, 1 << 16)
+        files = payload_files(slot)
+        with socket.create_connection(holder.server.address, timeout=5) as s:
+            send_frame(s, {"op": "put", "src": 0, "step": 4, "files": [list(f) for f in files], "marker": marker}, token)
+            for name, size in files:
+                data = bytearray((slot / name).read_bytes())
+                data[size // 2] ^= 0x01  # one bit flipped in transit
+                s.sendall(bytes(data))
+            send_frame(s, {"commit": True}, token)
+            ack = recv_frame(s, token)
+        assert ack == {**ack, "ok": False} and "checksum" in ack["error"]
+        assert holder.server.held(0) == [] and holder.server.puts == 0
+    finally:
+        holder.close()
