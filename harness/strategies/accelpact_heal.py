@@ -114,18 +114,12 @@ def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> 
 
 
 def check_heal(run: "RunConfig") -> None:
-    """ConfigError naming the fix for heal settings that cannot work (the spec's ``check``)."""
+    """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
+    themselves are checked by harness.app.validate.check_snapshot_values)."""
     from harness.app.validate import ConfigError
     from harness.faults import registry
 
     st = run.strategy
-    if st.snapshot.every < 0 or st.replacement_timeout_s <= 0 or st.hot_spares < 0:
-        raise ConfigError(f"strategy.snapshot.every={st.snapshot.every}, strategy.replacement_timeout_s="
-                          f"{st.replacement_timeout_s}, strategy.hot_spares={st.hot_spares}: use every >= 0 (0: off), "
-                          "a positive timeout and hot_spares >= 0")
-    if st.hot_spares and st.snapshot.every == 0:
-        raise ConfigError(f"strategy.hot_spares={st.hot_spares} needs snapshots to heal from: set "
-                          "strategy.snapshot.every=1 (or strategy.hot_spares=0)")
     if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
         raise ConfigError(f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
                           "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
