@@ -299,7 +299,11 @@ class Healer:
 
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
         dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.g.rank}-"))
-        marker = self.policy.fetch_replica(self.g.rank, dest, step)
+        try:
+            marker = self.policy.fetch_replica(self.g.rank, dest, step)
+        except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
+            _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.g.rank, step, exc)
+            return None
         return None if marker is None else (int(marker["step"]), dest)
 
 

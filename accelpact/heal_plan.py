@@ -92,7 +92,12 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
         raise StateDivergedError(f"heal reports from ranks {sorted(by_rank)} (of {world_size}, "
                                  f"{len(reports)} reports): missing {missing} or duplicated")
     replacements = tuple(sorted(r.rank for r in reports if r.role == "replacement"))
-    empty = [r for r in reports if r.role == "replacement" and not r.held]
+    common = set.intersection(*(set(r.held) for r in reports)) if reports else set()
+    if common:
+        return _plan(reports, max(common), replacements)
+    survivors_low = min((r.committed for r in reports if r.role == "survivor"), default=None)
+    # A replacement holding no copy (its fresh state is only step -1, which the survivors left behind).
+    empty = [r for r in reports if r.role == "replacement" and not set(r.held.values()) & {"own", "buddy"}]
     if empty:
         names = "; ".join(
             f"rank {r.rank}: no valid own snapshot slot and no replica"
@@ -101,15 +106,13 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
             f"no in-memory copy of the lost rank(s) {[r.rank for r in empty]} survives ({names}); the state "
             f"of a rank and of its buddy's replica are both gone: restore from a disk checkpoint",
             ranks=tuple(sorted({r.rank for r in empty} | {r.buddy for r in empty if r.buddy is not None})),
-            last_committed_step=min((r.committed for r in reports if r.role == "survivor"), default=None),
-            detected_by="heal")
-    common = set.intersection(*(set(r.held) for r in reports)) if reports else set()
-    if not common:
-        held = "; ".join(f"rank {r.rank} ({r.role}): {sorted(r.held)}" for r in sorted(reports, key=lambda r: r.rank))
-        raise RankLostError(
-            f"the ranks hold no step in common ({held}): the lost rank's newest copy is older than every "
-            "survivor's oldest snapshot slot; restore from a disk checkpoint",
-            ranks=replacements, detected_by="heal",
-            last_committed_step=min((r.committed for r in reports if r.role == "survivor"), default=None))
-    step = max(common)
+            last_committed_step=survivors_low, detected_by="heal")
+    held = "; ".join(f"rank {r.rank} ({r.role}): {sorted(r.held)}" for r in sorted(reports, key=lambda r: r.rank))
+    raise RankLostError(
+        f"the ranks hold no step in common ({held}): the lost rank's newest copy is older than every "
+        "survivor's oldest snapshot slot; restore from a disk checkpoint",
+        ranks=replacements, detected_by="heal", last_committed_step=survivors_low)
+
+
+def _plan(reports: Sequence[HealReport], step: int, replacements: tuple[int, ...]) -> ResumePlan:
     return ResumePlan(step=step, sources={r.rank: r.held[step] for r in reports}, replacements=replacements)

@@ -78,6 +78,8 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     if liveness is not None and cfg is not None:
         heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness).start()
     pid = os.getpid()
+    if liveness is not None:
+        control.heartbeat()  # this pid beats before anyone reads the arrival (the thread may lag)
     control.set(arrived_key(control, control.rank),
                 json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
     t_arrived = time.time()

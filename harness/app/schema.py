@@ -21,6 +21,7 @@ class FaultPhase(str, Enum):
     backward_reduce_scatter = "backward_reduce_scatter"
     clip_allreduce = "clip_allreduce"
     vote = "vote"
+    post_vote = "post_vote"  # the vote completed on this rank, its optimizer step not yet applied
 
 
 class FaultSchedule(str, Enum):
@@ -119,6 +120,7 @@ class SnapshotSettings:
 
     every: int = 0  # snapshot every k committed steps; 0 = off (a lost rank then falls back to disk)
     replicas: bool = True  # also push each snapshot to the buddy rank (accelpact.snapshot.replica)
+    pause_mid_copy_s: float = 0.0  # fault-injection tests only: each copy sleeps this long halfway
 
 
 @dataclass

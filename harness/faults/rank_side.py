@@ -93,7 +93,7 @@ class RankFaults:
 
     def on_phase(self, phase: str, _guard_step: int) -> None:
         """A guard phase hook. The harness's step index (set by ``begin_step``) is used, not the guard's."""
-        if phase in ("clip_allreduce", "vote", "recovery"):
+        if phase in ("clip_allreduce", "vote", "post_vote", "recovery"):
             self.injector.maybe_fire(phase)
 
     def unfired(self, step: int) -> list[str]:

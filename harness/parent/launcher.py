@@ -11,8 +11,8 @@
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
 - ``step_hooks`` are called with every rank-0 step event (fault schedules, relaunch policies).
 A relaunch (``harness.parent.run``, following the strategy's policy) is ``kill_all`` + ``start_ranks(n+1)``.
-A heal (``replace_dead``: the strategy heals a lost rank in memory) is ``start_replacement(rank)``: one new
-process for the dead rank only, under the same job token, while the survivors wait for it.
+A heal (``replace_dead``: the strategy heals a lost rank in memory) is ``harness.parent.replacements``: one
+new process (or a hot spare) for the dead rank only, under the same job token, while the survivors wait.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from harness.events import events_path
 from harness.parent.progress import EventTailer, Progress
+from harness.parent.replacements import SparePool, describe_exit, replace_the_dead
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
 from harness.app.schema import RankLaunch, RunConfig
@@ -68,15 +69,6 @@ class Outcome:
     interrupted: bool = False
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
-
-
 class Launcher:
     def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, python: str = sys.executable) -> None:
         self.run = run
@@ -111,6 +103,7 @@ class Launcher:
         self.replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
         self.on_replace: Optional[Callable[[dict[str, Any]], None]] = None  # parent-side event of each one
         self.replacements = 0  # replacement processes started in this run
+        self.spares = SparePool(0)  # hot spares (harness.parent.replacements): set .wanted before start_ranks
         self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
 
     # -- control channel ---------------------------------------------------------------------
@@ -186,9 +179,10 @@ class Launcher:
             self._start_srun(incarnation, t_launch)
             return
         for rank in range(self.run.cluster.world_size):
-            self._spawn(rank, incarnation, t_launch)
+            self.spawn(rank, incarnation, t_launch)
+        self.spares.start(self, incarnation)
 
-    def _spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
+    def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
         log = open(self.log_path(rank), "ab")
         try:
             argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
@@ -205,37 +199,6 @@ class Launcher:
             )
         finally:
             log.close()  # the child holds its own descriptor
-
-    def start_replacement(self, rank: int, code: int) -> None:
-        """Start a new process for dead ``rank`` only (same rank, same job token): it heals in memory.
-
-        The death notice was written by ``poll`` already, before the spawn: the survivors tell a
-        replacement from the process it replaces by the pid the notice names."""
-        t_death = time.time()
-        dead = self.procs[rank]
-        self._retired.append(dead)
-        self.replacements += 1
-        self._spawn(rank, self.incarnation, time.time(), replacement=self.replacements)
-        self._noticed.discard(rank)  # its replacement's own death must be noticed again
-        if self._first_failure is not None and self._first_failure[0] == rank:
-            self._first_failure = None
-        if self.on_replace is not None:
-            self.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid, "pid": self.procs[rank].pid,
-                             "t_death_seen": t_death, "t_spawn": time.time(), "replacement": self.replacements,
-                             "incarnation": self.incarnation})
-
-    def _replace_the_dead(self, state: "PollResult") -> bool:
-        """Start a replacement for every failed rank the strategy heals; False when any may not be."""
-        if self.replace_dead is None or not state.failed:
-            return False
-        codes = self._codes()
-        if not all(self.replace_dead(r, c, codes) for r, c in state.failed.items()):
-            return False
-        for rank, code in sorted(state.failed.items()):
-            print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
-                  f"(heal in memory, replacement {self.replacements + 1})", flush=True)
-            self.start_replacement(rank, code)
-        return True
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -308,7 +271,7 @@ class Launcher:
 
     def kill_all(self, grace_s: float = TERM_GRACE_S) -> None:
         """SIGTERM every live rank's process group, SIGKILL what is left after ``grace_s``; reap all."""
-        live = [p for p in self.procs.values() if p.poll() is None]
+        live = [p for p in [*self.procs.values(), *self.spares.all_procs()] if p.poll() is None]
         for proc in live:
             _killpg(proc.pid, signal.SIGCONT)  # a SIGSTOPped rank cannot act on SIGTERM
             _killpg(proc.pid, signal.SIGTERM)
@@ -318,11 +281,12 @@ class Launcher:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for proc in [*self.procs.values(), *self._retired]:
+        for proc in [*self.procs.values(), *self._retired, *self.spares.all_procs()]:
             # Also the group of ranks that exited: their children (if any) must not outlive them.
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self._retired = []
+        self.spares.clear()
 
     def last_log_lines(self, rank: int, n: int = 15) -> list[str]:
         try:
@@ -358,7 +322,7 @@ class Launcher:
                     for tick in self.tick_hooks:
                         tick()
                     state = self.poll()
-                    if self._replace_the_dead(state):
+                    if replace_the_dead(self, state):
                         continue
                     if state.failed or not state.running:
                         break

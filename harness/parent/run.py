@@ -95,6 +95,7 @@ def run_one(
             launcher.replace_dead = lambda rank, code, codes: (launcher.replacements < run.strategy.max_restarts
                                                                and policy(run, rank, code, codes))
             launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
+            launcher.spares.wanted = run.strategy.hot_spares
         if faults.get(run.fault.kind).injects:
             driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
             launcher.tick_hooks.append(driver.tick)

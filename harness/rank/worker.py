@@ -62,6 +62,12 @@ def main(argv: list[str]) -> int:
     from harness.plugins import load_plugins
 
     load_plugins()  # strategies and fault kinds of plugins, as in the parent
+    from harness.parent.replacements import SPARE_ENV
+
+    if os.environ.get(SPARE_ENV):  # a hot spare: wait, fully imported, for the rank of the first death
+        from harness.rank.spare import become_rank
+
+        env = become_rank(cfg, env, int(os.environ.pop(SPARE_ENV)))
     from harness.rank.train import train  # torch import after the cheap checks
 
     try:

@@ -17,14 +17,22 @@ Time accounting (the invariant)
 Each rank's copy of the wall-clock window [t0, t1] is cut into labelled pieces; every instant gets exactly
 one label, the highest-priority interval covering it on that rank:
 
-    detection > agreement > rebuild > rebind > restore > checkpoint > restart > replay > useful > other
+    detection > agreement > rebuild > rebind > replacement_start > heal_transfer > restore > checkpoint
+        > snapshot_overhead > restart > replay > useful > other
 
 - detection/agreement/rebuild/rebind: a ``recovery`` record's durations, laid back to back so they END at
   the record's ``t`` (the record is written when recovery completes). ``rebind`` includes the first
   collective on the new group. Recovery outranks steps because a step record's interval may include the
   failed attempt and the in-memory recovery inside it.
+- replacement_start / heal_transfer: a ``heal`` record's two durations, back to back, ending at its ``t``
+  (a lost rank healed in memory, accelpact.heal). On a survivor: caught -> every replacement arrived,
+  then the rest up to the first collective; on the replacement: its launch -> arrived (the process
+  start), then the rest. A survivor's attempt in flight (step start -> heal start) is replay, as for a
+  "retry" recovery.
 - restore: ``restore`` records, t_start -> t_end.
 - checkpoint: ``checkpoint`` records (stalls), whole run.
+- snapshot_overhead: a step's ``snapshot_wait_s`` (the time it waited for the previous snapshot's copy),
+  laid at the step's end; whole run, like checkpoint stalls.
 - restart: ``restart`` records, from the fault that preceded the relaunch (not earlier than the rank's last
   committed step) to ``t_ready``; so the gap fault -> relaunch is restart time too.
 - replay: the second and later executions of a (rank, step index). The first execution is the useful one
@@ -57,15 +65,19 @@ _PRIORITY: tuple[str, ...] = (
     "agreement",
     "rebuild",
     "rebind",
+    "replacement_start",
+    "heal_transfer",
     "restore",
     "checkpoint",
+    "snapshot_overhead",
     "restart",
     "replay",
     "useful",
 )
 _RANK_OF = {label: i for i, label in enumerate(_PRIORITY)}
 # Labels that a fault can be blamed for (checkpoint stalls are a whole-run cost, useful is not a cost).
-_FAULT_LABELS = frozenset(("detection", "agreement", "rebuild", "rebind", "restore", "restart", "replay"))
+_FAULT_LABELS = frozenset(("detection", "agreement", "rebuild", "rebind", "replacement_start", "heal_transfer",
+                           "restore", "restart", "replay"))
 _NO_FAULT = -1
 
 
@@ -94,6 +106,9 @@ class Badput:
     replay_s: float = 0.0
     checkpoint_s: float = 0.0
     other_s: float = 0.0
+    replacement_start_s: float = 0.0  # a lost rank's replacement process starting (heal in memory)
+    heal_transfer_s: float = 0.0  # the heal after it arrived: rendezvous, model build, state load
+    snapshot_overhead_s: float = 0.0  # steps waiting for the previous snapshot's copy
 
     @property
     def recovery_s(self) -> float:
@@ -213,7 +228,7 @@ def _rank_pieces(
 
     for r, start, end, label in parsed.intervals:
         if r == rank:
-            fault = _NO_FAULT if label == "checkpoint" else _fault_before(fault_times, end)
+            fault = _NO_FAULT if label in ("checkpoint", "snapshot_overhead") else _fault_before(fault_times, end)
             intervals.append((start, end, label, fault))
 
     # A "retry" recovery inside a step threw away the attempt in flight: from the step's start to the

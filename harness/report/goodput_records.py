@@ -71,6 +71,9 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
             rank = _int(record, "rank")
             if kind == "step":
                 t_start, t_end = _span(record, "t_start", "t_end")
+                wait = record.get("snapshot_wait_s")
+                if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 < wait <= t_end - t_start:
+                    out.intervals.append((rank, t_end - wait, t_end, "snapshot_overhead"))
                 out.steps.append(
                     StepRecord(
                         rank=rank,
@@ -111,6 +114,19 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
                 if record.get("decision") == "retry":
                     out.retries.append((rank, start, end))
                 for label, d in durations:
+                    if d > 0:
+                        out.intervals.append((rank, start, start + d, label))
+                    start += d
+            elif kind == "heal":
+                end = _num(record, "t")
+                parts = [("replacement_start", float(record.get("replacement_start_s") or 0.0)),
+                         ("heal_transfer", float(record.get("heal_transfer_s") or 0.0))]
+                if any(d < 0 or not math.isfinite(d) for _, d in parts):
+                    raise ValueError("negative duration")
+                start = end - sum(d for _, d in parts)
+                if record.get("role") == "survivor":  # its attempt in flight is re-run: as a retry
+                    out.retries.append((rank, start, end))
+                for label, d in parts:
                     if d > 0:
                         out.intervals.append((rank, start, start + d, label))
                     start += d

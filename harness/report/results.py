@@ -159,11 +159,43 @@ def goodput_columns(
         "reference_run": str(reference_dir) if reference_dir is not None else None,
     }
     cols.update(detection_columns(events))
+    cols.update(heal_columns(events, fallback=bool(fallback_reasons)))
     if reference_dir is not None:
         comparison = identity.compare_runs(reference_dir, run_dir)
         cols["bit_identical"] = comparison.equal
         cols["identity_detail"] = comparison.describe(limit=3)[:500]
     return cols
+
+
+def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> dict[str, Any]:
+    """Lost ranks healed in memory (pure): how many, from which source, and how long (slowest rank).
+
+    ``heal_source``: where the lost ranks' state came from: "own" (the dead process's own snapshot in
+    shared memory), "buddy" (a replica on another host), "disk" (a fallback to the checkpoint after a
+    rank was lost; ``fallback`` says why) or None (no rank was lost). Several heals: joined with "+".
+    ``heal_total_s``: per heal, the slowest rank's caught-or-launched -> first collective; summed.
+    ``heal_process_start_s``: the replacements' launch -> arrival (the Python + torch start), summed.
+    """
+    heals = [e for e in events if e.get("kind") == "heal"]
+    by_generation: dict[int, list[dict[str, Any]]] = {}
+    for e in heals:
+        by_generation.setdefault(int(e.get("generation", 0)), []).append(e)
+    sources = [sorted({str(e.get("source")) for e in group})[0] for _, group in sorted(by_generation.items())]
+    replacements = [e for e in heals if e.get("role") == "replacement"]
+    # A rank was lost (its death seen by notice or heartbeat, or its heal failed) and the run fell back.
+    lost = any(e.get("kind") == "fallback" and e.get("detected_by") in ("notice", "heartbeat", "heal")
+               for e in events)
+    if fallback and lost:
+        sources.append("disk")
+    return {
+        "heals": len(by_generation),
+        "heal_source": "+".join(sources) if sources else None,
+        "heal_total_s": sum(max(float(e.get("total_s", 0.0)) for e in g) for g in by_generation.values())
+        if heals else None,
+        "heal_process_start_s": sum(float(e.get("replacement_start_s", 0.0)) for e in replacements)
+        if replacements else None,
+        "heal_replayed_steps": max((int(e.get("replayed_steps", 0)) for e in heals), default=None),
+    }
 
 
 def detection_columns(events: Sequence[dict[str, Any]]) -> dict[str, Any]:

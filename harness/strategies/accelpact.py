@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness.strategies.accelpact_heal import (
     EXIT_FALLBACK,
+    check_heal,
     control_deadline,
     replace_on_kill,
     side_group,
@@ -222,6 +223,7 @@ SPEC = StrategySpec(
     order=1,
     relaunch=relaunch_on_fallback,
     replace_dead=replace_on_kill,
+    check=check_heal,
     rejoin="harness.strategies.accelpact_heal:rejoin_job",
     # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
     # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
+# Fault injection for tests: the replacement with this number (HARNESS_REPLACEMENT) SIGKILLs itself in
+# the middle of its heal.
+DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
 
 
 @dataclass
@@ -43,8 +46,13 @@ def control_deadline(cfg: "RunConfig") -> None:
 def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
     import accelpact
+    import accelpact.snapshot  # noqa: F401 - imported before arriving: the survivors wait from then on
     from accelpact.control import ControlChannel
+    from harness.rank.models import meta_model
 
+    # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
+    # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
+    meta_model(cfg.model)
     control_deadline(cfg)
     control = ControlChannel.from_env()
     try:
@@ -53,6 +61,12 @@ def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
         print(f"rank {env.rank}: replacement {env.replacement} could not join: {exc}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_FALLBACK)
+    if os.environ.get(DIE_IN_HEAL) == str(env.replacement):
+        # Fault injection (tests): this replacement dies inside its heal, after joining the new
+        # generation and before the heal reports: the survivors must heal once more.
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
     return Rejoined(control, ticket)
 
 
@@ -80,37 +94,41 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
 
     replication = _replication(cfg, control, rank, world_size)
     snapshots = Snapshotter(model, optimizer, job_token=control.job_token, rank=rank, world_size=world_size,
-                            config=SnapshotConfig(every=every),
+                            config=SnapshotConfig(every=every,
+                                                  pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
                             on_complete=replication.push if replication is not None else None)
     policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
                         fetch_replica=replication.fetch if replication is not None else None,
-                        buddy_of=(lambda r: _buddy(r, world_size)) if replication is not None else None)
+                        buddy_of=(lambda r: replication.buddy) if replication is not None else None)
     return snapshots, policy, replication
 
 
 def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> Any:
-    """The buddy replica channel (accelpact.snapshot.replica), when replicas are on and it is available."""
+    """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
+    its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
-    try:
-        from accelpact.snapshot import replica
-    except ImportError:
-        return None
-    from accelpact.snapshot.layout import default_root
+    from accelpact.snapshot.replica import Replication
 
-    bind = os.environ.get("ACCELPACT_REPLICA_ADDR") or replica.control_bind_address(control.config.host)
-    rep = replica.Replication(control, rank=rank, world_size=world_size, root=default_root(), bind_host=bind)
-    rep.start()
-    return rep
+    return Replication.from_env(control)
 
 
-def _buddy(rank: int, world_size: int) -> Optional[int]:
-    from accelpact.snapshot import replica
+def check_heal(run: "RunConfig") -> None:
+    """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
+    themselves are checked by harness.app.validate.check_snapshot_values)."""
+    from harness.app.validate import ConfigError
+    from harness.faults import registry
 
-    return replica.buddy_of(rank, world_size)
+    st = run.strategy
+    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
+                          "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
+                          "which host loses a rank. Use strategy.hot_spares=0 here")
 
 
 def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
     """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
-    signal, and no rank has given up on in-memory recovery (then the disk fallback runs instead)."""
-    return run.strategy.snapshot.every > 0 and code < 0 and EXIT_FALLBACK not in codes.values()
+    signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
+    (then the disk fallback runs instead)."""
+    alive = [r for r, c in codes.items() if c is None]
+    return run.strategy.snapshot.every > 0 and code < 0 and bool(alive) and EXIT_FALLBACK not in codes.values()

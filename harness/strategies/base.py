@@ -203,6 +203,7 @@ class Strategy(ABC):
 
             clip_gradients(model, self.ctx.cfg.train.max_grad_norm)
         self.fire("vote")  # no vote in a plain loop: the point right before optimizer.step
+        self.fire("post_vote")  # the same point: nothing separates the two without a vote
         opt.step()
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())

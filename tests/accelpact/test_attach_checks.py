@@ -1,5 +1,5 @@
 """What attach() checks and defaults to: a model with no FSDP module, an optimizer built before sharding,
-a job-token mismatch (join), and no gradient clipping unless asked.
+a job-token mismatch (join), FSDP1 with a heal policy, and no gradient clipping unless asked.
 
 One real 1-rank gloo process runs every check (a subprocess: a process group must not leak into the
 pytest process) and reports each as a JSON line. Each failed before this branch: attach accepted the
@@ -55,6 +55,12 @@ for layer in (early[0], early[2]):
     fully_shard(layer)
 fully_shard(early)
 report("stale_optimizer", lambda: accelpact.attach(early, stale, object()))
+
+# FSDP1 with a heal policy: refused (its flat parameters are not restored shard by shard).
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+f1 = FSDP1(net(), device_id=torch.device("cpu"))
+report("fsdp1_heal", lambda: accelpact.attach(f1, torch.optim.SGD(f1.parameters(), lr=0.1), object(),
+                                              heal=accelpact.HealPolicy()))
 
 # Join: this control channel says world_size 2, and no rank 1 ever joins under its token.
 server, port = start_control_server()
@@ -129,3 +135,9 @@ def test_attach_does_not_clip_unless_asked(checks):
     assert min(checks["grad_norms"]) > 10.0, checks["grad_norms"]  # clipping at 1.0 would change every step
     assert checks["clipped_differs"], "max_grad_norm=1.0 changed nothing: the test could not fail"
     assert checks["default_equals_unclipped"], "attach() without max_grad_norm clipped the gradients"
+
+
+def test_fsdp1_with_a_heal_policy_is_refused_with_the_fix(checks):
+    msg = checks["fsdp1_heal"]
+    assert msg is not None and msg.startswith("AccelPactError") and "need FSDP2" in msg and "fsdp1" in msg, msg
+    assert "fully_shard" in msg

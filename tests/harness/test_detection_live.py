@@ -14,6 +14,7 @@ def test_kill_is_seen_through_the_parents_notice_within_bound(tmp_path):
     # The default recovery deadline (60 s) stays: the survivor must not wait it out.
     done = run_harness([*TINY, "train.steps=8", "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
                         "fault=kill", "fault.ranks=[1]", "fault.at_step=5", "fault.phase=backward_reduce_scatter",
+                        "strategy.snapshot.every=0",  # no snapshots: the survivor falls back (no heal)
                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)

@@ -1,0 +1,123 @@
+"""Replacing a dead rank while the others live on (a strategy that heals in memory): a new process or a hot spare.
+
+``replace_the_dead(launcher, state)``: when the strategy's ``replace_dead`` policy says so for every failed
+rank, start a replacement for each: one new worker process for that rank only, under the same job token
+(the death notice was written by ``Launcher.poll`` before, so the survivors tell the replacement from the
+process it replaces by the pid the notice names), or an idle hot spare assigned the rank.
+
+Hot spares: pre-started rank processes that take the rank of the first death (``strategy.hot_spares``).
+
+A replacement process spends seconds importing torch and transformers before it can heal; a spare has
+done that already and waits on the control store. When a rank dies the parent ASSIGNS a spare instead
+of starting a process: it writes ``{token}/spare/{i}`` = ``"<rank> <replacement number> <time>"``, and
+the spare (``harness.rank.spare``) becomes a replacement of that rank (accelpact.rejoin) at once.
+
+Spares run on the parent's host only: a rank in a network-namespace host runs inside that host's
+namespace, and a spare cannot know in advance which host will lose a rank (validation refuses
+``strategy.hot_spares`` with ``cluster.hosts`` or a namespace fault).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from typing import Any, Optional
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+SPARE_ENV = "HARNESS_SPARE"  # the spare's index; a worker with it waits for a rank before training
+
+
+def spare_key(token: str, index: int) -> str:
+    return f"{token}/spare/{index}"
+
+
+class SparePool:
+    """The spares of one incarnation: started with the ranks, assigned to dead ranks, killed with them."""
+
+    def __init__(self, wanted: int) -> None:
+        self.wanted = wanted
+        self.idle: list[tuple[int, subprocess.Popen[bytes]]] = []
+        self.used: list[subprocess.Popen[bytes]] = []
+        self._next = 0
+
+    def start(self, launcher: Any, incarnation: int) -> None:
+        for _ in range(self.wanted):
+            index = self._next
+            self._next += 1
+            log = open(launcher.run_dir / "logs" / f"spare{index}.log", "ab")
+            try:
+                env = launcher.rank_environ(0, incarnation, time.time())
+                env[SPARE_ENV] = str(index)
+                argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            finally:
+                log.close()
+            self.idle.append((index, proc))
+
+    def take(self, launcher: Any, rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
+        """A live idle spare, now told to become ``rank`` (None when none is left)."""
+        while self.idle:
+            index, proc = self.idle.pop(0)
+            if proc.poll() is not None:
+                self.used.append(proc)
+                continue
+            value = json.dumps({"rank": rank, "replacement": replacement, "t": time.time()}).encode()
+            setter = launcher.store.set if launcher.store is not None else launcher.store_set_fn
+            assert setter is not None, "a spare needs the control store"
+            setter(spare_key(launcher.token, index), value)
+            self.used.append(proc)
+            return proc
+        return None
+
+    def all_procs(self) -> list[Any]:
+        return [p for _, p in self.idle] + self.used
+
+    def clear(self) -> None:
+        self.idle, self.used = [], []
+
+
+def replace_the_dead(launcher: Any, state: Any) -> bool:
+    """Start a replacement for every failed rank the strategy heals; False when any may not be healed."""
+    if launcher.replace_dead is None or not state.failed:
+        return False
+    codes = launcher._codes()
+    if not all(launcher.replace_dead(r, c, codes) for r, c in state.failed.items()):
+        return False
+    for rank, code in sorted(state.failed.items()):
+        print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
+              f"(heal in memory, replacement {launcher.replacements + 1})", flush=True)
+        start_replacement(launcher, rank, code)
+    return True
+
+
+def start_replacement(launcher: Any, rank: int, code: int) -> None:
+    """A new process, or a hot spare, for dead ``rank`` only; the parent-side ``replacement`` event."""
+    t_death = time.time()
+    dead = launcher.procs[rank]
+    launcher._retired.append(dead)
+    launcher.replacements += 1
+    spare = launcher.spares.take(launcher, rank, launcher.replacements)
+    if spare is not None:  # a hot spare: already started and imported, it becomes the rank now
+        launcher.procs[rank] = spare
+    else:
+        launcher.spawn(rank, launcher.incarnation, time.time(), replacement=launcher.replacements)
+    launcher._noticed.discard(rank)  # its replacement's own death must be noticed again
+    if launcher._first_failure is not None and launcher._first_failure[0] == rank:
+        launcher._first_failure = None
+    if launcher.on_replace is not None:
+        launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
+                             "pid": launcher.procs[rank].pid, "hot_spare": spare is not None,
+                             "t_death_seen": t_death, "t_spawn": time.time(), "replacement": launcher.replacements,
+                             "incarnation": launcher.incarnation})
