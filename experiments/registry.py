@@ -105,7 +105,8 @@ REGISTRY: tuple[Experiment, ...] = (
         intro="A failure-mix simulator (harness/scale/, no torch) calibrated within 5% on the goodput_vs_age runs, "
               "projecting every strategy to 1k-100k GPUs with Llama 3's failure mix, each at its best checkpoint "
               "interval, beside the published ETTR anchors. Two strategies are projections: accelpact_heal (the "
-              "process-loss design, not built) and torchft_peer_heal (an outside reference).",
+              "process-loss heal, now built and measured in results/process_loss, but the simulator is not yet "
+              "calibrated against it) and torchft_peer_heal (an outside reference).",
         tables=(1,), plot="ettr_vs_gpus.png"),
 )
 
