@@ -74,10 +74,10 @@ class AccelPactStep(Strategy):
         return float(loss.detach())
 
     def _record_recoveries(self) -> None:
-        new = self.guard.events[self._seen:]
+        new = self.guard.events.since(self._seen)  # the log is bounded: count, never len()
         if not new:
             return
-        self._seen = len(self.guard.events)
+        self._seen = self.guard.events.total
         for ev in new:
             d = ev.to_dict()
             decision = d.pop("decision")
