@@ -2,9 +2,10 @@
 
 ``probe`` trains the tiny decoder under a guard with the soak's faults (no hangs: they only cost
 time) and, every ``every`` recoveries, records RSS, glibc's heap (``mallinfo2``: in use vs free but
-kept), the Python heap (``tracemalloc``, when ``tracemalloc`` is set), gc object counts of the
+kept), the Python heap (``tracemalloc``, when ``tracemalloc`` is set; with ``top``, also which
+lines it grew at), gc object counts of the
 suspects (process groups, works, stores, recovery events), c10d's registries and this process's fds
-(by kind). ``unbounded_events`` keeps every RecoveryEvent (as before :class:`accelpact.events.RecoveryLog`);
+(by kind). ``keep_events`` sets ``guard.events.keep``; ``unbounded_events`` keeps every RecoveryEvent (as before :class:`accelpact.events.RecoveryLog`);
 ``ACCELPACT_MALLOC_TRIM=0`` in the ranks' environment turns off :mod:`accelpact.heap`'s trim.
 """
 
@@ -134,6 +135,8 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
     guard.phase_hooks.append(injector.on_phase)
     if sc.get("unbounded_events"):  # as before the RecoveryLog: every event kept
         guard.events.keep = 10**9
+    elif sc.get("keep_events"):
+        guard.events.keep = int(sc["keep_events"])
     step_fn = step_fn_for(model)
     samples: list[dict[str, Any]] = []
     snaps: dict[int, Any] = {}
@@ -158,7 +161,8 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
                  "abandoned": len(getattr(guard.backend, "_abandoned", [])), "events_kept": len(guard.events)}
             if sc.get("tracemalloc"):
                 s["py_traced_mib"] = tracemalloc.get_traced_memory()[0] / 2**20
-                snaps[n_events] = tracemalloc.take_snapshot()
+                if sc.get("top"):  # the snapshots themselves are traced: only when asked
+                    snaps[n_events] = tracemalloc.take_snapshot()
             samples.append(s)
     out: dict[str, Any] = {"samples": samples, "recoveries": n_events, "by_kind": by_kind,
                            "retire_ms": [e.retire_s * 1e3 for e in guard.events]}
