@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ import accelpact  # accelpact
 from accelpact.control import ControlChannel  # accelpact
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQ, BATCH = 512, 64, 4, 4, 32, 4
+EXIT_UNRECOVERABLE = 3  # a rank stopped on an accelpact.UnrecoverableError
 
 
 class Block(nn.Module):
@@ -91,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault", default=None, help="STEP:PHASE:ACTION, e.g. 3:vote:reset (one injected fault)")
     ap.add_argument("--fault-rank", type=int, default=1, help="the rank that injects --fault")
     ap.add_argument("--out", type=Path, default=None, help="write rank{r}.pt (state and losses) here")
+    ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
 
 
@@ -137,10 +140,19 @@ def main(args: argparse.Namespace) -> dict:
 
     losses = []
     for step in range(args.steps):
-        losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
+        try:
+            losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
+        except accelpact.UnrecoverableError as exc:  # accelpact: a rank or the control store is gone
+            # Not recoverable in memory (the message names what was lost and the last committed step):
+            # a real job restores its newest checkpoint; this example has none, so it stops.
+            print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            os._exit(EXIT_UNRECOVERABLE)
         scheduler.step()  # after guard.step: the step has been committed on every rank
         if rank == 0:
             print(f"step {step} loss {losses[-1].item():.4f}", flush=True)
+        if args.pause_s:
+            time.sleep(args.pause_s)
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,10 @@
 
 ``probe`` trains the tiny decoder under a guard with the soak's faults (no hangs: they only cost
 time) and, every ``every`` recoveries, records RSS, glibc's heap (``mallinfo2``: in use vs free but
-kept), the Python heap (``tracemalloc``, when ``tracemalloc`` is set; with ``top``, also which
-lines it grew at), gc object counts of the
-suspects (process groups, works, stores, recovery events), c10d's registries and this process's fds
-(by kind). ``keep_events`` sets ``guard.events.keep``; ``unbounded_events`` keeps every RecoveryEvent (as before :class:`accelpact.events.RecoveryLog`);
+kept), Python's allocated blocks, the Python heap (``tracemalloc``, when ``tracemalloc`` is set; with
+``top``, also where it grew), gc object counts of the suspects (stores, futures, recovery events),
+c10d's registries and this process's fds by kind. ``keep_events`` sets ``guard.events.keep``;
+``unbounded_events`` keeps every RecoveryEvent (as before :class:`accelpact.events.RecoveryLog`);
 ``ACCELPACT_MALLOC_TRIM=0`` in the ranks' environment turns off :mod:`accelpact.heap`'s trim.
 """
 
@@ -15,6 +15,7 @@ import ctypes
 import gc
 import os
 import socket
+import sys
 import time
 import tracemalloc
 from datetime import timedelta
@@ -157,6 +158,7 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
             seen = n_events // every
             res = resources(ctx.exclude_ports)
             s = {"step": step, "recoveries": n_events, "t": time.time() - t0, **res, **mallinfo(),
+                 "py_blocks": sys.getallocatedblocks(),
                  "objects": _objects(), "c10d": _c10d(), "fds_by_kind": fd_kinds(ctx.exclude_ports),
                  "abandoned": len(getattr(guard.backend, "_abandoned", [])), "events_kept": len(guard.events)}
             if sc.get("tracemalloc"):

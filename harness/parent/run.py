@@ -72,6 +72,7 @@ def run_one(
     relaunches: list[str] = []
     topology: Any = None
     driver: Optional[FaultDriver] = None
+    store_host: Any = None  # a control store in a child process, for a fault that kills it
     strategy = strategies.get(run.strategy.name)
     setup: Any = None
     try:
@@ -81,13 +82,18 @@ def run_one(
             launcher.rank_env_fn = topology.rank_env
             launcher.wrap_fn = topology.wrap_command
             launcher.store_set_fn = topology.store_set
+        elif faults.get(run.fault.kind).store_in_child:
+            from harness.faults.store_host import ChildStore
+
+            store_host = ChildStore(run.cluster.master_addr)
+            launcher.control, launcher.store_set_fn = store_host.addr, store_host.set
         else:
             launcher.start_control_store()
         if strategy.parent_setup is not None:
             setup = strategy.parent_setup(run, launcher)
         launcher.settle_s = strategy.settle_s(run)
         if faults.get(run.fault.kind).injects:
-            driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
+            driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
             launcher.tick_hooks.append(driver.tick)
         launcher.start_ranks(incarnation=0)
         outcome = launcher.wait(progress)
@@ -101,6 +107,8 @@ def run_one(
                                exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
             print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
             launcher.kill_all()
+            if store_host is not None:  # a killed store host comes back (a new port) for the relaunch
+                launcher.control = store_host.ensure_running()
             launcher.start_ranks(incarnation=launcher.incarnation + 1)
             outcome = launcher.wait(progress)
     except BaseException as exc:
@@ -111,6 +119,8 @@ def run_one(
         if driver is not None:
             driver.close()
         launcher.close()
+        if store_host is not None:
+            store_host.close()
         if topology is not None:
             left = topology.teardown()
             if left:
