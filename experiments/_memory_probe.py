@@ -147,10 +147,14 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
     if sc.get("steps"):
         steps = int(sc["steps"])
     by_kind = {"clean": [0, 0.0], "recovery": [0, 0.0]}  # steps, glibc in-use growth (MiB) over them
+    clean_step_s: list[float] = []
     for step in range(steps):
         before, n_before = mallinfo()["heap_in_use_mib"], guard.events.total
+        t_step = time.perf_counter()
         guard.step(step_fn, batch_for(step, ctx.rank, m))
         n_events = guard.events.total
+        if n_events == n_before:
+            clean_step_s.append(time.perf_counter() - t_step)
         kind = by_kind["recovery" if n_events > n_before else "clean"]
         kind[0] += 1
         kind[1] += mallinfo()["heap_in_use_mib"] - before
@@ -167,7 +171,8 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
                     snaps[n_events] = tracemalloc.take_snapshot()
             samples.append(s)
     out: dict[str, Any] = {"samples": samples, "recoveries": n_events, "by_kind": by_kind,
-                           "retire_ms": [e.retire_s * 1e3 for e in guard.events]}
+                           "retire_ms": [e.retire_s * 1e3 for e in guard.events],
+                           "clean_step_ms_median": sorted(clean_step_s)[len(clean_step_s) // 2] * 1e3 if clean_step_s else None}
     if len(snaps) >= 2:
         keys = sorted(snaps)
         first, last = snaps[keys[1] if len(keys) > 2 else keys[0]], snaps[keys[-1]]
