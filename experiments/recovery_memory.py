@@ -97,8 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [f"# Memory per recovery, before and after the fixes ({args.faults} faults of the soak's mix, no hangs, "
              "2 ranks, tiny decoder)", "",
              "before: no C-heap trim, every RecoveryEvent kept; after: `malloc_trim(0)` after each recovery "
-             "(accelpact/heap.py), the newest 32 events kept (256 by default; 32 reaches the bound within the run). Slopes: least squares per recovery after a warm-up "
-             f"of {WARMUP}, 95% Newey-West interval.", "", *table(found, args.faults), "",
+             "(accelpact/heap.py), the newest 32 events kept (256 by default; 32 reaches the bound within the run); "
+             "after + MALLOC_MMAP_THRESHOLD_: the same with glibc's mmap threshold fixed at 128 KiB in the ranks' "
+             "environment (an operator's option, not set by accelpact). Slopes: least squares per recovery after a "
+             f"warm-up of {WARMUP}, 95% Newey-West interval. Sessions run one after the other, on a shared host.", "",
+             *table(found, args.faults), "",
              provenance_markdown(prov)]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "recovery_memory.md").write_text("\n".join(lines) + "\n")
