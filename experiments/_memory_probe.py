@@ -21,7 +21,6 @@ import tracemalloc
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Collection
 
-import torch
 import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as fault_testing
