@@ -365,7 +365,7 @@ class Guard:
         t4 = time.time()
         _log.info("rank %d: generation %d works (first collective done)", self.rank, generation)
         # Retire the old generation: its destructor joins its threads and closes its sockets. Then
-        # give the heap's free pages back (accelpact/heap.py: RSS grew 0.1-0.6 MiB per recovery without).
+        # give the heap's free pages back (accelpact/heap.py: 1000 faults, RSS +0.097 -> +0.019 MiB each).
         del old_groups
         heap.release_free_heap()
         t5 = time.time()
