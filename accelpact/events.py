@@ -1,4 +1,5 @@
-"""RecoveryEvent: what one in-memory recovery did and how long each part took.
+"""RecoveryEvent: what one in-memory recovery did and how long each part took; RecoveryLog: the
+guard's bounded list of them.
 
 Plain data, JSON-serialisable through ``dataclasses.asdict`` so the harness can write it straight
 into its per-rank event log (kind ``recovery``).
@@ -10,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RecoveryEvent", "HealEvent", "RoundClock", "ROUND_PARTS"]
+__all__ = ["RecoveryEvent", "RecoveryLog", "HealEvent", "RoundClock", "ROUND_PARTS"]
 
 # The parts of one recovery round, in order (detection happens once, before the first round).
 ROUND_PARTS = ("agreement", "rebuild", "rebind", "first_collective")
@@ -124,3 +125,31 @@ class HealEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class RecoveryLog(list):
+    """``guard.events``: the newest ``keep`` RecoveryEvents, oldest first, and how many there were.
+
+    A list, so that reading it is unchanged; bounded, because a week-long job recovers thousands of
+    times and each event (every rank's report included) is a few KB of Python heap that nothing reads
+    again once a consumer has forwarded it. Forward new events with :meth:`since` and :attr:`total`,
+    not with ``len()``: the length stops growing at ``keep``.
+    """
+
+    def __init__(self, keep: int = 256) -> None:
+        super().__init__()
+        if keep < 1:
+            raise ValueError(f"RecoveryLog(keep={keep}): keep at least the newest event")
+        self.keep = keep
+        self.total = 0  # events ever appended (dropped ones included)
+
+    def append(self, event: RecoveryEvent) -> None:  # type: ignore[override]
+        super().append(event)
+        self.total += 1
+        if len(self) > self.keep:
+            del self[: len(self) - self.keep]
+
+    def since(self, seen: int) -> list[RecoveryEvent]:
+        """The events after the first ``seen`` ever appended (those still kept: at most ``keep``)."""
+        new = self.total - seen
+        return list(self[-new:]) if new > 0 else []

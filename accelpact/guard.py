@@ -40,7 +40,7 @@ from accelpact.clipping import clip_gradients
 from accelpact.consensus import Phase
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
 from accelpact._tracebacks import drop_traceback as _drop_traceback
-from accelpact.events import HealEvent, RecoveryEvent
+from accelpact.events import HealEvent, RecoveryLog
 from accelpact.guard_config import GuardConfig, InjectionClock
 from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses
@@ -84,7 +84,7 @@ class Guard:
         self.snapshots = snapshots
         if snapshots is not None and getattr(snapshots, "generation", 0) is None:
             snapshots.generation = lambda: getattr(control, "generation", 0)
-        self.events: list[RecoveryEvent] = []
+        self.events = RecoveryLog()  # the newest 256; .total counts them all (accelpact/events.py)
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
         # during a recovery, "recovery" (new generation built, before its first collective).
         self.phase_hooks: list[PhaseHook] = []

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from accelpact import comm, detection
+from accelpact import comm, detection, heap
 from accelpact._tracebacks import drop_traceback as _drop_traceback
 from accelpact._tracebacks import where as _where
 from accelpact.bindings import find_stale_references
@@ -121,6 +121,8 @@ def _round(g: "Guard", report: RankReport, step: int, fault: dict[str, str], t_d
     _log.info("rank %d: generation %d works (first collective done)", g.rank, generation)
     # Retire the old generation: its destructor joins its threads and closes its sockets.
     del old_groups
+    # Give the heap's free pages back (accelpact/heap.py: RSS grew 0.1-0.6 MiB per recovery without).
+    heap.release_free_heap()
     t5 = time.time()
     clock.close()
     g._prepare_next_generation()

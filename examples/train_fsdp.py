@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ import accelpact  # accelpact
 from accelpact.control import ControlChannel  # accelpact
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQ, BATCH = 512, 64, 4, 4, 32, 4
+EXIT_UNRECOVERABLE = 3  # a rank stopped on an accelpact.UnrecoverableError
 
 
 class Block(nn.Module):
@@ -102,6 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="write rank{r}.pt (state and losses) here")
     ap.add_argument("--snapshots", action="store_true", help="per-step shared-memory snapshots; restore after a restart")
     ap.add_argument("--kill-at", type=int, default=None, help="rank --fault-rank SIGKILLs itself in this step (first attempt)")
+    ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
 
 
@@ -201,10 +204,20 @@ def main(args: argparse.Namespace) -> dict:
     killing = (args.kill_at is not None and rank == args.fault_rank
                and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0)
     for step in range(start, args.steps):
-        losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
+        try:
+            losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
+        except accelpact.UnrecoverableError as exc:  # accelpact: a rank or the control store is gone
+            # Not recoverable in memory (the message names what was lost and the last committed step):
+            # a real job restores its newest checkpoint (or, with --snapshots under torchrun
+            # --max-restarts, its snapshot after the restart); this example stops.
+            print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            os._exit(EXIT_UNRECOVERABLE)
         scheduler.step()  # after guard.step: the step has been committed on every rank
         if rank == 0:
             print(f"step {step} loss {losses[-1].item():.4f}", flush=True)
+        if args.pause_s:
+            time.sleep(args.pause_s)
     if snap is not None:
         snap.close(remove=True)  # a clean exit leaves nothing in shared memory
 

@@ -43,6 +43,7 @@ from accelpact import testing as fault_testing
 from accelpact.bindings import BindingTable
 from accelpact.guard import attach, clip_gradients
 from accelpact.reset import ResetConfig
+from experiments._memory_probe import fd_kinds
 from experiments._fsdp_models import (
     batch_for,
     build,
@@ -138,13 +139,18 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                     # unsynchronised baseline read 11 fds / 0 sockets where its steady state was 15 / 3).
                     ctx.barrier(f"resources/{sc['name']}/{step}")
                     time.sleep(0.2)
-                result["resources"].append({"step": step, "recoveries": len(guard.events) if guard else 0,
+                result["resources"].append({"step": step, "recoveries": guard.events.total if guard else 0,
                                             **resources(ctx.exclude_ports)})
                 if progress is not None:
-                    new = [e.to_dict() for e in guard.events[result.get("_logged", 0):]] if guard else []
-                    result["_logged"] = len(guard.events) if guard else 0
-                    progress.write(json.dumps({**result["resources"][-1], "loss": float(losses[-1]),
-                                               "step_s": result["step_s"][-1], "events": new}) + "\n")
+                    new = [e.to_dict() for e in guard.events.since(result.get("_logged", 0))] if guard else []
+                    result["_logged"] = guard.events.total if guard else 0
+                    line = {**result["resources"][-1], "loss": float(losses[-1]), "step_s": result["step_s"][-1],
+                            "events": new}
+                    if step == 0 or (new and guard.events.total == len(new)):
+                        # which fds the count is made of, before and after the first recovery: a
+                        # constant difference is then named, not guessed
+                        line["fd_kinds"] = fd_kinds(ctx.exclude_ports)
+                    progress.write(json.dumps(line) + "\n")
             if sc.get("pause_s"):
                 time.sleep(float(sc["pause_s"]))  # room for a test to act between steps (e.g. kill the store)
             if step == 0 and sc.get("leak_check"):
@@ -161,7 +167,8 @@ def train(sc: dict, ctx: "RankContext") -> dict:
         time.sleep(float(sc["settle_s"]))
         result["resources_settled"] = resources(ctx.exclude_ports)
         if progress is not None:
-            progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"]}) + "\n")
+            progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"],
+                                       "fd_kinds": fd_kinds(ctx.exclude_ports)}) + "\n")
     if progress is not None:
         progress.close()
     if "pg_timeout_s" in sc and result["error"] is None:

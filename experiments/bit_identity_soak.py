@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
 from experiments._fsdp_scenarios import RUNNER
+from experiments.bit_identity_fds import fd_kind_lines, only_store_connection
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
 
 __all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
@@ -112,6 +113,7 @@ def load_progress(out: Path) -> dict:
     world, faults = sched["world"], sched["faults"]
     per_rank: list[dict[str, Any]] = []
     settled: list[dict | None] = []
+    kinds: list[dict[str, dict | None]] = []
     for rank in range(world):
         path = out / f"progress.faults.rank{rank}.jsonl"
         lines = _json_lines(path)
@@ -119,6 +121,11 @@ def load_progress(out: Path) -> dict:
         per_rank.append({"events": [e for x in steps for e in x["events"]],
                          "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps]})
         settled.append(next((x["settled"] for x in lines if "settled" in x), None))
+        # fds by kind (progress lines of newer soaks): before the first fault, after the first
+        # recovery, settled; names what a constant difference is made of
+        kinds.append({"baseline": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"] == 0), None),
+                      "first_recovery": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"]), None),
+                      "settled": next((x["fd_kinds"] for x in lines if "settled" in x and "fd_kinds" in x), None)})
     done = min(len(r["resources"]) for r in per_rank)
     reached = [f for f in faults if f["step"] < done]
     baseline = [r["resources"][0] if r["resources"] else None for r in per_rank]
@@ -128,7 +135,7 @@ def load_progress(out: Path) -> dict:
     return {"flavour": "fsdp2", "world": world, "faults_planned": len(faults), "steps": sched["steps"],
             "layers": sched.get("layers"), "model": sched.get("model"),
             "rows": fault_rows("fsdp2", world, reached, per_rank), "baseline": baseline, "leak": leak,
-            "resources": [r["resources"] for r in per_rank], "settled": settled, "dir": str(out)}
+            "resources": [r["resources"] for r in per_rank], "settled": settled, "fd_kinds": kinds, "dir": str(out)}
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -225,12 +232,16 @@ def soak_lines(soak: dict) -> list[str]:
         else:
             target = "settled change <= 0 (back to baseline)"
             verdict = "within" if r["settled"] <= 0 else ("not measured" if math.isnan(r["settled"]) else "OVER")
+            if key == "fds" and verdict == "OVER" and only_store_connection(soak, int(r["settled"])):
+                target += "; the live generation's store connection is a constant +1"
+                verdict = "within (+1: the live generation's store connection)"
         lines.append(f"| {key} | {r['slope']:+.4f} {unit[key]} | [{r['low']:+.4f}, {r['high']:+.4f}] | "
                      f"{r['settled']:+.1f} | {target} | {verdict} |")
     later = [(w, growth(soak, w)["rss_mib"]) for w in (200, 500) if w < len(soak["rows"]) - 50]
     if later:  # is it warm-up that has not ended yet, or growth per recovery?
         lines += ["", "RSS slope after longer warm-ups: " + "; ".join(
             f"{w} faults {r['slope']:+.4f} MiB/fault [{r['low']:+.4f}, {r['high']:+.4f}]" for w, r in later) + "."]
+    lines += fd_kind_lines(soak)
     rounds = sum(1 for r in soak["rows"] if r["rounds"] > 1)
     missing = [r["fault"] for r in soak["rows"] if r["decision"] == "no recovery event"]
     decisions: dict[str, int] = {}

@@ -38,6 +38,7 @@ class FaultDriver:
     launcher: Any  # harness.parent.launcher.Launcher (signal_rank)
     events: EventLog  # the parent's event log
     topology: Any = None  # harness.faults.netns.NetnsTopology for namespace faults
+    store_host: Any = None  # harness.faults.store_host.ChildStore for fault kinds with store_in_child
     handled: set[str] = field(default_factory=set)
     _hangs: list[_Hang] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)

@@ -12,6 +12,8 @@ time it acted (``driver.record``) and acks the rank (``driver.ack``) unless the 
 - ``tcp_reset``: ``ss -K`` on the rank's data-plane sockets inside its namespace, then ack.
 - ``blackhole`` / ``link_down``: a link outage on the rank's data link for ``fault.outage_s``, held
   on a background thread; ack once it is applied.
+- ``control_store_loss``: SIGKILL the child process hosting the control store, ack; the rank then
+  resets its own gloo connections (its ``rank_action``): a fault with no control store to agree on.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def apply_link_outage(driver: Any, req: dict) -> None:
     driver.ack(req)
 
 
+def apply_control_store_loss(driver: Any, req: dict) -> None:
+    store = driver.store_host
+    if store is None:
+        raise RuntimeError("fault=control_store_loss needs the control store in a child process (store_in_child)")
+    host, port = store.addr
+    store.kill()
+    driver.record(req, control_store=f"{host}:{port}")
+    driver.ack(req)
+
+
 BUILTIN: tuple[FaultSpec, ...] = (
     FaultSpec("none", "no fault", where="none"),
     FaultSpec("socket_reset", "in-process: shutdown(SHUT_RDWR) on the rank's own gloo sockets (a connection "
@@ -78,9 +90,12 @@ BUILTIN: tuple[FaultSpec, ...] = (
               where="rank", rank_action="reset", nested=True),
     FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
               parent_apply=apply_hang, outage=True),
-    FaultSpec("kill", "SIGKILL the rank: not recoverable in memory", where="parent", parent_apply=apply_kill),
+    FaultSpec("kill", "SIGKILL the rank (accelpact heals it from its snapshot; others restart)", where="parent", parent_apply=apply_kill),
     FaultSpec("host_loss", "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
               "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss),
+    FaultSpec("control_store_loss", "SIGKILL the process hosting the control store, then a socket reset on the "
+              "rank: no store to agree on, so accelpact falls back to checkpoint restore; no root", where="parent",
+              parent_apply=apply_control_store_loss, rank_action="reset", store_in_child=True),
     FaultSpec("tcp_reset", "network namespaces: destroy the rank's gloo TCP connections (ss -K)", where="netns",
               parent_apply=apply_tcp_reset),
     FaultSpec("blackhole", "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",

@@ -126,6 +126,9 @@ class RankFaults:
                              index=fault.index, age=fault.age, t_inject=spec.fired_at, by="rank")
             return
         self._ask_parent(fault)
+        action = registry.get(fault.kind).rank_action
+        if action:  # the rank's own part, after the parent's (the injector acts on it right after this)
+            spec.action = action
 
     def _ask_parent(self, fault: PlannedFault) -> None:
         req = request_path(self.run_dir, fault.index, self.rank)

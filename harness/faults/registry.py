@@ -36,7 +36,9 @@ class FaultSpec:
     kind: str
     description: str
     where: str  # "rank" | "parent" | "netns" | "none"
-    rank_action: Optional[str] = None  # FaultInjector action, for where == "rank"
+    # FaultInjector action: for where == "rank", the fault itself; for where == "parent", what the rank
+    # does once the parent acted and acked (control_store_loss: the store dies, then a data-plane reset)
+    rank_action: Optional[str] = None
     parent_apply: Optional[ParentApply] = None  # for where == "parent" / "netns"
     # An outage (a stop or a silent link fault) breaks a collective only if it outlasts the process-
     # group timeout; shorter ones are absorbed by TCP retransmits and waiting.
@@ -46,6 +48,9 @@ class FaultSpec:
     # needs a second round. For where == "rank" only; a strategy without in-memory recovery never
     # reaches that point, and the second firing is simply skipped.
     nested: bool = False
+    # The parent hosts the control store in a child process (harness.faults.store_host) that its
+    # parent_apply can kill, instead of in itself. For where == "parent" only.
+    store_in_child: bool = False
 
     def __post_init__(self) -> None:
         if self.where not in _WHERE:
@@ -54,6 +59,9 @@ class FaultSpec:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the rank: give its rank_action (e.g. 'reset')")
         if self.where in ("parent", "netns") and self.parent_apply is None:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
+        if self.store_in_child and self.where != "parent":
+            raise ValueError(f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
+                             "it hosts; use where='parent'")
         if self.nested and self.where != "rank":
             raise ValueError(f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
                              "inside the recovery; use where='rank'")

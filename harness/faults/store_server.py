@@ -62,14 +62,28 @@ def start_in_namespace(
     """Start this server inside ``netns`` listening on ``host`` (port chosen by the kernel); return the
     process (close its stdin to stop it) and the (host, port) it printed. NetnsError if it is not ready
     within ``timeout_s``."""
-    from harness.faults.netns_host import TAG_ENV, NetnsError
+    from harness.faults.netns_host import NetnsError
+
+    return _start(["ip", "netns", "exec", netns], host, tag, python, timeout_s, NetnsError, f" in namespace {netns}")
+
+
+def start_here(host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
+               ) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+    """Start this server as a child process in this namespace (a store the parent can kill:
+    ``fault=control_store_loss``); like :func:`start_in_namespace`, RuntimeError if not ready in time."""
+    return _start([], host, tag, python, timeout_s, RuntimeError, "")
+
+
+def _start(prefix: list[str], host: str, tag: str, python: str, timeout_s: float, error: type[Exception],
+           where: str) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+    from harness.faults.netns_host import TAG_ENV
 
     argv = [python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", tag]
     # The server imports this package: make it importable whatever the launcher's cwd is.
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": path}
-    server = subprocess.Popen(["ip", "netns", "exec", netns, *argv], stdin=subprocess.PIPE,
+    env = {**os.environ, "PYTHONPATH": path, **({TAG_ENV: tag} if prefix else {})}  # the tag finds netns leftovers
+    server = subprocess.Popen([*prefix, *argv], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     # A reader thread keeps the deadline honest even if the server never prints.
     result: Future[str] = Future()
@@ -89,8 +103,7 @@ def start_in_namespace(
         line = ""
     if not line:
         err = server.stderr.read()[-2000:] if server.poll() is not None and server.stderr is not None else ""
-        raise NetnsError(f"control store server did not start in namespace {netns} within {timeout_s} s"
-                         f"{': ' + err if err else ''}")
+        raise error(f"control store server did not start{where} within {timeout_s} s{': ' + err if err else ''}")
     _, addr, port = line.split()
     return server, (addr, int(port))
 

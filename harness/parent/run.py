@@ -75,6 +75,7 @@ def run_one(
     topology: Any = None
     single_host_prefix = ""  # names the snapshot root of a run without namespaces (one host)
     driver: Optional[FaultDriver] = None
+    store_host: Any = None  # a control store in a child process, for a fault that kills it
     strategy = strategies.get(run.strategy.name)
     setup: Any = None
     try:
@@ -84,6 +85,11 @@ def run_one(
             launcher.rank_env_fn = topology.rank_env
             launcher.wrap_fn = topology.wrap_command
             launcher.store_set_fn = topology.store_set
+        elif faults.get(run.fault.kind).store_in_child:
+            from harness.faults.store_host import ChildStore
+
+            store_host = ChildStore(run.cluster.master_addr)
+            launcher.control, launcher.store_set_fn = store_host.addr, store_host.set
         else:
             launcher.start_control_store()
             single_host_prefix = single_host_snapshot_env(launcher.extra_env, TAG_ENV)
@@ -97,7 +103,7 @@ def run_one(
             launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
             launcher.spares.wanted = run.strategy.hot_spares
         if faults.get(run.fault.kind).injects:
-            driver = FaultDriver(run, run_dir, launcher, parent_events, topology)
+            driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
             launcher.tick_hooks.append(driver.tick)
         launcher.start_ranks(incarnation=0)
         outcome = launcher.wait(progress)
@@ -111,6 +117,8 @@ def run_one(
                                exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
             print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
             launcher.kill_all()
+            if store_host is not None:  # a killed store host comes back (a new port) for the relaunch
+                launcher.control = store_host.ensure_running()
             launcher.start_ranks(incarnation=launcher.incarnation + 1)
             outcome = launcher.wait(progress)
     except BaseException as exc:
@@ -121,6 +129,8 @@ def run_one(
         if driver is not None:
             driver.close()
         launcher.close()
+        if store_host is not None:
+            store_host.close()
         if topology is not None:
             left = topology.teardown()
             if left:

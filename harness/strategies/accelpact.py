@@ -128,10 +128,10 @@ class AccelPactStep(Strategy):
 
     def _record_recoveries(self) -> None:
         self._record_heals()
-        new = self.guard.events[self._seen:]
+        new = self.guard.events.since(self._seen)  # the log is bounded: count, never len()
         if not new:
             return
-        self._seen = len(self.guard.events)
+        self._seen = self.guard.events.total
         for ev in new:
             d = ev.to_dict()
             decision = d.pop("decision")
