@@ -16,23 +16,11 @@ from pathlib import Path
 
 import torch
 
-from accelpact.guard import clip_gradients
 
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
 from accelpact.snapshot.replica import BuddyLostError, Replication
 from experiments._fsdp_models import batch_for, build, model_config, state_of, step_fn_for
-
-
-def _plain_step(model, optimizer, step_fn, tokens, snap=None, step=None):
-    loss = step_fn(tokens)
-    clip_gradients(model, 1.0)
-    if snap is not None:
-        snap.before_update()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if snap is not None:
-        snap.after_commit(step)
-    return loss
+from tests.accelpact._snapshot_runners import _plain_step  # the same plain step with snapshot hooks
 
 
 def run(sc: dict, ctx) -> dict:
