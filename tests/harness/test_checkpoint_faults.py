@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import signal
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness_test_helpers import TINY, harness_env, read_row, run_harness, start_harness, worker_processes
+from harness_test_helpers import TINY, harness_env, read_row, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
