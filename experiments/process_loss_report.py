@@ -121,7 +121,7 @@ def best_rows(data: Sequence[Mapping[str, Any]], overhead_pct: float = math.nan)
                 f"{_f(b['badput_s']):.1f} s ({_parts_text(b)}). "
                 f"(b) snapshot overhead, side by side: {overhead_pct:+.1f} % per step. "
                 f"(c) step-time drift: median step accelpact {_f(ours.get('step_median_s')):.2f} s "
-                f"({_f(ours['drift']):.2f}x the reference's{_load_text(ours)}), {name} "
+                f"({_f(ours['drift']):.2f}x the reference's, which takes no snapshots{_load_text(ours)}), {name} "
                 f"{_f(b.get('step_median_s')):.2f} s ({_f(b['drift']):.2f}x{_load_text(b)}); reference "
                 f"{_f(ref.get('step_median_s')):.2f} s{_load_text(ref)}. "
                 f"Derived at the reference's step time: {_f(ours['goodput_at_ref_step']):.1f} vs "
