@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    failed = [f"{r['fault']}/{r['run']}" for r in data if r.get("status") not in (None, "ok")]
+    failed = [f"{r['fault']}/{r['run']}" for r in data if r.get("status") not in (None, "ok", "not supported")]
     print(f"wrote {out}/ in {runtime / 60:.1f} min" + (f"; FAILED runs: {failed}" if failed else ""))
     return 0
 

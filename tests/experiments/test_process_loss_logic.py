@@ -87,7 +87,7 @@ def test_overhead_is_median_on_over_off_and_the_table_round_trips(tmp_path):
                 for p, (s, step) in enumerate([("off", 0.40), ("on", 0.41), ("off", 0.42), ("on", 0.43)])]
     ov = rep.overhead_summary(overhead)
     assert ov["overhead_pct"] == pytest.approx((0.42 / 0.41 - 1) * 100)
-    assert ov["own_mib"] == 20 and ov["planned_mib"] == 41
+    assert ov["own_mib"] == 20 and ov["planned_mib"] == 41 and ov["extra_ms"] == pytest.approx(10.0)
     from experiments.provenance import write_provenance
 
     write_provenance(tmp_path, "python -m experiments.process_loss", {})
