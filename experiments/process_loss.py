@@ -31,9 +31,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from datetime import datetime
+from typing import Any, Mapping
 
 from experiments import _driver
+from experiments._load_sampler import LoadSampler, mean_load, read_samples
 from experiments.process_loss_report import read_rows, write_outputs
 from experiments.provenance import load_provenance, write_provenance
 
@@ -41,6 +43,7 @@ NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
 STRATEGIES: tuple[str, ...] = ("accelpact", "cold_restart", "checkpoint_restore")
 _ROOT = Path(__file__).resolve().parent.parent
+LOAD_FILE = "load.jsonl"  # in the scratch dir: the load average sampled every 5 s while the runs go
 
 
 @dataclass(frozen=True)
@@ -154,12 +157,29 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
     return collect_fault(fault, run_dir, plan)
 
 
+def _run_window(row: Mapping[str, Any]) -> tuple[float, float]:
+    """Unix start and end of a run, from its row's ``started_at`` and ``wall_s`` (nan if unknown)."""
+    try:
+        start = datetime.strptime(str(row.get("started_at")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        return start, start + float(row.get("wall_s") or 0.0)
+    except (TypeError, ValueError):
+        return math.nan, math.nan
+
+
+def _load_columns(row: Mapping[str, Any], samples: list[tuple[float, float]]) -> dict[str, Any]:
+    """The mean 1-min load average while this run ran (sampled beside it; blank for runs made without)."""
+    start, end = _run_window(row)
+    load, n = mean_load(samples, start, end) if not math.isnan(start) else (math.nan, 0)
+    return {"load_avg_run": load, "load_samples": n}
+
+
 def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]:
     """The rows of one fault's finished comparison directory, plus one per refused (strategy, age)."""
     from harness.report import compare
 
     refused_path = run_dir.parent / f"{fault}.refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.exists() else {}
+    samples = read_samples(run_dir.parent / LOAD_FILE)
     rows: list[dict[str, Any]] = [{"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a,
                                    "status": "not supported", "reason": why}
                                   for s, why in refused.items() for a in plan.ages]
@@ -170,6 +190,11 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
                              "step_median_s": row.get("step_time_median_s"), "startup_s": row.get("startup_s"),
                              "replayed_steps": row.get("replayed_steps"), "relaunches": row.get("relaunches"),
                              "reason": row.get("reason") or "",
+                             # What the drift correction in the report needs: the time spent in useful steps
+                             # and every measured badput second (checkpoints included), summing to goodput_wall_s.
+                             "useful_s": row.get("useful_s"), "useful_tokens": row.get("useful_tokens"),
+                             "badput_total_s": sum(float(v or 0) for k, v in row.items() if k.startswith("badput_")),
+                             **_load_columns(row, samples),
                              "fallback": row.get("fallback_reason") or ("yes" if row.get("fallback") else "no")}
         try:
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
@@ -197,6 +222,7 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
     from harness.app.memory_plan import plan as memory_plan
 
     out = []
+    samples = read_samples(scratch / LOAD_FILE)
     for pair in range(plan.overhead_pairs):
         for every in (0, 1):
             run_dir = scratch / "overhead" / f"every{every}_{pair}"
@@ -211,7 +237,7 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
             planned = memory_plan(run_cfg, probe(with_gpus=False), load_catalogue().counts(run_cfg.model))
             out.append({"snapshots": "on" if every else "off", "pair": pair, "status": row.get("status"),
                         "step_median_s": row.get("step_time_median_s"), "train_s": row.get("train_s"),
-                        "tokens_per_s": row.get("tokens_per_s"),
+                        "tokens_per_s": row.get("tokens_per_s"), **_load_columns(row, samples),
                         "wait_s_per_rank": (sum(float(s.get("wait_s", 0)) for s in snaps) / len(snaps)) if snaps else 0.0,
                         "slot_bytes": max((int(s.get("slot_bytes", 0)) for s in snaps), default=0),
                         "own_shm_bytes": max((int(s.get("own_shm_bytes", 0)) for s in snaps), default=0),
@@ -265,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": "mistral_tiny", "world_size": 2,
         "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter"})
     try:
-        data = [row for fault in faults for row in measure_fault(plan, fault, scratch)]
-        overhead = measure_overhead(plan, scratch)
+        with LoadSampler(scratch / LOAD_FILE):
+            data = [row for fault in faults for row in measure_fault(plan, fault, scratch)]
+        with LoadSampler(scratch / LOAD_FILE):
+            measure_overhead(plan, scratch)
+        overhead = measure_overhead(plan, scratch, collect_only=True)  # now with the load while each ran
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)
@@ -274,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    failed = [f"{r['fault']}/{r['run']}" for r in data if r.get("status") not in (None, "ok")]
+    failed = [f"{r['fault']}/{r['run']}" for r in data if r.get("status") not in (None, "ok", "not supported")]
     print(f"wrote {out}/ in {runtime / 60:.1f} min" + (f"; FAILED runs: {failed}" if failed else ""))
     return 0
 

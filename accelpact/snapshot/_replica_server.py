@@ -70,17 +70,20 @@ class ReplicaServer:
     """Holds other ranks' snapshot replicas on this host and serves them back. Start with :meth:`start`.
 
     ``validate(slot_dir, marker)`` (optional) is the snapshot reader's own check (sizes, checksum);
-    a replica that fails it is neither kept as "held" nor served.
+    a replica that fails it is neither counted as "held" nor served. ``receive_check`` (default:
+    ``validate``) is what a received replica must pass before it replaces an older one; it may be
+    cheaper (marker and sizes, no CRC pass) because :meth:`held` runs ``validate`` before serving.
     Counters: ``puts``, ``gets``, ``refused`` (bad or foreign requests), ``bytes_in``, ``bytes_out``.
     """
 
     def __init__(self, *, job_token: str, rank: int, world_size: int, root: Path | str, host: str = "127.0.0.1",
-                 port: int = 0, validate: Validate | None = None) -> None:
+                 port: int = 0, validate: Validate | None = None, receive_check: Validate | None = None) -> None:
         self.job_token = job_token
         self.rank = rank
         self.world_size = world_size
         self.dir = Path(root) / job_token / "replica"
         self.validate = validate
+        self.receive_check = receive_check if receive_check is not None else validate
         self.puts = self.gets = self.refused = self.bytes_in = self.bytes_out = 0
         self._host, self._port = host, port
         self._sock: socket.socket | None = None
@@ -222,8 +225,9 @@ class ReplicaServer:
                            self.job_token)
                 return
             write_json_atomic(tmp / MARKER, marker)  # marker last: only now is it a slot
-            if self.validate is not None and not self.validate(tmp, marker):
-                send_frame(conn, {"ok": False, "error": "the replica failed its checksum"}, self.job_token)
+            if self.receive_check is not None and not self.receive_check(tmp, marker):
+                send_frame(conn, {"ok": False, "error": "the replica failed its check (marker, sizes)"},
+                           self.job_token)
                 return
             with self._lock(src):
                 self._install(src, tmp, step)

@@ -68,13 +68,14 @@ class BuddyLostError(RankLostError, SnapshotError):
     ``restore_latest`` raises when some rank holds no snapshot), so either ``except`` catches it."""
 
 
-def check_replica(job_token: str, world_size: int) -> Callable[[Path, dict], bool]:
-    """The snapshot reader's own check (marker fields, sizes, CRC-32s) as a replica validator."""
+def check_replica(job_token: str, world_size: int, *, checksums: bool = True) -> Callable[[Path, dict], bool]:
+    """The snapshot reader's own check (marker fields, sizes, and with ``checksums`` the CRC-32s) as a
+    replica validator."""
     def ok(slot: Path, marker: dict) -> bool:
         from accelpact.snapshot.load import check_slot  # torch: only when a replica is checked
 
         _, why = check_slot(slot, job_token=job_token, rank=int(marker.get("rank", -1)), world_size=world_size,
-                            step=marker.get("step"), verify=True)
+                            step=marker.get("step"), verify=checksums)
         return why is None
     return ok
 
@@ -147,9 +148,13 @@ class Replication:
 
     ``store`` is the rank's ``accelpact.ControlChannel`` (only ``key``/``set``/``get`` are used);
     ``job_token`` the snapshots' token, when it is not the channel's (the Snapshotter's ``job_token``).
-    ``root`` is this host's snapshot root. ``validate(slot_dir, marker)`` checks what is received and
+    ``root`` is this host's snapshot root. ``validate(slot_dir, marker)`` checks a replica before it is
     served; the default is the snapshot reader's own check (:func:`check_replica`: marker, sizes,
-    CRC-32s), so a replica torn or corrupted on the way is never kept as complete.
+    CRC-32s), so a replica corrupted on the way is never served, and the fetching rank's loader checks
+    the CRC-32s again before it loads a byte. On receipt the default checks only the marker and the
+    sizes: a CRC pass over every received replica cost every holder a full read of each snapshot per
+    step (31 MiB per step at mistral_tiny, on the cores training uses), while a replica is fetched only
+    after a loss. A custom ``validate`` is used on receipt too (``receive_check`` overrides that).
 
     Use: ``Snapshotter(..., on_complete=rep.push)`` on every rank, and ``restore_latest(...,
     fetch=rep)`` in a restarted or replacement rank (the object is the fetch callable; when some
@@ -161,19 +166,22 @@ class Replication:
 
     def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
                  topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
-                 job_token: str | None = None, start: bool = True) -> None:
+                 job_token: str | None = None, start: bool = True,
+                 receive_check: Callable[[Path, dict], bool] | None = None) -> None:
         self.store = store
         # The snapshots' job token: it names their directories, is checked in every marker and keys
         # the requests' signatures. The control channel's token by default.
         self.job_token = job_token or store.job_token
         if validate is None:
             validate = check_replica(self.job_token, world_size)
+            if receive_check is None:
+                receive_check = check_replica(self.job_token, world_size, checksums=False)
         self.rank, self.world_size = rank, world_size
         self.root = Path(root)
         self.topology = dict(topology or {})
         self.buddy = buddy_of(rank, world_size, **self.topology)
         self.server = ReplicaServer(job_token=self.job_token, rank=rank, world_size=world_size, root=self.root,
-                                    host=bind_host, validate=validate)
+                                    host=bind_host, validate=validate, receive_check=receive_check)
         self.pushed = self.retried = self.dropped = self.skipped = self.push_bytes = 0
         self.push_s = 0.0
         self.last_error: str | None = None

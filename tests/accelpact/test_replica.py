@@ -252,25 +252,56 @@ def test_unreachable_buddy_is_dropped_counted_and_rank_plus_buddy_lost_names_bot
         src.close()
 
 
-def test_a_replica_corrupted_on_the_way_fails_its_checksum_and_is_not_kept(tmp_path, store):
-    """The holder checks each received replica with the snapshot reader's CRC-32s before it counts."""
+def _put_raw(holder: Replication, slot: Path, token: str, step: int, marker: dict, flip: bool) -> dict:
+    """One PUT to ``holder`` as a pusher sends it, with one bit of the payload flipped in transit."""
     from accelpact.snapshot._replica_wire import recv_frame
+
+    files = payload_files(slot)
+    with socket.create_connection(holder.server.address, timeout=5) as s:
+        send_frame(s, {"op": "put", "src": 0, "step": step, "files": [list(f) for f in files], "marker": marker}, token)
+        for name, size in files:
+            data = bytearray((slot / name).read_bytes())
+            if flip:
+                data[size // 2] ^= 0x01
+            s.sendall(bytes(data))
+        send_frame(s, {"commit": True}, token)
+        return recv_frame(s, token)
+
+
+def test_a_replica_corrupted_on_the_way_is_never_served_nor_restored(tmp_path, store):
+    """The holder checks marker and sizes on receipt (no CRC pass per step) and the CRC-32s before it
+    serves: a replica with a bit flipped in transit is never served; the older valid one is served
+    instead, and a fetching rank's loader would reject the flipped bytes even if it got them."""
+    from accelpact.snapshot.load import check_slot
 
     token = new_job_token()
     holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
+    fetcher = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0b",
+                          bind_host="127.0.0.1")
     try:
-        slot = tmp_path / "h0" / token / "rank0" / "slot0"
-        marker = write_slot(slot, token, 0, 2, 4, 1 << 16)
-        files = payload_files(slot)
-        with socket.create_connection(holder.server.address, timeout=5) as s:
-            send_frame(s, {"op": "put", "src": 0, "step": 4, "files": [list(f) for f in files], "marker": marker}, token)
-            for name, size in files:
-                data = bytearray((slot / name).read_bytes())
-                data[size // 2] ^= 0x01  # one bit flipped in transit
-                s.sendall(bytes(data))
-            send_frame(s, {"commit": True}, token)
-            ack = recv_frame(s, token)
-        assert ack == {**ack, "ok": False} and "checksum" in ack["error"]
-        assert holder.server.held(0) == [] and holder.server.puts == 0
+        good = write_slot(tmp_path / "h0" / token / "rank0" / "slot0", token, 0, 2, 4, 1 << 16)
+        assert _put_raw(holder, tmp_path / "h0" / token / "rank0" / "slot0", token, 4, good, flip=False)["ok"]
+        bad_slot = tmp_path / "h0" / token / "rank0" / "slot1"
+        bad = write_slot(bad_slot, token, 0, 2, 5, 1 << 16)
+        assert _put_raw(holder, bad_slot, token, 5, bad, flip=True)["ok"]  # sizes match: accepted on receipt
+        on_disk = holder.server.source_dir(0)
+        assert sorted(json.loads((d / "marker.json").read_text())["step"] for d in on_disk.glob("slot*")) == [4, 5]
+        # ... but not held as valid, and never served: the fetch gets step 4, bit-identical
+        assert [st for st, _, _ in holder.server.held(0)] == [4]
+        got = fetcher.fetch(0, tmp_path / "fetched")
+        assert got["step"] == 4 and (tmp_path / "fetched" / "shard.bin").read_bytes() == payload(0, 4, 1 << 16)
+        assert fetcher.fetch(0, tmp_path / "f5", step=5) is None and "holds no replica of rank 0 at step 5" in \
+            fetcher.last_error
+        # the flipped replica as it lies at the holder: the restoring rank's check refuses it too
+        flipped = next(d for d in on_disk.glob("slot*") if json.loads((d / "marker.json").read_text())["step"] == 5)
+        _, why = check_slot(flipped, job_token=token, rank=0, world_size=2, step=5, verify=True)
+        assert why is not None and "crc32" in why
+        # a replica whose files disagree with its marker's sizes is still refused on receipt, not installed
+        lying = dict(bad, step=6, files={**bad["files"], "shard.bin": {**bad["files"]["shard.bin"],
+                                                                          "nbytes": (1 << 16) + 1}})
+        ack = _put_raw(holder, bad_slot, token, 6, lying, flip=False)
+        assert ack["ok"] is False and "marker, sizes" in ack["error"]
+        assert sorted(json.loads((d / "marker.json").read_text())["step"] for d in on_disk.glob("slot*")) == [4, 5]
     finally:
+        fetcher.close()
         holder.close()
