@@ -48,7 +48,7 @@ def test_a_raising_scenario_is_recorded_and_stops_that_rank(tmp_path):
 
 
 def test_a_hanging_session_is_killed_at_its_timeout(tmp_path):
-    s = run_session(tmp_path, f"{RUNNERS}:hang", [{"name": "h"}], timeout_s=30, check=False)
+    s = run_session(tmp_path, f"{RUNNERS}:hang", [{"name": "h"}], timeout_s=12, check=False)
     assert s.timed_out and all(code != 0 for code in s.returncodes)
     assert s.wall_s < 60
     with pytest.raises(SessionError, match="killed at the session timeout"):
