@@ -40,6 +40,13 @@ def parser(doc: str | None, name: str, quick_help: str) -> argparse.ArgumentPars
     return ap
 
 
+def scratch_dir(args: argparse.Namespace, name: str) -> Path:
+    """``--scratch`` if given (created if missing), else a new temp dir for the runs' raw outputs."""
+    scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"{name}_runs_"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
 def output_dir(args: argparse.Namespace, name: str, *, rederive: bool = False) -> Path:
     """``--out`` if given; else a new temp dir for ``--quick`` (never results/) or results/<name>/.
 

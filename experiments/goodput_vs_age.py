@@ -29,7 +29,6 @@ import math
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = _driver.output_dir(args, NAME)
-    scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"{NAME}_runs_"))
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = _driver.scratch_dir(args, NAME)
     print(f"{NAME}: {len(plan.ages) * len(STRATEGIES) + 1} runs ({plan}); runs in {scratch}, results in {out}", flush=True)
     timing = _driver.Timing()
     # Provenance first: its load average is the one at the start of the measurement.

@@ -28,7 +28,6 @@ import math
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime
@@ -282,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: process_loss runs two simulated hosts in network namespaces: {why}", file=sys.stderr)
         return 2
     out = _driver.output_dir(args, NAME)
-    scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"{NAME}_runs_"))
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = _driver.scratch_dir(args, NAME)
     print(f"{NAME}: faults {faults}, {plan}; runs in {scratch}, results in {out}", flush=True)
     timing = _driver.Timing()
     write_provenance(out, _driver.command(argv, NAME), {
