@@ -228,7 +228,8 @@ def main(args: argparse.Namespace) -> dict:
     return {"rank": rank, "committed_step": guard.committed_step, "token": control.job_token,
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "restored": None if restored is None else {"step": restored.step, "source": restored.source,
-                                                       "nbytes": restored.nbytes, "load_s": round(restored.load_s, 4)},
+                                                       "nbytes": restored.nbytes, "load_s": round(restored.load_s, 4),
+                                                       "held": restored.held},
             "snapshot_wait_s": None if snap is None else round(snap.wait_s, 4),
             "control": f"{control.config.host}:{control.config.port}",
             "events": [{"step": e.step, "action": e.decision["action"], "total_ms": round(e.total_s * 1e3, 1)}

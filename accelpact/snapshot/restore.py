@@ -44,6 +44,7 @@ class SnapshotInfo:
     nbytes: int
     load_s: float
     marker: Marker
+    held: dict[int, list[int]] | None = None  # each rank's valid snapshot steps when the ranks agreed
 
 
 def _own(root: Path, job_token: str, rank: int, world_size: int) -> list[tuple[Path, Marker, str]]:
@@ -115,4 +116,4 @@ def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_to
         if m.step > step:  # that future is re-run: the next snapshot must not overwrite the restored one
             invalidate(d)
     return SnapshotInfo(step=step, source=source, slot=slot, extra_state=extra, nbytes=marker.nbytes,
-                        load_s=time.perf_counter() - t0, marker=marker)
+                        load_s=time.perf_counter() - t0, marker=marker, held=dict(enumerate(everyone)))

@@ -91,13 +91,24 @@ def test_example_under_torchrun_recovers_a_fault_bit_identically(runs):
 
 
 def test_worker_killed_under_max_restarts_resumes_from_its_snapshot_bit_identically(runs):
-    """Rank 1 SIGKILLs itself in the middle of step 5 (first attempt only); torchrun restarts the group;
-    both workers restore the newest snapshot every rank holds (step 4) and finish bit-identical."""
+    """Rank 1 SIGKILLs itself in the forward of step 5 (first attempt only); torchrun restarts the group;
+    both workers restore the newest snapshot every rank holds and finish bit-identical.
+
+    That step is 4, or 3 when a rank's copy of step 4 was still in flight at the kill: the copy overlaps
+    the next step's forward and backward, and the guard waits for it only before the vote. CI saw the
+    latter once under load (both ranks restored 3). Either way at most one committed step is replayed."""
     log = (runs / "killed.log").read_text()
     killed = results(runs / "killed.log")
-    # Only the restarted attempt finished; it restored step KILL_AT - 1 from each rank's own snapshot.
+    # Only the restarted attempt finished, from each rank's own snapshot.
     assert [r["restart"] for r in killed] == [1, 1], log[-3000:]
-    assert [r["restored"]["step"] for r in killed] == [KILL_AT - 1] * 2, killed
+    restored = {r["restored"]["step"] for r in killed}
+    assert len(restored) == 1, killed  # every rank resumed at the same step
+    step = restored.pop()
+    held = {int(rank): steps for rank, steps in killed[0]["restored"]["held"].items()}
+    assert sorted(held) == [0, 1] and held == {int(k): v for k, v in killed[1]["restored"]["held"].items()}
+    # The newest step every rank held, and no older than one committed step before the kill.
+    assert step == max(set(held[0]) & set(held[1])), held
+    assert step in (KILL_AT - 1, KILL_AT - 2), held
     assert {r["restored"]["source"] for r in killed} == {"own"}
     assert all(r["committed_step"] == STEPS - 1 for r in killed)
     assert "exitcode: -9" in log, log[-3000:]  # torchrun saw the SIGKILL
