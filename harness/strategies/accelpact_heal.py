@@ -30,7 +30,8 @@ EXIT_FALLBACK = 75
 DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
 # Fault injection for tests: "<replacement>:<how>[,...]"; that replacement dies before it joins: "import"
 # (SIGKILL during its imports, before arriving), "exit" (exits with code 3 before arriving: an error of its
-# own), "arrived" (SIGKILL right after posting its arrival, before the survivors' rendezvous).
+# own), "arrived" (SIGKILL right after posting its arrival, before the survivors' rendezvous); or "hang"
+# (it never arrives and never dies: the survivors' replacement_timeout_s).
 DIE_BEFORE_JOIN = "HARNESS_DIE_BEFORE_JOIN"
 
 
@@ -57,6 +58,10 @@ def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
     how = _injected_death(env.replacement)
     if how in ("import", "exit"):
         _die(how)
+    if how == "hang":
+        import time
+
+        time.sleep(3600)  # the parent's kill_all ends it
     # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
     # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
     meta_model(cfg.model)

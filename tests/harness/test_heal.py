@@ -223,17 +223,44 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
 
 @pytest.mark.slow
 def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
+    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+
     tmp, _ = reference
     run_dir = tmp / "no_replacement"
-    # max_restarts=0: the parent starts no replacement (and relaunches nothing): the survivor's wait ends
-    # at replacement_timeout_s with the error naming the rank and the knob.
-    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
-                        "fault.phase=vote", "strategy.replacement_timeout_s=3", "strategy.max_restarts=0",
-                        f"hydra.run.dir={run_dir}"], tmp, timeout=400)
-    assert done.returncode != 0
+    # The replacement hangs before arriving (neither arrives nor dies): the survivor's wait ends at
+    # replacement_timeout_s with the error naming the rank and the knob; the disk fallback finishes the run.
+    import os
+
+    os.environ[DIE_BEFORE_JOIN] = "1:hang"
+    try:
+        done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                            "fault.phase=vote", "strategy.replacement_timeout_s=3", f"hydra.run.dir={run_dir}"], tmp,
+                           timeout=400)
+    finally:
+        os.environ.pop(DIE_BEFORE_JOIN, None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [fallback] = [e for e in read_events(run_dir) if e["kind"] == "fallback"]
     assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
     assert "no replacement for lost rank(s) [1] arrived within replacement_timeout_s=3" in fallback["reason"]
+    assert worker_processes(str(tmp)) == []
+
+
+@pytest.mark.slow
+def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
+    tmp, _ = reference
+    run_dir = tmp / "no_budget"
+    # max_restarts=0: the parent starts no replacement (and relaunches nothing) and says why: the survivor
+    # stops at once with the parent's reason instead of at replacement_timeout_s (120 s).
+    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                        "fault.phase=vote", "strategy.max_restarts=0", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    assert done.returncode != 0
+    events = read_events(run_dir)
+    [fallback] = [e for e in events if e["kind"] == "fallback"]
+    t_fault = min(e["t"] for e in events if e["kind"] == "fault")
+    assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
+    assert "no replacement will come for lost rank 1" in fallback["reason"], fallback
+    assert "strategy.max_restarts=0 allows no more" in fallback["reason"], fallback
+    assert fallback["t"] - t_fault < 60, fallback  # measured: seconds; the wait's bound is 120 s
     assert worker_processes(str(tmp)) == []
 
 
