@@ -29,7 +29,8 @@ one label, the highest-priority interval covering it on that rank:
   then the rest up to the first collective; on the replacement: its launch -> arrived (the process
   start), then the rest, and after it its ``restart`` record's tail up to ready (the strategy's set-up).
   Before them, the fault -> the heal's ``t_detected`` is detection (a survivor caught the loss; on the
-  lost rank, the launcher saw the death and launched the replacement). A survivor's attempt in flight
+  lost rank, up to the parent's first ``replacement`` spawn for it: earlier replacements lost on their
+  way in are replacement_start). A survivor's attempt in flight
   (step start -> the fault) is replay, as for a "retry" recovery: it is run again.
 - restore: ``restore`` records, t_start -> t_end.
 - checkpoint: ``checkpoint`` records (stalls), whole run.
@@ -247,10 +248,16 @@ def _rank_pieces(
 
     ends = sorted(s.t_end for s in steps)
     # A heal's detection: the fault -> this rank learned of the loss (else it fell into replay / restart).
+    # Detection ends at the first replacement the launcher spawned for this rank; from there to this
+    # heal's start, earlier replacements lost on their way in: replacement_start.
     for r, t_detected in parsed.heal_detections:
         cause = _fault_before(fault_times, t_detected)
-        if r == rank and cause != _NO_FAULT:
-            intervals.append((_since_fault(fault_times[cause], ends, t_detected), t_detected, "detection", cause))
+        if r != rank or cause == _NO_FAULT:
+            continue
+        start = _since_fault(fault_times[cause], ends, t_detected)
+        seen = min([t for q, t in parsed.replacement_spawns if q == rank and start <= t < t_detected] + [t_detected])
+        intervals.append((start, seen, "detection", cause))
+        intervals.append((seen, t_detected, "replacement_start", cause))
     # A relaunch is restart; a replacement's start is a heal: its tail after the heal record is heal_transfer.
     for label, records in (("restart", parsed.restarts), ("heal_transfer", parsed.replacement_starts)):
         for r, t_launch, t_ready in records:
