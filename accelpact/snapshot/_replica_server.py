@@ -112,7 +112,7 @@ class ReplicaServer:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> tuple[str, int]:
-        """Bind, clear half-received leftovers of an earlier incarnation, serve; returns (host, port)."""
+        """Bind, clear hidden leftovers (an earlier version received into `.incoming-*`), serve; (host, port)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         for src in self.dir.glob("rank*"):
             for tmp in src.glob(".*"):
@@ -229,7 +229,7 @@ class ReplicaServer:
                 else:
                     raise WireError(f"unknown operation {req.get('op')!r}")
             except PeerClosed:
-                pass  # the sender died or was reset mid-send: it retries; the half-received copy stays hidden
+                pass  # the sender died or was reset mid-send: it retries; the half-received slot has no marker
             except WireError as why:
                 self.refused += 1
                 if not self._warned:
@@ -237,7 +237,7 @@ class ReplicaServer:
                     print(f"[accelpact] replica server of rank {self.rank}: {why} (further refusals are counted, "
                           f"not logged)", file=sys.stderr, flush=True)
             except OSError:
-                pass  # the peer reset or vanished: a pusher retries, a half-received replica stays hidden
+                pass  # the peer reset or vanished: a pusher retries, a half-received slot has no marker
 
     def _put(self, conn: socket.socket, src: int, req: dict) -> None:
         files = check_file_list(req.get("files"))
