@@ -6,18 +6,27 @@
 (b) no production accelpact module (anything outside accelpact/testing/) imports accelpact.testing:
     test tools must never be on the recovery path;
 (c) the harness modules import each other without cycles (function-level imports included: a cycle
-    hidden inside a function is still a cycle in the design).
+    hidden inside a function is still a cycle in the design);
+(d) beyond the standard library, the runtime imports torch and nothing else except the optional
+    accelerators named in OPTIONAL_IN_RUNTIME (``isal``: ISA-L's CRC-32 for snapshot checksums, ~2.8x
+    zlib's with the same values), and those only inside ``try: ... except ImportError`` with a
+    standard-library fallback, so the runtime still works where they are not installed.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN_IN_RUNTIME = ("harness", "hydra", "omegaconf", "pandas", "matplotlib", "transformers")
+REQUIRED_IN_RUNTIME = ("torch",)
+# Optional, guarded imports the runtime may make (each a small, well-kept C library with wheels, listed
+# in pyproject's dependencies so `pip install accelpact` gets it; the code falls back without it).
+OPTIONAL_IN_RUNTIME = ("isal",)
 
 
 def module_name(path: Path) -> str:
@@ -79,6 +88,42 @@ def accelpact_testing_imports() -> list[str]:
             if _is_or_under(name, "accelpact.testing"):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     return bad
+
+
+def _guarded(tree: ast.AST) -> set[int]:
+    """Line numbers of imports inside a ``try`` whose handlers catch ImportError (or a bare except)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        caught = set()
+        for h in node.handlers:
+            types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+            caught |= {getattr(t, "id", None) for t in types}
+        if not caught & {"ImportError", "ModuleNotFoundError", None}:
+            continue
+        for stmt in node.body:
+            lines |= {n.lineno for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def third_party_violations() -> list[str]:
+    """Runtime imports that are neither stdlib, accelpact, torch, nor a guarded optional accelerator."""
+    bad = []
+    for path in py_files("accelpact"):
+        guarded = _guarded(ast.parse(path.read_text(), filename=str(path)))
+        for name, line in imports_of(path):
+            top = name.split(".")[0]
+            if top in sys.stdlib_module_names or top in ("accelpact", "__future__", "") or top in REQUIRED_IN_RUNTIME:
+                continue
+            if top in OPTIONAL_IN_RUNTIME:
+                if line not in guarded:
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports the optional {name} without "
+                               "`try: ... except ImportError:` and a standard-library fallback")
+                continue
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, which is neither torch, the standard "
+                       f"library, nor a named optional accelerator ({', '.join(OPTIONAL_IN_RUNTIME)})")
+    return sorted(set(bad))
 
 
 def harness_graph() -> dict[str, set[str]]:
@@ -162,6 +207,11 @@ def test_runtime_imports_no_harness_or_heavy_dependency():
     assert not bad, "accelpact must stay installable with torch alone:\n" + "\n".join(bad)
 
 
+def test_runtime_imports_torch_stdlib_and_only_guarded_optional_accelerators():
+    bad = third_party_violations()
+    assert not bad, "accelpact depends on torch (and optionally on a named accelerator) only:\n" + "\n".join(bad)
+
+
 def test_production_runtime_never_imports_accelpact_testing():
     bad = accelpact_testing_imports()
     assert not bad, ("production accelpact modules import the test tools; move the shared code into "
@@ -183,11 +233,22 @@ def test_checker_finds_function_level_and_relative_imports(tmp_path):
     (pkg / "testing" / "__init__.py").write_text("import pandas\n")  # allowed by (b), not by (a)
     (pkg / "guard.py").write_text("def f():\n    import hydra.core\n    from .testing import inject\n")
     (pkg / "ok.py").write_text("import torch\nfrom accelpact import errors\n")
+    (pkg / "fast.py").write_text("try:\n    from isal import isal_zlib\nexcept ImportError:\n    import zlib\n"
+                                 "import isal\nimport numpy\n")
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
         assert sorted(runtime_violations()) == ["accelpact/guard.py:2 imports hydra.core",
                                                 "accelpact/testing/__init__.py:1 imports pandas"]
+        assert third_party_violations() == [
+            "accelpact/fast.py:5 imports the optional isal without `try: ... except ImportError:` and a "
+            "standard-library fallback",
+            "accelpact/fast.py:6 imports numpy, which is neither torch, the standard library, nor a named optional "
+            "accelerator (isal)",
+            "accelpact/guard.py:2 imports hydra.core, which is neither torch, the standard library, nor a named "
+            "optional accelerator (isal)",
+            "accelpact/testing/__init__.py:1 imports pandas, which is neither torch, the standard library, nor a "
+            "named optional accelerator (isal)"]
         assert accelpact_testing_imports() == ["accelpact/guard.py:3 imports accelpact.testing",
                                         "accelpact/guard.py:3 imports accelpact.testing.inject"]
     finally:

@@ -1,10 +1,11 @@
-"""The runtime installs and recovers with torch as its only dependency; the harness says what it lacks.
+"""The runtime installs and recovers with torch (and isal) as its only dependencies; the harness says what it lacks.
 
 A fresh virtual environment gets torch (``pip install torch==2.13.0``, the same requirement ``make``
 installs first; pip's configured find-links resolve it to the local CPU wheel) and then this
 repository, non-editable, without extras. In it:
 
-- the installed distribution requires nothing but torch (the rest are extras);
+- the installed distribution requires nothing but torch and isal (ISA-L's CRC-32 for the snapshots'
+  checksums, which the code falls back from to zlib when absent); the rest are extras;
 - ``examples/recover_one_fault.py`` runs 2 gloo ranks, injects a real socket reset, recovers, and
   exits 0 (it checks that both ranks recovered and match a fault-free run bit for bit);
 - ``import harness`` fails with exactly one line that names the ``harness`` extra.
@@ -57,12 +58,14 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
     _check(_run([py, "-m", "pip", "install", "-q", str(src)], tmp_path, 300), "pip install <repo>")
     t_installed = time.monotonic()
 
-    # Only torch is required; everything else is behind an extra.
+    # Only torch and isal are required; everything else is behind an extra.
     req = _run([py, "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('accelpact')))"],
                tmp_path, 60)
     _check(req, "reading the installed metadata")
     plain = [r for r in req.stdout.splitlines() if "extra ==" not in r]
-    assert [r.replace(" ", "") for r in plain] == ["torch<2.14,>=2.13"], req.stdout
+    assert [r.replace(" ", "") for r in plain] == ["torch<2.14,>=2.13", "isal>=1.6"], req.stdout
+    crc = _run([py, "-c", "from accelpact.snapshot import checksum; print(checksum.IMPLEMENTATION)"], tmp_path, 60)
+    assert crc.stdout.strip() == "isal", crc.stdout + crc.stderr  # pip install accelpact gets the fast path
     leaked = _run([py, "-c", "import importlib.util as u; print([m for m in ('transformers', 'hydra', 'pandas', "
                    "'matplotlib', 'psutil') if u.find_spec(m)])"], tmp_path, 60)
     assert leaked.stdout.strip() == "[]", leaked.stdout

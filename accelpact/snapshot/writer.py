@@ -35,24 +35,26 @@ import torch
 from accelpact.snapshot.slots import MARKER, Marker, SnapshotError, combined_checksum, crc32_bytes, invalidate, write_marker
 from accelpact.snapshot.state import Entry, Meta
 
-__all__ = ["CopyJob", "PayloadMaps", "PAYLOAD", "META"]
+__all__ = ["CopyJob", "CopyPlan", "PayloadMaps", "PAYLOAD", "META"]
 
 PAYLOAD = "shards.bin"
 META = "meta.pt"
 
 
 class PayloadMaps:
-    """One shared mapping per slot's payload file, reused while its size does not change."""
+    """One shared mapping per slot's payload file, reused while its size does not change, and the
+    destination views of a :class:`CopyPlan` into it (built once per mapping and layout)."""
 
     def __init__(self) -> None:
         self._maps: dict[Path, torch.Tensor] = {}
+        self._views: dict[Path, tuple["CopyPlan", list[torch.Tensor]]] = {}
 
     def get(self, slot: Path, nbytes: int) -> torch.Tensor:
         path = slot / PAYLOAD
         m = self._maps.get(slot)
         if m is not None and m.numel() == nbytes and path.exists() and path.stat().st_size == nbytes:
             return m
-        self._maps.pop(slot, None)
+        self.drop(slot)
         slot.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -70,11 +72,47 @@ class PayloadMaps:
         self._maps[slot] = m
         return m
 
+    def views(self, slot: Path, payload: torch.Tensor, plan: "CopyPlan") -> list[torch.Tensor]:
+        """``plan``'s destination views into ``payload`` (the mapping :meth:`get` returned for ``slot``)."""
+        cached = self._views.get(slot)
+        if cached is None or cached[0] is not plan:
+            cached = (plan, plan.destinations(payload))
+            self._views[slot] = cached
+        return cached[1]
+
     def drop(self, slot: Path | None = None) -> None:
         if slot is None:
             self._maps.clear()
+            self._views.clear()
         else:
             self._maps.pop(slot, None)
+            self._views.pop(slot, None)
+
+
+class CopyPlan:
+    """The copy of one layout (rebuilt when a tensor is replaced): flat byte views of the CPU sources,
+    checked by address each step, and the matching destination views, so a copy is one
+    ``torch._foreach_copy_`` call instead of two ``view`` calls and a ``copy_`` per tensor (those
+    took ~2 ms of the thread's CPU per step for mistral_tiny's 156 tensors; the memcpy itself is
+    bound by memory bandwidth, ~6 GB/s here)."""
+
+    def __init__(self, items: list[tuple[Entry, torch.Tensor]]) -> None:
+        self.cpu = [(e, t) for e, t in items if t.device.type != "cuda"]
+        self.cuda = [(e, t) for e, t in items if t.device.type == "cuda"]
+        self._ptrs: tuple[int, ...] | None = None
+        self._src: list[torch.Tensor] = []
+
+    def sources(self) -> list[torch.Tensor]:
+        """Each CPU source as flat bytes (as itself where it is not contiguous). A tensor whose storage
+        moved (``set_``, ``.data =``) keeps its identity but not its address: re-viewed then."""
+        ptrs = tuple(t.data_ptr() for _, t in self.cpu)
+        if ptrs != self._ptrs:
+            self._src = [t.detach().reshape(-1).view(torch.uint8) if t.is_contiguous() else t for _, t in self.cpu]
+            self._ptrs = ptrs
+        return self._src
+
+    def destinations(self, payload: torch.Tensor) -> list[torch.Tensor]:
+        return [payload[e.offset:e.offset + e.nbytes] if t.is_contiguous() else _view(payload, e) for e, t in self.cpu]
 
 
 @dataclass
@@ -82,7 +120,7 @@ class CopyJob:
     """One snapshot in flight: the slot, the tensors, the captured meta, and its progress."""
 
     slot: Path
-    items: list[tuple[Entry, torch.Tensor]]
+    plan: CopyPlan
     nbytes: int
     meta: Meta
     marker_fields: dict[str, Any]
@@ -99,7 +137,7 @@ class CopyJob:
 
     def start_device_copy(self, staging_pool: dict[str, torch.Tensor]) -> None:
         """GPU: enqueue the shard's copy into pinned memory on a side stream (nothing on CPU)."""
-        cuda = [(e, t) for e, t in self.items if t.device.type == "cuda"]
+        cuda = self.plan.cuda
         if not cuda:
             return
         staging = staging_pool.get("pinned")
@@ -123,19 +161,19 @@ class CopyJob:
             t0 = time.perf_counter()
             invalidate(self.slot)  # the slot stops existing before its first byte changes
             payload = maps.get(self.slot, self.nbytes)
-            half = len(self.items) // 2
+            dst, src = maps.views(self.slot, payload, self.plan), self.plan.sources()
             with torch.no_grad():
-                for i, (e, t) in enumerate(self.items):
-                    if i == half and self.pause_mid_copy_s:
-                        time.sleep(self.pause_mid_copy_s)
-                    if t.device.type == "cuda":
-                        continue
-                    _view(payload, e).copy_(t)
+                if self.pause_mid_copy_s:
+                    half = len(src) // 2
+                    torch._foreach_copy_(dst[:half], src[:half])
+                    time.sleep(self.pause_mid_copy_s)
+                    torch._foreach_copy_(dst[half:], src[half:])
+                elif src:
+                    torch._foreach_copy_(dst, src)
                 if self.cuda_event is not None:
                     self.cuda_event.synchronize()
-                    for e, t in self.items:
-                        if t.device.type == "cuda":
-                            _view(payload, e).copy_(_view(self._staging, e))
+                    for e, _t in self.plan.cuda:
+                        _view(payload, e).copy_(_view(self._staging, e))
             self.copy_s = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - reported by the owner
             self.error = exc

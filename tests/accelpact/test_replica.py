@@ -179,10 +179,64 @@ def test_half_received_replica_is_never_complete(tmp_path, store):
         time.sleep(0.5)
         assert [st for st, _, _ in holder.server.held(0)] == [1]
         base = tmp_path / "h1" / token / "replica" / "rank0"
-        assert sorted(p.name for p in base.iterdir() if not p.name.startswith(".")) == ["slot0"]
+        # The torn replica was received in place into the free slot, whose marker is never written.
+        assert sorted(p.name for p in base.iterdir() if (p / "marker.json").exists()) == ["slot0"]
     finally:
         src.close()
         holder.close()
+
+
+def _wait_for(cond, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_replica_is_received_in_place_and_a_torn_push_costs_only_the_older_one(tmp_path, store):
+    """With two complete replicas (steps 1, 2), a push of step 3 that breaks half-way overwrites the
+    older one in place: that slot loses its marker first, step 2 stays held and served. The next
+    complete push of 3 lands in the same files (same inode: the holder's kept mapping), and a fetch
+    returns it exactly. A new PUT also cuts off a PUT of the same source that is still hanging."""
+    token = new_job_token()
+    holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
+    src = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1")
+    own = tmp_path / "h0" / token / "rank0"
+    try:
+        for step in (1, 2):
+            src.push(own / f"slot{step % 2}", write_slot(own / f"slot{step % 2}", token, 0, 2, step, NBYTES))
+            assert src.flush(30)
+        assert src.pushed == 2 and [st for st, _, _ in holder.server.held(0)] == [2, 1]
+        older = next(d for _, d, _ in holder.server.held(0) if read_step(d) == 1)
+        inode = (older / "shard.bin").stat().st_ino
+
+        marker = write_slot(own / "slot1", token, 0, 2, 3, NBYTES)
+        files = payload_files(own / "slot1")
+        hanging = socket.create_connection(holder.server.address, timeout=5)
+        send_frame(hanging, {"op": "put", "src": 0, "step": 3, "files": [list(f) for f in files], "marker": marker},
+                   token)
+        hanging.sendall(payload(0, 3, NBYTES)[:NBYTES // 2])  # half, then silence (no reset, no close)
+        _wait_for(lambda: not (older / "marker.json").exists())
+        assert [st for st, _, _ in holder.server.held(0)] == [2]  # the newest complete replica is untouched
+
+        src.push(own / "slot1", marker)  # the next push of 3 cuts the hanging one off, then lands
+        assert src.flush(30) and src.pushed == 3 and src.dropped == 0, src.last_error
+        assert hanging.recv(1) == b""  # the holder shut the hanging PUT down
+        hanging.close()
+        assert [st for st, _, _ in holder.server.held(0)] == [3, 2]
+        assert read_step(older) == 3 and (older / "shard.bin").stat().st_ino == inode  # in place
+        got = src.fetch(0, tmp_path / "back")
+        assert got["step"] == 3 and (tmp_path / "back" / "shard.bin").read_bytes() == payload(0, 3, NBYTES)
+    finally:
+        src.close()
+        holder.close()
+
+
+def read_step(slot: Path) -> int | None:
+    try:
+        return json.loads((slot / "marker.json").read_text())["step"]
+    except OSError:
+        return None
 
 
 def test_socket_reset_during_push_is_retried_not_lost(tmp_path, store):
