@@ -47,13 +47,21 @@ class PayloadMaps:
 
     def __init__(self) -> None:
         self._maps: dict[Path, torch.Tensor] = {}
+        self._inodes: dict[Path, tuple[int, int]] = {}  # (st_dev, st_ino) of the file each mapping is of
         self._views: dict[Path, tuple["CopyPlan", list[torch.Tensor]]] = {}
 
     def get(self, slot: Path, nbytes: int) -> torch.Tensor:
         path = slot / PAYLOAD
         m = self._maps.get(slot)
-        if m is not None and m.numel() == nbytes and path.exists() and path.stat().st_size == nbytes:
-            return m
+        if m is not None and m.numel() == nbytes:
+            # Reuse only while the path is still the very file that is mapped: a slot directory removed
+            # and recreated (a stale cleanup, an operator) leaves the mapping writing into a deleted inode.
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                st = None
+            if st is not None and st.st_size == nbytes and (st.st_dev, st.st_ino) == self._inodes.get(slot):
+                return m
         self.drop(slot)
         slot.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -66,10 +74,12 @@ class PayloadMaps:
                     raise SnapshotError(f"cannot allocate {nbytes / 2**30:.2f} GiB for {path}: {exc}. Free space "
                                         "where ACCELPACT_SNAPSHOT_ROOT points (a larger /dev/shm: docker "
                                         "--shm-size) or snapshot fewer bytes per rank (more ranks)") from exc
+            st = os.fstat(fd)
         finally:
             os.close(fd)
         m = torch.from_file(str(path), shared=True, size=max(nbytes, 1), dtype=torch.uint8)[:nbytes]
         self._maps[slot] = m
+        self._inodes[slot] = (st.st_dev, st.st_ino)
         return m
 
     def views(self, slot: Path, payload: torch.Tensor, plan: "CopyPlan") -> list[torch.Tensor]:
@@ -83,9 +93,11 @@ class PayloadMaps:
     def drop(self, slot: Path | None = None) -> None:
         if slot is None:
             self._maps.clear()
+            self._inodes.clear()
             self._views.clear()
         else:
             self._maps.pop(slot, None)
+            self._inodes.pop(slot, None)
             self._views.pop(slot, None)
 
 

@@ -232,3 +232,19 @@ def test_before_update_returns_only_once_the_previous_snapshot_is_complete(tmp_p
     snap.before_update()
     assert read_marker(slot_dir(tmp_path, "job-d", 0, 1)).step == 1 and snap.last_wait_s > 0.3
     snap.close(remove=True)
+
+
+def test_a_slot_file_removed_and_recreated_under_a_live_mapping_gets_a_fresh_mapping(tmp_path):
+    """The writer keeps each slot's payload mapped across steps; if the file is replaced underneath
+    (a stale cleanup, an operator), the next snapshot must go into the new file, not the deleted inode."""
+    from accelpact.snapshot.writer import PAYLOAD, PayloadMaps
+
+    maps, slot = PayloadMaps(), tmp_path / "slot0"
+    first = maps.get(slot, 64)
+    assert maps.get(slot, 64) is first  # reused while the file is the mapped one
+    (slot / PAYLOAD).unlink()
+    (slot / PAYLOAD).write_bytes(bytes(64))  # the same size, a different inode
+    second = maps.get(slot, 64)
+    assert second is not first
+    second.fill_(7)
+    assert (slot / PAYLOAD).read_bytes() == bytes([7]) * 64  # the bytes land in the file on disk
