@@ -123,5 +123,8 @@ def start_replacement(launcher: Any, rank: int, code: int) -> None:
         launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
                              "pid": launcher.procs[rank].pid, "hot_spare": spare is not None,
                              "start": how, "template_fallback": why,
+                             # the template's own imports, paid once at launch (None: no ready template)
+                             "template_import_s": (launcher.template.ready or {}).get("import_s")
+                             if launcher.template is not None else None,
                              "t_death_seen": t_death, "t_spawn": time.time(), "replacement": launcher.replacements,
                              "incarnation": launcher.incarnation})
