@@ -261,6 +261,8 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
     last = _check_heal(row, events, lost=[0, 1], world_size=4)
     assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"buddy"}
     assert row["heal_source"] == "buddy"
+    # Both forked from the template, each inside its dead rank's namespace host (setns).
+    assert row["heal_replacement_start"] == "template+template", row["heal_template_fallback"]
 
 
 @pytest.mark.slow
