@@ -7,6 +7,9 @@
   wrapping steps the old, unsharded tensors, which the model no longer uses.
 - The job-token check (``control.join``): every rank must see all ranks under its token within the
   connect deadline, or a token mismatch shows only 31 s into the first fault.
+- A heal policy with parameters on any mesh but a 1-D one over the world (HSDP's 2-D mesh): a
+  replacement rebuilds the survivors' groups by name, but the DeviceMesh its model needs would build
+  new groups under c10d's counter names, which never meet the survivors' (a heal that cannot finish).
 """
 
 from __future__ import annotations
@@ -51,3 +54,18 @@ def check_members(control: Any) -> None:
     join = getattr(control, "join", None)
     if callable(join):
         join()
+
+
+def check_heal_mesh(model: nn.Module, world_size: int) -> None:
+    """AccelPactError, with the fix, when a parameter's DeviceMesh is not 1-D over all ``world_size`` ranks."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None or (mesh.ndim == 1 and mesh.size() == world_size):
+            continue
+        raise AccelPactError(
+            f"attach(heal=...) needs every parameter on a 1-D mesh over all {world_size} ranks; this model has a "
+            f"{mesh.ndim}-D mesh of shape {tuple(mesh.shape)} (HSDP, or a mesh over some ranks). A replacement "
+            "process rebuilds the survivors' process groups by name, but a DeviceMesh it builds itself makes new "
+            "groups that never meet theirs. Shard with fully_shard(mesh=init_device_mesh(device_type, "
+            f"({world_size},))), or attach without heal= (a lost rank then raises RankLostError: restart from a "
+            "checkpoint).")

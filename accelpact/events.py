@@ -122,6 +122,9 @@ class HealEvent:
     rounds: int = 1  # >1 when a replacement was lost during its heal
     load_s: float = 0.0  # of heal_transfer_s: loading the resume step (restore or fetch + restore)
     bytes_read_from_disk: int = 0  # always 0: a heal never reads a checkpoint file
+    # Survivor: each replacement lost on its way in (rank, pid, stage, reason, t_seen, seen_after_s: from
+    # the launcher's death notice to this rank reading it); each cost one more wait for the next one.
+    replacements_lost: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

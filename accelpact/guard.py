@@ -99,6 +99,8 @@ class Guard:
                 f"snapshots and heals need FSDP2 (fully_shard); this model uses {self._flavour}: its flat "
                 "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
                 "attach without snapshots= and heal=")
+        if heal is not None:
+            _attach_checks.check_heal_mesh(model, dist.get_world_size())
         # The heal of a lost rank (accelpact.heal).
         self.heal_events: list[HealEvent] = []
         # Called as hook(event) on a survivor once a heal is done, before training continues (e.g. to

@@ -34,6 +34,9 @@ from accelpact import notice_auth, recovery
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.heal_plan import HealReport, ResumePlan, decide_resume
+from accelpact.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
+                                 publish_no_replacement, request_key)
+from accelpact.heal_wait import peek as _peek
 from accelpact.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
 from accelpact.reset import reset_after_fault
 
@@ -43,7 +46,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key"]
+__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key", "joining_key",
+           "abandoned_key", "publish_no_replacement"]
 
 # A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
 # replica's marker (a dict with at least "step") or None when it holds none.
@@ -85,23 +89,6 @@ class HealOutcome:
     event: HealEvent
 
 
-def request_key(control: Any, rank: int) -> str:
-    return control.key("heal", "request", str(rank))
-
-
-def arrived_key(control: Any, rank: int) -> str:
-    return control.key("heal", "arrived", str(rank))
-
-
-def plan_key(control: Any, rank: int, pid: int) -> str:
-    return control.key("heal", "plan", str(rank), str(pid))
-
-
-def _peek(control: Any, key: str) -> bytes | None:
-    """The value of ``key`` now, or None (never waits)."""
-    return control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}")
-
-
 class Healer:
     """One rank's side of heals: :meth:`survive` on a survivor, :meth:`join` on a replacement."""
 
@@ -121,6 +108,10 @@ class Healer:
         # Nobody can roll the failed step forward (the lost rank's gradients are gone): drop ours.
         reset_after_fault(g.model, g.optimizer, g.config.reset)
         dead = set(lost.ranks)
+        # Replacements lost on their way in (before arriving, or before the rendezvous) are seen from
+        # the launcher's notices within NOTICE_POLL_S; each costs one more wait, bounded per rank.
+        watch = ReplacementWatch(self.control, g.rank, self.policy.max_rounds, poll_s=self.policy.poll_s)
+        watch.scan(dead - {g.rank}, "lost")  # the processes this heal is for
         rounds = 0
         while True:
             rounds += 1
@@ -136,7 +127,7 @@ class Healer:
             for r in dead:
                 self.control.set(request_key(self.control, r), json.dumps(
                     {"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode())
-            arrivals = self._wait_arrivals(dead, step)
+            arrivals = self._wait_arrivals(dead, step, watch)
             t_arrived = time.time()
             generation = self.control.generation + 1
             plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
@@ -144,12 +135,20 @@ class Healer:
             for r, pid in arrivals.items():
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()
+            # Enter the rendezvous only once every replacement has taken its plan: one lost before
+            # that would leave us in gloo's rendezvous until the control deadline (accelpact.heal_wait).
+            gone = watch.wait_joining(arrivals, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
+            if gone:
+                _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
+                          g.rank, rounds, sorted(gone))
+                continue
             try:
-                return self._heal_round(step, generation, sorted(dead), rounds, t_detected, t_arrived)
+                return self._heal_round(step, generation, sorted(dead), rounds, t_detected, t_arrived, watch)
             except RankLostError as again:
                 if again.detected_by == "heal":
                     raise
                 dead = set(again.ranks)
+                watch.scan(dead - {g.rank}, "during the heal")
             except BaseException as nested:  # noqa: BLE001 - a rendezvous or collective with a dead replacement
                 if not g.backend.is_comm_fault(nested):
                     raise
@@ -159,7 +158,7 @@ class Healer:
             g.backend.abort()
 
     def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
-                    t_arrived: float) -> HealOutcome:
+                    t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
         g = self.g
         old_groups, new_groups = recovery.rebuild(g, generation)
         held = {g.committed_step: "live"}
@@ -183,7 +182,8 @@ class Healer:
             role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
             source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
             replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
-            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s)
+            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s,
+            replacements_lost=list(watch.lost))
         _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
                   plan.resume_step)
         return HealOutcome(plan.resume_step, extra, event)
@@ -207,20 +207,26 @@ class Healer:
                 dead.add(r)
         return dead
 
-    def _wait_arrivals(self, lost: set[int], step: int) -> dict[int, int]:
-        """rank -> pid of the replacement of every rank in ``lost``, once all have arrived."""
+    def _wait_arrivals(self, lost: set[int], step: int, watch: ReplacementWatch) -> dict[int, int]:
+        """rank -> pid of the replacement of every rank in ``lost``, once all have arrived.
+
+        Ends early with RankLostError when the launcher says no replacement will come, or when a rank's
+        replacements keep dying (``watch``); a replacement that dies before arriving is only waited for
+        again (the launcher starts the next one)."""
         deadline = time.monotonic() + self.policy.replacement_timeout_s
         found: dict[int, int] = {}
         next_scan = time.monotonic() + 0.5
         while True:
+            if watch.scan_due(lost, "before arriving"):
+                found = {r: p for r, p in found.items() if not watch.is_dead(r, p)}
+            watch.check_abandoned(lost - set(found))
             for r in sorted(lost - set(found)):
                 raw = _peek(self.control, arrived_key(self.control, r))
                 if raw is None:
                     continue
                 pid = int(json.loads(raw.decode())["pid"])
-                notice = _peek(self.control, notice_key(self.control.job_token, r))
-                dead_pid = _notice_pid(notice, self.control.job_token)
-                if dead_pid is not None and dead_pid == pid:
+                if watch.is_dead(r, pid) or pid == _notice_pid(
+                        _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token):
                     continue  # an earlier replacement, itself lost since
                 found[r] = pid
             if set(found) >= lost:
@@ -234,7 +240,10 @@ class Healer:
                     "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
                     ranks=tuple(missing), last_committed_step=self.g.committed_step, detected_by="heal")
             if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
-                lost |= self._dead_now() - {self.g.rank}
+                more = self._dead_now() - {self.g.rank} - lost
+                if more:
+                    watch.scan(more, "lost")
+                    lost |= more
                 next_scan = time.monotonic() + 0.5
             time.sleep(self.policy.poll_s)
 

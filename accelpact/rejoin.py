@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
-from accelpact.heal import arrived_key, plan_key
+from accelpact.heal_wait import arrived_key, joining_key, plan_key
 from accelpact.liveness import Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
@@ -93,6 +93,9 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
             f"{timeout_s:g} s: the job may have ended, fallen back to a checkpoint, or the survivors were lost "
             "too. Start it again from a checkpoint.", ranks=(control.rank,), detected_by="heal") from exc
     generation = int(plan["generation"])
+    # Committed to the rendezvous: the survivors enter it only after this ack (accelpact.heal_wait), so
+    # that a replacement lost before it is healed again instead of costing them the control deadline.
+    control.set(joining_key(control, control.rank, pid), str(generation).encode())
     control.generation = generation  # the next recovery round advances to generation + 1, like everyone
     store = control.data_plane_store(generation)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None

@@ -186,6 +186,11 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
             "with the mean 1-min load average sampled every 5 s while the run ran, where recorded). "
             "\"goodput at the reference's step time\" is derived from them: the run's own badput, its useful "
             "steps at the reference's median step, accelpact's charged the side-by-side snapshot overhead.", "",
+            "Badput parts of a heal: detection (the fault until each rank knew: the survivor caught it, the "
+            "parent saw the death and launched the replacement), replacement_start, heal_transfer (up to the "
+            "replacement being ready to train), and replay: the survivor's attempt in flight at the fault, thrown "
+            "away and run again. \"replayed steps\" counts committed steps run again, so a heal with 0 of them "
+            "still shows that attempt as replay. A heal never shows restart: nothing is relaunched.", "",
             "## Goodput by fault and checkpoint age", "",
             _md(rows, [("fault", "fault", ""), ("age", "age", ".0f"), ("label", "strategy", ""),
                        ("goodput", "goodput (tok/s)", ".1f"), ("wall_s", "wall (s)", ".1f"),

@@ -23,6 +23,7 @@ import json
 import signal
 import subprocess
 import time
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from harness.parent.template import start_replacement_process
@@ -96,12 +97,43 @@ def replace_the_dead(launcher: Any, state: Any) -> bool:
         return False
     codes = launcher._codes()
     if not all(launcher.replace_dead(r, c, codes) for r, c in state.failed.items()):
+        for rank, code in sorted(state.failed.items()):
+            _no_replacement(launcher, rank, code)
         return False
     for rank, code in sorted(state.failed.items()):
         print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
               f"(heal in memory, replacement {launcher.replacements + 1})", flush=True)
         start_replacement(launcher, rank, code)
     return True
+
+
+def _no_replacement(launcher: Any, rank: int, code: int) -> None:
+    """Tell survivors waiting to heal ``rank`` that no replacement comes, and why (once per dead process):
+    they stop within a poll instead of at ``strategy.replacement_timeout_s``."""
+    from accelpact.heal_wait import publish_no_replacement
+
+    pid = launcher.procs[rank].pid
+    told = getattr(launcher, "_told_no_replacement", set())
+    launcher._told_no_replacement = told
+    if pid in told:
+        return
+    told.add(pid)
+    budget = launcher.run.strategy.max_restarts
+    if launcher.replacements >= budget:
+        why = (f"the harness started {launcher.replacements} replacement(s) in this run and strategy.max_restarts="
+               f"{budget} allows no more (rank {rank}'s last process, pid {pid}, exited with code "
+               f"{describe_exit(code)}); raise strategy.max_restarts, or see logs/rank{rank}.log for why it dies")
+    else:
+        why = (f"rank {rank} (pid {pid}) exited with code {describe_exit(code)}, and the harness replaces only a rank "
+               "killed by a signal while another rank is alive and none has fallen back (a process that failed "
+               f"on its own would fail again): see logs/rank{rank}.log")
+    fn = launcher.store.set if launcher.store is not None else launcher.store_set_fn
+    if fn is None:
+        return
+    try:
+        publish_no_replacement(SimpleNamespace(set=fn), launcher.token, rank, pid=pid, reason=why)
+    except Exception as exc:  # noqa: BLE001 - an accelerator, never a new failure (they still time out)
+        print(f"launcher: could not tell the survivors that rank {rank} gets no replacement: {exc}", flush=True)
 
 
 def start_replacement(launcher: Any, rank: int, code: int) -> None:

@@ -27,14 +27,17 @@ one label, the highest-priority interval covering it on that rank:
 - replacement_start / heal_transfer: a ``heal`` record's two durations, back to back, ending at its ``t``
   (a lost rank healed in memory, accelpact.heal). On a survivor: caught -> every replacement arrived,
   then the rest up to the first collective; on the replacement: its launch -> arrived (the process
-  start), then the rest. A survivor's attempt in flight (step start -> heal start) is replay, as for a
-  "retry" recovery.
+  start), then the rest, and after it its ``restart`` record's tail up to ready (the strategy's set-up).
+  Before them, the fault -> the heal's ``t_detected`` is detection (a survivor caught the loss; on the
+  lost rank, the launcher saw the death and launched the replacement). A survivor's attempt in flight
+  (step start -> the fault) is replay, as for a "retry" recovery: it is run again.
 - restore: ``restore`` records, t_start -> t_end.
 - checkpoint: ``checkpoint`` records (stalls), whole run.
 - snapshot_overhead: a step's ``snapshot_wait_s`` (the time it waited for the previous snapshot's copy),
   laid at the step's end; whole run, like checkpoint stalls.
-- restart: ``restart`` records, from the fault that preceded the relaunch (not earlier than the rank's last
-  committed step) to ``t_ready``; so the gap fault -> relaunch is restart time too.
+- restart: a relaunch's ``restart`` records (a replacement's: heal_transfer), from the fault that preceded
+  the relaunch (not earlier than the rank's last committed step) to ``t_ready``; so the gap fault ->
+  relaunch is restart time too.
 - replay: the second and later executions of a (rank, step index). The first execution is the useful one
   (its work was done once; redoing it is the waste), so a replay is charged to the fault that caused it.
   Also, inside a step that an in-memory recovery with decision "retry" re-ran, the attempt thrown away:
@@ -243,17 +246,23 @@ def _rank_pieces(
                 intervals.append((s.t_start, rec_start, "replay", _fault_before(fault_times, rec_end)))
 
     ends = sorted(s.t_end for s in steps)
-    for r, t_launch, t_ready in parsed.restarts:
-        if r != rank:
-            continue
-        start = t_launch
-        cause = _fault_before(fault_times, t_launch)
-        if cause != _NO_FAULT:
-            # The gap from the fault to the relaunch is restart time, but never reach back before this
-            # rank's last committed step (that step was useful).
-            last_end = max((e for e in ends if e <= t_launch), default=-math.inf)
-            start = max(fault_times[cause], last_end)
-        intervals.append((start, t_ready, "restart", _fault_before(fault_times, t_ready)))
+    # A heal's detection: the fault -> this rank learned of the loss (else it fell into replay / restart).
+    for r, t_detected in parsed.heal_detections:
+        cause = _fault_before(fault_times, t_detected)
+        if r == rank and cause != _NO_FAULT:
+            intervals.append((_since_fault(fault_times[cause], ends, t_detected), t_detected, "detection", cause))
+    # A relaunch is restart; a replacement's start is a heal: its tail after the heal record is heal_transfer.
+    for label, records in (("restart", parsed.restarts), ("heal_transfer", parsed.replacement_starts)):
+        for r, t_launch, t_ready in records:
+            if r != rank:
+                continue
+            start = t_launch
+            cause = _fault_before(fault_times, t_launch)
+            if cause != _NO_FAULT:
+                # The gap from the fault to the relaunch is restart time, but never reach back before
+                # this rank's last committed step (that step was useful).
+                start = _since_fault(fault_times[cause], ends, t_launch)
+            intervals.append((start, t_ready, label, _fault_before(fault_times, t_ready)))
 
     pieces = _sweep(intervals, timeline.t0, timeline.t1)
 
@@ -269,6 +278,11 @@ def _rank_pieces(
         spans.append((lo, hi))
         floor = max(floor, hi)
     return pieces, spans, replays
+
+
+def _since_fault(t_fault: float, ends: list[float], t: float) -> float:
+    """The fault's time, or the end of this rank's last step before ``t`` if later (that step was useful)."""
+    return max(t_fault, max((e for e in ends if e <= t), default=-math.inf))
 
 
 def _accumulate(into: dict[str, float], label: str, seconds: float) -> None:

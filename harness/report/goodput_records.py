@@ -36,6 +36,9 @@ class ParsedEvents:
     # (rank, start, end, label) for labels other than useful/replay/restart
     intervals: list[tuple[int, float, float, str]] = field(default_factory=list)
     restarts: list[tuple[int, float, float]] = field(default_factory=list)  # rank, t_launch, t_ready
+    # A replacement process's start (a heal in memory, not a relaunch): rank, t_launch, t_ready.
+    replacement_starts: list[tuple[int, float, float]] = field(default_factory=list)
+    heal_detections: list[tuple[int, float]] = field(default_factory=list)  # rank, heal's t_detected
     retries: list[tuple[int, float, float]] = field(default_factory=list)  # rank, start, end of a "retry" recovery
     fallbacks: list[str] = field(default_factory=list)
     skipped: int = 0
@@ -126,6 +129,8 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
                 start = end - sum(d for _, d in parts)
                 if record.get("role") == "survivor":  # its attempt in flight is re-run: as a retry
                     out.retries.append((rank, start, end))
+                if "t_detected" in record:
+                    out.heal_detections.append((rank, min(_num(record, "t_detected"), start)))
                 for label, d in parts:
                     if d > 0:
                         out.intervals.append((rank, start, start + d, label))
@@ -135,7 +140,9 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
             elif kind == "checkpoint":
                 out.intervals.append((rank, *_span(record, "t_start", "t_end"), "checkpoint"))
             elif kind == "restart":
-                out.restarts.append((rank, *_span(record, "t_launch", "t_ready")))
+                # A replacement's start is part of a heal (the lost rank's process), never a relaunch.
+                into = out.replacement_starts if record.get("replacement") else out.restarts
+                into.append((rank, *_span(record, "t_launch", "t_ready")))
             elif kind == "fallback":
                 out.fallbacks.append(str(record.get("reason", "")))
             # Unknown kinds are someone else's records: ignored, not "skipped".

@@ -28,6 +28,11 @@ EXIT_FALLBACK = 75
 # Fault injection for tests: the replacement with this number (HARNESS_REPLACEMENT) SIGKILLs itself in
 # the middle of its heal.
 DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
+# Fault injection for tests: "<replacement>:<how>[,...]"; that replacement dies before it joins: "import"
+# (SIGKILL during its imports, before arriving), "exit" (exits with code 3 before arriving: an error of its
+# own), "arrived" (SIGKILL right after posting its arrival, before the survivors' rendezvous); or "hang"
+# (it never arrives and never dies: the survivors' replacement_timeout_s).
+DIE_BEFORE_JOIN = "HARNESS_DIE_BEFORE_JOIN"
 
 
 @dataclass
@@ -50,11 +55,20 @@ def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
     from accelpact.control import ControlChannel
     from harness.rank.models import meta_model
 
+    how = _injected_death(env.replacement)
+    if how in ("import", "exit"):
+        _die(how)
+    if how == "hang":
+        import time
+
+        time.sleep(3600)  # the parent's kill_all ends it
     # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
     # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
     meta_model(cfg.model)
     control_deadline(cfg)
     control = ControlChannel.from_env()
+    if how == "arrived":
+        _arrive_and_die(control, env)
     try:
         ticket = accelpact.rejoin(control, timeout_s=cfg.strategy.replacement_timeout_s, t_launch=env.t_launch)
     except accelpact.RankLostError as exc:
@@ -68,6 +82,38 @@ def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
 
         os.kill(os.getpid(), signal.SIGKILL)
     return Rejoined(control, ticket)
+
+
+def _injected_death(replacement: int) -> str | None:
+    for item in os.environ.get(DIE_BEFORE_JOIN, "").split(","):
+        number, _, how = item.partition(":")
+        if number.strip() == str(replacement) and how:
+            return how.strip()
+    return None
+
+
+def _die(how: str) -> None:
+    import signal
+
+    sys.stdout.flush()
+    if how == "exit":
+        print("injected: this replacement fails before joining (HARNESS_DIE_BEFORE_JOIN)", file=sys.stderr, flush=True)
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arrive_and_die(control: Any, env: "RankEnv") -> None:
+    """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
+    import json
+    import time
+
+    from accelpact.heal import arrived_key
+
+    control.heartbeat()
+    control.set(arrived_key(control, control.rank),
+                json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode())
+    time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
+    _die("import")
 
 
 def side_group(control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int,

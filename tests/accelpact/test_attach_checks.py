@@ -62,6 +62,19 @@ f1 = FSDP1(net(), device_id=torch.device("cpu"))
 report("fsdp1_heal", lambda: accelpact.attach(f1, torch.optim.SGD(f1.parameters(), lr=0.1), object(),
                                               heal=accelpact.HealPolicy()))
 
+# HSDP (a 2-D mesh, here 1 x 1) with a heal policy: refused (a replacement cannot rebuild the mesh's groups).
+from torch.distributed.device_mesh import init_device_mesh
+mesh2 = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+h = net()
+for layer in (h[0], h[2]):
+    fully_shard(layer, mesh=mesh2)
+fully_shard(h, mesh=mesh2)
+report("hsdp_heal", lambda: accelpact.attach(h, torch.optim.SGD(h.parameters(), lr=0.1), object(),
+                                             heal=accelpact.HealPolicy()))
+one = sharded()  # the same policy on a 1-D mesh over the world passes that check
+report("fsdp2_heal", lambda: accelpact.attach(one, torch.optim.SGD(one.parameters(), lr=0.1), object(),
+                                              heal=accelpact.HealPolicy()))
+
 # Join: this control channel says world_size 2, and no rank 1 ever joins under its token.
 server, port = start_control_server()
 control = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 2, new_job_token(), connect_timeout_s=1.0,
@@ -141,3 +154,11 @@ def test_fsdp1_with_a_heal_policy_is_refused_with_the_fix(checks):
     msg = checks["fsdp1_heal"]
     assert msg is not None and msg.startswith("AccelPactError") and "need FSDP2" in msg and "fsdp1" in msg, msg
     assert "fully_shard" in msg
+
+
+def test_hsdp_with_a_heal_policy_is_refused_with_the_fix(checks):
+    msg = checks["hsdp_heal"]
+    assert msg is not None and msg.startswith("AccelPactError"), msg
+    assert "2-D mesh of shape (1, 1)" in msg and "init_device_mesh(device_type, (1,))" in msg, msg
+    assert "attach without heal=" in msg
+    assert checks["fsdp2_heal"] is None or "mesh" not in checks["fsdp2_heal"], checks["fsdp2_heal"]

@@ -116,6 +116,8 @@ def _check_heal(row: dict, events: list[dict], lost: list[int], world_size: int 
     assert row["heals"] == heals and row["heal_source"] in ("own", "buddy"), row["heal_source"]
     assert row["replayed_steps"] <= max_replayed
     assert row["badput_replacement_start_s"] > 0 and row["badput_heal_transfer_s"] > 0
+    # The fault -> each rank learned of the loss is detection (it fell into replay and restart before).
+    assert row["badput_detection_s"] > 0
     assert row["heal_process_start_s"] > 0
     return last
 
@@ -267,17 +269,44 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
 
 @pytest.mark.slow
 def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
+    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+
     tmp, _ = reference
     run_dir = tmp / "no_replacement"
-    # max_restarts=0: the parent starts no replacement (and relaunches nothing): the survivor's wait ends
-    # at replacement_timeout_s with the error naming the rank and the knob.
-    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
-                        "fault.phase=vote", "strategy.replacement_timeout_s=3", "strategy.max_restarts=0",
-                        f"hydra.run.dir={run_dir}"], tmp, timeout=400)
-    assert done.returncode != 0
+    # The replacement hangs before arriving (neither arrives nor dies): the survivor's wait ends at
+    # replacement_timeout_s with the error naming the rank and the knob; the disk fallback finishes the run.
+    import os
+
+    os.environ[DIE_BEFORE_JOIN] = "1:hang"
+    try:
+        done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                            "fault.phase=vote", "strategy.replacement_timeout_s=3", f"hydra.run.dir={run_dir}"], tmp,
+                           timeout=400)
+    finally:
+        os.environ.pop(DIE_BEFORE_JOIN, None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [fallback] = [e for e in read_events(run_dir) if e["kind"] == "fallback"]
     assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
     assert "no replacement for lost rank(s) [1] arrived within replacement_timeout_s=3" in fallback["reason"]
+    assert worker_processes(str(tmp)) == []
+
+
+@pytest.mark.slow
+def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
+    tmp, _ = reference
+    run_dir = tmp / "no_budget"
+    # max_restarts=0: the parent starts no replacement (and relaunches nothing) and says why: the survivor
+    # stops at once with the parent's reason instead of at replacement_timeout_s (120 s).
+    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                        "fault.phase=vote", "strategy.max_restarts=0", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    assert done.returncode != 0
+    events = read_events(run_dir)
+    [fallback] = [e for e in events if e["kind"] == "fallback"]
+    t_fault = min(e["t"] for e in events if e["kind"] == "fault")
+    assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
+    assert "no replacement will come for lost rank 1" in fallback["reason"], fallback
+    assert "strategy.max_restarts=0 allows no more" in fallback["reason"], fallback
+    assert fallback["t"] - t_fault < 60, fallback  # measured: seconds; the wait's bound is 120 s
     assert worker_processes(str(tmp)) == []
 
 
@@ -299,3 +328,87 @@ def test_a_lost_host_without_replicas_falls_back_to_disk_and_says_so(reference):
     reasons = [e["reason"] for e in read_events(run_dir) if e["kind"] == "fallback"]
     assert any("no in-memory copy of the lost rank(s)" in r for r in reasons), reasons
     assert compare_runs(get_ref(4, 2), run_dir).equal
+
+
+# A replacement lost before it joins: the survivors learn it from the parent's death notice (read every
+# 0.1 s) instead of waiting out the control deadline, which this run raises to 90 s so that a wait for it
+# cannot pass for a slow process start (two starts took 10-30 s here).
+DEADLINE_S = 90
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("how,stage,rounds", [
+    ("arrived", "after arriving, before the rendezvous", 2),  # without the joining gate: the deadline
+    ("import", "before arriving", 1),
+])
+def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how, stage, rounds):
+    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+
+    _, row, events = _heal(reference, f"lost_before_join_{how}", "fault.ranks=[1]", "fault.phase=vote",
+                           f"strategy.recovery_deadline_s={DEADLINE_S}", env_extra={DIE_BEFORE_JOIN: f"1:{how}"})
+    replacements = [e for e in events if e["kind"] == "replacement"]
+    assert [e["replacement"] for e in replacements] == [1, 2], json.dumps(replacements)
+    last = _check_heal(row, events, lost=[1])
+    [survivor] = [e for e in last if e["role"] == "survivor"]
+    [gone] = survivor["replacements_lost"]
+    assert (gone["rank"], gone["pid"], gone["stage"]) == (1, replacements[0]["pid"], stage), gone
+    assert gone["seen_after_s"] < 20, gone  # measured: under 0.2 s
+    assert survivor["rounds"] == rounds
+    # Everything from the loss to the heal, two process starts included, is well inside one deadline.
+    assert survivor["total_s"] < DEADLINE_S, survivor
+
+
+def _fallback_run(reference, name: str, env_extra: dict[str, str]) -> tuple[list[dict], float]:
+    """A run whose heal gives up and falls back to the disk checkpoint: (its events, its wall time)."""
+    import os
+    import time
+
+    tmp, _ = reference
+    run_dir = tmp / name
+    old = {k: os.environ.get(k) for k in env_extra}
+    os.environ.update(env_extra)
+    t0 = time.monotonic()
+    try:
+        done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+                            "fault.phase=vote", f"strategy.recovery_deadline_s={DEADLINE_S}",
+                            f"hydra.run.dir={run_dir}"], tmp, timeout=600)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert worker_processes(str(tmp)) == []
+    row = read_row(run_dir)
+    # The disk fallback finishes the run: the replacements' deaths cost a relaunch, never a hang.
+    assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1, row
+    return read_events(run_dir), time.monotonic() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_fix(reference):
+    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+
+    events, _ = _fallback_run(reference, "keeps_dying", {DIE_BEFORE_JOIN: "1:import,2:import,3:import,4:import"})
+    [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]
+    assert fallback["detected_by"] == "heal", fallback
+    reason = fallback["reason"]
+    assert "the replacement of lost rank 1 was itself lost 4 times in a row" in reason, reason
+    assert "raise HealPolicy.max_rounds" in reason and "SIGKILL" in reason, reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_replacement_failing_on_its_own_stops_the_heal_in_seconds(reference):
+    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+
+    events, _ = _fallback_run(reference, "fails_on_its_own", {DIE_BEFORE_JOIN: "1:exit"})
+    [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]
+    assert fallback["detected_by"] == "heal", fallback
+    assert "no replacement will come for lost rank 1" in fallback["reason"], fallback
+    assert "exited with code 3" in fallback["reason"], fallback
+    # Seen from the parent's message, not at replacement_timeout_s (120 s): the survivor gave up within
+    # seconds of the replacement's start (which exits at once; before this, the parent killed the
+    # survivor 10 s after the exit and no fallback record was written at all).
+    [replacement] = [e for e in events if e["kind"] == "replacement"]
+    assert fallback["t"] - replacement["t_spawn"] < 60, (fallback, replacement)

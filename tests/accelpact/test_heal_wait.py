@@ -1,0 +1,81 @@
+"""The survivors' waits of a heal on a real TCPStore: a replacement lost before the rendezvous, one that
+keeps dying, and a launcher that will start no replacement each end the wait within a poll, with the rank,
+the count and the fix; an ack written before the death still lets every survivor enter the rendezvous."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.errors import RankLostError
+from accelpact.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
+from accelpact.liveness import publish_death
+
+
+@pytest.fixture(scope="module")
+def server():
+    store, port = start_control_server()
+    yield store, port
+    del store
+
+
+def _setup(server, lost_pid: int = 100) -> tuple:
+    store, port = server
+    token = new_job_token()
+    chan = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 2, token, deadline_s=4.0))
+    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=lost_pid)
+    watch = ReplacementWatch(chan, 0, max_losses=3)
+    watch.scan({1}, "lost")
+    return store, token, chan, watch
+
+
+def test_a_replacement_lost_before_taking_its_plan_ends_the_wait_at_once(server):
+    store, token, chan, watch = _setup(server)
+    threading.Timer(0.3, lambda: publish_death(store, token, 1, by="launcher", reason="exit -9", pid=201)).start()
+    t0 = time.monotonic()
+    assert watch.wait_joining({1: 201}, deadline_s=30) == {1}
+    assert time.monotonic() - t0 < 5  # the deadline is 30 s; measured ~0.3 s
+    [lost] = watch.lost
+    assert (lost["rank"], lost["pid"], lost["stage"]) == (1, 201, "after arriving, before the rendezvous")
+    assert 0 <= lost["seen_after_s"] < 5
+
+
+def test_an_ack_written_before_the_death_still_enters_the_rendezvous(server):
+    store, token, chan, watch = _setup(server)
+    chan.set(joining_key(chan, 1, 202), b"3")
+    publish_death(store, token, 1, by="launcher", reason="exit -9", pid=202)
+    # Every survivor sees the ack once it sees the notice: all of them enter (and fail) the rendezvous alike.
+    assert watch.wait_joining({1: 202}, deadline_s=30) == set()
+
+
+def test_a_replacement_that_never_takes_its_plan_is_named_at_the_deadline(server):
+    _, _, _, watch = _setup(server)
+    with pytest.raises(RankLostError, match=r"\{1: 203\} \(rank: pid\) arrived but did not take the heal plan"):
+        watch.wait_joining({1: 203}, deadline_s=0.5)
+
+
+def test_replacements_that_keep_dying_stop_with_the_rank_count_and_fix(server):
+    store, token, _, watch = _setup(server)
+    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=301)
+    assert watch.scan({1}, "before arriving") == {1}
+    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=302)
+    watch.scan({1}, "before arriving")
+    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=303)
+    with pytest.raises(RankLostError) as info:
+        watch.scan({1}, "before arriving")
+    text = str(info.value)
+    assert "replacement of lost rank 1 was itself lost 3 times in a row (pids [301, 302, 303]" in text
+    assert "SIGKILL" in text and "raise HealPolicy.max_rounds" in text
+    assert info.value.ranks == (1,) and info.value.detected_by == "heal"
+
+
+def test_a_launcher_that_starts_no_replacement_is_heard_only_for_a_death_this_heal_saw(server):
+    store, token, _, watch = _setup(server, lost_pid=100)
+    publish_no_replacement(store, token, 1, pid=99, reason="about an earlier process")
+    watch.check_abandoned({1})  # pid 99 is not a death this heal saw: ignored
+    publish_no_replacement(store, token, 1, pid=100, reason="strategy.max_restarts=2 allows no more")
+    with pytest.raises(RankLostError, match="no replacement will come for lost rank 1: strategy.max_restarts=2"):
+        watch.check_abandoned({1})
