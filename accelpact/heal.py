@@ -154,6 +154,7 @@ class Healer:
                     raise
                 _log.info("rank %d: heal round %d failed: %s", g.rank, rounds, str(nested)[:200])
                 del nested
+                watch.scan(set(watch.dead_pids), "during the heal")
                 dead = set()  # who died is read from the notices at the top of the loop
             g.backend.abort()
 
@@ -217,9 +218,10 @@ class Healer:
         found: dict[int, int] = {}
         next_scan = time.monotonic() + 0.5
         while True:
-            if watch.scan_due(lost, "before arriving"):
-                found = {r: p for r, p in found.items() if not watch.is_dead(r, p)}
-            watch.check_abandoned(lost - set(found))
+            if watch.due():  # every NOTICE_POLL_S: the launcher's notices and its no-replacement word
+                if watch.scan(lost, "before arriving"):
+                    found = {r: p for r, p in found.items() if not watch.is_dead(r, p)}
+                watch.check_abandoned(lost - set(found))
             for r in sorted(lost - set(found)):
                 raw = _peek(self.control, arrived_key(self.control, r))
                 if raw is None:

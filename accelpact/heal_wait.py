@@ -123,10 +123,9 @@ class ReplacementWatch:
             self._check_budget(r)
         return newly
 
-    def scan_due(self, ranks: set[int], stage: str) -> set[int]:
-        if time.monotonic() - self._last_scan < NOTICE_POLL_S:
-            return set()
-        return self.scan(ranks, stage)
+    def due(self) -> bool:
+        """True once NOTICE_POLL_S has passed since the last scan."""
+        return time.monotonic() - self._last_scan >= NOTICE_POLL_S
 
     def is_dead(self, rank: int, pid: int) -> bool:
         return pid in self.dead_pids.get(rank, ())

@@ -39,6 +39,7 @@ class ParsedEvents:
     # A replacement process's start (a heal in memory, not a relaunch): rank, t_launch, t_ready.
     replacement_starts: list[tuple[int, float, float]] = field(default_factory=list)
     heal_detections: list[tuple[int, float]] = field(default_factory=list)  # rank, heal's t_detected
+    replacement_spawns: list[tuple[int, float]] = field(default_factory=list)  # rank, a launcher's spawn of it
     retries: list[tuple[int, float, float]] = field(default_factory=list)  # rank, start, end of a "retry" recovery
     fallbacks: list[str] = field(default_factory=list)
     skipped: int = 0
@@ -135,6 +136,8 @@ def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
                     if d > 0:
                         out.intervals.append((rank, start, start + d, label))
                     start += d
+            elif kind == "replacement":  # the parent started a replacement process for a lost rank
+                out.replacement_spawns.append((_int(record, "for_rank"), _num(record, "t_spawn")))
             elif kind == "restore":
                 out.intervals.append((rank, *_span(record, "t_start", "t_end"), "restore"))
             elif kind == "checkpoint":

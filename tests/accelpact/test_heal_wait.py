@@ -26,7 +26,9 @@ def _setup(server, lost_pid: int = 100) -> tuple:
     store, port = server
     token = new_job_token()
     chan = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 2, token, deadline_s=4.0))
-    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=lost_pid)
+    # Written through the reader's own connection: a TCPStore set is not acknowledged, so a read on another
+    # connection right after it may still see the old value (the waits poll; these checks read once).
+    publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=lost_pid)
     watch = ReplacementWatch(chan, 0, max_losses=3)
     watch.scan({1}, "lost")
     return store, token, chan, watch
@@ -46,7 +48,7 @@ def test_a_replacement_lost_before_taking_its_plan_ends_the_wait_at_once(server)
 def test_an_ack_written_before_the_death_still_enters_the_rendezvous(server):
     store, token, chan, watch = _setup(server)
     chan.set(joining_key(chan, 1, 202), b"3")
-    publish_death(store, token, 1, by="launcher", reason="exit -9", pid=202)
+    publish_death(chan, token, 1, by="launcher", reason="exit -9", pid=202)
     # Every survivor sees the ack once it sees the notice: all of them enter (and fail) the rendezvous alike.
     assert watch.wait_joining({1: 202}, deadline_s=30) == set()
 
@@ -58,12 +60,12 @@ def test_a_replacement_that_never_takes_its_plan_is_named_at_the_deadline(server
 
 
 def test_replacements_that_keep_dying_stop_with_the_rank_count_and_fix(server):
-    store, token, _, watch = _setup(server)
-    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=301)
+    _, token, chan, watch = _setup(server)
+    publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=301)
     assert watch.scan({1}, "before arriving") == {1}
-    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=302)
+    publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=302)
     watch.scan({1}, "before arriving")
-    publish_death(store, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=303)
+    publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=303)
     with pytest.raises(RankLostError) as info:
         watch.scan({1}, "before arriving")
     text = str(info.value)
@@ -73,9 +75,9 @@ def test_replacements_that_keep_dying_stop_with_the_rank_count_and_fix(server):
 
 
 def test_a_launcher_that_starts_no_replacement_is_heard_only_for_a_death_this_heal_saw(server):
-    store, token, _, watch = _setup(server, lost_pid=100)
-    publish_no_replacement(store, token, 1, pid=99, reason="about an earlier process")
+    _, token, chan, watch = _setup(server, lost_pid=100)
+    publish_no_replacement(chan, token, 1, pid=99, reason="about an earlier process")
     watch.check_abandoned({1})  # pid 99 is not a death this heal saw: ignored
-    publish_no_replacement(store, token, 1, pid=100, reason="strategy.max_restarts=2 allows no more")
+    publish_no_replacement(chan, token, 1, pid=100, reason="strategy.max_restarts=2 allows no more")
     with pytest.raises(RankLostError, match="no replacement will come for lost rank 1: strategy.max_restarts=2"):
         watch.check_abandoned({1})

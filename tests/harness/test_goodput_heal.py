@@ -75,3 +75,19 @@ def test_a_relaunch_is_still_restart():
     # rank 1: fault -> ready is restart (5.5 -> 10.3); rank 0's step keeps its whole record as useful.
     assert b.restart_s == approx(4.8 / 2)
     assert b.detection_s == approx(0.0, abs=1e-9) and b.heal_transfer_s == approx(0.0, abs=1e-9)
+
+
+def test_a_replacement_lost_on_its_way_in_is_replacement_start_not_detection():
+    """As heal_events, but the parent spawned a first replacement of rank 1 at 5.8 that died; the second,
+    spawned at 7.0, healed (its heal record's t_detected is its own launch). Rank 1: detection is the fault
+    -> the first spawn (0.3 s); the first replacement's life [5.8, 7.0] is replacement_start too."""
+    ev = [e for e in heal_events() if not (e["kind"] == "heal" and e["role"] == "replacement")]
+    ev += [{"kind": "replacement", "rank": -1, "t": 5.8, "for_rank": 1, "t_spawn": 5.8, "replacement": 1},
+           {"kind": "replacement", "rank": -1, "t": 7.0, "for_rank": 1, "t_spawn": 7.0, "replacement": 2},
+           _heal(1, "replacement", 7.0, 2.7, 0.5)]
+    report = compute_goodput(ev)
+    check_invariant(report)
+    b = report.badput
+    assert b.detection_s == approx((0.2 + 0.3) / 2)
+    assert b.replacement_start_s == approx((4.0 + 1.2 + 2.7) / 2)
+    assert b.restart_s == approx(0.0, abs=1e-9)

@@ -299,9 +299,12 @@ def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
     # stops at once with the parent's reason instead of at replacement_timeout_s (120 s).
     done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
                         "fault.phase=vote", "strategy.max_restarts=0", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
-    assert done.returncode != 0
+    out = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode != 0 and "run failed" in out, out
     events = read_events(run_dir)
-    [fallback] = [e for e in events if e["kind"] == "fallback"]
+    fallbacks = [e for e in events if e["kind"] == "fallback"]
+    assert len(fallbacks) == 1, out
+    [fallback] = fallbacks
     t_fault = min(e["t"] for e in events if e["kind"] == "fault")
     assert fallback["rank"] == 0 and fallback["detected_by"] == "heal", fallback
     assert "no replacement will come for lost rank 1" in fallback["reason"], fallback
