@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from enum import Enum
 from typing import Sequence
 
 from harness.app import capabilities
@@ -163,7 +164,8 @@ def _default_value(key: str, overrides: Sequence[str]) -> object | None:
         node = compose(others)
         for part in key.split("."):
             node = node[part]
-        return node
+        # An enum field: the value a user types (`template`), not the member's repr (`ReplacementStart.template`).
+        return node.value if isinstance(node, Enum) else node
     except Exception:
         return None
 

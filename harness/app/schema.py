@@ -55,6 +55,15 @@ class RankLaunch(str, Enum):
     srun = "srun"
 
 
+class ReplacementStart(str, Enum):
+    """How the parent starts a replacement for a killed rank (heal in memory): ``template``: fork it from a
+    process that imported everything at launch (harness.rank.template), falling back to ``spawn`` when that
+    cannot work; ``spawn``: a fresh ``python -m harness.rank.worker`` (a whole Python + torch start)."""
+
+    template = "template"
+    spawn = "spawn"
+
+
 class LinkPlane(str, Enum):
     """Which of a host's links a namespace fault acts on: the data plane (gloo/NCCL traffic) or the
     control plane (the out-of-band store), to test the control channel's own deadlines."""
@@ -137,6 +146,8 @@ class StrategyConfig:
     # How long survivors wait for a replacement to arrive (a Python + torch + transformers start).
     replacement_timeout_s: float = 120.0
     hot_spares: int = 0  # pre-started processes that take the rank of the first death (0: none)
+    # How a replacement process starts when no hot spare is left (harness.parent.template).
+    replacement_start: ReplacementStart = ReplacementStart.template
 
 
 @dataclass

@@ -90,9 +90,11 @@ BUILTIN: tuple[FaultSpec, ...] = (
               where="rank", rank_action="reset", nested=True),
     FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
               parent_apply=apply_hang, outage=True),
-    FaultSpec("kill", "SIGKILL the rank (accelpact heals it from its snapshot; others restart)", where="parent", parent_apply=apply_kill),
+    FaultSpec("kill", "SIGKILL the rank (accelpact heals it from its snapshot; others restart)", where="parent", parent_apply=apply_kill,
+              kills_ranks=True),
     FaultSpec("host_loss", "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
-              "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss),
+              "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss,
+              kills_ranks=True),
     FaultSpec("control_store_loss", "SIGKILL the process hosting the control store, then a socket reset on the "
               "rank: no store to agree on, so accelpact falls back to checkpoint restore; no root", where="parent",
               parent_apply=apply_control_store_loss, rank_action="reset", store_in_child=True),

@@ -51,6 +51,9 @@ class FaultSpec:
     # The parent hosts the control store in a child process (harness.faults.store_host) that its
     # parent_apply can kill, instead of in itself. For where == "parent" only.
     store_in_child: bool = False
+    # The fault kills rank processes (a strategy that heals in memory then needs replacements: the parent
+    # prepares a replacement template at launch, harness.parent.template).
+    kills_ranks: bool = False
 
     def __post_init__(self) -> None:
         if self.where not in _WHERE:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 from harness.events import events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, describe_exit, replace_the_dead
+from harness.parent.template import ReplacementTemplate
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
 from harness.app.schema import RankLaunch, RunConfig
@@ -105,6 +106,11 @@ class Launcher:
         self.replacements = 0  # replacement processes started in this run
         self.spares = SparePool(0)  # hot spares (harness.parent.replacements): set .wanted before start_ranks
         self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
+        # Replacements forked from a preloaded process (harness.parent.template): set template_wanted before
+        # start_ranks; netns_of names a rank's network namespace (namespace hosts) for the forked child.
+        self.template_wanted = False
+        self.template: Optional[ReplacementTemplate] = None
+        self.netns_of: Optional[Callable[[int], str]] = None
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
@@ -181,6 +187,10 @@ class Launcher:
         for rank in range(self.run.cluster.world_size):
             self.spawn(rank, incarnation, t_launch)
         self.spares.start(self, incarnation)
+        if self.template_wanted and (self.template is None or not self.template.alive()):
+            if self.template is not None:
+                self.template.close()
+            self.template = ReplacementTemplate.start(self)
 
     def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
         log = open(self.log_path(rank), "ab")
@@ -297,6 +307,9 @@ class Launcher:
 
     def close(self) -> None:
         self.kill_all()
+        if self.template is not None:  # after kill_all: it reports the exits of the replacements it forked
+            self.template.close()
+            self.template = None
         self.store = None  # the server thread stops when the last reference goes
 
     # -- the main loop -----------------------------------------------------------------------

@@ -26,6 +26,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from harness.parent.template import start_replacement_process
+
 
 def describe_exit(code: int) -> str:
     if code < 0:
@@ -141,15 +143,20 @@ def start_replacement(launcher: Any, rank: int, code: int) -> None:
     launcher._retired.append(dead)
     launcher.replacements += 1
     spare = launcher.spares.take(launcher, rank, launcher.replacements)
+    how, why = "hot_spare", ""
     if spare is not None:  # a hot spare: already started and imported, it becomes the rank now
         launcher.procs[rank] = spare
-    else:
-        launcher.spawn(rank, launcher.incarnation, time.time(), replacement=launcher.replacements)
+    else:  # forked from the replacement template (harness.parent.template), else a fresh process
+        how, why = start_replacement_process(launcher, rank, launcher.replacements)
     launcher._noticed.discard(rank)  # its replacement's own death must be noticed again
     if launcher._first_failure is not None and launcher._first_failure[0] == rank:
         launcher._first_failure = None
     if launcher.on_replace is not None:
         launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
                              "pid": launcher.procs[rank].pid, "hot_spare": spare is not None,
+                             "start": how, "template_fallback": why,
+                             # the template's own imports, paid once at launch (None: no ready template)
+                             "template_import_s": (launcher.template.ready or {}).get("import_s")
+                             if launcher.template is not None else None,
                              "t_death_seen": t_death, "t_spawn": time.time(), "replacement": launcher.replacements,
                              "incarnation": launcher.incarnation})

@@ -55,6 +55,7 @@ def run_one(
     from harness.faults.driver import FaultDriver
     from harness.faults.netns_host import TAG_ENV
     from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
+    from harness.parent import template as replacement_template
 
     started = time.time()
     run = _resolve_cluster(run)
@@ -84,6 +85,7 @@ def run_one(
             launcher.control = topology.control_addr
             launcher.rank_env_fn = topology.rank_env
             launcher.wrap_fn = topology.wrap_command
+            launcher.netns_of = topology.layout.rank_ns
             launcher.store_set_fn = topology.store_set
         elif faults.get(run.fault.kind).store_in_child:
             from harness.faults.store_host import ChildStore
@@ -102,6 +104,7 @@ def run_one(
                                                                and policy(run, rank, code, codes))
             launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
             launcher.spares.wanted = run.strategy.hot_spares
+            launcher.template_wanted = replacement_template.wanted(run)
         if faults.get(run.fault.kind).injects:
             driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
             launcher.tick_hooks.append(driver.tick)

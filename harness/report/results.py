@@ -174,7 +174,10 @@ def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> di
     shared memory), "buddy" (a replica on another host), "disk" (a fallback to the checkpoint after a
     rank was lost; ``fallback`` says why) or None (no rank was lost). Several heals: joined with "+".
     ``heal_total_s``: per heal, the slowest rank's caught-or-launched -> first collective; summed.
-    ``heal_process_start_s``: the replacements' launch -> arrival (the Python + torch start), summed.
+    ``heal_process_start_s``: the replacements' own start, launch (a fork from the template, or a spawn) ->
+    arrival, summed.
+    ``heal_replacement_start``: how each replacement started, in order ("template", "spawn" or "hot_spare",
+    joined with "+"); ``heal_template_fallback``: why the template was not used where one was wanted.
     """
     heals = [e for e in events if e.get("kind") == "heal"]
     by_generation: dict[int, list[dict[str, Any]]] = {}
@@ -182,6 +185,7 @@ def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> di
         by_generation.setdefault(int(e.get("generation", 0)), []).append(e)
     sources = [sorted({str(e.get("source")) for e in group})[0] for _, group in sorted(by_generation.items())]
     replacements = [e for e in heals if e.get("role") == "replacement"]
+    started = sorted((e for e in events if e.get("kind") == "replacement"), key=lambda e: e.get("replacement", 0))
     # A rank was lost (its death seen by notice or heartbeat, or its heal failed) and the run fell back.
     lost = any(e.get("kind") == "fallback" and e.get("detected_by") in ("notice", "heartbeat", "heal")
                for e in events)
@@ -195,6 +199,10 @@ def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> di
         "heal_process_start_s": sum(float(e.get("replacement_start_s", 0.0)) for e in replacements)
         if replacements else None,
         "heal_replayed_steps": max((int(e.get("replayed_steps", 0)) for e in heals), default=None),
+        "heal_replacement_start": "+".join(str(e.get("start", "hot_spare" if e.get("hot_spare") else "spawn"))
+                                           for e in started) or None,
+        "heal_template_fallback": "; ".join(str(e["template_fallback"]) for e in started
+                                            if e.get("template_fallback")) or None,
     }
 
 

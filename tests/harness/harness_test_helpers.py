@@ -42,11 +42,12 @@ def start_harness(args: Sequence[str], tmp: Path) -> subprocess.Popen[str]:
 
 
 def worker_processes(marker: str) -> list[psutil.Process]:
-    """Live rank processes whose command line mentions ``marker`` (e.g. the test's tmp dir)."""
+    """Live rank processes whose command line mentions ``marker`` (e.g. the test's tmp dir): workers, the
+    replacement template and the replacements it forked (their command line is the template's)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "harness.rank.worker" in cmd and marker in cmd:
+        if ("harness.rank.worker" in cmd or "harness.rank.template" in cmd) and marker in cmd:
             found.append(proc)
     return found
 

@@ -74,6 +74,7 @@ def test_model_sizes_on_meta(catalogue):
         ("cluster.backend=mpi", "gloo, nccl"),
         ("train.nope=1", "unknown key train.nope"),
         ("checkpoint.mode=fast", "async"),
+        ("strategy.replacement_start=fork", "expected one of [template, spawn]; e.g. `strategy.replacement_start=template`"),
     ],
 )
 def test_composition_errors_are_one_readable_line(override, fragment):

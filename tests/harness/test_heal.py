@@ -15,6 +15,8 @@ at once, a kill during the snapshot copy and a replacement killed during its hea
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,8 @@ def _check_heal(row: dict, events: list[dict], lost: list[int], world_size: int 
 def test_a_killed_rank_heals_in_memory_bit_identically(reference, phase):
     _, row, events = _heal(reference, f"kill_{phase}", "fault.ranks=[1]", f"fault.phase={phase}")
     last = _check_heal(row, events, lost=[1])
+    # The default start: forked from the preloaded template (harness.parent.template), no fallback.
+    assert (row["heal_replacement_start"], row["heal_template_fallback"]) == ("template", None)
     [survivor] = [e for e in last if e["rank"] == 0]
     if phase == "post_vote":
         # The survivor committed step 5 before the dead rank could: it rolls back to 4 and replays 5.
@@ -195,10 +199,50 @@ def test_a_replacement_killed_during_its_heal_costs_one_more_heal(reference):
 
 
 @pytest.mark.slow
+def test_a_killed_template_falls_back_to_a_spawned_replacement(reference):
+    tmp, _ = reference
+    marker = str(tmp / "kill_template")
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_the_template() -> None:  # as soon as it exists: long before the rank dies at step 5
+        while not stop.is_set():
+            for proc in worker_processes(marker):
+                if "harness.rank.template" in " ".join(proc.cmdline()):
+                    proc.kill()
+                    killed.append(proc.pid)
+                    return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_the_template, daemon=True)
+    watcher.start()
+    try:
+        _, row, events = _heal(reference, "kill_template", "fault.ranks=[1]", "fault.phase=vote")
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed
+    [replacement] = [e for e in events if e["kind"] == "replacement"]
+    assert replacement["start"] == "spawn", replacement
+    assert replacement["template_fallback"] == "the template exited with code -9", replacement
+    assert (row["heal_replacement_start"], row["heal_template_fallback"]) == ("spawn", "the template exited with code -9")
+    _check_heal(row, events, lost=[1])
+
+
+@pytest.mark.slow
+def test_replacement_start_spawn_starts_a_fresh_process(reference):
+    run_dir, row, events = _heal(reference, "kill_spawn", "fault.ranks=[1]", "fault.phase=vote",
+                                 "strategy.replacement_start=spawn")
+    _check_heal(row, events, lost=[1])
+    assert (row["heal_replacement_start"], row["heal_template_fallback"]) == ("spawn", None)
+    assert not (run_dir / "logs" / "template.log").exists()  # none was started
+
+
+@pytest.mark.slow
 def test_a_hot_spare_takes_the_rank_without_a_process_start(reference):
     _, row, events = _heal(reference, "kill_spare", "fault.ranks=[1]", "fault.phase=vote", "strategy.hot_spares=1")
     [replacement] = [e for e in events if e["kind"] == "replacement"]
-    assert replacement["hot_spare"] is True
+    assert replacement["hot_spare"] is True and replacement["start"] == "hot_spare"
     last = _check_heal(row, events, lost=[1])
     [spare] = [e for e in last if e["role"] == "replacement"]
     # The spare imported everything before the death: it arrives within a second of its assignment
@@ -219,6 +263,8 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
     last = _check_heal(row, events, lost=[0, 1], world_size=4)
     assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"buddy"}
     assert row["heal_source"] == "buddy"
+    # Both forked from the template, each inside its dead rank's namespace host (setns).
+    assert row["heal_replacement_start"] == "template+template", row["heal_template_fallback"]
 
 
 @pytest.mark.slow
