@@ -1,7 +1,7 @@
 """Losing a process or a whole host: AccelPact's in-memory heal against cold restart and NVRx checkpoint
 restoration, at checkpoint ages 5 and 18, measured side by side on this machine.
 
-    python -m experiments.process_loss             # full run (~30 min on 2 quiet cores; root: namespaces)
+    python -m experiments.process_loss             # full run (~9-11 min on 2 cores at load 3-5; root: namespaces)
     python -m experiments.process_loss --quick     # age 5 only, 24 steps, into a temp dir
     python -m experiments.process_loss --rederive  # table.md and plots again from results/<name>/data.csv
 
