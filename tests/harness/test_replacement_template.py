@@ -68,10 +68,14 @@ def test_a_forked_replacement_is_its_own_process_and_its_exit_comes_back(tmp_pat
         assert os.getsid(child.pid) == child.pid and os.getpgid(child.pid) == child.pid  # killpg reaches it
         with open(f"/proc/{child.pid}/stat") as f:
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == template.proc.pid  # its parent: the template
-        assert child.poll() is None
+        # The child's first line reaches the rank's log (it then blocks on the mute store). Waited for:
+        # under load the SIGKILL below came before the child had written it (CI run at 7211870).
+        deadline = time.monotonic() + 60
+        while "replacement forked from template" not in launcher.log_path(1).read_text():
+            assert child.poll() is None and time.monotonic() < deadline, launcher.log_path(1).read_text()
+            time.sleep(0.05)
         os.killpg(child.pid, signal.SIGKILL)
         assert child.wait(timeout=30) == -signal.SIGKILL  # reaped by the template, reported over the pipe
-        assert "replacement forked from template" in launcher.log_path(1).read_text()
 
         # A child that fails on its own: its exit code and traceback, as a spawned worker's.
         del env["ACCELPACT_CONTROL_ADDR"]
