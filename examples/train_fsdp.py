@@ -33,7 +33,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+# accelpact: c10d's TCPStore client logs every failed store request as a C++ warning with the whole C++
+# backtrace ("Exception raised from ... frame #0 ..."), 2-3 per rank when torchrun's agent (the control
+# store) dies, on top of accelpact's one line per rank. The error text reaches Python anyway, in the
+# exception accelpact reports. Read by libtorch when it loads, so before `import torch`;
+# TORCH_CPP_LOG_LEVEL=WARNING in the environment shows them again.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import torch  # noqa: E402  (after the log level above)
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
