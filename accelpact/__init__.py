@@ -23,6 +23,7 @@ from accelpact.errors import (
 from accelpact.events import RecoveryEvent
 from accelpact.guard import Guard, GuardConfig, attach, clip_gradients
 from accelpact.heal import HealPolicy
+from accelpact.process_group import init_process_group
 from accelpact.rejoin import RejoinTicket, rejoin
 from accelpact.reset import ResetConfig
 
@@ -44,6 +45,7 @@ __all__ = [
     "UnrecoverableError",
     "attach",
     "clip_gradients",
+    "init_process_group",
     "is_comm_fault",
     "new_job_token",
     "rejoin",

@@ -33,7 +33,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+# accelpact: c10d's TCPStore client logs every failed store request as a C++ warning with the whole C++
+# backtrace ("Exception raised from ... frame #0 ..."), 2-3 per rank when torchrun's agent (the control
+# store) dies, on top of accelpact's one line per rank. The error text reaches Python anyway, in the
+# exception accelpact reports. Read by libtorch when it loads, so before `import torch`;
+# TORCH_CPP_LOG_LEVEL=WARNING in the environment shows them again.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import torch  # noqa: E402  (after the log level above)
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -108,29 +115,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def init_process_group(backend: str) -> None:
-    """``init_process_group`` from torchrun's variables, on a store prefix of its own per restart.
-
-    Plain ``env://`` fails after a restart of the group (``--max-restarts``) under torchrun's default
-    static rendezvous: measured with torch 2.13 and gloo, every restarted worker died in
-    ``init_process_group`` with "Gloo connectFullMesh failed ... Connection refused". The static
-    rendezvous keeps ONE agent store for every attempt (``static_tcp_rendezvous.next_rendezvous``
-    reuses ``self._store``) while ``env://`` adds no attempt prefix ("we create a new TCPStore for
-    every retry" says ``rendezvous._create_c10d_store``; the static backend does not), so the new
-    workers read the dead attempt's gloo addresses and connect to ports nobody listens on any more.
-    """
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restart is None:  # not under torchrun: plain env://
-        dist.init_process_group(backend)
-        return
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts_store,
-                          multi_tenant=True)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"accelpact/attempt{restart}", store), rank=rank,
-                            world_size=world)
-
-
 def main(args: argparse.Namespace) -> dict:
     from torch.distributed.fsdp import fully_shard
 
@@ -138,7 +122,9 @@ def main(args: argparse.Namespace) -> dict:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    init_process_group("nccl" if cuda else "gloo")  # torchrun's variables, one store prefix per restart
+    # accelpact: env:// from torchrun's variables, on a store prefix of its own per restart attempt (plain
+    # dist.init_process_group fails after a --max-restarts restart: accelpact/process_group.py)
+    accelpact.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
 
     torch.manual_seed(0)  # the same initial weights on every rank and in every run

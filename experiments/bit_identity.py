@@ -180,6 +180,16 @@ def soak_only(out: Path, kept: Path, argv: list[str] | None) -> int:
     return 1 if soak["diffs"] and not (soak.get("loss_check") or {}).get("steps") else 0
 
 
+def keep_soak_section(new_table: str, old_path: Path) -> str:
+    """``new_table`` (the short runs only) with the soak section of the table.md at ``old_path`` put back
+    where table_md puts it, before "## How to read it"."""
+    old = old_path.read_text() if old_path.exists() else ""
+    before_guide = old.partition("## How to read it")[0]
+    soak = ("## Soak" + before_guide.split("## Soak", 1)[1]) if "## Soak" in before_guide else ""
+    head, sep, tail = new_table.partition("## How to read it")
+    return head + soak + sep + tail
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
@@ -203,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak-only", action="store_true",
                     help="with --soak-from DIR: replace only the soak section of an existing table.md (the short "
                          "runs' sections and provenance stay as they are); the soak's provenance goes to soak/")
+    ap.add_argument("--short-only", action="store_true",
+                    help="rerun only the 10-fault runs and replace their sections of an existing table.md; its soak "
+                         "section, soak_* files and soak/ provenance stay as they are (the soak takes ~1 h)")
     args = ap.parse_args(argv)
+    if args.short_only and (args.soak or args.quick):
+        print("--short-only reruns the full 10-fault runs alone: drop --soak / --quick", file=sys.stderr)
+        return 2
     if args.soak_only:
         if not args.soak_from:
             print("--soak-only needs --soak-from DIR (a soak run with python -m experiments.bit_identity_soak)",
@@ -222,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(soak_lines(soak)))
         return 0
     out = _driver.output_dir(args, NAME)
-    stale = sorted(p.name for p in out.glob("soak_*")) if not args.soak else []
+    stale = sorted(p.name for p in out.glob("soak_*")) if not (args.soak or args.short_only) else []
     if stale:
         # table.md and provenance are rewritten on every run: without the soak they would describe
         # a run that never made the soak files beside them.
@@ -257,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = timing.elapsed_s
     write_provenance(out, _driver.command(argv, NAME), {
         "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
-        "layers": args.layers, "soak": bool(args.soak),
+        "layers": args.layers, "soak": bool(args.soak) or ("kept from an earlier run: soak/provenance.md"
+                                                            if args.short_only else False),
         **(soak_provenance(soak) if soak else {}), **timing.extra()})
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
@@ -270,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(out / "soak_faults.csv", soak["rows"])
         write_csv(out / "soak_resources.csv", per_step_resources([soak]))
         leak_plot(out / "soak_leaks.png", [soak], prov, f"Soak: resources over {len(soak['rows'])} recoveries")
-    (out / "table.md").write_text(table_md(results, prov, runtime, soak))
+    table = table_md(results, prov, runtime, soak)
+    if args.short_only:
+        table = keep_soak_section(table, out / "table.md")
+    (out / "table.md").write_text(table)
     print((out / "table.md").read_text())
     bad = any(r["diffs"] for r in results) or (soak is not None and soak["diffs"])
     return 1 if bad else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from harness import strategies
 from harness.app.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
+from harness.faults.placement import unmet_need
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
 # shorter ones: a 3 s silent outage under a 5 s timeout just stalled the collective here).
@@ -58,6 +59,9 @@ def check_runnable(run: RunConfig) -> None:
             f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
             f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
             f"try `fault=socket_reset`")
+    need = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
+    if need is not None:
+        raise ConfigError(need)
     if run.cluster.launch == RankLaunch.srun:
         import shutil
 

@@ -70,8 +70,21 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+# Building mistral7b on the meta device took 20-90 s on a loaded 2-core host (transformers runs each
+# layer's init there too); a process that validates many configs (a sweep, the config fuzz) pays once.
+_COUNTS: dict[str, ParamCounts] = {}
+
+
 def param_counts(m: ModelConfig) -> ParamCounts:
-    """Counted on the meta device through transformers, so the counts are the model's own."""
+    """Counted on the meta device through transformers, so the counts are the model's own (cached per
+    model config for the process)."""
+    key = repr(m)
+    if key not in _COUNTS:
+        _COUNTS[key] = _count(m)
+    return _COUNTS[key]
+
+
+def _count(m: ModelConfig) -> ParamCounts:
     from harness.rank.models import count_params, decoder_layers, meta_model
 
     model = meta_model(m)

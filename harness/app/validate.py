@@ -20,6 +20,11 @@ from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
 from harness.app.schema import Backend, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
+# The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
+# model.num_layers=10**12 (a fuzz draw) made validation run for ever.
+MAX_LAYERS = 1024
+
+
 class ConfigError(ValueError):
     """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it."""
 
@@ -94,6 +99,9 @@ def check_values(run: RunConfig) -> None:
     for key in ("batch_size", "seq_len", "num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_size"):
         if getattr(m, key) < 1:
             raise ConfigError(f"model.{key}={getattr(m, key)} must be at least 1; pick a shipped model, e.g. `model=mistral_tiny`")
+    if m.num_layers > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers={m.num_layers} is above {MAX_LAYERS} (the largest published decoders "
+                          f"have about 126); try `model.num_layers={MAX_LAYERS}` or a shipped model, e.g. `model=mistral7b`")
     if m.seq_len > m.max_position:
         raise ConfigError(f"model.seq_len={m.seq_len} exceeds model.max_position={m.max_position}; try `model.seq_len={m.max_position}`")
     if m.hidden_size % m.num_heads:
@@ -258,6 +266,11 @@ def validate(
         reasons.append(problem[0])
         fix.update(problem[1])
     target = apply_fix(run, fix, catalogue)
+    # Submitting to Slurm from a host without the allocation's GPUs: they are checked on the nodes, not
+    # here (cluster_problem); before this, a GPU cluster=slurm was refused with an empty reason.
+    submitting = target.cluster.launch == RankLaunch.srun and not machine.in_slurm_job
+    if submitting and target.cluster.device == Device.cuda and not reasons:
+        return plan(target, machine, catalogue.counts(target.model))
     if target.cluster.device == Device.cuda and target.cluster.world_size > machine.gpu_count:
         # Only reachable on a machine that has GPUs but not enough after the fix; keep it simple.
         raise ConfigError("; ".join(reasons) + f": try `{suggest_command(overrides, fix)}`")

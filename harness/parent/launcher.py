@@ -164,6 +164,11 @@ class Launcher:
                 "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
             }
         )
+        # c10d's TCPStore client logs each failed request as a C++ warning carrying the full C++ backtrace
+        # ("Exception raised from ... frame #0 ..."): a dead control store printed 2-3 of those per rank on
+        # top of accelpact's one line. The same text reaches Python as the exception accelpact reports
+        # (and keeps as the cause), so warnings are off unless the user asks: TORCH_CPP_LOG_LEVEL=WARNING.
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         env.update(self.extra_env)
         if self.rank_env_fn is not None:
             env.update(self.rank_env_fn(rank))

@@ -54,6 +54,7 @@ def run_one(
     from harness.faults import registry as faults
     from harness.faults.driver import FaultDriver
     from harness.faults.netns_host import TAG_ENV
+    from harness.faults.placement import StoreHome, placement
     from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
     from harness.parent import template as replacement_template
 
@@ -79,15 +80,16 @@ def run_one(
     store_host: Any = None  # a control store in a child process, for a fault that kills it
     strategy = strategies.get(run.strategy.name)
     setup: Any = None
+    where = placement(run)  # the same decision validation checked the fault's needs against
     try:
-        topology = _start_topology(run)
+        topology = _start_topology(run) if where.namespaces else None
         if topology is not None:
             launcher.control = topology.control_addr
             launcher.rank_env_fn = topology.rank_env
             launcher.wrap_fn = topology.wrap_command
             launcher.netns_of = topology.layout.rank_ns
             launcher.store_set_fn = topology.store_set
-        elif faults.get(run.fault.kind).store_in_child:
+        elif where.store == StoreHome.child:
             from harness.faults.store_host import ChildStore
 
             store_host = ChildStore(run.cluster.master_addr)
@@ -165,15 +167,10 @@ def _resolve_cluster(run: RunConfig) -> RunConfig:
 
 def _start_topology(run: RunConfig) -> Any:
     """Network namespaces for the link faults and for ``cluster.hosts`` > 0 (the multi-host topology,
-    built for its fault-free runs too, so a reference runs on the same networks); else None."""
-    from harness.faults import registry as faults
-
-    hosts = run.cluster.hosts or None
-    if not faults.get(run.fault.kind).needs_netns and hosts is None:
-        return None
+    built for its fault-free runs too, so a reference runs on the same networks)."""
     from harness.faults.netns import NetnsTopology
 
-    topology = NetnsTopology(world_size=run.cluster.world_size, hosts=hosts)
+    topology = NetnsTopology(world_size=run.cluster.world_size, hosts=run.cluster.hosts or None)
     topology.up()
     return topology
 

@@ -50,3 +50,18 @@ def test_a_killed_soak_is_read_back_from_its_progress_lines(tmp_path: Path):
     soak["diffs"] = ["the soak did not finish"]
     text = "\n".join(soak_lines(soak))
     assert "65 of 100 faults" in text and "rss_mib | +0.0100 MiB" in text
+
+
+def test_short_only_keeps_the_soak_section_of_the_old_table(tmp_path: Path):
+    from experiments.bit_identity import keep_soak_section
+
+    old = tmp_path / "table.md"
+    old.write_text("# T\n\n## fsdp2 old rows\n\n## Soak: 1000 faults\nslopes\n### Provenance of the soak section\n- x\n\n"
+                   "## How to read it\nold guide\n### Provenance\n- old sha\n")
+    new = "# T\n\n## fsdp2 new rows\n\n## How to read it\nnew guide\n### Provenance\n- new sha\n"
+    out = keep_soak_section(new, old)
+    assert "new rows" in out and "old rows" not in out and "new sha" in out and "old sha" not in out
+    assert out.index("new rows") < out.index("## Soak: 1000 faults") < out.index("## How to read it")
+    assert "### Provenance of the soak section\n- x" in out
+    old.write_text("# T\n\n## fsdp2 old rows\n\n## How to read it\nold\n")  # no soak: nothing to keep
+    assert keep_soak_section(new, old) == new

@@ -164,7 +164,9 @@ def test_harness_data_link_fault_recovers_bit_identical_and_control_link_fault_i
 
     before = set(list_prefixes())
     ref_dir, ref = _harness(tmp_path, "reference", ["strategy=none", "fault=none"])
-    data_dir, data = _harness(tmp_path, "data", ["strategy=accelpact", "fault=link_down"])
+    # The data-link outage (8 s) must outlast the PG timeout to break a collective: 5 s, set here (the
+    # cluster's own 60 s keeps the fault-free reference from timing out on a loaded host).
+    data_dir, data = _harness(tmp_path, "data", ["strategy=accelpact", "fault=link_down", "cluster.pg_timeout_s=5"])
     assert data["status"] == "ok" and data["relaunches"] == 0 and data["recoveries"] >= 1, data["reason"]
     [fault] = [e for e in read_events(data_dir) if e["kind"] == "fault"]
     assert fault["link"] == "data"

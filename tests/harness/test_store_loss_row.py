@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.events import read_events
+from harness.parent.launcher import LOG_DIR
 from harness.rank.identity import compare_runs
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
@@ -40,3 +41,6 @@ def test_control_store_lost_at_a_fault_falls_back_to_checkpoint_restore(tmp_path
     result = compare_runs(ref_dir, run_dir)
     assert result.equal, result.describe()
     assert worker_processes(str(tmp_path)) == []
+    # Each rank said it in one line: no c10d C++ backtraces from the dead store's client (launcher env).
+    logs = "".join(p.read_text(errors="replace") for p in (run_dir / LOG_DIR).rglob("*") if p.is_file())
+    assert "ControlStoreLostError" in logs and "frame #" not in logs and "Exception raised from" not in logs, logs[-3000:]

@@ -1,0 +1,63 @@
+"""Where a run's control store lives, and whether its ranks run in network namespaces.
+
+One decision, from the fault's spec and the cluster: the parent follows it when it sets a run up
+(``harness.parent.run``), and validation (``harness.app.capabilities``) refuses a run whose fault needs a
+store somewhere else. Before this was one function, the parent decided it inline and a fault that kills
+a child-hosted store (``control_store_loss``) validated with ``cluster.hosts`` > 0, where the store is
+in the bridge namespace: the run went on fault-free and its row named a driver error.
+
+- ``bridge_namespace``: the ranks run in namespaces (a namespace fault, or ``cluster.hosts`` > 0); the
+  store runs in the topology's bridge namespace, on the control network every host reaches.
+- ``child``: a fault that kills the store (``FaultSpec.store_in_child``): the parent hosts it in a
+  child process it can SIGKILL.
+- ``parent``: everything else: the parent hosts it in itself.
+
+Torch-free and cheap to import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from harness.app.schema import RunConfig
+from harness.faults import registry
+
+__all__ = ["StoreHome", "Placement", "placement", "unmet_need"]
+
+
+class StoreHome(str, Enum):
+    parent = "parent"
+    child = "child"
+    bridge_namespace = "bridge_namespace"
+
+
+@dataclass(frozen=True)
+class Placement:
+    namespaces: bool  # the ranks run in network namespaces (root only)
+    store: StoreHome
+
+
+def placement(run: RunConfig) -> Placement:
+    """What the parent sets up for ``run``: namespaces or not, and the control store's home."""
+    spec = registry.get(run.fault.kind)
+    namespaces = spec.needs_netns or run.cluster.hosts > 0
+    if namespaces:
+        store = StoreHome.bridge_namespace
+    elif spec.store_in_child:
+        store = StoreHome.child
+    else:
+        store = StoreHome.parent
+    return Placement(namespaces, store)
+
+
+def unmet_need(run: RunConfig) -> str | None:
+    """Why the placement of ``run`` cannot give its fault what the fault's spec needs (one line with
+    the fix), or None when it can."""
+    spec = registry.get(run.fault.kind)
+    where = placement(run)
+    if spec.store_in_child and where.store != StoreHome.child:
+        return (f"fault={spec.kind} kills the control store the parent hosts in a child process; with "
+                f"cluster.hosts={run.cluster.hosts} the store runs in the hosts' bridge namespace, which it "
+                f"cannot kill; try `cluster=local_cpu` (or `cluster.hosts=0`)")
+    return None
