@@ -28,9 +28,10 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 STEPS = 8
 FAULT_STEP = 5
 BASE = [*TINY, f"train.steps={STEPS}", "checkpoint=sync", "checkpoint.interval=4"]
-# Namespace hosts: cluster=local_hosts sets a 5 s PG timeout (for its link faults), which a fault-free
-# all-gather overran here under load; and no checkpoints in the reference (its dist.new_group rendezvous
-# timed out across hosts the same way). Saves never change the training state.
+# Namespace hosts: a 60 s PG timeout (cluster=local_hosts' default since it was raised from 5 s, which a
+# fault-free all-gather overran here under load; kept explicit so a change of that default does not
+# reach these tests); and no checkpoints in the reference (its dist.new_group rendezvous timed out across
+# hosts at 5 s the same way). Saves never change the training state.
 BASE_HOSTS = [*TINY, f"train.steps={STEPS}", "cluster=local_hosts", "cluster.pg_timeout_s=60"]
 
 
