@@ -95,10 +95,13 @@ def default_option(group: str) -> str | None:
 
 
 def load_group(group: str) -> dict[str, object]:
-    """Every shipped option of a schema'd group, typed, by name (``defaults`` lists ignored)."""
+    """Every shipped option of a schema'd group, typed, by name (``defaults`` lists ignored).
+
+    Shipped means a YAML in conf/: a plugin's registered fault kind or strategy has none (it is
+    configured by overrides), so it is not loaded here."""
     schema = _GROUP_SCHEMAS[group]
     out: dict[str, object] = {}
-    for name in group_options(group):
+    for name in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
         raw = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
         raw.pop("defaults", None)
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)

@@ -77,3 +77,22 @@ def test_every_pair_of_group_options(world):
 def test_every_combination_of_group_options(world):
     for combo in itertools.product(*_names(world)):
         check_combination(world, combo)
+
+
+
+def test_a_registered_plugin_fault_without_a_yaml_is_not_a_shipped_option(monkeypatch):
+    """test_plugins registers a fault kind with no conf/ YAML when it is imported; in the full suite that
+    happened before this module's fixture, whose load_group('fault') then opened a missing YAML (CI at a887f68)."""
+    import importlib
+
+    from harness.faults import registry as faults
+    from harness.registry import Registry
+
+    fresh = Registry("fault kind", faults.FaultSpec, lambda s: s.kind,
+                     lambda: importlib.import_module("harness.faults.kinds").BUILTIN)
+    monkeypatch.setattr(faults, "_REGISTRY", fresh)  # this test's registration stays out of the others
+    faults.register(faults.FaultSpec("cross_groups_plugin_probe", "a plugin fault kind with no YAML", where="parent",
+                                     parent_apply=lambda driver, req: None))
+    assert "cross_groups_plugin_probe" in faults.kinds()
+    loaded = load_group("fault")
+    assert "cross_groups_plugin_probe" not in loaded and "kill" in loaded
