@@ -363,7 +363,8 @@ def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how
     assert survivor["total_s"] < DEADLINE_S, survivor
 
 
-def _fallback_run(reference, name: str, env_extra: dict[str, str]) -> tuple[list[dict], float]:
+def _fallback_run(reference, name: str, env_extra: dict[str, str],
+                  extra: tuple[str, ...] = ()) -> tuple[list[dict], float]:
     """A run whose heal gives up and falls back to the disk checkpoint: (its events, its wall time)."""
     import os
     import time
@@ -376,7 +377,7 @@ def _fallback_run(reference, name: str, env_extra: dict[str, str]) -> tuple[list
     try:
         done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
                             "fault.phase=vote", f"strategy.recovery_deadline_s={DEADLINE_S}",
-                            f"hydra.run.dir={run_dir}"], tmp, timeout=600)
+                            f"hydra.run.dir={run_dir}", *extra], tmp, timeout=600)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -393,7 +394,12 @@ def _fallback_run(reference, name: str, env_extra: dict[str, str]) -> tuple[list
 def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_fix(reference):
     from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
 
-    events, _ = _fallback_run(reference, "keeps_dying", {DIE_BEFORE_JOIN: "1:import,2:import,3:import,4:import"})
+    # Spawned replacements: each dies seconds into its imports, one heal round each. A template-forked
+    # one dies at the same point within milliseconds of its fork, so four die before the survivor's next
+    # 0.1 s poll and it counts one round; the fifth then heals in memory (the parent's max_restarts
+    # budget, not max_rounds, bounds that crash loop).
+    events, _ = _fallback_run(reference, "keeps_dying", {DIE_BEFORE_JOIN: "1:import,2:import,3:import,4:import"},
+                              ("strategy.replacement_start=spawn",))
     [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]
     assert fallback["detected_by"] == "heal", fallback
     reason = fallback["reason"]
