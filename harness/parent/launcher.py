@@ -111,6 +111,8 @@ class Launcher:
         self.template_wanted = False
         self.template: Optional[ReplacementTemplate] = None
         self.netns_of: Optional[Callable[[int], str]] = None
+        # Called with the incarnation before its ranks start (state a relaunched world must not share: NVRx's store).
+        self.before_start: list[Callable[[int], None]] = []
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
@@ -184,6 +186,8 @@ class Launcher:
         self.incarnation = incarnation
         self._first_failure = None
         self._noticed = set()
+        for hook in self.before_start:
+            hook(incarnation)
         (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
         t_launch = time.time()
         if self.run.cluster.launch == RankLaunch.srun:

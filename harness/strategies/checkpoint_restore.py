@@ -12,6 +12,10 @@ there is no silent substitute. The spec's ``rank_entry`` makes ``harness.rank.tr
 rank's whole life to ``train_in_process``, because NVRx must own the process groups from the start.
 NVRx's own TCPStore is hosted by the parent (``host_nvrx_store``) so that a rank's death does not
 take it down.
+
+A lost process (a rank killed by a signal) is beyond in-process restart: NVRx leaves it to the launcher
+above it (its ft_launcher's in-job restart). The parent does the same here (``relaunch_after_lost_process``):
+every rank is relaunched, on a fresh NVRx store, and restores the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness.strategies.base import Strategy
 from harness.strategies.spec import StrategySpec
@@ -90,17 +94,46 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
 
 
 class _NvrxStore:
-    """NVRx's TCPStore, hosted in the parent for the whole run; its port goes to every rank."""
+    """NVRx's TCPStore, hosted in the parent; its port goes to every rank. A relaunched world gets a new one.
+
+    NVRx keys its store by its own iteration number only (barriers, terminated ranks, completion), and a
+    relaunched world starts again at iteration 0: on the killed world's store it would read that world's
+    keys. So each incarnation's ranks get a fresh store, hosted before they start."""
 
     def __init__(self, run: Any, launcher: Any) -> None:
+        self.host = run.cluster.master_addr
+        self.launcher = launcher
+        self.store: Any = None
+        self.renew(0)
+        launcher.before_start.append(self.renew)
+
+    def renew(self, incarnation: int) -> None:
         from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
 
-        self.store = host_store(host=run.cluster.master_addr)
-        launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": run.cluster.master_addr,
-                                   "TORCH_CPP_LOG_LEVEL": "ERROR"})
+        if self.store is not None and incarnation == 0:
+            return
+        self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
+        self.launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": self.host,
+                                        "TORCH_CPP_LOG_LEVEL": "ERROR"})
 
     def close(self) -> None:
         self.store = None  # the server thread stops with its last reference
+
+
+def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+    """Relaunch every rank when the rank that failed first was killed by a signal: a lost process.
+
+    NVRx's in-process restart recovers inside live processes; a process that is gone takes its state with
+    it, and NVRx hands that case to the launcher above it (its ft_launcher's in-job restart, like torchrun's
+    --max-restarts): every worker is started again and restores the newest checkpoint. That is what this
+    relaunch is. A rank that exited with an error of its own (NVRx gave up: restarts exhausted, or an error
+    no restart fixes) is not relaunched: it would fail again."""
+    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
+    rank = first_failure if first_failure in failed else (min(failed) if failed else None)
+    if rank is None or failed[rank] >= 0:
+        return None
+    return (f"NVRx in-job restart: rank {rank} was lost (exit {failed[rank]}); in-process restart cannot bring "
+            "back a process, so every rank is relaunched and restores the newest checkpoint")
 
 
 def check_runnable(run: Any) -> None:
@@ -126,6 +159,7 @@ SPEC = StrategySpec(
     label="NVRx checkpoint restore",
     color="tab:orange",
     order=3,
+    relaunch=relaunch_after_lost_process,
     parent_setup=_NvrxStore,
     rank_entry="harness.strategies.checkpoint_restore:train_in_process",
     check=check_runnable,

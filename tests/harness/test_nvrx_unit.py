@@ -90,3 +90,18 @@ def test_settings_reject_bad_values():
 
 
 # ----------------------------------------------------------------------- the rank script ----------
+
+
+def test_a_lost_process_is_relaunched_an_error_of_its_own_is_not():
+    from harness.strategies import relaunch_reason
+    from harness.strategies.checkpoint_restore import relaunch_after_lost_process
+
+    # Rank 1 SIGKILLed, rank 0 then torn down by the parent (SIGTERM): the first failure decides.
+    why = relaunch_after_lost_process({0: -15, 1: -9}, 1)
+    assert why is not None and "rank 1 was lost (exit -9)" in why and "relaunched" in why
+    # NVRx gave up on its own (restarts exhausted): a relaunch would fail again.
+    assert relaunch_after_lost_process({0: 1, 1: -15}, 0) is None
+    assert relaunch_after_lost_process({0: 0, 1: 0}, None) is None
+    # Through the registry, within strategy.max_restarts only.
+    assert relaunch_reason("checkpoint_restore", {0: -15, 1: -9}, 0, 1, False, 1) == why
+    assert relaunch_reason("checkpoint_restore", {0: -15, 1: -9}, 1, 1, False, 1) is None

@@ -117,6 +117,28 @@ def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
 
 
 @pytest.mark.slow
+def test_kill_under_nvrx_relaunches_every_rank_on_a_fresh_store(comparison):
+    """NVRx's in-process restart cannot bring back a killed process: the parent relaunches every rank (NVRx's
+    in-job restart), each restores step 3's checkpoint, and the run ends bit-identical to the reference."""
+    tmp, cmp_dir, _ = comparison
+    run_dir = tmp / "nvrx_kill"
+    done = run_harness(["experiment=smoke", *SHRINK, "strategy=checkpoint_restore", "checkpoint=sync",
+                        "checkpoint.interval=4", "fault=kill", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
+                        "fault.phase=backward_reduce_scatter", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = read_row(run_dir)
+    assert row["status"] == "ok", row["reason"]
+    assert row["relaunches"] == 1 and "NVRx in-job restart: rank 1 was lost" in row["relaunch_reasons"]
+    events = _events(run_dir)
+    assert {e["from_step"] for e in events if e["kind"] == "restore"} == {3}
+    assert {e["rank"] for e in events if e["kind"] == "restore"} == {0, 1}
+    assert row["replayed_steps"] == AGE and row["badput_restart_s"] > 0
+    result = compare_runs(cmp_dir / "reference", run_dir)
+    assert result.equal, result.describe()
+    assert worker_processes(str(tmp)) == []
+
+
+@pytest.mark.slow
 def test_accelpact_recovers_from_a_hang_past_the_pg_timeout(comparison):
     tmp, cmp_dir, _ = comparison
     run_dir = tmp / "hang"
