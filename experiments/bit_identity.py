@@ -13,10 +13,12 @@ same data, same step count). FSDP2 and FSDP1 (flat parameters), one run each, 10
   its new generation); the vote on all ranks; backward on all ranks.
 
 Leaks are tracked per fault (threads, open fds, TCP sockets, RSS): after 10 faults each must be
-within +2 of its pre-fault baseline (the bar we hold recovery to).
+within +2 of its pre-fault baseline (the bar we hold recovery to), once settled: 20 s after the last
+step, when the abandoned generations' collectives have timed out (15 s) and released their sockets.
 
     python -m experiments.bit_identity            # full run (~1.5 min on 2 quiet cores; with --soak ~5.5)
     python -m experiments.bit_identity --quick    # FSDP2 only, 2 ranks, 5 faults, temp dir
+    python -m experiments.bit_identity --short-only   # the two 10-fault runs only, keeping table.md's soak
     python -m experiments.bit_identity --soak     # 100 faults on 2 ranks, leaks per fault (slow, not CI)
     python -m experiments.bit_identity --soak --soak-faults 1000 --soak-layers 2   # ~1-1.5 h, see bit_identity_soak
 
