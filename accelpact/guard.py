@@ -286,6 +286,7 @@ class Guard:
         self._next_step = step + 1
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
+        self.backend.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
         if not self._table_after_first_step:
             self._rescan()
 

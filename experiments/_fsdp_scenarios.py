@@ -165,6 +165,8 @@ def train(sc: dict, ctx: "RankContext") -> dict:
         # "back to baseline" figure is taken after that, with the guard still attached.
         ctx.barrier(f"settle/{sc['name']}")
         time.sleep(float(sc["settle_s"]))
+        if guard is not None:  # what the guard does after its next committed step (no step runs here)
+            guard.backend.forget_expired()
         result["resources_settled"] = resources(ctx.exclude_ports)
         if progress is not None:
             progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"],

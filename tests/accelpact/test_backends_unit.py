@@ -253,3 +253,26 @@ def test_attach_goes_through_the_registered_backend(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _ATTACH_SCRIPT], capture_output=True, text=True, timeout=120,
                           env=env, cwd=str(tmp_path))
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_an_abandoned_generation_is_kept_until_its_pg_timeout_then_dropped(monkeypatch):
+    import weakref
+
+    from accelpact.backends import base
+
+    class Group:  # stands in for the abandoned generation's process group
+        pass
+
+    now = [1000.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    backend = GlooBackend()
+    group = Group()
+    ref = weakref.ref(group)
+    backend.abandon([group], work=None, pg_timeout=datetime.timedelta(seconds=15))
+    del group
+    now[0] += 15.0  # the collective's timeout, but not its 5 s margin: still kept
+    backend.forget_expired()
+    assert backend.abandoned_generations == 1 and ref() is not None
+    now[0] += 5.1
+    backend.forget_expired()
+    assert backend.abandoned_generations == 0 and ref() is None
