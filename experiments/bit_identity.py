@@ -39,8 +39,9 @@ from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
-from experiments.bit_identity_soak import (SETTLE_S, collect, default_soak_dir, load_progress, run_soak, soak_lines,
-                                          soak_provenance)
+from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
+from experiments.bit_identity_soak import (SETTLE_S, _json_lines, collect, default_soak_dir, load_progress, run_soak,
+                                          soak_lines, soak_provenance)
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
 from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
@@ -59,7 +60,7 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     model = {"layers": layers}
     jobs = [{"name": "ref", "kind": "train", "flavour": flavour, "guard": False, "steps": steps, "model": model},
             {"name": "faults", "kind": "train", "flavour": flavour, "steps": steps, "model": model,
-             "faults": armed(faults), "track_resources": True, "settle_s": SETTLE_S}]
+             "faults": armed(faults), "track_resources": True, "settle_s": SETTLE_S, "progress": True}]
     s = run_session(tmp / flavour, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S,
                     control_deadline_s=120.0, timeout_s=1500.0, barrier=True)
     per_rank = s.job("faults")
@@ -74,8 +75,10 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     settled = [s.result("faults", r).get("resources_settled") for r in range(world)]
     leak_settled = ({k: max(st[k] - base[k] for base, st in zip(baseline, settled)) for k in RESOURCES}
                     if all(settled) else None)
+    # fds by kind per rank (the progress lines): what a settled difference from the baseline is made of
+    kinds = [kinds_from_progress(_json_lines(tmp / flavour / f"progress.faults.rank{r}.jsonl")) for r in range(world)]
     return {"flavour": flavour, "world": world, "rows": rows, "diffs": diffs, "counts": counts, "leak": leak,
-            "leak_settled": leak_settled,
+            "leak_settled": leak_settled, "fd_kinds": kinds,
             "baseline": baseline, "resources": [r["resources"] for r in per_rank],
             "events": [len(r["events"]) for r in per_rank], "steps": steps, "wall_s": s.wall_s,
             "losses_equal": not any("loss" in d for d in diffs)}
@@ -140,7 +143,10 @@ def claims(results: list[dict]) -> list[ClaimRow]:
             paper="", ours=(f"{_leak_text(settled)} settled ({SETTLE_S:.0f} s after the last step); "
                             f"{after} right after the last fault" if settled else after),
             reason=("target: threads, fds, sockets within +2 of the pre-fault baseline once settled (abandoned "
-                    f"generations' collectives time out after {PG_TIMEOUT_S:.0f} s)")))
+                    f"generations' collectives time out after {PG_TIMEOUT_S:.0f} s)"
+                    + ("; on every rank the settled fds are, kind by kind, those after the first recovery: a "
+                       "constant, not growth (fds by kind below the run's table)" if constant_after_first_recovery(res)
+                       else ""))))
     return rows
 
 
@@ -166,6 +172,8 @@ def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> st
                   + (f" Settled, {SETTLE_S:.0f} s after the last step: "
                      + ", ".join(f"{k} {res['leak_settled'][k]:+.1f}" for k in RESOURCES) + "."
                      if res.get("leak_settled") else ""),
+                  *fd_kind_lines(res),
+                  "",
                   "Mismatches against the reference: " + ("none." if not res["diffs"] else "; ".join(res["diffs"][:10])),
                   ""]
     if soak:

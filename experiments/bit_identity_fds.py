@@ -8,7 +8,7 @@ of leaving it to be guessed.
 
 from __future__ import annotations
 
-__all__ = ["only_store_connection", "fd_kind_lines"]
+__all__ = ["only_store_connection", "fd_kind_lines", "kinds_from_progress", "constant_after_first_recovery"]
 
 
 def _kind_diff(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, int] | None:
@@ -16,6 +16,23 @@ def _kind_diff(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, 
     if a is None or b is None:
         return None
     return {k: b.get(k, 0) - a.get(k, 0) for k in sorted(set(a) | set(b)) if b.get(k, 0) != a.get(k, 0)}
+
+
+def kinds_from_progress(lines: list[dict]) -> dict[str, dict | None]:
+    """One rank's fds by kind from its progress lines: before the first fault, after the first recovery,
+    settled (the lines that carry ``fd_kinds``; older runs have none, then every entry is None)."""
+    steps = [x for x in lines if "step" in x]
+    return {"baseline": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"] == 0), None),
+            "first_recovery": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"]), None),
+            "settled": next((x["fd_kinds"] for x in lines if "settled" in x and "fd_kinds" in x), None)}
+
+
+def constant_after_first_recovery(run: dict) -> bool:
+    """True when, on every rank, the fds settled are exactly those after the first recovery: whatever
+    differs from the baseline was there from the first recovery on (a constant), none of it grew."""
+    kinds = run.get("fd_kinds") or []
+    return bool(kinds) and all(k.get("first_recovery") is not None and k.get("first_recovery") == k.get("settled")
+                               for k in kinds)
 
 
 def only_store_connection(soak: dict, settled_change: int) -> bool:

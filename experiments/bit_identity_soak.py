@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
 from experiments._fsdp_scenarios import RUNNER
-from experiments.bit_identity_fds import fd_kind_lines, only_store_connection
+from experiments.bit_identity_fds import fd_kind_lines, kinds_from_progress, only_store_connection
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
 
 __all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
@@ -121,11 +121,8 @@ def load_progress(out: Path) -> dict:
         per_rank.append({"events": [e for x in steps for e in x["events"]],
                          "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps]})
         settled.append(next((x["settled"] for x in lines if "settled" in x), None))
-        # fds by kind (progress lines of newer soaks): before the first fault, after the first
-        # recovery, settled; names what a constant difference is made of
-        kinds.append({"baseline": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"] == 0), None),
-                      "first_recovery": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"]), None),
-                      "settled": next((x["fd_kinds"] for x in lines if "settled" in x and "fd_kinds" in x), None)})
+        # fds by kind (progress lines of newer soaks): names what a constant difference is made of
+        kinds.append(kinds_from_progress(lines))
     done = min(len(r["resources"]) for r in per_rank)
     reached = [f for f in faults if f["step"] < done]
     baseline = [r["resources"][0] if r["resources"] else None for r in per_rank]

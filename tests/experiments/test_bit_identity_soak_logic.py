@@ -65,3 +65,19 @@ def test_short_only_keeps_the_soak_section_of_the_old_table(tmp_path: Path):
     assert "### Provenance of the soak section\n- x" in out
     old.write_text("# T\n\n## fsdp2 old rows\n\n## How to read it\nold\n")  # no soak: nothing to keep
     assert keep_soak_section(new, old) == new
+
+
+def test_fds_by_kind_from_progress_lines_and_the_constant_check():
+    from experiments.bit_identity_fds import constant_after_first_recovery, kinds_from_progress
+
+    base = {"tcp store": 5, "tcp peer": 1}
+    after = {"tcp store": 6, "tcp peer": 3}
+    lines = [{"step": 0, "recoveries": 0, "fd_kinds": base}, {"step": 1, "recoveries": 1, "fd_kinds": after},
+             {"step": 2, "recoveries": 1}, {"settled": {"fds": 18}, "fd_kinds": dict(after)}]
+    kinds = kinds_from_progress(lines)
+    assert kinds == {"baseline": base, "first_recovery": after, "settled": after}
+    assert constant_after_first_recovery({"fd_kinds": [kinds, kinds]})
+    grown = dict(kinds, settled={"tcp store": 7, "tcp peer": 3})  # one more store connection since
+    assert not constant_after_first_recovery({"fd_kinds": [kinds, grown]})
+    assert not constant_after_first_recovery({"fd_kinds": [kinds_from_progress([{"step": 0, "recoveries": 0}])]})
+    assert not constant_after_first_recovery({})
