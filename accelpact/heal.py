@@ -216,7 +216,7 @@ class Healer:
         again (the launcher starts the next one)."""
         deadline = time.monotonic() + self.policy.replacement_timeout_s
         found: dict[int, int] = {}
-        next_scan = time.monotonic() + 0.5
+        next_scan = time.monotonic()
         while True:
             if watch.due():  # every NOTICE_POLL_S: the launcher's notices and its no-replacement word
                 if watch.scan(lost, "before arriving"):
@@ -232,7 +232,18 @@ class Healer:
                     continue  # an earlier replacement, itself lost since
                 found[r] = pid
             if set(found) >= lost:
-                return found
+                # A rank that died with the others but whose notice came later (the launcher reaps one exit
+                # per poll) must be in this round: a template-forked replacement arrives within ~0.1 s,
+                # before the periodic scan below, and a plan without that rank sends everyone into a
+                # rendezvous with a dead member (measured: two ranks killed at once, notices 65 ms apart;
+                # the rendezvous waited out its 60 s store timeout and the run fell back to disk).
+                more = self._dead_now() - {self.g.rank} - lost
+                if not more:
+                    return found
+                watch.scan(more, "lost")
+                lost |= more
+                next_scan = time.monotonic() + 0.5
+                continue
             if time.monotonic() >= deadline:
                 missing = sorted(lost - set(found))
                 raise RankLostError(

@@ -101,8 +101,12 @@ class ReplacementWatch:
     lost: list[dict] = field(default_factory=list)
     _last_scan: float = 0.0
 
-    def scan(self, ranks: set[int], stage: str) -> set[int]:
-        """Read the notices of ``ranks``; the ranks whose (new) dead pid is a replacement's."""
+    def scan(self, ranks: set[int], stage: str, arrived: dict[int, int] | None = None) -> set[int]:
+        """Read the notices of ``ranks``; the ranks whose (new) dead pid is a replacement's.
+
+        ``arrived``: rank -> the pid whose arrival was seen. A dead pid that is not it died ``before
+        arriving``, whatever ``stage`` the caller is in: a template-forked replacement arrives within
+        ~0.1 s, so the next one can arrive before the wait for arrivals scanned the notices."""
         self._last_scan = time.monotonic()
         newly = set()
         for r in sorted(ranks):
@@ -117,7 +121,8 @@ class ReplacementWatch:
             if len(pids) == 1:
                 continue  # the process the heal is for
             now = time.time()
-            self.lost.append({"rank": r, "pid": pid, "stage": stage, "reason": str(notice.get("reason", "")),
+            where = stage if arrived is None or arrived.get(r) == pid else "before arriving"
+            self.lost.append({"rank": r, "pid": pid, "stage": where, "reason": str(notice.get("reason", "")),
                               "t_seen": now, "seen_after_s": now - float(notice.get("t", now))})
             newly.add(r)
             self._check_budget(r)
@@ -168,7 +173,7 @@ class ReplacementWatch:
         waiting = dict(arrivals)
         lost: set[int] = set()
         while waiting:
-            self.scan(set(waiting), "after arriving, before the rendezvous")  # notices first, then acks
+            self.scan(set(waiting), "after arriving, before the rendezvous", arrived=arrivals)  # notices, then acks
             for r, pid in list(waiting.items()):
                 if peek(self.control, joining_key(self.control, r, pid)) is not None:
                     del waiting[r]

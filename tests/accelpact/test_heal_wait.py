@@ -81,3 +81,43 @@ def test_a_launcher_that_starts_no_replacement_is_heard_only_for_a_death_this_he
     publish_no_replacement(chan, token, 1, pid=100, reason="strategy.max_restarts=2 allows no more")
     with pytest.raises(RankLostError, match="no replacement will come for lost rank 1: strategy.max_restarts=2"):
         watch.check_abandoned({1})
+
+
+def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_healed_in_the_same_round(server):
+    """Ranks 1 and 2 killed at once; the launcher reaps rank 2 first, and its (template-forked) replacement
+    arrives before the survivor's periodic scan. The survivor must not plan without rank 1: a rendezvous
+    with a dead member waits out the store timeout (measured: 60 s, then a fallback to disk)."""
+    import json
+    from types import SimpleNamespace
+
+    from accelpact.heal import HealPolicy, Healer
+    from accelpact.heal_wait import arrived_key
+
+    store, port = server
+    token = new_job_token()
+    chan = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 4, token, deadline_s=4.0))
+    publish_death(chan, token, 2, by="launcher", reason="rank 2 exited with code -9 (SIGKILL)", pid=102)
+    publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=101)
+    chan.set(arrived_key(chan, 2), json.dumps({"pid": 202, "t": time.time()}).encode())
+    healer = object.__new__(Healer)  # the waits only: no guard, model or snapshots needed
+    healer.g = SimpleNamespace(rank=0, world_size=4, committed_step=4)
+    healer.control = chan
+    healer.policy = HealPolicy(replacement_timeout_s=20.0)
+    watch = ReplacementWatch(chan, 0, max_losses=3)
+    watch.scan({2}, "lost")
+    threading.Timer(0.5, lambda: store.set(arrived_key(chan, 1), json.dumps({"pid": 201, "t": 0}).encode())).start()
+    lost = {2}
+    t0 = time.monotonic()
+    assert healer._wait_arrivals(lost, 5, watch) == {1: 201, 2: 202}
+    assert lost == {1, 2} and time.monotonic() - t0 >= 0.4  # it waited for rank 1's replacement
+
+
+def test_a_replacement_that_died_before_arriving_is_labelled_so_when_the_next_one_arrived_first(server):
+    # Template-forked replacements arrive within ~0.1 s: the next one can arrive before the wait for
+    # arrivals reads the notice of the first, which never arrived.
+    store, token, chan, watch = _setup(server)
+    publish_death(chan, token, 1, by="launcher", reason="exit -9", pid=201)  # died during its start
+    chan.set(joining_key(chan, 1, 202), b"3")  # the next one arrived and took its plan
+    assert watch.wait_joining({1: 202}, deadline_s=30) == set()
+    [lost] = watch.lost
+    assert (lost["rank"], lost["pid"], lost["stage"]) == (1, 201, "before arriving")

@@ -132,6 +132,7 @@ def test_fuzzed_overrides_validate_or_name_the_fix(overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 1500 compositions: ~5 min on a quiet core, and past the default 300 s under load
 @settings(max_examples=1500, **{**FUZZ_SETTINGS, "derandomize": False})
 @given(st.one_of(st.lists(OVERRIDE, min_size=1, max_size=8), CROSS))
 def test_fuzzed_overrides_many(overrides):
