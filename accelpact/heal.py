@@ -237,11 +237,8 @@ class Healer:
                 # before the periodic scan below, and a plan without that rank sends everyone into a
                 # rendezvous with a dead member (measured: two ranks killed at once, notices 65 ms apart;
                 # the rendezvous waited out its 60 s store timeout and the run fell back to disk).
-                more = self._dead_now() - {self.g.rank} - lost
-                if not more:
+                if not self._add_new_deaths(lost, watch):
                     return found
-                watch.scan(more, "lost")
-                lost |= more
                 next_scan = time.monotonic() + 0.5
                 continue
             if time.monotonic() >= deadline:
@@ -253,12 +250,17 @@ class Healer:
                     "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
                     ranks=tuple(missing), last_committed_step=self.g.committed_step, detected_by="heal")
             if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
-                more = self._dead_now() - {self.g.rank} - lost
-                if more:
-                    watch.scan(more, "lost")
-                    lost |= more
+                self._add_new_deaths(lost, watch)
                 next_scan = time.monotonic() + 0.5
             time.sleep(self.policy.poll_s)
+
+    def _add_new_deaths(self, lost: set[int], watch: ReplacementWatch) -> bool:
+        """Add to ``lost`` (in place) every other rank dead by its notice now; True when there was one."""
+        more = self._dead_now() - {self.g.rank} - lost
+        if more:
+            watch.scan(more, "lost")
+            lost |= more
+        return bool(more)
 
     def _agree(self, report: HealReport, generation: int) -> ResumePlan:
         """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""

@@ -40,7 +40,7 @@ from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments._fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
-from experiments.bit_identity_soak import (SETTLE_S, _json_lines, collect, default_soak_dir, load_progress, run_soak,
+from experiments.bit_identity_soak import (SETTLE_S, json_lines, collect, default_soak_dir, load_progress, run_soak,
                                           soak_lines, soak_provenance)
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
 from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
@@ -69,19 +69,23 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     rows = fault_rows(flavour, world, faults, per_rank)
     baseline = [next(x for x in r["resources"] if x["step"] == 0) for r in per_rank]
     final = [r["resources"][-1] for r in per_rank]
-    leak = {k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES}
+    leak = _worst_change(baseline, final)
     # Right after the last fault the abandoned generations' threads and sockets are still there (their
     # collectives time out after PG_TIMEOUT_S); the target is about what stays, so it is judged settled.
     settled = [s.result("faults", r).get("resources_settled") for r in range(world)]
-    leak_settled = ({k: max(st[k] - base[k] for base, st in zip(baseline, settled)) for k in RESOURCES}
-                    if all(settled) else None)
+    leak_settled = _worst_change(baseline, settled) if all(settled) else None
     # fds by kind per rank (the progress lines): what a settled difference from the baseline is made of
-    kinds = [kinds_from_progress(_json_lines(tmp / flavour / f"progress.faults.rank{r}.jsonl")) for r in range(world)]
+    kinds = [kinds_from_progress(json_lines(tmp / flavour / f"progress.faults.rank{r}.jsonl")) for r in range(world)]
     return {"flavour": flavour, "world": world, "rows": rows, "diffs": diffs, "counts": counts, "leak": leak,
             "leak_settled": leak_settled, "fd_kinds": kinds,
             "baseline": baseline, "resources": [r["resources"] for r in per_rank],
             "events": [len(r["events"]) for r in per_rank], "steps": steps, "wall_s": s.wall_s,
             "losses_equal": not any("loss" in d for d in diffs)}
+
+
+def _worst_change(baseline: list[dict], samples: list[dict]) -> dict[str, float]:
+    """Per resource, the largest change of any rank from its baseline to its sample."""
+    return {k: max(now[k] - base[k] for base, now in zip(baseline, samples)) for k in RESOURCES}
 
 
 def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:

@@ -29,7 +29,7 @@ from experiments.bit_identity_fds import fd_kind_lines, kinds_from_progress, onl
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
 
 __all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
-           "load_progress", "fit_slope", "growth", "soak_lines"]
+           "load_progress", "json_lines", "fit_slope", "growth", "soak_lines"]
 
 WARMUP_FAULTS = 50
 RSS_TARGET_MIB_PER_FAULT = 0.05
@@ -116,7 +116,7 @@ def load_progress(out: Path) -> dict:
     kinds: list[dict[str, dict | None]] = []
     for rank in range(world):
         path = out / f"progress.faults.rank{rank}.jsonl"
-        lines = _json_lines(path)
+        lines = json_lines(path)
         steps = [x for x in lines if "step" in x]
         per_rank.append({"events": [e for x in steps for e in x["events"]],
                          "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps]})
@@ -135,7 +135,7 @@ def load_progress(out: Path) -> dict:
             "resources": [r["resources"] for r in per_rank], "settled": settled, "fd_kinds": kinds, "dir": str(out)}
 
 
-def _json_lines(path: Path) -> list[dict]:
+def json_lines(path: Path) -> list[dict]:
     """Every complete JSON line of ``path`` (a soak still running may be half-way through its last)."""
     out = []
     for x in path.read_text().splitlines() if path.exists() else []:
@@ -305,7 +305,7 @@ def _compare_losses(out: Path, world: int) -> dict[str, Any]:
     """Step-by-step losses of the faulted run against the reference's, over the steps both reached
     (from the progress lines: meaningful even when neither run finished)."""
     def losses(path: Path) -> dict[int, float]:
-        return {x["step"]: x["loss"] for x in _json_lines(path) if "step" in x and "loss" in x}
+        return {x["step"]: x["loss"] for x in json_lines(path) if "step" in x and "loss" in x}
     compared, mismatched = 0, []
     for r in range(world):
         got = losses(out / f"progress.faults.rank{r}.jsonl")

@@ -104,14 +104,11 @@ class _NvrxStore:
         self.host = run.cluster.master_addr
         self.launcher = launcher
         self.store: Any = None
-        self.renew(0)
-        launcher.before_start.append(self.renew)
+        launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
         from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
 
-        if self.store is not None and incarnation == 0:
-            return
         self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
         self.launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": self.host,
                                         "TORCH_CPP_LOG_LEVEL": "ERROR"})
