@@ -33,19 +33,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import _attach_checks, comm, detection, recovery
-from accelpact.backends import backend_for
-from accelpact.bindings import BindingTable
+from accelpact import _attach_checks, detection, recovery
 from accelpact.clipping import clip_gradients
 from accelpact.consensus import Phase
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
 from accelpact._tracebacks import drop_traceback as _drop_traceback
+from accelpact.dataplane import DataPlane, data_plane_class
 from accelpact.events import HealEvent, RecoveryLog
 from accelpact.guard_config import GuardConfig, InjectionClock
 from accelpact.interruptible import CollectiveWaiter
-from accelpact.linkprobe import peer_addresses
 from accelpact.liveness import LivenessConfig
-from accelpact.reset import ResetConfig, fsdp_flavour
+from accelpact.recovery_context import RecoveryContext, StepState
+from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.store_loss import store_lost_error
 from accelpact.watchdog import resolve_stall_timeout
 
@@ -79,7 +78,8 @@ class Guard:
         self.optimizer = optimizer
         self.control = control
         self.config = config
-        self.committed_step = -1
+        # committed step, next step, phase of the commit protocol (recovery and the heal move it too)
+        self.state = StepState()
         # accelpact.snapshot.Snapshotter (or None): a copy of the shard after every committed step.
         self.snapshots = snapshots
         if snapshots is not None and getattr(snapshots, "generation", 0) is None:
@@ -107,51 +107,35 @@ class Guard:
         # build a side group with the replacement, which builds its own right after attach returns).
         self.heal_hooks: list[Callable[[HealEvent], None]] = []
         self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
-        self._healer = None
-        if heal is not None:
-            from accelpact.heal import Healer
-
-            self._healer = Healer(self, heal, snapshots)
-        self._next_step = 0
-        self._phase = Phase.BEFORE_VOTE
-        vote_pg = process_group if process_group is not None else dist.group.WORLD
-        self.backend = backend_for(vote_pg)
-        self.table = BindingTable.build(model, optimizer, process_group)
-        # Check first: the user's groups were built with the environment as it is now (configuring
-        # first would hide, e.g., NCCL error handling that kills the process on their groups).
-        for g in self.table.groups:
-            self.backend.check(g)
-        self.backend.configure()  # for the groups the guard rebuilds
-        self._vote_index = next(i for i, g in enumerate(self.table.groups) if g is vote_pg)
-        self._specs = [comm.group_spec(g, config.pg_timeout) for g in self.table.groups]
-        # FSDP creates part of its state lazily, on the first forward (FSDP1's _ExecOrderData holds
-        # the group; so may FSDP2's comm state): the table built now can miss those holders, which
-        # then keep every old generation alive. Scan again once the first step has run.
-        self._table_after_first_step = False
-        control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
-        self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
-        self.backend.track(self.table.groups, self._exclude_ports)
-        self._vote_buf = self.backend.vote_buffer()
-        self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
+        # The data-plane groups and how to get their next generation (accelpact.dataplane): the only
+        # part of the guard that recovery and the heal may touch, besides the step state.
+        self.plane: DataPlane = data_plane_class(config.data_plane).attach(
+            model, optimizer, control, process_group=process_group, group_timeout=config.pg_timeout,
+            verify_rebind=config.verify_rebind)
+        self._vote_buf = self.plane.backend.vote_buffer()
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
-        # Wall time since which the data plane is unchecked: the last vote or recovery that completed.
-        # A fault injected after it (e.g. after the vote, while no collective is in flight) surfaces
-        # at the next collective, so the injection clock is asked from here, not from the attempt's start.
-        self._unchecked_since: float | None = None
         self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
         self._watchdog = detection.start_watchdog(control, self.rank, self.world_size, config.stall_timeout_s,
-                                                  self._pg_timeout.total_seconds(), config.liveness, self.backend)
-        sockets = getattr(self.backend, "sockets", None)
-        # The data-plane peers' addresses, probed before a rebuild (accelpact/linkprobe.py).
-        self._data_peers = peer_addresses(sockets.inodes) if sockets is not None else set()
+                                                  self.plane.pg_timeout.total_seconds(), config.liveness,
+                                                  self.plane.backend)
         # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
         # (accelpact/interruptible.py: gloo can leave them waiting for the PG timeout).
         self._wait = CollectiveWaiter(
             fired=self._watchdog.fired_reason if self._watchdog is not None else None,
             superseded=getattr(control, "generation_superseded", None),
-            abandon=lambda work: self.backend.abandon(list(self.table.groups), work, self._pg_timeout))
-        self._prepare_next_generation()
+            abandon=lambda work: self.plane.abandon(list(self.plane.groups), work))
+        # What recovery rounds and heals get instead of the guard.
+        self._recovery = RecoveryContext(
+            rank=self.rank, world_size=self.world_size, control=control, plane=self.plane, state=self.state,
+            reset_fsdp=lambda: reset_after_fault(model, optimizer, config.reset), hook=self._hook,
+            liveness=config.liveness, events=self.events)
+        self._healer = None
+        if heal is not None:
+            from accelpact.heal import Healer
+
+            self._healer = Healer(self._recovery, heal, snapshots)
+        self.plane.prepare_next_generation()
         if rejoin is not None:
             if self._healer is None:
                 raise AccelPactError("attach(rejoin=ticket) needs heal=HealPolicy(...): the replacement's heal runs it")
@@ -163,12 +147,22 @@ class Guard:
     @property
     def process_groups(self) -> list[dist.ProcessGroup]:
         """The live generation of every data-plane group, vote group included."""
-        return list(self.table.groups)
+        return list(self.plane.groups)
+
+    @property
+    def backend(self) -> Any:
+        """The :class:`accelpact.backends.Backend` of the data-plane groups."""
+        return self.plane.backend
+
+    @property
+    def committed_step(self) -> int:
+        """The newest step this rank committed (-1: none yet)."""
+        return self.state.committed_step
 
     @property
     def next_step(self) -> int:
         """The step number the next :meth:`step` call will run."""
-        return self._next_step
+        return self.state.next_step
 
     def resume_at(self, step: int) -> None:
         """Continue numbering from ``step`` (after restoring a checkpoint saved at ``step - 1``).
@@ -177,25 +171,19 @@ class Guard:
         between steps, before the first :meth:`step` of the resumed run, so recovery reports
         and errors name the caller's step numbers.
         """
-        if step < 0:
-            raise ValueError(f"resume_at(step={step}): steps count from 0")
-        if step <= self.committed_step:
-            raise AccelPactError(
-                f"resume_at({step}) would move back past step {self.committed_step}, which this guard "
-                "already committed; build a new guard with attach() for a rolled-back run")
-        self._next_step = step
-        self.committed_step = step - 1
+        self.state.resume_at(step)
 
     def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
         """Run one committed step; recover in memory from comm faults. Returns step_fn's loss."""
         if self._closed:
             raise AccelPactError("guard is closed")
-        step = self._next_step
+        step = self.state.next_step
+        state, plane = self.state, self.plane
         rng = torch.get_rng_state()  # a retried step must see the same random numbers
         self.last_snapshot_wait_s = 0.0
         while True:
             t_start = time.time()
-            self._phase = Phase.BEFORE_VOTE
+            state.phase = Phase.BEFORE_VOTE
             loss: torch.Tensor | None = None
             if self._watchdog is not None:
                 self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
@@ -207,23 +195,24 @@ class Guard:
                     clip_gradients(self.model, self.config.max_grad_norm, wait=self._wait)
                 self._hook("vote", step)
                 self._wait_for_snapshot()
-                self._phase = Phase.IN_VOTE
+                state.phase = Phase.IN_VOTE
                 self._vote_buf.fill_(1.0)
-                self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
-                self._unchecked_since = time.time()
+                plane.backend.vote(self._vote_buf, plane.vote_group, wait=self._wait)
+                state.unchecked_since = time.time()
                 if self._watchdog is not None:
                     self._watchdog.end_attempt(completed=True)
-                self._phase = Phase.VOTED
+                state.phase = Phase.VOTED
                 self._hook("post_vote", step)
                 self._apply(step)
                 return loss
             except BaseException as exc:  # noqa: BLE001 - filtered right below
                 fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
-                if not self.backend.is_comm_fault(exc):
+                if not plane.is_comm_fault(exc):
                     raise
                 t_caught = time.time()
                 try:
-                    decision = recovery.recover(self, exc, step, t_start, watchdog=fired)
+                    decision = recovery.recover(self._recovery, exc, step, t_start, watchdog=fired,
+                                                injection_clock=self.injection_clock)
                 except ControlChannelError as lost:  # the store's host died: say so (accelpact.store_loss)
                     raise store_lost_error(lost, control=self.control, step=step,
                                            committed_step=self.committed_step) from lost
@@ -236,7 +225,7 @@ class Guard:
                     self.heal_events.append(outcome.event)
                     for heal_hook in self.heal_hooks:
                         heal_hook(outcome.event)
-                    self._unchecked_since = time.time()
+                    state.unchecked_since = time.time()
                     if outcome.resume_step == step:
                         torch.set_rng_state(rng)  # the same step again, as after a retry
                         continue
@@ -247,10 +236,10 @@ class Guard:
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:
-                if loss is None or self._phase not in (Phase.IN_VOTE, Phase.VOTED):
+                if loss is None or state.phase not in (Phase.IN_VOTE, Phase.VOTED):
                     raise StateDivergedError(
                         f"rank {self.rank} was told to roll step {step} forward but holds no reduced "
-                        f"gradients (phase {self._phase.value}); this is a bug in the commit rule",
+                        f"gradients (phase {state.phase.value}); this is a bug in the commit rule",
                         ranks=(self.rank,), last_committed_step=self.committed_step,
                     )
                 self._apply(step)
@@ -280,15 +269,14 @@ class Guard:
     def _apply(self, step: int) -> None:
         self._wait_for_snapshot()  # a roll forward skips the vote: the copy must be done here too
         self.optimizer.step()
-        self._phase = Phase.STEPPED
+        self.state.phase = Phase.STEPPED
         self.optimizer.zero_grad(set_to_none=True)
-        self.committed_step = step
-        self._next_step = step + 1
+        self.state.commit(step)
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
-        self.backend.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
-        if not self._table_after_first_step:
-            self._rescan()
+        self.plane.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
+        if not self.plane.rescanned:
+            self.plane.rescan()  # FSDP's lazily created holders exist now (DataPlane.rescan)
 
     def _wait_for_snapshot(self) -> None:
         """Wait for the previous step's snapshot copy BEFORE the vote, not just before optimizer.step:
@@ -298,31 +286,6 @@ class Guard:
             t0 = time.time()
             self.snapshots.before_update()
             self.last_snapshot_wait_s += time.time() - t0
-
-    def _rescan(self) -> None:
-        """Rebuild the binding table after FSDP's lazy init; keep each group's spec and the vote group."""
-        vote = self.table.groups[self._vote_index]
-        table = BindingTable.build(self.model, self.optimizer, vote)
-        specs = []
-        for g in table.groups:
-            i = next((i for i, h in enumerate(self.table.groups) if h is g), None)
-            specs.append(self._specs[i] if i is not None else comm.group_spec(g, self.config.pg_timeout))
-        for i, h in enumerate(self.table.groups):  # still data-plane groups even if nothing holds them
-            if all(g is not h for g in table.groups):
-                table.groups.append(h)
-                specs.append(self._specs[i])
-        self.table, self._specs = table, specs
-        self._vote_index = next(i for i, g in enumerate(table.groups) if g is vote)
-        self.backend.groups = list(table.groups)  # the same generation, now complete
-        self._table_after_first_step = True
-
-    # -- recovery ---------------------------------------------------------------------------------
-
-    def _prepare_next_generation(self) -> None:
-        """Let the control channel open the next generation's store connection in the background."""
-        prepare = getattr(self.control, "prepare_data_plane", None)
-        if prepare is not None:
-            prepare()
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,

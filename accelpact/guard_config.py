@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Callable
 
 from accelpact.liveness import LivenessConfig
+from accelpact.recovery_context import InjectionClock
 from accelpact.reset import ResetConfig
 
 __all__ = ["GuardConfig", "InjectionClock"]
-
-# Given the start time of the failed attempt, the wall time of a fault injected at or after it (and
-# forgotten from then on), or None: e.g. accelpact.testing.FaultInjector.consume_injection_time.
-InjectionClock = Callable[[float], "float | None"]
 
 
 @dataclass(frozen=True)
@@ -35,5 +31,8 @@ class GuardConfig:
     # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
     # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
     stall_timeout_s: float | None = None
+    # How the next data-plane generation is made after a fault (accelpact.dataplane.DATA_PLANES):
+    # "rebind" builds new groups under the old names and rebinds every cached reference.
+    data_plane: str = "rebind"
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from accelpact import notice_auth, recovery
+from accelpact import notice_auth
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.heal_plan import HealReport, ResumePlan, decide_resume
@@ -38,10 +38,9 @@ from accelpact.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, j
                                  publish_no_replacement, request_key)
 from accelpact.heal_wait import peek as _peek
 from accelpact.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
-from accelpact.reset import reset_after_fault
 
 if TYPE_CHECKING:
-    from accelpact.guard import Guard
+    from accelpact.recovery_context import RecoveryContext
     from accelpact.rejoin import RejoinTicket
 
 _log = logging.getLogger(__name__)
@@ -90,23 +89,26 @@ class HealOutcome:
 
 
 class Healer:
-    """One rank's side of heals: :meth:`survive` on a survivor, :meth:`join` on a replacement."""
+    """One rank's side of heals: :meth:`survive` on a survivor, :meth:`join` on a replacement.
 
-    def __init__(self, guard: "Guard", policy: HealPolicy, snapshots: Any) -> None:
-        self.g = guard
+    It gets the guard's recovery context (the data plane, the step state, the control channel), never
+    the guard itself."""
+
+    def __init__(self, ctx: "RecoveryContext", policy: HealPolicy, snapshots: Any) -> None:
+        self.ctx = ctx
         self.policy = policy
         self.snapshots = snapshots
-        self.control = guard.control
+        self.control = ctx.control
 
     # -- survivors --------------------------------------------------------------------------------
 
     def survive(self, lost: RankLostError, step: int, t_detected: float) -> HealOutcome:
         """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible."""
-        g = self.g
+        g = self.ctx
         if self.snapshots is not None:
             self.snapshots.flush()  # a copy in flight must not race the rollback (or be half-read)
         # Nobody can roll the failed step forward (the lost rank's gradients are gone): drop ours.
-        reset_after_fault(g.model, g.optimizer, g.config.reset)
+        g.reset_fsdp()
         dead = set(lost.ranks)
         # Replacements lost on their way in (before arriving, or before the rendezvous) are seen from
         # the launcher's notices within NOTICE_POLL_S; each costs one more wait, bounded per rank.
@@ -120,7 +122,7 @@ class Healer:
                     f"rank {g.rank}: {self.policy.max_rounds} heals in a row failed after losing rank(s) "
                     f"{sorted(dead)} at step {step} (a replacement was lost during each); restore from a "
                     "checkpoint, or raise HealPolicy.max_rounds", ranks=tuple(sorted(dead)),
-                    last_committed_step=g.committed_step, detected_by="heal")
+                    last_committed_step=g.state.committed_step, detected_by="heal")
             dead |= self._dead_now()
             dead.discard(g.rank)
             _log.info("rank %d: heal round %d for lost rank(s) %s at step %d", g.rank, rounds, sorted(dead), step)
@@ -131,7 +133,7 @@ class Healer:
             t_arrived = time.time()
             generation = self.control.generation + 1
             plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
-                    "groups": [_spec_to_dict(s) for s in g._specs]}
+                    "groups": [_spec_to_dict(s) for s in g.plane.specs]}
             for r, pid in arrivals.items():
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()
@@ -150,35 +152,35 @@ class Healer:
                 dead = set(again.ranks)
                 watch.scan(dead - {g.rank}, "during the heal")
             except BaseException as nested:  # noqa: BLE001 - a rendezvous or collective with a dead replacement
-                if not g.backend.is_comm_fault(nested):
+                if not g.plane.is_comm_fault(nested):
                     raise
                 _log.info("rank %d: heal round %d failed: %s", g.rank, rounds, str(nested)[:200])
                 del nested
                 watch.scan(set(watch.dead_pids), "during the heal")
                 dead = set()  # who died is read from the notices at the top of the loop
-            g.backend.abort()
+            g.plane.abort()
 
     def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
                     t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
-        g = self.g
-        old_groups, new_groups = recovery.rebuild(g, generation)
-        held = {g.committed_step: "live"}
+        g, state = self.ctx, self.ctx.state
+        old_groups, new_groups = g.plane.rebuild(generation)
+        held = {state.committed_step: "live"}
         if self.snapshots is not None:
             held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
-        plan = self._agree(HealReport(g.rank, "survivor", g.committed_step, held), generation)
+        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held), generation)
         t_load = time.time()
         extra: dict = {}
-        replayed = plan.replayed(g.committed_step)
-        if g.committed_step > plan.step:
+        replayed = plan.replayed(state.committed_step)
+        if state.committed_step > plan.step:
             extra = self.snapshots.restore(plan.step) or {}
-            g.committed_step = plan.step
-        g._next_step = plan.resume_step
+            state.committed_step = plan.step
+        state.next_step = plan.resume_step
         load_s = time.time() - t_load
-        g._hook("recovery", step)
-        recovery.prove(g, new_groups)
+        g.hook("recovery", step)
+        g.plane.prove(new_groups)
         t_end = time.time()
         del old_groups
-        g._prepare_next_generation()
+        g.plane.prepare_next_generation()
         event = HealEvent(
             role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
             source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
@@ -192,8 +194,8 @@ class Healer:
     def _dead_now(self) -> set[int]:
         """Ranks whose death notice names the pid they beat with now (or that never beat again)."""
         dead = set()
-        for r in range(self.g.world_size):
-            if r == self.g.rank:
+        for r in range(self.ctx.world_size):
+            if r == self.ctx.rank:
                 continue
             notice = _peek(self.control, notice_key(self.control.job_token, r))
             if notice is None:
@@ -245,10 +247,10 @@ class Healer:
                 missing = sorted(lost - set(found))
                 raise RankLostError(
                     f"no replacement for lost rank(s) {missing} arrived within replacement_timeout_s="
-                    f"{self.policy.replacement_timeout_s:g} (seen from rank {self.g.rank}, step {step}); the "
+                    f"{self.policy.replacement_timeout_s:g} (seen from rank {self.ctx.rank}, step {step}); the "
                     "launcher must start one per lost rank (harness: strategy=accelpact does), or raise "
                     "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
-                    ranks=tuple(missing), last_committed_step=self.g.committed_step, detected_by="heal")
+                    ranks=tuple(missing), last_committed_step=self.ctx.state.committed_step, detected_by="heal")
             if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
                 self._add_new_deaths(lost, watch)
                 next_scan = time.monotonic() + 0.5
@@ -256,7 +258,7 @@ class Healer:
 
     def _add_new_deaths(self, lost: set[int], watch: ReplacementWatch) -> bool:
         """Add to ``lost`` (in place) every other rank dead by its notice now; True when there was one."""
-        more = self._dead_now() - {self.g.rank} - lost
+        more = self._dead_now() - {self.ctx.rank} - lost
         if more:
             watch.scan(more, "lost")
             lost |= more
@@ -265,17 +267,17 @@ class Healer:
     def _agree(self, report: HealReport, generation: int) -> ResumePlan:
         """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
         # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile.
-        watch = PeerWatch(self.control.job_token, self.g.rank,
-                          PeerJudge(self.g.config.liveness or LivenessConfig(), connection_dropped=False))
+        watch = PeerWatch(self.control.job_token, self.ctx.rank,
+                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False))
         raw = self.control.gather("heal", report.to_bytes(), generation,
                                   deadline_s=self.policy.replacement_timeout_s, watch=watch)
-        return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.g.world_size)
+        return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.ctx.world_size)
 
     # -- a replacement ----------------------------------------------------------------------------
 
     def join(self, ticket: "RejoinTicket") -> HealOutcome:
         """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
-        g = self.g
+        g = self.ctx
         t0 = time.time()
         held: dict[int, str] = {}
         if self.policy.initial_state_reproducible:
@@ -308,8 +310,8 @@ class Healer:
                 path = got[1]
             extra = self.snapshots.restore(plan.step, source=path) or {}
         load_s = time.time() - t_load
-        g.resume_at(plan.resume_step)
-        recovery.prove(g, list(g.table.groups))
+        g.state.resume_at(plan.resume_step)
+        g.plane.prove(list(g.plane.groups))
         t_end = time.time()
         t_launch = ticket.t_launch or ticket.t_start
         event = HealEvent(
@@ -322,11 +324,11 @@ class Healer:
         return HealOutcome(plan.resume_step, extra, event)
 
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
-        dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.g.rank}-"))
+        dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))
         try:
-            marker = self.policy.fetch_replica(self.g.rank, dest, step)
+            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)
         except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
-            _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.g.rank, step, exc)
+            _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
             return None
         return None if marker is None else (int(marker["step"]), dest)
 

@@ -99,8 +99,8 @@ def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_
     publish_death(chan, token, 2, by="launcher", reason="rank 2 exited with code -9 (SIGKILL)", pid=102)
     publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=101)
     chan.set(arrived_key(chan, 2), json.dumps({"pid": 202, "t": time.time()}).encode())
-    healer = object.__new__(Healer)  # the waits only: no guard, model or snapshots needed
-    healer.g = SimpleNamespace(rank=0, world_size=4, committed_step=4)
+    healer = object.__new__(Healer)  # the waits only: no data plane, model or snapshots needed
+    healer.ctx = SimpleNamespace(rank=0, world_size=4, state=SimpleNamespace(committed_step=4))
     healer.control = chan
     healer.policy = HealPolicy(replacement_timeout_s=20.0)
     watch = ReplacementWatch(chan, 0, max_losses=3)
