@@ -42,8 +42,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from accelpact import _launch_env, _membership
-from accelpact._store_client import (
+from accelpact.control import launch_env as _launch_env
+from accelpact.control.store_client import (
     _Connection,
     _StoreRefused,
     _dist,
@@ -52,9 +52,9 @@ from accelpact._store_client import (
     _is_wait_timeout,
     _new_client,
 )
-from accelpact._data_plane_store import DataPlaneStores
+from accelpact.control.data_plane_store import DataPlaneStores
 from accelpact.errors import ControlChannelError, RankLostError
-from accelpact.liveness import Beat, PeerWatch, Verdict
+from accelpact.detection.liveness import Beat, PeerWatch, Verdict
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -150,8 +150,34 @@ class ControlChannel(DataPlaneStores):
 
     def join(self, deadline_s: float | None = None) -> None:
         """Post this rank under its job token and wait, within ``connect_timeout_s``, for all ranks
-        (attach calls it): a token or world-size mismatch fails here, naming the missing ranks."""
-        _membership.join(self, self.config.connect_timeout_s if deadline_s is None else deadline_s)
+        (attach calls it): a token or world-size mismatch fails here, naming the missing ranks.
+
+        Posts ``{token}/members/{rank}`` = world size. Keys are never read across tokens, so a rank
+        started with another job token (or another world size) waits in a namespace of its own;
+        without this check it would only show up as "lost" at the first fault, after the whole control
+        deadline (31 s by default), on every rank. Here it fails within the connect deadline, naming the
+        missing ranks and the variable the token came from. Idempotent: keys are never deleted, so a
+        second attach passes at once.
+        """
+        timeout_s = self.config.connect_timeout_s if deadline_s is None else deadline_s
+        keys = [self.key("members", str(r)) for r in range(self.world_size)]
+        self.set(keys[self.rank], str(self.world_size).encode())
+        what = f"join of job token {self.job_token!r}"
+        source = self.config.token_source
+        if self._wait_for(keys, time.monotonic() + timeout_s, what) is None:
+            missing = self._missing(keys, what)
+            if missing:
+                raise ControlChannelError(
+                    f"rank(s) {missing} of {self.world_size} did not join job token {self.job_token!r} (from "
+                    f"{source}) on control store {self._addr} within connect_timeout_s={timeout_s:g}; seen from "
+                    f"rank {self.rank}. Every rank must get the same {source} and WORLD_SIZE; a rank with another "
+                    "token waits on its own.")
+        sizes = self._call(lambda s: s.multi_get(keys), self._deadline(None), what)
+        other = [r for r, v in enumerate(sizes) if int(v) != self.world_size]
+        if other:
+            raise ControlChannelError(
+                f"rank(s) {other} joined job token {self.job_token!r} with another world size than rank "
+                f"{self.rank}'s {self.world_size}: every rank must be started with the same WORLD_SIZE")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -290,7 +316,7 @@ class ControlChannel(DataPlaneStores):
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 
         Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
-        store raises ControlChannelError. With ``watch`` (accelpact.liveness.PeerWatch) the wait runs in
+        store raises ControlChannelError. With ``watch`` (accelpact.detection.liveness.PeerWatch) the wait runs in
         short slices and, between them, looks at the missing ranks' death notices and heartbeats: a
         rank found dead raises RankLostError at once (``detected_by`` "notice" or "heartbeat"); the
         deadline stays the backstop. Use each (tag, generation) once: keys are never deleted, so a

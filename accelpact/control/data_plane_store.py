@@ -16,7 +16,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from accelpact._store_client import _Connection, _dist, _first_line, _is_connection_error, _new_client
+from accelpact.control.store_client import _Connection, _dist, _first_line, _is_connection_error, _new_client
 from accelpact.errors import ControlChannelError
 
 if TYPE_CHECKING:

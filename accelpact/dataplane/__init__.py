@@ -1,24 +1,11 @@
 """The data plane: the guard's process groups, their generations, and every place that caches them.
 
-:class:`DataPlane` (plane.py) is the seam recovery and the heal use; :data:`DATA_PLANES` names its
-implementations, one module each (rebind.py: new groups under the old names, then a rebind).
+- plane.py: :class:`DataPlane`, the seam recovery and the heal use (abort, rebuild, prove, rescan);
+- registry.py: its implementations by name; rebind.py: today's (new groups under the old names, rebind);
+- generations.py: building a group's next generation under its old name on a never-used store prefix;
+- bindings.py, references.py: every place FSDP caches a group, the rebind, the completeness check;
+- interruptible.py: waiting for the guard's own collectives in a way that can be given up;
+- reset.py: FSDP2 / FSDP1 back to a clean between-steps state after a failed step;
+- tracebacks.py, heap.py: retiring an old generation (frames that hold it, the heap it leaves);
+- process_group.py: ``accelpact.init_process_group``, the default group with the backend configured.
 """
-
-from __future__ import annotations
-
-from accelpact.dataplane.plane import DataPlane
-from accelpact.dataplane.rebind import RebindPlane
-from accelpact.errors import AccelPactError
-
-__all__ = ["DATA_PLANES", "DataPlane", "RebindPlane", "data_plane_class"]
-
-DATA_PLANES: dict[str, type[DataPlane]] = {RebindPlane.name: RebindPlane}
-
-
-def data_plane_class(name: str) -> type[DataPlane]:
-    """The :class:`DataPlane` implementation registered as ``name``; AccelPactError naming the choices."""
-    cls = DATA_PLANES.get(name)
-    if cls is None:
-        raise AccelPactError(f"unknown data plane {name!r}; registered: {', '.join(sorted(DATA_PLANES))} "
-                             "(accelpact.dataplane.DATA_PLANES): set GuardConfig.data_plane to one of them")
-    return cls

@@ -21,7 +21,7 @@ it: the group (its threads, its sockets) stayed alive after every recovery, and 
 (:meth:`BindingTable.refresh_defaults` picks up modules imported since), and the completeness
 check looks inside untracked containers.
 
-:func:`find_stale_references` (in accelpact._references, re-exported here) is the completeness
+:func:`find_stale_references` (in accelpact.dataplane.references, re-exported here) is the completeness
 check: it asks the garbage collector who still refers to an old group, including through containers
 the collector does not track.
 """
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact._references import _DEFAULTS_SCOPE, _functions_of, find_stale_references
+from accelpact.dataplane.references import _DEFAULTS_SCOPE, _functions_of, find_stale_references
 
 __all__ = ["Slot", "BindingTable", "find_stale_references"]
 

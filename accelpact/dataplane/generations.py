@@ -146,7 +146,7 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
     peer has already started another round, raise :class:`GenerationSuperseded` instead of waiting
     for a collective its peers have abandoned (gloo may otherwise sit out the whole PG timeout).
     """
-    from accelpact.interruptible import wait_interruptibly
+    from accelpact.dataplane.interruptible import wait_interruptibly
 
     t = torch.ones(1, device=device)
     if superseded is None:

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch.distributed as dist
 
 from accelpact.backends import backend_for
-from accelpact import comm as generations
-from accelpact.linkprobe import peer_addresses
+from accelpact.dataplane import generations
+from accelpact.detection.linkprobe import peer_addresses
 from accelpact.errors import GenerationSuperseded
 
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from accelpact.backends import Backend
-    from accelpact.bindings import BindingTable
-    from accelpact.comm import GroupSpec
+    from accelpact.dataplane.bindings import BindingTable
+    from accelpact.dataplane.generations import GroupSpec
     from accelpact.events import RoundClock
 
 __all__ = ["DataPlane"]
@@ -83,7 +83,7 @@ class DataPlane(abc.ABC):
                process_group: Any = None, group_timeout: datetime.timedelta | None = None,
                verify_rebind: bool = False) -> "DataPlane":
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""
-        from accelpact.bindings import BindingTable
+        from accelpact.dataplane.bindings import BindingTable
 
         vote_pg = process_group if process_group is not None else dist.group.WORLD
         backend = backend_for(vote_pg)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelpact import comm as generations
-from accelpact.bindings import find_stale_references
+from accelpact.dataplane import generations
+from accelpact.dataplane.bindings import find_stale_references
 from accelpact.dataplane.plane import DataPlane
 from accelpact.errors import AccelPactError
 from accelpact.events import RoundClock
-from accelpact.linkprobe import wait_reachable
+from accelpact.detection.linkprobe import wait_reachable
 
 __all__ = ["RebindPlane"]
 

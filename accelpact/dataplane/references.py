@@ -1,7 +1,7 @@
 """Finding what refers to a process group: function defaults that capture one, and the completeness
 check that proves a rebind left nothing pointing at the old group.
 
-Kept apart from the binding table (accelpact.bindings), which uses the function-defaults discovery
+Kept apart from the binding table (accelpact.dataplane.bindings), which uses the function-defaults discovery
 when it builds its table; the completeness check is a diagnostic run after a rebind (the guard runs
 it with ``verify_rebind=True``), never on the fast path.
 """

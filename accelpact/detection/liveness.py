@@ -31,8 +31,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from accelpact import notice_auth
-from accelpact.store_loss import StoreLossReporter
+from accelpact.control import notice_auth
+from accelpact.control.store_loss import StoreLossReporter
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
            "heartbeat_key", "notice_key", "is_connection_drop"]
@@ -232,7 +232,7 @@ class Heartbeat:
         return self._thread.is_alive()
 
     def _loop(self) -> None:
-        from accelpact._store_client import _new_client
+        from accelpact.control.store_client import _new_client
 
         store = None
         pid = os.getpid()
@@ -245,7 +245,7 @@ class Heartbeat:
                 self.store_loss.answered()
             except Exception as exc:  # noqa: BLE001 - a broken client: build a new one at the next beat
                 store = None
-                self.store_loss.failed(exc)  # said once per loss (accelpact.store_loss)
+                self.store_loss.failed(exc)  # said once per loss (accelpact.control.store_loss)
             self._stop.wait(self.config.interval_s)
 
 

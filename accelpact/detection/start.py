@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from accelpact.consensus import RankReport
+from accelpact.recovery.consensus import RankReport
 from accelpact.errors import AccelPactError
-from accelpact.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
-from accelpact.watchdog import StallWatchdog
+from accelpact.detection.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
+from accelpact.detection.watchdog import StallWatchdog
 
 __all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Collection
 
-from accelpact.liveness import Beat, LivenessConfig, heartbeat_key
+from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
 
 __all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
            "resolve_stall_timeout"]
@@ -191,7 +191,7 @@ class StallWatchdog:
     # -- the thread ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        from accelpact._store_client import _new_client
+        from accelpact.control.store_client import _new_client
 
         store = None
         while not self._stop.wait(self.tick_s):

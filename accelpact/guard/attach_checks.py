@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from accelpact.errors import AccelPactError
-from accelpact.reset import fsdp_flavour
+from accelpact.dataplane.reset import fsdp_flavour
 
 __all__: list[str] = []  # private to accelpact.guard
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from accelpact.liveness import LivenessConfig
-from accelpact.recovery_context import InjectionClock
-from accelpact.reset import ResetConfig
+from accelpact.detection.liveness import LivenessConfig
+from accelpact.recovery.context import InjectionClock
+from accelpact.dataplane.reset import ResetConfig
 
 __all__ = ["GuardConfig", "InjectionClock"]
 
@@ -29,7 +29,7 @@ class GuardConfig:
     liveness: LivenessConfig | None = LivenessConfig()
     # A data-plane collective that has not completed for this long (and longer than 3x the median
     # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
-    # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
+    # waiting for the PG timeout (accelpact/detection/watchdog.py). None: off. Must be below the PG timeout.
     stall_timeout_s: float | None = None
     # How the next data-plane generation is made after a fault (accelpact.dataplane.DATA_PLANES):
     # "rebind" builds new groups under the old names and rebinds every cached reference.

@@ -4,7 +4,7 @@ One guarded step is: ``step_fn(batch)`` (forward + backward), gradient clipping,
 element all-reduce), ``optimizer.step()``, ``zero_grad(set_to_none=True)``. If the vote completed on
 ANY rank, every rank holds complete reduced gradients, so ranks that have not stepped roll forward;
 if it completed on none, nobody stepped and the step is retried on the same batch (the proof is in
-accelpact/consensus.py).
+accelpact/recovery/consensus.py).
 
 Everything backend-specific (how to abort a generation, the vote's device, which errors are
 recoverable) goes through the :class:`accelpact.backends.Backend` of the data-plane group.
@@ -33,31 +33,34 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact import _attach_checks, detection, recovery
-from accelpact.clipping import clip_gradients
-from accelpact.consensus import Phase
+from accelpact.detection import start as detection
+from accelpact.guard import attach_checks as _attach_checks
+from accelpact.recovery import rounds as recovery
+from accelpact.guard.clipping import clip_gradients
+from accelpact.recovery.consensus import Phase
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
-from accelpact._tracebacks import drop_traceback as _drop_traceback
-from accelpact.dataplane import DataPlane, data_plane_class
+from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.dataplane.plane import DataPlane
+from accelpact.dataplane.registry import data_plane_class
 from accelpact.events import HealEvent, RecoveryLog
-from accelpact.guard_config import GuardConfig, InjectionClock
-from accelpact.interruptible import CollectiveWaiter
-from accelpact.liveness import LivenessConfig
-from accelpact.recovery_context import RecoveryContext, StepState
-from accelpact.reset import ResetConfig, fsdp_flavour, reset_after_fault
-from accelpact.store_loss import store_lost_error
-from accelpact.watchdog import resolve_stall_timeout
+from accelpact.guard.config import GuardConfig, InjectionClock
+from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.detection.liveness import LivenessConfig
+from accelpact.recovery.context import RecoveryContext, StepState
+from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.control.store_loss import store_lost_error
+from accelpact.detection.watchdog import resolve_stall_timeout
 
 if TYPE_CHECKING:
-    from accelpact.heal import HealPolicy
-    from accelpact.rejoin import RejoinTicket
+    from accelpact.recovery.heal import HealPolicy
+    from accelpact.recovery.rejoin import RejoinTicket
 
 _log = logging.getLogger(__name__)
 
 __all__ = ["Guard", "GuardConfig", "attach", "clip_gradients"]
 
 PhaseHook = Callable[[str, int], None]
-# Heals (accelpact.heal) happen only for ranks found dead, never for one that missed the deadline
+# Heals (accelpact.recovery.heal) happen only for ranks found dead, never for one that missed the deadline
 # (it may be alive and hung: a replacement would run beside it).
 _HEALABLE = ("notice", "heartbeat")
 
@@ -101,7 +104,7 @@ class Guard:
                 "attach without snapshots= and heal=")
         if heal is not None:
             _attach_checks.check_heal_mesh(model, dist.get_world_size())
-        # The heal of a lost rank (accelpact.heal).
+        # The heal of a lost rank (accelpact.recovery.heal).
         self.heal_events: list[HealEvent] = []
         # Called as hook(event) on a survivor once a heal is done, before training continues (e.g. to
         # build a side group with the replacement, which builds its own right after attach returns).
@@ -120,7 +123,7 @@ class Guard:
                                                   self.plane.pg_timeout.total_seconds(), config.liveness,
                                                   self.plane.backend)
         # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
-        # (accelpact/interruptible.py: gloo can leave them waiting for the PG timeout).
+        # (accelpact/dataplane/interruptible.py: gloo can leave them waiting for the PG timeout).
         self._wait = CollectiveWaiter(
             fired=self._watchdog.fired_reason if self._watchdog is not None else None,
             superseded=getattr(control, "generation_superseded", None),
@@ -132,7 +135,7 @@ class Guard:
             liveness=config.liveness, events=self.events)
         self._healer = None
         if heal is not None:
-            from accelpact.heal import Healer
+            from accelpact.recovery.heal import Healer
 
             self._healer = Healer(self._recovery, heal, snapshots)
         self.plane.prepare_next_generation()
@@ -213,7 +216,7 @@ class Guard:
                 try:
                     decision = recovery.recover(self._recovery, exc, step, t_start, watchdog=fired,
                                                 injection_clock=self.injection_clock)
-                except ControlChannelError as lost:  # the store's host died: say so (accelpact.store_loss)
+                except ControlChannelError as lost:  # the store's host died: say so (accelpact.control.store_loss)
                     raise store_lost_error(lost, control=self.control, step=step,
                                            committed_step=self.committed_step) from lost
                 except RankLostError as lost:
@@ -281,7 +284,7 @@ class Guard:
     def _wait_for_snapshot(self) -> None:
         """Wait for the previous step's snapshot copy BEFORE the vote, not just before optimizer.step:
         then no rank commits step c + 1 unless every rank's snapshot of c is complete, so a heal
-        replays at most one step (accelpact.heal_plan has the argument)."""
+        replays at most one step (accelpact.recovery.heal_plan has the argument)."""
         if self.snapshots is not None:
             t0 = time.time()
             self.snapshots.before_update()
@@ -309,15 +312,15 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     ``heartbeat_interval_s`` / ``heartbeat_misses``: this rank beats on the control store every interval
     (a daemon thread, its own store client), and a peer whose connection dropped and that missed that
     many beats is declared dead at once instead of at the control deadline (None: no heartbeat).
-    ``stall_timeout_s``: the stall watchdog (accelpact/watchdog.py): a collective stuck this long, and
+    ``stall_timeout_s``: the stall watchdog (accelpact/detection/watchdog.py): a collective stuck this long, and
     longer than 3x the median step, while a peer stopped beating or the link retransmits, is aborted
     and recovered instead of waiting for the PG timeout. "auto": 10 s when the PG timeout is longer,
     else off; None: off; an explicit value must be below the PG timeout.
     ``snapshots``: an ``accelpact.snapshot.Snapshotter`` of this model and optimizer: the guard waits for
     its copy before each vote and starts the next copy after each commit. ``heal``: an
-    :class:`accelpact.heal.HealPolicy`: a rank found dead is healed in memory (survivors wait for its
+    :class:`accelpact.recovery.heal.HealPolicy`: a rank found dead is healed in memory (survivors wait for its
     replacement) instead of raising RankLostError; ``step`` may then raise :class:`accelpact.RolledBack`.
-    ``rejoin``: on a replacement process, the ticket of :func:`accelpact.rejoin.rejoin`; attach then
+    ``rejoin``: on a replacement process, the ticket of :func:`accelpact.recovery.rejoin.rejoin`; attach then
     loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
     FSDP2 only with ``snapshots`` or ``heal``.
     """

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from accelpact.consensus import Phase
+from accelpact.recovery.consensus import Phase
 from accelpact.errors import AccelPactError
 from accelpact.events import RecoveryLog
 
 if TYPE_CHECKING:
     from accelpact.dataplane import DataPlane
-    from accelpact.liveness import LivenessConfig
+    from accelpact.detection.liveness import LivenessConfig
 
 __all__ = ["StepState", "RecoveryContext", "InjectionClock"]
 
@@ -65,7 +65,7 @@ class RecoveryContext:
     control: Any  # accelpact.control.ControlChannel (or a stand-in with its methods)
     plane: "DataPlane"
     state: StepState
-    # Puts FSDP back into a clean between-steps state and drops its gradients (accelpact.reset).
+    # Puts FSDP back into a clean between-steps state and drops its gradients (accelpact.dataplane.reset).
     reset_fsdp: Callable[[], None]
     # Called as hook(phase, step) ("recovery": the new generation exists, before its first collective).
     hook: Callable[[str, int], None]

@@ -10,8 +10,8 @@ Who waits for whom (docs/process_loss.md has the whole protocol):
    The launcher starts the replacement when it reaps the dead process (or a hot spare takes the rank).
 3. It writes the replacement's PLAN (``{token}/heal/plan/{rank}/{pid}``): the generation G to build
    and the data-plane groups' names; then builds generation G under the old names (the replacement
-   builds the same groups on the same store prefix: accelpact.rejoin) and rebinds.
-4. Every rank posts a :class:`accelpact.heal_plan.HealReport` at G; all compute the same resume
+   builds the same groups on the same store prefix: accelpact.recovery.rejoin) and rebinds.
+4. Every rank posts a :class:`accelpact.recovery.heal_plan.HealReport` at G; all compute the same resume
    step S (newest step every rank holds). Survivors past S roll back from their own slot; the
    replacement loads S from its own slot (the dead process's shared memory), else a buddy replica.
 5. First collective on G; continue at S + 1.
@@ -30,18 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from accelpact import notice_auth
+from accelpact.control import notice_auth
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
-from accelpact.heal_plan import HealReport, ResumePlan, decide_resume
-from accelpact.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
+from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
+from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
                                  publish_no_replacement, request_key)
-from accelpact.heal_wait import peek as _peek
-from accelpact.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
+from accelpact.recovery.heal_wait import peek as _peek
+from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
 
 if TYPE_CHECKING:
-    from accelpact.recovery_context import RecoveryContext
-    from accelpact.rejoin import RejoinTicket
+    from accelpact.recovery.context import RecoveryContext
+    from accelpact.recovery.rejoin import RejoinTicket
 
 _log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Healer:
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()
             # Enter the rendezvous only once every replacement has taken its plan: one lost before
-            # that would leave us in gloo's rendezvous until the control deadline (accelpact.heal_wait).
+            # that would leave us in gloo's rendezvous until the control deadline (accelpact.recovery.heal_wait).
             gone = watch.wait_joining(arrivals, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
             if gone:
                 _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",

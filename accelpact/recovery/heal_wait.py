@@ -1,6 +1,6 @@
 """What survivors wait for in a heal, and how a replacement lost on the way ends the wait in seconds.
 
-A heal waits twice for a replacement process (accelpact.heal has the protocol):
+A heal waits twice for a replacement process (accelpact.recovery.heal has the protocol):
 
 1. for its ARRIVAL (``{token}/heal/arrived/{rank}``, with its pid), while the launcher starts it;
 2. after the survivors wrote its plan, for its JOINING ack (``{token}/heal/joining/{rank}/{pid}``): the
@@ -15,7 +15,7 @@ means the death happened, so an ack written before it is already visible.
 
 A launcher that will NOT start another replacement (its budget is spent, or the process failed on its
 own and would fail again) says so under ``{token}/heal/abandoned/{rank}`` (:func:`publish_no_replacement`,
-like ``accelpact.liveness.publish_death``): survivors then stop at once with its reason instead of
+like ``accelpact.detection.liveness.publish_death``): survivors then stop at once with its reason instead of
 waiting out ``replacement_timeout_s``. Replacements lost one after another are counted per rank; at
 ``HealPolicy.max_rounds`` the survivors give up with the rank, the count and the fix.
 """
@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from accelpact import notice_auth
+from accelpact.control import notice_auth
 from accelpact.errors import RankLostError
-from accelpact.liveness import notice_key
+from accelpact.detection.liveness import notice_key
 
 __all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "abandoned_key", "publish_no_replacement",
            "ReplacementWatch"]

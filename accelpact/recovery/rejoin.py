@@ -3,16 +3,16 @@
 Call :func:`rejoin` INSTEAD of ``init_process_group`` in a process that replaces a lost rank (same
 RANK and WORLD_SIZE, same job token); then build the model, FSDP wrapping and optimizer as usual and
 pass the ticket to ``attach(..., heal=..., snapshots=..., rejoin=ticket)``, which loads the resume step
-and runs the first collective with the survivors (accelpact.heal)::
+and runs the first collective with the survivors (accelpact.recovery.heal)::
 
     control = ControlChannel.from_env()
-    ticket = accelpact.rejoin(control)                 # the default process group now exists
+    ticket = accelpact.recovery.rejoin(control)                 # the default process group now exists
     model = build_and_shard(...); optimizer = AdamW(model.parameters())
     guard = accelpact.attach(model, optimizer, control, snapshots=snap, heal=policy, rejoin=ticket)
     start = guard.next_step                            # the resume step
 
 Why groups are built from the plan and not with ``init_process_group``: the survivors rebuild their
-groups under their OLD names on the never-used store prefix of generation G (accelpact.comm); a fresh
+groups under their OLD names on the never-used store prefix of generation G (accelpact.dataplane.generations); a fresh
 ``init_process_group`` would rendezvous under another prefix and, for later groups, under names that
 come from c10d's group counter, which differs between a fresh process and a survivor. So the
 replacement builds exactly the groups the survivors rebuild, in the same order, on the same prefix.
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
-from accelpact.heal_wait import arrived_key, joining_key, plan_key
-from accelpact.liveness import Heartbeat, LivenessConfig
+from accelpact.recovery.heal_wait import arrived_key, joining_key, plan_key
+from accelpact.detection.liveness import Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -67,7 +67,7 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from accelpact import comm
+    from accelpact.dataplane import generations
 
     if dist.is_initialized():
         raise RuntimeError("rejoin() builds the default process group itself: call it instead of "
@@ -93,18 +93,18 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
             f"{timeout_s:g} s: the job may have ended, fallen back to a checkpoint, or the survivors were lost "
             "too. Start it again from a checkpoint.", ranks=(control.rank,), detected_by="heal") from exc
     generation = int(plan["generation"])
-    # Committed to the rendezvous: the survivors enter it only after this ack (accelpact.heal_wait), so
+    # Committed to the rendezvous: the survivors enter it only after this ack (accelpact.recovery.heal_wait), so
     # that a replacement lost before it is healed again instead of costing them the control deadline.
     control.set(joining_key(control, control.rank, pid), str(generation).encode())
     control.generation = generation  # the next recovery round advances to generation + 1, like everyone
     store = control.data_plane_store(generation)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     for d in plan["groups"]:
-        spec = comm.GroupSpec(
+        spec = generations.GroupSpec(
             name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
             desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
             device_id=device if d["bound"] else None)
-        comm.rebuild_group(None, spec, store, control.rank, device_id=spec.device_id)
+        generations.rebuild_group(None, spec, store, control.rank, device_id=spec.device_id)
     if not dist.is_initialized():
         raise RuntimeError(f"the survivors' plan for generation {generation} has no default group: {plan['groups']}")
     c10d._world.group_count = max(c10d._world.group_count, 1)  # as after init_process_group

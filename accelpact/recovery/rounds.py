@@ -3,9 +3,9 @@
 ``recover`` runs rounds until one succeeds: reset FSDP, agree over the control channel, make the next
 data-plane generation live (``DataPlane.rebuild``: today, new groups under the old names and a rebind),
 prove it with a first collective (``DataPlane.prove``). A lost rank raises RankLostError out of the
-round; the guard then heals (accelpact.heal) when a heal policy is attached, with the same data plane.
+round; the guard then heals (accelpact.recovery.heal) when a heal policy is attached, with the same data plane.
 
-It never sees the guard: it gets a :class:`accelpact.recovery_context.RecoveryContext` (the data
+It never sees the guard: it gets a :class:`accelpact.recovery.context.RecoveryContext` (the data
 plane, the step state, the control channel), so a test can drive it with stand-ins.
 """
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import time
 
-from accelpact import detection, heap
-from accelpact._tracebacks import drop_traceback as _drop_traceback
-from accelpact._tracebacks import where as _where
-from accelpact.consensus import Action, Decision, Phase, RankReport, decide
+from accelpact.dataplane import heap
+from accelpact.detection import start as detection
+from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.dataplane.tracebacks import where as _where
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import RankLostError
 from accelpact.events import RecoveryEvent, RoundClock
-from accelpact.recovery_context import InjectionClock, RecoveryContext
+from accelpact.recovery.context import InjectionClock, RecoveryContext
 
 _log = logging.getLogger("accelpact.guard")
 
@@ -121,7 +122,7 @@ def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str,
     _log.info("rank %d: generation %d works (first collective done)", ctx.rank, generation)
     # Retire the old generation: its destructor joins its threads and closes its sockets.
     del old_groups
-    # Give the heap's free pages back (accelpact/heap.py: RSS grew 0.1-0.6 MiB per recovery without).
+    # Give the heap's free pages back (accelpact/dataplane/heap.py: RSS grew 0.1-0.6 MiB per recovery without).
     heap.release_free_heap()
     t5 = time.time()
     clock.close()

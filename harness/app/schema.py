@@ -137,11 +137,11 @@ class StrategyConfig:
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
     max_restarts: int = 20
-    # accelpact's stall watchdog (accelpact/watchdog.py): None = auto (10 s when the PG timeout is
+    # accelpact's stall watchdog (accelpact/detection/watchdog.py): None = auto (10 s when the PG timeout is
     # longer, else off), 0 = off, else seconds; must be below cluster.pg_timeout_s.
     stall_timeout_s: Optional[float] = None
     # accelpact: snapshots on (conf/strategy/accelpact.yaml sets every=1) make a killed rank heal in
-    # memory: the parent starts a replacement for that rank only (accelpact.heal).
+    # memory: the parent starts a replacement for that rank only (accelpact.recovery.heal).
     snapshot: SnapshotSettings = field(default_factory=SnapshotSettings)
     # How long survivors wait for a replacement to arrive (a Python + torch + transformers start).
     replacement_timeout_s: float = 120.0

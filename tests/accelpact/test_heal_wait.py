@@ -11,8 +11,8 @@ import pytest
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.errors import RankLostError
-from accelpact.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
-from accelpact.liveness import publish_death
+from accelpact.recovery.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
+from accelpact.detection.liveness import publish_death
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,8 @@ def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_
     import json
     from types import SimpleNamespace
 
-    from accelpact.heal import HealPolicy, Healer
-    from accelpact.heal_wait import arrived_key
+    from accelpact.recovery.heal import HealPolicy, Healer
+    from accelpact.recovery.heal_wait import arrived_key
 
     store, port = server
     token = new_job_token()
