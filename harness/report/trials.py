@@ -107,3 +107,30 @@ def _median(sorted_vals: Sequence[float]) -> float:
         return math.nan
     mid = n // 2
     return sorted_vals[mid] if n % 2 else (sorted_vals[mid - 1] + sorted_vals[mid]) / 2
+
+
+def median_rows(rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> list[dict[str, Any]]:
+    """Trials collapsed: one row per distinct ``key`` values (first-seen order); every numeric column the
+    median over that group's rows whose ``status`` is ok (or absent), anything else the first row's value;
+    plus ``trials`` (how many rows the medians are over). Booleans are kept only when every row agrees."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in key), []).append(r)
+    out = []
+    for members in groups.values():
+        ok = [r for r in members if r.get("status") in (None, "ok")] or members
+        row: dict[str, Any] = {}
+        for col in dict.fromkeys(c for r in members for c in r):
+            vals = [r.get(col) for r in ok]
+            if col in key:
+                row[col] = members[0].get(col)
+            elif all(isinstance(v, bool) or v is None for v in vals):
+                row[col] = vals[0] if len(set(vals)) == 1 else None
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) or v is None for v in vals):
+                nums = sorted(float(v) for v in vals if v is not None and not math.isnan(float(v)))
+                row[col] = _median(nums)
+            else:
+                row[col] = ok[0].get(col)
+        row["trials"] = len([r for r in members if r.get("status") in (None, "ok")])
+        out.append(row)
+    return out

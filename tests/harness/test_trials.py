@@ -67,3 +67,18 @@ def test_summary_per_cell_with_verdicts():
 def test_bit_identical_is_false_if_any_trial_differs():
     rows = [_row("a", 5, 1.1, 1.1, 0), _row("a", 5, 1.2, 1.2, 1, identical=False)]
     assert summarize_cells(rows)[0]["bit_identical"] is False
+
+
+def test_median_rows_collapses_trials():
+    from harness.report.trials import median_rows
+
+    rows = [{"strategy": "a", "age": 5, "trial": t, "gain": g, "status": "ok", "bit_identical": True, "fallback": "no"}
+            for t, g in enumerate((1.1, 1.5, 1.2))]
+    rows.append({"strategy": "a", "age": 5, "trial": 3, "gain": 9.0, "status": "failed", "bit_identical": False,
+                 "fallback": "no"})
+    rows.append({"strategy": "a", "age": 18, "trial": 0, "gain": 2.0, "status": "ok", "bit_identical": None,
+                 "fallback": "yes"})
+    out = median_rows(rows, ("strategy", "age"))
+    assert [(r["strategy"], r["age"]) for r in out] == [("a", 5), ("a", 18)]
+    assert out[0]["gain"] == pytest.approx(1.2) and out[0]["trials"] == 3 and out[0]["bit_identical"] is True
+    assert out[1]["gain"] == 2.0 and out[1]["trials"] == 1 and out[1]["fallback"] == "yes"
