@@ -70,10 +70,15 @@ def finish_trials(out_dir: Path, runs: list[dict[str, Any]], entries: Sequence[t
                   title: str, paper_gain: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
     """Per-cell verdicts, files and plots of a finished comparison sweep from its per-run rows ``runs``
     (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline."""
+    from harness import strategies
+
     PAPER_GAIN = paper_gain
     cells = summarize_cells(runs)
+    ours = strategies.under_test().name
     for c in cells:
         c["status"] = _status(c)
+        if c["strategy"] == ours:  # its gain over itself is 1 by definition: no verdict to draw
+            c["verdict"] = c["measured_verdict"] = c["gain_ci"] = c["measured_gain_ci"] = "-"
         if c["paper_gain"] is None and c["age"] is not None:
             c["paper_gain"] = PAPER_GAIN.get((c["strategy"], c["age"]))
     text = write_tables(out_dir, runs, cells, title)
