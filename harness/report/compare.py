@@ -5,14 +5,19 @@ experiment (``python -m harness``, ``experiment=compare``) is such a multirun, o
 age and strategy; any sweep over a faulted run works the same (``python -m harness -m
 strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or on Slurm.
 
-- ``on_multirun_start`` runs the fault-free reference of the sweep's base config (strategy and fault
-  from the registries' reference; same model, data, steps and checkpoint cadence) in
-  ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
-- each job is an ordinary run (``harness.parent.run.run_one``) in ``<sweep dir>/<strategy>_age<age>``.
-- ``on_multirun_end`` prints the table (strategy, age, whole-run goodput, ratio to the reference,
-  AccelPact's gain with the paper's figure beside it, the recovery breakdown, bit-identical) and
-  writes ``table.md``, ``table.csv`` and the plots (``harness.report.plots_compare``) into the sweep
-  directory, from each run's saved row and ``goodput.json``. It exits 1 if a faulted run failed.
+- The default experiment uses the trials sweeper (``hydra/sweeper=trials``,
+  hydra_plugins/harness_trials): ``compare.trials`` interleaved rounds, each running the fault-free
+  reference (:func:`run_reference`) and every job once in a rotated order, into ``<sweep>/trial<k>/``.
+- With another sweeper, ``on_multirun_start`` runs the fault-free reference of the sweep's base config
+  (strategy and fault from the registries' reference; same model, data, steps and checkpoint cadence)
+  in ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
+- each job is an ordinary run (``harness.parent.run.run_one``) in ``<sweep dir>/[trial<k>/]<strategy>_age<age>``.
+- ``on_multirun_end`` builds one row per run and trial (:func:`trial_rows`: the table of
+  :func:`build_table` plus the badput-based goodput against that trial's reference, AccelPact's gain on
+  it, the badput by part and the load) and hands them to ``harness.report.verdict``, which prints one row
+  per (strategy, age): medians over trials, the 95% interval of AccelPact's gain and the verdict; and
+  writes ``table.md``, ``table.csv``, ``runs.csv`` and the plots into the sweep directory. It exits 1 if
+  a faulted run failed.
 """
 
 from __future__ import annotations
