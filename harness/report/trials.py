@@ -128,7 +128,10 @@ def median_rows(rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> list[d
                 row[col] = vals[0] if len(set(vals)) == 1 else None
             elif all(isinstance(v, (int, float)) and not isinstance(v, bool) or v is None for v in vals):
                 nums = sorted(float(v) for v in vals if v is not None and not math.isnan(float(v)))
-                row[col] = _median(nums)
+                med = _median(nums)
+                # counts stay counts (a table formats them as integers) when the median is a whole number
+                whole = all(isinstance(v, int) for v in vals if v is not None) and med == int(med) if nums else False
+                row[col] = int(med) if whole else med
             else:
                 row[col] = ok[0].get(col)
         row["trials"] = len([r for r in members if r.get("status") in (None, "ok")])

@@ -82,3 +82,7 @@ def test_median_rows_collapses_trials():
     assert [(r["strategy"], r["age"]) for r in out] == [("a", 5), ("a", 18)]
     assert out[0]["gain"] == pytest.approx(1.2) and out[0]["trials"] == 3 and out[0]["bit_identical"] is True
     assert out[1]["gain"] == 2.0 and out[1]["trials"] == 1 and out[1]["fallback"] == "yes"
+    # integer columns stay integers when their median is whole (tables format them with "d")
+    steps = median_rows([{"k": 1, "n": 3}, {"k": 1, "n": 5}, {"k": 1, "n": 4}], ("k",))[0]["n"]
+    assert steps == 4 and isinstance(steps, int)
+    assert median_rows([{"k": 1, "n": 3}, {"k": 1, "n": 4}], ("k",))[0]["n"] == 3.5
