@@ -10,8 +10,8 @@ badput does not depend on the productive steps' speed, so the verdict uses
                                             + the run's measured badput)
 
 where "the reference's productive step time" is the fault-free reference run's useful seconds over its
-steps (mean over ranks), measured in the same trial as the run. For the reference itself this equals its
-measured whole-run goodput. The measured whole-run goodput is always kept beside it.
+steps (mean over ranks); with several trials, the median over the trials' references
+(``reference_step_s``). For a reference at its own pace this equals its measured whole-run goodput. The measured whole-run goodput is always kept beside it.
 
 What it does not see: anything that makes the productive steps themselves slower (a per-step overhead
 of the strategy). That is charged only where it is measured as its own part (``snapshot_overhead``,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from harness.report.goodput import Badput, GoodputReport
 
@@ -91,13 +91,23 @@ def productive_step_s(report: GoodputReport) -> float:
     return report.useful_s / report.steps if report.steps > 0 and report.useful_s > 0 else math.nan
 
 
+def reference_step_s(references: Sequence[GoodputReport]) -> float:
+    """The reference pace of a comparison with trials: the median productive step time of its fault-free
+    reference runs (one per trial); NaN with none."""
+    steps = sorted(v for v in (productive_step_s(r) for r in references) if not math.isnan(v))
+    if not steps:
+        return math.nan
+    mid = len(steps) // 2
+    return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+
+
 @dataclass(frozen=True)
 class BadputGoodput:
     """A run's badput-based goodput and what it was computed from."""
 
     tokens: int  # useful tokens (each step's final execution, summed over ranks)
     useful_steps: int
-    reference_step_s: float  # the reference's productive step time (same trial)
+    reference_step_s: float  # the reference pace: its productive step time (median over trials)
     step_factor: float  # per-step overhead measured side by side, charged on top (1.0: none)
     badput_s: float  # the run's measured badput, every part (mean over ranks)
     measured_goodput: float  # the run's whole-run goodput, for beside it

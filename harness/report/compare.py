@@ -106,14 +106,14 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
-    from harness.report.badput_goodput import badput_goodput, named_parts
+    from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
     from harness.report.trials import trial_of
 
     by_trial: dict[int, list[tuple[Path, dict[str, Any]]]] = {}
     for d, r in entries:
         by_trial.setdefault(trial_of(d.parent.name) if d.parent != sweep_dir else 0, []).append((d, r))
     reference, ours = strategies.reference(), strategies.under_test().name
-    out: list[dict[str, Any]] = []
+    per_trial: dict[int, tuple[list[Any], list[dict[str, Any]]]] = {}
     for trial in sorted(by_trial):
         runs = by_trial[trial]
         refs = [d for d, r in runs if _is_reference(r) and r.get("status") == "ok"]
@@ -126,15 +126,21 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
                 print(f"warning: {d}: no goodput report ({exc})")
                 continue
             rows.append(r)
-        ref_report = next((s.report for s, r in zip(summaries, rows) if _is_reference(r)), None)
-        bp = {(s.strategy, s.age): badput_goodput(s.report, ref_report) if ref_report else None for s in summaries}
+        per_trial[trial] = (summaries, rows)
+    # One reference pace for every trial: the median of the trials' references' productive steps, so a
+    # reference that ran under a load spike does not shrink or stretch its own trial's gains.
+    ref_step = reference_step_s([s.report for summaries, rows in per_trial.values()
+                                 for s, r in zip(summaries, rows) if _is_reference(r) and r.get("status") == "ok"])
+    out: list[dict[str, Any]] = []
+    for trial, (summaries, rows) in per_trial.items():
+        bp = {(s.strategy, s.age): badput_goodput(s.report, ref_step) for s in summaries}
         reports = {(s.strategy, s.age): s.report for s in summaries}
         load = {(str(r.get("strategy")), None if _is_reference(r) else r.get("age")): r
                 for r in rows}
         for row in build_table(summaries, rows):
             key = (reference.name if row["strategy"] == reference.label else row["strategy"], row["age"])
             g = bp.get(key)
-            mine = g.goodput if g else math.nan
+            mine = g.goodput if g and not math.isnan(g.goodput) else math.nan
             our = bp.get((ours, row["age"]))
             ref_g = bp.get((reference.name, None))
             row["trial"] = trial

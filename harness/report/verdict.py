@@ -1,9 +1,9 @@
 """The comparison's verdict table: every run's goodputs per trial, then per cell the median over trials,
 the 95% interval of AccelPact's gain and the verdict, printed and written with the plots.
 
-Input is one row per run and trial (``harness.report.compare.trial_rows``: each trial compared with
-its own reference, the badput-based goodput at that reference's productive step time, AccelPact's gain
-as that trial's AccelPact run over that trial's run of the row's strategy). Writes ``table.md`` and ``table.csv`` (one row per cell), ``runs.csv`` (one row
+Input is one row per run and trial (``harness.report.compare.trial_rows``: the badput-based goodput at
+the references' median productive step time, AccelPact's gain as that trial's AccelPact run over that
+trial's run of the row's strategy). Writes ``table.md`` and ``table.csv`` (one row per cell), ``runs.csv`` (one row
 per run and trial) and the plots.
 """
 
@@ -45,7 +45,7 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
     for r in cells:
         md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in PRINT_COLUMNS) + " |")
     md += ["", f"trials per cell: {', '.join(map(str, n))} (each trial: the reference and every run, in a rotated "
-           "order). goodput_bp: useful tokens / (useful steps x the same trial's reference productive step + the "
+           "order). goodput_bp: useful tokens / (useful steps x the references' median productive step + the "
            "run's measured badput), median over trials (docs/goodput.md). gain_ci: AccelPact's goodput_bp / this "
            "row's, median [95% bootstrap interval] (n trials); verdict from that interval. measured_gain_ci: the "
            "same with measured whole-run goodput. step_drift: the run's productive step / its reference's. "

@@ -90,6 +90,15 @@ def test_reference_given_as_a_step_time_and_step_factor():
     assert badput_goodput(run, 1.0, step_factor=1.1).goodput == approx(1000 / (11 + 5.7))
 
 
+def test_reference_pace_over_trials_is_the_median():
+    from harness.report.badput_goodput import reference_step_s
+
+    refs = [compute_goodput(reference(s)) for s in (1.0, 3.0, 1.2)]
+    assert reference_step_s(refs) == approx(1.2)
+    assert reference_step_s(refs[:2]) == approx(2.0)
+    assert math.isnan(reference_step_s([])) and math.isnan(reference_step_s([compute_goodput([])]))
+
+
 def test_no_reference_is_nan_not_zero():
     run = compute_goodput(cold_restart(1.0))
     empty = compute_goodput([])
