@@ -135,20 +135,27 @@ def measure(plan: Plan, scratch: Path) -> tuple[list[dict[str, Any]], Path]:
 
 def collect(run_dir: Path) -> list[dict[str, Any]]:
     """Data rows of a finished comparison directory: per trial (``trial<k>/``, or the directory itself
-    for one trial), every run's row with ``trial``, ``goodput_bp`` and ``accelpact_gain_bp``."""
+    for one trial), every run's row with ``trial``, ``goodput_bp`` (at the references' median productive
+    step) and ``accelpact_gain_bp``."""
+    from harness.report import compare
+    from harness.report.badput_goodput import reference_step_s
+    from harness.report.goodput import load_report
     from harness.report.trials import trial_of
 
-    trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name))
+    trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name)) or [run_dir]
+    # One reference pace for every trial (as the comparison's table): the references' median productive step.
+    ref_step = reference_step_s([load_report(str(t / compare.REFERENCE)) for t in trial_dirs
+                                 if (t / compare.REFERENCE / "summary.json").exists()])
     data: list[dict[str, Any]] = []
-    for tdir in trial_dirs or [run_dir]:
-        rows = _collect_trial(tdir)
+    for tdir in trial_dirs:
+        rows = _collect_trial(tdir, ref_step)
         for r in rows:
             r["trial"] = trial_of(tdir.name)
         data += rows
     return data
 
 
-def _collect_trial(run_dir: Path) -> list[dict[str, Any]]:
+def _collect_trial(run_dir: Path, ref_step: float) -> list[dict[str, Any]]:
     from harness.report import compare
     from harness.report.badput_goodput import badput_goodput
     from harness.report.goodput import load_report
@@ -166,13 +173,10 @@ def _collect_trial(run_dir: Path) -> list[dict[str, Any]]:
             print(f"warning: {sub}: no fault breakdown ({exc})")
     table = compare.build_table(summaries, summarized_rows)
     data = data_rows(table, run_rows, parts)
-    ref = run_dir / compare.REFERENCE
-    ref_report = load_report(str(ref)) if (ref / "summary.json").exists() else None
     bp = {}
     for d in data:
         try:
-            bp[d["run"]] = badput_goodput(load_report(str(run_dir / d["run"])), ref_report).goodput \
-                if ref_report is not None else math.nan
+            bp[d["run"]] = badput_goodput(load_report(str(run_dir / d["run"])), ref_step).goodput
         except Exception:  # noqa: BLE001 - no events: no badput-based goodput
             bp[d["run"]] = math.nan
     ours = {d["age"]: bp.get(d["run"], math.nan) for d in data if d["strategy"] == "accelpact"}

@@ -59,14 +59,24 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
     one comparison here), so a run's steps can be 1.5x slower than the reference's for reasons that are
     neither the fault nor the strategy. ``goodput_at_ref_step`` is the shared badput-based goodput
     (harness.report.badput_goodput, docs/goodput.md): useful tokens / (useful steps x the reference's
-    productive step time x snapshot factor + badput), with accelpact's steps charged the side-by-side
+    productive step time, median over the fault block's trials, x snapshot factor + badput), with accelpact's steps charged the side-by-side
     snapshot overhead (the reference runs with no snapshots). Rows collected before ``useful_steps``
     was recorded fall back to the same idea through the median step (useful_s x reference median step /
     this run's median step).
     """
     from harness.report.badput_goodput import badput_goodput_from_row
 
+    from harness.report.trials import _median
+
     refs = {(r["fault"], r.get("trial")): r for r in data if r.get("strategy") == "reference"}
+    # One reference pace per fault block (as the comparison's table): the median over its trials'
+    # references of useful seconds per useful step.
+    paces: dict[Any, list[float]] = {}
+    for (fault, _), ref_row in refs.items():
+        u, n = _f(ref_row.get("useful_s")), _f(ref_row.get("useful_steps"))
+        if u > 0 and n > 0:
+            paces.setdefault(fault, []).append(u / n)
+    pace_of = {fault: _median(sorted(v)) for fault, v in paces.items()}
     snap = 1 + overhead_pct / 100 if not math.isnan(overhead_pct) else math.nan
     for r in data:
         ref_row = refs.get((r["fault"], r.get("trial")), {})
@@ -76,10 +86,10 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
         badput = _f(r.get("badput_total_s"))
         r["badput_s"] = badput
         factor = snap if r.get("strategy") == "accelpact" else 1.0
-        steps, ref_steps, ref_useful = _f(r.get("useful_steps")), _f(ref_row.get("useful_steps")), _f(ref_row.get("useful_s"))
-        if steps > 0 and ref_steps > 0 and ref_useful > 0:
+        steps, ref_pace = _f(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
+        if steps > 0 and ref_pace > 0:
             r["goodput_at_ref_step"] = badput_goodput_from_row(
-                {"tokens": tokens, "steps": steps, "badput_s": badput}, ref_useful / ref_steps, factor)
+                {"tokens": tokens, "steps": steps, "badput_s": badput}, ref_pace, factor)
             continue
         pace = useful / r["drift"] * factor if r["drift"] > 0 else math.nan
         r["goodput_at_ref_step"] = tokens / (pace + badput) if pace + badput > 0 else math.nan
