@@ -24,6 +24,7 @@ def _started(run_dir: Path) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 4 runs: ~2 min on 2 quiet cores, ~6 min at load 25
 def test_two_trials_each_with_its_reference_in_rotated_order(tmp_path):
     sweep = tmp_path / "cmp"
     done = run_harness([*TINY_COMPARE, f"hydra.sweep.dir={sweep}"], tmp_path, timeout=900)
