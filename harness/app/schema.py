@@ -174,6 +174,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class CompareConfig:
+    """A comparison sweep (``hydra/sweeper=trials``): how many interleaved rounds, and this run's round."""
+
+    trials: int = 1  # rounds; each runs the reference and every strategy once (harness.report.trials)
+    trial: int = 0  # set by the sweeper on each run: the round it belongs to
+
+
+@dataclass
 class RunConfig:
     name: str = "smoke"  # the name of the conf/experiment preset this run came from (the row's "experiment")
     description: str = ""
@@ -183,6 +191,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     # Rows of every run are collected here (relative paths are relative to the working directory).
     index_path: str = "outputs/index.csv"
     progress: bool = True

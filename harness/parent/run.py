@@ -58,6 +58,8 @@ def run_one(
     from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
     from harness.parent import template as replacement_template
 
+    from harness.app import load_guard
+
     started = time.time()
     run = _resolve_cluster(run)
     run_dir = Path(run_dir)
@@ -81,6 +83,7 @@ def run_one(
     strategy = strategies.get(run.strategy.name)
     setup: Any = None
     where = placement(run)  # the same decision validation checked the fault's needs against
+    load = load_guard.for_run(run).start()  # the host's load before and during the run, into its row
     try:
         topology = _start_topology(run) if where.namespaces else None
         if topology is not None:
@@ -146,7 +149,7 @@ def run_one(
         if setup is not None and hasattr(setup, "close"):
             setup.close()
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
-                 "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
+                 "fault_errors": "; ".join(driver.errors) if driver is not None else "", **load.stop()}
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
 
