@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from harness.events import events_path
+from harness.events import Step, events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, describe_exit, replace_the_dead
 from harness.parent.template import ReplacementTemplate
@@ -80,7 +80,7 @@ class Launcher:
         self.store: Any = None
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnation = 0
-        self.step_hooks: list[Callable[[dict[str, Any]], None]] = []
+        self.step_hooks: list[Callable[[Step], None]] = []
         # Called on every poll (parent-side fault injection).
         self.tick_hooks: list[Callable[[], None]] = []
         # One reader for the whole run: rank 0 appends to the same events file in every incarnation,
@@ -330,7 +330,7 @@ class Launcher:
 
         def drain() -> None:
             for event in tailer.read_new():
-                if event.get("kind") != "step":
+                if not isinstance(event, Step):
                     continue
                 if progress is not None:
                     progress.update(event)

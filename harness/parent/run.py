@@ -50,7 +50,7 @@ def run_one(
     ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
     state is bit-identical to it."""
     from harness import strategies
-    from harness.events import EventLog
+    from harness.events import EventLog, Relaunch, Replacement
     from harness.faults import registry as faults
     from harness.faults.driver import FaultDriver
     from harness.faults.netns_host import TAG_ENV
@@ -104,7 +104,7 @@ def run_one(
             policy = strategy.replace_dead
             launcher.replace_dead = lambda rank, code, codes: (launcher.replacements < run.strategy.max_restarts
                                                                and policy(run, rank, code, codes))
-            launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
+            launcher.on_replace = lambda record: parent_events.emit(Replacement, **record)
             launcher.spares.wanted = run.strategy.hot_spares
             launcher.template_wanted = replacement_template.wanted(run)
         if faults.get(run.fault.kind).injects:
@@ -118,7 +118,7 @@ def run_one(
             if why is None:
                 break
             relaunches.append(why)
-            parent_events.emit("relaunch", reason=why, incarnation=launcher.incarnation + 1,
+            parent_events.emit(Relaunch, reason=why, incarnation=launcher.incarnation + 1,
                                exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
             print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
             launcher.kill_all()
@@ -186,10 +186,10 @@ def _finish(
     extra: Optional[dict[str, Any]] = None,
     reference_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    from harness.events import read_events
+    from harness.events import load_events
 
     # Read once: the row, the goodput report (saved as goodput.json) and the plot all use these.
-    events = read_events(run_dir) if (run_dir / "events").exists() else []
+    events = load_events(run_dir)
     columns: dict[str, Any] = {"failed_rank": outcome.failed_rank, **(extra or {})}
     try:
         columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir, events=events))

@@ -19,7 +19,7 @@ from harness.rank import identity
 
 from harness import strategies
 from harness.rank.data import make_batch
-from harness.events import EventLog
+from harness.events import EventLog, Restart, Step
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
 from harness.app.schema import Device, Precision, RunConfig
@@ -126,7 +126,7 @@ def run_loop(
             continue
         t_end = time.time()
         ctx.events.emit(
-            "step",
+            Step,
             step=step,
             t_start=t_start,
             t_end=t_end,
@@ -184,7 +184,7 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
-            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
+            events.emit(Restart, t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
                         replacement=env.replacement)
             try:
                 committed = run_loop(ctx, strategy)

@@ -22,6 +22,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
+from harness import events
 from harness.strategies.accelpact_heal import (
     EXIT_FALLBACK,
     check_heal,
@@ -114,7 +115,7 @@ class AccelPactStep(Strategy):
     def _fall_back(self, step: int, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"
         # detected_by: how the loss was found ("notice", "heartbeat", "deadline", "heal"); the row reports it.
-        self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
+        self.ctx.events.emit(events.Fallback, step=step, reason=reason[:500], error=type(exc).__name__,
                              detected_by=getattr(exc, "detected_by", None),
                              generation=getattr(exc, "generation", None))
         print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
@@ -138,14 +139,14 @@ class AccelPactStep(Strategy):
             d.pop("reports", None)
             # t = when the recovery ended (goodput lays the durations back to back, ending there);
             # the record is written after the retried step, so t must be given explicitly.
-            self.ctx.events.emit("recovery", decision=decision.get("action"), decision_detail=decision,
+            self.ctx.events.emit(events.Recovery, decision=decision.get("action"), decision_detail=decision,
                                  written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
         # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
         self._new_side_groups()
 
     def _record_heals(self) -> None:
         for ev in self.guard.heal_events[self._heals_seen:]:
-            self.ctx.events.emit("heal", written=time.time(), **ev.to_dict())
+            self.ctx.events.emit(events.Heal, written=time.time(), **ev.to_dict())
         self._heals_seen = len(self.guard.heal_events)
 
     def _new_side_groups(self) -> None:
@@ -177,7 +178,7 @@ class AccelPactStep(Strategy):
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
-                self.ctx.events.emit("snapshots", slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
+                self.ctx.events.emit(events.Snapshots, slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
                                      wait_s=self.snapshots.wait_s, own_shm_bytes=used_bytes(self.snapshots.dir),
                                      replica_shm_bytes=held, replication=rep)
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind

@@ -47,7 +47,7 @@ class CheckpointRestore(Strategy):
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
     from harness.rank import identity
-    from harness.events import EventLog
+    from harness.events import EventLog, Restart
     from harness.strategies.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
     from harness.rank.train import TrainResult, build_context, run_loop
 
@@ -73,7 +73,7 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
             fields["incarnation"] = ctx.incarnation
             if nctx.incarnation == 0:
                 fields["t_launch"] = env.t_launch  # the parent's launch, as for every other strategy
-            events.emit("restart", **fields)
+            events.emit(Restart, **fields)
             committed = run_loop(ctx, strategy)
             strategy.close()
             record = identity.compute_identity(ctx.model, ctx.optimizer, committed)
