@@ -18,9 +18,19 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 __all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GlooBackend", "NcclBackend", "all_fault_markers",
-           "backend_for", "backend_name"]
+           "backend_for", "backend_name", "register"]
 
 BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Add a backend class under its ``name`` (a plugin's, say). The same class again is a no-op; another
+    class under a taken name raises."""
+    old = BACKENDS.get(cls.name)
+    if old is not None and old is not cls:
+        raise ValueError(f"backend {cls.name!r} is already registered ({old.__name__}); pick another name")
+    BACKENDS[cls.name] = cls
+    return cls
 
 
 def backend_name(pg: dist.ProcessGroup) -> str:

@@ -37,11 +37,6 @@ CheckpointMode = Enum(  # type: ignore[misc]
 )
 
 
-class Backend(str, Enum):
-    gloo = "gloo"
-    nccl = "nccl"
-
-
 class Device(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -109,7 +104,9 @@ class TrainConfig:
 @dataclass
 class ClusterConfig:
     name: str = "local_cpu"
-    backend: Backend = Backend.gloo
+    # A name in accelpact's backend registry (accelpact.backends.BACKENDS); validation checks it and the
+    # device against the backend's own ``devices``.
+    backend: str = "gloo"
     device: Device = Device.cpu
     world_size: int = 2
     pg_timeout_s: float = 120.0

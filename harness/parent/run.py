@@ -67,7 +67,7 @@ def run_one(
     spec = write_spec(run_dir, run)
     if memory_plan is not None and show_plan:
         print(memory_plan.table(), flush=True)
-    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
+    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend}"
           f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}", flush=True)
     outcome = Outcome("failed", "harness error before the ranks started")
     progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)

@@ -49,7 +49,7 @@ def init_data_plane(cfg: RunConfig, env: RankEnv, control_store: Any, generation
     if cfg.cluster.device == Device.cuda:
         kwargs["device_id"] = torch.device("cuda", env.local_rank)
     dist.init_process_group(
-        backend=cfg.cluster.backend.value,
+        backend=cfg.cluster.backend,
         store=store,
         rank=env.rank,
         world_size=env.world_size,

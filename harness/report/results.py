@@ -91,7 +91,7 @@ def build_row(
         "n_params": n_params,
         "world_size": run.cluster.world_size,
         "cluster": run.cluster.name,
-        "backend": run.cluster.backend.value,
+        "backend": run.cluster.backend,
         "device": run.cluster.device.value,
         "precision": run.train.mixed_precision.value,
         "strategy": run.strategy.name,
