@@ -32,7 +32,7 @@ from harness.strategies.accelpact_heal import (
     snapshots_and_policy,
 )
 from harness.strategies.base import Rewind, Strategy, TrainContext, forward_backward
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -231,4 +231,6 @@ SPEC = StrategySpec(
     # survivor still waiting then is killed, which the relaunch policy treats the same way.
     settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
+    simulation=Simulation("harness.scale.outcomes:rebind_or_fall_back_to_disk", "AccelPact rebinding, disk fallback",
+                          synchronous=True, calibration_rollback="step"),
 )

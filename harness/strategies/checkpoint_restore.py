@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness.strategies.base import Strategy
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -160,4 +160,6 @@ SPEC = StrategySpec(
     parent_setup=_NvrxStore,
     rank_entry="harness.strategies.checkpoint_restore:train_in_process",
     check=check_runnable,
+    simulation=Simulation("harness.scale.outcomes:restart_in_process_and_restore",
+                          "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
 )
