@@ -64,7 +64,7 @@ t.append(("harness rank modules (FSDP, strategies)", time.perf_counter()))
 import accelpact, accelpact.snapshot
 t.append(("accelpact", time.perf_counter()))
 from harness.rank.models import meta_model
-from harness.app.schema import ModelConfig
+from harness.schema import ModelConfig
 meta_model(ModelConfig(num_layers=2))
 t.append(("transformers model class + meta model", time.perf_counter()))
 print(json.dumps([(name, b - a) for (name, b), (_, a) in zip(t[1:], t[:-1])]))

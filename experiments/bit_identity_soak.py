@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
-from experiments._fsdp_scenarios import RUNNER
+from workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import fd_kind_lines, kinds_from_progress, only_store_connection
 from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
 

@@ -9,7 +9,7 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 from harness import strategies
-from harness.app.schema import LinkPlane, RankLaunch, RunConfig
+from harness.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
 

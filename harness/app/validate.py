@@ -17,7 +17,7 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.app.schema import ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
+from harness.schema import ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:

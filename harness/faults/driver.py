@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.events import EventLog, Fault
 from harness.faults import registry
 from harness.faults.rank_side import ack_path

@@ -25,7 +25,7 @@ from typing import Any, Collection, Optional
 
 from harness.events import EventLog, Fault
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.faults import registry
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.

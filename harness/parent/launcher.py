@@ -34,7 +34,7 @@ from harness.parent.replacements import SparePool, describe_exit, replace_the_de
 from harness.parent.template import ReplacementTemplate
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
-from harness.app.schema import RankLaunch, RunConfig
+from harness.schema import RankLaunch, RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"

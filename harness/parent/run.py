@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from harness.app.memory_plan import MemoryPlan
-from harness.app.schema import RunConfig, to_dict
+from harness.schema import RunConfig, to_dict
 from harness.parent.launcher import LOG_DIR, Launcher, Outcome
 from harness.parent.progress import Progress
 from harness.rank.worker import write_spec
@@ -156,7 +156,7 @@ def _resolve_cluster(run: RunConfig) -> RunConfig:
     first node); every other cluster unchanged."""
     import dataclasses
 
-    from harness.app.schema import RankLaunch
+    from harness.schema import RankLaunch
 
     if run.cluster.launch != RankLaunch.srun:
         return run

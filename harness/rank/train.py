@@ -22,7 +22,7 @@ from harness.rank.data import make_batch
 from harness.events import EventLog, Restart, Step
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
-from harness.app.schema import Device, Precision, RunConfig
+from harness.schema import Device, Precision, RunConfig
 from harness.strategies.base import Rewind, Strategy, TrainContext
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from harness.rank import identity
 from harness import events as ev
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.report.gitinfo import git_state
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.events import EventLog
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 if TYPE_CHECKING:
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
 
 # exit_codes (rank -> code, None while running), the rank that failed first -> why relaunch, or None.
 RelaunchPolicy = Callable[[Mapping[int, Optional[int]], Optional[int]], Optional[str]]

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from harness.app.schema import ClusterConfig, Device, RankLaunch, RunConfig
+from harness.schema import ClusterConfig, Device, RankLaunch, RunConfig
 from harness.app.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 from harness.app.validate import ConfigError, check_values
 from harness.rank.env import RankEnv

@@ -3,7 +3,7 @@
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the
 checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one, built on an
-explicit store prefix per control generation (harness.strategies.accelpact_heal.side_group).
+explicit store prefix per control generation (harness.strategies.accelpact.heal.side_group).
 
 A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
 default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness import events
-from harness.strategies.accelpact_heal import (
+from harness.strategies.accelpact.heal import (
     EXIT_FALLBACK,
     check_heal,
     control_deadline,
@@ -225,7 +225,7 @@ SPEC = StrategySpec(
     relaunch=relaunch_on_fallback,
     replace_dead=replace_on_kill,
     check=check_heal,
-    rejoin="harness.strategies.accelpact_heal:rejoin_job",
+    rejoin="harness.strategies.accelpact.heal:rejoin_job",
     # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
     # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
     # survivor still waiting then is killed, which the relaunch policy treats the same way.

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 if TYPE_CHECKING:
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.rank.env import RankEnv
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).

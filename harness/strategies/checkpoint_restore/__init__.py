@@ -1,6 +1,6 @@
 """Strategy ``checkpoint_restore``: NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
 
-The rank's whole training function runs under ``harness.strategies.nvrx_restart.run_with_inprocess_restart``:
+The rank's whole training function runs under ``harness.strategies.checkpoint_restore.nvrx_restart.run_with_inprocess_restart``:
 the process stays alive; when a collective fails on any rank, NVRx interrupts every rank, the adapter
 tears the process groups down, and the training function runs again (incarnation + 1). Each
 incarnation builds its process group on a never-used store prefix, rebuilds model and optimizer,
@@ -48,7 +48,7 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
     from harness.rank import identity
     from harness.events import EventLog, Restart
-    from harness.strategies.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
+    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
     from harness.rank.train import TrainResult, build_context, run_loop
 
     import_inprocess()  # fail first, with the fix named, if NVRx is missing
@@ -107,7 +107,7 @@ class _NvrxStore:
         launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
-        from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
+        from harness.strategies.checkpoint_restore.nvrx_restart import STORE_PORT_ENV, host_store
 
         self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
         self.launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": self.host,
@@ -137,7 +137,7 @@ def check_runnable(run: Any) -> None:
     """NVRx must be importable, and its parent-hosted store cannot reach ranks in network namespaces."""
     from harness.app.validate import ConfigError
     from harness.faults import registry as faults
-    from harness.strategies.nvrx_restart import NvrxUnavailable, import_inprocess
+    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
     if faults.get(run.fault.kind).needs_netns:
         raise ConfigError(
