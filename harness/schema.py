@@ -15,6 +15,17 @@ from enum import Enum
 from typing import Any, List, Optional, Type, TypeVar
 
 
+
+class ConfigError(ValueError):
+    """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it.
+
+    Here, at the bottom of the harness, so that the strategies' and fault kinds' own checks raise it
+    without importing the app that validates; ``memory_plan``: the app's ``MemoryPlan`` when it made one."""
+
+    def __init__(self, message: str, memory_plan: Any = None) -> None:
+        super().__init__(message)
+        self.memory_plan = memory_plan
+
 class FaultPhase(str, Enum):
     forward_allgather_first = "forward_allgather_first"
     forward_allgather_middle = "forward_allgather_middle"

@@ -30,7 +30,7 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults.schedule import ScheduleError, plan_faults
 
     strategy = strategies.get(run.strategy.name)

@@ -17,20 +17,12 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.schema import ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
+from harness.schema import ConfigError, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
 # model.num_layers=10**12 (a fuzz draw) made validation run for ever.
 MAX_LAYERS = 1024
-
-
-class ConfigError(ValueError):
-    """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it."""
-
-    def __init__(self, message: str, memory_plan: MemoryPlan | None = None) -> None:
-        super().__init__(message)
-        self.memory_plan = memory_plan
 
 
 @dataclass

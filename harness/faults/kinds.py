@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from harness.faults.host_loss import apply_host_loss
-from harness.faults.registry import FaultSpec
+from harness.faults.spec import FaultSpec
 
 
 def apply_hang(driver: Any, req: dict) -> None:

@@ -135,7 +135,7 @@ def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_f
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable, and its parent-hosted store cannot reach ranks in network namespaces."""
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults import registry as faults
     from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
