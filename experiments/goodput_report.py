@@ -31,7 +31,7 @@ from experiments.goodput_model import (
     projected_gain,
     restart_cost_ratios,
 )
-from experiments.paper import PAPER_GAIN, PAPER_GAIN_SETUP
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
     load_provenance,

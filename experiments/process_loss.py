@@ -98,20 +98,6 @@ def sweep_overrides(plan: Plan, fault: str, run_dir: Path) -> list[str]:
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
-def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted((run_dir / "events").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if f'"{kind}"' in line:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("kind") == kind:
-                    out.append(ev)
-    return out
-
-
 def _fault_parts(run_dir: Path) -> dict[str, float]:
     from harness.report.goodput import load_report
 
@@ -124,15 +110,17 @@ def _fault_parts(run_dir: Path) -> dict[str, float]:
 
 def _heal_columns(run_dir: Path) -> dict[str, Any]:
     """Where the lost rank's state came from, and the heal's own timings (replacement side)."""
-    heals = [h for h in _events(run_dir, "heal") if h.get("role") == "replacement"]
+    from harness.events import Heal, load_events, of_type
+
+    heals = [h for h in of_type(load_events(run_dir), Heal) if h.role == "replacement"]
     if not heals:
         return {"heal_source": "", "heal_total_s": math.nan, "replacement_start_s": math.nan,
                 "heal_transfer_s": math.nan, "disk_bytes_read": math.nan}
-    return {"heal_source": "+".join(sorted({str(h.get("source")) for h in heals})),
-            "heal_total_s": max(float(h.get("total_s", math.nan)) for h in heals),
-            "replacement_start_s": max(float(h.get("replacement_start_s", math.nan)) for h in heals),
-            "heal_transfer_s": max(float(h.get("heal_transfer_s", math.nan)) for h in heals),
-            "disk_bytes_read": sum(int(h.get("bytes_read_from_disk") or 0) for h in heals)}
+    return {"heal_source": "+".join(sorted({str(h.source) for h in heals})),
+            "heal_total_s": max(h.total_s for h in heals),
+            "replacement_start_s": max(h.replacement_start_s for h in heals),
+            "heal_transfer_s": max(h.heal_transfer_s for h in heals),
+            "disk_bytes_read": sum(h.bytes_read_from_disk for h in heals)}
 
 
 def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
@@ -248,6 +236,7 @@ def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
+    from harness.events import Snapshots, load_events, of_type
     from harness.app.machine import probe
     from harness.app.memory_plan import plan as memory_plan
 
@@ -262,19 +251,18 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
             if not (run_dir / "summary.json").exists():
                 continue
             row = json.loads((run_dir / "summary.json").read_text()).get("row", {})
-            snaps = _events(run_dir, "snapshots")
+            snaps = of_type(load_events(run_dir), Snapshots)
             run_cfg = to_run_config(compose(args[:-1]))
             planned = memory_plan(run_cfg, probe(with_gpus=False), load_catalogue().counts(run_cfg.model))
             out.append({"snapshots": "on" if every else "off", "pair": pair, "status": row.get("status"),
                         "step_median_s": row.get("step_time_median_s"), "train_s": row.get("train_s"),
                         "tokens_per_s": row.get("tokens_per_s"), **_load_columns(row, samples),
-                        "wait_s_per_rank": (sum(float(s.get("wait_s", 0)) for s in snaps) / len(snaps)) if snaps else 0.0,
-                        "slot_bytes": max((int(s.get("slot_bytes", 0)) for s in snaps), default=0),
-                        "own_shm_bytes": max((int(s.get("own_shm_bytes", 0)) for s in snaps), default=0),
-                        "replica_shm_bytes": max((int(s.get("replica_shm_bytes", 0)) for s in snaps), default=0),
+                        "wait_s_per_rank": (sum(s.wait_s for s in snaps) / len(snaps)) if snaps else 0.0,
+                        "slot_bytes": max((s.slot_bytes for s in snaps), default=0),
+                        "own_shm_bytes": max((s.own_shm_bytes for s in snaps), default=0),
+                        "replica_shm_bytes": max((s.replica_shm_bytes for s in snaps), default=0),
                         "planned_shm_bytes": planned.snapshot_per_rank,
-                        "push_mb_s": max((float((s.get("replication") or {}).get("push_mb_s") or 0)
-                                          for s in snaps), default=0.0)})
+                        "push_mb_s": max((float(s.replication.get("push_mb_s") or 0) for s in snaps), default=0.0)})
     return out
 
 

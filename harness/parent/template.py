@@ -31,7 +31,7 @@ def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
     a fault that kills ranks, ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
-    from harness.app.schema import RankLaunch, ReplacementStart
+    from harness.schema import RankLaunch, ReplacementStart
     from harness.faults import registry
 
     st = run.strategy

@@ -31,13 +31,13 @@ from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
-from experiments.paper import PAPER_GAIN  # the paper's figures live in one place
+from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
 from harness.faults import registry as faults
 from harness.report.goodput import load_report
 from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.rank.identity import compare_runs
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 
 REFERENCE = "reference"
 LOAD_COLUMNS: tuple[str, ...] = ("load_before", "load_mean", "load_max", "steal_pct", "cores_used")  # load_guard

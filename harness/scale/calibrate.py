@@ -24,12 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.scale.engine import CHECKPOINT, STEP, Lanes, Schedule, simulate
+from harness.scale.engine import CHECKPOINT, ROLLBACK_CODE, STEP, Lanes, Schedule, simulate
+from harness.strategies import simulated
 
 _BADPUT = ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
            "checkpoint_s", "other_s")
-# How each harness strategy recovers from the calibration fault (a socket reset: a transient network fault).
-ROLLBACK = {"accelpact": STEP, "cold_restart": CHECKPOINT, "checkpoint_restore": CHECKPOINT}
+# How each harness strategy recovers from the calibration fault (a socket reset: a transient network
+# fault), from the strategy registry (``Simulation.calibration_rollback``).
+ROLLBACK = {name: ROLLBACK_CODE[sim.calibration_rollback] for name, sim in simulated().items()
+            if sim.calibration_rollback is not None}
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_pat
 
 def test_blackhole_shorter_than_the_pg_timeout_is_allowed_with_the_watchdog():
     from harness.app.capabilities import check_runnable
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.app.validate import ConfigError
 
     run = RunConfig()
