@@ -13,6 +13,7 @@ heal policy, and the two ways a process starts:
   calls ``accelpact.rejoin`` instead, builds the model as every rank did, and ``attach(rejoin=ticket)``
   loads the resume step from the dead process's snapshot; the survivors keep their live state.
 
+``--pause-s S``: sleep after each step (a test's room to inject a network fault from outside).
 ``--kill-at STEP``: rank ``--kill-rank`` SIGKILLs itself in that step, between forward and backward
 (first process of that rank only). ``--out DIR``: each rank writes its shards, optimizer state and the
 losses it committed to ``DIR/rank<r>.pt``, for a tensor-by-tensor comparison with a fault-free run, and
@@ -26,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one line per error, not a backtrace
@@ -51,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kill-at", type=int, default=None, help="rank --kill-rank SIGKILLs itself in this step")
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
 
 
@@ -111,7 +114,10 @@ def main(args: argparse.Namespace) -> dict:
             print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             os._exit(EXIT_UNRECOVERABLE)
+        print(f"rank {rank} step {step} loss {losses[step]:.6f}", flush=True)
         step += 1
+        if args.pause_s:
+            time.sleep(args.pause_s)
     snap.close(remove=False)  # the agent's next attempt (if any) may still need them; /dev/shm is per job token
 
     if args.out is not None:
@@ -120,6 +126,7 @@ def main(args: argparse.Namespace) -> dict:
     return {"rank": rank, "pid": os.getpid(), "replacement": None if me is None else me.number,
             "restart": snapshot.restart_count(), "first_step": first_step, "committed_step": guard.committed_step,
             "restored": None if restored is None else {"step": restored.step, "source": restored.source},
+            "recoveries": guard.events.total,
             "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "own_source": e.own_source,
                        "replayed": e.replayed_steps, "total_s": round(e.total_s, 3),
                        "bytes_read_from_disk": e.bytes_read_from_disk} for e in guard.heal_events],
