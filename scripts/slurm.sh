@@ -133,6 +133,12 @@ netns_down() {
   sed -i "/$HOSTS_MARK/d" /etc/hosts 2>/dev/null || true
 }
 
+netns_present() {  # are the bridge and $1 node namespaces there?
+  local i
+  ip netns list 2>/dev/null | grep -q "^$BR_NS\b" || return 1
+  for ((i = 0; i < $1; i++)); do ip netns list 2>/dev/null | grep -q "^$NODE_NS$i\b" || return 1; done
+}
+
 netns_up() {  # build $1 namespace nodes (see the header); returns non-zero if this host cannot
   local n=$1 i
   command -v ip >/dev/null || { echo "no \`ip\` command"; return 1; }
@@ -168,7 +174,9 @@ up() {
   local t0=$SECONDS
   install
   local n=$NODES why
-  if [ "$n" -gt 1 ] 2>/dev/null; then
+  if [ "$n" -gt 1 ] 2>/dev/null && [ "$(cat $NODES_FILE 2>/dev/null)" = "$n" ] && netns_present "$n"; then
+    :  # already built by an earlier `up` (rebuilding would kill the running slurmd and their jobs)
+  elif [ "$n" -gt 1 ] 2>/dev/null; then
     if ! why=$(netns_up "$n" 2>&1); then
       echo "slurm.sh: cannot build $n network-namespace nodes here (${why:-ip netns failed}); falling back to ONE node ($NODE): multi-node tests will skip" >&2
       n=0

@@ -71,7 +71,10 @@ def config_from_args(argv: list[str]) -> AgentConfig:
         host, port = host or h, port if port is not None else int(p)
     if a.standalone and a.nnodes != 1:
         ap.error("--standalone is for one node; drop it or --nnodes")
-    run_id = a.rdzv_id or os.environ.get("SLURM_JOB_ID") if a.nnodes > 1 else (a.rdzv_id or uuid.uuid4().hex[:12])
+    if a.nnodes > 1:  # every node must name the same run: no fresh id here
+        run_id = a.rdzv_id or os.environ.get("SLURM_JOB_ID", "")
+    else:
+        run_id = a.rdzv_id or uuid.uuid4().hex[:12]
     if not run_id:
         ap.error("several nodes need the same --rdzv-id on every node (under Slurm $SLURM_JOB_ID is used)")
     try:

@@ -71,6 +71,7 @@ def preload(entry: dict[str, Any]) -> list[str]:
 
 def become(req: dict[str, Any]) -> int:
     """In the forked child: the rank's stdio, environment and directory, then the user's script."""
+    die_with_parent(os.getppid())  # the template; it dies with the agent (a fork does not inherit the setting)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
