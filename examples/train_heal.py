@@ -13,7 +13,10 @@ heal policy, and the two ways a process starts:
   calls ``accelpact.rejoin`` instead, builds the model as every rank did, and ``attach(rejoin=ticket)``
   loads the resume step from the dead process's snapshot; the survivors keep their live state.
 
-``--pause-s S``: sleep after each step (a test's room to inject a network fault from outside).
+``--replicas``: each snapshot is also pushed to a buddy rank on the next node
+(accelpact.snapshot.replica); ``--lose-host`` (with ``--kill-at``): before dying, the killed rank deletes
+its node's shared memory of this job (its own slots and the replicas it held), so its replacement can
+only heal from the buddy's replica. ``--pause-s S``: sleep after each step (a test's room to inject a network fault from outside).
 ``--kill-at STEP``: rank ``--kill-rank`` SIGKILLs itself in that step, between forward and backward
 (first process of that rank only). ``--out DIR``: each rank writes its shards, optimizer state and the
 losses it committed to ``DIR/rank<r>.pt``, for a tensor-by-tensor comparison with a fault-free run, and
@@ -52,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--kill-at", type=int, default=None, help="rank --kill-rank SIGKILLs itself in this step")
     ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--replicas", action="store_true", help="push each snapshot to a buddy rank on the next node")
+    ap.add_argument("--lose-host", action="store_true", help="with --kill-at: the killed rank's node also loses "
+                    "this job's shared memory (its own snapshots and the replicas it held), as a lost host would")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
@@ -81,9 +87,17 @@ def main(args: argparse.Namespace) -> dict:
         restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
     elif me is None:
         snapshot.remove_rank(config.root, token, rank)  # a new job: nothing of an earlier one is resumed
-    snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config)
+    replication = None
+    if args.replicas:  # accelpact: each slot also goes to the buddy (same local rank on the next node)
+        from accelpact.snapshot.replica import Replication
+
+        replication = Replication.from_env(control, job_token=token)
+    snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
+                                on_complete=replication.push if replication is not None else None)
+    policy = accelpact.HealPolicy(fetch_replica=replication.fetch if replication is not None else None,
+                                  buddy_of=(lambda r: replication.buddy) if replication is not None else None)
     guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, snapshots=snap,
-                             heal=accelpact.HealPolicy(), rejoin=ticket)  # accelpact
+                             heal=policy, rejoin=ticket)  # accelpact
     if ticket is not None:
         step = guard.next_step  # accelpact: the resume step the heal agreed on
     elif restored is not None:
@@ -99,6 +113,9 @@ def main(args: argparse.Namespace) -> dict:
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         if killing and guard.next_step == args.kill_at:
+            if args.lose_host:  # the node's shared memory goes with it: only the buddy's replica survives
+                snap.flush()
+                snapshot.remove_job(config.root, token)
             os.kill(os.getpid(), signal.SIGKILL)  # a lost process, mid-step
         loss.backward()
         return loss.detach()
@@ -118,6 +135,8 @@ def main(args: argparse.Namespace) -> dict:
         step += 1
         if args.pause_s:
             time.sleep(args.pause_s)
+    if replication is not None:
+        replication.close()
     snap.close(remove=False)  # the agent's next attempt (if any) may still need them; /dev/shm is per job token
 
     if args.out is not None:

@@ -91,7 +91,9 @@ def runs(tmp_path_factory) -> Path:
     port = random.randint(20000, 29000)
     procs = {"ref": srun_job("ref", tmp, port, []),
              "killed": srun_job("killed", tmp, port + 1, ["--kill-at", str(KILL_AT), "--kill-rank", "1"]),
-             "reset": srun_job("reset", tmp, port + 2, [])}
+             "reset": srun_job("reset", tmp, port + 2, []),
+             "host": srun_job("host", tmp, port + 3, ["--kill-at", str(KILL_AT), "--kill-rank", "1", "--replicas",
+                                                       "--lose-host"])}
     injected: dict = {}
     injector = threading.Thread(target=reset_data_link_after, args=(tmp / "reset", 1, injected), daemon=True)
     injector.start()
@@ -145,3 +147,19 @@ def test_a_data_link_reset_between_the_nodes_recovers_in_memory(runs):
         [res] = results(run, rank)
         assert res["pid"] == int(pids[rank].group(1)) and res["heals"] == []
         assert res["recoveries"] >= 1, f"rank {rank} recorded no in-memory recovery: {res}"
+
+
+def test_a_lost_host_heals_from_its_buddy_replica(runs):
+    run = runs / "host"
+    assert_bit_identical(runs / "ref", run)
+    node0, node1 = (run / "agent0.log").read_text(), (run / "agent1.log").read_text()
+    assert "restarting the whole worker group" not in node0 + node1
+    m = re.search(r"attempt 0: started ranks \[0\] \(pids \[(\d+)\]\)", node0)
+    [survivor] = results(run, 0)
+    assert m and survivor["pid"] == int(m.group(1)), "the survivor on node 0 is not the process its agent started"
+    [heal] = survivor["heals"]
+    assert heal["role"] == "survivor" and heal["source"] == "buddy" and heal["bytes_read_from_disk"] == 0, heal
+    [replacement] = results(run, 1)
+    assert f"replacement 1 started (template, pid {replacement['pid']})" in node1, node1[-3000:]
+    [rheal] = replacement["heals"]
+    assert rheal["own_source"] == "buddy" and rheal["bytes_read_from_disk"] == 0, rheal
