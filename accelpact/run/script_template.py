@@ -30,7 +30,7 @@ ENTRY_ENV = "ACCELPACT_TEMPLATE_ENTRY"
 STDOUT_FD_ENV = "ACCELPACT_TEMPLATE_STDOUT_FD"
 # What every replacement of an accelpact-healed FSDP script imports before it arrives.
 BASE_PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor", "accelpact",
-                "accelpact.control", "accelpact.rejoin", "accelpact.heal", "accelpact.snapshot")
+                "accelpact.control", "accelpact.recovery.rejoin", "accelpact.recovery.heal", "accelpact.snapshot")
 
 
 def script_imports(path: str) -> list[str]:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from accelpact.control import ControlChannel  # noqa: F401 - the channel reads what worker_env writes
-from accelpact._launch_env import control_settings
+from accelpact.control.launch_env import control_settings
 from accelpact.run import replacement
 from accelpact.run.agent import Agent, AgentConfig, _Attempt
 from accelpact.run.cli import config_from_args
