@@ -29,7 +29,7 @@ from typing import Sequence
 
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from workloads.fsdp_scenarios import RUNNER
+from harness.workloads.fsdp_scenarios import RUNNER
 from harness.report.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
 from experiments.provenance import (
     ClaimRow,

@@ -6,7 +6,7 @@ age and strategy; any sweep over a faulted run works the same (``python -m harne
 strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or on Slurm.
 
 - The default experiment uses the trials sweeper (``hydra/sweeper=trials``,
-  hydra_plugins/harness_trials): ``compare.trials`` interleaved rounds, each running the fault-free
+  harness/app/plugins/hydra_plugins/harness_trials): ``compare.trials`` interleaved rounds, each running the fault-free
   reference (:func:`run_reference`) and every job once in a rotated order, into ``<sweep>/trial<k>/``.
 - With another sweeper, ``on_multirun_start`` runs the fault-free reference of the sweep's base config
   (strategy and fault from the registries' reference; same model, data, steps and checkpoint cadence)
