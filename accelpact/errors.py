@@ -1,8 +1,8 @@
 """AccelPact's exception hierarchy: recoverable communication faults vs unrecoverable ones.
 
 Modelled on nvidia-resiliency-ext's ``inprocess/exception.py``. A leaf: it imports nothing of accelpact
-(which raw exceptions count as communication faults is the backends' call: accelpact.backends.faults). The split matters because the two
-families have opposite handling rules:
+(which raw exceptions count as communication faults is the backends' call: accelpact.backends.faults).
+The split matters because the two families have opposite handling rules:
 
 - :class:`CommFault` (and any raw exception ``accelpact.backends.is_comm_fault`` accepts) is a data-plane
   fault that AccelPact recovers from in memory: agree, build a fresh process group, rebind, continue.

@@ -2,7 +2,8 @@
 
 ``backend_for(pg)`` returns a fresh backend object for the c10d backend ``pg`` was created with
 ("gloo" or "nccl"); the guard holds it for its lifetime. An unsupported backend raises an error
-that names the supported ones.
+that names the supported ones. ``is_comm_fault(exc)`` classifies an exception with every registered
+backend's message fragments (backends/faults.py has the rule).
 """
 
 from __future__ import annotations

@@ -61,8 +61,9 @@ def matches_comm_fault(exc: BaseException, markers: Collection[str], never_marke
     and plain ``RuntimeError`` whose text carries a transport message: an operating-system socket error
     (:data:`GENERIC_FAULT_MARKERS`) or one of ``markers``, the lower-cased fragments a backend's
     transport raises (e.g. gloo's "Connection closed by peer" or "Timed out waiting";
-    ``accelpact.backends.is_comm_fault`` passes every registered backend's). ``never_markers`` are fragments that make an error NOT a comm fault even if it
-    is a ``DistBackendError`` (a backend's usage errors). An exception explicitly wrapping a fault
+    ``accelpact.backends.is_comm_fault`` passes every registered backend's). ``never_markers`` are
+    fragments that make an error NOT a comm fault even if it is a ``DistBackendError`` (a backend's usage
+    errors). An exception explicitly wrapping a fault
     (``raise X from fault``) counts too; an unrelated error merely raised while handling one
     (``__context__``) does not. Rejects unrecoverable AccelPact errors, out-of-memory,
     KeyboardInterrupt/SystemExit, and ordinary errors such as shape mismatches.

@@ -10,7 +10,7 @@ then a loop over those slots: time proportional to the table, no traversal.
 
 The DeviceMesh is mutated, never replaced: parameter and optimizer-state DTensors share the same
 mesh object through their specs. Mesh ``_dim_group_names`` hold names, which stay stable because
-comm.py re-registers every new group under its old name; the c10d registries are comm.py's job.
+generations.py re-registers every new group under its old name; the c10d registries are its job.
 
 Function defaults are holders too: a module imported after ``init_process_group`` that writes
 ``def f(..., group=group.WORLD)`` (torch.distributed.nn.functional does, and transformers / FSDP

@@ -12,10 +12,10 @@ recoverable) goes through the :class:`accelpact.backends.Backend` of the data-pl
 On a communication fault the guard:
 1. aborts its own transport of the broken generation (gloo: resets its sockets), so peers blocked
    on it fail in ms;
-2. resets FSDP to a clean between-steps state (reset.py; both traps handled);
+2. resets FSDP to a clean between-steps state (accelpact.dataplane.reset; both traps handled);
 3. exchanges a RankReport over the out-of-band control channel (own deadline) and decides;
 4. builds the next data-plane generation on a never-used store prefix, under the old names;
-5. rebinds every cached reference in place (bindings.py);
+5. rebinds every cached reference in place (accelpact.dataplane.bindings);
 6. runs the first collective on the new generation;
 7. applies the decision. A fault during 4-6 starts a new round on the next generation.
 A lost rank or irreconcilable reports raise (RankLostError / StateDivergedError) naming the ranks and

@@ -1,4 +1,4 @@
-"""Recovery rounds of the guard (steps 1-7 of accelpact.guard's docstring), kept apart from the step.
+"""Recovery rounds of the guard (steps 1-7 of accelpact.guard.core's docstring), kept apart from the step.
 
 ``recover`` runs rounds until one succeeds: reset FSDP, agree over the control channel, make the next
 data-plane generation live (``DataPlane.rebuild``: today, new groups under the old names and a rebind),
