@@ -45,7 +45,7 @@ def _pct(values: list[float], q: float) -> float:
 def notice_latency(trials: int) -> list[float]:
     from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
     from accelpact.errors import RankLostError
-    from accelpact.liveness import LivenessConfig, PeerJudge, PeerWatch, publish_death
+    from accelpact.detection.liveness import LivenessConfig, PeerJudge, PeerWatch, publish_death
 
     server, port = start_control_server()
     out = []

@@ -2,7 +2,7 @@
 
 Each trial is one real harness run (``python -m harness``, strategy=accelpact, 2 gloo ranks, the small
 decoder): the parent SIGKILLs rank 1 at step ``--step`` and ``--phase``, starts a replacement for it,
-and the survivors heal it in memory (accelpact.heal). From the run's events:
+and the survivors heal it in memory (accelpact.recovery.heal). From the run's events:
 
 - ``death -> resumed``: the parent's fault record (the SIGKILL) -> the last rank's heal end (its first
   collective on the new generation done: every rank resumed);

@@ -83,7 +83,7 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
                 opt.zero_grad(set_to_none=True)
                 plain.append(time.perf_counter() - t)
                 step += 1
-            guard._next_step = step  # keep the guard's step count in line with the plain loop
+            guard.resume_at(step)  # keep the guard's step count in line with the plain loop
             for _ in range(sc["block_steps"]):
                 t = time.perf_counter()
                 guard.step(step_fn, batch_for(step, rank, m))
@@ -93,7 +93,8 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     else:
         guard.phase_hooks.append(inj.on_phase)
         inj.install(root, middle)
-        start = guard._next_step = step
+        guard.resume_at(step)
+        start = step
         phases = ["forward_allgather_middle", "backward_reduce_scatter", "vote", "clip_allreduce"]
         for k in range(sc["faults"]):
             if rank == k % ctx.world_size:

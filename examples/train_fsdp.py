@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> dict:
     if cuda:
         torch.cuda.set_device(device)
     # accelpact: env:// from torchrun's variables, on a store prefix of its own per restart attempt (plain
-    # dist.init_process_group fails after a --max-restarts restart: accelpact/process_group.py)
+    # dist.init_process_group fails after a --max-restarts restart: accelpact/dataplane/process_group.py)
     accelpact.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
 
@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> dict:
     if start:
         guard.resume_at(start)  # accelpact: step numbers continue after the restored step
     if args.fault:  # accelpact.testing: inject one real fault into this run
-        from accelpact import comm
+        from accelpact.dataplane import generations as comm
         from accelpact.testing import FaultInjector
 
         step, phase, action = args.fault.split(":")

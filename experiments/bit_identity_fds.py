@@ -39,7 +39,7 @@ def only_store_connection(soak: dict, settled_change: int) -> bool:
     """True when, on every rank, the settled fds differ from the baseline by exactly one store
     connection: the one the live generation's process group was built on. Generation 0 shares the
     launcher's store client (still open: the session's rank keeps it for barriers); every later
-    generation has its own (accelpact/_data_plane_store.py), which lives as long as its group. A
+    generation has its own (accelpact/control/data_plane_store.py), which lives as long as its group. A
     constant, not growth; anything else is reported as it is."""
     diffs = [_kind_diff(k.get("baseline"), k.get("settled")) for k in soak.get("fd_kinds") or []]
     return settled_change == 1 and bool(diffs) and all(d == {"tcp store": 1} for d in diffs)

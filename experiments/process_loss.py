@@ -1,8 +1,9 @@
 """Losing a process or a whole host: AccelPact's in-memory heal against cold restart and NVRx checkpoint
 restoration, at checkpoint ages 5 and 18, measured side by side on this machine.
 
-    python -m experiments.process_loss             # full run (~9-11 min on 2 cores at load 3-5; root: namespaces)
-    python -m experiments.process_loss --quick     # age 5 only, 24 steps, into a temp dir
+    python -m experiments.process_loss             # full run, 3 trials (~30 min on 2 cores at load 3-5; root)
+    python -m experiments.process_loss --quick     # age 5 only, 24 steps, 1 trial, into a temp dir
+    python -m experiments.process_loss --trials 1  # one trial per cell (~10 min)
     python -m experiments.process_loss --rederive  # table.md and plots again from results/<name>/data.csv
 
 Two simulated hosts (``cluster=local_hosts``: a network namespace each, its own snapshot root, one rank
@@ -18,7 +19,13 @@ newest DCP checkpoint; checkpoint_restore is NVRx's in-process restart with DCP 
 side: fault-free accelpact runs with snapshots on and off, alternated, for the per-step overhead, and the
 shared-memory bytes each rank's snapshots took (measured on the ranks, beside the memory plan's figure).
 
-Writes results/<name>/: table.md, data.csv, overhead.csv, goodput.png, provenance.json (+ .md).
+With ``--trials N`` each fault's comparison runs N interleaved rounds (``compare.trials``), each with its
+own reference: data.csv has one row per run and trial (``trial``), the table and plot use the medians
+over trials, and each fault's verdict table from the comparison (median, 95% interval, verdict per cell)
+is kept as verdict_<fault>.md.
+
+Writes results/<name>/: table.md, data.csv, overhead.csv, goodput.png, verdict_<fault>.md,
+provenance.json (+ .md).
 """
 
 from __future__ import annotations
@@ -56,14 +63,18 @@ class Plan:
     batch_size: int
     overhead_pairs: int
     overhead_steps: int
+    trials: int = 1  # compare.trials: interleaved rounds per fault, each with its own reference
 
     def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"--trials must be 1 or more; got {self.trials}")
         if not self.ages or max(self.ages) >= self.interval or self.interval + max(self.ages) >= self.steps:
             raise ValueError(f"ages {self.ages} need interval > max age and steps > interval + max age "
                              f"(got interval {self.interval}, steps {self.steps})")
 
 
-FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=2, overhead_steps=40)
+FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=2, overhead_steps=40,
+            trials=3)
 QUICK = Plan(ages=(5,), steps=24, interval=12, seq_len=64, batch_size=2, overhead_pairs=1, overhead_steps=24)
 
 
@@ -83,7 +94,7 @@ def sweep_overrides(plan: Plan, fault: str, run_dir: Path) -> list[str]:
     return ["experiment=compare", *common(plan, run_dir.parent), f"fault={fault}", "fault.ranks=[1]",
             "fault.schedule=at_age", "fault.at_step=null", "fault.phase=backward_reduce_scatter",
             f"fault.at_age={','.join(map(str, plan.ages))}", f"strategy={','.join(STRATEGIES)}",
-            f"hydra.sweep.dir={run_dir}"]
+            f"compare.trials={plan.trials}", f"hydra.sweep.dir={run_dir}"]
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
@@ -144,6 +155,12 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
     return collect_fault(fault, run_dir, plan)
 
 
+def keep_verdict(fault: str, run_dir: Path, out: Path) -> None:
+    """The comparison's own verdict table of ``fault`` (median, 95% interval, verdict per cell)."""
+    if (run_dir / "table.md").exists():
+        shutil.copyfile(run_dir / "table.md", out / f"verdict_{fault}.md")
+
+
 def _run_window(row: Mapping[str, Any]) -> tuple[float, float]:
     """Unix start and end of a run, from its row's ``started_at`` and ``wall_s`` (nan if unknown)."""
     try:
@@ -161,8 +178,9 @@ def _load_columns(row: Mapping[str, Any], samples: list[tuple[float, float]]) ->
 
 
 def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]:
-    """The rows of one fault's finished comparison directory, plus one per refused (strategy, age)."""
-    from harness.report import compare
+    """The rows of one fault's finished comparison directory (per trial: ``trial<k>/``, or the directory
+    itself for one trial), plus one per refused (strategy, age)."""
+    from harness.report.trials import trial_of
 
     refused_path = run_dir.parent / f"{fault}.refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.exists() else {}
@@ -170,6 +188,18 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
     rows: list[dict[str, Any]] = [{"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a,
                                    "status": "not supported", "reason": why}
                                   for s, why in refused.items() for a in plan.ages]
+    trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name))
+    for tdir in trial_dirs or [run_dir]:
+        for r in _collect_trial(fault, tdir, samples):
+            r["trial"] = trial_of(tdir.name)
+            rows.append(r)
+    return rows
+
+
+def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    from harness.report import compare
+
+    rows: list[dict[str, Any]] = []
     for sub in sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists()):
         row = json.loads((sub / "summary.json").read_text()).get("row", {})
         d: dict[str, Any] = {"fault": fault, "run": sub.name, "strategy": row.get("strategy"), "age": row.get("age"),
@@ -186,6 +216,7 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
         try:
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
             d["bit_identical"] = summary.bit_identical
+            d["useful_steps"] = summary.report.steps  # the badput-based goodput's useful steps
             d.update({f"part_{k}_s": v for k, v in _fault_parts(sub).items()})
         except Exception as exc:  # noqa: BLE001 - a run without events keeps its row, without a breakdown
             print(f"warning: {sub}: no comparison ({exc})")
@@ -238,6 +269,7 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "age 5 only, 24 steps, one overhead pair, written to a temp dir")
     ap.add_argument("--faults", default=",".join(FAULTS), help="comma list of faults (default kill,host_loss)")
+    ap.add_argument("--trials", type=int, default=None, help="interleaved rounds per fault (default 3; --quick 1)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--rederive", action="store_true", help="rebuild table.md and plots from OUT/data.csv")
@@ -251,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                       float(prov.extra.get("runtime_s", math.nan)))
         return 0
     plan = QUICK if args.quick else FULL
+    if args.trials is not None:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, trials=args.trials)
     faults = tuple(f for f in args.faults.split(",") if f)
     if args.collect:
         if not args.scratch:
@@ -275,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     write_provenance(out, _driver.command(argv, NAME), {
         "ages": ",".join(map(str, plan.ages)), "steps": plan.steps, "interval": plan.interval,
         "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": "mistral_tiny", "world_size": 2,
-        "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter"})
+        "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter",
+        "trials": plan.trials})
     try:
         with LoadSampler(scratch / LOAD_FILE):
             data = [row for fault in faults for row in measure_fault(plan, fault, scratch)]
@@ -285,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)
+        for fault in faults:
+            keep_verdict(fault, scratch / fault, out)
         write_outputs(out, data, overhead, runtime)
     finally:
         if not args.keep and not args.scratch:

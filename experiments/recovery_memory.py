@@ -2,7 +2,7 @@
 
 Two sessions of 2 ranks, each recovering ``--faults`` faults of the soak's mix (no hangs) in one
 process: "before" with the C-heap trim off (``ACCELPACT_MALLOC_TRIM=0``) and every RecoveryEvent
-kept, "after" as shipped (:mod:`accelpact.heap` trims after each recovery; ``guard.events`` keeps the
+kept, "after" as shipped (:mod:`accelpact.dataplane.heap` trims after each recovery; ``guard.events`` keeps the
 newest 32 here, 256 by default, so that its bound is reached within the run). Every 5 recoveries each rank samples RSS and glibc's heap (in use vs free but kept);
 after a warm-up of 20 recoveries each is fitted as a slope per recovery with a 95% HAC interval
 (the soak's fit). Also the trim's cost, as the retirement time of each recovery.
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [f"# Memory per recovery, before and after the fixes ({args.faults} faults of the soak's mix, no hangs, "
              "2 ranks, tiny decoder)", "",
              "before: no C-heap trim, every RecoveryEvent kept; after: `malloc_trim(0)` after each recovery "
-             "(accelpact/heap.py), the newest 32 events kept (256 by default; 32 reaches the bound within the run); "
+             "(accelpact/dataplane/heap.py), the newest 32 events kept (256 by default; 32 reaches the bound within the run); "
              "after + MALLOC_MMAP_THRESHOLD_: the same with glibc's mmap threshold fixed at 128 KiB in the ranks' "
              "environment (an operator's option, not set by accelpact). Slopes: least squares per recovery after a "
              f"warm-up of {WARMUP}, 95% Newey-West interval. Sessions run one after the other, on a shared host.", "",

@@ -145,11 +145,11 @@ class StrategyConfig:
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
     max_restarts: int = 20
-    # accelpact's stall watchdog (accelpact/watchdog.py): None = auto (10 s when the PG timeout is
+    # accelpact's stall watchdog (accelpact/detection/watchdog.py): None = auto (10 s when the PG timeout is
     # longer, else off), 0 = off, else seconds; must be below cluster.pg_timeout_s.
     stall_timeout_s: Optional[float] = None
     # accelpact: snapshots on (conf/strategy/accelpact.yaml sets every=1) make a killed rank heal in
-    # memory: the parent starts a replacement for that rank only (accelpact.heal).
+    # memory: the parent starts a replacement for that rank only (accelpact.recovery.heal).
     snapshot: SnapshotSettings = field(default_factory=SnapshotSettings)
     # How long survivors wait for a replacement to arrive (a Python + torch + transformers start).
     replacement_timeout_s: float = 120.0
@@ -182,6 +182,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class CompareConfig:
+    """A comparison sweep (``hydra/sweeper=trials``): how many interleaved rounds, and this run's round."""
+
+    trials: int = 1  # rounds; each runs the reference and every strategy once (harness.report.trials)
+    trial: int = 0  # set by the sweeper on each run: the round it belongs to
+
+
+@dataclass
 class RunConfig:
     name: str = "smoke"  # the name of the conf/experiment preset this run came from (the row's "experiment")
     description: str = ""
@@ -191,6 +199,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     # Rows of every run are collected here (relative paths are relative to the working directory).
     index_path: str = "outputs/index.csv"
     progress: bool = True

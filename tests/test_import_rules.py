@@ -5,8 +5,12 @@
     into their own training script with torch as its only dependency;
 (b) no production accelpact module (anything outside accelpact/testing/) imports accelpact.testing:
     test tools must never be on the recovery path;
-(c) the harness modules import each other without cycles (function-level imports included: a cycle
-    hidden inside a function is still a cycle in the design);
+(c) neither package has an import cycle among its modules: every import counts, at module level,
+    inside functions, under ``if TYPE_CHECKING:`` and through ``importlib.import_module`` /
+    ``__import__`` with a literal name (an f-string name with a literal prefix, e.g.
+    ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
+    inside a function or behind importlib is still a cycle in the design. The harness cycles that another
+    change removes are named, edge by edge, in KNOWN_HARNESS_CYCLE_EDGES;
 (d) beyond the standard library, the runtime imports torch and nothing else except the optional
     accelerators named in OPTIONAL_IN_RUNTIME (``isal``: ISA-L's CRC-32 for snapshot checksums, ~2.8x
     zlib's with the same values), and those only inside ``try: ... except ImportError`` with a
@@ -37,18 +41,60 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> list[tuple[str, int]]:
+def _resolve(name: str, package: str) -> str:
+    """``name`` as an absolute dotted name (a leading dot is relative to ``package``)."""
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name.lstrip(".")] if name.lstrip(".") else []))
+
+
+def _dynamic_import(node: ast.Call, package: str, literals: set[str]) -> list[str]:
+    """The modules an ``importlib.import_module(...)`` / ``import_module(...)`` / ``__import__(...)`` call
+    names, when its first argument is a literal; for an f-string starting with a literal prefix
+    (``f"pkg.sub.{m}"``), ``pkg.sub.<s>`` for every string ``s`` written literally in the same file (e.g. a
+    tuple of built-in module names), or, when there is none, ``pkg.sub.`` (every module under it).
+    [] for any other call."""
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    if called not in ("import_module", "__import__") or not node.args:
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        name = arg.value
+    elif (isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant)
+          and str(arg.values[0].value).rpartition(".")[0]):
+        prefix = str(arg.values[0].value).rpartition(".")[0] + "."
+        named = sorted(prefix + lit for lit in literals if lit.isidentifier())
+        return named or [prefix]
+    else:
+        return []
+    if name.startswith("."):
+        anchor = next((k.value.value for k in node.keywords if k.arg == "package" and isinstance(k.value, ast.Constant)),
+                      None)
+        name = _resolve(name, anchor) if isinstance(anchor, str) else _resolve(name, package)
+    return [name]
+
+
+def imports_of(path: Path, bare_from: bool = True) -> list[tuple[str, int]]:
     """Every module a file imports, anywhere in it, as (absolute dotted name, line).
 
-    ``from X import y`` yields both ``X`` and ``X.y`` (y may be a submodule); relative imports are
-    resolved against the file's package.
+    ``from X import y`` yields both ``X`` and ``X.y`` (y may be a submodule; ``bare_from=False``: only
+    ``X.y``, for the import graph, which falls back to ``X`` when ``X.y`` is no module); relative imports are
+    resolved against the file's package. Imports under ``if TYPE_CHECKING:`` and inside functions
+    count; so do importlib's (:func:`_dynamic_import`: a name ending in "." means every module under it).
     """
     tree = ast.parse(path.read_text(), filename=str(path))
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: list[tuple[str, int]] = []
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call):
+            out += [(name, node.lineno) for name in _dynamic_import(node, package, literals)]
+        elif isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -57,7 +103,8 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.append((mod, node.lineno))
+            if bare_from or any(alias.name == "*" for alias in node.names):
+                out.append((mod, node.lineno))
             out += [(f"{mod}.{alias.name}", node.lineno) for alias in node.names if alias.name != "*"]
     return out
 
@@ -126,22 +173,44 @@ def third_party_violations() -> list[str]:
     return sorted(set(bad))
 
 
-def harness_graph() -> dict[str, set[str]]:
-    """harness module -> the harness modules it imports (the most specific existing module)."""
-    files = py_files("harness")
+def import_graph(package: str) -> dict[str, set[str]]:
+    """module of ``package`` -> the modules of ``package`` it imports (the most specific existing module)."""
+    files = py_files(package)
     modules = {module_name(p) for p in files}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for path in files:
         me = module_name(path)
-        for name, _line in imports_of(path):
-            if not _is_or_under(name, "harness"):
+        for name, _line in imports_of(path, bare_from=False):
+            if not _is_or_under(name.rstrip("."), package):
                 continue
-            target = name
-            while target not in modules and "." in target:
-                target = target.rpartition(".")[0]  # "from harness.x import func": the module is harness.x
-            if target in modules and target != me:
-                graph[me].add(target)
+            if name.endswith("."):  # importlib with an f-string: every module under the prefix
+                targets = {m for m in modules if m.startswith(name)}
+            else:
+                target = name
+                while target not in modules and "." in target:
+                    target = target.rpartition(".")[0]  # "from harness.x import func": the module is harness.x
+                targets = {target} if target in modules else set()
+            graph[me] |= targets - {me}
     return graph
+
+
+def harness_graph() -> dict[str, set[str]]:
+    return import_graph("harness")
+
+
+# Imports that close the harness's known cycles (issue 19 item 6 removes them, on another branch: the
+# config schema at the bottom, the fault kinds registered without importlib's back edge). Each entry is
+# one import (importer, imported); the check ignores exactly these and fails on any other cycle, and
+# test_known_harness_cycle_edges_still_exist fails once an entry is gone, so the list only shrinks.
+KNOWN_HARNESS_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
+    # The registry loads its built-in kinds through importlib; kinds.py imports the registry's FaultSpec.
+    ("harness.faults.registry", "harness.faults.kinds"),
+    # The strategy registry loads its built-in strategies through importlib; they import modules that
+    # import the registry (accelpact -> accelpact_heal -> app.validate; checkpoint_restore -> app.validate
+    # and rank.train).
+    ("harness.strategies", "harness.strategies.accelpact"),
+    ("harness.strategies", "harness.strategies.checkpoint_restore"),
+})
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -218,9 +287,24 @@ def test_production_runtime_never_imports_accelpact_testing():
                      "production (e.g. accelpact/backends/_sockets.py) and import it from there:\n" + "\n".join(bad))
 
 
+def _without(graph: dict[str, set[str]], edges: frozenset[tuple[str, str]]) -> dict[str, set[str]]:
+    return {m: {t for t in targets if (m, t) not in edges} for m, targets in graph.items()}
+
+
+def test_accelpact_has_no_import_cycles():
+    cycles = find_cycles(import_graph("accelpact"))
+    assert not cycles, "import cycles among accelpact modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
 def test_harness_has_no_import_cycles():
-    cycles = find_cycles(harness_graph())
+    cycles = find_cycles(_without(harness_graph(), KNOWN_HARNESS_CYCLE_EDGES))
     assert not cycles, "import cycles among harness modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_known_harness_cycle_edges_still_exist():
+    graph = harness_graph()
+    gone = sorted(e for e in KNOWN_HARNESS_CYCLE_EDGES if e[1] not in graph.get(e[0], set()))
+    assert not gone, f"these imports are gone: remove them from KNOWN_HARNESS_CYCLE_EDGES: {gone}"
 
 
 # -- the checker itself must be able to fail ------------------------------------------------------
@@ -251,6 +335,35 @@ def test_checker_finds_function_level_and_relative_imports(tmp_path):
             "named optional accelerator (isal)"]
         assert accelpact_testing_imports() == ["accelpact/guard.py:3 imports accelpact.testing",
                                         "accelpact/guard.py:3 imports accelpact.testing.inject"]
+    finally:
+        ROOT = saved
+
+
+def test_checker_counts_type_checking_function_level_and_importlib_imports(tmp_path):
+    pkg = tmp_path / "accelpact"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from accelpact.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from . import c\n")
+    (pkg / "c.py").write_text("import importlib\nK = lambda: importlib.import_module('accelpact.a')\n")
+    (pkg / "d.py").write_text("import importlib\nM = [importlib.import_module(f'accelpact.sub.{m}') for m in ('x', 'y')]\n")
+    (pkg / "g.py").write_text("import importlib\ndef f(m):\n    return importlib.import_module(f'accelpact.sub.{m}')\n")
+    (pkg / "sub" / "x.py").write_text("from accelpact.d import M\n")
+    (pkg / "sub" / "y.py").write_text("X = __import__('accelpact.e')\n")
+    (pkg / "e.py").write_text("")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        graph = import_graph("accelpact")
+        assert graph["accelpact.a"] == {"accelpact.b"} and graph["accelpact.b"] == {"accelpact.c"}
+        assert graph["accelpact.c"] == {"accelpact.a"}
+        assert graph["accelpact.d"] == {"accelpact.sub.x", "accelpact.sub.y"}
+        assert graph["accelpact.sub.y"] == {"accelpact.e"}
+        assert graph["accelpact.g"] == {"accelpact.sub.x", "accelpact.sub.y"}  # no literal names: all under it
+        assert sorted(map(sorted, find_cycles(graph))) == sorted(map(sorted, [
+            ["accelpact.a", "accelpact.b", "accelpact.c", "accelpact.a"],
+            ["accelpact.d", "accelpact.sub.x", "accelpact.d"]]))
     finally:
         ROOT = saved
 

@@ -40,9 +40,9 @@ import torch
 import torch.distributed as dist
 
 from accelpact import testing as fault_testing
-from accelpact.bindings import BindingTable
+from accelpact.dataplane.bindings import BindingTable
 from accelpact.guard import attach, clip_gradients
-from accelpact.reset import ResetConfig
+from accelpact.dataplane.reset import ResetConfig
 from workloads.memory_probe import fd_kinds
 from workloads.fsdp_models import (
     batch_for,

@@ -6,7 +6,7 @@ kept), Python's allocated blocks, the Python heap (``tracemalloc``, when ``trace
 ``top``, also where it grew), gc object counts of the suspects (stores, futures, recovery events),
 c10d's registries and this process's fds by kind. ``keep_events`` sets ``guard.events.keep``;
 ``unbounded_events`` keeps every RecoveryEvent (as before :class:`accelpact.events.RecoveryLog`);
-``ACCELPACT_MALLOC_TRIM=0`` in the ranks' environment turns off :mod:`accelpact.heap`'s trim.
+``ACCELPACT_MALLOC_TRIM=0`` in the ranks' environment turns off :mod:`accelpact.dataplane.heap`'s trim.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ that names the supported ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection
 
-from accelpact.backends.base import Backend
+from accelpact.backends.base import Backend, backend_name
+from accelpact.backends.faults import GENERIC_FAULT_MARKERS, matches_comm_fault
 from accelpact.backends.gloo import DataPlaneSockets, GlooBackend
 from accelpact.backends.nccl import NcclBackend
 from accelpact.errors import AccelPactError
@@ -17,8 +18,9 @@ from accelpact.errors import AccelPactError
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GlooBackend", "NcclBackend", "all_fault_markers",
-           "backend_for", "backend_name", "register"]
+__all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GENERIC_FAULT_MARKERS", "GlooBackend", "NcclBackend",
+           "all_fault_markers", "backend_for", "backend_name", "is_comm_fault",
+           "register"]
 
 BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}
 
@@ -31,18 +33,6 @@ def register(cls: type[Backend]) -> type[Backend]:
         raise ValueError(f"backend {cls.name!r} is already registered ({old.__name__}); pick another name")
     BACKENDS[cls.name] = cls
     return cls
-
-
-def backend_name(pg: dist.ProcessGroup) -> str:
-    """The c10d backend name ``pg`` was created with (e.g. "gloo")."""
-    import torch.distributed.distributed_c10d as c10d
-
-    entry = c10d._world.pg_map.get(pg)
-    if entry is None:
-        raise AccelPactError(
-            "process group is not registered in c10d (was it destroyed?); attach accelpact after "
-            "init_process_group and fully_shard, before any recovery")
-    return str(entry[0])
 
 
 def backend_for(pg: dist.ProcessGroup) -> Backend:
@@ -60,3 +50,10 @@ def backend_for(pg: dist.ProcessGroup) -> Backend:
 def all_fault_markers() -> tuple[str, ...]:
     """Every registered backend's fault-message fragments (for ``is_comm_fault`` without a backend)."""
     return tuple(m for cls in BACKENDS.values() for m in cls.fault_markers)
+
+
+def is_comm_fault(exc: BaseException, markers: Collection[str] | None = None,
+                  never_markers: Collection[str] = ()) -> bool:
+    """True when ``exc`` is a recoverable data-plane communication fault (see
+    :func:`accelpact.backends.faults.matches_comm_fault`); ``markers`` None: every registered backend's."""
+    return matches_comm_fault(exc, all_fault_markers() if markers is None else markers, never_markers)

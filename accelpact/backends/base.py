@@ -8,7 +8,7 @@ The guard itself is backend-neutral. Per backend it needs to:
 - ``track`` / ``abort``: know the live generation's transport and break it, so that peers blocked on
   this rank fail within milliseconds instead of at the PG timeout;
 - ``rebuild_groups``: build the next generation on a never-used store prefix under the old names
-  (the generic part lives in :mod:`accelpact.comm`) and track its transport;
+  (the generic part lives in :mod:`accelpact.dataplane.generations`) and track its transport;
 - ``first_collective``: prove the new generation works, giving up when a peer has moved on;
 - ``abandon``: what to do with a generation whose first collective was abandoned;
 - ``vote_buffer`` / ``vote``: the commit vote's one-element tensor on the backend's device, and an
@@ -27,7 +27,8 @@ import datetime
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
 
-from accelpact.errors import AccelPactError, is_comm_fault
+from accelpact.backends.faults import matches_comm_fault
+from accelpact.errors import AccelPactError
 
 #: how the guard waits for its own collectives: wait(work, what, phase)
 Waiter = Callable[[Any, str, str], None]
@@ -36,9 +37,21 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from accelpact.comm import GroupSpec
+    from accelpact.dataplane.generations import GroupSpec
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "backend_name"]
+
+
+def backend_name(pg: dist.ProcessGroup) -> str:
+    """The c10d backend name ``pg`` was created with (e.g. "gloo")."""
+    import torch.distributed.distributed_c10d as c10d
+
+    entry = c10d._world.pg_map.get(pg)
+    if entry is None:
+        raise AccelPactError(
+            "process group is not registered in c10d (was it destroyed?); attach accelpact after "
+            "init_process_group and fully_shard, before any recovery")
+    return str(entry[0])
 
 
 class Backend(abc.ABC):
@@ -75,8 +88,6 @@ class Backend(abc.ABC):
 
         Base rule: every data-plane group of one guard uses this backend.
         """
-        from accelpact.backends import backend_name
-
         name = backend_name(pg)
         if name != self.name:
             raise AccelPactError(
@@ -105,9 +116,9 @@ class Backend(abc.ABC):
     def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
                        store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
         """Build the next generation of every group on ``store`` (never used) and make it the live one."""
-        from accelpact import comm
+        from accelpact.dataplane import generations
 
-        new = [comm.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
+        new = [generations.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
                for old, spec in zip(olds, specs)]
         self.groups = new
         return new
@@ -135,7 +146,7 @@ class Backend(abc.ABC):
         The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
         gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
         device before returning, and raise if the collective failed. ``wait(work, what, phase)`` (the
-        guard's :class:`accelpact.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
+        guard's :class:`accelpact.dataplane.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
         may give it up; None: ``work.wait()``.
         """
         import torch.distributed as dist
@@ -148,10 +159,10 @@ class Backend(abc.ABC):
 
     def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
                          poll_s: float = 0.02) -> None:
-        """One tiny all-reduce on the new generation (see :func:`accelpact.comm.first_collective`)."""
-        from accelpact import comm
+        """One tiny all-reduce on the new generation (see :func:`accelpact.dataplane.generations.first_collective`)."""
+        from accelpact.dataplane import generations
 
-        comm.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
+        generations.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
 
     def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
         """Keep a generation whose first collective was abandoned alive until its PG timeout.
@@ -183,4 +194,4 @@ class Backend(abc.ABC):
 
     def is_comm_fault(self, exc: BaseException) -> bool:
         """True when ``exc`` is a recoverable communication fault of this backend."""
-        return is_comm_fault(exc, markers=self.fault_markers, never_markers=self.never_markers)
+        return matches_comm_fault(exc, markers=self.fault_markers, never_markers=self.never_markers)

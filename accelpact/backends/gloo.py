@@ -23,7 +23,7 @@ from accelpact.backends.base import Backend
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from accelpact.comm import GroupSpec
+    from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["DataPlaneSockets", "GlooBackend"]
 

@@ -17,7 +17,7 @@ What recovery needs from NCCL, and how it gets it:
   must be set before ``init_process_group``.
 - Abort: ``pg._get_backend(torch.device("cuda")).abort()`` (ProcessGroupNCCL.abort, i.e.
   ncclCommAbort on this rank's communicators). Not ``dist._abort_process_group``: that also removes
-  the group from c10d's registries, which :mod:`accelpact.comm` does itself when it rebuilds under
+  the group from c10d's registries, which :mod:`accelpact.dataplane.generations` does itself when it rebuilds under
   the old name.
 - The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
   commit rule must not step the optimizer on a vote that can still fail.
@@ -42,7 +42,7 @@ from accelpact.errors import AccelPactError, CommFault
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from accelpact.comm import GroupSpec
+    from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["NcclBackend", "ERROR_HANDLING_VARS", "RECOVERABLE_ERROR_HANDLING", "error_handling_problem"]
 

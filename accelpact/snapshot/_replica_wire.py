@@ -1,7 +1,7 @@
 """The replica channel's wire format: signed frames, then raw file bytes. Stdlib only.
 
 One request per TCP connection. A frame is a 4-byte big-endian length and a JSON body signed with
-the job token (``accelpact.notice_auth``: HMAC-SHA256 under a key derived from the token, and a
+the job token (``accelpact.control.notice_auth``: HMAC-SHA256 under a key derived from the token, and a
 ``job`` tag). A peer of another job, or anything that merely reaches the port, cannot produce a
 frame the other side accepts, so it can neither read nor overwrite this job's replicas.
 
@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 from typing import Any, Sequence
 
-from accelpact.notice_auth import NoticeRejected, sign, verify
+from accelpact.control.notice_auth import NoticeRejected, sign, verify
 
 __all__ = ["WireError", "PeerClosed", "send_frame", "recv_frame", "send_files", "recv_files", "discard",
            "check_file_list", "FileMaps", "MARKER", "write_json_atomic"]

@@ -13,7 +13,7 @@ block placement; read from ``LOCAL_WORLD_SIZE`` when not given), else one host h
 The channel is plain TCP between ranks, bound on this rank's *control-network* address (the one it
 uses to reach the control store; ``ACCELPACT_REPLICA_ADDR`` overrides it), never the training data
 plane, so a data-plane fault never reaches it. Each server's address is published in the control
-store under the job token. Requests are signed with the job token (``accelpact.notice_auth``):
+store under the job token. Requests are signed with the job token (``accelpact.control.notice_auth``):
 another job can neither read nor overwrite this job's replicas.
 
 A push never blocks training: :meth:`Replication.push` (the snapshotter's ``on_complete`` hook) only
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from accelpact.errors import RankLostError
-from accelpact.notice_auth import NoticeRejected, sign, verify
+from accelpact.control.notice_auth import NoticeRejected, sign, verify
 from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
 from accelpact.snapshot.slots import SnapshotError
 from accelpact.snapshot._replica_wire import (

@@ -99,7 +99,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def check_supported(model: nn.Module) -> None:
     """Refuse FSDP1 (flat parameters, or original parameters viewing them) with the reason and what works."""
-    from accelpact.reset import fsdp_flavour
+    from accelpact.dataplane.reset import fsdp_flavour
 
     flat = next((n for n, p in model.named_parameters() if type(p).__name__ == "FlatParameter" or "_flat_param" in n),
                 None)

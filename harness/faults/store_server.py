@@ -5,7 +5,7 @@
 It prints ``READY <host> <port>`` on stdout once it listens, then serves until its stdin reaches EOF (the
 owner closed the pipe or died: no orphan outlives the topology) or it gets SIGTERM/SIGINT. While it
 serves, each stdin line ``SET <key> <hex value>`` sets that key: the parent, in the root namespace,
-writes death notices (accelpact.liveness) this way without a route into the bridge namespace. It sits on the
+writes death notices (accelpact.detection.liveness) this way without a route into the bridge namespace. It sits on the
 control link only, which the data-plane faults never touch, so it keeps answering during an outage.
 ``--tag`` is unused by the server; it makes the process findable by its job prefix.
 ``start_in_namespace`` starts it that way and waits for its READY line (``NetnsTopology`` uses it).

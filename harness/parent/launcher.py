@@ -5,7 +5,7 @@
   get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
 - ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.rank.worker`` processes, each in
   its own session (process group) so it can be killed with everything it started,
-- ``poll()`` reports exits and writes a death notice (accelpact.liveness) for each rank that failed, so
+- ``poll()`` reports exits and writes a death notice (accelpact.detection.liveness) for each rank that failed, so
   survivors stop waiting for it within milliseconds, not at their control deadline,
 - ``kill_all()`` tears down every rank (SIGTERM, then SIGKILL),
 - ``signal_rank()`` is for parent-side faults (SIGSTOP / SIGKILL a rank at a step),
@@ -301,7 +301,7 @@ class Launcher:
 
         Best effort: without it the survivors still find out by heartbeat or at their deadline.
         """
-        from accelpact.liveness import publish_death
+        from accelpact.detection.liveness import publish_death
 
         class _Setter:
             def __init__(self, fn: Callable[[str, bytes], None]) -> None:

@@ -10,7 +10,7 @@ Hot spares: pre-started rank processes that take the rank of the first death (``
 A replacement process spends seconds importing torch and transformers before it can heal; a spare has
 done that already and waits on the control store. When a rank dies the parent ASSIGNS a spare instead
 of starting a process: it writes ``{token}/spare/{i}`` = ``"<rank> <replacement number> <time>"``, and
-the spare (``harness.rank.spare``) becomes a replacement of that rank (accelpact.rejoin) at once.
+the spare (``harness.rank.spare``) becomes a replacement of that rank (accelpact.recovery.rejoin) at once.
 
 Spares run on the parent's host only: a rank in a network-namespace host runs inside that host's
 namespace, and a spare cannot know in advance which host will lose a rank (validation refuses
@@ -110,7 +110,7 @@ def replace_the_dead(launcher: Any, state: Any) -> bool:
 def _no_replacement(launcher: Any, rank: int, code: int) -> None:
     """Tell survivors waiting to heal ``rank`` that no replacement comes, and why (once per dead process):
     they stop within a poll instead of at ``strategy.replacement_timeout_s``."""
-    from accelpact.heal_wait import publish_no_replacement
+    from accelpact.recovery.heal_wait import publish_no_replacement
 
     pid = launcher.procs[rank].pid
     told = getattr(launcher, "_told_no_replacement", set())

@@ -60,6 +60,7 @@ def run_one(
     from the parent and decides after a failure whether every rank is relaunched.
     ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
     state is bit-identical to it."""
+    from harness.app import load_guard
     from harness.events import EventLog
 
     started = time.time()
@@ -76,6 +77,7 @@ def run_one(
     outcome = Outcome("failed", "harness error before the ranks started")
     relaunches: list[str] = []
     torn = _Teardown()
+    load = load_guard.for_run(run).start()  # the host's load before and during the run, into its row
     try:
         # Torn down in reverse order of set-up, whatever happens: progress, fault driver, ranks, a child
         # store, namespaces (or the one-host snapshot root), the parent's events, the strategy's set-up.
@@ -92,7 +94,7 @@ def run_one(
     finally:
         outcome.reason += "".join(torn.notes)
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
-                 "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else ""}
+                 "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "", **load.stop()}
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
 

@@ -17,7 +17,7 @@ INCARNATION = "HARNESS_INCARNATION"
 T_LAUNCH = "HARNESS_T_LAUNCH"
 PARENT_PID = "HARNESS_PARENT_PID"
 # n > 0: this process replaces a lost process of its rank (the n-th replacement of the run) and joins
-# the running job in memory (accelpact.rejoin) instead of starting with everyone.
+# the running job in memory (accelpact.recovery.rejoin) instead of starting with everyone.
 REPLACEMENT = "HARNESS_REPLACEMENT"
 
 

@@ -25,7 +25,7 @@ one label, the highest-priority interval covering it on that rank:
   collective on the new group. Recovery outranks steps because a step record's interval may include the
   failed attempt and the in-memory recovery inside it.
 - replacement_start / heal_transfer: a ``heal`` record's two durations, back to back, ending at its ``t``
-  (a lost rank healed in memory, accelpact.heal). On a survivor: caught -> every replacement arrived,
+  (a lost rank healed in memory, accelpact.recovery.heal). On a survivor: caught -> every replacement arrived,
   then the rest up to the first collective; on the replacement: its launch -> arrived (the process
   start), then the rest, and after it its ``restart`` record's tail up to ready (the strategy's set-up).
   Before them, the fault -> the heal's ``t_detected`` is detection (a survivor caught the loss; on the

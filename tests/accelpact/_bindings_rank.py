@@ -23,8 +23,8 @@ import importlib
 import torch
 import torch.distributed as dist
 
-from accelpact import comm
-from accelpact.bindings import BindingTable, find_stale_references
+from accelpact.dataplane import generations as comm
+from accelpact.dataplane.bindings import BindingTable, find_stale_references
 from accelpact.testing.rank import RankContext
 from workloads.fsdp_models import build as build_model
 from workloads.fsdp_models import model_config

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from accelpact.backends import BACKENDS, GlooBackend, NcclBackend, all_fault_markers, backend_for
+from accelpact.backends import BACKENDS, GlooBackend, NcclBackend, all_fault_markers, backend_for, is_comm_fault
 from accelpact.backends.nccl import error_handling_problem
-from accelpact.errors import AccelPactError, CommFault, RankLostError, is_comm_fault
+from accelpact.errors import AccelPactError, CommFault, RankLostError
 
 GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857"
 NCCL_REMOTE = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process exited or "

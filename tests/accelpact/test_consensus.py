@@ -1,4 +1,4 @@
-"""Tests of the commit rule (accelpact.consensus.decide): properties over all per-rank states, plus examples.
+"""Tests of the commit rule (accelpact.recovery.consensus.decide): properties over all per-rank states, plus examples.
 
 Two independent references keep the tests from restating the implementation:
 - `simulate` plays the commit protocol forward (every rank runs step s, the vote completes on some
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelpact.consensus import Action, Decision, Phase, RankReport, decide
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import RankLostError, StateDivergedError, UnrecoverableError
 
 B, I, V, S = Phase.BEFORE_VOTE, Phase.IN_VOTE, Phase.VOTED, Phase.STEPPED

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from accelpact.backends import is_comm_fault
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.errors import (
     AccelPactError,
@@ -29,7 +30,6 @@ from accelpact.errors import (
     ControlChannelError,
     RankLostError,
     StateDivergedError,
-    is_comm_fault,
 )
 
 OUTER_TIMEOUT_S = 60.0  # generous bound for "did not hang"; never a performance threshold

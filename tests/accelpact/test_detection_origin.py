@@ -8,8 +8,8 @@ consensus report, so every rank's RecoveryEvent counts from the earliest injecti
 
 from __future__ import annotations
 
-from accelpact.consensus import Phase, RankReport
-from accelpact.detection import detection_origin
+from accelpact.recovery.consensus import Phase, RankReport
+from accelpact.detection.start import detection_origin
 from accelpact.testing.session import run_session
 
 RUNNER = "workloads.fsdp_scenarios:run"

@@ -1,4 +1,4 @@
-"""The heal's resume-step rule (accelpact.heal_plan.decide_resume): pure logic, hand-built reports."""
+"""The heal's resume-step rule (accelpact.recovery.heal_plan.decide_resume): pure logic, hand-built reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from accelpact.errors import RankLostError, StateDivergedError
-from accelpact.heal_plan import HealReport, decide_resume
+from accelpact.recovery.heal_plan import HealReport, decide_resume
 
 
 def survivor(rank, committed, *slots):

@@ -11,8 +11,8 @@ import pytest
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.errors import RankLostError
-from accelpact.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
-from accelpact.liveness import publish_death
+from accelpact.recovery.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
+from accelpact.detection.liveness import publish_death
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,8 @@ def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_
     import json
     from types import SimpleNamespace
 
-    from accelpact.heal import HealPolicy, Healer
-    from accelpact.heal_wait import arrived_key
+    from accelpact.recovery.heal import HealPolicy, Healer
+    from accelpact.recovery.heal_wait import arrived_key
 
     store, port = server
     token = new_job_token()
@@ -99,8 +99,8 @@ def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_
     publish_death(chan, token, 2, by="launcher", reason="rank 2 exited with code -9 (SIGKILL)", pid=102)
     publish_death(chan, token, 1, by="launcher", reason="rank 1 exited with code -9 (SIGKILL)", pid=101)
     chan.set(arrived_key(chan, 2), json.dumps({"pid": 202, "t": time.time()}).encode())
-    healer = object.__new__(Healer)  # the waits only: no guard, model or snapshots needed
-    healer.g = SimpleNamespace(rank=0, world_size=4, committed_step=4)
+    healer = object.__new__(Healer)  # the waits only: no data plane, model or snapshots needed
+    healer.ctx = SimpleNamespace(rank=0, world_size=4, state=SimpleNamespace(committed_step=4))
     healer.control = chan
     healer.policy = HealPolicy(replacement_timeout_s=20.0)
     watch = ReplacementWatch(chan, 0, max_losses=3)

@@ -1,4 +1,4 @@
-"""accelpact.heap.release_free_heap on a real glibc heap: freed memory that glibc keeps (a live block
+"""accelpact.dataplane.heap.release_free_heap on a real glibc heap: freed memory that glibc keeps (a live block
 above it stops the automatic trim) goes back to the OS, and ACCELPACT_MALLOC_TRIM=0 leaves it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = r"""
 import ctypes, os, sys
-from accelpact.heap import release_free_heap  # first: importing accelpact (torch) moves RSS itself
+from accelpact.dataplane.heap import release_free_heap  # first: importing accelpact (torch) moves RSS itself
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -10,7 +10,7 @@ import pytest
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.errors import RankLostError
-from accelpact.liveness import Beat, Heartbeat, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, publish_death
+from accelpact.detection.liveness import Beat, Heartbeat, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, publish_death
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""The pure liveness rules (accelpact.liveness.PeerJudge): when a silent peer counts as dead, which
+"""The pure liveness rules (accelpact.detection.liveness.PeerJudge): when a silent peer counts as dead, which
 death notices are trusted. No store, no torch: the values are what the control store would hold."""
 
 from __future__ import annotations
 
 import pytest
 
-from accelpact.liveness import (Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key, is_connection_drop,
+from accelpact.detection.liveness import (Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key, is_connection_drop,
                                 notice_key)
 
 CFG = LivenessConfig(interval_s=0.5, missed_beats=4)  # stale after 2 s

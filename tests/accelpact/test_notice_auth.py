@@ -1,6 +1,6 @@
 """Signed death notices: a notice is read only when it is signed for this job and generation.
 
-Unit checks of accelpact.notice_auth, then real TCPStore gathers: a forged, unsigned, replayed
+Unit checks of accelpact.control.notice_auth, then real TCPStore gathers: a forged, unsigned, replayed
 (other job) or stale (older generation) notice under this job's key never ends a gather (it runs to
 its deadline, and the forgery is reported once); a properly published one ends it at once.
 """
@@ -13,10 +13,10 @@ import warnings
 
 import pytest
 
-from accelpact import notice_auth
+from accelpact.control import notice_auth
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.errors import RankLostError
-from accelpact.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, notice_key, publish_death
+from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, notice_key, publish_death
 
 
 def test_sign_verify_roundtrip_and_every_rejection():

@@ -285,7 +285,7 @@ def test_unreachable_buddy_is_dropped_counted_and_rank_plus_buddy_lost_names_bot
     chan = _chan(store, token, 0, 2)
     # The buddy published an address, then died: nothing listens there.
     dead = socket.create_server(("127.0.0.1", 0))
-    from accelpact.notice_auth import sign
+    from accelpact.control.notice_auth import sign
     chan.set(chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token))
     dead.close()
     src = Replication(chan, rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact import watchdog as wd
-from accelpact.liveness import LivenessConfig
+from accelpact.detection import watchdog as wd
+from accelpact.detection.liveness import LivenessConfig
 
 
 class Clock:

@@ -21,7 +21,7 @@ from harness.rank.identity import compare_runs
 from harness_test_helpers import read_row, run_harness, worker_processes
 
 SHRINK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=10",
-          "checkpoint.interval=4"]
+          "checkpoint.interval=4", "compare.trials=1"]
 AGE = 2
 FAULT_STEP = 4 - 1 + AGE + 1  # checkpoint after step 3, AGE steps committed since
 

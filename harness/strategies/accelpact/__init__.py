@@ -8,7 +8,7 @@ explicit store prefix per control generation (harness.strategies.accelpact.heal.
 A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
 default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
 newest step every rank holds, roll back from their own snapshot if they committed past it, and continue
-(accelpact.heal). Each rank writes a ``heal`` event; a survivor that rolled back re-runs the steps from
+(accelpact.recovery.heal). Each rank writes a ``heal`` event; a survivor that rolled back re-runs the steps from
 the resume step (replays). When the heal is impossible (no copy of the lost rank survives, no
 replacement arrives), or snapshots are off, the rank writes a ``fallback`` event and exits with
 ``EXIT_FALLBACK``; the parent then relaunches every rank from the checkpoint (the base class), and the
@@ -153,7 +153,7 @@ class AccelPactStep(Strategy):
         """The checkpoint group of the current control generation (every rank builds it at the same point)."""
         if self.ckpt is None:
             return
-        from accelpact import comm
+        from accelpact.dataplane import generations as comm
 
         old = self.ckpt._pg
         error = self.ckpt.replace_process_group(self.checkpoint_group())

@@ -103,11 +103,11 @@ def _die(how: str) -> None:
 
 
 def _arrive_and_die(control: Any, env: "RankEnv") -> None:
-    """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
+    """Post an arrival exactly as accelpact.recovery.rejoin does, then die before taking the plan."""
     import json
     import time
 
-    from accelpact.heal import arrived_key
+    from accelpact.recovery.heal import arrived_key
 
     control.heartbeat()
     control.set(arrived_key(control, control.rank),
@@ -121,7 +121,7 @@ def side_group(control_store: Any, token: str, tag: str, generation: int, rank: 
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
     import torch.distributed as dist
 
-    from accelpact import comm
+    from accelpact.dataplane import generations as comm
 
     spec = comm.GroupSpec(name=f"{tag}-g{generation}", backend="gloo", ranks=tuple(range(world_size)),
                           is_default=False, tag=None, desc=tag, timeout=timedelta(seconds=timeout_s))
@@ -135,7 +135,7 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
     every = cfg.strategy.snapshot.every
     if every <= 0:
         return None, None, None
-    from accelpact.heal import HealPolicy
+    from accelpact.recovery.heal import HealPolicy
     from accelpact.snapshot import SnapshotConfig, Snapshotter
 
     replication = _replication(cfg, control, rank, world_size)

@@ -1,0 +1,267 @@
+"""The stall watchdog: end a data-plane collective that will not complete, long before the PG timeout.
+
+A SIGSTOPped peer or a silent link outage leaves gloo collectives blocked until the process-group
+timeout (30 min by default; 30 s in the harness), although the control plane can tell within seconds
+that nothing moves. One daemon thread per guard, with its own control-store client (never the
+channel's serialised connection, never the data plane), looks every ``tick_s`` and aborts this rank's
+data-plane generation (the backend's ``abort()``: gloo shuts its own sockets, so the blocked
+collective raises at once and the guard recovers as after a reset) when, during a guarded attempt:
+
+1. a peer has already posted at the next recovery generation (it is recovering: this rank's data
+   plane is dead even if its own collective has not failed yet); or
+2. (once ``_MIN_HISTORY`` steps have completed and been timed) the attempt has run longer than
+   ``max(stall_timeout_s, 3 x median step)`` AND it is a stall, not a
+   slow step: a peer's heartbeat is stale (the peer is stopped: a rank merely busy in a slow
+   ``step_fn`` keeps beating from its daemon thread), or one of this rank's own data-plane sockets has
+   held the same unsent data for 0.5 s (a blackhole or a link that went down). A slow peer leaves the
+   sockets idle and its beat fresh, so rule 2 never fires on it, however slow.
+
+Firing is serialised with the guard through one lock, and only for the generation and attempt it was
+armed for, so a late tick can never abort the freshly rebuilt generation. docs/detection.md has the
+measurements behind the thresholds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import statistics
+import struct
+import termios
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Collection
+
+from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
+
+__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
+           "resolve_stall_timeout"]
+
+# The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
+# timeouts in use (30 s to 30 min).
+DEFAULT_STALL_TIMEOUT_S = 10.0
+_SIOCOUTQ = termios.TIOCOUTQ  # the same request number for sockets
+# Step times kept for the running median; the median needs this many before it is trusted.
+_HISTORY = 32
+_MIN_HISTORY = 3
+# A stall is declared only past this multiple of the median step (the issue's slow-step rule).
+SLOW_FACTOR = 3.0
+
+
+def send_queues(inodes: Collection[int]) -> dict[int, int]:
+    """Bytes still queued for sending (unsent + unacknowledged: ``SIOCOUTQ``) per socket inode.
+
+    Measured in a namespace with a ``tbf`` blackhole on the link: the data never leaves the qdisc, so
+    ``TCP_INFO`` shows no retransmits and no unacked packets; the send queue is what stays full.
+    """
+    from accelpact.backends._sockets import _socket_inode_to_fd
+
+    wanted = set(inodes)
+    out: dict[int, int] = {}
+    for inode, fd in _socket_inode_to_fd().items():
+        if inode not in wanted:
+            continue
+        try:
+            buf = fcntl.ioctl(fd, _SIOCOUTQ, b"\0\0\0\0")
+        except OSError:
+            continue
+        out[inode] = struct.unpack("i", buf)[0]
+    return out
+
+
+class SendQueueTracker:
+    """Which sockets have held the same non-empty send queue for ``stuck_s``: data the link does not
+    carry. A healthy link drains a queue in milliseconds, however slow the peer's step."""
+
+    def __init__(self, stuck_s: float = 0.5) -> None:
+        self.stuck_s = stuck_s
+        self._seen: dict[int, tuple[int, float]] = {}
+
+    def stuck(self, queues: dict[int, int], now: float) -> bool:
+        found = False
+        for inode, size in queues.items():
+            last = self._seen.get(inode)
+            if size <= 0:
+                self._seen.pop(inode, None)
+                continue
+            if last is None or last[0] != size:
+                self._seen[inode] = (size, now)
+            elif now - last[1] >= self.stuck_s:
+                found = True
+        return found
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+def resolve_stall_timeout(value: "float | None | str", pg_timeout_s: float) -> float | None:
+    """attach()'s ``stall_timeout_s``: "auto" is DEFAULT_STALL_TIMEOUT_S when the PG timeout is longer,
+    else None (off); None stays off; seconds stay as given (checked against the PG timeout at start)."""
+    if value == "auto":
+        return DEFAULT_STALL_TIMEOUT_S if pg_timeout_s > DEFAULT_STALL_TIMEOUT_S else None
+    if isinstance(value, str):
+        raise ValueError(f"stall_timeout_s={value!r}: pass seconds, None (off) or 'auto'")
+    return value
+
+
+@dataclass
+class WatchdogState:
+    """What the guard tells the watchdog (guarded by ``lock``)."""
+
+    lock: threading.Lock
+    attempt_t0: float | None = None  # monotonic start of the guarded attempt in progress, or None
+    generation: int = 0  # the data-plane generation of that attempt
+    fired: str | None = None  # why the watchdog aborted the current attempt (consumed by the guard)
+    fired_at: float | None = None  # wall time it fired
+
+
+class StallWatchdog:
+    """See the module docstring. ``abort`` is the backend's abort; ``inodes`` the live data-plane sockets."""
+
+    tick_s: float = 0.05
+
+    def __init__(self, host: str, port: int, job_token: str, rank: int, world_size: int, *,
+                 stall_timeout_s: float, liveness: LivenessConfig, abort: Callable[[], Any],
+                 inodes: Callable[[], Collection[int]]) -> None:
+        if stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (None turns the watchdog off)")
+        self.host, self.port, self.token, self.rank, self.world_size = host, port, job_token, rank, world_size
+        self.stall_timeout_s = stall_timeout_s
+        self.liveness = liveness
+        self.state = WatchdogState(threading.Lock())
+        self._abort = abort
+        self._inodes = inodes
+        self._steps: deque[float] = deque(maxlen=_HISTORY)
+        self._warned_slow = False
+        self._stop = threading.Event()
+        self._beats: dict[int, tuple[bytes | None, float]] = {}
+        self._queues = SendQueueTracker()
+        self._thread = threading.Thread(target=self._loop, name=f"accelpact-watchdog-r{rank}", daemon=True)
+
+    # -- the guard's side ------------------------------------------------------------------------
+
+    def start(self) -> "StallWatchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def begin_attempt(self, generation: int) -> None:
+        with self.state.lock:
+            self.state.attempt_t0 = time.monotonic()
+            self.state.generation = generation
+            self.state.fired = None
+            self.state.fired_at = None
+
+    def end_attempt(self, completed: bool) -> str | None:
+        """The attempt ended (completed: its duration joins the median). Returns why the watchdog
+        fired during it, or None."""
+        with self.state.lock:
+            t0, self.state.attempt_t0 = self.state.attempt_t0, None
+            fired, self.state.fired = self.state.fired, None
+        if completed and t0 is not None and fired is None:
+            self._steps.append(time.monotonic() - t0)
+            self._warn_if_raised()
+        return fired
+
+    def _warn_if_raised(self) -> None:
+        """Say once that the observed steps raised the threshold: the setting alone would misfire."""
+        threshold = self.threshold_s()
+        if self._warned_slow or threshold <= self.stall_timeout_s:
+            return
+        self._warned_slow = True
+        warnings.warn(f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
+                      f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
+                      f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so", RuntimeWarning, stacklevel=3)
+
+    def fired_reason(self) -> str | None:
+        """Why the watchdog aborted the attempt in progress, or None (read without consuming it)."""
+        return self.state.fired
+
+    def threshold_s(self) -> float:
+        """How long an attempt may run before a stall is considered: max(stall_timeout_s, 3 x median)."""
+        if len(self._steps) < _MIN_HISTORY:
+            return self.stall_timeout_s
+        return max(self.stall_timeout_s, SLOW_FACTOR * statistics.median(self._steps))
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        from accelpact.control.store_client import _new_client
+
+        store = None
+        while not self._stop.wait(self.tick_s):
+            with self.state.lock:
+                t0, gen = self.state.attempt_t0, self.state.generation
+                armed = t0 is not None and self.state.fired is None
+            if not armed:
+                self._beats.clear()
+                self._queues.clear()
+                continue
+            try:
+                if store is None:
+                    store = _new_client(self.host, self.port, 5.0)
+                why = self._why(store, t0, gen)
+            except Exception:  # noqa: BLE001 - a broken client: a new one next tick
+                store = None
+                continue
+            if why is not None:
+                self._fire(why, t0, gen)
+
+    def _why(self, store: Any, t0: float, gen: int) -> str | None:
+        posted = f"{self.token}/gen{gen + 1}/posted"
+        if store.check([posted]):
+            return "a peer is recovering (posted at the next generation)"
+        if len(self._steps) < _MIN_HISTORY:
+            # No step time to judge against yet. The first steps hold lazy initialisation and
+            # compilation: measured, an aot_eager compile of step 0 on a loaded 2-core host kept a
+            # rank busy past the 10 s default while its heartbeat thread starved, and rule 2 took
+            # the slow first step for a stall. Until then only rule 1 (a peer is recovering) fires.
+            return None
+        now = time.monotonic()
+        stale = self._stale_peers(store, now)
+        stuck = self._queues.stuck(send_queues(self._inodes()), now)
+        elapsed = now - t0
+        if elapsed < self.threshold_s():
+            return None
+        if stale:
+            return f"stall: no progress for {elapsed:.1f} s and rank(s) {stale} stopped beating"
+        if stuck:
+            return f"stall: no progress for {elapsed:.1f} s and the data-plane link is not delivering"
+        return None
+
+    def _stale_peers(self, store: Any, now: float) -> list[int]:
+        stale = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            key = heartbeat_key(self.token, r)
+            value = store.get(key) if store.check([key]) else None
+            last = self._beats.get(r)
+            if last is None or last[0] != value:
+                self._beats[r] = (value, now)
+            elif now - last[1] >= self.liveness.stale_after_s:
+                stale.append(r)
+        return stale
+
+    def _fire(self, why: str, t0: float, gen: int) -> None:
+        with self.state.lock:
+            if self.state.attempt_t0 != t0 or self.state.generation != gen or self.state.fired is not None:
+                return  # the attempt ended meanwhile: never abort a generation we were not armed for
+            self.state.fired = why
+            self.state.fired_at = time.time()
+            self._abort()
+
+
+def progress_of(raw: bytes | None) -> int | None:
+    """The progress counter in a heartbeat value (None when absent or unreadable)."""
+    if raw is None:
+        return None
+    try:
+        return Beat.parse(raw).progress
+    except (ValueError, IndexError):
+        return None

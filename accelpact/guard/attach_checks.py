@@ -1,0 +1,71 @@
+"""What attach() refuses up front, because the guard would otherwise "recover" a job that does not train.
+
+- A model with no FSDP module (attach called before ``fully_shard``): every step runs, faults are
+  "recovered", and the parameters never see a reduced gradient from the other ranks.
+- An optimizer that does not hold the model's parameters as they are now: ``fully_shard`` replaces
+  every parameter with a sharded DTensor (FSDP1 with flat parameters), so an optimizer built before
+  wrapping steps the old, unsharded tensors, which the model no longer uses.
+- The job-token check (``control.join``): every rank must see all ranks under its token within the
+  connect deadline, or a token mismatch shows only 31 s into the first fault.
+- A heal policy with parameters on any mesh but a 1-D one over the world (HSDP's 2-D mesh): a
+  replacement rebuilds the survivors' groups by name, but the DeviceMesh its model needs would build
+  new groups under c10d's counter names, which never meet the survivors' (a heal that cannot finish).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from accelpact.errors import AccelPactError
+from accelpact.dataplane.reset import fsdp_flavour
+
+__all__: list[str] = []  # private to accelpact.guard
+
+
+def check_model(model: nn.Module) -> None:
+    """AccelPactError, with the fix, when ``model`` holds no FSDP module."""
+    if fsdp_flavour(model) == "none":
+        raise AccelPactError(
+            f"attach() found no FSDP module in the model ({type(model).__name__}): wrap it first, e.g. "
+            "fully_shard(block) for each block and fully_shard(model) (FSDP2), or FullyShardedDataParallel("
+            "model) (FSDP1), then build the optimizer from model.parameters(), then attach()")
+
+
+def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """AccelPactError, with the fix, when the optimizer holds tensors that are not the model's parameters
+    or none of them."""
+    params = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    foreign = [p for p in held if id(p) not in params]
+    if not held or foreign or not any(id(p) in params for p in held):
+        what = (f"{len(foreign)} of its {len(held)} tensors are not parameters of the model" if foreign
+                else "it holds none of the model's parameters")
+        raise AccelPactError(
+            f"attach(): the optimizer does not hold the model's sharded parameters ({what}). fully_shard / "
+            "FullyShardedDataParallel replace the parameters, so build the optimizer AFTER wrapping: "
+            "optimizer = torch.optim.AdamW(model.parameters(), ...)")
+
+
+def check_members(control: Any) -> None:
+    """Wait for every rank under the job token (a control channel without ``join`` is not checked)."""
+    join = getattr(control, "join", None)
+    if callable(join):
+        join()
+
+
+def check_heal_mesh(model: nn.Module, world_size: int) -> None:
+    """AccelPactError, with the fix, when a parameter's DeviceMesh is not 1-D over all ``world_size`` ranks."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None or (mesh.ndim == 1 and mesh.size() == world_size):
+            continue
+        raise AccelPactError(
+            f"attach(heal=...) needs every parameter on a 1-D mesh over all {world_size} ranks; this model has a "
+            f"{mesh.ndim}-D mesh of shape {tuple(mesh.shape)} (HSDP, or a mesh over some ranks). A replacement "
+            "process rebuilds the survivors' process groups by name, but a DeviceMesh it builds itself makes new "
+            "groups that never meet theirs. Shard with fully_shard(mesh=init_device_mesh(device_type, "
+            f"({world_size},))), or attach without heal= (a lost rank then raises RankLostError: restart from a "
+            "checkpoint).")

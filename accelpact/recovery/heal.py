@@ -1,0 +1,357 @@
+"""Heal a lost rank in memory: survivors keep their live state and wait for a replacement process.
+
+Who waits for whom (docs/process_loss.md has the whole protocol):
+
+1. A survivor's recovery round finds a rank dead (RankLostError from a death notice or the heartbeat
+   rule). With a :class:`HealPolicy` attached it does not give up: it flushes its snapshot copy,
+   discards the failed step's gradients, and posts a heal request per lost rank.
+2. It waits (``replacement_timeout_s``) until a replacement process of each lost rank has ARRIVED
+   on the control channel (``{token}/heal/arrived/{rank}``, with a pid that no death notice names).
+   The launcher starts the replacement when it reaps the dead process (or a hot spare takes the rank).
+3. It writes the replacement's PLAN (``{token}/heal/plan/{rank}/{pid}``): the generation G to build
+   and the data-plane groups' names; then builds generation G under the old names (the replacement
+   builds the same groups on the same store prefix: accelpact.recovery.rejoin) and rebinds.
+4. Every rank posts a :class:`accelpact.recovery.heal_plan.HealReport` at G; all compute the same resume
+   step S (newest step every rank holds). Survivors past S roll back from their own slot; the
+   replacement loads S from its own slot (the dead process's shared memory), else a buddy replica.
+5. First collective on G; continue at S + 1.
+
+A replacement lost during its heal shows up as one more death (a notice naming its pid): the
+survivors go around again from step 2 and wait for the next replacement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from accelpact.control import notice_auth
+from accelpact.errors import RankLostError
+from accelpact.events import HealEvent
+from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
+from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
+                                 publish_no_replacement, request_key)
+from accelpact.recovery.heal_wait import peek as _peek
+from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
+
+if TYPE_CHECKING:
+    from accelpact.recovery.context import RecoveryContext
+    from accelpact.recovery.rejoin import RejoinTicket
+
+_log = logging.getLogger(__name__)
+
+__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key", "joining_key",
+           "abandoned_key", "publish_no_replacement"]
+
+# A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
+# replica's marker (a dict with at least "step") or None when it holds none.
+FetchReplica = Callable[[int, Path, "int | None"], "dict | None"]
+
+
+@dataclass(frozen=True)
+class HealPolicy:
+    """How survivors heal a lost rank instead of raising RankLostError (``attach(..., heal=...)``).
+
+    ``replacement_timeout_s``: how long survivors wait for a replacement to arrive; a Python + torch +
+    transformers start on a loaded host took 5-15 s here, so the default leaves room for several.
+    ``fetch_replica``: the buddy's fetch (None: no replicas, own slots only). ``buddy_of``: rank -> the
+    rank holding its replica (for the error that names both). ``initial_state_reproducible``: a
+    replacement's freshly built model and optimizer equal every rank's state before step 0 (seeded
+    init), so a rank lost before its first snapshot is healed from step -1. ``max_rounds``: heals in a
+    row for one loss (a replacement lost during its heal costs one more).
+    """
+
+    replacement_timeout_s: float = 180.0
+    fetch_replica: FetchReplica | None = None
+    buddy_of: Callable[[int], int] | None = None
+    initial_state_reproducible: bool = True
+    max_rounds: int = 4
+    poll_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.replacement_timeout_s <= 0 or self.max_rounds < 1:
+            raise ValueError(f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
+                             f"{self.max_rounds}): both must be positive")
+
+
+@dataclass(frozen=True)
+class HealOutcome:
+    """What the guard does after a heal: continue at ``resume_step`` (with ``extra_state`` restored)."""
+
+    resume_step: int
+    extra_state: dict
+    event: HealEvent
+
+
+class Healer:
+    """One rank's side of heals: :meth:`survive` on a survivor, :meth:`join` on a replacement.
+
+    It gets the guard's recovery context (the data plane, the step state, the control channel), never
+    the guard itself."""
+
+    def __init__(self, ctx: "RecoveryContext", policy: HealPolicy, snapshots: Any) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self.snapshots = snapshots
+        self.control = ctx.control
+
+    # -- survivors --------------------------------------------------------------------------------
+
+    def survive(self, lost: RankLostError, step: int, t_detected: float) -> HealOutcome:
+        """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible."""
+        g = self.ctx
+        if self.snapshots is not None:
+            self.snapshots.flush()  # a copy in flight must not race the rollback (or be half-read)
+        # Nobody can roll the failed step forward (the lost rank's gradients are gone): drop ours.
+        g.reset_fsdp()
+        dead = set(lost.ranks)
+        # Replacements lost on their way in (before arriving, or before the rendezvous) are seen from
+        # the launcher's notices within NOTICE_POLL_S; each costs one more wait, bounded per rank.
+        watch = ReplacementWatch(self.control, g.rank, self.policy.max_rounds, poll_s=self.policy.poll_s)
+        watch.scan(dead - {g.rank}, "lost")  # the processes this heal is for
+        rounds = 0
+        while True:
+            rounds += 1
+            if rounds > self.policy.max_rounds:
+                raise RankLostError(
+                    f"rank {g.rank}: {self.policy.max_rounds} heals in a row failed after losing rank(s) "
+                    f"{sorted(dead)} at step {step} (a replacement was lost during each); restore from a "
+                    "checkpoint, or raise HealPolicy.max_rounds", ranks=tuple(sorted(dead)),
+                    last_committed_step=g.state.committed_step, detected_by="heal")
+            dead |= self._dead_now()
+            dead.discard(g.rank)
+            _log.info("rank %d: heal round %d for lost rank(s) %s at step %d", g.rank, rounds, sorted(dead), step)
+            for r in dead:
+                self.control.set(request_key(self.control, r), json.dumps(
+                    {"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode())
+            arrivals = self._wait_arrivals(dead, step, watch)
+            t_arrived = time.time()
+            generation = self.control.generation + 1
+            plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
+                    "groups": [_spec_to_dict(s) for s in g.plane.specs]}
+            for r, pid in arrivals.items():
+                self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
+            self.control.advance_generation()
+            # Enter the rendezvous only once every replacement has taken its plan: one lost before
+            # that would leave us in gloo's rendezvous until the control deadline (accelpact.recovery.heal_wait).
+            gone = watch.wait_joining(arrivals, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
+            if gone:
+                _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
+                          g.rank, rounds, sorted(gone))
+                continue
+            try:
+                return self._heal_round(step, generation, sorted(dead), rounds, t_detected, t_arrived, watch)
+            except RankLostError as again:
+                if again.detected_by == "heal":
+                    raise
+                dead = set(again.ranks)
+                watch.scan(dead - {g.rank}, "during the heal")
+            except BaseException as nested:  # noqa: BLE001 - a rendezvous or collective with a dead replacement
+                if not g.plane.is_comm_fault(nested):
+                    raise
+                _log.info("rank %d: heal round %d failed: %s", g.rank, rounds, str(nested)[:200])
+                del nested
+                watch.scan(set(watch.dead_pids), "during the heal")
+                dead = set()  # who died is read from the notices at the top of the loop
+            g.plane.abort()
+
+    def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
+                    t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
+        g, state = self.ctx, self.ctx.state
+        old_groups, new_groups = g.plane.rebuild(generation)
+        held = {state.committed_step: "live"}
+        if self.snapshots is not None:
+            held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
+        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held), generation)
+        t_load = time.time()
+        extra: dict = {}
+        replayed = plan.replayed(state.committed_step)
+        if state.committed_step > plan.step:
+            extra = self.snapshots.restore(plan.step) or {}
+            state.committed_step = plan.step
+        state.next_step = plan.resume_step
+        load_s = time.time() - t_load
+        g.hook("recovery", step)
+        g.plane.prove(new_groups)
+        t_end = time.time()
+        del old_groups
+        g.plane.prepare_next_generation()
+        event = HealEvent(
+            role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
+            source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
+            replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
+            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s,
+            replacements_lost=list(watch.lost))
+        _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
+                  plan.resume_step)
+        return HealOutcome(plan.resume_step, extra, event)
+
+    def _dead_now(self) -> set[int]:
+        """Ranks whose death notice names the pid they beat with now (or that never beat again)."""
+        dead = set()
+        for r in range(self.ctx.world_size):
+            if r == self.ctx.rank:
+                continue
+            notice = _peek(self.control, notice_key(self.control.job_token, r))
+            if notice is None:
+                continue
+            try:
+                n = DeathNotice.from_bytes(json.dumps(notice_auth.verify(notice, self.control.job_token)).encode())
+            except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
+                continue
+            beat = _peek(self.control, heartbeat_key(self.control.job_token, r))
+            beat_pid = _beat_pid(beat)
+            if n.pid is None or beat_pid is None or beat_pid == n.pid:
+                dead.add(r)
+        return dead
+
+    def _wait_arrivals(self, lost: set[int], step: int, watch: ReplacementWatch) -> dict[int, int]:
+        """rank -> pid of the replacement of every rank in ``lost``, once all have arrived.
+
+        Ends early with RankLostError when the launcher says no replacement will come, or when a rank's
+        replacements keep dying (``watch``); a replacement that dies before arriving is only waited for
+        again (the launcher starts the next one)."""
+        deadline = time.monotonic() + self.policy.replacement_timeout_s
+        found: dict[int, int] = {}
+        next_scan = time.monotonic()
+        while True:
+            if watch.due():  # every NOTICE_POLL_S: the launcher's notices and its no-replacement word
+                if watch.scan(lost, "before arriving"):
+                    found = {r: p for r, p in found.items() if not watch.is_dead(r, p)}
+                watch.check_abandoned(lost - set(found))
+            for r in sorted(lost - set(found)):
+                raw = _peek(self.control, arrived_key(self.control, r))
+                if raw is None:
+                    continue
+                pid = int(json.loads(raw.decode())["pid"])
+                if watch.is_dead(r, pid) or pid == _notice_pid(
+                        _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token):
+                    continue  # an earlier replacement, itself lost since
+                found[r] = pid
+            if set(found) >= lost:
+                # A rank that died with the others but whose notice came later (the launcher reaps one exit
+                # per poll) must be in this round: a template-forked replacement arrives within ~0.1 s,
+                # before the periodic scan below, and a plan without that rank sends everyone into a
+                # rendezvous with a dead member (measured: two ranks killed at once, notices 65 ms apart;
+                # the rendezvous waited out its 60 s store timeout and the run fell back to disk).
+                if not self._add_new_deaths(lost, watch):
+                    return found
+                next_scan = time.monotonic() + 0.5
+                continue
+            if time.monotonic() >= deadline:
+                missing = sorted(lost - set(found))
+                raise RankLostError(
+                    f"no replacement for lost rank(s) {missing} arrived within replacement_timeout_s="
+                    f"{self.policy.replacement_timeout_s:g} (seen from rank {self.ctx.rank}, step {step}); the "
+                    "launcher must start one per lost rank (harness: strategy=accelpact does), or raise "
+                    "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
+                    ranks=tuple(missing), last_committed_step=self.ctx.state.committed_step, detected_by="heal")
+            if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
+                self._add_new_deaths(lost, watch)
+                next_scan = time.monotonic() + 0.5
+            time.sleep(self.policy.poll_s)
+
+    def _add_new_deaths(self, lost: set[int], watch: ReplacementWatch) -> bool:
+        """Add to ``lost`` (in place) every other rank dead by its notice now; True when there was one."""
+        more = self._dead_now() - {self.ctx.rank} - lost
+        if more:
+            watch.scan(more, "lost")
+            lost |= more
+        return bool(more)
+
+    def _agree(self, report: HealReport, generation: int) -> ResumePlan:
+        """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
+        # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile.
+        watch = PeerWatch(self.control.job_token, self.ctx.rank,
+                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False))
+        raw = self.control.gather("heal", report.to_bytes(), generation,
+                                  deadline_s=self.policy.replacement_timeout_s, watch=watch)
+        return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.ctx.world_size)
+
+    # -- a replacement ----------------------------------------------------------------------------
+
+    def join(self, ticket: "RejoinTicket") -> HealOutcome:
+        """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
+        g = self.ctx
+        t0 = time.time()
+        held: dict[int, str] = {}
+        if self.policy.initial_state_reproducible:
+            held[-1] = "live"
+        if self.snapshots is not None:
+            held.update({s: "own" for s in self.snapshots.held_steps()})
+        replicas: dict[int, Path] = {}
+        buddy = self.policy.buddy_of(g.rank) if self.policy.buddy_of is not None else None
+        if not [s for s, src in held.items() if src == "own"] and self.policy.fetch_replica is not None:
+            newest = self._fetch(None)
+            if newest is not None:
+                replicas[newest[0]] = newest[1]
+                held[newest[0]] = "buddy"
+                held.setdefault(newest[0] - 1, "buddy")  # the buddy keeps two: fetched only if chosen
+        plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
+        t_load = time.time()
+        extra: dict = {}
+        source = plan.sources[g.rank]
+        if source == "own":
+            extra = self.snapshots.restore(plan.step) or {}
+        elif source == "buddy":
+            path = replicas.get(plan.step)
+            if path is None:
+                got = self._fetch(plan.step)
+                if got is None:
+                    raise RankLostError(
+                        f"rank {g.rank}: its buddy (rank {buddy}) no longer holds the replica of step {plan.step} "
+                        "and no own snapshot slot survives: restore from a checkpoint",
+                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()), detected_by="heal")
+                path = got[1]
+            extra = self.snapshots.restore(plan.step, source=path) or {}
+        load_s = time.time() - t_load
+        g.state.resume_at(plan.resume_step)
+        g.plane.prove(list(g.plane.groups))
+        t_end = time.time()
+        t_launch = ticket.t_launch or ticket.t_start
+        event = HealEvent(
+            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=plan.resume_step, replayed_steps=0,
+            source=source, own_source=source, generation=ticket.generation,
+            replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
+            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s)
+        _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
+                  source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
+        return HealOutcome(plan.resume_step, extra, event)
+
+    def _fetch(self, step: int | None) -> tuple[int, Path] | None:
+        dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))
+        try:
+            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)
+        except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
+            _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
+            return None
+        return None if marker is None else (int(marker["step"]), dest)
+
+
+def _beat_pid(raw: bytes | None) -> int | None:
+    try:
+        return int(raw.decode().split()[1]) if raw is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _notice_pid(raw: bytes | None, token: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        pid = notice_auth.verify(raw, token).get("pid")
+    except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
+        return None
+    return None if pid is None else int(pid)
+
+
+def _spec_to_dict(spec: Any) -> dict:
+    return {"name": spec.name, "backend": spec.backend, "ranks": list(spec.ranks), "is_default": spec.is_default,
+            "tag": spec.tag, "desc": spec.desc,
+            "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
+            "bound": spec.device_id is not None}

@@ -1,0 +1,112 @@
+"""A replacement process joins a running job: arrive, wait for the survivors' plan, build their groups.
+
+Call :func:`rejoin` INSTEAD of ``init_process_group`` in a process that replaces a lost rank (same
+RANK and WORLD_SIZE, same job token); then build the model, FSDP wrapping and optimizer as usual and
+pass the ticket to ``attach(..., heal=..., snapshots=..., rejoin=ticket)``, which loads the resume step
+and runs the first collective with the survivors (accelpact.recovery.heal)::
+
+    control = ControlChannel.from_env()
+    ticket = accelpact.recovery.rejoin(control)                 # the default process group now exists
+    model = build_and_shard(...); optimizer = AdamW(model.parameters())
+    guard = accelpact.attach(model, optimizer, control, snapshots=snap, heal=policy, rejoin=ticket)
+    start = guard.next_step                            # the resume step
+
+Why groups are built from the plan and not with ``init_process_group``: the survivors rebuild their
+groups under their OLD names on the never-used store prefix of generation G (accelpact.dataplane.generations); a fresh
+``init_process_group`` would rendezvous under another prefix and, for later groups, under names that
+come from c10d's group counter, which differs between a fresh process and a survivor. So the
+replacement builds exactly the groups the survivors rebuild, in the same order, on the same prefix.
+Groups other than the default one (e.g. an HSDP mesh's) are registered under their names but the
+model must find them by name; a 1-D mesh over the world (the default group) needs nothing more.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from accelpact.errors import ControlChannelError, RankLostError
+from accelpact.recovery.heal_wait import arrived_key, joining_key, plan_key
+from accelpact.detection.liveness import Heartbeat, LivenessConfig
+
+__all__ = ["RejoinTicket", "rejoin"]
+
+
+@dataclass
+class RejoinTicket:
+    """What :func:`rejoin` did: the generation joined and when each part ended (wall-clock seconds)."""
+
+    generation: int
+    lost: list[int]
+    t_start: float  # rejoin() called
+    t_arrived: float  # arrival posted
+    t_joined: float  # groups built
+    t_launch: float | None = None  # when the launcher started this process (if it said)
+    heartbeat: Heartbeat | None = None  # beating since arrival; attach() takes it over
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
+
+
+def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = None,
+           liveness: LivenessConfig | None = LivenessConfig()) -> RejoinTicket:
+    """Arrive as the replacement of ``control.rank`` and build the survivors' next generation of groups.
+
+    Waits up to ``timeout_s`` for the survivors' plan (they write it once every lost rank's replacement
+    arrived); ``t_launch``: when the launcher started this process (for the heal event's timings).
+    Starts this rank's heartbeat at once, so the survivors see a live process under the rank (its pid,
+    not the dead one's) while the model is built.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from accelpact.dataplane import generations
+
+    if dist.is_initialized():
+        raise RuntimeError("rejoin() builds the default process group itself: call it instead of "
+                           "init_process_group, not after it")
+    t_start = time.time()
+    heartbeat = None
+    cfg = getattr(control, "config", None)
+    if liveness is not None and cfg is not None:
+        heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness).start()
+    pid = os.getpid()
+    if liveness is not None:
+        control.heartbeat()  # this pid beats before anyone reads the arrival (the thread may lag)
+    control.set(arrived_key(control, control.rank),
+                json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
+    t_arrived = time.time()
+    try:
+        plan = json.loads(control.get(plan_key(control, control.rank, pid), deadline_s=timeout_s).decode())
+    except ControlChannelError as exc:
+        if heartbeat is not None:
+            heartbeat.stop()
+        raise RankLostError(
+            f"replacement of rank {control.rank} (pid {pid}) arrived but no survivor sent a heal plan within "
+            f"{timeout_s:g} s: the job may have ended, fallen back to a checkpoint, or the survivors were lost "
+            "too. Start it again from a checkpoint.", ranks=(control.rank,), detected_by="heal") from exc
+    generation = int(plan["generation"])
+    # Committed to the rendezvous: the survivors enter it only after this ack (accelpact.recovery.heal_wait), so
+    # that a replacement lost before it is healed again instead of costing them the control deadline.
+    control.set(joining_key(control, control.rank, pid), str(generation).encode())
+    control.generation = generation  # the next recovery round advances to generation + 1, like everyone
+    store = control.data_plane_store(generation)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    for d in plan["groups"]:
+        spec = generations.GroupSpec(
+            name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
+            desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
+            device_id=device if d["bound"] else None)
+        generations.rebuild_group(None, spec, store, control.rank, device_id=spec.device_id)
+    if not dist.is_initialized():
+        raise RuntimeError(f"the survivors' plan for generation {generation} has no default group: {plan['groups']}")
+    c10d._world.group_count = max(c10d._world.group_count, 1)  # as after init_process_group
+    return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
+                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat)
