@@ -6,7 +6,7 @@ import sys
 import pytest
 
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
-    from harness.strategies import nvrx_restart
+    from harness.strategies.checkpoint_restore import nvrx_restart
 
     # None in sys.modules makes the import raise ImportError, as on a machine without the package.
     monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext", None)
