@@ -131,6 +131,8 @@ class Guard:
         control_port = getattr(getattr(control, "config", None), "port", None) or getattr(control, "port", None)
         self._exclude_ports = comm.store_ports([control_port] if isinstance(control_port, int) else [])
         self.backend.track(self.table.groups, self._exclude_ports)
+        self.backend.choose_path(config.data_plane, self.table.groups, range(self.world_size))
+        _log.info("rank %d: data-plane path %s (%s)", self.rank, self.backend.path["path"], self.backend.path["why"])
         self._vote_buf = self.backend.vote_buffer()
         self._pg_timeout = config.pg_timeout or dist.default_pg_timeout
         self._closed = False
@@ -331,7 +333,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
            stall_timeout_s: float | None | str = "auto", snapshots: Any = None,
-           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> Guard:
+           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None,
+           data_plane: str = "auto") -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -357,10 +360,14 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     ``rejoin``: on a replacement process, the ticket of :func:`accelpact.rejoin.rejoin`; attach then
     loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
     FSDP2 only with ``snapshots`` or ``heal``.
+    ``data_plane``: "auto" (default): on torch >= 2.15, when every data-plane group supports it, a
+    recovery reconfigures the SAME groups in place (no rebuild, no rebind); otherwise, or when a
+    reconfigure fails, it rebuilds them and rebinds. "reconfigure": the same, but attach raises when it
+    cannot. "rebuild": always rebuild and rebind. Recovery events say which path ran and why.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
-                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
+                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s, data_plane=data_plane)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock, snapshots=snapshots, heal=heal, rejoin=rejoin)

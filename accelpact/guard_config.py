@@ -35,5 +35,9 @@ class GuardConfig:
     # step) while a peer stopped beating or the link retransmits is aborted and recovered, instead of
     # waiting for the PG timeout (accelpact/watchdog.py). None: off. Must be below the PG timeout.
     stall_timeout_s: float | None = None
+    # The data-plane path (accelpact/backends/reconfigure.py): "auto" reconfigures the live groups in
+    # place when torch (>= 2.15) and every group support it, else rebuilds and rebinds; "reconfigure"
+    # refuses at attach when it cannot; "rebuild" always rebuilds and rebinds (the 2.13 path).
+    data_plane: str = "auto"
 
 

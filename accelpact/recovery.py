@@ -136,7 +136,7 @@ def _round(g: "Guard", report: RankReport, step: int, fault: dict[str, str], t_d
         first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
         retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
         detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
-        detection_from=detection_from,
+        detection_from=detection_from, data_plane=dict(g.backend.last_path),
     ))
     if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
         # Our gradients were complete but nobody committed: discard them before the retry.
@@ -156,12 +156,15 @@ def rebuild(g: "Guard", generation: int, clock: RoundClock | None = None) -> tup
     new_groups = g.backend.rebuild_groups(old_groups, g._specs, store, g.rank)
     if clock is not None:
         clock.mark()
-    # 5. Rebind in place (function defaults of modules imported since attach included).
-    g.table.refresh_defaults()
-    g.table.rebind(dict(zip(old_groups, new_groups)))
+    # 5. Rebind in place (function defaults of modules imported since attach included). Nothing to do
+    # when the backend reconfigured the same groups in place (accelpact/backends/reconfigure.py).
+    same = all(o is n for o, n in zip(old_groups, new_groups))
+    if not same:
+        g.table.refresh_defaults()
+        g.table.rebind(dict(zip(old_groups, new_groups)))
     if clock is not None:
         clock.mark()
-    if g.config.verify_rebind:
+    if g.config.verify_rebind and not same:
         stale = [(comm.describe(pg), find_stale_references(pg, ignore=(old_groups,))) for pg in old_groups]
         stale = [(pg, refs) for pg, refs in stale if refs]
         if stale:

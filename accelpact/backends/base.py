@@ -7,8 +7,10 @@ The guard itself is backend-neutral. Per backend it needs to:
   handling that does not kill the process);
 - ``track`` / ``abort``: know the live generation's transport and break it, so that peers blocked on
   this rank fail within milliseconds instead of at the PG timeout;
-- ``rebuild_groups``: build the next generation on a never-used store prefix under the old names
-  (the generic part lives in :mod:`accelpact.comm`) and track its transport;
+- ``choose_path`` / ``rebuild_groups``: the next generation on a never-used store prefix: on torch
+  >= 2.15 the same groups reconfigured in place (:mod:`accelpact.backends.reconfigure`), else (or when
+  a reconfigure fails) new groups under the old names (the generic part lives in :mod:`accelpact.comm`);
+  and track its transport;
 - ``first_collective``: prove the new generation works, giving up when a peer has moved on;
 - ``abandon``: what to do with a generation whose first collective was abandoned;
 - ``vote_buffer`` / ``vote``: the commit vote's one-element tensor on the backend's device, and an
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from accelpact.backends.reconfigure import ReconfigurePath
     from accelpact.comm import GroupSpec
 
 __all__ = ["Backend"]
@@ -56,6 +59,11 @@ class Backend(abc.ABC):
         self.exclude_ports: set[int] = set()
         # Generations whose first collective was abandoned: (monotonic deadline, groups, work).
         self._abandoned: list[tuple[float, list[Any], Any]] = []
+        # The reconfigure data-plane path (accelpact.backends.reconfigure), when chosen at attach.
+        self.reconfigure: ReconfigurePath | None = None
+        # Which path the guard takes and why: set at attach by choose_path, per round by rebuild_groups.
+        self.path: dict[str, str] = {"path": "rebuild", "why": "not chosen yet"}
+        self.last_path: dict[str, str] = dict(self.path)
 
     # -- environment ---------------------------------------------------------------------------
 
@@ -100,15 +108,59 @@ class Backend(abc.ABC):
         objects (sockets, communicators) were aborted.
         """
 
+    def choose_path(self, mode: str, groups: Sequence[dist.ProcessGroup], world_ranks: Sequence[int]) -> None:
+        """Pick the data-plane path at attach: reconfigure the groups in place (torch >= 2.15, every group
+        supports it) or rebuild and rebind them. ``mode``: one of ``reconfigure.PATH_MODES``."""
+        from accelpact.backends import reconfigure
+
+        if mode not in reconfigure.PATH_MODES:
+            raise AccelPactError(f"data_plane={mode!r}: expected one of {', '.join(reconfigure.PATH_MODES)}")
+        if mode == "rebuild":
+            why = "data_plane='rebuild' was asked for"
+        else:
+            why = reconfigure.unsupported_reason(groups)
+            if why is None:
+                self.reconfigure = reconfigure.ReconfigurePath(world_ranks)
+                self.path = {"path": "reconfigure", "why": "every data-plane group supports reconfigure"}
+                self.last_path = dict(self.path)
+                return
+            if mode == "reconfigure":
+                raise AccelPactError(f"data_plane='reconfigure' is not possible: {why}; attach with "
+                                     "data_plane='auto' to fall back to rebuild-and-rebind")
+        self.reconfigure = None
+        self.path = {"path": "rebuild", "why": why}
+        self.last_path = dict(self.path)
+
     def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
                        store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
-        """Build the next generation of every group on ``store`` (never used) and make it the live one."""
+        """The next generation of every group on ``store`` (never used), made the live one.
+
+        On the reconfigure path: the SAME group objects, reconfigured in place (the rebind is then an
+        identity). Otherwise, or when any rank's reconfigure failed this round (every rank falls back
+        together): new groups built under the old names. :attr:`last_path` says which ran and why.
+        """
         from accelpact import comm
 
+        if self.reconfigure is not None and all(o is not None for o in olds):
+            from accelpact.backends.reconfigure import Fallback
+
+            try:
+                self.groups = self.reconfigure.reconfigure(olds, specs, store, rank)
+                self.last_path = dict(self.path)
+                return list(self.groups)
+            except Fallback as fallback:
+                self.last_path = {"path": "rebuild", "why": f"reconfigure failed, fell back: {fallback.reason}"}
+                store = _fallback_store(store)
+        else:
+            self.last_path = dict(self.path)
         new = [comm.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
                for old, spec in zip(olds, specs)]
         self.groups = new
         return new
+
+    def path_plan(self) -> str:
+        """The path a heal's replacement must join with: "reconfigure" or "rebuild" (written into the plan)."""
+        return "reconfigure" if self.reconfigure is not None else "rebuild"
 
     def rebuild_device(self, spec: GroupSpec) -> torch.device | None:
         """The ``device_id`` a rebuilt group is bound to (None: unbound, as gloo on CPU)."""
@@ -182,3 +234,11 @@ class Backend(abc.ABC):
     def is_comm_fault(self, exc: BaseException) -> bool:
         """True when ``exc`` is a recoverable communication fault of this backend."""
         return is_comm_fault(exc, markers=self.fault_markers, never_markers=self.never_markers)
+
+
+def _fallback_store(store: Any) -> Any:
+    """A sub-prefix of the generation's store for the rebuild after a failed reconfigure: the reconfigure
+    used the generation's keys already, and a rebuild must rendezvous on never-used ones."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore("fallback/", store)
