@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heal-trials", type=int, default=1)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--block-steps", type=int, default=5)
+    ap.add_argument("--alternations", type=int, default=2, help="part 3: 2.13/2.15 session pairs")
     ap.add_argument("--parts", default="123")
     ap.add_argument("--out", type=Path, default=None, help="write table.md and raw.json here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -266,12 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["## 3. Steady-state cost of the guard: torch 2.13 vs 2.15", "",
                   f"World 2, {args.layers}-layer decoder; plain FSDP2 steps and guarded steps in interleaved blocks "
                   f"({args.blocks} x {args.block_steps} steps each) inside one session per torch; the two torch "
-                  "sessions run one after the other, twice, alternating. Median step, ms.", "",
+                  f"sessions run one after the other, {args.alternations} time(s) each, alternating. Median step, ms.", "",
                   f"load at start: {_load()}", "",
                   "| torch | data-plane path | plain step | guarded step | guarded / plain step time |",
                   "|---|---|---|---|---|"]
         over: dict[str, list[dict]] = {"2.13": [], "2.15": []}
-        for _ in range(2):
+        for _ in range(args.alternations):
             for name, py in (("2.13", args.python213), ("2.15", sys.executable)):
                 over[name].append(_run_child(py, "overhead", args, []))
         for name, rs in over.items():
