@@ -9,7 +9,19 @@ STAMP := $(VENV)/.installed
 # of torch 2.13 into .venv yourself before running make (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down
+# A second environment on torch 2.15 (docs/torch_versions.md): the accelpact tests and the examples run
+# there too (`make test-torch215`, and .ci/run). 2.15 has no CPU-only wheel on PyPI: the default build
+# (CUDA libraries included, about 5.4 GB, runs on CPU) takes a few minutes to install, once.
+# VENV215 may live outside the checkout so that CI reuses it between runs (.ci/run does).
+# PIP215_ENV: this machine's pip configuration caps torch at 2.14.1 (/etc/xdg/pip); ignoring the pip
+# configuration lifts the cap. On a machine whose pip configuration you need (a private index), set
+# PIP215_ENV= (empty).
+VENV215 ?= .venv-torch215
+STAMP215 := $(VENV215)/.installed
+TORCH215_SPEC ?= torch==2.15.0
+PIP215_ENV ?= PIP_CONFIG_FILE=/dev/null
+
+.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down setup-torch215 test-torch215
 
 setup: $(STAMP)
 
@@ -25,6 +37,24 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip uninstall -q -y pynvml
 	$(BIN)/python -c "import pynvml" # nvidia-ml-py's module, still there for torch and NVRx
 	touch $(STAMP)
+
+setup-torch215: $(STAMP215)
+
+# Reused while up to date: rebuilt only when pyproject.toml or this Makefile changed (the editable install
+# then points at this checkout; .ci/run also sets PYTHONPATH so a reused env imports the checkout it tests).
+$(STAMP215): pyproject.toml Makefile
+	test -x $(VENV215)/bin/python || $(PY) -m venv $(VENV215)
+	$(VENV215)/bin/python -c "import torch, sys; sys.exit(not torch.__version__.startswith('2.15.'))" 2>/dev/null \
+	  || $(PIP215_ENV) $(VENV215)/bin/pip install -q "$(TORCH215_SPEC)"
+	$(PIP215_ENV) $(VENV215)/bin/pip install -q -e ".[harness,dev]"
+	$(VENV215)/bin/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(not v.startswith('2.15.'))"
+	touch $(STAMP215)
+
+# On torch 2.15: the accelpact tests, the heal tests and the install check (default selection), and the example.
+TESTS215 ?= tests/accelpact tests/harness/test_heal.py tests/test_packaging.py::test_install_keeps_the_torch_already_installed
+test-torch215: $(STAMP215)
+	PYTHONPATH=$(CURDIR) $(VENV215)/bin/python -m pytest $(TESTS215) $(PYTEST_ARGS); rc=$$?; \
+	  PYTHONPATH=$(CURDIR) $(VENV215)/bin/python examples/recover_one_fault.py || rc=1; exit $$rc
 
 run: $(STAMP)
 	$(BIN)/python -m harness $(ARGS)
@@ -49,4 +79,4 @@ reproduce: $(STAMP)
 	$(BIN)/python -m experiments.reproduce
 
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) .venv-torch215 outputs multirun

@@ -88,6 +88,9 @@ class RecoveryEvent:
     # What detection_s counts from: "injection" (the earliest injection reported in the round, on
     # any rank; all ranks share a wall clock on one host) or "attempt_start" (nothing was injected).
     detection_from: str = "attempt_start"
+    # Which data-plane path the last round took and why: {"path": "reconfigure" | "rebuild", "why": ...}
+    # (accelpact/backends/reconfigure.py). On "reconfigure" the groups are the same objects, rebind_s ~0.
+    data_plane: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +128,8 @@ class HealEvent:
     # Survivor: each replacement lost on its way in (rank, pid, stage, reason, t_seen, seen_after_s: from
     # the launcher's death notice to this rank reading it); each cost one more wait for the next one.
     replacements_lost: list[dict[str, Any]] = field(default_factory=list)
+    # Which data-plane path the heal's rendezvous took and why (as RecoveryEvent.data_plane).
+    data_plane: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

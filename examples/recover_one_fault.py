@@ -10,6 +10,9 @@ channel the ranks agree over) and starts two rank processes, each a copy of this
    own gloo connections right before step 2's vote (a real fault: every rank's collective fails);
 3. checks that a recovery happened and that the final state equals the reference bit for bit.
 
+On torch >= 2.15 the recovery reconfigures the same process group in place ("data plane reconfigure");
+on 2.13 it builds a new group and rebinds every cached reference ("data plane rebind").
+
 Exit status 0 only if both ranks recovered and both match the fault-free run.
 """
 
@@ -121,8 +124,10 @@ def main() -> int:
     for r in results:
         for e in r["events"]:
             message = e["fault"]["message"].splitlines()[0].split("] ", 1)[-1][:60]  # drop gloo's [file:line]
+            path = e.get("data_plane", {}).get("path", "rebind")
             print(f"rank {r['rank']}: recovered step {e['step']} ({e['fault']['type']}: {message}) -> "
-                  f"{e['decision']['action']}, "
+                  f"{e['decision']['action']}, data plane {path} "
+                  f"({'same groups, no rebind' if path == 'reconfigure' else 'new groups, rebound'}), "
                   f"generation {e['generation']}, detection {e['detection_s'] * 1e3:.1f} ms, "
                   f"recovery {e['total_s'] * 1e3:.1f} ms")
     recovered = all(len(r["events"]) >= 1 for r in results)

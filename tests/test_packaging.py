@@ -39,9 +39,8 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-def test_runtime_alone_installs_and_recovers(tmp_path):
-    t0 = time.monotonic()
-    # Build from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+def _copy_sources(tmp_path: Path) -> Path:
+    """Build from a copy: an in-tree build would leave build/ and *.egg-info in the checkout."""
     src = tmp_path / "src"
     src.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
@@ -51,6 +50,12 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
             shutil.copytree(p, src / name, ignore=ignore)
         else:
             shutil.copy2(p, src / name)
+    return src
+
+
+def test_runtime_alone_installs_and_recovers(tmp_path):
+    t0 = time.monotonic()
+    src = _copy_sources(tmp_path)
     venv = tmp_path / "venv"
     _check(_run([sys.executable, "-m", "venv", str(venv)], tmp_path, 120), "python -m venv")
     py = str(venv / "bin" / "python")
@@ -63,7 +68,7 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
                tmp_path, 60)
     _check(req, "reading the installed metadata")
     plain = [r for r in req.stdout.splitlines() if "extra ==" not in r]
-    assert [r.replace(" ", "") for r in plain] == ["torch<2.14,>=2.13", "isal>=1.6"], req.stdout
+    assert [r.replace(" ", "") for r in plain] == ["torch<2.16,>=2.13", "isal>=1.6"], req.stdout
     crc = _run([py, "-c", "from accelpact.snapshot import checksum; print(checksum.IMPLEMENTATION)"], tmp_path, 60)
     assert crc.stdout.strip() == "isal", crc.stdout + crc.stderr  # pip install accelpact gets the fast path
     leaked = _run([py, "-c", "import importlib.util as u; print([m for m in ('transformers', 'hydra', 'pandas', "
@@ -83,3 +88,23 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
     assert "accelpact[harness]" in lines[0] and lines[0].startswith("ImportError:"), lines
     print(f"packaging check: install {t_installed - t0:.0f} s, total {time.monotonic() - t0:.0f} s")
 
+
+
+def test_install_keeps_the_torch_already_installed(tmp_path):
+    """``pip install .`` into an environment that already has a supported torch (2.13 here, 2.15 in the
+    second CI environment) resolves against THAT torch: no download, no other torch.
+
+    Offline on purpose (``--no-index``, no build isolation): if the requirement excluded the installed
+    torch, pip could not satisfy it and fails (a ``torch<2.14`` cap failed this way under 2.15).
+    """
+    import json
+
+    import torch
+
+    report = tmp_path / "report.json"
+    src = _copy_sources(tmp_path)
+    proc = _run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                 "--quiet", "--report", str(report), str(src)], tmp_path, 300)
+    _check(proc, f"pip install --dry-run . (torch {torch.__version__} installed)")
+    planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert planned == {"accelpact"}, planned

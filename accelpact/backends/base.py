@@ -71,6 +71,11 @@ class Backend(abc.ABC):
         self.exclude_ports: set[int] = set()
         # Generations whose first collective was abandoned: (monotonic deadline, groups, work).
         self._abandoned: list[tuple[float, list[Any], Any]] = []
+        # The reconfigure data-plane path (accelpact.backends.reconfigure), when chosen at attach.
+        self.reconfigure: ReconfigurePath | None = None
+        # Which path the guard takes and why: set at attach by choose_path, per round by rebuild_groups.
+        self.path: dict[str, str] = {"path": "rebuild", "why": "not chosen yet"}
+        self.last_path: dict[str, str] = dict(self.path)
 
     # -- environment ---------------------------------------------------------------------------
 
@@ -105,6 +110,12 @@ class Backend(abc.ABC):
         self.groups = list(groups)
         self.exclude_ports = set(exclude_ports)
 
+    def reconfigured(self, reconfigure: Callable[[], list[dist.ProcessGroup]]) -> list[dist.ProcessGroup]:
+        """Run ``reconfigure`` (which re-initialises the live groups in place and returns them) and adopt
+        its result as the live generation: the same objects over a new transport."""
+        self.groups = list(reconfigure())
+        return list(self.groups)
+
     @abc.abstractmethod
     def abort(self) -> int:
         """Break the live generation's transport so peers blocked on this rank fail now.
@@ -112,6 +123,29 @@ class Backend(abc.ABC):
         Idempotent; never raises for an already broken transport. Returns how many transport
         objects (sockets, communicators) were aborted.
         """
+
+    def choose_path(self, mode: str, groups: Sequence[dist.ProcessGroup], world_ranks: Sequence[int]) -> None:
+        """Pick the data-plane path at attach: reconfigure the groups in place (torch >= 2.15, every group
+        supports it) or rebuild and rebind them. ``mode``: one of ``reconfigure.PATH_MODES``."""
+        from accelpact.backends import reconfigure
+
+        if mode not in reconfigure.PATH_MODES:
+            raise AccelPactError(f"data_plane={mode!r}: expected one of {', '.join(reconfigure.PATH_MODES)}")
+        if mode == "rebuild":
+            why = "data_plane='rebuild' was asked for"
+        else:
+            why = reconfigure.unsupported_reason(groups)
+            if why is None:
+                self.reconfigure = reconfigure.ReconfigurePath(world_ranks)
+                self.path = {"path": "reconfigure", "why": "every data-plane group supports reconfigure"}
+                self.last_path = dict(self.path)
+                return
+            if mode == "reconfigure":
+                raise AccelPactError(f"data_plane='reconfigure' is not possible: {why}; attach with "
+                                     "data_plane='auto' to fall back to rebuild-and-rebind")
+        self.reconfigure = None
+        self.path = {"path": "rebuild", "why": why}
+        self.last_path = dict(self.path)
 
     def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
                        store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
@@ -122,6 +156,10 @@ class Backend(abc.ABC):
                for old, spec in zip(olds, specs)]
         self.groups = new
         return new
+
+    def path_plan(self) -> str:
+        """The path a heal's replacement must join with: "reconfigure" or "rebuild" (written into the plan)."""
+        return "reconfigure" if self.reconfigure is not None else "rebuild"
 
     def rebuild_device(self, spec: GroupSpec) -> torch.device | None:
         """The ``device_id`` a rebuilt group is bound to (None: unbound, as gloo on CPU)."""

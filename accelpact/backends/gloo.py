@@ -13,7 +13,7 @@ generations are exactly the sockets that appeared while the guard built them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
 import torch
 
@@ -83,6 +83,14 @@ class GlooBackend(Backend):
         if self.sockets is None:
             raise RuntimeError("GlooBackend.abort() before track(): the guard tracks the groups at attach")
         return self.sockets.shutdown()
+
+    def reconfigured(self, reconfigure: Callable[[], list[dist.ProcessGroup]]) -> list[dist.ProcessGroup]:
+        if self.sockets is None:
+            raise RuntimeError("GlooBackend.reconfigured() before track()")
+        before = self.sockets.snapshot()
+        groups = super().reconfigured(reconfigure)
+        self.sockets.adopt(before)  # the reconfigure's new connections are what abort() must reset
+        return groups
 
     def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
                        store: dist.Store, rank: int) -> list[dist.ProcessGroup]:

@@ -15,8 +15,9 @@ Two ways to get a working generation after a fault differ only in ``rebuild``:
   objects on a never-used store prefix under the old names, then rebind every cached reference
   (accelpact.dataplane.bindings). ``rebuild`` returns different old and new objects; the caller drops
   the old ones once the new ones work.
-- an in-place variant (torch's ``_reconfigure`` of a live group, where the release has it) keeps the
-  SAME group objects: ``rebuild`` returns the same list twice, and there is nothing to rebind.
+- :class:`accelpact.dataplane.reconfigure.ReconfigurePlane` (torch >= 2.15: ``_reconfigure`` of a live
+  group) keeps the SAME group objects: ``rebuild`` returns the same list twice, and there is nothing to
+  rebind. Where torch or a group cannot, or a round's reconfigure fails, it rebinds instead.
 
 :data:`DATA_PLANES` names the implementations; ``GuardConfig.data_plane`` picks one.
 """
@@ -77,6 +78,9 @@ class DataPlane(abc.ABC):
         # the group; so may FSDP2's comm state): the table built at attach can miss those holders, which
         # then keep every old generation alive. Scanned again once the first step ran (:meth:`rescan`).
         self.rescanned = False
+        # Which way the live generation was made and why ({"path": ..., "why": ...}): every recovery and
+        # heal event copies it, so a run says which path ran (an implementation that can degrade updates it).
+        self.last_path: dict[str, str] = {"path": self.name, "why": f"data_plane={self.name!r}"}
 
     @classmethod
     def attach(cls, model: "nn.Module", optimizer: "torch.optim.Optimizer", control: Any, *,
@@ -102,6 +106,11 @@ class DataPlane(abc.ABC):
         return cls(backend=backend, table=table, specs=specs, vote_index=vote_index, control=control,
                    rank=dist.get_rank(), group_timeout=group_timeout, verify_rebind=verify_rebind,
                    scan=lambda vote: BindingTable.build(model, optimizer, vote), peers=peers)
+
+    def join_mode(self) -> str:
+        """What a heal's replacement must run with the survivors to join their next generation (the
+        plan carries it to accelpact.recovery.rejoin): this implementation's name."""
+        return self.name
 
     # -- the live generation ----------------------------------------------------------------------
 

@@ -27,9 +27,15 @@ class RebindPlane(DataPlane):
     name = "rebind"
 
     def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
-        # A link still down or blackholed: wait for it (within the deadline) instead of building on it.
+        self.wait_for_peers()
+        return self.rebuild_on(self.control.data_plane_store(generation), clock)
+
+    def wait_for_peers(self) -> None:
+        """A link still down or blackholed: wait for it (within the deadline) instead of building on it."""
         wait_reachable(self.peers, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
-        store = self.control.data_plane_store(generation)
+
+    def rebuild_on(self, store: Any, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+        """New groups under the old names on ``store`` (never used), then the rebind; (old, new)."""
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self.specs, store, self.rank)
         if clock is not None:

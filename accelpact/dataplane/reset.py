@@ -18,10 +18,13 @@ dead group's Work can block or raise, and holding it keeps the old group alive.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from accelpact.errors import AccelPactError
 
 __all__ = ["ResetConfig", "fsdp_flavour", "reset_after_fault"]
 
@@ -84,10 +87,33 @@ def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
                     unsharded = getattr(fp, "_unsharded_param", None)
                     if unsharded is not None:
                         unsharded.grad = None
-                    fp.unsharded_accumulated_grad = None
+                    _clear_accumulated_grad(fp)
     comm_ctx = root_state._comm_ctx
     comm_ctx.all_gather_state = None
     root.reset_iter_state()  # covers every FSDP state reachable from the root
+
+
+def _clear_accumulated_grad(fp: object) -> None:
+    """Clear FSDPParam's reduce-dtype gradient accumulator, wherever this torch keeps it.
+
+    torch 2.13 keeps a separate buffer in the attribute ``unsharded_accumulated_grad`` (set to None
+    here). torch 2.15 made it a read-only property returning ``_unsharded_param.grad`` (accumulation
+    moved onto the autograd leaf), so clearing that grad above already cleared it; assigning raised
+    "property 'unsharded_accumulated_grad' of 'FSDPParam' object has no setter" and killed recovery on
+    every rank. Which form this torch has is read from the class, not from a version number, and a
+    form that neither clears nor derives from the leaf raises instead of leaving a stale gradient.
+    """
+    attr = inspect.getattr_static(type(fp), "unsharded_accumulated_grad", None)
+    if isinstance(attr, property):
+        if attr.fset is not None:
+            attr.fset(fp, None)
+        elif attr.fget is not None and attr.fget(fp) is not None:
+            raise AccelPactError(
+                f"torch {torch.__version__}: FSDPParam.unsharded_accumulated_grad is read-only and still holds a "
+                "gradient after _unsharded_param.grad was cleared; this torch keeps FSDP2's accumulated gradient "
+                "somewhere accelpact/reset.py does not know. Supported: torch>=2.13,<2.16")
+        return
+    fp.unsharded_accumulated_grad = None  # torch 2.13/2.14: a plain attribute (or not created yet)
 
 
 def _reset_fsdp1(model: nn.Module, config: ResetConfig) -> None:

@@ -32,7 +32,9 @@ class GuardConfig:
     # waiting for the PG timeout (accelpact/detection/watchdog.py). None: off. Must be below the PG timeout.
     stall_timeout_s: float | None = None
     # How the next data-plane generation is made after a fault (accelpact.dataplane.DATA_PLANES):
-    # "rebind" builds new groups under the old names and rebinds every cached reference.
-    data_plane: str = "rebind"
+    # "auto" reconfigures the same groups in place where torch (>= 2.15) and every group support it,
+    # else rebinds; "reconfigure" refuses at attach when it cannot; "rebind" builds new groups under the
+    # old names and rebinds every cached reference (the path of every torch release).
+    data_plane: str = "auto"
 
 

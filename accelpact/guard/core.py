@@ -41,7 +41,7 @@ from accelpact.recovery.consensus import Phase
 from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
 from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
 from accelpact.dataplane.plane import DataPlane
-from accelpact.dataplane.registry import data_plane_class
+from accelpact.dataplane.registry import attach_data_plane
 from accelpact.events import HealEvent, RecoveryLog
 from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.dataplane.interruptible import CollectiveWaiter
@@ -112,9 +112,10 @@ class Guard:
         self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
         # The data-plane groups and how to get their next generation (accelpact.dataplane): the only
         # part of the guard that recovery and the heal may touch, besides the step state.
-        self.plane: DataPlane = data_plane_class(config.data_plane).attach(
-            model, optimizer, control, process_group=process_group, group_timeout=config.pg_timeout,
-            verify_rebind=config.verify_rebind)
+        self.plane: DataPlane = attach_data_plane(
+            config.data_plane, model, optimizer, control, process_group=process_group,
+            group_timeout=config.pg_timeout, verify_rebind=config.verify_rebind)
+        _log.info("rank %d: data plane %s (%s)", self.rank, self.plane.last_path["path"], self.plane.last_path["why"])
         self._vote_buf = self.plane.backend.vote_buffer()
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
@@ -297,7 +298,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
            stall_timeout_s: float | None | str = "auto", snapshots: Any = None,
-           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> Guard:
+           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None,
+           data_plane: str = "auto") -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -323,10 +325,15 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     ``rejoin``: on a replacement process, the ticket of :func:`accelpact.recovery.rejoin.rejoin`; attach then
     loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
     FSDP2 only with ``snapshots`` or ``heal``.
+    ``data_plane``: "auto" (default): on torch >= 2.15, when every data-plane group supports it, a
+    recovery reconfigures the SAME groups in place (no rebuild, no rebind); otherwise, or when a
+    reconfigure fails, it rebuilds them and rebinds. "reconfigure": the same, but attach raises when it
+    cannot. "rebind": always rebuild and rebind. Recovery and heal events say which path ran and why
+    (``event.data_plane``); accelpact.dataplane.DATA_PLANES lists the implementations.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
     config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
-                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s)
+                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s, data_plane=data_plane)
     return Guard(model, optimizer, control, process_group=process_group, config=config,
                  injection_clock=injection_clock, snapshots=snapshots, heal=heal, rejoin=rejoin)

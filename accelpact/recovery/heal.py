@@ -133,7 +133,7 @@ class Healer:
             t_arrived = time.time()
             generation = self.control.generation + 1
             plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
-                    "groups": [_spec_to_dict(s) for s in g.plane.specs]}
+                    "groups": [_spec_to_dict(s) for s in g.plane.specs], "data_plane": g.plane.join_mode()}
             for r, pid in arrivals.items():
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()
@@ -186,7 +186,7 @@ class Healer:
             source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
             replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
             total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s,
-            replacements_lost=list(watch.lost))
+            replacements_lost=list(watch.lost), data_plane=dict(g.plane.last_path))
         _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
                   plan.resume_step)
         return HealOutcome(plan.resume_step, extra, event)
@@ -318,7 +318,8 @@ class Healer:
             role="replacement", lost_ranks=[g.rank], step=-1, resume_step=plan.resume_step, replayed_steps=0,
             source=source, own_source=source, generation=ticket.generation,
             replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
-            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s)
+            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s,
+            data_plane=dict(ticket.data_plane))
         _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
                   source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
         return HealOutcome(plan.resume_step, extra, event)

@@ -26,7 +26,7 @@ import datetime
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
@@ -47,6 +47,8 @@ class RejoinTicket:
     t_joined: float  # groups built
     t_launch: float | None = None  # when the launcher started this process (if it said)
     heartbeat: Heartbeat | None = None  # beating since arrival; attach() takes it over
+    # How the groups were joined: {"path": "reconfigure" | "rebuild", "why": ...} (HealEvent.data_plane)
+    data_plane: dict = field(default_factory=dict)
 
     def stop_heartbeat(self) -> None:
         if self.heartbeat is not None:
@@ -67,7 +69,9 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    from accelpact.backends import reconfigure
     from accelpact.dataplane import generations
+    from accelpact.dataplane.reconfigure import FALLBACK_PREFIX
 
     if dist.is_initialized():
         raise RuntimeError("rejoin() builds the default process group itself: call it instead of "
@@ -99,14 +103,30 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     control.generation = generation  # the next recovery round advances to generation + 1, like everyone
     store = control.data_plane_store(generation)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    for d in plan["groups"]:
-        spec = generations.GroupSpec(
-            name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
-            desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
-            device_id=device if d["bound"] else None)
+    specs = [generations.GroupSpec(
+        name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
+        desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
+        device_id=device if d["bound"] else None) for d in plan["groups"]]
+    # The survivors reconfigure their live groups with ours (torch >= 2.15) or rebuild them under the
+    # old names; the plan says which (accelpact.dataplane.reconfigure), and a failure anywhere makes
+    # every rank rebuild on the generation's fallback prefix.
+    data_plane = {"path": "rebind", "why": "the survivors rebuild and rebind"}
+    if plan.get("data_plane") == "reconfigure":
+        data_plane = {"path": "reconfigure", "why": "joined the survivors' groups in the reconfigure regime"}
+        try:
+            reconfigure.join_groups(specs, store, control.rank, device_id=device)
+        except reconfigure.Fallback as fallback:
+            data_plane = {"path": "rebind", "why": f"reconfigure failed, fell back: {fallback.reason}"}
+            store = dist.PrefixStore(FALLBACK_PREFIX, store)
+            specs_to_build = specs
+        else:
+            specs_to_build = []
+    else:
+        specs_to_build = specs
+    for spec in specs_to_build:
         generations.rebuild_group(None, spec, store, control.rank, device_id=spec.device_id)
     if not dist.is_initialized():
         raise RuntimeError(f"the survivors' plan for generation {generation} has no default group: {plan['groups']}")
     c10d._world.group_count = max(c10d._world.group_count, 1)  # as after init_process_group
     return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
-                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat)
+                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane)

@@ -137,7 +137,7 @@ def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str,
         first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
         retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
         detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
-        detection_from=detection_from,
+        detection_from=detection_from, data_plane=dict(plane.last_path),
     ))
     if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
         # Our gradients were complete but nobody committed: discard them before the retry.

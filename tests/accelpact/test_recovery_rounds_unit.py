@@ -48,6 +48,7 @@ class FakePlane:
         self.fail = fail
         self.error = error or CommFault("Connection closed by peer (rebuild)")
         self.rescanned = False
+        self.last_path = {"path": "fake", "why": "a unit test's stand-in"}
 
     def abort(self) -> int:
         self.calls.append(("abort",))
