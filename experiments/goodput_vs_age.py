@@ -8,7 +8,7 @@ side by side at this machine's scale.
     python -m experiments.goodput_vs_age --rederive # tables and plots again from results/<name>/data.csv
 
 Runs the harness's comparison (a Hydra multirun, ``python -m harness -m``, with
-harness.report.compare.ComparisonCallback): a fault-free reference (strategy none), then accelpact,
+harness.app.comparison.ComparisonCallback): a fault-free reference (strategy none), then accelpact,
 cold_restart and checkpoint_restore (NVRx in-process restart + DCP restore + replay) at each checkpoint
 age, on mistral_tiny with 2 gloo ranks and one socket reset on rank 0 during the backward reduce-scatter.
 The runs go to a scratch directory outside the repo; only the small derived files come here.

@@ -53,7 +53,7 @@ def hydra_main(cfg: DictConfig) -> float:
         sys.exit(EXIT_BAD_CONFIG)
 
     from harness.parent.run import run_one
-    from harness.report.compare import sweep_reference_dir
+    from harness.app.comparison import sweep_reference_dir
 
     row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None,
                   show_plan=not multirun or hc.job.num == 0)

@@ -1,13 +1,15 @@
 """The comparison: strategies on the same fault schedule, side by side with a fault-free reference.
 
-There is one way to run a comparison: a Hydra multirun with :class:`ComparisonCallback`. The default
+There is one way to run a comparison: a Hydra multirun with ``harness.app.comparison.ComparisonCallback``
+(the app runs the sweep's reference and, at the end, hands every run's row to :func:`trial_rows` here);
+this module builds the table. The default
 experiment (``python -m harness``, ``experiment=compare``) is such a multirun, one job per checkpoint
 age and strategy; any sweep over a faulted run works the same (``python -m harness -m
 strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or on Slurm.
 
 - The default experiment uses the trials sweeper (``hydra/sweeper=trials``,
   harness/app/plugins/hydra_plugins/harness_trials): ``compare.trials`` interleaved rounds, each running the fault-free
-  reference (:func:`run_reference`) and every job once in a rotated order, into ``<sweep>/trial<k>/``.
+  reference (``harness.app.comparison.run_reference``) and every job once in a rotated order, into ``<sweep>/trial<k>/``.
 - With another sweeper, ``on_multirun_start`` runs the fault-free reference of the sweep's base config
   (strategy and fault from the registries' reference; same model, data, steps and checkpoint cadence)
   in ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
@@ -23,13 +25,9 @@ strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or
 from __future__ import annotations
 
 import copy
-import json
 import math
-import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
-
-from hydra.experimental.callback import Callback
 
 from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
@@ -55,13 +53,13 @@ def reference_config(base: RunConfig) -> RunConfig:
     return ref
 
 
-def _is_fault_free(row: dict[str, Any]) -> bool:
+def is_fault_free(row: dict[str, Any]) -> bool:
     return row.get("fault") in (None, faults.NO_FAULT)
 
 
 def _is_reference(row: dict[str, Any]) -> bool:
     """A fault-free run of the reference strategy (what every other run is compared with)."""
-    return row.get("strategy") == strategies.reference().name and _is_fault_free(row)
+    return row.get("strategy") == strategies.reference().name and is_fault_free(row)
 
 
 def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path]) -> RunSummary:
@@ -202,86 +200,3 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
     except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
         print(f"warning: comparison plots failed: {type(exc).__name__}: {exc}")
     return table
-
-
-# The sweep's reference directory, set by on_multirun_start; jobs that run in this process (Hydra's
-# local launcher) read it to compare themselves with the reference as they end. Jobs on other
-# machines (Slurm) see None, and the table compares them at the end instead.
-_sweep_reference: dict[str, Path] = {}
-
-
-def sweep_reference_dir() -> Optional[Path]:
-    return _sweep_reference.get("dir")
-
-
-def needs_reference(config: Any) -> bool:
-    """Whether a multirun over ``config`` is a comparison: its base injects a fault, or it sweeps one."""
-    from harness.app.config import to_run_config
-
-    return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
-
-
-def run_reference(config: Any, out: Path, required: bool = True) -> Optional[Path]:
-    """Run the fault-free reference of the multirun ``config`` into ``out``; the sweep's jobs compare
-    themselves with it from then on. A failed reference raises when ``required``, else it is reported
-    and the last good reference stays in use (a later trial's reference failing costs that trial only)."""
-    from harness.app.config import to_run_config
-    from harness.parent.run import run_one
-
-    print(f"comparison: running the fault-free reference in {out}", flush=True)
-    row = run_one(reference_config(to_run_config(config)), out, None, ["(reference of the sweep)"])
-    if row["status"] != "ok":
-        if required:
-            raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
-        print(f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are "
-              "left out", flush=True)
-        return None
-    _sweep_reference["dir"] = out
-    return out
-
-
-def _uses_trials_sweeper(config: Any) -> bool:
-    target = str(config.hydra.get("sweeper", {}).get("_target_", "")) if "hydra" in config else ""
-    return target.endswith("TrialsSweeper")
-
-
-class ComparisonCallback(Callback):
-    """Runs the reference before a faulted sweep and the comparison table after it (module docstring).
-    Under ``hydra/sweeper=trials`` the sweeper runs one reference per trial instead."""
-
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        _sweep_reference.clear()
-        if _uses_trials_sweeper(config) or not needs_reference(config):
-            return  # the trials sweeper runs its own; or not a fault sweep: nothing to compare
-        run_reference(config, Path(str(config.hydra.sweep.dir)) / REFERENCE)
-
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from harness.report.verdict import finish_trials
-
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        entries: list[tuple[Path, dict[str, Any]]] = []
-        for summary in sorted([*sweep_dir.glob("*/summary.json"), *sweep_dir.glob("trial*/*/summary.json")]):
-            row = json.loads(summary.read_text()).get("row", {})
-            if row:
-                entries.append((summary.parent, row))
-        faulted = [(d, r) for d, r in entries if not _is_fault_free(r)]
-        if not faulted:
-            return
-        base = faulted[0][1]
-        title = (f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
-                 f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
-                 f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
-        finish_trials(sweep_dir, trial_rows(sweep_dir, entries), entries, title, PAPER_GAIN)
-        failed = [str(d.relative_to(sweep_dir)) for d, r in faulted if r.get("status") != "ok"]
-        if failed:
-            print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)
-            sys.exit(1)
-
-
-def _swept_keys(config: Any) -> set[str]:
-    """Top-level keys the sweep varies (from the config's sweeper params and the command line)."""
-    keys = {str(k).split(".")[0].split("/")[0] for k in (config.hydra.get("sweeper", {}).get("params") or {})}
-    for override in config.hydra.overrides.get("task", []):
-        if "," in override:
-            keys.add(override.split("=", 1)[0].lstrip("+~").split(".")[0].split("/")[0])
-    return keys

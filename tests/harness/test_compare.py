@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.app.preflight import job_overrides
-from harness.report.compare import PAPER_GAIN, ComparisonCallback, build_table, reference_config
+from harness.app.comparison import ComparisonCallback
+from harness.report.compare import PAPER_GAIN, build_table, reference_config
 from harness.app.config import compose, to_run_config
 from harness.strategies import relaunch_reason
 from harness.strategies.accelpact import EXIT_FALLBACK

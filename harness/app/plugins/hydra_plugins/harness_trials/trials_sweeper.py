@@ -48,6 +48,7 @@ class TrialsSweeper(BasicSweeper):
     """The basic sweeper's jobs, in ``compare.trials`` rounds each with its own reference (module docstring)."""
 
     def sweep(self, arguments: List[str]) -> Any:
+        from harness.app import comparison
         from harness.report import compare
         from harness.report.trials import interleave
 
@@ -60,7 +61,7 @@ class TrialsSweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]  # type: ignore[index]
-        with_reference = compare.needs_reference(self.config)
+        with_reference = comparison.needs_reference(self.config)
         items: list[Any] = ([REFERENCE] if with_reference else []) + list(range(len(jobs)))
         plan = interleave(items, trials)
         if trials > 1:
@@ -75,7 +76,7 @@ class TrialsSweeper(BasicSweeper):
                 print(f"comparison: trial {trial} of {trials} starts ({(time.time() - t0) / 60:.1f} min so far)",
                       flush=True)
             if item is REFERENCE:
-                compare.run_reference(self.config, sweep_dir / prefix / compare.REFERENCE, required=trial == 0)
+                comparison.run_reference(self.config, sweep_dir / prefix / compare.REFERENCE, required=trial == 0)
                 continue
             job = [*jobs[item], f"compare.trial={trial}"]
             if prefix:
