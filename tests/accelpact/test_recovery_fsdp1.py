@@ -31,33 +31,51 @@ def _scenarios(with_trap: bool) -> list[dict]:
     return sc
 
 
-@pytest.fixture(scope="module", params=["fsdp1_orig", "fsdp1_flat"])
-def session(request, tmp_path_factory):
-    # 280 s: inside pytest's 300 s per test, so a hang fails with the ranks' log tails.
-    s = run_session(tmp_path_factory.mktemp(request.param), RUNNER, _scenarios(request.param == "fsdp1_orig"),
-                    settings={"flavour": request.param}, timeout_s=280)
+FLAVOURS = ("fsdp1_orig", "fsdp1_flat")
+
+
+@pytest.fixture(scope="module")
+def both_flavours(tmp_path_factory):
+    """One 2-rank session runs the scenarios of both flavours (each scenario names its flavour; names are
+    prefixed with it): a session's start, torch and the model library imported in each rank, costs
+    more than its scenarios."""
+    scenarios = [{**sc, "name": f"{flavour}-{sc['name']}", "flavour": flavour}
+                 for flavour in FLAVOURS for sc in _scenarios(flavour == "fsdp1_orig")]
+    # 560 s: the two sessions' former 280 s each; the first test to use it gets that, plus margin.
+    s = run_session(tmp_path_factory.mktemp("fsdp1"), RUNNER, scenarios, timeout_s=560)
     assert s.returncodes == [0, 0], "\n".join(s.logs)
     return s
 
 
+@pytest.fixture(params=FLAVOURS)
+def session(request, both_flavours):
+    return both_flavours, f"{request.param}-"
+
+
+@pytest.mark.timeout(620)
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_fsdp1_fault_is_bit_identical(session, case):
-    assert differences(session, case) == []
+    s, p = session
+    assert differences(s, p + case, p + "ref") == []
     for rank in range(2):
-        assert len(session.result(case, rank)["events"]) == 1
+        assert len(s.result(p + case, rank)["events"]) == 1
 
 
+@pytest.mark.timeout(620)
 def test_fsdp1_rebind_leaves_no_reference_to_the_old_group(session):
     """verify_rebind=True runs find_stale_references after every rebind and raises on a holder."""
-    assert differences(session, "verified") == []
+    s, p = session
+    assert differences(s, p + "verified", p + "ref") == []
     for rank in range(2):
-        assert len(session.result("verified", rank)["events"]) == 1
+        assert len(s.result(p + "verified", rank)["events"]) == 1
 
 
+@pytest.mark.timeout(620)
 def test_fsdp1_half_unsharded_trap_reproduces_without_the_fix(session):
-    if session.result("trap_disabled", 0) is None:
-        pytest.skip("the trap case runs in the use_orig_params=True session only")
-    assert differences(session, "fwd_middle") == []
-    diffs = differences(session, "trap_disabled")
+    s, p = session
+    if s.result(p + "trap_disabled", 0) is None:
+        pytest.skip("the trap case runs in the use_orig_params=True scenarios only")
+    assert differences(s, p + "fwd_middle", p + "ref") == []
+    diffs = differences(s, p + "trap_disabled", p + "ref")
     assert diffs, "with the FSDP1 reshard fix disabled the run must diverge"
     assert not any("Error" in d for d in diffs), diffs  # silent divergence, not a crash
