@@ -113,7 +113,7 @@ def _copy_outputs(src: Path, dst: Path, footer: str) -> None:
 
 
 def _paper() -> dict[tuple[str, int], float]:
-    from experiments.paper import PAPER_GAIN
+    from harness.report.compare import PAPER_GAIN  # wherever the paper's figures live, compare imports them
 
     return dict(PAPER_GAIN)
 
