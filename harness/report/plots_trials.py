@@ -35,8 +35,12 @@ def _err(rows: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
 def _footer(fig: Any, footer: Optional[str]) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
+        import textwrap
+
+        width = int(fig.get_figwidth() * 20)  # characters of 6-pt monospace that fit the figure's width
+        text = "\n".join(textwrap.fill(line, width) for line in footer.splitlines())
         fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.22))
-        fig.text(0.01, 0.01, footer, fontsize=6, color="0.35", ha="left", va="bottom", family="monospace")
+        fig.text(0.01, 0.01, text, fontsize=6, color="0.35", ha="left", va="bottom", family="monospace")
 
 
 def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
@@ -99,7 +103,7 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
             continue
         ax.bar(range(len(bars)), vals, bottom=bottoms, label=part, color=cmap(i))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
-    labels = [f"{r['strategy']}" + ("" if r["age"] is None else f"\nage {r['age']}") + f"\nn={r['trials']}"
+    labels = [f"{r['strategy']}" + ("" if not _ok(r["age"]) else f"\nage {int(r['age'])}") + f"\nn={int(r['trials'])}"
               for r in bars]
     ax.set_xticks(range(len(bars)), labels, fontsize=7)
     ax.set(ylabel="badput, seconds (median over trials, mean over ranks)", title="badput by part")
