@@ -35,8 +35,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
-# A real one-node Slurm on this machine (root: apt-get install slurm-wlm munge on first use, then munged,
-# slurmctld, slurmd) plus the Hydra submitit launcher, for cluster=slurm and the `slurm` tests.
+# A real multi-node Slurm on this machine (root: apt-get install slurm-wlm munge on first use, then munged,
+# slurmctld and SLURM_NODES=2 slurmd, one per network-namespace host; one node where namespaces cannot be
+# built) plus the Hydra submitit launcher, for cluster=slurm and the `slurm` tests.
 slurm-up: $(STAMP)
 	$(BIN)/pip install -q -e ".[slurm]"
 	scripts/slurm.sh up

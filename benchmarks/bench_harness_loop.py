@@ -34,7 +34,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from harness.rank.data import make_batch
     from harness.events import EventLog
     from harness.rank.models import build_model
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.strategies.base import TrainContext
     from harness.strategies.none import PlainStep
     from harness.rank.train import run_loop, set_cpu_threads

@@ -64,7 +64,7 @@ t.append(("harness rank modules (FSDP, strategies)", time.perf_counter()))
 import accelpact, accelpact.snapshot
 t.append(("accelpact", time.perf_counter()))
 from harness.rank.models import meta_model
-from harness.app.schema import ModelConfig
+from harness.schema import ModelConfig
 meta_model(ModelConfig(num_layers=2))
 t.append(("transformers model class + meta model", time.perf_counter()))
 print(json.dumps([(name, b - a) for (name, b), (_, a) in zip(t[1:], t[:-1])]))
@@ -100,7 +100,7 @@ def start_parts(n: int) -> dict[str, list[float]]:
 
 
 def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -> dict:
-    from harness.events import read_events
+    from harness.events import Fault, Heal, Replacement, Restore, Step, load_events, of_type
 
     run_dir = tmp / f"trial{i}-{mode.replace(' ', '_')}"
     cmd = [sys.executable, "-m", "harness", f"index_path={tmp / 'index.csv'}", *TINY, f"train.steps={steps}",
@@ -110,33 +110,31 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"trial {i} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    events = read_events(run_dir)
-    [fault] = [e for e in events if e["kind"] == "fault"]
-    heals = [e for e in events if e["kind"] == "heal"]
-    [rep] = [e for e in heals if e["role"] == "replacement"]
-    [started] = [e for e in events if e["kind"] == "replacement"]
-    if started["start"] != mode.replace(" ", "_"):
-        raise RuntimeError(f"trial {i} {mode}: the replacement started as {started['start']} "
-                           f"({started['template_fallback']})")
-    resumed = max(e["t"] for e in heals)
-    t_arrived = rep["t_detected"] + rep["replacement_start_s"]
+    events = load_events(run_dir)
+    [fault] = of_type(events, Fault)
+    heals = of_type(events, Heal)
+    [rep] = [e for e in heals if e.role == "replacement"]
+    [started] = of_type(events, Replacement)
+    if started.start != mode.replace(" ", "_"):
+        raise RuntimeError(f"trial {i} {mode}: the replacement started as {started.start} "
+                           f"({started.template_fallback})")
+    resumed = max(e.t for e in heals)
+    t_arrived = rep.t_detected + rep.replacement_start_s
     steps_seen: dict[tuple[int, int], int] = {}
-    for e in events:
-        if e["kind"] == "step":
-            steps_seen[(e["rank"], e["step"])] = steps_seen.get((e["rank"], e["step"]), 0) + 1
+    for e in of_type(events, Step):
+        steps_seen[(e.rank, e.step)] = steps_seen.get((e.rank, e.step), 0) + 1
     return {
         "mode": mode,
-        "template_import_s": started.get("template_import_s"),
-        "death_to_resumed_s": resumed - fault["t"],
-        "death_to_spawn_s": rep["t_detected"] - fault["t"],
-        "process_start_s": rep["replacement_start_s"],
+        "template_import_s": started.template_import_s,
+        "death_to_resumed_s": resumed - fault.t,
+        "death_to_spawn_s": rep.t_detected - fault.t,
+        "process_start_s": rep.replacement_start_s,
         "after_arrival_s": resumed - t_arrived,
-        "load_s": rep["load_s"],
-        "source": rep["source"],
+        "load_s": rep.load_s,
+        "source": rep.source,
         "replayed_steps": max(max(steps_seen.values()) - 1, 0),
-        "disk_bytes": sum(int(e.get("bytes_read_from_disk", 0)) for e in heals)
-        + sum(1 for e in events if e["kind"] == "restore"),
-        "survivor_replayed": max(e["replayed_steps"] for e in heals),
+        "disk_bytes": sum(e.bytes_read_from_disk for e in heals) + len(of_type(events, Restore)),
+        "survivor_replayed": max(e.replayed_steps for e in heals),
     }
 
 

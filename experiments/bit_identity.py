@@ -38,12 +38,12 @@ from pathlib import Path
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from experiments._fsdp_scenarios import RUNNER
+from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
 from experiments.bit_identity_soak import (SETTLE_S, json_lines, collect, default_soak_dir, load_progress, run_soak,
                                           soak_lines, soak_provenance)
-from experiments.bit_identity_faults import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
-from experiments.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
+from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
+from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
 from experiments.provenance import (
     ClaimRow,
     load_provenance,

@@ -12,7 +12,7 @@ import math
 from typing import Sequence
 
 from experiments.ckpt_sweep import CKPT_BYTES_PER_PARAM, TRAIN_STATE_BYTES_PER_PARAM, ModelSize
-from experiments.paper import PAPER_CKPT as PAPER
+from harness.report.paper import PAPER_CKPT as PAPER
 from experiments.provenance import ClaimRow
 
 GiB = 2**30

@@ -54,7 +54,7 @@ def memory_plans() -> dict[str, Any]:
     from harness.app.config import load_group
     from harness.app.machine import probe
     from harness.app.memory_plan import plan
-    from harness.app.schema import CheckpointConfig, CheckpointMode, ClusterConfig, RunConfig
+    from harness.schema import CheckpointConfig, CheckpointMode, ClusterConfig, RunConfig
 
     models, machine = load_group("model"), probe(with_gpus=False)
     out = {}

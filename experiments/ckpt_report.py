@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from experiments import _driver
 from experiments.ckpt_analysis import GiB, claims, extrapolate, paper_implied
 from experiments.ckpt_sweep import CKPT_BYTES_PER_PARAM, TRAIN_STATE_BYTES_PER_PARAM, ModelSize
-from experiments.paper import PAPER_CKPT as PAPER
+from harness.report.paper import PAPER_CKPT as PAPER
 from experiments.provenance import ClaimRow, load_provenance, paper_vs_ours_table, provenance_markdown, stamp_figure
 
 PAPER_MODEL = "decoder1b2"  # the paper's 1.216B decoder (conf/model/decoder1b2.yaml)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from experiments.paper import PAPER_CKPT
+from harness.report.paper import PAPER_CKPT
 
 WORLD = 2
 # The paper's figures (1.216B decoder, per-update async checkpointing), for printing beside ours.
@@ -55,7 +55,7 @@ class ModelSize:
 
     @classmethod
     def from_model_config(cls, m: Any) -> "ModelSize":
-        """From a ``harness.app.schema.ModelConfig`` (conf/model/*.yaml)."""
+        """From a ``harness.schema.ModelConfig`` (conf/model/*.yaml)."""
         return cls(m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
                    m.num_kv_heads, m.seq_len, m.batch_size)
 
@@ -106,7 +106,7 @@ def _build(size: ModelSize):
     from transformers import MistralForCausalLM
 
     from harness.rank.models import hf_config
-    from harness.app.schema import ModelConfig
+    from harness.schema import ModelConfig
 
     # harness.rank.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
     # probes the hub for attention kernels). Full init then shard: fine at the sizes that fit here.

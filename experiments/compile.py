@@ -31,7 +31,7 @@ from pathlib import Path
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from experiments._fsdp_scenarios import RUNNER
+from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
     load_provenance,

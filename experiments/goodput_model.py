@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from experiments.paper import PAPER_GAIN, PAPER_GAIN_SETUP
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import ClaimRow
 
 BASELINES: tuple[str, ...] = ("cold_restart", "checkpoint_restore")

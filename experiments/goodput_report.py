@@ -31,7 +31,7 @@ from experiments.goodput_model import (
     projected_gain,
     restart_cost_ratios,
 )
-from experiments.paper import PAPER_GAIN, PAPER_GAIN_SETUP
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -266,10 +266,16 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
 
 
 def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> None:
-    """Everything derived from data.csv's rows: ratios, fits, claims, tables, plots."""
+    """Everything derived from data.csv's rows: ratios, fits, claims, tables, plots. With trials (a
+    ``trial`` column), data.csv keeps every run and the analysis uses each run's medians over trials;
+    the comparison's verdict table (verdict.md, intervals) is appended to table.md."""
+    from harness.report.trials import median_rows
+
     prov = load_provenance(out)
     plan = prov.extra
     _write_csv(out / "data.csv", data)  # first: the measurement survives any failure of the analysis below
+    if len({r.get("trial") for r in data}) > 1:
+        data = median_rows(data, ("run", "strategy", "age"))
     ratios = restart_cost_ratios(data)
     fits = model_fits(data)
     claim_rows = claims(data, ratios)
@@ -279,7 +285,11 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
     _write_csv(out / "claims.csv", [{**{k: v for k, v in asdict(c).items() if k in keep}, "verdict": verdict(c)}
                                     for c in claim_rows])
     plot(out, data, fits, prov)
-    (out / "table.md").write_text(table_md(data, ratios, fits, claim_rows, plan, provenance_markdown(prov), runtime_s))
+    text = table_md(data, ratios, fits, claim_rows, plan, provenance_markdown(prov), runtime_s)
+    if (out / "verdict.md").exists():
+        text += ("\n## Verdict over trials (the comparison's own table: medians, 95% intervals)\n\n"
+                 + (out / "verdict.md").read_text().split("\n", 1)[1])
+    (out / "table.md").write_text(text)
     print(paper_vs_ours_table(claim_rows))
     print(md_table(gain_table(data), [("age", "age", "d"), ("cold_restart_gain", "vs cold", ".3f"),
                                       ("checkpoint_restore_gain", "vs NVRx", ".3f"), ("bit_identical", "bit-identical", "")]))

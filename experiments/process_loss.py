@@ -1,8 +1,9 @@
 """Losing a process or a whole host: AccelPact's in-memory heal against cold restart and NVRx checkpoint
 restoration, at checkpoint ages 5 and 18, measured side by side on this machine.
 
-    python -m experiments.process_loss             # full run (~9-11 min on 2 cores at load 3-5; root: namespaces)
-    python -m experiments.process_loss --quick     # age 5 only, 24 steps, into a temp dir
+    python -m experiments.process_loss             # full run, 3 trials (~30 min on 2 cores at load 3-5; root)
+    python -m experiments.process_loss --quick     # age 5 only, 24 steps, 1 trial, into a temp dir
+    python -m experiments.process_loss --trials 1  # one trial per cell (~10 min)
     python -m experiments.process_loss --rederive  # table.md and plots again from results/<name>/data.csv
 
 Two simulated hosts (``cluster=local_hosts``: a network namespace each, its own snapshot root, one rank
@@ -18,7 +19,13 @@ newest DCP checkpoint; checkpoint_restore is NVRx's in-process restart with DCP 
 side: fault-free accelpact runs with snapshots on and off, alternated, for the per-step overhead, and the
 shared-memory bytes each rank's snapshots took (measured on the ranks, beside the memory plan's figure).
 
-Writes results/<name>/: table.md, data.csv, overhead.csv, goodput.png, provenance.json (+ .md).
+With ``--trials N`` each fault's comparison runs N interleaved rounds (``compare.trials``), each with its
+own reference: data.csv has one row per run and trial (``trial``), the table and plot use the medians
+over trials, and each fault's verdict table from the comparison (median, 95% interval, verdict per cell)
+is kept as verdict_<fault>.md.
+
+Writes results/<name>/: table.md, data.csv, overhead.csv, goodput.png, verdict_<fault>.md,
+provenance.json (+ .md).
 """
 
 from __future__ import annotations
@@ -56,14 +63,18 @@ class Plan:
     batch_size: int
     overhead_pairs: int
     overhead_steps: int
+    trials: int = 1  # compare.trials: interleaved rounds per fault, each with its own reference
 
     def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"--trials must be 1 or more; got {self.trials}")
         if not self.ages or max(self.ages) >= self.interval or self.interval + max(self.ages) >= self.steps:
             raise ValueError(f"ages {self.ages} need interval > max age and steps > interval + max age "
                              f"(got interval {self.interval}, steps {self.steps})")
 
 
-FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=2, overhead_steps=40)
+FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=2, overhead_steps=40,
+            trials=3)
 QUICK = Plan(ages=(5,), steps=24, interval=12, seq_len=64, batch_size=2, overhead_pairs=1, overhead_steps=24)
 
 
@@ -83,24 +94,10 @@ def sweep_overrides(plan: Plan, fault: str, run_dir: Path) -> list[str]:
     return ["experiment=compare", *common(plan, run_dir.parent), f"fault={fault}", "fault.ranks=[1]",
             "fault.schedule=at_age", "fault.at_step=null", "fault.phase=backward_reduce_scatter",
             f"fault.at_age={','.join(map(str, plan.ages))}", f"strategy={','.join(STRATEGIES)}",
-            f"hydra.sweep.dir={run_dir}"]
+            f"compare.trials={plan.trials}", f"hydra.sweep.dir={run_dir}"]
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
-def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted((run_dir / "events").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if f'"{kind}"' in line:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("kind") == kind:
-                    out.append(ev)
-    return out
-
-
 def _fault_parts(run_dir: Path) -> dict[str, float]:
     from harness.report.goodput import load_report
 
@@ -113,15 +110,17 @@ def _fault_parts(run_dir: Path) -> dict[str, float]:
 
 def _heal_columns(run_dir: Path) -> dict[str, Any]:
     """Where the lost rank's state came from, and the heal's own timings (replacement side)."""
-    heals = [h for h in _events(run_dir, "heal") if h.get("role") == "replacement"]
+    from harness.events import Heal, load_events, of_type
+
+    heals = [h for h in of_type(load_events(run_dir), Heal) if h.role == "replacement"]
     if not heals:
         return {"heal_source": "", "heal_total_s": math.nan, "replacement_start_s": math.nan,
                 "heal_transfer_s": math.nan, "disk_bytes_read": math.nan}
-    return {"heal_source": "+".join(sorted({str(h.get("source")) for h in heals})),
-            "heal_total_s": max(float(h.get("total_s", math.nan)) for h in heals),
-            "replacement_start_s": max(float(h.get("replacement_start_s", math.nan)) for h in heals),
-            "heal_transfer_s": max(float(h.get("heal_transfer_s", math.nan)) for h in heals),
-            "disk_bytes_read": sum(int(h.get("bytes_read_from_disk") or 0) for h in heals)}
+    return {"heal_source": "+".join(sorted({str(h.source) for h in heals})),
+            "heal_total_s": max(h.total_s for h in heals),
+            "replacement_start_s": max(h.replacement_start_s for h in heals),
+            "heal_transfer_s": max(h.heal_transfer_s for h in heals),
+            "disk_bytes_read": sum(h.bytes_read_from_disk for h in heals)}
 
 
 def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
@@ -156,6 +155,12 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
     return collect_fault(fault, run_dir, plan)
 
 
+def keep_verdict(fault: str, run_dir: Path, out: Path) -> None:
+    """The comparison's own verdict table of ``fault`` (median, 95% interval, verdict per cell)."""
+    if (run_dir / "table.md").exists():
+        shutil.copyfile(run_dir / "table.md", out / f"verdict_{fault}.md")
+
+
 def _run_window(row: Mapping[str, Any]) -> tuple[float, float]:
     """Unix start and end of a run, from its row's ``started_at`` and ``wall_s`` (nan if unknown)."""
     try:
@@ -173,8 +178,9 @@ def _load_columns(row: Mapping[str, Any], samples: list[tuple[float, float]]) ->
 
 
 def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]:
-    """The rows of one fault's finished comparison directory, plus one per refused (strategy, age)."""
-    from harness.report import compare
+    """The rows of one fault's finished comparison directory (per trial: ``trial<k>/``, or the directory
+    itself for one trial), plus one per refused (strategy, age)."""
+    from harness.report.trials import trial_of
 
     refused_path = run_dir.parent / f"{fault}.refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.exists() else {}
@@ -182,6 +188,18 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
     rows: list[dict[str, Any]] = [{"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a,
                                    "status": "not supported", "reason": why}
                                   for s, why in refused.items() for a in plan.ages]
+    trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name))
+    for tdir in trial_dirs or [run_dir]:
+        for r in _collect_trial(fault, tdir, samples):
+            r["trial"] = trial_of(tdir.name)
+            rows.append(r)
+    return rows
+
+
+def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    from harness.report import compare
+
+    rows: list[dict[str, Any]] = []
     for sub in sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists()):
         row = json.loads((sub / "summary.json").read_text()).get("row", {})
         d: dict[str, Any] = {"fault": fault, "run": sub.name, "strategy": row.get("strategy"), "age": row.get("age"),
@@ -198,6 +216,7 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
         try:
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
             d["bit_identical"] = summary.bit_identical
+            d["useful_steps"] = summary.report.steps  # the badput-based goodput's useful steps
             d.update({f"part_{k}_s": v for k, v in _fault_parts(sub).items()})
         except Exception as exc:  # noqa: BLE001 - a run without events keeps its row, without a breakdown
             print(f"warning: {sub}: no comparison ({exc})")
@@ -217,6 +236,7 @@ def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
+    from harness.events import Snapshots, load_events, of_type
     from harness.app.machine import probe
     from harness.app.memory_plan import plan as memory_plan
 
@@ -231,25 +251,25 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
             if not (run_dir / "summary.json").exists():
                 continue
             row = json.loads((run_dir / "summary.json").read_text()).get("row", {})
-            snaps = _events(run_dir, "snapshots")
+            snaps = of_type(load_events(run_dir), Snapshots)
             run_cfg = to_run_config(compose(args[:-1]))
             planned = memory_plan(run_cfg, probe(with_gpus=False), load_catalogue().counts(run_cfg.model))
             out.append({"snapshots": "on" if every else "off", "pair": pair, "status": row.get("status"),
                         "step_median_s": row.get("step_time_median_s"), "train_s": row.get("train_s"),
                         "tokens_per_s": row.get("tokens_per_s"), **_load_columns(row, samples),
-                        "wait_s_per_rank": (sum(float(s.get("wait_s", 0)) for s in snaps) / len(snaps)) if snaps else 0.0,
-                        "slot_bytes": max((int(s.get("slot_bytes", 0)) for s in snaps), default=0),
-                        "own_shm_bytes": max((int(s.get("own_shm_bytes", 0)) for s in snaps), default=0),
-                        "replica_shm_bytes": max((int(s.get("replica_shm_bytes", 0)) for s in snaps), default=0),
+                        "wait_s_per_rank": (sum(s.wait_s for s in snaps) / len(snaps)) if snaps else 0.0,
+                        "slot_bytes": max((s.slot_bytes for s in snaps), default=0),
+                        "own_shm_bytes": max((s.own_shm_bytes for s in snaps), default=0),
+                        "replica_shm_bytes": max((s.replica_shm_bytes for s in snaps), default=0),
                         "planned_shm_bytes": planned.snapshot_per_rank,
-                        "push_mb_s": max((float((s.get("replication") or {}).get("push_mb_s") or 0)
-                                          for s in snaps), default=0.0)})
+                        "push_mb_s": max((float(s.replication.get("push_mb_s") or 0) for s in snaps), default=0.0)})
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "age 5 only, 24 steps, one overhead pair, written to a temp dir")
     ap.add_argument("--faults", default=",".join(FAULTS), help="comma list of faults (default kill,host_loss)")
+    ap.add_argument("--trials", type=int, default=None, help="interleaved rounds per fault (default 3; --quick 1)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--rederive", action="store_true", help="rebuild table.md and plots from OUT/data.csv")
@@ -263,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                       float(prov.extra.get("runtime_s", math.nan)))
         return 0
     plan = QUICK if args.quick else FULL
+    if args.trials is not None:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, trials=args.trials)
     faults = tuple(f for f in args.faults.split(",") if f)
     if args.collect:
         if not args.scratch:
@@ -287,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     write_provenance(out, _driver.command(argv, NAME), {
         "ages": ",".join(map(str, plan.ages)), "steps": plan.steps, "interval": plan.interval,
         "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": "mistral_tiny", "world_size": 2,
-        "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter"})
+        "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter",
+        "trials": plan.trials})
     try:
         with LoadSampler(scratch / LOAD_FILE):
             data = [row for fault in faults for row in measure_fault(plan, fault, scratch)]
@@ -297,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)
+        for fault in faults:
+            keep_verdict(fault, scratch / fault, out)
         write_outputs(out, data, overhead, runtime)
     finally:
         if not args.keep and not args.scratch:

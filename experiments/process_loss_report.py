@@ -51,26 +51,46 @@ def _parts_text(r: Mapping[str, Any]) -> str:
 
 
 def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
-    """Per run, in place: ``drift`` (its median step over the same fault block's fault-free reference's,
-    measured), ``badput_s`` (every measured badput second) and ``goodput_at_ref_step`` (derived).
+    """Per run, in place: ``drift`` (its median step over the same fault block's and trial's fault-free
+    reference's, measured), ``badput_s`` (every measured badput second) and ``goodput_at_ref_step``
+    (derived).
 
     The runs of one comparison go one after another on a shared host whose load moves (4 to 18 within
     one comparison here), so a run's steps can be 1.5x slower than the reference's for reasons that are
-    neither the fault nor the strategy. ``goodput_at_ref_step`` = useful tokens / (useful_s x reference
-    median step / this run's median step x snapshot factor + badput): the run's own measured badput, its
-    useful steps at the reference's pace, and accelpact's steps charged the side-by-side snapshot
-    overhead (the reference runs with no snapshots). Derived, not measured: it assumes every useful step
-    scales like the median.
+    neither the fault nor the strategy. ``goodput_at_ref_step`` is the shared badput-based goodput
+    (harness.report.badput_goodput, docs/goodput.md): useful tokens / (useful steps x the reference's
+    productive step time, median over the fault block's trials, x snapshot factor + badput), with accelpact's steps charged the side-by-side
+    snapshot overhead (the reference runs with no snapshots). Rows collected before ``useful_steps``
+    was recorded fall back to the same idea through the median step (useful_s x reference median step /
+    this run's median step).
     """
-    refs = {r["fault"]: _f(r.get("step_median_s")) for r in data if r.get("strategy") == "reference"}
+    from harness.report.badput_goodput import badput_goodput_from_row
+
+    from harness.report.trials import _median
+
+    refs = {(r["fault"], r.get("trial")): r for r in data if r.get("strategy") == "reference"}
+    # One reference pace per fault block (as the comparison's table): the median over its trials'
+    # references of useful seconds per useful step.
+    paces: dict[Any, list[float]] = {}
+    for (fault, _), ref_row in refs.items():
+        u, n = _f(ref_row.get("useful_s")), _f(ref_row.get("useful_steps"))
+        if u > 0 and n > 0:
+            paces.setdefault(fault, []).append(u / n)
+    pace_of = {fault: _median(sorted(v)) for fault, v in paces.items()}
     snap = 1 + overhead_pct / 100 if not math.isnan(overhead_pct) else math.nan
     for r in data:
-        ref, step = refs.get(r["fault"], math.nan), _f(r.get("step_median_s"))
+        ref_row = refs.get((r["fault"], r.get("trial")), {})
+        ref, step = _f(ref_row.get("step_median_s")), _f(r.get("step_median_s"))
         r["drift"] = step / ref if ref > 0 and step > 0 else math.nan
         useful, tokens = _f(r.get("useful_s")), _f(r.get("useful_tokens"))
         badput = _f(r.get("badput_total_s"))
         r["badput_s"] = badput
         factor = snap if r.get("strategy") == "accelpact" else 1.0
+        steps, ref_pace = _f(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
+        if steps > 0 and ref_pace > 0:
+            r["goodput_at_ref_step"] = badput_goodput_from_row(
+                {"tokens": tokens, "steps": steps, "badput_s": badput}, ref_pace, factor)
+            continue
         pace = useful / r["drift"] * factor if r["drift"] > 0 else math.nan
         r["goodput_at_ref_step"] = tokens / (pace + badput) if pace + badput > 0 else math.nan
 
@@ -283,9 +303,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def write_outputs(out: Path, data: list[dict[str, Any]], overhead: list[dict[str, Any]], runtime_s: float) -> None:
+    """data.csv (every run of every trial, with the derived goodput per trial), overhead.csv, table.md and
+    the plot; with trials, table.md and the plot use each run's medians over trials (``trials`` says how
+    many), the derived goodput then computed from those medians."""
+    from harness.report.trials import median_rows
+
+    data = [dict(r) for r in data]
+    add_drift(data, overhead_summary(overhead).get("overhead_pct", math.nan) if overhead else math.nan)
     keys = sorted({k for r in data for k in r})
     _driver.write_csv(out / "data.csv", [{k: r.get(k) for k in keys} for r in data], ".6g")
     _driver.write_csv(out / "overhead.csv", overhead, ".6g")
     prov = load_provenance(out)
+    if len({r.get("trial") for r in data}) > 1:
+        data = median_rows(data, ("fault", "run", "strategy", "age"))
     (out / "table.md").write_text(table_md([dict(r) for r in data], overhead, runtime_s, prov))
     plot(out, data, prov)

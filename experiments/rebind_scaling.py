@@ -29,8 +29,8 @@ from typing import Sequence
 
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from experiments._fsdp_scenarios import RUNNER
-from experiments.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
+from harness.workloads.fsdp_scenarios import RUNNER
+from harness.report.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
 from experiments.provenance import (
     ClaimRow,
     load_provenance,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from accelpact.testing.session import run_session
-from experiments._memory_probe import RUNNER
+from harness.workloads.memory_probe import RUNNER
 from experiments.bit_identity_soak import fit_slope
 
 __all__ = ["VARIANTS", "run", "main"]

@@ -1,9 +1,9 @@
-"""The experiment registry: every experiment once, with what reproduce runs and what the README shows.
+"""The experiment registry: every experiment once, with what reproduce runs and what the results show.
 
 ``experiments.reproduce`` runs the entries in registry order; ``experiments.readme_results`` renders
-their README sections in ``README_ORDER``. An entry may name a module that does not exist yet:
-reproduce skips it with a message. Pure data (standard library only): listing the experiments must
-not import torch or the harness.
+their sections of results/README.md, and one digest line each in README.md, in ``README_ORDER``. An
+entry may name a module that does not exist yet: reproduce skips it with a message. Pure data
+(standard library only): listing the experiments must not import torch or the harness.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["Section", "Experiment", "REGISTRY", "README_ORDER", "SECTIONS"]
 
 @dataclass(frozen=True)
 class Section:
-    """How README.md shows one experiment's results (copied from ``results/<name>/table.md``)."""
+    """How results/README.md shows one experiment's results (copied from ``results/<name>/table.md``)."""
 
     name: str  # results/<name>/
     title: str
@@ -23,6 +23,9 @@ class Section:
     tables: tuple[int, ...] = (0,)  # which markdown tables of table.md to copy, in order
     plot: str = ""  # a PNG in results/<name>/ to show
     paragraphs: tuple[str, ...] = ()  # "## heading" prefixes in table.md whose first paragraph to quote
+    # The row of the first table that README.md's digest quotes, named by its leading cells (a name, not an
+    # index, so that a row added above it does not change what the digest says); empty: the first row.
+    digest_row: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,12 @@ class Experiment:
     tables: tuple[int, ...] = (0,)
     plot: str = ""
     paragraphs: tuple[str, ...] = ()
+    digest_row: tuple[str, ...] = ()
 
     @property
     def section(self) -> Section:
-        """This experiment's README section."""
-        return Section(self.name, self.title, self.intro, self.tables, self.plot, self.paragraphs)
+        """This experiment's section of results/README.md and its line in README.md's digest."""
+        return Section(self.name, self.title, self.intro, self.tables, self.plot, self.paragraphs, self.digest_row)
 
 
 REGISTRY: tuple[Experiment, ...] = (
@@ -107,7 +111,7 @@ REGISTRY: tuple[Experiment, ...] = (
               "interval, beside the published ETTR anchors. Two strategies are projections: accelpact_heal (the "
               "process-loss heal, now built and measured in results/process_loss, but the simulator is not yet "
               "calibrated against it) and torchft_peer_heal (an outside reference).",
-        tables=(1,), plot="ettr_vs_gpus.png"),
+        tables=(1,), plot="ettr_vs_gpus.png", digest_row=("16,384", "accelpact")),
 )
 
 # The README tells the story in its own order: the headline gain, its cost side, then the mechanism.

@@ -21,7 +21,7 @@ from pathlib import Path
 from experiments.provenance import current_command, load_provenance, stamp_figure, write_provenance
 from harness.scale import calibrate as cal
 from harness.scale import scaling as sc
-from harness.scale.config import CLASSES, STRATEGIES, Cluster
+from harness.scale.config import CLASSES, Cluster, strategy_names
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchor_table_md, badput_table_md, strategy_legend_md
@@ -79,7 +79,7 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
               "accelpact_heal": "tab:cyan", "torchft_peer_heal": "tab:green"}
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = sorted(by_size)
-    for s in STRATEGIES:
+    for s in strategy_names():
         if s == "none":
             continue
         pts = [(g, p.best_ettr, p.best_ci) for g in sizes for p in by_size[g] if p.strategy == s and p.feasible]
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     calib = cal.calibrate(MEASURED)
     by_size = {}
     for g in sizes:
-        by_size[g] = project(Cluster(gpus=g), mix, STRATEGIES, trials=trials, seed=args.seed)
+        by_size[g] = project(Cluster(gpus=g), mix, strategy_names(), trials=trials, seed=args.seed)
         print(f"{NAME}: {g:,} GPUs done ({time.time() - t0:.0f} s)", flush=True)
     runtime = time.time() - t0
     write_provenance(out, command, {"trials": trials, "seed": args.seed, "sizes": ",".join(map(str, sizes)),

@@ -20,9 +20,20 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 __all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GENERIC_FAULT_MARKERS", "GlooBackend", "NcclBackend",
-           "all_fault_markers", "backend_for", "backend_name", "is_comm_fault"]
+           "all_fault_markers", "backend_for", "backend_name", "is_comm_fault",
+           "register"]
 
 BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Add a backend class under its ``name`` (a plugin's, say). The same class again is a no-op; another
+    class under a taken name raises."""
+    old = BACKENDS.get(cls.name)
+    if old is not None and old is not cls:
+        raise ValueError(f"backend {cls.name!r} is already registered ({old.__name__}); pick another name")
+    BACKENDS[cls.name] = cls
+    return cls
 
 
 def backend_for(pg: dist.ProcessGroup) -> Backend:

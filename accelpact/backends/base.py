@@ -59,6 +59,8 @@ class Backend(abc.ABC):
 
     #: the c10d backend name this class handles (``c10d._world.pg_map[pg][0]``)
     name: ClassVar[str]
+    #: the torch device types whose tensors this backend's collectives (FSDP's included) can carry
+    devices: ClassVar[tuple[str, ...]] = ()
     #: lower-cased message fragments of this backend's transport failures (recoverable)
     fault_markers: ClassVar[tuple[str, ...]] = ()
     #: lower-cased fragments that make an error NOT recoverable even if it is a DistBackendError

@@ -52,6 +52,7 @@ class GlooBackend(Backend):
     """gloo over TCP: abort = reset own sockets; vote and probes on the CPU."""
 
     name = "gloo"
+    devices = ("cpu",)  # FSDP2 on CUDA needs a reduce-scatter, which gloo has only for CPU tensors
     # Lower-cased fragments of gloo's transport errors in torch 2.13, as provoked here:
     #   "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857" (socket reset)
     #   "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation" (hang)

@@ -73,6 +73,7 @@ class NcclBackend(Backend):
     """NCCL on CUDA: abort = ncclCommAbort of the live generation; vote and probes on the bound GPU."""
 
     name = "nccl"
+    devices = ("cuda",)
     # Lower-cased fragments of NCCL transport failures as ProcessGroupNCCL words them.
     fault_markers = (
         "nccl error",  # "NCCL error in: ...ProcessGroupNCCL.cpp:..., remote process exited or ..."

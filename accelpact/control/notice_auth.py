@@ -12,8 +12,8 @@ read. A death notice can stop a job, so it gets more than a key name:
   copies an old notice of another job, cannot produce one that a reader accepts.
 
 What it does not protect against: anyone who learns the token (it is in the ranks' environment and
-in every key name on the wire) can derive the key and forge notices. The README's "Trust model"
-section says who can reach the store and what to do about it.
+in every key name on the wire) can derive the key and forge notices. docs/security.md says who can
+reach the store and what to do about it.
 """
 
 from __future__ import annotations

@@ -86,6 +86,8 @@ class FaultInjector:
     step: int = -1
     _handles: list[Any] = field(default_factory=list, repr=False)
     _last_injection: float | None = field(default=None, repr=False)
+    _firing: FaultSpec | None = field(default=None, repr=False)  # the spec whose on_fire is running
+    _cancel_firing: bool = field(default=False, repr=False)
 
     def consume_injection_time(self, not_before: float) -> float | None:
         """Return and forget this injector's newest injection time if it is at or after ``not_before``.
@@ -100,6 +102,21 @@ class FaultInjector:
         spec = FaultSpec(step, phase, action, stall_s)
         self.armed.append(spec)
         return spec
+
+    def disarm(self, spec: FaultSpec) -> None:
+        """Cancel ``spec``: an armed one never fires, and the one firing now (from ``on_fire``) does not
+        act. A spec that already fired or was never armed is left alone."""
+        if spec is self._firing:
+            self._cancel_firing = True
+        self.armed[:] = [s for s in self.armed if s is not spec]
+
+    def rearm(self, spec: FaultSpec, action: str, *, stall_s: float = 0.0) -> None:
+        """Change what ``spec`` does when it fires: an armed one, or the one firing now (from ``on_fire``,
+        e.g. the rank's own part after a parent has acted)."""
+        if spec is not self._firing and not any(s is spec for s in self.armed):
+            raise ValueError(f"rearm: the fault at step {spec.step}, phase {spec.phase} is not armed; arm() it")
+        FaultSpec(spec.step, spec.phase, action, stall_s)  # the same checks as arm()
+        spec.action, spec.stall_s = action, stall_s
 
     def begin_step(self, step: int) -> None:
         """Tell the injector which step is running (the module hooks need it)."""
@@ -127,7 +144,13 @@ class FaultInjector:
         self._last_injection = spec.fired_at
         self.fired.append(spec)
         if self.on_fire is not None:
-            self.on_fire(spec)
+            self._firing, self._cancel_firing = spec, False
+            try:
+                self.on_fire(spec)
+            finally:
+                self._firing = None
+            if self._cancel_firing:  # on_fire disarmed it (e.g. it already fired in an earlier process)
+                return
         if spec.action in ("reset", "reset_raise"):
             reset_own_gloo_sockets(self.exclude_ports)
             if spec.action == "reset_raise":

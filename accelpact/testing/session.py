@@ -128,7 +128,7 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
 
     if ":" not in runner:
         raise ValueError(f"runner {runner!r} must be 'package.module:function', e.g. "
-                         "'experiments._fsdp_scenarios:run'")
+                         "'harness.workloads.fsdp_scenarios:run'")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if timeout_s is None:

@@ -9,7 +9,7 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 from harness import strategies
-from harness.app.schema import LinkPlane, RankLaunch, RunConfig
+from harness.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
 
@@ -30,7 +30,7 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults.schedule import ScheduleError, plan_faults
 
     strategy = strategies.get(run.strategy.name)

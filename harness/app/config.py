@@ -1,6 +1,6 @@
 """Hydra side of the configuration: schema registration, composition, DictConfig -> RunConfig.
 
-Parent process only (it imports Hydra). The dataclasses themselves live in ``harness.app.schema`` so
+Parent process only (it imports Hydra). The dataclasses themselves live in ``harness.schema`` so
 rank processes can rebuild the config without Hydra.
 
 Every group YAML starts with ``defaults: [schema, _self_]``: it extends the group's dataclass schema,
@@ -15,7 +15,7 @@ from typing import Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from harness.app.schema import (
+from harness.schema import (
     CheckpointConfig,
     ClusterConfig,
     FaultConfig,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.app.machine import GiB, RANK_RUNTIME_BYTES, Machine
-from harness.app.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
+from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4
 # A snapshot slot's metadata (RNG states, param groups, the index, the marker): well under 1 MiB.

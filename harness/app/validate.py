@@ -17,20 +17,12 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.app.schema import Backend, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
+from harness.schema import ConfigError, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
 
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
 # model.num_layers=10**12 (a fuzz draw) made validation run for ever.
 MAX_LAYERS = 1024
-
-
-class ConfigError(ValueError):
-    """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it."""
-
-    def __init__(self, message: str, memory_plan: MemoryPlan | None = None) -> None:
-        super().__init__(message)
-        self.memory_plan = memory_plan
 
 
 @dataclass
@@ -179,10 +171,9 @@ def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, st
     c = run.cluster
     if c.launch == RankLaunch.srun and not machine.in_slurm_job:
         return None  # submitting: the ranks run on the allocation's nodes, checked there, not on this host
-    if c.backend == Backend.nccl and c.device == Device.cpu:
-        return "cluster.backend=nccl needs cluster.device=cuda", _to_local_cpu(run, machine)
-    if c.backend == Backend.gloo and c.device == Device.cuda:
-        return "FSDP2 on CUDA needs cluster.backend=nccl (gloo has no CUDA reduce-scatter)", {"cluster.backend": "nccl"}
+    backend_problem = _backend_problem(run, machine)
+    if backend_problem is not None:
+        return backend_problem
     if c.device == Device.cuda:
         if machine.gpu_count == 0:
             return f"cluster={c.name} needs CUDA GPUs and this machine has none", _to_local_cpu(run, machine)
@@ -204,6 +195,29 @@ def cluster_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, st
     return None
 
 
+def _backend_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, str]] | None:
+    """The cluster's backend is not in accelpact's registry, or cannot carry tensors of its device.
+
+    The registry (``accelpact.backends``) is the one list of backends: each class names the devices it
+    runs on, so a plugin backend is validated like a built-in one."""
+    from accelpact.backends import BACKENDS
+
+    c = run.cluster
+    fits = [name for name, cls in BACKENDS.items() if c.device.value in cls.devices]
+    cls = BACKENDS.get(c.backend)
+    if cls is None:
+        fix = {"cluster.backend": fits[0]} if fits else _to_local_cpu(run, machine)
+        return (f"cluster.backend={c.backend} is not an accelpact backend (registered: "
+                f"{', '.join(sorted(BACKENDS))})", fix)
+    if c.device.value in cls.devices:
+        return None
+    if c.device == Device.cuda and fits:
+        return (f"FSDP2 on CUDA needs cluster.backend={'|'.join(fits)} ({c.backend} runs on "
+                f"{', '.join(cls.devices)} tensors only)", {"cluster.backend": fits[0]})
+    return (f"cluster.backend={c.backend} needs cluster.device={'|'.join(cls.devices)}",
+            _to_local_cpu(run, machine))
+
+
 def _to_local_cpu(run: RunConfig, machine: Machine) -> dict[str, str]:
     fix = {"cluster": "local_cpu"}
     ws = min(run.cluster.world_size, machine.local_cpu_rank_limit())
@@ -221,7 +235,7 @@ def apply_fix(run: RunConfig, fix: dict[str, str], catalogue: Catalogue) -> RunC
     if "cluster.world_size" in fix:
         out.cluster = dataclasses.replace(out.cluster, world_size=int(fix["cluster.world_size"]))
     if "cluster.backend" in fix:
-        out.cluster = dataclasses.replace(out.cluster, backend=Backend(fix["cluster.backend"]))
+        out.cluster = dataclasses.replace(out.cluster, backend=fix["cluster.backend"])
     if "train.mixed_precision" in fix:
         out.train = dataclasses.replace(out.train, mixed_precision=Precision(fix["train.mixed_precision"]))
     if "model" in fix:

@@ -41,6 +41,7 @@ from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from harness import events
 from harness.checkpoint.inflight import SaveSlot
 from harness.checkpoint.layout import CheckpointLayout, is_due
 from harness.checkpoint.memory import RssPeakSampler
@@ -197,7 +198,7 @@ class Checkpointer:
             rss_peak_delta=rss_peak_delta,
             **fields,
         )
-        self._emit("checkpoint", record.event_fields())
+        self._emit(events.Checkpoint.KIND, record.event_fields())
         return record
 
     def _save_async(self, step: int) -> SaveRecord:
@@ -294,7 +295,7 @@ class Checkpointer:
         )
         t_end = time.time()
         record = LoadRecord(from_step=step, t_start=t_start, t_end=t_end, bytes=self._layout.bytes_written(step))
-        self._emit("restore", record.event_fields())
+        self._emit(events.Restore.KIND, record.event_fields())
         return record
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -375,7 +376,7 @@ class Checkpointer:
 
     def _settle(self, record: SaveRecord | None) -> SaveRecord | None:
         if record is not None:
-            self._emit("checkpoint", record.event_fields())
+            self._emit(events.Checkpoint.KIND, record.event_fields())
         return record
 
     def _emit(self, kind: str, fields: dict[str, Any]) -> None:

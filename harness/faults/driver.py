@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.app.schema import RunConfig
-from harness.events import EventLog
+from harness.schema import RunConfig
+from harness.events import EventLog, Fault
 from harness.faults import registry
 from harness.faults.rank_side import ack_path
 from harness.faults.schedule import FAULTS_DIR
@@ -64,7 +64,7 @@ class FaultDriver:
                 print(f"fault driver: could not inject {req.name}: {exc}", flush=True)
 
     def record(self, req: Mapping[str, Any], **extra: Any) -> None:
-        self.events.emit("fault", fault=req["kind"], step=req["step"], phase=req["phase"], ranks=[req["rank"]],
+        self.events.emit(Fault, fault=req["kind"], step=req["step"], phase=req["phase"], ranks=[req["rank"]],
                          index=req["index"], age=req.get("age"), by="parent", **extra)
 
     def ack(self, req: Mapping[str, Any]) -> None:

@@ -18,13 +18,14 @@ time it acted (``driver.record``) and acks the rank (``driver.ack``) unless the 
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from harness.faults.host_loss import apply_host_loss
-from harness.faults.registry import FaultSpec
+from harness.faults.spec import FaultSpec
 
 
 def apply_hang(driver: Any, req: dict) -> None:
@@ -47,9 +48,14 @@ def apply_tcp_reset(driver: Any, req: dict) -> None:
     driver.ack(req)
 
 
-def apply_link_outage(driver: Any, req: dict) -> None:
-    """``blackhole`` or ``link_down`` (the request's kind) on the link of the rank's host that
-    ``fault.link`` names (data by default) for fault.outage_s."""
+def link_outage(cut: str) -> Callable[[Any, dict], None]:
+    """The parent action of a link outage: ``cut`` (a ``harness.faults.netns.LinkCut``, by value: the
+    ranks import this registry, and the namespaces module is the parent's alone) on the link of the
+    rank's host that ``fault.link`` names (data by default) for fault.outage_s."""
+    return functools.partial(apply_link_outage, cut=cut)
+
+
+def apply_link_outage(driver: Any, req: dict, cut: str) -> None:
     topo = driver.topology_or_fail()
     kind, rank, outage = str(req["kind"]), int(req["rank"]), float(driver.run.fault.outage_s)
     plane = driver.run.fault.link.value
@@ -57,7 +63,7 @@ def apply_link_outage(driver: Any, req: dict) -> None:
 
     def outage_body() -> None:
         try:
-            with topo.outage(kind, [rank], plane=plane):
+            with topo.outage(cut, [rank], plane=plane):
                 driver.record(req, outage_s=outage, link=plane)
                 applied.set()
                 topo._closed.wait(outage)  # returns early if the topology is torn down
@@ -101,7 +107,7 @@ BUILTIN: tuple[FaultSpec, ...] = (
     FaultSpec("tcp_reset", "network namespaces: destroy the rank's gloo TCP connections (ss -K)", where="netns",
               parent_apply=apply_tcp_reset),
     FaultSpec("blackhole", "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",
-              where="netns", parent_apply=apply_link_outage, outage=True),
+              where="netns", parent_apply=link_outage("blackhole"), outage=True),
     FaultSpec("link_down", "network namespaces: ip link set eth0 down on the rank for fault.outage_s",
-              where="netns", parent_apply=apply_link_outage, outage=True),
+              where="netns", parent_apply=link_outage("link_down"), outage=True),
 )

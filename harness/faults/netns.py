@@ -38,7 +38,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from enum import Enum
+from typing import Any, Callable, Iterator, Sequence
 
 from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
     TAG_ENV,
@@ -63,6 +64,7 @@ from harness.faults.addressing import (
 
 __all__ = [
     "TAG_ENV",
+    "LinkCut",
     "LinkFault",
     "NetnsError",
     "NetnsTopology",
@@ -72,9 +74,31 @@ __all__ = [
     "namespaces_available",
 ]
 
-LINK_FAULTS = ("blackhole", "link_down", "tcp_reset")  # what inject() dispatches to
 PLANES = ("data", "control")  # which of a host's links a fault acts on
 _TBF_BLACKHOLE = ("tbf", "rate", "8bit", "burst", "1", "limit", "1")
+
+
+class LinkCut(str, Enum):
+    """How a link is cut: the primitives. Which fault kind uses which is the fault registry's business
+    (``harness.faults.kinds``); this module never dispatches on a fault kind."""
+
+    BLACKHOLE = "blackhole"  # tbf on both ends: every packet dropped, the link stays up
+    DOWN = "link_down"  # ip link set down on the host's side
+
+
+def _blackhole(lay: Layout, rank: int, inner: str, peer: str, on: bool) -> None:
+    op, qdisc = ("add", _TBF_BLACKHOLE) if on else ("del", ())
+    # Both ends: the host's link drops what it sends, the bridge-side peer what it receives.
+    _run(["tc", "-n", lay.rank_ns(rank), "qdisc", op, "dev", inner, "root", *qdisc])
+    _run(["tc", "-n", lay.bridge_ns, "qdisc", op, "dev", peer, "root", *qdisc])
+
+
+def _link_down(lay: Layout, rank: int, inner: str, peer: str, on: bool) -> None:
+    _run(["ip", "-n", lay.rank_ns(rank), "link", "set", inner, "down" if on else "up"])
+
+
+_CUTS: dict[LinkCut, Callable[[Layout, int, str, str, bool], None]] = {
+    LinkCut.BLACKHOLE: _blackhole, LinkCut.DOWN: _link_down}
 
 
 @dataclass(frozen=True)
@@ -300,25 +324,24 @@ class NetnsTopology:
 
     # -- faults
     @contextlib.contextmanager
-    def outage(self, kind: str, ranks: Sequence[int], plane: str = "data") -> Iterator[None]:
-        """Apply ``blackhole`` or ``link_down`` to the ``plane`` link of ``ranks``' hosts on entry, heal on
-        exit; record a LinkFault. With several ranks per host the whole host is cut.
+    def outage(self, cut: LinkCut | str, ranks: Sequence[int], plane: str = "data") -> Iterator[None]:
+        """Cut the ``plane`` link of ``ranks``' hosts (``cut``: how) on entry, heal it on exit; record a
+        LinkFault. With several ranks per host the whole host is cut.
 
-        For tests and schedules that hold a fault until something happens rather than for a fixed time."""
-        if kind not in ("blackhole", "link_down"):
-            raise ValueError(f"outage kind must be 'blackhole' or 'link_down', got {kind!r}")
+        For fault kinds and tests that hold a fault until something happens rather than for a fixed time."""
+        cut = LinkCut(cut)
         ranks = self._check_ranks(ranks)
         targets = self._host_heads(ranks, plane)
         t_start = time.time()
         try:
             for r in targets:
-                self._apply(kind, r, on=True, plane=plane)
+                self._cut(cut, r, on=True, plane=plane)
             yield
         finally:
             if not self._closed.is_set():
                 for r in targets:
-                    self._apply(kind, r, on=False, plane=plane)
-            self.faults.append(LinkFault(kind, ranks, t_start, time.time(), plane=plane))
+                    self._cut(cut, r, on=False, plane=plane)
+            self.faults.append(LinkFault(cut.value, ranks, t_start, time.time(), plane=plane))
 
     def _host_heads(self, ranks: Sequence[int], plane: str) -> list[int]:
         """One rank per distinct host (a host's link is cut once however many of its ranks are named)."""
@@ -327,24 +350,18 @@ class NetnsTopology:
         hosts = sorted({self.layout.host_of(r) for r in ranks})
         return [self.layout.ranks_of_host(h)[0] for h in hosts]
 
-    def _apply(self, kind: str, rank: int, on: bool, plane: str = "data") -> None:
+    def _cut(self, cut: LinkCut, rank: int, on: bool, plane: str = "data") -> None:
         lay = self.layout
         inner, peer = (DATA_IF, lay.data_peer(rank)) if plane == "data" else (CTL_IF, lay.ctl_peer(rank))
-        if kind == "blackhole":
-            op, qdisc = ("add", _TBF_BLACKHOLE) if on else ("del", ())
-            # Both ends: the host's link drops what it sends, the bridge-side peer what it receives.
-            _run(["tc", "-n", lay.rank_ns(rank), "qdisc", op, "dev", inner, "root", *qdisc])
-            _run(["tc", "-n", lay.bridge_ns, "qdisc", op, "dev", peer, "root", *qdisc])
-        else:
-            _run(["ip", "-n", lay.rank_ns(rank), "link", "set", inner, "down" if on else "up"])
+        _CUTS[cut](lay, rank, inner, peer, on)
 
     def blackhole(self, ranks: Sequence[int], outage_s: float) -> LinkFault:
         """Drop every data-plane packet of ``ranks`` for ``outage_s`` s, then heal. Blocks; returns the record."""
-        return self._timed("blackhole", ranks, outage_s)
+        return self.hold(LinkCut.BLACKHOLE, ranks, outage_s)
 
     def link_down(self, ranks: Sequence[int], outage_s: float) -> LinkFault:
         """``ip link set eth0 down`` on ``ranks`` for ``outage_s`` s, then up again. Blocks."""
-        return self._timed("link_down", ranks, outage_s)
+        return self.hold(LinkCut.DOWN, ranks, outage_s)
 
     def tcp_reset(self, ranks: Sequence[int], plane: str = "data") -> LinkFault:
         """Destroy every TCP socket of ``ranks``' hosts on ``plane`` (``ss -K``; the kernel sends the peer a
@@ -363,31 +380,27 @@ class NetnsTopology:
         self.faults.append(record)
         return record
 
-    def inject(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> LinkFault:
-        """Dispatch by link fault (``LINK_FAULTS``); blocks for the outage."""
-        if kind == "tcp_reset":
-            return self.tcp_reset(ranks)
-        if kind in ("blackhole", "link_down"):
-            return self._timed(kind, ranks, outage_s)
-        raise ValueError(f"unknown link fault {kind!r}: choose one of {LINK_FAULTS}")
-
-    def start(self, kind: str, ranks: Sequence[int], outage_s: float = 0.0) -> "Future[LinkFault]":
-        """``inject`` on a background thread; the future holds the record once healed."""
+    def start(self, fault: Callable[..., LinkFault], *args: Any, **kwargs: Any) -> "Future[LinkFault]":
+        """Run a blocking fault of this topology (``topo.blackhole``, ...) on a background thread; the future
+        holds its record once healed."""
         future: Future[LinkFault] = Future()
 
         def body() -> None:
             try:
-                future.set_result(self.inject(kind, ranks, outage_s))
+                future.set_result(fault(*args, **kwargs))
             except BaseException as e:  # surfaced through the future
                 future.set_exception(e)
 
-        threading.Thread(target=body, daemon=True, name=f"{self.prefix}-{kind}").start()
+        name = getattr(fault, "__name__", "fault")
+        threading.Thread(target=body, daemon=True, name=f"{self.prefix}-{name}").start()
         return future
 
-    def _timed(self, kind: str, ranks: Sequence[int], outage_s: float) -> LinkFault:
+    def hold(self, cut: LinkCut | str, ranks: Sequence[int], outage_s: float, plane: str = "data") -> LinkFault:
+        """Cut the link for ``outage_s`` seconds (less if the topology is torn down first), then heal. Blocks."""
+        cut = LinkCut(cut)
         if outage_s <= 0:
-            raise ValueError(f"{kind} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)")
-        with self.outage(kind, ranks):
+            raise ValueError(f"{cut.value} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)")
+        with self.outage(cut, ranks, plane=plane):
             self._closed.wait(outage_s)  # returns early if the topology is torn down
         return self.faults[-1]
 

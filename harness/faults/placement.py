@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.faults import registry
 
 __all__ = ["StoreHome", "Placement", "placement", "unmet_need"]

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any, Collection, Optional
 
-from harness.events import EventLog
+from harness.events import EventLog, Fault
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.faults import registry
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
@@ -102,7 +102,7 @@ class RankFaults:
         A nested second firing is not missed when no recovery happened (cold restart): it is dropped."""
         seconds = {id(s) for s in self._nested.values()}
         for spec in [s for s in self.injector.armed if s.step == step and id(s) in seconds]:
-            self.injector.armed.remove(spec)
+            self.injector.disarm(spec)
         return [spec.phase for spec in self.injector.armed if spec.step == step]
 
     def remove(self) -> None:
@@ -114,21 +114,20 @@ class RankFaults:
             return  # a nested second firing: part of its first one's fault (one event, one marker)
         fault = self._planned[id(spec)]
         if not self.markers.claim(fault.index, self.rank, step=fault.step, phase=fault.phase, kind=fault.kind):
-            # Already fired in an earlier incarnation: turn this one into a no-op reset of nothing.
-            spec.action = "stall"
-            spec.stall_s = 0.0
+            # Already fired in an earlier incarnation: this one does nothing, nor does its nested second.
+            self.injector.disarm(spec)
             second = self._nested.get(id(spec))
-            if second is not None and second in self.injector.armed:
-                self.injector.armed.remove(second)
+            if second is not None:
+                self.injector.disarm(second)
             return
         if registry.get(fault.kind).where == "rank":
-            self.events.emit("fault", fault=fault.kind, step=fault.step, phase=fault.phase, ranks=[self.rank],
+            self.events.emit(Fault, fault=fault.kind, step=fault.step, phase=fault.phase, ranks=[self.rank],
                              index=fault.index, age=fault.age, t_inject=spec.fired_at, by="rank")
             return
         self._ask_parent(fault)
         action = registry.get(fault.kind).rank_action
         if action:  # the rank's own part, after the parent's (the injector acts on it right after this)
-            spec.action = action
+            self.injector.rearm(spec, action, stall_s=spec.stall_s)
 
     def _ask_parent(self, fault: PlannedFault) -> None:
         req = request_path(self.run_dir, fault.index, self.rank)

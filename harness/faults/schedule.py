@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.app.schema import FaultConfig, FaultSchedule
+from harness.schema import FaultConfig, FaultSchedule
 from harness.faults import registry
 
 FAULTS_DIR = "faults"

@@ -28,13 +28,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from harness.events import events_path
+from harness.events import Step, events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, describe_exit, replace_the_dead
 from harness.parent.template import ReplacementTemplate
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
-from harness.app.schema import RankLaunch, RunConfig
+from harness.schema import RankLaunch, RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
@@ -70,8 +70,39 @@ class Outcome:
     interrupted: bool = False
 
 
+@dataclass
+class LaunchPlan:
+    """Everything the parent decides about how the ranks of one run start and are watched, given to the
+    ``Launcher`` at once (``harness.parent.run`` builds it from the cluster, the fault and the strategy).
+
+    Where the ranks run: ``control`` (the control store's address; None: the launcher hosts one,
+    ``start_control_store()``), ``store_set`` (setting a key on a store hosted elsewhere), and inside
+    network namespaces the per-rank ``rank_env``, ``wrap`` (``ip netns exec``) and ``netns_of``.
+    ``extra_env``: for every rank. The strategy's part: ``settle_s`` (after the first failure, how long
+    the others may finish on their own), ``replace_dead`` (heal in memory: start a replacement for a dead
+    rank, at most ``max_replacements`` per run) with ``on_replace`` (the parent's event of each one),
+    ``hot_spares`` and ``template_wanted`` (replacements forked from a preloaded process).
+    ``tick_hooks``: called on every poll (parent-side faults)."""
+
+    control: Optional[tuple[str, int]] = None
+    store_set: Optional[Callable[[str, bytes], None]] = None
+    rank_env: Optional[Callable[[int], dict[str, str]]] = None
+    wrap: Optional[Callable[[int, list[str]], list[str]]] = None
+    netns_of: Optional[Callable[[int], str]] = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    settle_s: float = 0.0
+    replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
+    max_replacements: int = 0
+    on_replace: Optional[Callable[[dict[str, Any]], None]] = None
+    hot_spares: int = 0
+    template_wanted: bool = False
+    tick_hooks: list[Callable[[], None]] = field(default_factory=list)
+
+
 class Launcher:
-    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, python: str = sys.executable) -> None:
+    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, plan: Optional[LaunchPlan] = None,
+                 python: str = sys.executable) -> None:
+        plan = plan if plan is not None else LaunchPlan()
         self.run = run
         self.run_dir = Path(run_dir)
         self.spec_path = spec_path
@@ -80,37 +111,40 @@ class Launcher:
         self.store: Any = None
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnation = 0
-        self.step_hooks: list[Callable[[dict[str, Any]], None]] = []
+        self.step_hooks: list[Callable[[Step], None]] = []
         # Called on every poll (parent-side fault injection).
-        self.tick_hooks: list[Callable[[], None]] = []
+        self.tick_hooks: list[Callable[[], None]] = list(plan.tick_hooks)
         # One reader for the whole run: rank 0 appends to the same events file in every incarnation,
         # and a fresh reader per wait() would hand the previous incarnation's steps out again.
         self._tailer: Optional[EventTailer] = None
         # After the first rank failure, wait this long for the others to exit on their own (accelpact's
         # survivors write their fallback event before exiting) before tearing everything down.
-        self.settle_s = 0.0
+        self.settle_s = plan.settle_s
         # Extra environment for every rank (NVRx's store port), and per-rank environment and command
         # wrapping (network namespaces: the topology's control store and `ip netns exec`).
-        self.extra_env: dict[str, str] = {}
-        self.rank_env_fn: Optional[Callable[[int], dict[str, str]]] = None
-        self.wrap_fn: Optional[Callable[[int, list[str]], list[str]]] = None
-        self.control: Optional[tuple[str, int]] = None  # set instead of start_control_store()
+        self.extra_env: dict[str, str] = dict(plan.extra_env)
+        self.rank_env_fn = plan.rank_env
+        self.wrap_fn = plan.wrap
+        self.control = plan.control  # None: start_control_store() hosts one here
         # How to set a key on the control store when it is not hosted here (network namespaces).
-        self.store_set_fn: Optional[Callable[[str, bytes], None]] = None
+        self.store_set_fn = plan.store_set
         self._noticed: set[int] = set()  # ranks of this incarnation a death notice was written for
         self._first_failure: Optional[tuple[int, int]] = None
         # Heal in memory: (rank, exit code, every rank's exit code) -> start a replacement for that rank?
         # None: a failure ends the incarnation (the strategy's relaunch policy decides what follows).
         self.replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
-        self.on_replace: Optional[Callable[[dict[str, Any]], None]] = None  # parent-side event of each one
+        if plan.replace_dead is not None:
+            policy, most = plan.replace_dead, plan.max_replacements
+            self.replace_dead = lambda rank, code, codes: self.replacements < most and policy(rank, code, codes)
+        self.on_replace = plan.on_replace  # parent-side event of each one
         self.replacements = 0  # replacement processes started in this run
-        self.spares = SparePool(0)  # hot spares (harness.parent.replacements): set .wanted before start_ranks
+        self.spares = SparePool(plan.hot_spares)  # hot spares (harness.parent.replacements)
         self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
         # Replacements forked from a preloaded process (harness.parent.template): set template_wanted before
         # start_ranks; netns_of names a rank's network namespace (namespace hosts) for the forked child.
-        self.template_wanted = False
+        self.template_wanted = plan.template_wanted
         self.template: Optional[ReplacementTemplate] = None
-        self.netns_of: Optional[Callable[[int], str]] = None
+        self.netns_of = plan.netns_of
         # Called with the incarnation before its ranks start (state a relaunched world must not share: NVRx's store).
         self.before_start: list[Callable[[int], None]] = []
 
@@ -330,7 +364,7 @@ class Launcher:
 
         def drain() -> None:
             for event in tailer.read_new():
-                if event.get("kind") != "step":
+                if not isinstance(event, Step):
                     continue
                 if progress is not None:
                     progress.update(event)

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from harness.events import Event, MalformedEvent, Step, parse_record
+
 
 class EventTailer:
     def __init__(self, path: Path) -> None:
@@ -19,7 +21,8 @@ class EventTailer:
         self._offset = 0
         self._partial = b""
 
-    def read_new(self) -> Iterator[dict[str, Any]]:
+    def read_new(self) -> Iterator[Event]:
+        """The typed events of the complete lines written since the last read (unreadable ones dropped)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -33,9 +36,11 @@ class EventTailer:
         for line in lines:
             if line.strip():
                 try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
+                    event = parse_record(json.loads(line))
+                except (json.JSONDecodeError, MalformedEvent):
                     continue
+                if event is not None:
+                    yield event
 
 
 class Progress:
@@ -50,18 +55,19 @@ class Progress:
 
             self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
 
-    def update(self, event: dict[str, Any]) -> None:
+    def update(self, event: Step) -> None:
         if not self.enabled:
             return
-        dt = max(event["t_end"] - event["t_start"], 1e-9)
-        tps = event["tokens"] * self.world_size / dt
-        done = event["step"] + 1
+        dt = max(event.t_end - event.t_start, 1e-9)
+        tps = event.tokens * self.world_size / dt
+        done = event.step + 1
+        loss = float("nan") if event.loss is None else event.loss
         if self._bar is not None:
             self._bar.n = done
-            self._bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
             self._bar.refresh()
         elif done % self.log_every == 0 or done == self.total:
-            print(f"step {done}/{self.total}  loss {event['loss']:.4f}  tokens/s {tps:,.0f}", flush=True)
+            print(f"step {done}/{self.total}  loss {loss:.4f}  tokens/s {tps:,.0f}", flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

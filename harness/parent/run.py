@@ -8,15 +8,17 @@ does when a rank asks for the fault.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from harness.app.memory_plan import MemoryPlan
-from harness.app.schema import RunConfig, to_dict
-from harness.parent.launcher import LOG_DIR, Launcher, Outcome
+from harness.schema import RunConfig, to_dict
+from harness.parent.launcher import LOG_DIR, LaunchPlan, Launcher, Outcome
 from harness.parent.progress import Progress
 from harness.rank.worker import write_spec
 from harness.report import results
@@ -31,6 +33,15 @@ def write_resolved_config(run_dir: Path, run: RunConfig) -> Path:
     path = run_dir / "config.yaml"
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(run))))
     return path
+
+
+@dataclass
+class _Teardown:
+    """What the parent learns while it tears a run down, for the row (the ExitStack's callbacks fill it)."""
+
+    notes: list[str] = field(default_factory=list)  # appended to the outcome's reason
+    driver: Any = None  # the fault driver: its errors go into the row
+    setup: Any = None  # the strategy's parent-side set-up (closed last)
 
 
 def run_one(
@@ -49,14 +60,8 @@ def run_one(
     from the parent and decides after a failure whether every rank is relaunched.
     ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
     state is bit-identical to it."""
-    from harness import strategies
+    from harness.app import load_guard
     from harness.events import EventLog
-    from harness.faults import registry as faults
-    from harness.faults.driver import FaultDriver
-    from harness.faults.netns_host import TAG_ENV
-    from harness.faults.placement import StoreHome, placement
-    from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
-    from harness.parent import template as replacement_template
 
     started = time.time()
     run = _resolve_cluster(run)
@@ -67,88 +72,113 @@ def run_one(
     spec = write_spec(run_dir, run)
     if memory_plan is not None and show_plan:
         print(memory_plan.table(), flush=True)
-    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend.value}"
+    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend}"
           f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}", flush=True)
     outcome = Outcome("failed", "harness error before the ranks started")
-    progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
-    launcher = Launcher(run, run_dir, spec)
-    parent_events = EventLog(run_dir, -1)
     relaunches: list[str] = []
-    topology: Any = None
-    single_host_prefix = ""  # names the snapshot root of a run without namespaces (one host)
-    driver: Optional[FaultDriver] = None
-    store_host: Any = None  # a control store in a child process, for a fault that kills it
-    strategy = strategies.get(run.strategy.name)
-    setup: Any = None
-    where = placement(run)  # the same decision validation checked the fault's needs against
+    torn = _Teardown()
+    load = load_guard.for_run(run).start()  # the host's load before and during the run, into its row
     try:
-        topology = _start_topology(run) if where.namespaces else None
-        if topology is not None:
-            launcher.control = topology.control_addr
-            launcher.rank_env_fn = topology.rank_env
-            launcher.wrap_fn = topology.wrap_command
-            launcher.netns_of = topology.layout.rank_ns
-            launcher.store_set_fn = topology.store_set
-        elif where.store == StoreHome.child:
-            from harness.faults.store_host import ChildStore
-
-            store_host = ChildStore(run.cluster.master_addr)
-            launcher.control, launcher.store_set_fn = store_host.addr, store_host.set
-        else:
-            launcher.start_control_store()
-            single_host_prefix = single_host_snapshot_env(launcher.extra_env, TAG_ENV)
-        if strategy.parent_setup is not None:
-            setup = strategy.parent_setup(run, launcher)
-        launcher.settle_s = strategy.settle_s(run)
-        if strategy.replace_dead is not None:
-            policy = strategy.replace_dead
-            launcher.replace_dead = lambda rank, code, codes: (launcher.replacements < run.strategy.max_restarts
-                                                               and policy(run, rank, code, codes))
-            launcher.on_replace = lambda record: parent_events.emit("replacement", **record)
-            launcher.spares.wanted = run.strategy.hot_spares
-            launcher.template_wanted = replacement_template.wanted(run)
-        if faults.get(run.fault.kind).injects:
-            driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
-            launcher.tick_hooks.append(driver.tick)
-        launcher.start_ranks(incarnation=0)
-        outcome = launcher.wait(progress)
-        while True:
-            why = strategies.relaunch_reason(run.strategy.name, outcome.exit_codes, len(relaunches),
-                                  run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
-            if why is None:
-                break
-            relaunches.append(why)
-            parent_events.emit("relaunch", reason=why, incarnation=launcher.incarnation + 1,
-                               exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
-            print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
-            launcher.kill_all()
-            if store_host is not None:  # a killed store host comes back (a new port) for the relaunch
-                launcher.control = store_host.ensure_running()
-            launcher.start_ranks(incarnation=launcher.incarnation + 1)
-            outcome = launcher.wait(progress)
+        # Torn down in reverse order of set-up, whatever happens: progress, fault driver, ranks, a child
+        # store, namespaces (or the one-host snapshot root), the parent's events, the strategy's set-up.
+        with contextlib.ExitStack() as stack:
+            stack.callback(lambda: torn.setup is not None and hasattr(torn.setup, "close") and torn.setup.close())
+            parent_events = stack.enter_context(EventLog(run_dir, -1))
+            launcher, store_host = _start(run, run_dir, spec, parent_events, stack, torn)
+            progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
+            stack.callback(progress.close)
+            outcome = _follow(run, launcher, progress, parent_events, store_host, relaunches)
     except BaseException as exc:
         outcome = Outcome("failed", f"harness error: {type(exc).__name__}: {exc}")
         raise
     finally:
-        progress.close()
-        if driver is not None:
-            driver.close()
-        launcher.close()
-        if store_host is not None:
-            store_host.close()
-        if topology is not None:
-            left = topology.teardown()
-            if left:
-                outcome.reason += f" (namespace teardown left: {left})"
-        if single_host_prefix:
-            remove_job_roots(single_host_prefix)  # after launcher.close(): no rank writes any more
-        parent_events.close()
-        if setup is not None and hasattr(setup, "close"):
-            setup.close()
+        outcome.reason += "".join(torn.notes)
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
-                 "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
+                 "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "", **load.stop()}
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
+
+
+def _start(run: RunConfig, run_dir: Path, spec: Path, parent_events: Any, stack: contextlib.ExitStack,
+           torn: _Teardown) -> tuple[Launcher, Any]:
+    """Where the ranks run, the Launcher configured by one LaunchPlan, the strategy's parent set-up and the
+    fault driver; each registered on ``stack`` for teardown. Returns (launcher, the child store host or None)."""
+    from harness import strategies
+    from harness.events import Replacement
+    from harness.faults import registry as faults
+    from harness.faults.driver import FaultDriver
+    from harness.faults.netns_host import TAG_ENV
+    from harness.faults.placement import StoreHome, placement
+    from harness.faults.snapshot_roots import remove_job_roots, single_host_snapshot_env
+    from harness.parent import template as replacement_template
+
+    strategy = strategies.get(run.strategy.name)
+    plan = LaunchPlan(settle_s=strategy.settle_s(run))
+    store_host: Any = None  # a control store in a child process, for a fault that kills it
+    topology: Any = None
+    where = placement(run)  # the same decision validation checked the fault's needs against
+    if where.namespaces:
+        topology = _start_topology(run)
+        stack.callback(_teardown_topology, topology, torn)
+        plan.control, plan.rank_env, plan.wrap = topology.control_addr, topology.rank_env, topology.wrap_command
+        plan.netns_of, plan.store_set = topology.layout.rank_ns, topology.store_set
+    elif where.store == StoreHome.child:
+        from harness.faults.store_host import ChildStore
+
+        store_host = ChildStore(run.cluster.master_addr)
+        stack.callback(store_host.close)
+        plan.control, plan.store_set = store_host.addr, store_host.set
+    else:
+        # Names the snapshot root of a run without namespaces (one host); removed once no rank writes.
+        stack.callback(remove_job_roots, single_host_snapshot_env(plan.extra_env, TAG_ENV))
+    if strategy.replace_dead is not None:
+        policy = strategy.replace_dead
+        plan.replace_dead = lambda rank, code, codes: policy(run, rank, code, codes)
+        plan.max_replacements = run.strategy.max_restarts
+        plan.on_replace = lambda record: parent_events.emit(Replacement, **record)
+        plan.hot_spares = run.strategy.hot_spares
+        plan.template_wanted = replacement_template.wanted(run)
+    launcher = Launcher(run, run_dir, spec, plan)
+    stack.callback(launcher.close)
+    if plan.control is None:
+        launcher.start_control_store()
+    if strategy.parent_setup is not None:
+        torn.setup = strategy.parent_setup(run, launcher)
+    if faults.get(run.fault.kind).injects:
+        torn.driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
+        stack.callback(torn.driver.close)
+        launcher.tick_hooks.append(torn.driver.tick)
+    return launcher, store_host
+
+
+def _follow(run: RunConfig, launcher: Launcher, progress: Progress, parent_events: Any, store_host: Any,
+            relaunches: list[str]) -> Outcome:
+    """Start the ranks, follow them, and relaunch them while the strategy's policy says so."""
+    from harness import strategies
+    from harness.events import Relaunch
+
+    launcher.start_ranks(incarnation=0)
+    outcome = launcher.wait(progress)
+    while True:
+        why = strategies.relaunch_reason(run.strategy.name, outcome.exit_codes, len(relaunches),
+                                         run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
+        if why is None:
+            return outcome
+        relaunches.append(why)
+        parent_events.emit(Relaunch, reason=why, incarnation=launcher.incarnation + 1,
+                           exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
+        print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
+        launcher.kill_all()
+        if store_host is not None:  # a killed store host comes back (a new port) for the relaunch
+            launcher.control = store_host.ensure_running()
+        launcher.start_ranks(incarnation=launcher.incarnation + 1)
+        outcome = launcher.wait(progress)
+
+
+def _teardown_topology(topology: Any, torn: _Teardown) -> None:
+    left = topology.teardown()
+    if left:
+        torn.notes.append(f" (namespace teardown left: {left})")
 
 
 def _resolve_cluster(run: RunConfig) -> RunConfig:
@@ -156,7 +186,7 @@ def _resolve_cluster(run: RunConfig) -> RunConfig:
     first node); every other cluster unchanged."""
     import dataclasses
 
-    from harness.app.schema import RankLaunch
+    from harness.schema import RankLaunch
 
     if run.cluster.launch != RankLaunch.srun:
         return run
@@ -186,10 +216,10 @@ def _finish(
     extra: Optional[dict[str, Any]] = None,
     reference_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    from harness.events import read_events
+    from harness.events import load_events
 
     # Read once: the row, the goodput report (saved as goodput.json) and the plot all use these.
-    events = read_events(run_dir) if (run_dir / "events").exists() else []
+    events = load_events(run_dir)
     columns: dict[str, Any] = {"failed_rank": outcome.failed_rank, **(extra or {})}
     try:
         columns.update(results.goodput_columns(run, run_dir, extra or {}, reference_dir, events=events))

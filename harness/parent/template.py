@@ -6,32 +6,33 @@ the protocol and why a fork from it is safe) next to the ranks of a run that can
 in ``procs`` like the ``Popen`` of a spawned rank (``pid``, ``poll``, ``wait``): the template, not this
 process, is the replacement's parent, so exit codes come back over the pipe. Anything that makes the
 template unusable (not ready yet, exited, refused the fork, no answer) raises ``TemplateUnavailable``
-with the reason; the caller then spawns a fresh process and records why.
+with the reason; the caller then spawns a fresh process and records why. The pipe client itself is
+``accelpact.run.template`` (shared with accelpact's launcher for users' scripts).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-# A ready template forks and answers in milliseconds; this only bounds a template that stopped
-# answering (it is then killed and the replacement spawned).
-FORK_REPLY_S = 10.0
-# A death before the template finished importing waits this long for it (see _wait_ready).
-READY_WAIT_S = 60.0
+# The pipe client (fork requests, exit reports, readiness) is shared with accelpact.run.
+from accelpact.run.template import (  # noqa: F401 - re-exported for the harness and its tests
+    FORK_REPLY_S,
+    READY_WAIT_S,
+    ForkedRank,
+    TemplateClient,
+    TemplateUnavailable,
+)
 
 
 def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
     a fault that kills ranks, ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
-    from harness.app.schema import RankLaunch, ReplacementStart
+    from harness.schema import RankLaunch, ReplacementStart
     from harness.faults import registry
 
     st = run.strategy
@@ -59,24 +60,8 @@ def start_replacement_process(launcher: Any, rank: int, replacement: int) -> tup
     return "spawn", why
 
 
-class TemplateUnavailable(Exception):
-    """The template cannot fork this replacement; the message says why (it goes into the row)."""
-
-
-class ReplacementTemplate:
-    """One template process of a run: started with the ranks, asked for replacements, closed at the end."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], started: float) -> None:
-        self.proc = proc
-        self.started = started
-        self.ready: Optional[dict[str, Any]] = None  # the template's ready record
-        self.exits: dict[int, int] = {}  # child pid -> exit code, as reported
-        self._replies: dict[int, dict[str, Any]] = {}
-        self._buf = b""
-        self._next_id = 0
-        assert proc.stdout is not None
-        self._out = proc.stdout.fileno()
-        os.set_blocking(self._out, False)
+class ReplacementTemplate(TemplateClient):
+    """The harness's template of one run (``python -m harness.rank.template``), on accelpact.run's client."""
 
     @classmethod
     def start(cls, launcher: Any) -> "ReplacementTemplate":
@@ -94,132 +79,7 @@ class ReplacementTemplate:
             log.close()
         return cls(proc, time.time())
 
-    # -- the pipe ---------------------------------------------------------------------------
-    def pump(self) -> None:
-        """Read what the template wrote so far (never blocks)."""
-        while True:
-            try:
-                chunk = os.read(self._out, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                break
-            if not chunk:
-                break
-            self._buf += chunk
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            msg = json.loads(line)
-            if msg.get("ready"):
-                self.ready = msg
-            elif "exit" in msg:
-                self.exits[int(msg["exit"])] = int(msg["code"])
-            elif "id" in msg:
-                self._replies[int(msg["id"])] = msg
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str, netns: Optional[str]) -> "ForkedRank":
+    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
+             netns: Optional[str]) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
-        self._wait_ready()
-        req_id = self._next_id
-        self._next_id += 1
-        request = {"id": req_id, "env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns}
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError as exc:
-            raise TemplateUnavailable(f"the template's pipe is closed ({exc})") from exc
-        deadline = time.monotonic() + FORK_REPLY_S
-        while req_id not in self._replies:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.alive():
-                why = f"no answer within {FORK_REPLY_S:g} s" if left <= 0 else "it died while forking"
-                self.close()
-                raise TemplateUnavailable(f"the template failed: {why}")
-            select.select([self._out], [], [], min(left, 0.05))
-            self.pump()
-        reply = self._replies.pop(req_id)
-        if "refused" in reply:
-            raise TemplateUnavailable(f"the template refused: {reply['refused']}")
-        return ForkedRank(self, int(reply["pid"]))
-
-    def _wait_ready(self) -> None:
-        """Block until the template has imported everything (a death right after launch), or raise.
-
-        Waiting beats spawning: a fresh process would do the same imports, started later, on the same
-        cores. The parent's loop is blocked meanwhile (other deaths are noticed after; survivors see them
-        by heartbeat too), at most READY_WAIT_S."""
-        deadline = time.monotonic() + READY_WAIT_S
-        self.pump()
-        while self.ready is None and self.alive() and time.monotonic() < deadline:
-            select.select([self._out], [], [], 0.05)
-            self.pump()
-        if not self.alive():
-            self.pump()
-            raise TemplateUnavailable(f"the template exited with code {self.proc.returncode}")
-        if self.ready is None:
-            raise TemplateUnavailable(f"the template was still importing {time.time() - self.started:.1f} s after "
-                                      "its start")
-
-    def close(self) -> None:
-        """End the template (it SIGKILLs children still running on EOF) and reap it."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-class ForkedRank:
-    """A replacement forked by the template, with the parts of ``Popen`` the launcher uses."""
-
-    def __init__(self, template: ReplacementTemplate, pid: int) -> None:
-        self.template = template
-        self.pid = pid
-        self.returncode: Optional[int] = None
-        self.args = ["(forked from the template)", str(pid)]
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is not None:
-            return self.returncode
-        self.template.pump()
-        if self.pid in self.template.exits:
-            self.returncode = self.template.exits[self.pid]
-        elif not self.template.alive() and not _exists(self.pid):
-            # The template died before reporting: its children got SIGKILL (their die-with-parent signal).
-            self.template.pump()
-            self.returncode = self.template.exits.get(self.pid, -signal.SIGKILL)
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            time.sleep(0.02)
-        assert self.returncode is not None
-        return self.returncode
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

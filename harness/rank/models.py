@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.app.schema import ModelConfig
+from harness.schema import ModelConfig
 
 INIT_STD = 0.02  # transformers' initializer_range default for Mistral
 

@@ -13,7 +13,7 @@ import datetime
 import json
 import os
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.rank.env import REPLACEMENT, T_LAUNCH, RankEnv
 
 _WAIT_SLICE_S = 60.0

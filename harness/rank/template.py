@@ -15,10 +15,12 @@ The pipe protocol, one JSON object per line:
 - template -> parent: ``{"exit": pid, "code": c}`` when a child ends (``c`` as ``Popen.returncode``: a
   negative code is the signal that killed it). The template is the children's parent: it reaps them.
 
-Why fork is safe here: the template never creates a thread (no process group, no CUDA, no store client,
-no intra-op pool: a meta-device model computes nothing), and it checks ``/proc/self/task`` before every
-fork: a fork copies only the calling thread, so a lock another thread held would stay locked forever in
-the child. More than one thread: the request is refused with the count, and the parent spawns instead.
+The pipe protocol and the fork itself live in ``accelpact.run.forkserver`` (shared with
+``accelpact.run``'s template for users' scripts); this module supplies what is harness-specific: the
+preload and ``become_replacement``. Fork safety in short: the template never creates a thread (no
+process group, no CUDA, no store client, no intra-op pool: a meta-device model computes nothing), and
+it checks ``/proc/self/task`` before every fork; more than one thread: the request is refused with the
+count, and the parent spawns instead.
 
 Lifetime: the template dies with the parent (PR_SET_PDEATHSIG), its children die with it (the worker's
 own die-with-parent check, with the template as its parent), and on EOF of its request pipe (the parent
@@ -29,23 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import signal
 import sys
 import time
-import traceback
 from typing import Any
 
-CLONE_NEWNET = 0x40000000
-_REAP_EVERY_S = 0.05  # an exit is reported within this; the parent polls its ranks every 0.05 s too
-
-
-def thread_count() -> int:
-    """Threads of this process (Linux): a fork is safe only at 1."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return -1  # unknown: treated as unsafe
+# The fork server itself (pipe protocol, fork safety, reaping) is shared with accelpact.run's template.
+from accelpact.run.forkserver import enter_netns, fork_one, reap, serve, thread_count  # noqa: F401
 
 
 def preload(spec_path: str) -> None:
@@ -70,20 +61,6 @@ def preload(spec_path: str) -> None:
     meta_model(cfg.model)  # transformers' model class and everything it imports lazily
 
 
-def enter_netns(name: str) -> None:
-    """Join network namespace ``name`` (as ``ip netns exec`` does for the network; root only)."""
-    import ctypes
-
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 def become_replacement(req: dict[str, Any]) -> int:
     """In the forked child: the rank's stdio, environment and directory, then the worker's main."""
     log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -105,92 +82,6 @@ def become_replacement(req: dict[str, Any]) -> int:
     return main([req["spec"]])
 
 
-def fork_one(req: dict[str, Any], reply_fd: int) -> dict[str, Any]:
-    """Fork the replacement of ``req``; the reply for the parent. ``reply_fd``: the template's end of the
-    reply pipe, closed in the child (a child holding it would hide the template's death from the parent)."""
-    threads = thread_count()
-    if threads != 1:
-        return {"id": req["id"], "refused": f"the template has {threads} threads (a fork is safe only with one)"}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the template's loop
-        code = 1
-        try:
-            os.close(ready_r)
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, reply_fd)  # not close(): the reply file object still owns that descriptor number
-            os.close(null)
-            os.setsid()  # its own session and process group, as a spawned worker's (killpg reaches it)
-            if req.get("netns"):
-                enter_netns(req["netns"])
-            os.close(ready_w)  # the template replies only now: killpg(pid) cannot miss the new group
-            code = become_replacement(req)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # noqa: BLE001 - the child reports on its log and exits
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
-    os.close(ready_w)
-    while os.read(ready_r, 1):  # EOF once the child has its session (or died trying)
-        pass
-    os.close(ready_r)
-    return {"id": req["id"], "pid": pid}
-
-
-def reap(children: set[int]) -> list[dict[str, Any]]:
-    """Exit records of the children that ended."""
-    out = []
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        children.discard(pid)
-        out.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-    return out
-
-
-def serve(read_fd: int, write: Any) -> None:
-    """Answer fork requests on ``read_fd`` until EOF; report children's exits on ``write``."""
-    children: set[int] = set()
-    buf = b""
-
-    def send(obj: dict[str, Any]) -> None:
-        write.write(json.dumps(obj) + "\n")
-        write.flush()
-
-    while True:
-        ready, _, _ = select.select([read_fd], [], [], _REAP_EVERY_S)
-        for record in reap(children):
-            send(record)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 65536)
-        if not chunk:  # the parent closed the pipe (or died): end what is left
-            for pid in children:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            return
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            reply = fork_one(json.loads(line), write.fileno())
-            if "pid" in reply:
-                children.add(reply["pid"])
-            send(reply)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m harness.rank.template <run_dir>/worker_spec.json", file=sys.stderr)
@@ -208,7 +99,7 @@ def main(argv: list[str]) -> int:
           file=sys.stderr, flush=True)
     reply.write(json.dumps(ready) + "\n")
     reply.flush()
-    serve(0, reply)
+    serve(0, reply, become_replacement)
     return 0
 
 

@@ -19,10 +19,10 @@ from harness.rank import identity
 
 from harness import strategies
 from harness.rank.data import make_batch
-from harness.events import EventLog
+from harness.events import EventLog, Restart, Step
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
-from harness.app.schema import Device, Precision, RunConfig
+from harness.schema import Device, Precision, RunConfig
 from harness.strategies.base import Rewind, Strategy, TrainContext
 
 
@@ -49,7 +49,7 @@ def init_data_plane(cfg: RunConfig, env: RankEnv, control_store: Any, generation
     if cfg.cluster.device == Device.cuda:
         kwargs["device_id"] = torch.device("cuda", env.local_rank)
     dist.init_process_group(
-        backend=cfg.cluster.backend.value,
+        backend=cfg.cluster.backend,
         store=store,
         rank=env.rank,
         world_size=env.world_size,
@@ -126,7 +126,7 @@ def run_loop(
             continue
         t_end = time.time()
         ctx.events.emit(
-            "step",
+            Step,
             step=step,
             t_start=t_start,
             t_end=t_end,
@@ -184,7 +184,7 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
-            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
+            events.emit(Restart, t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
                         replacement=env.replacement)
             try:
                 committed = run_loop(ctx, strategy)

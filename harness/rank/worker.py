@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.rank.env import RankEnv
-from harness.app.schema import RunConfig, run_config_from_dict
+from harness.schema import RunConfig, run_config_from_dict
 
 SPEC_NAME = "worker_spec.json"
 
 
 def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
-    from harness.app.schema import to_dict
+    from harness.schema import to_dict
 
     path = Path(run_dir) / SPEC_NAME
     path.write_text(json.dumps({"run_dir": str(run_dir), "config": to_dict(cfg)}, indent=1))

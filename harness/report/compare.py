@@ -5,14 +5,19 @@ experiment (``python -m harness``, ``experiment=compare``) is such a multirun, o
 age and strategy; any sweep over a faulted run works the same (``python -m harness -m
 strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or on Slurm.
 
-- ``on_multirun_start`` runs the fault-free reference of the sweep's base config (strategy and fault
-  from the registries' reference; same model, data, steps and checkpoint cadence) in
-  ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
-- each job is an ordinary run (``harness.parent.run.run_one``) in ``<sweep dir>/<strategy>_age<age>``.
-- ``on_multirun_end`` prints the table (strategy, age, whole-run goodput, ratio to the reference,
-  AccelPact's gain with the paper's figure beside it, the recovery breakdown, bit-identical) and
-  writes ``table.md``, ``table.csv`` and the plots (``harness.report.plots_compare``) into the sweep
-  directory, from each run's saved row and ``goodput.json``. It exits 1 if a faulted run failed.
+- The default experiment uses the trials sweeper (``hydra/sweeper=trials``,
+  harness/app/plugins/hydra_plugins/harness_trials): ``compare.trials`` interleaved rounds, each running the fault-free
+  reference (:func:`run_reference`) and every job once in a rotated order, into ``<sweep>/trial<k>/``.
+- With another sweeper, ``on_multirun_start`` runs the fault-free reference of the sweep's base config
+  (strategy and fault from the registries' reference; same model, data, steps and checkpoint cadence)
+  in ``<sweep dir>/reference``, so every job can be compared with it bit for bit as it ends.
+- each job is an ordinary run (``harness.parent.run.run_one``) in ``<sweep dir>/[trial<k>/]<strategy>_age<age>``.
+- ``on_multirun_end`` builds one row per run and trial (:func:`trial_rows`: the table of
+  :func:`build_table` plus the badput-based goodput against that trial's reference, AccelPact's gain on
+  it, the badput by part and the load) and hands them to ``harness.report.verdict``, which prints one row
+  per (strategy, age): medians over trials, the 95% interval of AccelPact's gain and the verdict; and
+  writes ``table.md``, ``table.csv``, ``runs.csv`` and the plots into the sweep directory. It exits 1 if
+  a faulted run failed.
 """
 
 from __future__ import annotations
@@ -26,15 +31,16 @@ from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
-from experiments.paper import PAPER_GAIN  # the paper's figures live in one place
+from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
 from harness.faults import registry as faults
 from harness.report.goodput import load_report
 from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.rank.identity import compare_runs
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 
 REFERENCE = "reference"
+LOAD_COLUMNS: tuple[str, ...] = ("load_before", "load_mean", "load_max", "steal_pct", "cores_used")  # load_guard
 PRINT_COLUMNS: tuple[str, ...] = (
     "strategy", "age", "goodput", "ratio_to_reference", "accelpact_gain", "paper_gain", "replayed_steps",
     "recovery_s", "restart_s", "restore_s", "replay_s", "checkpoint_s", "other_s", "fallback", "bit_identical",
@@ -96,6 +102,63 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
     return table
 
 
+def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
+    ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
+    named badput part (``<part>_s``) and the run's load columns."""
+    from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
+    from harness.report.trials import trial_of
+
+    by_trial: dict[int, list[tuple[Path, dict[str, Any]]]] = {}
+    for d, r in entries:
+        by_trial.setdefault(trial_of(d.parent.name) if d.parent != sweep_dir else 0, []).append((d, r))
+    reference, ours = strategies.reference(), strategies.under_test().name
+    per_trial: dict[int, tuple[list[Any], list[dict[str, Any]]]] = {}
+    for trial in sorted(by_trial):
+        runs = by_trial[trial]
+        refs = [d for d, r in runs if _is_reference(r) and r.get("status") == "ok"]
+        ref_dir: Optional[Path] = refs[0] if refs else None
+        summaries, rows = [], []
+        for d, r in runs:
+            try:
+                summaries.append(summarize(d, r, ref_dir))
+            except Exception as exc:  # noqa: BLE001 - a run without events is reported, not fatal
+                print(f"warning: {d}: no goodput report ({exc})")
+                continue
+            rows.append(r)
+        per_trial[trial] = (summaries, rows)
+    # One reference pace for every trial: the median of the trials' references' productive steps, so a
+    # reference that ran under a load spike does not shrink or stretch its own trial's gains.
+    ref_step = reference_step_s([s.report for summaries, rows in per_trial.values()
+                                 for s, r in zip(summaries, rows) if _is_reference(r) and r.get("status") == "ok"])
+    out: list[dict[str, Any]] = []
+    for trial, (summaries, rows) in per_trial.items():
+        bp = {(s.strategy, s.age): badput_goodput(s.report, ref_step) for s in summaries}
+        reports = {(s.strategy, s.age): s.report for s in summaries}
+        load = {(str(r.get("strategy")), None if _is_reference(r) else r.get("age")): r
+                for r in rows}
+        for row in build_table(summaries, rows):
+            key = (reference.name if row["strategy"] == reference.label else row["strategy"], row["age"])
+            g = bp.get(key)
+            mine = g.goodput if g and not math.isnan(g.goodput) else math.nan
+            our = bp.get((ours, row["age"]))
+            ref_g = bp.get((reference.name, None))
+            row["trial"] = trial
+            row["goodput_bp"] = mine
+            row["accelpact_gain_bp"] = (our.goodput / mine if our and mine > 0 and row["age"] is not None
+                                        else math.nan)
+            row["ratio_to_reference_bp"] = mine / ref_g.goodput if ref_g and ref_g.goodput > 0 else math.nan
+            row["step_drift"] = g.step_drift if g else math.nan
+            rep = reports.get(key)
+            if rep is not None:
+                row["badput_s"] = rep.badput.total_s
+                row.update({f"{k}_s": v for k, v in named_parts(rep.badput).items()})
+            results_row = load.get((key[0], key[1]), {})
+            row.update({k: results_row.get(k) for k in LOAD_COLUMNS})
+            out.append(row)
+    return out
+
+
 def write_table(out_dir: Path, table: list[dict[str, Any]], title: str) -> str:
     """Print and write ``table.md`` / ``table.csv``; returns the printed text."""
     import pandas as pd
@@ -151,42 +214,65 @@ def sweep_reference_dir() -> Optional[Path]:
     return _sweep_reference.get("dir")
 
 
+def needs_reference(config: Any) -> bool:
+    """Whether a multirun over ``config`` is a comparison: its base injects a fault, or it sweeps one."""
+    from harness.app.config import to_run_config
+
+    return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
+
+
+def run_reference(config: Any, out: Path, required: bool = True) -> Optional[Path]:
+    """Run the fault-free reference of the multirun ``config`` into ``out``; the sweep's jobs compare
+    themselves with it from then on. A failed reference raises when ``required``, else it is reported
+    and the last good reference stays in use (a later trial's reference failing costs that trial only)."""
+    from harness.app.config import to_run_config
+    from harness.parent.run import run_one
+
+    print(f"comparison: running the fault-free reference in {out}", flush=True)
+    row = run_one(reference_config(to_run_config(config)), out, None, ["(reference of the sweep)"])
+    if row["status"] != "ok":
+        if required:
+            raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
+        print(f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are "
+              "left out", flush=True)
+        return None
+    _sweep_reference["dir"] = out
+    return out
+
+
+def _uses_trials_sweeper(config: Any) -> bool:
+    target = str(config.hydra.get("sweeper", {}).get("_target_", "")) if "hydra" in config else ""
+    return target.endswith("TrialsSweeper")
+
+
 class ComparisonCallback(Callback):
-    """Runs the reference before a faulted sweep and the comparison table after it (module docstring)."""
+    """Runs the reference before a faulted sweep and the comparison table after it (module docstring).
+    Under ``hydra/sweeper=trials`` the sweeper runs one reference per trial instead."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from harness.app.config import to_run_config
-        from harness.parent.run import run_one
-
         _sweep_reference.clear()
-        base = to_run_config(config)
-        if not faults.get(base.fault.kind).injects and "fault" not in _swept_keys(config):
-            return  # not a fault sweep (e.g. the checkpoint-overhead sweep): nothing to compare
-        out = Path(str(config.hydra.sweep.dir)) / REFERENCE
-        print(f"comparison: running the fault-free reference in {out}", flush=True)
-        row = run_one(reference_config(base), out, None, ["(reference of the sweep)"])
-        if row["status"] != "ok":
-            raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
-        _sweep_reference["dir"] = out
+        if _uses_trials_sweeper(config) or not needs_reference(config):
+            return  # the trials sweeper runs its own; or not a fault sweep: nothing to compare
+        run_reference(config, Path(str(config.hydra.sweep.dir)) / REFERENCE)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        from harness.report.verdict import finish_trials
+
         sweep_dir = Path(str(config.hydra.sweep.dir))
         entries: list[tuple[Path, dict[str, Any]]] = []
-        for summary in sorted(sweep_dir.glob("*/summary.json")):
+        for summary in sorted([*sweep_dir.glob("*/summary.json"), *sweep_dir.glob("trial*/*/summary.json")]):
             row = json.loads(summary.read_text()).get("row", {})
             if row:
                 entries.append((summary.parent, row))
         faulted = [(d, r) for d, r in entries if not _is_fault_free(r)]
         if not faulted:
             return
-        refs = [d for d, r in entries if _is_reference(r) and r.get("status") == "ok"]
-        reference_dir = sweep_reference_dir() or (refs[0] if refs else None)
         base = faulted[0][1]
-        title = (f"whole-run goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
+        title = (f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
                  f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
                  f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
-        finish(sweep_dir, entries, reference_dir, title)
-        failed = [d.name for d, r in faulted if r.get("status") != "ok"]
+        finish_trials(sweep_dir, trial_rows(sweep_dir, entries), entries, title, PAPER_GAIN)
+        failed = [str(d.relative_to(sweep_dir)) for d, r in faulted if r.get("status") != "ok"]
         if failed:
             print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)
             sys.exit(1)

@@ -1,14 +1,16 @@
 """Parsing of the event records that goodput accounting reads, tolerant of torn, partial and unsorted logs.
 
 Turns the raw records of ``harness.events`` (every rank, every incarnation) into steps, faults and the
-labelled intervals ``harness.report.goodput`` sweeps over. Malformed records are skipped and counted.
+labelled intervals ``harness.report.goodput`` sweeps over. The typed events of ``harness.events``
+say what a record holds; malformed records are skipped and counted.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from harness import events as ev
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -45,114 +47,66 @@ class ParsedEvents:
     skipped: int = 0
 
 
-def _num(record: Mapping[str, Any], key: str) -> float:
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(key)
-    return float(value)
-
-
-def _int(record: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = record.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(key)
-    return value
-
-
-def _span(record: Mapping[str, Any], start: str, end: str) -> tuple[float, float]:
-    a, b = _num(record, start), _num(record, end)
-    if b < a:
-        raise ValueError(f"{end} < {start}")
-    return a, b
-
-
-def parse_events(events: Iterable[Mapping[str, Any]]) -> ParsedEvents:
-    out = ParsedEvents()
+def parse_events(events: Iterable[Mapping[str, Any] | ev.Event]) -> ParsedEvents:
+    """Steps, faults and labelled intervals of raw records or typed events (``harness.events``)."""
+    log = ev.parse_records(events)
+    out = ParsedEvents(skipped=log.skipped)
     raw_faults: list[tuple[float, int, FaultRecord]] = []
-    for record in events:
-        try:
-            kind = record["kind"]
-            rank = _int(record, "rank")
-            if kind == "step":
-                t_start, t_end = _span(record, "t_start", "t_end")
-                wait = record.get("snapshot_wait_s")
-                if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 < wait <= t_end - t_start:
-                    out.intervals.append((rank, t_end - wait, t_end, "snapshot_overhead"))
-                out.steps.append(
-                    StepRecord(
-                        rank=rank,
-                        step=_int(record, "step"),
-                        t_start=t_start,
-                        t_end=t_end,
-                        tokens=_int(record, "tokens", 0),
-                        incarnation=_int(record, "incarnation", 0),
-                    )
-                )
-            elif kind == "fault":
-                ranks = record.get("ranks") or ()
-                step = record.get("step")
-                fault = FaultRecord(
-                    kind=str(record.get("fault", "unknown")),
-                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                    phase=None if record.get("phase") is None else str(record["phase"]),
-                    ranks=tuple(int(r) for r in ranks),
-                    # A rank-side fault records when it was injected; its record is written a few ms
-                    # later, after the lost attempt's replay interval (step start -> injection) ended.
-                    t=_num(record, "t_inject") if "t_inject" in record else _num(record, "t"),
-                )
-                raw_faults.append((fault.t, rank, fault))
-            elif kind == "recovery":
-                end = _num(record, "t")
-                # Laid back to back, ending when the record was written; the first collective on the
-                # new group is charged to rebind.
-                parts = (
-                    ("detection", record.get("detection_s", 0.0)),
-                    ("agreement", record.get("agreement_s", 0.0)),
-                    ("rebuild", record.get("rebuild_s", 0.0)),
-                    ("rebind", (record.get("rebind_s") or 0.0) + (record.get("first_collective_s") or 0.0)),
-                )
-                durations = [(label, float(d or 0.0)) for label, d in parts]
-                if any(d < 0 or not math.isfinite(d) for _, d in durations):
-                    raise ValueError("negative duration")
-                start = end - sum(d for _, d in durations)
-                if record.get("decision") == "retry":
-                    out.retries.append((rank, start, end))
-                for label, d in durations:
-                    if d > 0:
-                        out.intervals.append((rank, start, start + d, label))
-                    start += d
-            elif kind == "heal":
-                end = _num(record, "t")
-                parts = [("replacement_start", float(record.get("replacement_start_s") or 0.0)),
-                         ("heal_transfer", float(record.get("heal_transfer_s") or 0.0))]
-                if any(d < 0 or not math.isfinite(d) for _, d in parts):
-                    raise ValueError("negative duration")
-                start = end - sum(d for _, d in parts)
-                if record.get("role") == "survivor":  # its attempt in flight is re-run: as a retry
-                    out.retries.append((rank, start, end))
-                if "t_detected" in record:
-                    out.heal_detections.append((rank, min(_num(record, "t_detected"), start)))
-                for label, d in parts:
-                    if d > 0:
-                        out.intervals.append((rank, start, start + d, label))
-                    start += d
-            elif kind == "replacement":  # the parent started a replacement process for a lost rank
-                out.replacement_spawns.append((_int(record, "for_rank"), _num(record, "t_spawn")))
-            elif kind == "restore":
-                out.intervals.append((rank, *_span(record, "t_start", "t_end"), "restore"))
-            elif kind == "checkpoint":
-                out.intervals.append((rank, *_span(record, "t_start", "t_end"), "checkpoint"))
-            elif kind == "restart":
-                # A replacement's start is part of a heal (the lost rank's process), never a relaunch.
-                into = out.replacement_starts if record.get("replacement") else out.restarts
-                into.append((rank, *_span(record, "t_launch", "t_ready")))
-            elif kind == "fallback":
-                out.fallbacks.append(str(record.get("reason", "")))
-            # Unknown kinds are someone else's records: ignored, not "skipped".
-        except (KeyError, TypeError, ValueError):
-            out.skipped += 1
+    for e in log.events:
+        if isinstance(e, ev.Step):
+            wait = e.snapshot_wait_s
+            if wait is not None and 0 < wait <= e.t_end - e.t_start:
+                out.intervals.append((e.rank, e.t_end - wait, e.t_end, "snapshot_overhead"))
+            out.steps.append(StepRecord(rank=e.rank, step=e.step, t_start=e.t_start, t_end=e.t_end,
+                                        tokens=e.tokens, incarnation=e.incarnation))
+        elif isinstance(e, ev.Fault):
+            # A rank-side fault records when it was injected; its record is written a few ms later,
+            # after the lost attempt's replay interval (step start -> injection) ended.
+            fault = FaultRecord(kind=e.fault, step=e.step, phase=e.phase, ranks=e.ranks, t=e.t_injected)
+            raw_faults.append((fault.t, e.rank, fault))
+        elif isinstance(e, ev.Recovery):
+            # Laid back to back, ending when the record was written; the first collective on the
+            # new group is charged to rebind.
+            parts = (("detection", e.detection_s), ("agreement", e.agreement_s), ("rebuild", e.rebuild_s),
+                     ("rebind", e.rebind_s + e.first_collective_s))
+            start = e.t_begin
+            if e.decision == "retry":
+                out.retries.append((e.rank, start, e.t))
+            _lay(out, e.rank, start, parts)
+        elif isinstance(e, ev.Heal):
+            parts = (("replacement_start", e.replacement_start_s), ("heal_transfer", e.heal_transfer_s))
+            start = e.t - e.replacement_start_s - e.heal_transfer_s
+            if e.role == "survivor":  # its attempt in flight is re-run: as a retry
+                out.retries.append((e.rank, start, e.t))
+            if e.t_detected is not None:
+                out.heal_detections.append((e.rank, min(e.t_detected, start)))
+            _lay(out, e.rank, start, parts)
+        elif isinstance(e, ev.Replacement):  # the parent started a replacement process for a lost rank
+            out.replacement_spawns.append((e.for_rank, e.t_spawn))
+        elif isinstance(e, ev.Restore):
+            out.intervals.append((e.rank, e.t_start, e.t_end, "restore"))
+        elif isinstance(e, ev.Checkpoint):
+            out.intervals.append((e.rank, e.t_start, e.t_end, "checkpoint"))
+        elif isinstance(e, ev.Restart):
+            if e.t_launch is None:  # an untimed start cannot be charged
+                out.skipped += 1
+                continue
+            # A replacement's start is part of a heal (the lost rank's process), never a relaunch.
+            into = out.replacement_starts if e.replacement else out.restarts
+            into.append((e.rank, e.t_launch, e.t_ready))
+        elif isinstance(e, ev.Fallback):
+            out.fallbacks.append(e.reason)
+        # Other kinds (relaunch, snapshots, ...) do not enter goodput.
     out.faults = _merge_faults(raw_faults)
     return out
+
+
+def _lay(out: ParsedEvents, rank: int, start: float, parts: Iterable[tuple[str, float]]) -> None:
+    """Intervals of ``parts`` laid back to back from ``start`` (empty parts leave no interval)."""
+    for label, d in parts:
+        if d > 0:
+            out.intervals.append((rank, start, start + d, label))
+        start += d
 
 
 def _merge_faults(raw: list[tuple[float, int, FaultRecord]]) -> list[FaultRecord]:

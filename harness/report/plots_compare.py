@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from harness import events as ev
 from harness import strategies
 from harness.faults import registry as faults
 from harness.report.goodput import GoodputReport, load_report
@@ -77,36 +78,37 @@ def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
     return path
 
 
-def plot_timeline(out: Path, events: Sequence[dict[str, Any]], title: str) -> Path:
+def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], title: str) -> Path:
     plt = _plt()
-    ranks = sorted({e["rank"] for e in events if e.get("rank", -1) >= 0})
-    t0 = min((e["t_start"] for e in events if e["kind"] == "step"), default=0.0)
+    events = ev.typed(events)
+    ranks = sorted({e.rank for e in events if e.rank >= 0})
+    steps = ev.of_type(events, ev.Step)
+    t0 = min((e.t_start for e in steps), default=0.0)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * max(1, len(ranks))))
     seen: set[tuple[int, int]] = set()
-    for e in sorted((e for e in events if e["kind"] == "step"), key=lambda e: (e.get("incarnation", 0), e["t_start"])):
-        key = (e["rank"], e["step"])
-        replay = key in seen or e.get("replay")
+    for s in sorted(steps, key=lambda e: (e.incarnation, e.t_start)):
+        key = (s.rank, s.step)
+        replay = key in seen or s.replay
         seen.add(key)
-        ax.barh(e["rank"], e["t_end"] - e["t_start"], left=e["t_start"] - t0, height=0.5,
+        ax.barh(s.rank, s.t_end - s.t_start, left=s.t_start - t0, height=0.5,
                 color="tab:orange" if replay else "tab:green", edgecolor="white", linewidth=0.3)
 
-    def span(kind: str, a: str, b: str, color: str, height: float = 0.7) -> None:
-        for e in events:
-            if e["kind"] == kind and e.get(a) is not None and e.get(b) is not None and e.get("rank", -1) >= 0:
-                ax.barh(e["rank"], e[b] - e[a], left=e[a] - t0, height=height, color=color, alpha=0.8)
+    def span(spans: Sequence[tuple[int, float, float]], color: str, height: float = 0.7) -> None:
+        for rank, a, b in spans:
+            if rank >= 0:
+                ax.barh(rank, b - a, left=a - t0, height=height, color=color, alpha=0.8)
 
-    span("checkpoint", "t_start", "t_end", "tab:blue")
-    span("restore", "t_start", "t_end", "tab:brown")
-    span("restart", "t_launch", "t_ready", "tab:gray", 0.3)
+    span([(e.rank, e.t_start, e.t_end) for e in ev.of_type(events, ev.Checkpoint)], "tab:blue")
+    span([(e.rank, e.t_start, e.t_end) for e in ev.of_type(events, ev.Restore)], "tab:brown")
+    span([(e.rank, e.t_launch, e.t_ready) for e in ev.of_type(events, ev.Restart) if e.t_launch is not None],
+         "tab:gray", 0.3)
     for e in events:
-        if e["kind"] == "recovery" and e.get("rank", -1) >= 0:
-            start = e["t"] - sum(float(e.get(k) or 0) for k in ("detection_s", "agreement_s", "rebuild_s", "rebind_s",
-                                                                 "first_collective_s"))
-            ax.barh(e["rank"], max(e["t"] - start, 0.02), left=start - t0, height=0.8, color="tab:purple")
-        if e["kind"] == "fault":
-            ax.axvline(e["t"] - t0, color="red", linewidth=1.5)
-        if e["kind"] == "fallback":
-            ax.axvline(e["t"] - t0, color="magenta", linestyle=":")
+        if isinstance(e, ev.Recovery) and e.rank >= 0:
+            ax.barh(e.rank, max(e.t - e.t_begin, 0.02), left=e.t_begin - t0, height=0.8, color="tab:purple")
+        if isinstance(e, ev.Fault):
+            ax.axvline(e.t - t0, color="red", linewidth=1.5)
+        if isinstance(e, ev.Fallback):
+            ax.axvline(e.t - t0, color="magenta", linestyle=":")
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=l) for c, l in (
@@ -155,8 +157,6 @@ def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Pa
              timeline_strategy: Optional[str] = None) -> list[Path]:
     """The three plots of a comparison; ``runs`` are (run_dir, results row). The timeline shows
     ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run)."""
-    from harness.events import read_events
-
     paths = [plot_goodput_vs_age(out, table, paper_gain)]
     faulted = [(d, r) for d, r in runs if r.get("fault") not in (None, faults.NO_FAULT)]
     if timeline_run is None and faulted:
@@ -165,7 +165,7 @@ def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Pa
     if timeline_run is not None:
         row = next((r for d, r in runs if d == timeline_run), {})
         title = f"{Path(timeline_run).name}: {row.get('strategy')}, {row.get('fault')} at age {row.get('age')}"
-        paths.append(plot_timeline(out, read_events(timeline_run), title))
+        paths.append(plot_timeline(out, ev.load_events(timeline_run), title))
     bars = [(f"{r.get('strategy')}\nage {r.get('age')}", fault_breakdown(load_report(str(d)))) for d, r in faulted]
     if bars:
         paths.append(plot_breakdown(out, bars))

@@ -16,11 +16,11 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from harness.rank import identity
-from harness.events import read_events
-from harness.app.schema import RunConfig
+from harness import events as ev
+from harness.schema import RunConfig
 from harness.report.gitinfo import git_state
 
 if TYPE_CHECKING:
@@ -37,27 +37,28 @@ def git_sha(repo: Path = REPO_ROOT) -> tuple[str, bool]:
     return sha or "unknown", bool(dirty)
 
 
-def step_stats(events: Sequence[dict[str, Any]], world_size: int) -> dict[str, Any]:
+def step_stats(events: Sequence[Mapping[str, Any] | ev.Event], world_size: int) -> dict[str, Any]:
     """Throughput and loss figures from the ranks' step events (pure)."""
-    steps = [e for e in events if e["kind"] == "step"]
-    rank0 = sorted((e for e in steps if e["rank"] == 0), key=lambda e: (e["t_end"]))
+    typed = ev.typed(events)
+    steps = ev.of_type(typed, ev.Step)
+    rank0 = sorted((e for e in steps if e.rank == 0), key=lambda e: e.t_end)
     out: dict[str, Any] = {
-        "steps_done": len({e["step"] for e in rank0}),
-        "tokens": sum(int(e["tokens"]) for e in steps),
-        "final_loss": rank0[-1]["loss"] if rank0 else None,
+        "steps_done": len({e.step for e in rank0}),
+        "tokens": sum(e.tokens for e in steps),
+        "final_loss": rank0[-1].loss if rank0 else None,
         "train_s": None,
         "tokens_per_s": None,
         "steps_per_s": None,
         "step_time_median_s": None,
     }
     if rank0:
-        train_s = max(e["t_end"] for e in steps) - min(e["t_start"] for e in steps)
+        train_s = max(e.t_end for e in steps) - min(e.t_start for e in steps)
         out["train_s"] = train_s
-        out["step_time_median_s"] = statistics.median(e["t_end"] - e["t_start"] for e in rank0)
+        out["step_time_median_s"] = statistics.median(e.t_end - e.t_start for e in rank0)
         if train_s > 0:
             out["tokens_per_s"] = out["tokens"] / train_s
             out["steps_per_s"] = len(rank0) / train_s
-    ready = [e["t_ready"] - e["t_launch"] for e in events if e["kind"] == "restart" and e.get("t_launch")]
+    ready = [e.t_ready - e.t_launch for e in ev.of_type(typed, ev.Restart) if e.t_launch]
     out["startup_s"] = max(ready) if ready else None
     return out
 
@@ -74,7 +75,7 @@ def build_row(
     started_at: float,
     overrides: Sequence[str] = (),
     extra: Optional[dict[str, Any]] = None,
-    events: Optional[Sequence[dict[str, Any]]] = None,
+    events: Optional[Sequence[Mapping[str, Any] | ev.Event]] = None,
 ) -> dict[str, Any]:
     """The row of a finished (or failed) run, from its config, events (read here if not given) and
     identity records."""
@@ -90,7 +91,7 @@ def build_row(
         "n_params": n_params,
         "world_size": run.cluster.world_size,
         "cluster": run.cluster.name,
-        "backend": run.cluster.backend.value,
+        "backend": run.cluster.backend,
         "device": run.cluster.device.value,
         "precision": run.train.mixed_precision.value,
         "strategy": run.strategy.name,
@@ -106,7 +107,7 @@ def build_row(
         "wall_s": wall_s,
     }
     if events is None:
-        events = read_events(run_dir) if (run_dir / "events").exists() else []
+        events = ev.load_events(run_dir)
     row.update(step_stats(events, run.cluster.world_size))
     row.update(identity.summarize(run_dir))
     row.update(
@@ -124,7 +125,7 @@ def build_row(
 
 def goodput_columns(
     run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Optional[Path] = None,
-    events: Optional[Sequence[dict[str, Any]]] = None,
+    events: Optional[Sequence[Mapping[str, Any] | ev.Event]] = None,
 ) -> dict[str, Any]:
     """Whole-run goodput, the badput breakdown, replays, faults and fallback of a run (from its events),
     and ``bit_identical`` against ``reference_dir`` (None when there is no reference to compare with).
@@ -135,8 +136,7 @@ def goodput_columns(
     from harness.faults.schedule import targeted_age
     from harness.report.goodput import compute_goodput, save_report
 
-    if events is None:
-        events = read_events(run_dir) if (run_dir / "events").exists() else []
+    events = ev.load_events(run_dir) if events is None else ev.typed(events)
     report = compute_goodput(events)
     save_report(str(run_dir), report)
     badput = report.badput
@@ -152,7 +152,7 @@ def goodput_columns(
         "recovery_s": badput.recovery_s,
         "replayed_steps": report.replayed_steps,
         "faults": len(report.faults),
-        "recoveries": sum(1 for e in events if e.get("kind") == "recovery" and e.get("rank") == 0),
+        "recoveries": sum(1 for e in ev.of_type(events, ev.Recovery) if e.rank == 0),
         "fallback": bool(fallback_reasons),
         "fallback_reason": "; ".join(dict.fromkeys(fallback_reasons))[:1000],
         "bit_identical": None,
@@ -167,7 +167,7 @@ def goodput_columns(
     return cols
 
 
-def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> dict[str, Any]:
+def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool = False) -> dict[str, Any]:
     """Lost ranks healed in memory (pure): how many, from which source, and how long (slowest rank).
 
     ``heal_source``: where the lost ranks' state came from: "own" (the dead process's own snapshot in
@@ -179,34 +179,31 @@ def heal_columns(events: Sequence[dict[str, Any]], fallback: bool = False) -> di
     ``heal_replacement_start``: how each replacement started, in order ("template", "spawn" or "hot_spare",
     joined with "+"); ``heal_template_fallback``: why the template was not used where one was wanted.
     """
-    heals = [e for e in events if e.get("kind") == "heal"]
-    by_generation: dict[int, list[dict[str, Any]]] = {}
+    typed = ev.typed(events)
+    heals = ev.of_type(typed, ev.Heal)
+    by_generation: dict[int, list[ev.Heal]] = {}
     for e in heals:
-        by_generation.setdefault(int(e.get("generation", 0)), []).append(e)
-    sources = [sorted({str(e.get("source")) for e in group})[0] for _, group in sorted(by_generation.items())]
-    replacements = [e for e in heals if e.get("role") == "replacement"]
-    started = sorted((e for e in events if e.get("kind") == "replacement"), key=lambda e: e.get("replacement", 0))
+        by_generation.setdefault(e.generation, []).append(e)
+    sources = [sorted({str(e.source) for e in group})[0] for _, group in sorted(by_generation.items())]
+    replacements = [e for e in heals if e.role == "replacement"]
+    started = sorted(ev.of_type(typed, ev.Replacement), key=lambda e: e.replacement)
     # A rank was lost (its death seen by notice or heartbeat, or its heal failed) and the run fell back.
-    lost = any(e.get("kind") == "fallback" and e.get("detected_by") in ("notice", "heartbeat", "heal")
-               for e in events)
+    lost = any(e.detected_by in ("notice", "heartbeat", "heal") for e in ev.of_type(typed, ev.Fallback))
     if fallback and lost:
         sources.append("disk")
     return {
         "heals": len(by_generation),
         "heal_source": "+".join(sources) if sources else None,
-        "heal_total_s": sum(max(float(e.get("total_s", 0.0)) for e in g) for g in by_generation.values())
-        if heals else None,
-        "heal_process_start_s": sum(float(e.get("replacement_start_s", 0.0)) for e in replacements)
-        if replacements else None,
-        "heal_replayed_steps": max((int(e.get("replayed_steps", 0)) for e in heals), default=None),
-        "heal_replacement_start": "+".join(str(e.get("start", "hot_spare" if e.get("hot_spare") else "spawn"))
-                                           for e in started) or None,
-        "heal_template_fallback": "; ".join(str(e["template_fallback"]) for e in started
-                                            if e.get("template_fallback")) or None,
+        "heal_total_s": sum(max(e.total_s for e in g) for g in by_generation.values()) if heals else None,
+        "heal_process_start_s": sum(e.replacement_start_s for e in replacements) if replacements else None,
+        "heal_replayed_steps": max((e.replayed_steps for e in heals), default=None),
+        "heal_replacement_start": "+".join(e.how_started for e in started) or None,
+        "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started
+                                            if e.template_fallback) or None,
     }
 
 
-def detection_columns(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def detection_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str, Any]:
     """How the first fault was detected and how late, on the slowest rank (pure).
 
     ``detected_by``: "exception" (a collective raised), "notice" / "heartbeat" / "deadline" (a lost
@@ -215,20 +212,21 @@ def detection_columns(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     recovery round; for a fallback, the last survivor's fallback event minus the first fault event.
     None when the run had no fault.
     """
-    faults = sorted((e for e in events if e.get("kind") == "fault"), key=lambda e: e["t"])
-    fallbacks = [e for e in events if e.get("kind") == "fallback"]
-    recoveries = [e for e in events if e.get("kind") == "recovery"]
+    typed = ev.typed(events)
+    faults = sorted(ev.of_type(typed, ev.Fault), key=lambda e: e.t)
+    fallbacks = ev.of_type(typed, ev.Fallback)
+    recoveries = ev.of_type(typed, ev.Recovery)
     if fallbacks and faults:
-        t_fault = faults[0]["t"]
-        after = [e for e in fallbacks if e["t"] >= t_fault]
+        t_fault = faults[0].t
+        after = [e for e in fallbacks if e.t >= t_fault]
         if after:
-            by = sorted({str(e.get("detected_by") or "deadline") for e in after})
-            return {"detected_by": "+".join(by), "detection_latency_s": max(e["t"] for e in after) - t_fault}
+            by = sorted({str(e.detected_by or "deadline") for e in after})
+            return {"detected_by": "+".join(by), "detection_latency_s": max(e.t for e in after) - t_fault}
     if recoveries:
-        first_gen = min(int(e.get("generation", 0)) for e in recoveries)
-        first = [e for e in recoveries if int(e.get("generation", 0)) == first_gen]
-        by = sorted({str(e.get("detected_by") or "exception") for e in first})
-        return {"detected_by": "+".join(by), "detection_latency_s": max(float(e["detection_s"]) for e in first)}
+        first_gen = min(e.generation for e in recoveries)
+        first = [e for e in recoveries if e.generation == first_gen]
+        by = sorted({str(e.detected_by or "exception") for e in first})
+        return {"detected_by": "+".join(by), "detection_latency_s": max(e.detection_s for e in first)}
     return {"detected_by": None, "detection_latency_s": None}
 
 

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.scale.engine import CHECKPOINT, STEP, Lanes, Schedule, simulate
+from harness.scale.engine import CHECKPOINT, ROLLBACK_CODE, STEP, Lanes, Schedule, simulate
+from harness.strategies import simulated
 
 _BADPUT = ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
            "checkpoint_s", "other_s")
-# How each harness strategy recovers from the calibration fault (a socket reset: a transient network fault).
-ROLLBACK = {"accelpact": STEP, "cold_restart": CHECKPOINT, "checkpoint_restore": CHECKPOINT}
+# How each harness strategy recovers from the calibration fault (a socket reset: a transient network
+# fault), from the strategy registry (``Simulation.calibration_rollback``).
+ROLLBACK = {name: ROLLBACK_CODE[sim.calibration_rollback] for name, sim in simulated().items()
+            if sim.calibration_rollback is not None}
 
 
 @dataclass(frozen=True)
@@ -135,3 +138,31 @@ def calibrate(results_dir: str | Path) -> list[CalibrationRow]:
     sim = _simulate(runs, costs, steps, interval, use_median=False)
     sim_med = _simulate(runs, costs, steps, interval, use_median=True)
     return [CalibrationRow(r.strategy, r.age, r.goodput, float(a), float(b)) for r, a, b in zip(runs, sim, sim_med)]
+
+
+@dataclass(frozen=True)
+class CalibrationError:
+    """The simulator's error on one (strategy, age) cell over the trials of a sweep: median and 95% interval."""
+
+    strategy: str
+    age: int | None
+    error_median: float
+    error_lo: float
+    error_hi: float
+    trials: int
+
+
+def error_intervals(rows: list[CalibrationRow]) -> list[CalibrationError]:
+    """Per (strategy, age), the calibration error (simulated / measured - 1) over the sweep's trials: its
+    median and percentile-bootstrap 95% interval (harness.report.intervals). A sweep of one trial gives
+    n=1 and no interval."""
+    from harness.report.intervals import bootstrap_median
+
+    groups: dict[tuple[str, int | None], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r.strategy, r.age), []).append(r.error)
+    out = []
+    for (strategy, age), errors in groups.items():
+        iv = bootstrap_median(errors)
+        out.append(CalibrationError(strategy, age, iv.median, iv.lo, iv.hi, iv.n))
+    return out

@@ -20,10 +20,14 @@ CLASSES: tuple[str, ...] = (
     "planned_maintenance",  # announced: a checkpoint can be taken first
 )
 
-# Strategy names: the harness registry's four, plus two that exist only in this simulator.
-HARNESS_STRATEGIES: tuple[str, ...] = ("none", "accelpact", "cold_restart", "checkpoint_restore")
-PROJECTED_STRATEGIES: tuple[str, ...] = ("accelpact_heal", "torchft_peer_heal")
-STRATEGIES: tuple[str, ...] = HARNESS_STRATEGIES + PROJECTED_STRATEGIES
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy the simulator models: the strategy registry's simulations (harness.strategies)."""
+    from harness.strategies import simulated
+
+    return tuple(simulated())
+
 
 # What a failure takes away besides the downtime.
 ROLLBACK_STEP = "step"  # only the step in flight (state kept in memory)

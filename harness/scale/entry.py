@@ -18,7 +18,7 @@ from typing import Sequence
 
 import yaml
 
-from harness.scale.config import CLASSES, STRATEGIES, Cluster, ScaleConfigError, check_number
+from harness.scale.config import CLASSES, Cluster, ScaleConfigError, check_number, strategy_names
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchors_for, text_table
 from harness.scale.sources import llama3_mix
@@ -32,7 +32,7 @@ def parse(argv: Sequence[str]) -> tuple[Cluster, dict, tuple[str, ...], int, int
     """(cluster, failure mix, strategies, trials, seed) from ``key=value`` arguments."""
     cluster_kw: dict = {}
     mix = llama3_mix()
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = strategy_names()
     trials, seed, scale = 16, 0, 1.0
     for arg in argv:
         if "=" not in arg:
@@ -54,9 +54,10 @@ def parse(argv: Sequence[str]) -> tuple[Cluster, dict, tuple[str, ...], int, int
             scale = check_number("rate_scale", value)
         elif key == "strategies":
             strategies = tuple(s.strip() for s in str(value).split(",") if s.strip())
-            bad = [s for s in strategies if s not in STRATEGIES]
+            known = strategy_names()
+            bad = [s for s in strategies if s not in known]
             if bad:
-                raise ScaleConfigError(f"strategies: {bad[0]!r} is unknown: use some of {','.join(STRATEGIES)}")
+                raise ScaleConfigError(f"strategies: {bad[0]!r} is unknown: use some of {','.join(known)}")
         elif key.startswith("rate.") and key[5:] in CLASSES:
             cls = key[5:]
             mix[cls] = replace(mix[cls], rate_per_hour=check_number(key, value), source="given on the command line")

@@ -5,11 +5,15 @@ rebuild, rebind, restart, restore; plus heal (state copied from memory), spare (
 checkpoint (one taken on notice before a planned stop), fix (a recurring bug patched or skipped) and
 degraded (torchft: the failed replica's recovery while the others go on, as the equivalent whole-job stop).
 Replay is not a part: the engine charges the lost work itself, from the rollback.
+
+Each public function is one recovery mechanism, named for what it does; which strategy it models is the
+strategy registry's business (``StrategySpec.simulation``, ``harness.strategies.projected``).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import importlib
+from typing import Callable, Mapping, Sequence
 
 from harness.scale import scaling as sc
 from harness.scale.config import (
@@ -17,21 +21,12 @@ from harness.scale.config import (
     ROLLBACK_CHECKPOINT,
     ROLLBACK_NONE,
     ROLLBACK_STEP,
-    STRATEGIES,
     Cluster,
     Outcome,
+    ScaleConfigError,
     check_outcomes,
 )
-
-LABELS: dict[str, str] = {
-    "none": "fault-free reference",
-    "cold_restart": "cold restart (torchrun + DCP)",
-    "checkpoint_restore": "NVRx in-process restart + checkpoint",
-    "accelpact": "AccelPact rebinding, disk fallback",
-    "accelpact_heal": "AccelPact rebinding + in-memory heal (projected design)",
-    "torchft_peer_heal": "torchft-style replica drop + peer heal (outside reference)",
-}
-
+from harness.strategies import simulated
 
 def _detect(cluster: Cluster, cls: str) -> float:
     """How long until recovery starts, for strategies that rely on the launcher and NCCL (cold, NVRx)."""
@@ -77,11 +72,13 @@ def _with_retry_first(cluster: Cluster, cls: str, detect: float) -> Outcome:
     return Outcome(ROLLBACK_CHECKPOINT, parts, "in-memory retry fails again, then disk fallback")
 
 
-def _cold_restart(c: Cluster, cls: str) -> Outcome:
+def relaunch_and_restore(c: Cluster, cls: str) -> Outcome:
+    """Cold restart: kill every process, relaunch, restore the newest checkpoint, replay."""
     return _cold(c, cls)
 
 
-def _checkpoint_restore(c: Cluster, cls: str) -> Outcome:
+def restart_in_process_and_restore(c: Cluster, cls: str) -> Outcome:
+    """NVRx-style: restart inside the live processes, restore from disk, replay; a dead process restarts cold."""
     if cls in ("transient_network", "hang"):
         # Every process alive: NVRx restarts in process, rebuilds the groups, restores from disk, replays.
         parts = {"detection": _detect(c, cls), "restart": sc.inprocess_restart_s(c.gpus),
@@ -91,7 +88,8 @@ def _checkpoint_restore(c: Cluster, cls: str) -> Outcome:
     return _cold(c, cls)
 
 
-def _accelpact(c: Cluster, cls: str) -> Outcome:
+def rebind_or_fall_back_to_disk(c: Cluster, cls: str) -> Outcome:
+    """AccelPact as built for this model: rebind in place; a lost process or host falls back to disk."""
     if cls in ("transient_network", "hang"):
         detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
         return Outcome(ROLLBACK_STEP, _rebind(c, detect), "rebind in place, redo the step in flight")
@@ -103,10 +101,10 @@ def _accelpact(c: Cluster, cls: str) -> Outcome:
     return _cold(c, cls)
 
 
-def _accelpact_heal(c: Cluster, cls: str) -> Outcome:
+def rebind_and_heal_in_memory(c: Cluster, cls: str) -> Outcome:
     """Projected design (not built): death notice, a replacement process or spare host, heal from memory."""
     if cls in ("transient_network", "hang", "software_bug"):
-        return _accelpact(c, cls)
+        return rebind_or_fall_back_to_disk(c, cls)
     n = c.gpus
     parts = {"restart": sc.PROCESS_START_S, "rebuild": sc.comm_init_s(n), "agreement": sc.agreement_s(n),
              "rebind": sc.REBIND_S}
@@ -119,7 +117,7 @@ def _accelpact_heal(c: Cluster, cls: str) -> Outcome:
     return Outcome(rollback, parts, "projected design: spare host heals from buddy replicas")
 
 
-def _torchft(c: Cluster, cls: str) -> Outcome:
+def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
     """Outside reference: the failed replica group drops out, the others go on, it rejoins by peer heal.
 
     Its recovery (spare if needed, process start, communicator over its own group, heal) is paid by one
@@ -137,23 +135,27 @@ def _torchft(c: Cluster, cls: str) -> Outcome:
     return Outcome(rollback, parts, "replica drops out and rejoins by peer heal")
 
 
-def _none(c: Cluster, cls: str) -> Outcome:
+def no_failures(c: Cluster, cls: str) -> Outcome:
     return Outcome(ROLLBACK_NONE, {}, "fault-free reference: no failures are drawn for it")
 
 
-_BUILDERS = {"none": _none, "cold_restart": _cold_restart, "checkpoint_restore": _checkpoint_restore,
-             "accelpact": _accelpact, "accelpact_heal": _accelpact_heal, "torchft_peer_heal": _torchft}
+def _builder(build: str) -> Callable[[Cluster, str], Outcome]:
+    module_name, fn_name = build.split(":")
+    return getattr(importlib.import_module(module_name), fn_name)
 
 
-def outcome_table(cluster: Cluster, strategies: tuple[str, ...] = STRATEGIES) -> dict[str, dict[str, Outcome]]:
-    """{strategy: {class: Outcome}} for this cluster; checked (every pair present, every part finite >= 0)."""
-    unknown = [s for s in strategies if s not in _BUILDERS]
+def outcome_table(cluster: Cluster, strategies: Sequence[str] | None = None) -> dict[str, dict[str, Outcome]]:
+    """{strategy: {class: Outcome}} for this cluster; checked (every pair present, every part finite >= 0).
+
+    ``strategies``: names from the strategy registry's simulations (default: all of them); each spec's
+    ``Simulation.build`` names the mechanism above that models it."""
+    sims = simulated()
+    names = tuple(sims) if strategies is None else tuple(strategies)
+    unknown = [s for s in names if s not in sims]
     if unknown:
-        from harness.scale.config import ScaleConfigError
-
-        raise ScaleConfigError(f"strategy {unknown[0]!r} is unknown: use one of {', '.join(STRATEGIES)}")
-    table = {s: {cls: _BUILDERS[s](cluster, cls) for cls in CLASSES} for s in strategies}
-    check_outcomes(table, strategies)
+        raise ScaleConfigError(f"strategy {unknown[0]!r} is unknown: use one of {', '.join(sims)}")
+    table = {s: {cls: _builder(sims[s].build)(cluster, cls) for cls in CLASSES} for s in names}
+    check_outcomes(table, names)
     return table
 
 

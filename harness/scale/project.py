@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from harness.scale import analytic
-from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, STRATEGIES, Cluster, FailureClass, check_mix
+from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, check_mix
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
 
@@ -74,10 +74,15 @@ def _driver(cluster: Cluster, strategy: str, badput: Mapping[str, float], table:
     return (f"{cls} {share:.1%} ({how}; {roll}); checkpoint writes {badput.get('checkpoint', 0):.1%}")
 
 
-def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Sequence[str] = STRATEGIES,
+def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Sequence[str] | None = None,
             trials: int = 16, seed: int = 0) -> list[Projection]:
-    """Monte Carlo ETTR per strategy and checkpoint interval at ``cluster.gpus``; all lanes in one run."""
-    table = outcome_table(cluster, tuple(strategies))
+    """Monte Carlo ETTR per strategy and checkpoint interval at ``cluster.gpus``; all lanes in one run.
+    ``strategies``: default every simulated strategy (``harness.strategies.simulated``)."""
+    from harness.strategies import simulated
+
+    sims = simulated()
+    strategies = tuple(sims) if strategies is None else tuple(strategies)
+    table = outcome_table(cluster, strategies)
     rates = job_rates(mix, cluster.gpus)
     K = len(CLASSES)
     out: dict[str, Projection] = {}
@@ -86,14 +91,15 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
     for s in strategies:
         d = np.array([table[s][c].downtime_s for c in CLASSES])
         roll = np.array([ROLLBACK_CODE[table[s][c].rollback] for c in CLASSES])
-        lam = rates if s != "none" else np.zeros(K)
+        fault_free = sims[s].fault_free
+        lam = np.zeros(K) if fault_free else rates
         load = float((lam * d).sum())
         if load >= 1.0:
             out[s] = Projection(s, cluster.gpus, False, reason=(
                 f"never finishes: a failure every {1 / lam.sum():.0f} s against a mean recovery of "
                 f"{load / lam.sum():.0f} s (failure rate x recovery time = {load:.2f} >= 1)"))
             continue
-        if s == "none":
+        if fault_free:
             grid, young, daly = np.array([np.inf]), float("nan"), float("nan")
         else:
             grid, young, daly = _grid(cluster, rates, np.array([table[s][c].rollback == ROLLBACK_CHECKPOINT
@@ -129,5 +135,5 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
             out[s] = Projection(s, cluster.gpus, True, intervals_s=tuple(map(float, grid)), ettr=tuple(means),
                                 ettr_ci=tuple(cis), best_interval_s=float(grid[b]), best_ettr=means[b],
                                 best_ci=cis[b], young_s=young, daly_s=daly, badput=badput,
-                                driver=_driver(cluster, s, badput, table) if s != "none" else "no failures")
+                                driver="no failures" if sims[s].fault_free else _driver(cluster, s, badput, table))
     return [out[s] for s in strategies]

@@ -6,13 +6,9 @@ import math
 from typing import Mapping, Sequence
 
 from harness.scale.config import CLASSES
-from harness.scale.outcomes import LABELS
 from harness.scale.project import Projection
 from harness.scale.sources import ANCHORS, Anchor
-
-
-# Strategies that stop the whole job for a lost host (no replica keeps training meanwhile).
-SYNCHRONOUS = frozenset(("cold_restart", "checkpoint_restore", "accelpact"))
+from harness.strategies import simulated
 
 
 def _pct(x: float) -> str:
@@ -67,12 +63,14 @@ def anchor_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
         for p in projections:
             yd = f"{_minutes(p.young_s)} / {_minutes(p.daly_s)}" if p.feasible else "-"
             why = p.driver if p.feasible else p.reason
-            if a and p.feasible and p.strategy != "none":
+            sim = simulated().get(p.strategy)
+            fault_free = sim is not None and sim.fault_free
+            if a and p.feasible and not fault_free:
                 # A whole-job-stop strategy is compared with the source's synchronous figure when it has one.
                 ref, what = (a.sync_ettr, f"{a.name}'s synchronous {a.sync_ettr:.0%}") \
-                    if a.sync_ettr is not None and p.strategy in SYNCHRONOUS else (a.ettr, a.name)
+                    if a.sync_ettr is not None and sim is not None and sim.synchronous else (a.ettr, a.name)
                 why = f"{100 * (p.best_ettr - ref):+.1f} pts vs {what}; largest loss: {why}"
-            elif p.strategy == "none":
+            elif fault_free:
                 why = "no failures drawn: the upper bound"
             lines.append(f"| {gpus:,} | {p.strategy} | {ettr_cell(p)} | "
                          f"{_minutes(p.best_interval_s) if p.feasible else '-'} | {yd} | {cell} | {why} |")
@@ -91,4 +89,4 @@ def badput_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
 
 
 def strategy_legend_md() -> str:
-    return "\n".join(f"- `{name}`: {label}" for name, label in LABELS.items())
+    return "\n".join(f"- `{name}`: {sim.label}" for name, sim in simulated().items())

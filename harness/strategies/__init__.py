@@ -13,17 +13,40 @@ import importlib
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from harness.registry import Registry
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
 
 if TYPE_CHECKING:
     from harness.strategies.base import Strategy
 
-__all__ = ["StrategySpec", "register", "get", "names", "specs", "reference", "under_test", "rank_class", "relaunch_reason"]
+__all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
+           "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated"]
 
 _BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore")
 _REGISTRY: Registry[StrategySpec] = Registry(
     "strategy", StrategySpec, lambda s: s.name,
     lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])
+
+
+# Strategies only the scale simulator knows (harness.strategies.projected, and plugins').
+_PROJECTED: Registry[ProjectedStrategy] = Registry(
+    "projected strategy", ProjectedStrategy, lambda p: p.name,
+    lambda: importlib.import_module("harness.strategies.projected").PROJECTED)
+
+
+def register_projected(strategy: ProjectedStrategy) -> ProjectedStrategy:
+    """Add a strategy the simulator projects and the harness does not run (a plugin's, say)."""
+    if strategy.name in names():
+        raise ValueError(f"strategy {strategy.name!r} is a harness strategy: give its StrategySpec a simulation")
+    return _PROJECTED.register(strategy)
+
+
+def simulated() -> dict[str, Simulation]:
+    """Every strategy the scale simulator models, by name: the harness's (table order), then the projected
+    ones (registration order)."""
+    out = {s.name: s.simulation for s in specs() if s.simulation is not None}
+    for p in _PROJECTED.specs():
+        out.setdefault(p.name, p.simulation)
+    return out
 
 
 def register(spec: StrategySpec) -> StrategySpec:

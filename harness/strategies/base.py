@@ -20,14 +20,13 @@ Modules here import torch inside methods only: the registry reads strategy modul
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.events import EventLog
 
 if TYPE_CHECKING:
@@ -75,19 +74,10 @@ def checkpoint_dir(ctx: TrainContext) -> str:
 def committed_before(run_dir: str, rank: int) -> int:
     """Highest step index this rank committed in any earlier incarnation (-1 if none): later runs of
     those indices are replays."""
-    from harness.events import events_path
+    from harness.events import Step, events_path, of_type, read_file_events
 
-    path = events_path(run_dir, rank)
-    best = -1
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("kind") == "step":
-                best = max(best, int(rec["step"]))
-    return best
+    steps = of_type(read_file_events(events_path(run_dir, rank)), Step)
+    return max((s.step for s in steps), default=-1)
 
 
 def store_ports_of(ctx: TrainContext) -> set[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from harness.strategies.base import Strategy
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -36,4 +36,6 @@ SPEC = StrategySpec(
     color="tab:red",
     order=2,
     relaunch=relaunch_after_any_failure,
+    simulation=Simulation("harness.scale.outcomes:relaunch_and_restore", "cold restart (torchrun + DCP)",
+                          synchronous=True, calibration_rollback="checkpoint"),
 )

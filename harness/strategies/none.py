@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from harness.strategies.base import Strategy
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -26,4 +26,5 @@ SPEC = StrategySpec(
     color="black",
     order=0,
     reference=True,
+    simulation=Simulation("harness.scale.outcomes:no_failures", "fault-free reference", fault_free=True),
 )

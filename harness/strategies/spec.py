@@ -3,7 +3,8 @@
 A strategy is registered once (``harness.strategies.register``) and every part of the harness asks
 its spec instead of comparing strategy names: the rank process builds ``rank_class``; the parent
 runs ``parent_setup`` before starting the ranks and asks ``relaunch`` after they exit; validation
-calls ``check``; tables and plots use ``label``, ``color`` and ``order``.
+calls ``check``; tables and plots use ``label``, ``color`` and ``order``; the scale simulator uses
+``simulation``.
 
 Pure data plus small callables: importing this module costs nothing (no torch, no Hydra), so the
 parent, the ranks and the report code can all read the registry.
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 if TYPE_CHECKING:
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
 
 # exit_codes (rank -> code, None while running), the rank that failed first -> why relaunch, or None.
 RelaunchPolicy = Callable[[Mapping[int, Optional[int]], Optional[int]], Optional[str]]
@@ -26,6 +27,36 @@ Check = Callable[["RunConfig"], None]
 # (run, dead rank, its exit code, every rank's exit code) -> start a replacement for that rank only
 # (the strategy heals it in memory) instead of ending the incarnation.
 ReplacePolicy = Callable[["RunConfig", int, int, Mapping[int, Optional[int]]], bool]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """How the scale simulator (``harness.scale``) models a strategy at sizes this machine cannot run."""
+
+    # "module:function" taking (harness.scale.config.Cluster, failure class) -> Outcome; the mechanisms
+    # are in harness.scale.outcomes, each named for what it does, so two strategies can share one.
+    build: str
+    label: str  # in the simulator's legend and tables
+    # A lost host stops the whole job (no replica keeps training): compared with a source's synchronous
+    # ETTR when it publishes one.
+    synchronous: bool = False
+    fault_free: bool = False  # no failures are drawn for it: the upper bound (the reference)
+    # What the harness's calibration fault (a socket reset) throws away under it: "step" or "checkpoint"
+    # (harness.scale.config's rollbacks); None: the simulator is not calibrated against its runs.
+    calibration_rollback: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if ":" not in self.build:
+            raise ValueError(f"Simulation.build must be 'module:function', got {self.build!r}")
+
+
+@dataclass(frozen=True)
+class ProjectedStrategy:
+    """A strategy the simulator projects but the harness does not run (a design not built as modelled,
+    or an outside system): a name and its :class:`Simulation`."""
+
+    name: str
+    simulation: Simulation
 
 
 def never_relaunch(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
@@ -60,6 +91,7 @@ class StrategySpec:
     rejoin: Optional[str] = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
+    simulation: Optional[Simulation] = None  # how harness.scale projects it (None: not simulated)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():

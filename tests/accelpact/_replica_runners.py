@@ -19,7 +19,7 @@ import torch
 
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
 from accelpact.snapshot.replica import BuddyLostError, Replication
-from experiments._fsdp_models import batch_for, build, model_config, state_of, step_fn_for
+from harness.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
 from tests.accelpact._snapshot_runners import _plain_step  # the same plain step with snapshot hooks
 
 

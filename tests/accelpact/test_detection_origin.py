@@ -12,7 +12,7 @@ from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.detection.start import detection_origin
 from accelpact.testing.session import run_session
 
-RUNNER = "experiments._fsdp_scenarios:run"
+RUNNER = "harness.workloads.fsdp_scenarios:run"
 
 
 def test_origin_is_the_earliest_injection_reported_else_the_attempt_start():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
-RUNNER = "experiments._fsdp_scenarios:run"
+RUNNER = "harness.workloads.fsdp_scenarios:run"
 
 STEPS = 5
 

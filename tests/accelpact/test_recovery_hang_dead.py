@@ -5,7 +5,7 @@ from __future__ import annotations
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
-RUNNER = "experiments._fsdp_scenarios:run"
+RUNNER = "harness.workloads.fsdp_scenarios:run"
 
 STEPS = 4
 PG_TIMEOUT_S = 3.0  # short only here: the hang must outlast it

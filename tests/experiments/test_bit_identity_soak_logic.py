@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from experiments.bit_identity_faults import hang_every, soak_faults
+from harness.workloads.fault_schedules import hang_every, soak_faults
 from experiments.bit_identity_soak import fit_slope, growth, load_progress, soak_lines, soak_timeout_s
 
 

@@ -7,7 +7,7 @@ import math
 import tempfile
 
 from experiments import _driver
-from experiments.paper import PAPER_GAIN
+from harness.report.paper import PAPER_GAIN
 from experiments.registry import README_ORDER, REGISTRY, SECTIONS
 
 

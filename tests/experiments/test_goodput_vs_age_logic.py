@@ -23,7 +23,7 @@ from experiments.goodput_model import (
 )
 from experiments.goodput_report import _write_csv, read_data
 from experiments.goodput_vs_age import FULL, Plan, overrides
-from experiments.paper import PAPER_GAIN
+from harness.report.paper import PAPER_GAIN
 from experiments.provenance import verdict
 
 

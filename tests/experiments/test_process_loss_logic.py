@@ -63,6 +63,20 @@ def test_drift_is_taken_out_of_the_derived_goodput_but_badput_and_snapshot_overh
     assert math.isnan(data[1]["goodput_at_ref_step"]) and not math.isnan(data[2]["goodput_at_ref_step"])
 
 
+def test_derived_goodput_is_the_shared_badput_based_definition_over_trials():
+    """With useful_steps recorded: useful tokens / (useful steps x the references' median productive step
+    x snapshot factor + badput). The references ran at 1.0, 1.5 and 1.1 s a step: every trial uses 1.1."""
+    data = []
+    for trial, ref_useful in ((0, 20.0), (1, 30.0), (2, 22.0)):
+        data += [{**_row("kill", "reference", None, 100.0, 20.0, useful=ref_useful), "run": "reference",
+                  "useful_steps": 20, "trial": trial},
+                 {**_row("kill", "cold_restart", 5, 70.0, 28.6, restart=6.0, replay=2.6), "useful_steps": 20,
+                  "trial": trial}]
+    rep.add_drift(data, overhead_pct=10.0)
+    for cold in (data[1], data[3], data[5]):
+        assert cold["goodput_at_ref_step"] == pytest.approx(2000 / (20 * 1.1 + 8.6))
+
+
 def test_load_is_the_mean_of_the_samples_inside_each_run(tmp_path):
     from experiments._load_sampler import LoadSampler, mean_load, read_samples
     from experiments.process_loss import _load_columns

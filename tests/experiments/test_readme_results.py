@@ -40,3 +40,31 @@ def test_a_section_wanting_a_table_that_is_not_there_names_the_fix(tmp_path):
 def test_a_missing_result_says_how_to_make_it(tmp_path):
     out = rr.render_section(tmp_path, rr.Section("y", "Y", "intro"))
     assert "python -m experiments.y" in out
+
+
+CLAIMS = ("| claim | paper | ours | verdict |\n|---|---|---|---|\n"
+          "| gain at age 5 | 1.2x | 1.5x | better than the paper (R/s is 34: a reason) |\n"
+          "| gain at age 18 | 1.7x | 1.6x | matches the paper: within noise |\n")
+
+
+def test_the_digest_quotes_the_named_row_with_the_verdicts_head_only(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "table.md").write_text("# x\n\n" + CLAIMS)
+    line = rr.digest_line(tmp_path, rr.Section("x", "X", "intro", digest_row=("gain at age 18",)))
+    assert line == ("- **X** ([table](results/x/table.md)): gain at age 18: **1.6x** (paper: 1.7x); "
+                    "matches the paper.")
+    first = rr.digest_line(tmp_path, rr.Section("x", "X", "intro", digest_row=("no such row",)))
+    assert "gain at age 5: **1.5x** (paper: 1.2x); better than the paper." in first
+
+
+def test_the_digest_of_a_table_without_claims_names_its_first_columns(tmp_path):
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "table.md").write_text("| a | b | c | d | e |\n|---|---|---|---|---|\n| 1 | 2 | 3 | 4 | 5 |\n")
+    assert rr.digest_line(tmp_path, rr.Section("y", "Y", "intro")).endswith(": a: 1; b: 2; c: 3; d: 4.")
+    assert "python -m experiments.z" in rr.digest_line(tmp_path, rr.Section("z", "Z", "intro"))
+
+
+def test_results_readme_links_are_relative_to_results(tmp_path):
+    """results/README.md sits in results/, so its plot and table links must not start with results/."""
+    text = rr.render()
+    assert "](results/" not in text and "](goodput_vs_age/goodput_vs_age.png)" in text

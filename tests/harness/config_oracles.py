@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import StoreHome, placement
 

@@ -206,7 +206,7 @@ def _diff(a: dict, b: dict) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def _run_ranks(target, *args) -> list[dict]:
+def _run_ranks(target, *args, timeout_s: float = JOIN_TIMEOUT_S) -> list[dict]:
     """Run ``target(rank, port, *args) -> dict`` on WORLD spawned ranks; return their results."""
     ctx = mp.get_context("spawn")
     port = _free_port()
@@ -217,7 +217,7 @@ def _run_ranks(target, *args) -> list[dict]:
     results = {}
     try:
         for _ in range(WORLD):
-            rank, result = queue.get(timeout=JOIN_TIMEOUT_S)
+            rank, result = queue.get(timeout=timeout_s)
             results[rank] = result
     finally:
         for p in procs:
@@ -323,11 +323,51 @@ def _scenario_roundtrip(rank: int, root: str, mode: str, events_file: str) -> di
     }
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async_cached"])
-def test_save_restore_is_bit_identical_and_resumes_the_same_run(tmp_path: Path, mode: str):
-    root = tmp_path / "ckpt"
-    events_file = str(tmp_path / "events.json")
-    results = _run_ranks(_scenario_roundtrip, str(root), mode, events_file)
+MODES = ("sync", "async", "async_cached")
+
+
+def _scenario_every_case(rank: int, base: str) -> dict:
+    """Every 2-rank scenario of this file, one after the other in the same 2 ranks: each spawned pair of
+    ranks pays a torch + transformers import and a gloo rendezvous, the largest part of these tests'
+    time; the scenarios share nothing else (each has its own directory, model and Checkpointer). A
+    failing scenario is reported by its own test, with its traceback."""
+    import torch.distributed as dist
+
+    out: dict = {}
+    cases = {mode: (_scenario_roundtrip, (f"{base}/{mode}/ckpt", mode, f"{base}/{mode}/events.json")) for mode in MODES}
+    cases["background_failure"] = (_scenario_background_failure, (f"{base}/background/ckpt",))
+    for name, (scenario, args) in cases.items():
+        try:
+            out[name] = scenario(rank, *args)
+        except Exception:  # noqa: BLE001 - the test of this scenario shows the traceback
+            out[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory) -> tuple[Path, list[dict]]:
+    base = tmp_path_factory.mktemp("checkpoint")
+    for mode in MODES:
+        (base / mode).mkdir()
+    # Each scenario once had JOIN_TIMEOUT_S of its own; they now share one pair of ranks.
+    return base, _run_ranks(_scenario_every_case, str(base), timeout_s=JOIN_TIMEOUT_S * 4)
+
+
+def _case(two_rank_results, name: str) -> tuple[Path, list[dict]]:
+    base, results = two_rank_results
+    for rank, r in enumerate(results):
+        assert "error" not in r[name], f"rank {rank} failed in {name}:\n{r[name]['error']}"
+    return base, [r[name] for r in results]
+
+
+# The first test to use the shared ranks waits for all four scenarios: four tests' worth of time.
+@pytest.mark.timeout(JOIN_TIMEOUT_S * 4 + 60)
+@pytest.mark.parametrize("mode", MODES)
+def test_save_restore_is_bit_identical_and_resumes_the_same_run(two_rank_results, mode: str):
+    base, results = _case(two_rank_results, mode)
+    root = base / mode / "ckpt"
+    events_file = str(base / mode / "events.json")
 
     for rank, r in enumerate(results):
         assert r["saved_steps"] == [2, 5, 8]
@@ -388,8 +428,9 @@ def _scenario_background_failure(rank: int, root: str) -> dict:
     return {"first_complete": first.complete, "raised": raised, "latest": latest, "restored": restore.from_step}
 
 
-def test_background_save_failure_is_raised_at_the_next_save_and_never_loaded(tmp_path: Path):
-    results = _run_ranks(_scenario_background_failure, str(tmp_path / "ckpt"))
+@pytest.mark.timeout(JOIN_TIMEOUT_S * 4 + 60)
+def test_background_save_failure_is_raised_at_the_next_save_and_never_loaded(two_rank_results):
+    _, results = _case(two_rank_results, "background_failure")
     for r in results:
         assert r["raised"] is not None and r["raised"]["step"] == 2, r
         assert r["first_complete"] is False

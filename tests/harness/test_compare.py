@@ -144,11 +144,46 @@ def test_multirun_callback_writes_the_table_over_the_sweep(tmp_path: Path, capsy
     assert "none (reference)" in table and "accelpact" in table and "cold_restart" in table
     import pandas as pd
 
-    frame = pd.read_csv(tmp_path / "table.csv")
-    gain = frame.set_index("strategy").loc["cold_restart", "accelpact_gain"]
-    assert gain == pytest.approx(7.0 / 4.0)
+    frame = pd.read_csv(tmp_path / "table.csv").set_index("strategy")
+    # one trial: measured gain 7/4 (walls 4 s and 7 s); no interval, so no verdict either way
+    assert frame.loc["cold_restart", "measured_gain"] == pytest.approx(7.0 / 4.0)
+    assert frame.loc["cold_restart", "trials"] == 1 and frame.loc["cold_restart", "verdict"] == "1 trial: no interval"
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert set(runs["trial"]) == {0}
     assert (tmp_path / "goodput_vs_age.png").stat().st_size > 1000
+    assert (tmp_path / "badput_by_part.png").stat().st_size > 1000
     assert f"sweep {tmp_path}" in capsys.readouterr().out
+
+
+def test_multirun_callback_over_trials_gives_intervals_and_verdicts(tmp_path: Path):
+    """Three trials, each with its own reference (1 s steps). The cold restart's measured badput is 3 s
+    more than AccelPact's in every trial, while its productive steps run at a different speed each trial
+    (1 s, 1.5 s, 0.8 s: load). The badput-based gain is the same 7/4 in every trial; the measured one moves."""
+    from omegaconf import OmegaConf
+
+    import pandas as pd
+
+    fault = {"kind": "fault", "t": 2.05, "rank": 0, "fault": "socket_reset", "step": 2, "ranks": [0]}
+    for k, pace in enumerate((1.0, 1.5, 0.8)):
+        d = tmp_path / f"trial{k}"
+        _fake_run(d / "reference", "none", "none", None, [(i, i + 1) for i in range(4)])
+        _fake_run(d / "accelpact_age2", "accelpact", "socket_reset", 2, [(i, i + 1) for i in range(4)], True, [fault])
+        # steps 0, 1 at `pace`; the fault destroys the step in flight; step 2 starts 3 s after step 1 ended
+        spans = [(0, pace), (pace, 2 * pace), (2 * pace + 3, 3 * pace + 3), (3 * pace + 3, 4 * pace + 3)]
+        _fake_run(d / "cold_restart_age2", "cold_restart", "socket_reset", 2, spans, True, [fault])
+    ComparisonCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    frame = pd.read_csv(tmp_path / "table.csv").set_index("strategy")
+    cold = frame.loc["cold_restart"]
+    # badput-based: 4 useful steps at the reference's 1 s + 3 s badput = 7 s vs AccelPact's 4 s, every trial
+    assert cold["trials"] == 3 and cold["gain"] == pytest.approx(7 / 4)
+    assert cold["gain_lo"] == pytest.approx(7 / 4) and cold["verdict"] == "AccelPact better"
+    # measured whole-run gain: walls 7, 9, 6.2 s over 4 s
+    assert cold["measured_gain"] == pytest.approx(7 / 4)
+    assert cold["measured_gain_lo"] < cold["measured_gain_hi"]
+    assert "(n=3)" in cold["gain_ci"]
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert sorted(set(runs["trial"])) == [0, 1, 2] and len(runs) == 9
+    assert "trials per cell: 3 " in (tmp_path / "table.md").read_text()
 
 
 def test_multirun_callback_ignores_sweeps_without_faults(tmp_path: Path):

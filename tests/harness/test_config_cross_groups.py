@@ -21,7 +21,7 @@ from config_oracles import check_parent_can_run, check_refusal
 from harness.app import capabilities
 from harness.app.config import compose, load_catalogue, load_group, to_run_config
 from harness.app.machine import probe
-from harness.app.schema import RunConfig
+from harness.schema import RunConfig
 from harness.app.validate import ConfigError, validate
 
 GROUPS = ("fault", "cluster", "strategy", "checkpoint", "model")

@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from config_oracles import check_parent_can_run, check_refusal
-from harness.app import preflight, schema
+from harness import schema
+from harness.app import preflight
 from harness.app.config import GROUPS, compose, group_options, to_run_config
 from harness_test_helpers import harness_cmd, harness_env
 SECTIONS = {"model": schema.ModelConfig, "train": schema.TrainConfig, "cluster": schema.ClusterConfig,

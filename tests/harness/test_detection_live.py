@@ -9,13 +9,11 @@ from harness_test_helpers import TINY, read_row, run_harness
 NOTICE_BOUND_S = 2.0  # the bound with the harness parent (a loaded 2-core host included)
 
 
-def test_kill_is_seen_through_the_parents_notice_within_bound(tmp_path):
-    run_dir = tmp_path / "kill"
-    # The default recovery deadline (60 s) stays: the survivor must not wait it out.
-    done = run_harness([*TINY, "train.steps=8", "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
-                        "fault=kill", "fault.ranks=[1]", "fault.at_step=5", "fault.phase=backward_reduce_scatter",
-                        "strategy.snapshot.every=0",  # no snapshots: the survivor falls back (no heal)
-                        f"hydra.run.dir={run_dir}"], tmp_path, timeout=400)
+def test_kill_is_seen_through_the_parents_notice_within_bound(kill_fallback_run):
+    # A SIGKILLed rank 1 under accelpact with snapshots off (no heal): the run is shared with
+    # test_strategies (tests/harness/conftest.py). Its recovery deadline is 5 s, so a survivor that
+    # waited it out instead of reading the notice would miss the bound below.
+    done, run_dir = kill_fallback_run.done, kill_fallback_run.run_dir
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1
@@ -65,7 +63,7 @@ def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_pat
 
 def test_blackhole_shorter_than_the_pg_timeout_is_allowed_with_the_watchdog():
     from harness.app.capabilities import check_runnable
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.app.validate import ConfigError
 
     run = RunConfig()

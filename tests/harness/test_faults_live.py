@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from harness.faults.schedule import FiredMarkers, ScheduleError, checkpoint_age, fault_steps, plan_faults
-from harness.app.schema import FaultConfig, FaultSchedule
+from harness.schema import FaultConfig, FaultSchedule
 from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 

@@ -189,7 +189,7 @@ def test_a_kill_during_the_snapshot_copy_heals_from_the_older_slot(reference):
 
 @pytest.mark.slow
 def test_a_replacement_killed_during_its_heal_costs_one_more_heal(reference):
-    from harness.strategies.accelpact_heal import DIE_IN_HEAL
+    from harness.strategies.accelpact.heal import DIE_IN_HEAL
 
     _, row, events = _heal(reference, "kill_replacement", "fault.ranks=[1]", "fault.phase=vote",
                            env_extra={DIE_IN_HEAL: "1"})
@@ -270,7 +270,7 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
 
 @pytest.mark.slow
 def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
-    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
 
     tmp, _ = reference
     run_dir = tmp / "no_replacement"
@@ -347,7 +347,7 @@ DEADLINE_S = 90
     ("import", "before arriving", 1),
 ])
 def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how, stage, rounds):
-    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
 
     _, row, events = _heal(reference, f"lost_before_join_{how}", "fault.ranks=[1]", "fault.phase=vote",
                            f"strategy.recovery_deadline_s={DEADLINE_S}", env_extra={DIE_BEFORE_JOIN: f"1:{how}"})
@@ -392,7 +392,7 @@ def _fallback_run(reference, name: str, env_extra: dict[str, str],
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_fix(reference):
-    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
 
     # Spawned replacements: each dies seconds into its imports, one heal round each. A template-forked
     # one dies at the same point within milliseconds of its fork, so four die before the survivor's next
@@ -410,7 +410,7 @@ def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_f
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_replacement_failing_on_its_own_stops_the_heal_in_seconds(reference):
-    from harness.strategies.accelpact_heal import DIE_BEFORE_JOIN
+    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
 
     events, _ = _fallback_run(reference, "fails_on_its_own", {DIE_BEFORE_JOIN: "1:exit"})
     [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]

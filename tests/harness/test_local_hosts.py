@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from harness.app.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
+from harness.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
 from harness.app.validate import ConfigError, check_values
 from harness.faults.addressing import Layout, new_prefix
 from harness_test_helpers import TINY, read_row, run_harness

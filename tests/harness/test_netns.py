@@ -231,7 +231,7 @@ def _owner_main(server: bool) -> None:
     with NetnsTopology(world_size=2, store_server=server) as topo:
         env = {**os.environ, **topo.rank_env(0)}
         subprocess.Popen(topo.wrap_command(0, ["sleep", "600"]), env=env)
-        topo.start("blackhole", [1], outage_s=600)
+        topo.start(topo.blackhole, [1], outage_s=600)
         show = ["tc", "-n", topo.layout.rank_ns(1), "qdisc", "show", "dev", "eth0"]
         while "tbf" not in subprocess.run(show, capture_output=True, text=True).stdout:
             time.sleep(0.05)  # the fault thread applies the qdisc; announce only once it is there

@@ -1,4 +1,4 @@
-"""Fast unit tests of the NVRx baseline's adapter (harness.strategies.nvrx_restart): settings, the store
+"""Fast unit tests of the NVRx baseline's adapter (harness.strategies.checkpoint_restore.nvrx_restart): settings, the store
 port, per-restart records and the fields of the harness's restart event. No rank processes."""
 
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
-    from harness.strategies import nvrx_restart
+    from harness.strategies.checkpoint_restore import nvrx_restart
 
     # None in sys.modules makes the import raise ImportError, as on a machine without the package.
     monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext", None)
@@ -19,7 +19,7 @@ def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
-    from harness.strategies.nvrx_restart import STORE_PORT_ENV, NvrxSettings
+    from harness.strategies.checkpoint_restore.nvrx_restart import STORE_PORT_ENV, NvrxSettings
 
     monkeypatch.delenv(STORE_PORT_ENV, raising=False)
     with pytest.raises(ValueError, match=STORE_PORT_ENV):
@@ -30,7 +30,7 @@ def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_restart_record_and_event_fields():
-    from harness.strategies.nvrx_restart import RestartContext, RestartRecord
+    from harness.strategies.checkpoint_restore.nvrx_restart import RestartContext, RestartRecord
 
     rec = RestartRecord(incarnation=1, error="RuntimeError: x", t_raised=10.0, t_detected=10.02,
                         t_aborted=10.15, t_finalized=10.2, t_entered=10.6)
@@ -49,7 +49,7 @@ def test_restart_record_and_event_fields():
 
 
 def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
-    from harness.strategies.nvrx_restart import _Recorder
+    from harness.strategies.checkpoint_restore.nvrx_restart import _Recorder
 
     rec = _Recorder()
     rec.entered(0, 1.0)
@@ -73,7 +73,7 @@ def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
 def test_store_ports_sees_through_prefix_stores():
     import torch.distributed as dist
 
-    from harness.strategies.nvrx_restart import store_ports
+    from harness.strategies.checkpoint_restore.nvrx_restart import store_ports
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     assert store_ports(dist.PrefixStore("a/b", dist.PrefixStore("c", store))) == (store.port,)
@@ -81,7 +81,7 @@ def test_store_ports_sees_through_prefix_stores():
 
 
 def test_settings_reject_bad_values():
-    from harness.strategies.nvrx_restart import NvrxSettings
+    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings
 
     with pytest.raises(ValueError, match="max_restarts"):
         NvrxSettings(max_restarts=-1)

@@ -24,7 +24,7 @@ from harness_test_helpers import TINY, harness_cmd, harness_env, worker_processe
 
 
 def _launcher(tmp_path: Path, extra_env: dict[str, str] | None = None):
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.parent.launcher import Launcher
     from harness.rank.worker import write_spec
 

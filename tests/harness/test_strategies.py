@@ -21,7 +21,7 @@ from harness.rank.identity import compare_runs
 from harness_test_helpers import read_row, run_harness, worker_processes
 
 SHRINK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=10",
-          "checkpoint.interval=4"]
+          "checkpoint.interval=4", "compare.trials=1"]
 AGE = 2
 FAULT_STEP = 4 - 1 + AGE + 1  # checkpoint after step 3, AGE steps committed since
 
@@ -87,17 +87,11 @@ def test_strategy_recovers_from_a_socket_reset_bit_identically(comparison, strat
         assert [e for e in restarts if e["incarnation"] == 1][0].get("nvrx_restart_s", 0) > 0
 
 
-def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison):
-    tmp, cmp_dir, _ = comparison
-    run_dir = tmp / "kill"
-    # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
-    # printed again (the parent once re-read rank 0's whole events file for every incarnation).
-    shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
-    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
-                        "fault=kill", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
-                        "fault.phase=backward_reduce_scatter", "strategy.recovery_deadline_s=5",
-                        "strategy.snapshot.every=0",  # no snapshots: the kill cannot heal in memory
-                        f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+def test_kill_under_accelpact_falls_back_to_checkpoint_restore(comparison, kill_fallback_run):
+    _, cmp_dir, _ = comparison
+    kill = kill_fallback_run  # the run is shared with test_detection_live (tests/harness/conftest.py)
+    tmp, run_dir, done = kill.tmp, kill.run_dir, kill.done
+    assert (kill.steps, kill.interval, kill.fault_step) == (10, 4, FAULT_STEP)  # the comparison's cadence
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1

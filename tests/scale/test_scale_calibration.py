@@ -39,3 +39,15 @@ def test_dropping_the_replay_misses(monkeypatch):
     monkeypatch.setitem(cal.ROLLBACK, "cold_restart", STEP)
     wrong = [r for r in cal.calibrate(RESULTS) if r.strategy == "cold_restart" and r.age == 30]
     assert wrong and wrong[0].error > 2 * TOLERANCE
+
+
+def test_error_intervals_over_trials():
+    import math
+
+    rows = [cal.CalibrationRow("cold_restart", 5, 100.0, sim, sim) for sim in (101.0, 103.0, 98.0)]
+    rows.append(cal.CalibrationRow("accelpact", 5, 100.0, 100.5, 100.5))
+    out = {(e.strategy, e.age): e for e in cal.error_intervals(rows)}
+    cold = out[("cold_restart", 5)]
+    assert cold.trials == 3 and cold.error_median == pytest.approx(0.01)
+    assert -0.02 - 1e-9 <= cold.error_lo <= cold.error_median <= cold.error_hi <= 0.03 + 1e-9
+    assert out[("accelpact", 5)].trials == 1 and math.isnan(out[("accelpact", 5)].error_lo)

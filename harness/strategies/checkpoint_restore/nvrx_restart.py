@@ -61,7 +61,7 @@ __all__ = [
     "store_ports",
 ]
 
-from harness.strategies.nvrx_types import (  # noqa: E402 - re-exported: the public names live here too
+from harness.strategies.checkpoint_restore.nvrx_types import (  # noqa: E402 - re-exported: the public names live here too
     NVRX_VERSION,
     STORE_PORT_ENV,
     NvrxUnavailable,

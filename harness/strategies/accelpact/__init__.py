@@ -3,7 +3,7 @@
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the
 checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one, built on an
-explicit store prefix per control generation (harness.strategies.accelpact_heal.side_group).
+explicit store prefix per control generation (harness.strategies.accelpact.heal.side_group).
 
 A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
 default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
@@ -22,7 +22,8 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from harness.strategies.accelpact_heal import (
+from harness import events
+from harness.strategies.accelpact.heal import (
     EXIT_FALLBACK,
     check_heal,
     control_deadline,
@@ -31,7 +32,7 @@ from harness.strategies.accelpact_heal import (
     snapshots_and_policy,
 )
 from harness.strategies.base import Rewind, Strategy, TrainContext, forward_backward
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +115,7 @@ class AccelPactStep(Strategy):
     def _fall_back(self, step: int, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"
         # detected_by: how the loss was found ("notice", "heartbeat", "deadline", "heal"); the row reports it.
-        self.ctx.events.emit("fallback", step=step, reason=reason[:500], error=type(exc).__name__,
+        self.ctx.events.emit(events.Fallback, step=step, reason=reason[:500], error=type(exc).__name__,
                              detected_by=getattr(exc, "detected_by", None),
                              generation=getattr(exc, "generation", None))
         print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
@@ -138,14 +139,14 @@ class AccelPactStep(Strategy):
             d.pop("reports", None)
             # t = when the recovery ended (goodput lays the durations back to back, ending there);
             # the record is written after the retried step, so t must be given explicitly.
-            self.ctx.events.emit("recovery", decision=decision.get("action"), decision_detail=decision,
+            self.ctx.events.emit(events.Recovery, decision=decision.get("action"), decision_detail=decision,
                                  written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
         # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
         self._new_side_groups()
 
     def _record_heals(self) -> None:
         for ev in self.guard.heal_events[self._heals_seen:]:
-            self.ctx.events.emit("heal", written=time.time(), **ev.to_dict())
+            self.ctx.events.emit(events.Heal, written=time.time(), **ev.to_dict())
         self._heals_seen = len(self.guard.heal_events)
 
     def _new_side_groups(self) -> None:
@@ -177,7 +178,7 @@ class AccelPactStep(Strategy):
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
-                self.ctx.events.emit("snapshots", slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
+                self.ctx.events.emit(events.Snapshots, slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
                                      wait_s=self.snapshots.wait_s, own_shm_bytes=used_bytes(self.snapshots.dir),
                                      replica_shm_bytes=held, replication=rep)
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
@@ -224,10 +225,12 @@ SPEC = StrategySpec(
     relaunch=relaunch_on_fallback,
     replace_dead=replace_on_kill,
     check=check_heal,
-    rejoin="harness.strategies.accelpact_heal:rejoin_job",
+    rejoin="harness.strategies.accelpact.heal:rejoin_job",
     # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
     # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
     # survivor still waiting then is killed, which the relaunch policy treats the same way.
     settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
+    simulation=Simulation("harness.scale.outcomes:rebind_or_fall_back_to_disk", "AccelPact rebinding, disk fallback",
+                          synchronous=True, calibration_rollback="step"),
 )

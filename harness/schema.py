@@ -15,6 +15,17 @@ from enum import Enum
 from typing import Any, List, Optional, Type, TypeVar
 
 
+
+class ConfigError(ValueError):
+    """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it.
+
+    Here, at the bottom of the harness, so that the strategies' and fault kinds' own checks raise it
+    without importing the app that validates; ``memory_plan``: the app's ``MemoryPlan`` when it made one."""
+
+    def __init__(self, message: str, memory_plan: Any = None) -> None:
+        super().__init__(message)
+        self.memory_plan = memory_plan
+
 class FaultPhase(str, Enum):
     forward_allgather_first = "forward_allgather_first"
     forward_allgather_middle = "forward_allgather_middle"
@@ -35,11 +46,6 @@ class FaultSchedule(str, Enum):
 CheckpointMode = Enum(  # type: ignore[misc]
     "CheckpointMode", {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"}, type=str
 )
-
-
-class Backend(str, Enum):
-    gloo = "gloo"
-    nccl = "nccl"
 
 
 class Device(str, Enum):
@@ -109,7 +115,9 @@ class TrainConfig:
 @dataclass
 class ClusterConfig:
     name: str = "local_cpu"
-    backend: Backend = Backend.gloo
+    # A name in accelpact's backend registry (accelpact.backends.BACKENDS); validation checks it and the
+    # device against the backend's own ``devices``.
+    backend: str = "gloo"
     device: Device = Device.cpu
     world_size: int = 2
     pg_timeout_s: float = 120.0
@@ -174,6 +182,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class CompareConfig:
+    """A comparison sweep (``hydra/sweeper=trials``): how many interleaved rounds, and this run's round."""
+
+    trials: int = 1  # rounds; each runs the reference and every strategy once (harness.report.trials)
+    trial: int = 0  # set by the sweeper on each run: the round it belongs to
+
+
+@dataclass
 class RunConfig:
     name: str = "smoke"  # the name of the conf/experiment preset this run came from (the row's "experiment")
     description: str = ""
@@ -183,6 +199,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     # Rows of every run are collected here (relative paths are relative to the working directory).
     index_path: str = "outputs/index.csv"
     progress: bool = True

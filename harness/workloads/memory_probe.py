@@ -25,8 +25,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as fault_testing
 from accelpact.guard import attach
-from experiments._fsdp_models import batch_for, build, model_config, resources, step_fn_for
-from experiments.bit_identity_faults import PG_TIMEOUT_S, armed, soak_faults
+from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
+from harness.workloads.fault_schedules import PG_TIMEOUT_S, armed, soak_faults
 
 if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext

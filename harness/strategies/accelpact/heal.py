@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 if TYPE_CHECKING:
-    from harness.app.schema import RunConfig
+    from harness.schema import RunConfig
     from harness.rank.env import RankEnv
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
@@ -103,7 +103,7 @@ def _die(how: str) -> None:
 
 
 def _arrive_and_die(control: Any, env: "RankEnv") -> None:
-    """Post an arrival exactly as accelpact.recovery.rejoin does, then die before taking the plan."""
+    """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
     import json
     import time
 
@@ -162,7 +162,7 @@ def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> 
 def check_heal(run: "RunConfig") -> None:
     """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
     themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults import registry
 
     st = run.strategy

@@ -1,6 +1,6 @@
 """Strategy ``checkpoint_restore``: NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
 
-The rank's whole training function runs under ``harness.strategies.nvrx_restart.run_with_inprocess_restart``:
+The rank's whole training function runs under ``harness.strategies.checkpoint_restore.nvrx_restart.run_with_inprocess_restart``:
 the process stays alive; when a collective fails on any rank, NVRx interrupts every rank, the adapter
 tears the process groups down, and the training function runs again (incarnation + 1). Each
 incarnation builds its process group on a never-used store prefix, rebuilds model and optimizer,
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness.strategies.base import Strategy
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +47,8 @@ class CheckpointRestore(Strategy):
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
     from harness.rank import identity
-    from harness.events import EventLog
-    from harness.strategies.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
+    from harness.events import EventLog, Restart
+    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
     from harness.rank.train import TrainResult, build_context, run_loop
 
     import_inprocess()  # fail first, with the fix named, if NVRx is missing
@@ -73,7 +73,7 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
             fields["incarnation"] = ctx.incarnation
             if nctx.incarnation == 0:
                 fields["t_launch"] = env.t_launch  # the parent's launch, as for every other strategy
-            events.emit("restart", **fields)
+            events.emit(Restart, **fields)
             committed = run_loop(ctx, strategy)
             strategy.close()
             record = identity.compute_identity(ctx.model, ctx.optimizer, committed)
@@ -107,7 +107,7 @@ class _NvrxStore:
         launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
-        from harness.strategies.nvrx_restart import STORE_PORT_ENV, host_store
+        from harness.strategies.checkpoint_restore.nvrx_restart import STORE_PORT_ENV, host_store
 
         self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
         self.launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": self.host,
@@ -135,9 +135,9 @@ def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_f
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable, and its parent-hosted store cannot reach ranks in network namespaces."""
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults import registry as faults
-    from harness.strategies.nvrx_restart import NvrxUnavailable, import_inprocess
+    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
     if faults.get(run.fault.kind).needs_netns:
         raise ConfigError(
@@ -160,4 +160,6 @@ SPEC = StrategySpec(
     parent_setup=_NvrxStore,
     rank_entry="harness.strategies.checkpoint_restore:train_in_process",
     check=check_runnable,
+    simulation=Simulation("harness.scale.outcomes:restart_in_process_and_restore",
+                          "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
 )

@@ -1,10 +1,10 @@
 """Scenario runners for multi-rank sessions: train the tiny decoder with or without faults, time rebinds.
 
 ``run`` is the runner the tests, the experiments and the benchmarks name in
-``accelpact.testing.session.run_session(..., runner="experiments._fsdp_scenarios:run")``. Each
+``accelpact.testing.session.run_session(..., runner="harness.workloads.fsdp_scenarios:run")``. Each
 caller keeps its own list of scenarios; this module only says what a scenario of each kind does.
 
-``kind: "train"`` (the default): N steps of the model of :mod:`experiments._fsdp_models`, either a
+``kind: "train"`` (the default): N steps of the model of :mod:`harness.workloads.fsdp_models`, either a
 plain loop (``guard: False``, the fault-free reference) or under an attached guard with faults armed
 through accelpact.testing.FaultInjector (real socket resets, stalls, dead ranks, resets during
 recovery). Records every loss, every recovery event, the injections, optional resources and
@@ -43,8 +43,8 @@ from accelpact import testing as fault_testing
 from accelpact.dataplane.bindings import BindingTable
 from accelpact.guard import attach, clip_gradients
 from accelpact.dataplane.reset import ResetConfig
-from experiments._memory_probe import fd_kinds
-from experiments._fsdp_models import (
+from harness.workloads.memory_probe import fd_kinds
+from harness.workloads.fsdp_models import (
     batch_for,
     build,
     dynamo_counters,

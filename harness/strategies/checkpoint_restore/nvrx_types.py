@@ -1,5 +1,5 @@
 """The data of the NVRx baseline: settings, per-restart timestamps, the context handed to the training
-function, errors, and the guarded import of nvidia-resiliency-ext. ``harness.strategies.nvrx_restart``
+function, errors, and the guarded import of nvidia-resiliency-ext. ``harness.strategies.checkpoint_restore.nvrx_restart``
 runs the wrapper itself. NVRx is imported lazily: this module is cheap to import.
 """
 

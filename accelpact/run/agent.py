@@ -1,0 +1,431 @@
+"""One node's agent of ``accelpact.run``: the node's ranks, the control store, deaths, heals and restarts.
+
+What an agent does (docs/launcher.md):
+
+- **Store.** The agent of node 0 hosts a TCPStore on ``--master-addr:--master-port`` (port 0: a free one,
+  single node only); the others connect to it. Every rank uses it for its process group's rendezvous
+  (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun) and as accelpact's control channel. The
+  agents coordinate through keys under ``accelpact-run/<run id>/``.
+- **Start.** ``--nproc-per-node`` rank processes, each in its own session (``killpg`` reaches whatever it
+  starts), with torchrun's and accelpact's environment (accelpact.run.env). Unless
+  ``--replacement=spawn|none``, also one template process (accelpact.run.script_template).
+- **A rank dies** (its exit code is not 0): the agent writes the death notice with the dead pid
+  (``accelpact.detection.liveness.publish_death``), so survivors stop waiting for it within a poll. A rank killed by
+  a signal is replaced, within ``--max-replacements``: one new process for that rank only, forked from
+  the template (spawned when the template cannot fork: the reason is printed), with
+  ``ACCELPACT_REPLACEMENT`` set; the survivors keep running and heal it in memory. Any other death (an
+  exit code of its own: it would fail again; the budget spent; ``--replacement=none``) gets
+  ``publish_no_replacement`` with the reason, and a group restart.
+- **Group restart** (the heal is impossible): every agent stops its ranks, and all start attempt n + 1
+  with ``TORCHELASTIC_RESTART_COUNT=n+1`` and a new job token; the script restores the newest snapshot
+  every rank holds (``accelpact.snapshot.restore_latest``). Within ``--max-restarts``, else the job fails
+  with the reason.
+- **End.** The job succeeds when every rank of every node exited 0; node 0's agent keeps the store up
+  until every other agent has seen that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+
+from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
+from accelpact.run.template import TemplateClient, TemplateUnavailable
+
+__all__ = ["AgentConfig", "Agent", "JobFailed"]
+
+POLL_S = 0.05  # how often the agent reaps its ranks and reads the other agents' keys (torchrun: 0.1 s)
+TERM_GRACE_S = 5.0
+REPLACE_MODES = ("template", "spawn", "none")
+
+
+class JobFailed(Exception):
+    """The job ended without success; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What one node's agent runs (the command line, parsed: accelpact.run.cli)."""
+
+    entry: tuple[str, ...]  # the script and its arguments (or, with module=True, the module and its arguments)
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    run_id: str = "none"
+    max_restarts: int = 0
+    max_replacements: int = 3
+    replacement: str = "template"
+    module: bool = False
+    snapshot_root: Optional[str] = None  # "%n" is replaced by the node rank
+    log_dir: Optional[Path] = None
+    preload: tuple[str, ...] = ()
+    join_timeout_s: float = 300.0
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.nproc_per_node < 1:
+            raise ValueError(f"--nnodes={self.nnodes} and --nproc-per-node={self.nproc_per_node} must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank={self.node_rank} must be in 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("several nodes need a fixed store port: pass --master-port (or --rdzv-endpoint "
+                             "HOST:PORT), the same on every node")
+        if self.replacement not in REPLACE_MODES:
+            raise ValueError(f"--replacement={self.replacement!r}: choose one of {', '.join(REPLACE_MODES)}")
+        if not self.entry:
+            raise ValueError("no training script given: accelpact-run [flags] SCRIPT [script args]")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def place(self, local_rank: int) -> RankPlace:
+        return RankPlace(rank=self.node_rank * self.nproc_per_node + local_rank, local_rank=local_rank,
+                         world_size=self.world_size, local_world_size=self.nproc_per_node,
+                         node_rank=self.node_rank, nnodes=self.nnodes)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+@dataclass
+class _Attempt:
+    """One attempt's ranks on this node."""
+
+    number: int
+    procs: dict[int, Any] = field(default_factory=dict)  # global rank -> Popen or ForkedRank
+    retired: list[Any] = field(default_factory=list)  # dead processes a replacement took over from
+    noticed: set[int] = field(default_factory=set)  # (rank) death notices written for the current process
+    done_posted: bool = False
+
+
+class Agent:
+    """One node's agent (see the module docstring). ``run()`` returns the exit code of the job."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.store: Any = None
+        self.port = cfg.master_port
+        self.template: Optional[TemplateClient] = None
+        self.replacements = 0
+        self.events: list[dict[str, Any]] = []  # what the agent did, also printed
+
+    # -- output -------------------------------------------------------------------------------
+    def say(self, msg: str, **event: Any) -> None:
+        print(f"accelpact.run[node {self.cfg.node_rank}]: {msg}", file=sys.stderr, flush=True)
+        if event:
+            self.events.append({"t": time.time(), **event})
+
+    # -- the store ----------------------------------------------------------------------------
+    def key(self, *parts: object) -> str:
+        return "/".join(["accelpact-run", self.cfg.run_id.replace("/", "_"), *map(str, parts)])
+
+    def connect(self) -> None:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=self.cfg.join_timeout_s)
+        if self.cfg.node_rank == 0:
+            self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, None, True, timeout=timeout,
+                                       wait_for_workers=False, multi_tenant=True)
+            self.port = int(self.store.port)
+            self.say(f"hosting the store at {self.cfg.master_addr}:{self.port} (run id {self.cfg.run_id})")
+        else:
+            try:
+                self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, None, False, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - torch raises several kinds; the fix is the same
+                raise JobFailed(f"node {self.cfg.node_rank} could not reach the store of node 0 at "
+                                f"{self.cfg.master_addr}:{self.cfg.master_port} within {self.cfg.join_timeout_s:g} s "
+                                f"({exc}); start node 0's agent, and check --master-addr/--master-port") from exc
+
+    def _peek(self, key: str) -> Optional[bytes]:
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def _count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    # -- processes ----------------------------------------------------------------------------
+    def _env(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> dict[str, str]:
+        root = self.cfg.snapshot_root.replace("%n", str(self.cfg.node_rank)) if self.cfg.snapshot_root else None
+        env = worker_env(self.cfg.place(local_rank), master_addr=self.cfg.master_addr, master_port=self.port,
+                         run_id=self.cfg.run_id, attempt=attempt, max_restarts=self.cfg.max_restarts,
+                         snapshot_root=root, replacement_of=replacement_of)
+        env["ACCELPACT_AGENT_PID"] = str(os.getpid())
+        return env
+
+    def _argv(self) -> list[str]:
+        head = [self.cfg.python, "-u"] + (["-m"] if self.cfg.module else [])
+        return head + list(self.cfg.entry)
+
+    def _log(self, rank: int) -> Optional[Path]:
+        if self.cfg.log_dir is None:
+            return None
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        return self.cfg.log_dir / f"rank{rank}.log"
+
+    def _spawn(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> Any:
+        log_path = self._log(self.cfg.place(local_rank).rank)
+        log = open(log_path, "ab") if log_path is not None else None
+        try:
+            return subprocess.Popen(self._argv(), env=self._env(local_rank, attempt, replacement_of),
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT if log else None,
+                                    start_new_session=True)
+        finally:
+            if log is not None:
+                log.close()
+
+    def _start_template(self) -> None:
+        if self.cfg.replacement != "template" or (self.template is not None and self.template.alive()):
+            return
+        entry = {"script": None if self.cfg.module else self.cfg.entry[0],
+                 "module": self.cfg.entry[0] if self.cfg.module else None,
+                 "args": list(self.cfg.entry[1:]), "preload": list(self.cfg.preload)}
+        env = self._env(0, 0)
+        env["ACCELPACT_TEMPLATE_ENTRY"] = json.dumps(entry)
+        # numpy's OpenBLAS starts a pool thread at import unless told one: a template with two threads
+        # cannot fork safely (accelpact.run.forkserver); torch's own pool starts in the child.
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        out = os.dup(1)
+        env["ACCELPACT_TEMPLATE_STDOUT_FD"] = str(out)
+        try:
+            proc = subprocess.Popen([self.cfg.python, "-m", "accelpact.run.script_template"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(out,),
+                                    start_new_session=True)
+        finally:
+            os.close(out)
+        self.template = TemplateClient(proc, time.time())
+
+    def _entry(self) -> dict[str, Any]:
+        return {"script": None if self.cfg.module else self.cfg.entry[0],
+                "module": self.cfg.entry[0] if self.cfg.module else None, "args": list(self.cfg.entry[1:])}
+
+    def _replace(self, att: _Attempt, rank: int, code: int) -> None:
+        """One new process for dead ``rank`` (forked from the template, else spawned)."""
+        local = rank - self.cfg.node_rank * self.cfg.nproc_per_node
+        dead = att.procs[rank]
+        att.retired.append(dead)
+        self.replacements += 1
+        t0 = time.time()
+        replacement_of = (self.replacements, dead.pid, t0)
+        how, why = "spawn", ""
+        if self.template is not None:
+            log = self._log(rank)
+            try:
+                att.procs[rank] = self.template.fork({"env": self._env(local, att.number, replacement_of),
+                                                      "cwd": os.getcwd(), "netns": None,
+                                                      "log": str(log) if log else None, "entry": self._entry()})
+                how = "template"
+            except TemplateUnavailable as exc:
+                why = str(exc)
+                self.say(f"replacement template unusable ({why}): spawning a fresh process for rank {rank}")
+        if how == "spawn":
+            att.procs[rank] = self._spawn(local, att.number, replacement_of)
+        att.noticed.discard(rank)
+        self.say(f"rank {rank} (pid {dead.pid}) exited with code {describe_exit(code)}: replacement "
+                 f"{self.replacements} started ({how}, pid {att.procs[rank].pid}) while the survivors wait",
+                 kind="replacement", rank=rank, dead_pid=dead.pid, pid=att.procs[rank].pid, start=how,
+                 template_fallback=why, attempt=att.number, replacement=self.replacements,
+                 t_death_seen=t0, t_started=time.time())
+
+    def _start(self, attempt: int) -> _Attempt:
+        att = _Attempt(attempt)
+        for local in range(self.cfg.nproc_per_node):
+            att.procs[self.cfg.place(local).rank] = self._spawn(local, attempt)
+        self._start_template()
+        self.say(f"attempt {attempt}: started ranks {sorted(att.procs)} (pids "
+                 f"{[p.pid for p in att.procs.values()]})", kind="start", attempt=attempt,
+                 pids={r: p.pid for r, p in att.procs.items()})
+        return att
+
+    def _stop(self, att: _Attempt) -> None:
+        """SIGTERM every live rank's process group, SIGKILL what is left after the grace; reap all."""
+        live = [p for p in att.procs.values() if p.poll() is None]
+        for p in live:
+            _killpg(p.pid, signal.SIGCONT)
+            _killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in [*att.procs.values(), *att.retired]:
+            _killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    # -- deaths -------------------------------------------------------------------------------
+    def _publish_death(self, att: _Attempt, rank: int, code: int) -> None:
+        from accelpact.detection.liveness import publish_death
+
+        try:
+            publish_death(self.store, job_token(self.cfg.run_id, att.number), rank, by="accelpact.run agent (waitpid)",
+                          reason=f"rank {rank} exited with code {describe_exit(code)}", pid=att.procs[rank].pid)
+        except Exception as exc:  # noqa: BLE001 - an accelerator: survivors still find out by heartbeat
+            self.say(f"could not write the death notice of rank {rank}: {exc}")
+
+    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
+        """None when ``rank`` is to be replaced; else why not (the survivors and the user read it)."""
+        pid = att.procs[rank].pid
+        if self.cfg.replacement == "none":
+            return f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} and --replacement=none"
+        if code >= 0:
+            return (f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} on its own (a process that "
+                    "failed by itself would fail again; only a rank killed by a signal is replaced): see its output")
+        if self.replacements >= self.cfg.max_replacements:
+            return (f"rank {rank} (pid {pid}) was killed ({describe_exit(code)}) but this agent already started "
+                    f"{self.replacements} replacement(s) and --max-replacements={self.cfg.max_replacements} allows "
+                    "no more")
+        if self.cfg.nnodes == 1 and all(p.poll() not in (None, 0) for p in att.procs.values()):
+            return f"every rank is dead (rank {rank} with {describe_exit(code)}): no survivor to heal from"
+        return None
+
+    def _handle_deaths(self, att: _Attempt) -> Optional[str]:
+        """Reap this node's ranks; replace the killed ones. The reason for a group restart, or None."""
+        from accelpact.recovery.heal_wait import publish_no_replacement
+
+        for rank, proc in sorted(att.procs.items()):
+            code = proc.poll()
+            if code in (None, 0) or rank in att.noticed:
+                continue
+            att.noticed.add(rank)
+            self._publish_death(att, rank, code)
+            why = self._why_not_replaced(att, rank, code)
+            if why is None:
+                self._replace(att, rank, code)
+                continue
+            try:
+                publish_no_replacement(self.store, job_token(self.cfg.run_id, att.number), rank, pid=proc.pid,
+                                       reason=why)
+            except Exception as exc:  # noqa: BLE001 - survivors still stop at their own timeout
+                self.say(f"could not tell the survivors that rank {rank} gets no replacement: {exc}")
+            return why
+        return None
+
+    # -- attempts -----------------------------------------------------------------------------
+    def _run_attempt(self, attempt: int) -> Optional[str]:
+        """Run one attempt to its end: None when every rank of every node succeeded, else the restart reason."""
+        att = self._start(attempt)
+        restart_key = self.key("restart", attempt)
+        done_key = self.key("done", attempt)
+        try:
+            while True:
+                raw = self._peek(restart_key)
+                if raw is not None:
+                    return raw.decode()
+                why = self._handle_deaths(att)
+                if why is not None:
+                    self.store.set(restart_key, why.encode())
+                    return why
+                if not att.done_posted and all(p.poll() == 0 for p in att.procs.values()):
+                    att.done_posted = True
+                    self.store.add(done_key, 1)
+                    self.say(f"attempt {attempt}: every rank of this node finished", kind="node_done",
+                             attempt=attempt)
+                if att.done_posted and self._count(done_key) >= self.cfg.nnodes:
+                    return None
+                time.sleep(POLL_S)
+        finally:
+            self._stop(att)
+
+    def _barrier(self, name: str, timeout_s: float) -> None:
+        """Every agent reaches ``name`` (a counter on the store), or JobFailed after ``timeout_s``."""
+        key = self.key("barrier", name)
+        self.store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while self._count(key) < self.cfg.nnodes:
+            if time.monotonic() > deadline:
+                raise JobFailed(f"the agents did not all reach {name!r} within {timeout_s:g} s "
+                                f"({self._count(key)} of {self.cfg.nnodes}): an agent was lost")
+            time.sleep(POLL_S)
+
+    def _remove_snapshots(self) -> None:
+        """A finished job's snapshots on this node are dead weight in shared memory: remove them."""
+        from accelpact.snapshot.layout import default_root, remove_job
+
+        root = self._env(0, 0).get("ACCELPACT_SNAPSHOT_ROOT") or default_root()
+        try:
+            remove_job(root, snapshot_token(self.cfg.run_id))
+        except OSError as exc:
+            self.say(f"could not remove this job's snapshots under {root}: {exc}")
+
+    def run(self) -> int:
+        """Run the job; its exit code (0: every rank succeeded)."""
+        with _signals_raise():
+            try:
+                self.connect()
+                self._barrier("start", self.cfg.join_timeout_s)
+                attempt = 0
+                while True:
+                    why = self._run_attempt(attempt)
+                    if why is None:
+                        self.say(f"attempt {attempt}: every rank of every node succeeded", kind="success")
+                        break
+                    if attempt >= self.cfg.max_restarts:
+                        raise JobFailed(f"attempt {attempt} failed and --max-restarts={self.cfg.max_restarts} "
+                                        f"allows no group restart: {why}")
+                    self.say(f"a heal is impossible ({why}): restarting the whole worker group as attempt "
+                             f"{attempt + 1} of at most {self.cfg.max_restarts + 1}; it resumes from the newest "
+                             "snapshot every rank holds", kind="group_restart", attempt=attempt + 1, reason=why)
+                    self._barrier(f"stopped{attempt}", self.cfg.join_timeout_s)
+                    attempt += 1
+                self._barrier("end", 60.0)  # node 0 keeps the store up until every agent has seen the end
+                self._remove_snapshots()
+                return 0
+            except JobFailed as exc:
+                self.say(f"job failed: {exc}", kind="failed", reason=str(exc))
+                return 1
+            except Exception as exc:  # noqa: BLE001 - e.g. node 0's store gone: say so, stop the ranks
+                self.say(f"job failed: the agent hit {type(exc).__name__}: {exc}", kind="failed", reason=str(exc))
+                return 1
+            except _Interrupted as exc:
+                self.say(f"interrupted by {exc}: stopped every rank of this node", kind="interrupted")
+                return 130
+            finally:
+                if self.template is not None:
+                    self.template.close()
+                    self.template = None
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+class _signals_raise:
+    """SIGTERM / SIGHUP / SIGINT raise ``_Interrupted`` in the agent's loop (its ranks are stopped on the way out)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def __enter__(self) -> None:
+        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
+
+        def handler(signum: int, _frame: Any) -> None:
+            raise _Interrupted(signal.Signals(signum).name)
+
+        for s in self.SIGNALS:
+            signal.signal(s, handler)
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,78 @@
+"""Negative control: the comparison must see a real 2 s loss. AccelPact against itself plus 2 s of sleep
+in every recovery (examples/negative_control.py, registered through HARNESS_PLUGINS).
+
+Not a test. Runs ``python -m harness`` (the default comparison's setup) with strategies ``accelpact`` and
+``accelpact_slow_recovery`` at one checkpoint age, ``--trials`` interleaved rounds each with its own
+fault-free reference, and reads the verdict on the control's row: AccelPact's gain over it, with its 95%
+interval over trials. Passes (exit 0) when the verdict is "AccelPact better", i.e. the interval lies
+wholly above 1: the control came out worse, and equality is excluded.
+
+    .venv/bin/python benchmarks/bench_negative_control.py             # default comparison's size, 3 trials
+    .venv/bin/python benchmarks/bench_negative_control.py --quick     # 2-layer model, 10 steps, 3 trials
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+QUICK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "train.steps=10", "checkpoint.interval=4"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--age", type=int, default=None, help="checkpoint age of the fault (default 5; --quick 2)")
+    ap.add_argument("--quick", action="store_true", help="2-layer model, 10 steps, age 2")
+    ap.add_argument("--keep", default=None, help="keep the sweep in this directory")
+    args = ap.parse_args(argv)
+    if args.age is None:
+        args.age = 2 if args.quick else 5
+    sys.path.insert(0, str(ROOT / "examples"))
+    import negative_control  # noqa: F401 - registers the control here too, for its name and label
+
+    from harness.report.intervals import BETTER
+
+    sweep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="negative_control_"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+           "HARNESS_PLUGINS": "negative_control"}
+    cmd = [sys.executable, "-m", "harness", f"strategy=accelpact,{negative_control.NAME}",
+           # the plugin's strategy has no YAML: give it accelpact's (conf/strategy/accelpact.yaml) settings
+           "strategy.snapshot.every=1", f"fault.at_age={args.age}", f"compare.trials={args.trials}",
+           "progress=false", f"hydra.sweep.dir={sweep}", f"index_path={sweep / 'index.csv'}",
+           *(QUICK if args.quick else [])]
+    print("$ HARNESS_PLUGINS=negative_control " + " ".join(cmd[1:]), flush=True)
+    t0 = time.time()
+    done = subprocess.run(cmd, cwd=ROOT, env=env)
+    import pandas as pd
+
+    table = sweep / "table.csv"
+    if not table.exists():
+        print(f"error: the comparison wrote no table (exit {done.returncode}); see {sweep}", file=sys.stderr)
+        return 1
+    cells = pd.read_csv(table)
+    row = cells[cells["strategy"] == negative_control.NAME].iloc[0]
+    print(f"\nnegative control ({negative_control.SLEEP_S:g} s of sleep per recovery), {(time.time() - t0) / 60:.1f} min:"
+          f"\n  AccelPact's gain over it (badput-based): {row['gain_ci']} -> {row['verdict']}"
+          f"\n  measured whole-run gain: {row['measured_gain_ci']} -> {row['measured_verdict']}"
+          f"\n  its badput {row['badput_s']:.2f} s (median) vs AccelPact's "
+          f"{cells[cells['strategy'] == 'accelpact'].iloc[0]['badput_s']:.2f} s")
+    if not args.keep:
+        shutil.rmtree(sweep, ignore_errors=True)
+    ok = row["verdict"] == BETTER
+    print("PASS: the control is worse, equality excluded" if ok else "FAIL: the comparison did not see the loss")
+    return 0 if ok and done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""A torchrun-style FSDP2 script whose lost rank is healed in memory, under ``accelpact.run``.
+
+    python -m accelpact.run --nproc-per-node 2 examples/train_heal.py --steps 10 --out /tmp/ref
+    python -m accelpact.run --nproc-per-node 2 examples/train_heal.py --steps 10 --kill-at 4 --out /tmp/healed
+
+The same script runs under plain ``torchrun`` (then nothing is healed: torchrun restarts every rank).
+What it adds to an FSDP2 loop (lines marked ``accelpact``): per-step snapshots into shared memory, a
+heal policy, and the two ways a process starts:
+
+- a rank started with the group calls ``accelpact.init_process_group``; after a group restart
+  (``TORCHELASTIC_RESTART_COUNT`` > 0) it restores the newest snapshot every rank holds;
+- a replacement (``accelpact.run.replacement()`` is not None: the launcher set ``ACCELPACT_REPLACEMENT``)
+  calls ``accelpact.rejoin`` instead, builds the model as every rank did, and ``attach(rejoin=ticket)``
+  loads the resume step from the dead process's snapshot; the survivors keep their live state.
+
+``--replicas``: each snapshot is also pushed to a buddy rank on the next node
+(accelpact.snapshot.replica); ``--lose-host`` (with ``--kill-at``): before dying, the killed rank deletes
+its node's shared memory of this job (its own slots and the replicas it held), so its replacement can
+only heal from the buddy's replica. ``--pause-s S``: sleep after each step (a test's room to inject a network fault from outside).
+``--kill-at STEP``: rank ``--kill-rank`` SIGKILLs itself in that step, between forward and backward
+(first process of that rank only). ``--out DIR``: each rank writes its shards, optimizer state and the
+losses it committed to ``DIR/rank<r>.pt``, for a tensor-by-tensor comparison with a fault-free run, and
+prints one ``RESULT {json}`` line (pid, heals, where the state came from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one line per error, not a backtrace
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+import accelpact  # noqa: E402  accelpact
+import accelpact.run  # noqa: E402  accelpact
+from accelpact import snapshot  # noqa: E402  accelpact
+from accelpact.control import ControlChannel  # noqa: E402  accelpact
+from train_fsdp import VOCAB, TinyLM, batch_for, local_state  # noqa: E402  (this directory's other example)
+
+EXIT_UNRECOVERABLE = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--kill-at", type=int, default=None, help="rank --kill-rank SIGKILLs itself in this step")
+    ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--replicas", action="store_true", help="push each snapshot to a buddy rank on the next node")
+    ap.add_argument("--lose-host", action="store_true", help="with --kill-at: the killed rank's node also loses "
+                    "this job's shared memory (its own snapshots and the replicas it held), as a lost host would")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
+    return ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict:
+    device = torch.device("cpu")
+    me = accelpact.run.replacement()  # accelpact: None unless the launcher started this process for a lost rank
+    control = ControlChannel.from_env()  # accelpact: the launcher's store and job token
+    ticket = None
+    if me is None:
+        accelpact.init_process_group("gloo")  # accelpact: a store prefix of its own per restart attempt
+    else:
+        ticket = accelpact.rejoin(control, t_launch=me.t_launch)  # accelpact: the survivors' groups
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(0)  # the same initial weights on every rank and in every run
+    model = TinyLM().to(device)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    token, config = snapshot.job_token_from_env(), snapshot.SnapshotConfig()  # accelpact
+    restored = None
+    if me is None and snapshot.restart_count() > 0:  # accelpact: a restarted group resumes from the snapshots
+        restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
+    elif me is None:
+        snapshot.remove_rank(config.root, token, rank)  # a new job: nothing of an earlier one is resumed
+    replication = None
+    if args.replicas:  # accelpact: each slot also goes to the buddy (same local rank on the next node)
+        from accelpact.snapshot.replica import Replication
+
+        replication = Replication.from_env(control, job_token=token)
+    snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
+                                on_complete=replication.push if replication is not None else None)
+    policy = accelpact.HealPolicy(fetch_replica=replication.fetch if replication is not None else None,
+                                  buddy_of=(lambda r: replication.buddy) if replication is not None else None)
+    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, snapshots=snap,
+                             heal=policy, rejoin=ticket)  # accelpact
+    if ticket is not None:
+        step = guard.next_step  # accelpact: the resume step the heal agreed on
+    elif restored is not None:
+        step = restored.step + 1
+        guard.resume_at(step)
+    else:
+        step = 0
+    first_step = step
+
+    killing = args.kill_at is not None and rank == args.kill_rank and me is None and snapshot.restart_count() == 0
+
+    def step_fn(tokens: torch.Tensor) -> torch.Tensor:
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        if killing and guard.next_step == args.kill_at:
+            if args.lose_host:  # the node's shared memory goes with it: only the buddy's replica survives
+                snap.flush()
+                snapshot.remove_job(config.root, token)
+            os.kill(os.getpid(), signal.SIGKILL)  # a lost process, mid-step
+        loss.backward()
+        return loss.detach()
+
+    losses: dict[int, float] = {}
+    while step < args.steps:
+        try:
+            losses[step] = guard.step(step_fn, batch_for(step, rank, device)).item()  # accelpact
+        except accelpact.RolledBack as back:  # accelpact: a heal moved this rank back: run from there
+            step = back.resume_step
+            continue
+        except accelpact.UnrecoverableError as exc:  # accelpact: the launcher restarts the group from snapshots
+            print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            os._exit(EXIT_UNRECOVERABLE)
+        print(f"rank {rank} step {step} loss {losses[step]:.6f}", flush=True)
+        step += 1
+        if args.pause_s:
+            time.sleep(args.pause_s)
+    if replication is not None:
+        replication.close()
+    snap.close(remove=False)  # the agent's next attempt (if any) may still need them; /dev/shm is per job token
+
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save({"state": local_state(model, optimizer)}, args.out / f"rank{rank}.pt")
+    return {"rank": rank, "pid": os.getpid(), "replacement": None if me is None else me.number,
+            "restart": snapshot.restart_count(), "first_step": first_step, "committed_step": guard.committed_step,
+            "restored": None if restored is None else {"step": restored.step, "source": restored.source},
+            "recoveries": guard.events.total,
+            "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "own_source": e.own_source,
+                       "replayed": e.replayed_steps, "total_s": round(e.total_s, 3),
+                       "replacement_start_s": round(e.replacement_start_s, 3), "heal_transfer_s": round(e.heal_transfer_s, 3),
+                       "bytes_read_from_disk": e.bytes_read_from_disk} for e in guard.heal_events],
+            "losses": losses}
+
+
+if __name__ == "__main__":
+    result = main(parse_args())
+    print("RESULT " + json.dumps(result), flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # see train_fsdp.py: no C++ static destructors racing gloo threads

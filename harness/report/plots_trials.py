@@ -1,0 +1,125 @@
+"""Plots of a comparison with trials (PNG, matplotlib Agg), from the per-cell rows of
+``harness.report.verdict`` (medians and 95% intervals over trials).
+
+- ``goodput_vs_age.png``: badput-based goodput per strategy against checkpoint age, and AccelPact's gain
+  over each baseline with its interval as an error bar on every point (the measured whole-run gain as a
+  hollow marker beside it), the paper's figures marked as stars.
+- ``badput_by_part.png``: per strategy and age, the median badput stacked by part (docs/goodput.md's names).
+- ``timeline.png`` and ``recovery_breakdown.png``: one trial's runs, as ``harness.report.plots_compare``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from harness import strategies
+from harness.report.badput_goodput import PART_NAMES
+from harness.report.plots_compare import GOODPUT_FILE, _color, _plt
+
+BADPUT_FILE = "badput_by_part.png"
+
+
+def _ok(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _err(rows: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
+    """Matplotlib's asymmetric error bars (below, above) for ``key`` from its ``_lo``/``_hi`` columns (0 if none)."""
+    lo = [r[key] - r[f"{key}_lo"] if _ok(r.get(f"{key}_lo")) else 0.0 for r in rows]
+    hi = [r[f"{key}_hi"] - r[key] if _ok(r.get(f"{key}_hi")) else 0.0 for r in rows]
+    return [lo, hi]
+
+
+def _footer(fig: Any, footer: Optional[str]) -> None:
+    """Provenance text under the axes (command, git sha, machine) for a committed figure."""
+    if footer:
+        fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.22))
+        fig.text(0.01, 0.01, footer, fontsize=6, color="0.35", ha="left", va="bottom", family="monospace")
+
+
+def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
+                        paper_gain: Optional[dict[tuple[str, int], float]] = None, footer: Optional[str] = None) -> Path:
+    plt = _plt()
+    reference, ours = strategies.reference(), strategies.under_test().name
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for r in cells:
+        if r["age"] is None and _ok(r.get("goodput_bp")):
+            ax.axhline(r["goodput_bp"], color="black", linestyle="--", label="fault-free reference")
+    names = [s for s in dict.fromkeys(r["strategy"] for r in cells if r["age"] is not None)]
+    for i, s in enumerate(names):
+        pts = sorted((r for r in cells if r["strategy"] == s and r["age"] is not None and _ok(r.get("goodput_bp"))),
+                     key=lambda r: r["age"])
+        if pts:
+            ax.errorbar([r["age"] for r in pts], [r["goodput_bp"] for r in pts], yerr=_err(pts, "goodput_bp"),
+                        fmt="o-", capsize=3, color=_color(s), label=s)
+        if s == ours:
+            continue
+        gains = sorted((r for r in cells if r["strategy"] == s and r["age"] is not None and _ok(r.get("gain"))),
+                       key=lambda r: r["age"])
+        if not gains:
+            continue
+        dx = 0.15 * (i + 1)  # side by side, so intervals at the same age do not hide each other
+        n = "/".join(sorted({str(r["trials"]) for r in gains}))
+        ax2.errorbar([r["age"] + dx for r in gains], [r["gain"] for r in gains], yerr=_err(gains, "gain"),
+                     fmt="o-", capsize=4, color=_color(s), label=f"ours vs {s} (badput-based, n={n})")
+        meas = [r for r in gains if _ok(r.get("measured_gain"))]
+        ax2.errorbar([r["age"] + dx + 0.3 for r in meas], [r["measured_gain"] for r in meas],
+                     yerr=_err(meas, "measured_gain"), fmt="o", mfc="none", capsize=2, color=_color(s),
+                     alpha=0.6, label=f"ours vs {s} (measured whole-run)")
+    for (s, age), gain in (paper_gain or {}).items():
+        ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
+                 label=f"paper vs {s} (age {age}): {gain}x")
+    ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)",
+           ylabel="badput-based goodput (tokens/s)", title="goodput (median, 95% interval over trials)")
+    ax2.axhline(1.0, color="grey", linewidth=0.8)
+    ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput",
+            title="AccelPact's gain (median, 95% interval)")
+    ax.legend(fontsize=7)
+    ax2.legend(fontsize=6)
+    fig.tight_layout()
+    _footer(fig, footer)
+    path = out / GOODPUT_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Optional[str] = None) -> Path:
+    """Stacked median badput by part, one bar per (strategy, age), the reference first."""
+    plt = _plt()
+    bars = [r for r in cells if any(_ok(r.get(f"{p}_s")) for p in PART_NAMES)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(bars)), 4.5))
+    bottoms = [0.0] * len(bars)
+    cmap = plt.get_cmap("tab20")
+    for i, part in enumerate(PART_NAMES):
+        vals = [float(r.get(f"{part}_s")) if _ok(r.get(f"{part}_s")) else 0.0 for r in bars]
+        if not any(v > 0 for v in vals):
+            continue
+        ax.bar(range(len(bars)), vals, bottom=bottoms, label=part, color=cmap(i))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    labels = [f"{r['strategy']}" + ("" if r["age"] is None else f"\nage {r['age']}") + f"\nn={r['trials']}"
+              for r in bars]
+    ax.set_xticks(range(len(bars)), labels, fontsize=7)
+    ax.set(ylabel="badput, seconds (median over trials, mean over ranks)", title="badput by part")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    _footer(fig, footer)
+    path = out / BADPUT_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(out: Path, cells: Sequence[dict[str, Any]], one_trial: Sequence[tuple[Path, dict[str, Any]]],
+             paper_gain: Optional[dict[tuple[str, int], float]] = None) -> list[Path]:
+    """The comparison's plots; ``one_trial``: (run_dir, row) of one trial, for its timeline and breakdown."""
+    from harness.report import plots_compare
+
+    baseline = max(paper_gain, key=lambda k: k[1])[0] if paper_gain else None
+    # The timeline and the per-fault breakdown of one trial, as before trials; its goodput plot (of no
+    # table) is replaced by the one with intervals, drawn after it.
+    others = [p for p in plots_compare.plot_all(out, [], one_trial, timeline_strategy=baseline)
+              if p.name != GOODPUT_FILE]
+    return [plot_goodput_vs_age(out, cells, paper_gain), plot_badput_by_part(out, cells), *others]

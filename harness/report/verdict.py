@@ -1,0 +1,97 @@
+"""The comparison's verdict table: every run's goodputs per trial, then per cell the median over trials,
+the 95% interval of AccelPact's gain and the verdict, printed and written with the plots.
+
+Input is one row per run and trial (``harness.report.compare.trial_rows``: the badput-based goodput at
+the references' median productive step time, AccelPact's gain as that trial's AccelPact run over that
+trial's run of the row's strategy). Writes ``table.md`` and ``table.csv`` (one row per cell), ``runs.csv`` (one row
+per run and trial) and the plots.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from harness.report.table import format_table
+from harness.report.trials import summarize_cells, trial_of
+
+PRINT_COLUMNS: tuple[str, ...] = (
+    "strategy", "age", "trials", "goodput_bp", "gain_ci", "verdict", "measured_gain_ci", "paper_gain",
+    "step_drift", "badput_s", "replayed_steps", "load_max", "fallback", "bit_identical", "status",
+)
+
+
+def _trial(run_dir: Path, sweep_dir: Path) -> int:
+    return trial_of(run_dir.parent.name) if run_dir.parent != sweep_dir else 0
+
+
+def _status(cell: dict[str, Any]) -> str:
+    failed = cell["runs"] - cell["trials"]
+    return "ok" if not failed else f"{failed} of {cell['runs']} failed"
+
+
+def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str, Any]], title: str) -> str:
+    """``runs.csv``, ``table.csv`` and ``table.md``; returns the printed table."""
+    import pandas as pd
+
+    pd.DataFrame(runs).to_csv(out_dir / "runs.csv", index=False)
+    pd.DataFrame(cells).to_csv(out_dir / "table.csv", index=False)
+    text = format_table(cells, PRINT_COLUMNS)
+    n = sorted({c["trials"] for c in cells if c["age"] is not None})
+    md = [f"# {title}", "", "| " + " | ".join(PRINT_COLUMNS) + " |", "|" + "---|" * len(PRINT_COLUMNS)]
+    from harness.report.table import cell
+
+    for r in cells:
+        md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in PRINT_COLUMNS) + " |")
+    md += ["", f"trials per cell: {', '.join(map(str, n))} (each trial: the reference and every run, in a rotated "
+           "order). goodput_bp: useful tokens / (useful steps x the references' median productive step + the "
+           "run's measured badput), median over trials (docs/goodput.md). gain_ci: AccelPact's goodput_bp / this "
+           "row's, median [95% bootstrap interval] (n trials); verdict from that interval. measured_gain_ci: the "
+           "same with measured whole-run goodput. step_drift: the run's productive step / its reference's. "
+           "badput_s: every measured badput second (mean over ranks), median; by part in table.csv. load_max: "
+           "the highest 1-min load average seen during the run. Every run of every trial: runs.csv.", ""]
+    (out_dir / "table.md").write_text("\n".join(md))
+    return text
+
+
+def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
+    """One line when some runs ran with more load than cores, else None."""
+    over = [r for r in runs if isinstance(r.get("load_max"), (int, float)) and isinstance(r.get("cores_used"), (int, float))
+            and not math.isnan(r["load_max"]) and r["load_max"] > r["cores_used"]]
+    if not over:
+        return None
+    worst = max(r["load_max"] for r in over)
+    return (f"load: {len(over)} of {len(runs)} runs ran with the load average above the cores they use (up to "
+            f"{worst:.1f}); their measured goodput is slowed, the badput-based one much less (docs/goodput.md)")
+
+
+def finish_trials(out_dir: Path, runs: list[dict[str, Any]], entries: Sequence[tuple[Path, dict[str, Any]]],
+                  title: str, paper_gain: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+    """Per-cell verdicts, files and plots of a finished comparison sweep from its per-run rows ``runs``
+    (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline."""
+    from harness import strategies
+
+    PAPER_GAIN = paper_gain
+    cells = summarize_cells(runs)
+    ours = strategies.under_test().name
+    for c in cells:
+        c["status"] = _status(c)
+        if c["strategy"] == ours:  # its gain over itself is 1 by definition: no verdict to draw
+            c["verdict"] = c["measured_verdict"] = c["gain_ci"] = c["measured_gain_ci"] = "-"
+        if c["paper_gain"] is None and c["age"] is not None:
+            c["paper_gain"] = PAPER_GAIN.get((c["strategy"], c["age"]))
+    text = write_tables(out_dir, runs, cells, title)
+    print(f"\n{title}\n{text}\n  table: {out_dir / 'table.md'} (every run: {out_dir / 'runs.csv'})", flush=True)
+    warning = load_warning(runs)
+    if warning:
+        print(f"  {warning}", flush=True)
+    try:
+        from harness.report import plots_trials
+
+        first = [(d, r) for d, r in entries if _trial(d, out_dir) == min((_trial(x, out_dir) for x, _ in entries), default=0)]
+        paths = plots_trials.plot_all(out_dir, cells, first, paper_gain=PAPER_GAIN)
+        print("  plots: " + ", ".join(str(p) for p in paths), flush=True)
+    except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
+        print(f"warning: comparison plots failed: {type(exc).__name__}: {exc}")
+    return cells

@@ -1,0 +1,20 @@
+"""Strategies the scale simulator projects but the harness does not run, one ``ProjectedStrategy`` each.
+
+They extend the simulator's comparison beyond what this machine can measure: AccelPact's heal as first
+designed at scale (a death notice, a replacement process or spare host, state from memory), and a
+torchft-style replica group that drops out and rejoins by peer heal (an outside reference). Plugins add
+more with ``harness.strategies.register_projected``.
+"""
+
+from __future__ import annotations
+
+from harness.strategies.spec import ProjectedStrategy, Simulation
+
+PROJECTED: tuple[ProjectedStrategy, ...] = (
+    ProjectedStrategy("accelpact_heal", Simulation(
+        "harness.scale.outcomes:rebind_and_heal_in_memory",
+        "AccelPact rebinding + in-memory heal (projected design)")),
+    ProjectedStrategy("torchft_peer_heal", Simulation(
+        "harness.scale.outcomes:replica_drops_and_peer_heals",
+        "torchft-style replica drop + peer heal (outside reference)")),
+)

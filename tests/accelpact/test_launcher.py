@@ -1,0 +1,120 @@
+"""``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory.
+
+Four jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
+its replacement forked from the template, the same with a spawned replacement, and the same with
+``--replacement none --max-restarts 1`` (no heal: the whole group restarts from its snapshots). Each
+healed run must end bit-identical to the reference (every parameter shard and optimizer tensor, and
+every loss), with the survivor's pid unchanged, the replacement started the way asked, and no byte
+read from disk. Fails without the launcher (the module does not exist), without the death notice (the
+survivor waits out the heal's timeouts and the run fails or restarts), or with a replacement that does
+not heal (the state differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_heal.py"
+STEPS, KILL_AT = 6, 3
+
+
+def launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"t{os.getpid()}{name}",
+           "--log-dir", str(tmp / name / "logs"), "--snapshot-root", str(tmp / "shm"), *agent_args, str(EXAMPLE),
+           "--steps", str(STEPS), "--out", str(tmp / name / "out"), *script_args]
+    (tmp / name).mkdir(parents=True)
+    return subprocess.Popen(cmd, stdout=(tmp / name / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT)
+
+
+def results(run: Path) -> dict[int, list[dict]]:
+    """Every RESULT line of each rank's log, in order (a rank's log holds all its processes)."""
+    out: dict[int, list[dict]] = {}
+    for rank in (0, 1):
+        lines = (run / "logs" / f"rank{rank}.log").read_text().splitlines()
+        out[rank] = [json.loads(line.split("RESULT ", 1)[1]) for line in lines if line.startswith("RESULT ")]
+    return out
+
+
+def started_pids(run: Path) -> dict[int, int]:
+    """The pids the agent started attempt 0's ranks with (its own line)."""
+    m = re.search(r"attempt 0: started ranks \[0, 1\] \(pids \[(\d+), (\d+)\]\)", (run / "agent.log").read_text())
+    assert m, (run / "agent.log").read_text()[-3000:]
+    return {0: int(m.group(1)), 1: int(m.group(2))}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("launcher")
+    kill = ["--kill-at", str(KILL_AT), "--kill-rank", "1"]
+    jobs = {"ref": ([], []), "template": ([], kill), "spawn": (["--replacement", "spawn"], kill),
+            "restart": (["--replacement", "none", "--max-restarts", "1"], kill)}
+    procs = {n: launch(n, tmp, a, s) for n, (a, s) in jobs.items()}
+    for name, p in procs.items():
+        assert p.wait(timeout=800) == 0, f"{name} failed:\n{(tmp / name / 'agent.log').read_text()[-4000:]}"
+    return tmp
+
+
+def assert_bit_identical(ref: Path, run: Path) -> None:
+    for rank in (0, 1):
+        a = torch.load(ref / "out" / f"rank{rank}.pt", weights_only=True)["state"]
+        b = torch.load(run / "out" / f"rank{rank}.pt", weights_only=True)["state"]
+        assert sorted(a) == sorted(b)
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"rank {rank}: {key} differs from the fault-free run"
+    want = {rank: results(ref)[rank][-1]["losses"] for rank in (0, 1)}
+    got: dict[int, dict] = {0: {}, 1: {}}
+    for rank, procs in results(run).items():
+        for r in procs:
+            got[rank].update(r["losses"])  # the last process to commit a step wins (a replay recomputes it)
+    for rank in (0, 1):  # a killed process printed nothing: its replacement's steps are compared
+        assert got[rank] and all(got[rank][s] == want[rank][s] for s in got[rank]), f"rank {rank}: a loss differs"
+
+
+@pytest.mark.parametrize("how", ["template", "spawn"])
+def test_a_killed_rank_is_healed_in_memory_with_survivors_kept(runs, how):
+    run = runs / how
+    assert_bit_identical(runs / "ref", run)
+    agent = (run / "agent.log").read_text()
+    assert f"replacement 1 started ({how}," in agent, agent[-3000:]
+    assert "restarting the whole worker group" not in agent
+    res, pids = results(run), started_pids(run)
+    [survivor] = res[0]
+    assert survivor["pid"] == pids[0], "the survivor is not the process the agent started"
+    assert survivor["replacement"] is None and survivor["restart"] == 0
+    assert survivor["losses"] == results(runs / "ref")[0][-1]["losses"], "the survivor's losses differ"
+    [heal] = survivor["heals"]
+    assert heal["role"] == "survivor" and heal["source"] == "own" and heal["bytes_read_from_disk"] == 0
+    [replacement] = res[1]  # the killed process printed nothing; its replacement finished the run
+    assert replacement["pid"] != pids[1] and replacement["replacement"] == 1
+    assert f"replacement 1 started ({how}, pid {replacement['pid']})" in agent
+    [rheal] = replacement["heals"]
+    assert rheal["role"] == "replacement" and rheal["own_source"] == "own" and rheal["bytes_read_from_disk"] == 0
+    assert replacement["first_step"] == heal["resume_step"] <= KILL_AT
+
+
+def test_without_a_heal_the_group_restarts_from_its_snapshots(runs):
+    run = runs / "restart"
+    assert_bit_identical(runs / "ref", run)
+    agent = (run / "agent.log").read_text()
+    assert "a heal is impossible (rank 1 (pid" in agent and "--replacement=none" in agent, agent[-3000:]
+    assert "restarting the whole worker group as attempt 1" in agent
+    res = results(run)
+    for rank in (0, 1):
+        last = res[rank][-1]
+        assert last["restart"] == 1 and last["restored"] is not None and last["restored"]["source"] == "own"
+        assert last["heals"] == []

@@ -1,0 +1,88 @@
+"""The interleaving order of trials and the per-cell summary over trials."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.report.intervals import BETTER, NOISE, ONE_TRIAL, WORSE
+from harness.report.trials import interleave, round_order, summarize_cells, trial_of
+
+
+def test_round_order_rotates_by_the_round():
+    items = ["ref", "a", "b", "c"]
+    assert round_order(items, 0) == ["ref", "a", "b", "c"]
+    assert round_order(items, 1) == ["a", "b", "c", "ref"]
+    assert round_order(items, 5) == ["a", "b", "c", "ref"]
+    assert round_order([], 3) == []
+
+
+def test_interleave_runs_every_item_once_per_round_in_every_position():
+    items = ["ref", "a", "b"]
+    plan = interleave(items, 3)
+    assert [k for k, _ in plan] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for k in range(3):
+        assert sorted(i for t, i in plan if t == k) == sorted(items)
+    firsts = [plan[3 * k][1] for k in range(3)]
+    assert firsts == ["ref", "a", "b"]
+    # over len(items) rounds every item runs once in every position of a round
+    for pos in range(3):
+        assert sorted(plan[3 * k + pos][1] for k in range(3)) == sorted(items)
+    with pytest.raises(ValueError, match="compare.trials"):
+        interleave(items, 0)
+
+
+def test_trial_of_directory_names():
+    assert trial_of("trial0") == 0 and trial_of("trial12") == 12
+    assert trial_of("accelpact_age5") == 0 and trial_of("trialx") == 0
+
+
+def _row(strategy, age, gain, measured, trial, status="ok", identical=True, **extra):
+    return {"strategy": strategy, "age": age, "accelpact_gain_bp": gain, "accelpact_gain": measured,
+            "goodput_bp": 100 / gain if gain else math.nan, "goodput": 90.0, "status": status,
+            "bit_identical": identical, "trial": trial, "program_startup_s": 2.0 + trial, **extra}
+
+
+def test_summary_per_cell_with_verdicts():
+    rows = []
+    for t, (g_cold, g_neg) in enumerate([(1.3, 0.8), (1.2, 0.7), (1.35, 0.75)]):
+        rows += [_row("cold_restart", 5, g_cold, 0.95 + 0.2 * t, t), _row("slow", 5, g_neg, 1.0, t),
+                 _row("noisy", 5, [0.9, 1.2, 1.1][t], 1.0, t)]
+    rows.append(_row("cold_restart", 5, 5.0, 5.0, 3, status="failed"))  # a failed run is not a trial
+    rows.append(_row("single", 18, 1.5, 1.5, 0))
+    out = {(r["strategy"], r["age"]): r for r in summarize_cells(rows)}
+    cold = out[("cold_restart", 5)]
+    assert cold["trials"] == 3 and cold["runs"] == 4
+    assert cold["gain"] == pytest.approx(1.3) and cold["verdict"] == BETTER
+    assert 1.2 <= cold["gain_lo"] <= cold["gain_hi"] <= 1.35
+    assert cold["gain_ci"].endswith("(n=3)")
+    assert cold["measured_verdict"] == NOISE  # 0.95, 1.15, 1.35
+    assert cold["program_startup_s"] == pytest.approx(3.0) and cold["bit_identical"] is True
+    assert out[("slow", 5)]["verdict"] == WORSE
+    assert out[("noisy", 5)]["verdict"] == NOISE
+    assert out[("single", 18)]["verdict"] == ONE_TRIAL
+
+
+def test_bit_identical_is_false_if_any_trial_differs():
+    rows = [_row("a", 5, 1.1, 1.1, 0), _row("a", 5, 1.2, 1.2, 1, identical=False)]
+    assert summarize_cells(rows)[0]["bit_identical"] is False
+
+
+def test_median_rows_collapses_trials():
+    from harness.report.trials import median_rows
+
+    rows = [{"strategy": "a", "age": 5, "trial": t, "gain": g, "status": "ok", "bit_identical": True, "fallback": "no"}
+            for t, g in enumerate((1.1, 1.5, 1.2))]
+    rows.append({"strategy": "a", "age": 5, "trial": 3, "gain": 9.0, "status": "failed", "bit_identical": False,
+                 "fallback": "no"})
+    rows.append({"strategy": "a", "age": 18, "trial": 0, "gain": 2.0, "status": "ok", "bit_identical": None,
+                 "fallback": "yes"})
+    out = median_rows(rows, ("strategy", "age"))
+    assert [(r["strategy"], r["age"]) for r in out] == [("a", 5), ("a", 18)]
+    assert out[0]["gain"] == pytest.approx(1.2) and out[0]["trials"] == 3 and out[0]["bit_identical"] is True
+    assert out[1]["gain"] == 2.0 and out[1]["trials"] == 1 and out[1]["fallback"] == "yes"
+    # integer columns stay integers when their median is whole (tables format them with "d")
+    steps = median_rows([{"k": 1, "n": 3}, {"k": 1, "n": 5}, {"k": 1, "n": 4}], ("k",))[0]["n"]
+    assert steps == 4 and isinstance(steps, int)
+    assert median_rows([{"k": 1, "n": 3}, {"k": 1, "n": 4}], ("k",))[0]["n"] == 3.5
