@@ -10,7 +10,7 @@ What an agent does (docs/launcher.md):
   starts), with torchrun's and accelpact's environment (accelpact.run.env). Unless
   ``--replacement=spawn|none``, also one template process (accelpact.run.script_template).
 - **A rank dies** (its exit code is not 0): the agent writes the death notice with the dead pid
-  (``accelpact.liveness.publish_death``), so survivors stop waiting for it within a poll. A rank killed by
+  (``accelpact.detection.liveness.publish_death``), so survivors stop waiting for it within a poll. A rank killed by
   a signal is replaced, within ``--max-replacements``: one new process for that rank only, forked from
   the template (spawned when the template cannot fork: the reason is printed), with
   ``ACCELPACT_REPLACEMENT`` set; the survivors keep running and heal it in memory. Any other death (an
@@ -270,7 +270,7 @@ class Agent:
 
     # -- deaths -------------------------------------------------------------------------------
     def _publish_death(self, att: _Attempt, rank: int, code: int) -> None:
-        from accelpact.liveness import publish_death
+        from accelpact.detection.liveness import publish_death
 
         try:
             publish_death(self.store, job_token(self.cfg.run_id, att.number), rank, by="accelpact.run agent (waitpid)",
@@ -296,7 +296,7 @@ class Agent:
 
     def _handle_deaths(self, att: _Attempt) -> Optional[str]:
         """Reap this node's ranks; replace the killed ones. The reason for a group restart, or None."""
-        from accelpact.heal_wait import publish_no_replacement
+        from accelpact.recovery.heal_wait import publish_no_replacement
 
         for rank, proc in sorted(att.procs.items()):
             code = proc.poll()

@@ -103,7 +103,7 @@ def _die(how: str) -> None:
 
 
 def _arrive_and_die(control: Any, env: "RankEnv") -> None:
-    """Post an arrival exactly as accelpact.recovery.rejoin does, then die before taking the plan."""
+    """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
     import json
     import time
 
