@@ -46,6 +46,7 @@ from accelpact.interruptible import CollectiveWaiter
 from accelpact.linkprobe import peer_addresses
 from accelpact.liveness import LivenessConfig
 from accelpact.reset import ResetConfig, fsdp_flavour
+from accelpact.region_rule import RegionAction, RegionPhase, RegionState, decide_region
 from accelpact.store_loss import store_lost_error
 from accelpact.watchdog import resolve_stall_timeout
 
@@ -86,7 +87,8 @@ class Guard:
             snapshots.generation = lambda: getattr(control, "generation", 0)
         self.events = RecoveryLog()  # the newest 256; .total counts them all (accelpact/events.py)
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
-        # during a recovery, "recovery" (new generation built, before its first collective).
+        # during a recovery, "recovery" (new generation built, before its first collective); in a survivor's
+        # heal, "heal_plan" (every replacement arrived, before the roll call and the plan).
         self.phase_hooks: list[PhaseHook] = []
         # Measures detection time from a known injection instead of from the attempt's start; may
         # be set after attach.
@@ -114,6 +116,15 @@ class Guard:
             self._healer = Healer(self, heal, snapshots)
         self._next_step = 0
         self._phase = Phase.BEFORE_VOTE
+        # Guarded regions (run / finish): how many completed since the last commit, and the phase inside
+        # the current one (None: not in a region). accelpact/region_rule.py has the rule.
+        self._region_done = 0
+        self._region_phase: RegionPhase | None = None
+        self._last_reports: list = []  # the last recovery round's consensus reports (accelpact.recovery)
+        self._finished = False
+        # On a replacement: where attach() resumed it, as the RolledBack a survivor catches (resume_step,
+        # extra_state: what its snapshot's extra_state callable saved). None elsewhere.
+        self.resumed: RolledBack | None = None
         vote_pg = process_group if process_group is not None else dist.group.WORLD
         self.backend = backend_for(vote_pg)
         self.table = BindingTable.build(model, optimizer, process_group)
@@ -156,7 +167,12 @@ class Guard:
             if self._healer is None:
                 raise AccelPactError("attach(rejoin=ticket) needs heal=HealPolicy(...): the replacement's heal runs it")
             rejoin.stop_heartbeat()  # this guard's own heartbeat beats from now on
-            self.heal_events.append(self._healer.join(rejoin).event)
+            outcome = self._healer.join(rejoin)
+            self.heal_events.append(outcome.event)
+            self.resumed = RolledBack(
+                f"rank {self.rank}: replacement resumed at step {outcome.resume_step} (loaded step "
+                f"{outcome.resume_step - 1} from {outcome.event.source})", resume_step=outcome.resume_step,
+                extra_state=outcome.extra_state)
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -185,6 +201,7 @@ class Guard:
                 "already committed; build a new guard with attach() for a rolled-back run")
         self._next_step = step
         self.committed_step = step - 1
+        self._region_done = 0
 
     def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
         """Run one committed step; recover in memory from comm faults. Returns step_fn's loss."""
@@ -232,11 +249,7 @@ class Guard:
                         raise
                     _drop_traceback(exc)
                     del exc
-                    outcome = self._healer.survive(lost, step, t_caught)
-                    self.heal_events.append(outcome.event)
-                    for heal_hook in self.heal_hooks:
-                        heal_hook(outcome.event)
-                    self._unchecked_since = time.time()
+                    outcome = self._heal(lost, step, t_caught)
                     if outcome.resume_step == step:
                         torch.set_rng_state(rng)  # the same step again, as after a retry
                         continue
@@ -262,6 +275,102 @@ class Guard:
                 )
             torch.set_rng_state(rng)  # retry the same step on the same batch
 
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run the caller's own collectives (``fn(*args, **kwargs)``) under the guard; return fn's result.
+
+        For what happens between steps: evaluation, a checkpoint save, a final gather. A fault inside
+        ``fn`` is handled as inside :meth:`step`, with one difference: ``fn`` must be safe to run again
+        from its start (an evaluation is; a save that overwrites is).
+
+        - A communication fault (a reset link, a lost connection): one recovery round, a new data-plane
+          generation (``dist.group.WORLD`` and every data-plane group are replaced in place), then ``fn``
+          runs again on every rank, or, if every rank had finished it, returns the result it computed.
+          ``fn`` is closed by a one-element all-reduce (the region vote), so that no rank moves past the
+          region while a peer still needs to run it again (accelpact/region_rule.py).
+        - A lost rank, with ``heal=``: the rank is healed as in a step, and this call raises
+          :class:`accelpact.RolledBack` on every survivor: the loop continues at ``resume_step``, which is
+          at most the last committed step (the replacement starts at the top of a step, so everyone
+          re-runs the loop from there, this region included: one step replayed). Restore what
+          ``extra_state`` holds, as after any RolledBack.
+        - Without ``heal=``: RankLostError naming the rank (not gloo's bare RuntimeError).
+
+        Collectives on groups the guard does not know (e.g. one made with ``dist.new_group`` after
+        attach) are not rebuilt: build such a group inside ``fn`` from the current generation, or use
+        the default group. Call it between steps, never inside ``step_fn`` or another ``run``.
+        """
+        if self._closed:
+            raise AccelPactError("guard is closed")
+        if self._region_phase is not None:
+            raise AccelPactError("guard.run() called inside guard.run(): run the inner collectives in the outer fn")
+        rng = torch.get_rng_state()  # a re-run sees the same random numbers
+        position = self._next_step  # the report of a rank between steps: attempting next_step, before its vote
+        self._progress += 1
+        try:
+            while True:
+                t_start = time.time()
+                self._phase = Phase.BEFORE_VOTE
+                self._region_phase = RegionPhase.RUNNING
+                result: Any = None
+                if self._watchdog is not None:
+                    self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
+                try:
+                    result = fn(*args, **kwargs)
+                    self._region_phase = RegionPhase.IN_VOTE
+                    self._vote_buf.fill_(1.0)
+                    self.backend.vote(self._vote_buf, self.table.groups[self._vote_index], wait=self._wait)
+                    self._unchecked_since = time.time()
+                    if self._watchdog is not None:
+                        self._watchdog.end_attempt(completed=False)  # a region's length is not a step's
+                    self._region_done += 1
+                    return result
+                except BaseException as exc:  # noqa: BLE001 - filtered right below
+                    fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
+                    if not self.backend.is_comm_fault(exc):
+                        raise
+                    t_caught = time.time()
+                    try:
+                        decision = recovery.recover(self, exc, position, t_start, watchdog=fired)
+                    except ControlChannelError as lost:
+                        raise store_lost_error(lost, control=self.control, step=position,
+                                               committed_step=self.committed_step) from lost
+                    except RankLostError as lost:
+                        if self._healer is None or lost.detected_by not in _HEALABLE:
+                            raise
+                        _drop_traceback(exc)
+                        del exc
+                        outcome = self._heal(lost, position, t_caught, resume_by=max(self.committed_step, 0))
+                        raise RolledBack(
+                            f"rank {self.rank}: healed the loss of rank(s) {outcome.event.lost_ranks} inside guard.run "
+                            f"after step {position - 1}; continue at step {outcome.resume_step}",
+                            resume_step=outcome.resume_step, extra_state=outcome.extra_state) from None
+                    _drop_traceback(exc)
+                    del exc
+                action = self._region_action(decision)
+                if action is RegionAction.COMPLETE:
+                    self._region_done += 1
+                    return result
+                torch.set_rng_state(rng)  # RETRY: run fn again from its start
+        finally:
+            self._region_phase = None
+
+    def finish(self) -> None:
+        """End the run: every rank agrees training ended. Call once, after the last step, on every rank.
+
+        A guarded region with nothing in it but its vote (:meth:`run`): a rank lost after the last
+        step's vote (which the survivors' loops would otherwise leave unnoticed, its replacement waiting
+        in ``rejoin`` for a plan that never comes) is healed here, and this call raises
+        :class:`accelpact.RolledBack`: run the loop again from ``resume_step`` (the last step, replayed),
+        then call ``finish`` again. Guard the collectives after it (a final save, a gather) with
+        :meth:`run`: a rank lost there is healed the same way.
+        """
+        self.run(_nothing)
+        self._finished = True
+
+    @property
+    def finished(self) -> bool:
+        """True once :meth:`finish` returned (and no heal moved the run back since)."""
+        return self._finished
+
     def close(self) -> None:
         self._closed = True
         self.phase_hooks.clear()
@@ -271,6 +380,31 @@ class Guard:
             self._watchdog.stop()
 
     # -- the step ---------------------------------------------------------------------------------
+
+    def _heal(self, lost: RankLostError, step: int, t_caught: float, resume_by: int | None = None) -> Any:
+        """A survivor's heal of the ranks ``lost`` names (accelpact.heal); the outcome, hooks run."""
+        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)
+        self._region_done = 0  # every rank resumes at the top of a step
+        self._finished = False
+        self.heal_events.append(outcome.event)
+        for heal_hook in self.heal_hooks:
+            heal_hook(outcome.event)
+        self._unchecked_since = time.time()
+        return outcome
+
+    def _region_state(self) -> RegionState:
+        return RegionState(self.committed_step, self._region_done, self._region_phase)
+
+    def _region_action(self, decision: Any) -> RegionAction:
+        """After a recovery round inside a region: run fn again, or return its result (region_rule)."""
+        if decision.committed_step != self.committed_step or (self.rank in decision.apply_on):
+            raise StateDivergedError(
+                f"rank {self.rank} was inside guard.run after committing step {self.committed_step}, but the ranks "
+                f"decided {decision}; this is a bug in the commit rule", ranks=(self.rank,),
+                last_committed_step=self.committed_step)
+        states = {r.rank: RegionState.from_dict(r.region) if r.region is not None
+                  else RegionState(r.committed_step, 0, None) for r in self._last_reports}
+        return decide_region(states, self.rank, decision.committed_step)
 
     def _hook(self, phase: str, step: int) -> None:
         self._progress += 1
@@ -284,6 +418,8 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         self.committed_step = step
         self._next_step = step + 1
+        self._region_done = 0
+        self._finished = False
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
         self.backend.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
@@ -323,6 +459,10 @@ class Guard:
         prepare = getattr(self.control, "prepare_data_plane", None)
         if prepare is not None:
             prepare()
+
+
+def _nothing() -> None:
+    """finish()'s region: nothing but the region vote."""
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,

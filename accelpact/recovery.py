@@ -48,7 +48,7 @@ def recover(g: "Guard", exc: BaseException, step: int, t_start: float, watchdog:
     # 1. Make peers blocked on us fail now instead of at their PG timeout.
     g.backend.abort()
     report = RankReport(g.rank, step, g.committed_step, g._phase, fault=fault["type"],
-                        injected_at=injected)
+                        injected_at=injected, region=g._region_state().to_dict())
     rounds = 0
     clock = RoundClock(t_detected)
     while True:
@@ -103,6 +103,7 @@ def _round(g: "Guard", report: RankReport, step: int, fault: dict[str, str], t_d
         ) from lost
     reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
     decision = decide(reports, g.world_size)
+    g._last_reports = reports  # a rank inside a guarded region decides its region from them (Guard.run)
     detected_from, detection_from = detection.detection_origin(reports, t_start)
     _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", g.rank, generation, decision,
               len(g.table.groups))
