@@ -20,6 +20,11 @@ On a communication fault the guard:
 7. applies the decision. A fault during 4-6 starts a new round on the next generation.
 A lost rank or irreconcilable reports raise (RankLostError / StateDivergedError) naming the ranks and
 the last committed step; nothing hangs past the control channel's deadline.
+
+Between steps, :meth:`Guard.run` guards the caller's own collectives (evaluation, checkpoint saves, a
+final gather) the same way, closing them with a region vote (accelpact/region_rule.py), and
+:meth:`Guard.finish` is the guarded end of the run: a rank lost after the last step's vote is healed
+there instead of leaving its replacement waiting for a plan.
 """
 
 from __future__ import annotations
@@ -495,7 +500,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     :class:`accelpact.heal.HealPolicy`: a rank found dead is healed in memory (survivors wait for its
     replacement) instead of raising RankLostError; ``step`` may then raise :class:`accelpact.RolledBack`.
     ``rejoin``: on a replacement process, the ticket of :func:`accelpact.rejoin.rejoin`; attach then
-    loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
+    loads the resume step and joins the survivors (``guard.next_step`` is where to continue, and
+    ``guard.resumed`` the RolledBack a survivor would catch: its ``extra_state`` is what the loaded
+    snapshot's ``extra_state`` callable saved, e.g. the LR scheduler's state).
     FSDP2 only with ``snapshots`` or ``heal``.
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
