@@ -377,6 +377,16 @@ class Guard:
         return self._finished
 
     def close(self) -> None:
+        """Stop the heartbeat and the watchdog. After :meth:`finish`, also tell a replacement that may still
+        arrive that this rank ended the run: once every other rank did, its ``rejoin`` stops at once
+        instead of waiting ``timeout_s`` for a plan (accelpact.rejoin)."""
+        if self._finished and not self._closed and self._healer is not None:
+            from accelpact.heal_wait import closed_key
+
+            try:
+                self.control.set(closed_key(self.control, self.rank), str(self.committed_step).encode())
+            except Exception as exc:  # noqa: BLE001 - the store may be gone at the end of a job: nothing waits then
+                _log.info("rank %d: could not mark the run ended on the control store: %s", self.rank, exc)
         self._closed = True
         self.phase_hooks.clear()
         if self._heartbeat is not None:

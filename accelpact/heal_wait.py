@@ -31,7 +31,7 @@ from accelpact import notice_auth
 from accelpact.errors import RankLostError
 from accelpact.liveness import notice_key
 
-__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "abandoned_key",
+__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
            "publish_no_replacement",
            "ReplacementWatch"]
 
@@ -58,6 +58,11 @@ def joining_key(control: Any, rank: int, pid: int) -> str:
 
 def rollcall_key(control: Any, generation: int, attempt: int, rank: int) -> str:
     return control.key("heal", "rollcall", str(generation), str(attempt), str(rank))
+
+
+def closed_key(control: Any, rank: int) -> str:
+    """Written by a rank's guard at close() after finish(): the run ended there (accelpact.rejoin reads it)."""
+    return control.key("heal", "closed", str(rank))
 
 
 def abandoned_key(job_token: str, rank: int) -> str:
