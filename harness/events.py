@@ -27,6 +27,7 @@ The kinds (and who writes them):
 - :class:`Restart` (``restart``, each rank): a process (re)start, once the rank is ready to train.
 - :class:`Restore` (``restore``, each rank): a checkpoint load.
 - :class:`Checkpoint` (``checkpoint``, each rank): a checkpoint save.
+- :class:`Eval` (``eval``, each rank, ``train.eval_every``): an evaluation between steps.
 - :class:`Fallback` (``fallback``, each rank, accelpact): no in-memory recovery was possible; the run
   falls back to checkpoint restore.
 - :class:`Snapshots` (``snapshots``, each rank, accelpact with snapshots): what the in-memory
@@ -269,6 +270,16 @@ class Checkpoint(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Eval(Event):
+    """An evaluation after step ``step`` committed: the mean over the ranks of a held-out batch's loss.
+    An evaluation run again (after a recovery or a heal) writes one more record; the last one counts."""
+
+    KIND: ClassVar[str] = "eval"
+    step: int
+    loss: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Fallback(Event):
     """accelpact could not recover in memory; the rank exits and the run falls back to checkpoint restore."""
 
@@ -294,7 +305,7 @@ class Snapshots(Event):
 
 
 KINDS: dict[str, type[Event]] = {cls.KIND: cls for cls in (
-    Step, Fault, Recovery, Heal, Replacement, Relaunch, Restart, Restore, Checkpoint, Fallback, Snapshots)}
+    Step, Fault, Recovery, Heal, Replacement, Relaunch, Restart, Restore, Checkpoint, Eval, Fallback, Snapshots)}
 
 
 # --- the parser ------------------------------------------------------------------------------------
@@ -504,7 +515,7 @@ def _read_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 __all__ = [
     "Event", "Step", "Fault", "Recovery", "Heal", "Replacement", "Relaunch", "Restart", "Restore",
-    "Checkpoint", "Fallback", "Snapshots", "KINDS", "MalformedEvent", "ParsedLog", "parse_record",
+    "Checkpoint", "Eval", "Fallback", "Snapshots", "KINDS", "MalformedEvent", "ParsedLog", "parse_record",
     "parse_records", "typed", "of_type", "EventLog", "events_path", "read_events", "load_events",
     "read_file_events",
 ]

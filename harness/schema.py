@@ -33,6 +33,10 @@ class FaultPhase(str, Enum):
     clip_allreduce = "clip_allreduce"
     vote = "vote"
     post_vote = "post_vote"  # the vote completed on this rank, its optimizer step not yet applied
+    # Between steps (after step at_step committed), inside the user's own collectives: the evaluation
+    # (train.eval_every) and a checkpoint save (checkpoint.interval), before their first collective.
+    eval = "eval"
+    checkpoint_save = "checkpoint_save"
 
 
 class FaultSchedule(str, Enum):
@@ -110,6 +114,12 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # <= 0 disables clipping
     mixed_precision: Precision = Precision.fp32
     log_every: int = 5
+    # Evaluate (a held-out batch's loss, all-reduced over the ranks: a collective outside the step) after
+    # every eval_every-th step (0: never).
+    eval_every: int = 0
+    # A linear learning-rate warm-up over this many steps (torch LambdaLR, stepped after each committed
+    # step; 0: a constant learning rate and no scheduler).
+    warmup_steps: int = 0
 
 
 @dataclass

@@ -20,6 +20,11 @@ On a communication fault the guard:
 7. applies the decision. A fault during 4-6 starts a new round on the next generation.
 A lost rank or irreconcilable reports raise (RankLostError / StateDivergedError) naming the ranks and
 the last committed step; nothing hangs past the control channel's deadline.
+
+Between steps, :meth:`Guard.run` guards the caller's own collectives (evaluation, checkpoint saves, a
+final gather) the same way, closing them with a region vote (accelpact/recovery/region_rule.py), and
+:meth:`Guard.finish` is the guarded end of the run: a rank lost after the last step's vote is healed
+there instead of leaving its replacement waiting for a plan.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.dataplane.interruptible import CollectiveWaiter
 from accelpact.detection.liveness import LivenessConfig
 from accelpact.recovery.context import RecoveryContext, StepState
+from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
 from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
 from accelpact.control.store_loss import store_lost_error
 from accelpact.detection.watchdog import resolve_stall_timeout
@@ -89,7 +95,8 @@ class Guard:
             snapshots.generation = lambda: getattr(control, "generation", 0)
         self.events = RecoveryLog()  # the newest 256; .total counts them all (accelpact/events.py)
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
-        # during a recovery, "recovery" (new generation built, before its first collective).
+        # during a recovery, "recovery" (new generation built, before its first collective); in a survivor's
+        # heal, "heal_plan" (every replacement arrived, before the roll call and the plan).
         self.phase_hooks: list[PhaseHook] = []
         # Measures detection time from a known injection instead of from the attempt's start; may
         # be set after attach.
@@ -110,6 +117,11 @@ class Guard:
         # build a side group with the replacement, which builds its own right after attach returns).
         self.heal_hooks: list[Callable[[HealEvent], None]] = []
         self.last_snapshot_wait_s = 0.0  # how long the last step's before_update() blocked
+        # True once finish() returned (and no heal moved the run back since); close() then marks the end.
+        self._finished = False
+        # On a replacement: where attach() resumed it, as the RolledBack a survivor catches (resume_step,
+        # extra_state: what its snapshot's extra_state callable saved). None elsewhere.
+        self.resumed: RolledBack | None = None
         # The data-plane groups and how to get their next generation (accelpact.dataplane): the only
         # part of the guard that recovery and the heal may touch, besides the step state.
         self.plane: DataPlane = attach_data_plane(
@@ -144,7 +156,12 @@ class Guard:
             if self._healer is None:
                 raise AccelPactError("attach(rejoin=ticket) needs heal=HealPolicy(...): the replacement's heal runs it")
             rejoin.stop_heartbeat()  # this guard's own heartbeat beats from now on
-            self.heal_events.append(self._healer.join(rejoin).event)
+            outcome = self._healer.join(rejoin)
+            self.heal_events.append(outcome.event)
+            self.resumed = RolledBack(
+                f"rank {self.rank}: replacement resumed at step {outcome.resume_step} (loaded step "
+                f"{outcome.resume_step - 1} from {outcome.event.source})", resume_step=outcome.resume_step,
+                extra_state=outcome.extra_state)
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -225,11 +242,7 @@ class Guard:
                         raise
                     _drop_traceback(exc)
                     del exc
-                    outcome = self._healer.survive(lost, step, t_caught)
-                    self.heal_events.append(outcome.event)
-                    for heal_hook in self.heal_hooks:
-                        heal_hook(outcome.event)
-                    state.unchecked_since = time.time()
+                    outcome = self._heal(lost, step, t_caught)
                     if outcome.resume_step == step:
                         torch.set_rng_state(rng)  # the same step again, as after a retry
                         continue
@@ -255,7 +268,115 @@ class Guard:
                 )
             torch.set_rng_state(rng)  # retry the same step on the same batch
 
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run the caller's own collectives (``fn(*args, **kwargs)``) under the guard; return fn's result.
+
+        For what happens between steps: evaluation, a checkpoint save, a final gather. A fault inside
+        ``fn`` is handled as inside :meth:`step`, with one difference: ``fn`` must be safe to run again
+        from its start (an evaluation is; a save that overwrites is).
+
+        - A communication fault (a reset link, a lost connection): one recovery round, a new data-plane
+          generation (``dist.group.WORLD`` and every data-plane group are replaced in place), then ``fn``
+          runs again on every rank, or, if every rank had finished it, returns the result it computed.
+          ``fn`` is closed by a one-element all-reduce (the region vote), so that no rank moves past the
+          region while a peer still needs to run it again (accelpact/recovery/region_rule.py).
+        - A lost rank, with ``heal=``: the rank is healed as in a step, and this call raises
+          :class:`accelpact.RolledBack` on every survivor: the loop continues at ``resume_step``, which is
+          at most the last committed step (the replacement starts at the top of a step, so everyone
+          re-runs the loop from there, this region included: one step replayed). Restore what
+          ``extra_state`` holds, as after any RolledBack.
+        - Without ``heal=``: RankLostError naming the rank (not gloo's bare RuntimeError).
+
+        Collectives on groups the guard does not know (e.g. one made with ``dist.new_group`` after
+        attach) are not rebuilt: build such a group inside ``fn`` from the current generation, or use
+        the default group. Call it between steps, never inside ``step_fn`` or another ``run``.
+        """
+        if self._closed:
+            raise AccelPactError("guard is closed")
+        state, plane = self.state, self.plane
+        if state.region_phase is not None:
+            raise AccelPactError("guard.run() called inside guard.run(): run the inner collectives in the outer fn")
+        rng = torch.get_rng_state()  # a re-run sees the same random numbers
+        position = state.next_step  # the report of a rank between steps: attempting next_step, before its vote
+        self._progress += 1
+        try:
+            while True:
+                t_start = time.time()
+                state.phase = Phase.BEFORE_VOTE
+                state.region_phase = RegionPhase.RUNNING
+                result: Any = None
+                if self._watchdog is not None:
+                    self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
+                try:
+                    result = fn(*args, **kwargs)
+                    state.region_phase = RegionPhase.IN_VOTE
+                    self._vote_buf.fill_(1.0)
+                    plane.backend.vote(self._vote_buf, plane.vote_group, wait=self._wait)
+                    state.unchecked_since = time.time()
+                    if self._watchdog is not None:
+                        self._watchdog.end_attempt(completed=False)  # a region's length is not a step's
+                    state.region_done += 1
+                    return result
+                except BaseException as exc:  # noqa: BLE001 - filtered right below
+                    fired = self._watchdog.end_attempt(completed=False) if self._watchdog is not None else None
+                    if not plane.is_comm_fault(exc):
+                        raise
+                    t_caught = time.time()
+                    try:
+                        decision = recovery.recover(self._recovery, exc, position, t_start, watchdog=fired,
+                                                    injection_clock=self.injection_clock)
+                    except ControlChannelError as lost:
+                        raise store_lost_error(lost, control=self.control, step=position,
+                                               committed_step=self.committed_step) from lost
+                    except RankLostError as lost:
+                        if self._healer is None or lost.detected_by not in _HEALABLE:
+                            raise
+                        _drop_traceback(exc)
+                        del exc
+                        outcome = self._heal(lost, position, t_caught, resume_by=max(self.committed_step, 0))
+                        raise RolledBack(
+                            f"rank {self.rank}: healed the loss of rank(s) {outcome.event.lost_ranks} inside guard.run "
+                            f"after step {position - 1}; continue at step {outcome.resume_step}",
+                            resume_step=outcome.resume_step, extra_state=outcome.extra_state) from None
+                    _drop_traceback(exc)
+                    del exc
+                action = self._region_action(decision)
+                if action is RegionAction.COMPLETE:
+                    state.region_done += 1
+                    return result
+                torch.set_rng_state(rng)  # RETRY: run fn again from its start
+        finally:
+            state.region_phase = None
+
+    def finish(self) -> None:
+        """End the run: every rank agrees training ended. Call once, after the last step, on every rank.
+
+        A guarded region with nothing in it but its vote (:meth:`run`): a rank lost after the last
+        step's vote (which the survivors' loops would otherwise leave unnoticed, its replacement waiting
+        in ``rejoin`` for a plan that never comes) is healed here, and this call raises
+        :class:`accelpact.RolledBack`: run the loop again from ``resume_step`` (the last step, replayed),
+        then call ``finish`` again. Guard the collectives after it (a final save, a gather) with
+        :meth:`run`: a rank lost there is healed the same way.
+        """
+        self.run(_nothing)
+        self._finished = True
+
+    @property
+    def finished(self) -> bool:
+        """True once :meth:`finish` returned (and no heal moved the run back since)."""
+        return self._finished
+
     def close(self) -> None:
+        """Stop the heartbeat and the watchdog. After :meth:`finish`, also tell a replacement that may still
+        arrive that this rank ended the run: once every other rank did, its ``rejoin`` stops at once
+        instead of waiting ``timeout_s`` for a plan (accelpact.recovery.rejoin)."""
+        if self._finished and not self._closed and self._healer is not None:
+            from accelpact.recovery.heal_wait import closed_key
+
+            try:
+                self.control.set(closed_key(self.control, self.rank), str(self.committed_step).encode())
+            except Exception as exc:  # noqa: BLE001 - the store may be gone at the end of a job: nothing waits then
+                _log.info("rank %d: could not mark the run ended on the control store: %s", self.rank, exc)
         self._closed = True
         self.phase_hooks.clear()
         if self._heartbeat is not None:
@@ -264,6 +385,26 @@ class Guard:
             self._watchdog.stop()
 
     # -- the step ---------------------------------------------------------------------------------
+
+    def _heal(self, lost: RankLostError, step: int, t_caught: float, resume_by: int | None = None) -> Any:
+        """A survivor's heal of the ranks ``lost`` names (accelpact.recovery.heal); the outcome, hooks run."""
+        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)
+        self.state.region_done = 0  # every rank resumes at the top of a step
+        self._finished = False
+        self.heal_events.append(outcome.event)
+        for heal_hook in self.heal_hooks:
+            heal_hook(outcome.event)
+        self.state.unchecked_since = time.time()
+        return outcome
+
+    def _region_action(self, decision: Any) -> RegionAction:
+        """After a recovery round inside a region: run fn again, or return its result (recovery.region_rule)."""
+        if decision.committed_step != self.committed_step or (self.rank in decision.apply_on):
+            raise StateDivergedError(
+                f"rank {self.rank} was inside guard.run after committing step {self.committed_step}, but the ranks "
+                f"decided {decision}; this is a bug in the commit rule", ranks=(self.rank,),
+                last_committed_step=self.committed_step)
+        return decide_region(self.state.peer_regions, self.rank, decision.committed_step)
 
     def _hook(self, phase: str, step: int) -> None:
         self._progress += 1
@@ -275,7 +416,8 @@ class Guard:
         self.optimizer.step()
         self.state.phase = Phase.STEPPED
         self.optimizer.zero_grad(set_to_none=True)
-        self.state.commit(step)
+        self.state.commit(step)  # no guarded region done after it yet
+        self._finished = False
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
         self.plane.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
@@ -290,6 +432,10 @@ class Guard:
             t0 = time.time()
             self.snapshots.before_update()
             self.last_snapshot_wait_s += time.time() - t0
+
+
+def _nothing() -> None:
+    """finish()'s region: nothing but the region vote."""
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
@@ -323,7 +469,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     :class:`accelpact.recovery.heal.HealPolicy`: a rank found dead is healed in memory (survivors wait for its
     replacement) instead of raising RankLostError; ``step`` may then raise :class:`accelpact.RolledBack`.
     ``rejoin``: on a replacement process, the ticket of :func:`accelpact.recovery.rejoin.rejoin`; attach then
-    loads the resume step and joins the survivors (``guard.next_step`` is where to continue).
+    loads the resume step and joins the survivors (``guard.next_step`` is where to continue, and
+    ``guard.resumed`` the RolledBack a survivor would catch: its ``extra_state`` is what the loaded
+    snapshot's ``extra_state`` callable saved, e.g. the LR scheduler's state).
     FSDP2 only with ``snapshots`` or ``heal``.
     ``data_plane``: "auto" (default): on torch >= 2.15, when every data-plane group supports it, a
     recovery reconfigures the SAME groups in place (no rebuild, no rebind); otherwise, or when a

@@ -3,6 +3,7 @@
 - rounds.py: :func:`recover`, the rounds (agree, rebuild, prove) run on the guard's data plane;
 - context.py: what recovery and the heal get instead of the guard (:class:`StepState` and friends);
 - consensus.py: the commit rule, pure logic;
+- region_rule.py: the commit rule of a guarded region (``Guard.run`` / ``Guard.finish``), pure logic;
 - heal.py, heal_plan.py, heal_wait.py: healing a lost rank in memory (survivors' and replacement's side);
 - rejoin.py: a replacement process joining the survivors' next generation.
 """

@@ -83,6 +83,9 @@ class RankReport:
     phase: Phase
     fault: str | None = None
     injected_at: float | None = None
+    # Where the rank is among guarded regions (accelpact.recovery.region_rule: RegionState.to_dict()); never read
+    # by decide(); left off the wire when unset, like ``fault``.
+    region: dict | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The wire form as a dict (JSON types only); ``fault`` and ``injected_at`` appear only when set."""
@@ -92,6 +95,8 @@ class RankReport:
             d["fault"] = self.fault
         if self.injected_at is not None:
             d["injected_at"] = self.injected_at
+        if self.region is not None:
+            d["region"] = self.region
         return d
 
     def to_bytes(self) -> bytes:
@@ -109,8 +114,11 @@ class RankReport:
             injected_at = d.get("injected_at")
             if injected_at is not None and (isinstance(injected_at, bool) or not isinstance(injected_at, (int, float))):
                 raise TypeError(f"injected_at must be a number, got {type(injected_at).__name__}")
+            region = d.get("region")
+            if region is not None and not isinstance(region, dict):
+                raise TypeError(f"region must be an object, got {type(region).__name__}")
             return cls(int(d["rank"]), int(d["attempt_step"]), int(d["committed_step"]), Phase(d["phase"]),
-                       fault, None if injected_at is None else float(injected_at))
+                       fault, None if injected_at is None else float(injected_at), region)
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed consensus report {data[:200]!r}: {exc}") from exc
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from accelpact.recovery.consensus import Phase
+from accelpact.recovery.region_rule import RegionPhase, RegionState
 from accelpact.errors import AccelPactError
 from accelpact.events import RecoveryLog
 
@@ -38,11 +39,23 @@ class StepState:
     # A fault injected after it (e.g. after the vote, while no collective is in flight) surfaces at the
     # next collective, so the injection clock is asked from here, not from the attempt's start.
     unchecked_since: float | None = None
+    # Guarded regions (Guard.run / finish): how many completed since the last commit, and the phase inside
+    # the current one (None: not in a region). accelpact.recovery.region_rule has the rule.
+    region_done: int = 0
+    region_phase: RegionPhase | None = None
+    # Every rank's region state from the last recovery round's reports (rank -> state): a rank inside a
+    # guarded region decides from them whether to run it again (accelpact.recovery.rounds sets it).
+    peer_regions: dict[int, RegionState] = field(default_factory=dict)
+
+    def region(self) -> RegionState:
+        """Where this rank is among guarded regions (what its consensus report carries)."""
+        return RegionState(self.committed_step, self.region_done, self.region_phase)
 
     def commit(self, step: int) -> None:
-        """``step`` is committed here: the next one is ``step + 1``."""
+        """``step`` is committed here: the next one is ``step + 1``, with no region done after it."""
         self.committed_step = step
         self.next_step = step + 1
+        self.region_done = 0
 
     def resume_at(self, step: int) -> None:
         """Continue numbering from ``step`` (state of ``step - 1`` restored by the caller)."""
@@ -54,6 +67,7 @@ class StepState:
                 "already committed; build a new guard with attach() for a rolled-back run")
         self.next_step = step
         self.committed_step = step - 1
+        self.region_done = 0
 
 
 @dataclass

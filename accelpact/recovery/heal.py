@@ -35,7 +35,7 @@ from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
 from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
-                                 publish_no_replacement, request_key)
+                                 publish_no_replacement, request_key, rollcall_key)
 from accelpact.recovery.heal_wait import peek as _peek
 from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
 
@@ -47,6 +47,9 @@ _log = logging.getLogger(__name__)
 
 __all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key", "joining_key",
            "abandoned_key", "publish_no_replacement"]
+
+# How often a survivor at the roll call reads every rank's notice and the others' posts (store round trips).
+ROLL_CALL_POLL_S = 0.02
 
 # A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
 # replica's marker (a dict with at least "step") or None when it holds none.
@@ -99,12 +102,18 @@ class Healer:
         self.policy = policy
         self.snapshots = snapshots
         self.control = ctx.control
+        self._resume_by: int | None = None  # survive()'s, for the report of its current heal
 
     # -- survivors --------------------------------------------------------------------------------
 
-    def survive(self, lost: RankLostError, step: int, t_detected: float) -> HealOutcome:
-        """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible."""
+    def survive(self, lost: RankLostError, step: int, t_detected: float,
+                resume_by: int | None = None) -> HealOutcome:
+        """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible.
+
+        ``resume_by``: the latest step this rank can resume at (a guarded region passes its committed
+        step: accelpact.recovery.heal_plan.HealReport.resume_by)."""
         g = self.ctx
+        self._resume_by = resume_by
         if self.snapshots is not None:
             self.snapshots.flush()  # a copy in flight must not race the rollback (or be half-read)
         # Nobody can roll the failed step forward (the lost rank's gradients are gone): drop ours.
@@ -115,6 +124,7 @@ class Healer:
         watch = ReplacementWatch(self.control, g.rank, self.policy.max_rounds, poll_s=self.policy.poll_s)
         watch.scan(dead - {g.rank}, "lost")  # the processes this heal is for
         rounds = 0
+        roll_calls: dict[int, int] = {}  # generation -> roll calls held for it
         while True:
             rounds += 1
             if rounds > self.policy.max_rounds:
@@ -132,6 +142,16 @@ class Healer:
             arrivals = self._wait_arrivals(dead, step, watch)
             t_arrived = time.time()
             generation = self.control.generation + 1
+            g.hook("heal_plan", step)  # the survivors' last point before the roll call and the plan
+            attempt = roll_calls.get(generation, 0)
+            roll_calls[generation] = attempt + 1
+            more = self._roll_call(generation, attempt, dead)
+            if more is not None:
+                _log.info("rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
+                          g.rank, rounds, attempt, generation, sorted(more - dead))
+                dead |= more
+                watch.scan(more - {g.rank}, "lost")
+                continue
             plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
                     "groups": [_spec_to_dict(s) for s in g.plane.specs], "data_plane": g.plane.join_mode()}
             for r, pid in arrivals.items():
@@ -160,6 +180,43 @@ class Healer:
                 dead = set()  # who died is read from the notices at the top of the loop
             g.plane.abort()
 
+    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> set[int] | None:
+        """Before any plan is written: every survivor is present, or noticed dead, and all plan for the same ranks.
+
+        Each survivor posts the lost ranks it is about to plan for under ``{token}/heal/rollcall/{G}/{attempt}/
+        {rank}`` and waits until every other rank outside that set posted or is noticed dead (its launcher's
+        notice names the pid it beats with). None: every other survivor posted the same set and none is
+        dead: write the plans. Otherwise the ranks to heal instead (every death seen, every set posted):
+        every survivor that saw the same goes around and holds roll call ``attempt + 1``. Without it, a
+        survivor lost after the recheck of notices before the plan was found only by gloo's rendezvous, at
+        its store timeout (the PG timeout: 60 s in the harness), and the heal fell back to disk. A death
+        after a survivor's roll call (a few milliseconds before its rendezvous) still costs that timeout.
+        """
+        g = self.ctx
+        self.control.set(rollcall_key(self.control, generation, attempt, g.rank), json.dumps(sorted(dead)).encode())
+        others = set(range(g.world_size)) - dead - {g.rank}
+        deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", 30.0)
+        deadline = time.monotonic() + deadline_s
+        posted: dict[int, set[int]] = {}
+        while True:
+            noticed = self._dead_now() & others  # notices first: a post seen after a notice is not trusted
+            for r in sorted(others - set(posted)):
+                raw = _peek(self.control, rollcall_key(self.control, generation, attempt, r))
+                if raw is not None:
+                    posted[r] = {int(x) for x in json.loads(raw.decode())}
+            union = set().union(*posted.values()) if posted else set()
+            if noticed:
+                return dead | noticed | union
+            if set(posted) == others:
+                return None if union <= dead and all(p == dead for p in posted.values()) else dead | union
+            if time.monotonic() >= deadline:
+                missing = sorted(others - set(posted))
+                raise RankLostError(
+                    f"rank {g.rank}: heal roll call {attempt} of generation {generation}: rank(s) {missing} neither "
+                    f"answered within {deadline_s:g} s (the control deadline) nor were noticed dead: hung, or on "
+                    "another heal round; restore from a checkpoint", ranks=tuple(missing), detected_by="heal")
+            time.sleep(ROLL_CALL_POLL_S)
+
     def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
                     t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
         g, state = self.ctx, self.ctx.state
@@ -167,7 +224,8 @@ class Healer:
         held = {state.committed_step: "live"}
         if self.snapshots is not None:
             held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
-        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held), generation)
+        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held,
+                                      resume_by=self._resume_by), generation)
         t_load = time.time()
         extra: dict = {}
         replayed = plan.replayed(state.committed_step)

@@ -39,11 +39,17 @@ class HealReport:
     # snapshot slot) or "buddy" (a replica fetched from its buddy)
     held: dict[int, str] = field(default_factory=dict)
     buddy: int | None = None  # the rank whose replica a replacement fetched from (for the error text)
+    # The latest step this rank can resume at (None: no limit). A survivor healing inside a guarded region
+    # (Guard.run / finish) sends its committed step: everyone then re-runs the loop from the top of that
+    # step's iteration, the region included, because a replacement can only start at the top of a step.
+    resume_by: int | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"rank": self.rank, "role": self.role, "committed": self.committed,
-                           "held": {str(k): v for k, v in self.held.items()}, "buddy": self.buddy},
-                          sort_keys=True).encode()
+        d = {"rank": self.rank, "role": self.role, "committed": self.committed,
+             "held": {str(k): v for k, v in self.held.items()}, "buddy": self.buddy}
+        if self.resume_by is not None:
+            d["resume_by"] = self.resume_by
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "HealReport":
@@ -54,7 +60,8 @@ class HealReport:
             if bad:
                 raise ValueError(f"unknown source(s) {bad}")
             return cls(int(d["rank"]), str(d["role"]), int(d["committed"]), held,
-                       None if d.get("buddy") is None else int(d["buddy"]))
+                       None if d.get("buddy") is None else int(d["buddy"]),
+                       None if d.get("resume_by") is None else int(d["resume_by"]))
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed heal report {raw[:200]!r}: {exc}") from exc
 
@@ -82,7 +89,8 @@ class ResumePlan:
 
 
 def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
-    """The newest step every rank holds; RankLostError when a replacement holds nothing in common.
+    """The newest step every rank holds (resuming no later than any rank's ``resume_by``); RankLostError
+    when a replacement holds nothing in common.
 
     Deterministic and independent of the order of ``reports``: every rank computes the same plan.
     """
@@ -93,6 +101,17 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
                                  f"{len(reports)} reports): missing {missing} or duplicated")
     replacements = tuple(sorted(r.rank for r in reports if r.role == "replacement"))
     common = set.intersection(*(set(r.held) for r in reports)) if reports else set()
+    caps = [r.resume_by for r in reports if r.resume_by is not None]
+    if caps:  # resume at or before the earliest step a rank in a guarded region can re-run from
+        capped = {s for s in common if s + 1 <= min(caps)}
+        if common and not capped:
+            raise RankLostError(
+                f"a rank inside guard.run or finish must resume at step {min(caps)} or earlier, but the oldest "
+                f"step every rank holds is {min(common)}: snapshot every step (SnapshotConfig(every=1)) so that "
+                "the step before a region is held, or restore from a disk checkpoint",
+                ranks=replacements, detected_by="heal",
+                last_committed_step=min((r.committed for r in reports if r.role == "survivor"), default=None))
+        common = capped
     if common:
         return _plan(reports, max(common), replacements)
     survivors_low = min((r.committed for r in reports if r.role == "survivor"), default=None)

@@ -31,7 +31,8 @@ from accelpact.control import notice_auth
 from accelpact.errors import RankLostError
 from accelpact.detection.liveness import notice_key
 
-__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "abandoned_key", "publish_no_replacement",
+__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
+           "publish_no_replacement",
            "ReplacementWatch"]
 
 # How often a waiting survivor reads the lost ranks' death notices (a store round trip per rank): a
@@ -53,6 +54,15 @@ def plan_key(control: Any, rank: int, pid: int) -> str:
 
 def joining_key(control: Any, rank: int, pid: int) -> str:
     return control.key("heal", "joining", str(rank), str(pid))
+
+
+def rollcall_key(control: Any, generation: int, attempt: int, rank: int) -> str:
+    return control.key("heal", "rollcall", str(generation), str(attempt), str(rank))
+
+
+def closed_key(control: Any, rank: int) -> str:
+    """Written by a rank's guard at close() after finish(): the run ended there (accelpact.recovery.rejoin reads it)."""
+    return control.key("heal", "closed", str(rank))
 
 
 def abandoned_key(job_token: str, rank: int) -> str:

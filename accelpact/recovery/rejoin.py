@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
-from accelpact.recovery.heal_wait import arrived_key, joining_key, plan_key
+from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
 from accelpact.detection.liveness import Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
+
+# How often a replacement reads the store for its plan (and for the end of the run) while it waits.
+PLAN_POLL_S = 0.01
 
 
 @dataclass
@@ -54,6 +57,26 @@ class RejoinTicket:
         if self.heartbeat is not None:
             self.heartbeat.stop()
             self.heartbeat = None
+
+
+def _wait_for_plan(control: Any, pid: int, timeout_s: float) -> bytes:
+    """The survivors' plan for this process; RankLostError at once when every other rank already ended the
+    run (each wrote ``{token}/heal/closed/{rank}`` at ``guard.close()`` after ``guard.finish()``)."""
+    deadline = time.monotonic() + timeout_s
+    others = [r for r in range(control.world_size) if r != control.rank]
+    while True:
+        raw = peek(control, plan_key(control, control.rank, pid))
+        if raw is not None:
+            return raw
+        if others and all(peek(control, closed_key(control, r)) is not None for r in others):
+            raise RankLostError(
+                f"replacement of rank {control.rank} (pid {pid}): every other rank ended the run (guard.finish, then "
+                "guard.close) before this process arrived: nothing is left to heal and no one to heal with. The "
+                "process this replaces died after the run's end; if it had work left after guard.close, run that "
+                "work under guard.run before closing.", ranks=(control.rank,), detected_by="heal")
+        if time.monotonic() >= deadline:
+            raise ControlChannelError(f"no heal plan for rank {control.rank} (pid {pid}) within {timeout_s:g} s")
+        time.sleep(PLAN_POLL_S)
 
 
 def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = None,
@@ -88,7 +111,11 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
                 json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
     t_arrived = time.time()
     try:
-        plan = json.loads(control.get(plan_key(control, control.rank, pid), deadline_s=timeout_s).decode())
+        plan = json.loads(_wait_for_plan(control, pid, timeout_s).decode())
+    except RankLostError:
+        if heartbeat is not None:
+            heartbeat.stop()
+        raise
     except ControlChannelError as exc:
         if heartbeat is not None:
             heartbeat.stop()

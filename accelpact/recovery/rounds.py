@@ -22,6 +22,7 @@ from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, de
 from accelpact.errors import RankLostError
 from accelpact.events import RecoveryEvent, RoundClock
 from accelpact.recovery.context import InjectionClock, RecoveryContext
+from accelpact.recovery.region_rule import RegionState
 
 _log = logging.getLogger("accelpact.guard")
 
@@ -48,7 +49,7 @@ def recover(ctx: RecoveryContext, exc: BaseException, step: int, t_start: float,
     # 1. Make peers blocked on us fail now instead of at their PG timeout.
     plane.abort()
     report = RankReport(ctx.rank, step, state.committed_step, state.phase, fault=fault["type"],
-                        injected_at=injected)
+                        injected_at=injected, region=state.region().to_dict())
     rounds = 0
     clock = RoundClock(t_detected)
     while True:
@@ -104,6 +105,9 @@ def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str,
         ) from lost
     reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
     decision = decide(reports, ctx.world_size)
+    if ctx.state.region_phase is not None:  # inside Guard.run: the region rule reads every rank's place
+        ctx.state.peer_regions = {r.rank: RegionState.from_dict(r.region) if r.region is not None
+                                  else RegionState(r.committed_step, 0, None) for r in reports}
     detected_from, detection_from = detection.detection_origin(reports, t_start)
     _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", ctx.rank, generation, decision,
               len(plane.groups))

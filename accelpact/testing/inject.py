@@ -42,6 +42,8 @@ PHASES: tuple[str, ...] = (
     "vote",
     "post_vote",  # the vote completed on this rank, optimizer.step not yet applied
     "recovery",  # only with a guard: after the new generation is built, before its first collective
+    "eval",  # the caller's own evaluation, between steps (fired explicitly)
+    "checkpoint_save",  # the caller's own checkpoint save, between steps (fired explicitly)
 )
 # reset: shut down own gloo connections (the next collective fails on every rank);
 # reset_raise: the same, and fail right here with a CommFault, as a collective that failed on this

@@ -17,7 +17,8 @@ from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.schema import ConfigError, ClusterConfig, Device, LinkPlane, ModelConfig, Precision, RankLaunch, RunConfig
+from harness.schema import (ConfigError, ClusterConfig, Device, FaultPhase, LinkPlane, ModelConfig, Precision, RankLaunch,
+                            RunConfig)
 
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
@@ -68,6 +69,10 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(f"train.log_every={t.log_every} must be at least 1; try `train.log_every=5`")
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be positive; try `train.lr=3e-3`")
+    if t.eval_every < 0 or t.warmup_steps < 0:
+        raise ConfigError(f"train.eval_every={t.eval_every} and train.warmup_steps={t.warmup_steps} must be 0 (off) "
+                          "or positive; try `train.eval_every=2`")
+    check_between_steps_phase(run)
     if c.world_size < 1:
         raise ConfigError(f"cluster.world_size={c.world_size} must be at least 1; try `cluster.world_size=2`")
     if c.hosts < 0 or (c.hosts and c.world_size % c.hosts):
@@ -326,3 +331,16 @@ def _largest_fitting_model(run: RunConfig, machine: Machine, catalogue: Catalogu
         if plan(candidate, machine, catalogue.counts(candidate.model)).fits:
             return name
     return None
+
+
+def check_between_steps_phase(run: RunConfig) -> None:
+    """A fault at a phase between steps needs that phase to run at the fault's step (else it never fires)."""
+    phase, step = run.fault.phase, run.fault.at_step
+    if phase is FaultPhase.eval and (run.train.eval_every <= 0 or (step + 1) % run.train.eval_every):
+        raise ConfigError(f"fault.phase=eval at fault.at_step={step} needs an evaluation after that step: "
+                          f"train.eval_every={run.train.eval_every} does not evaluate there; try "
+                          f"`train.eval_every={step + 1}`")
+    if phase is FaultPhase.checkpoint_save and (run.checkpoint.interval <= 0 or (step + 1) % run.checkpoint.interval):
+        raise ConfigError(f"fault.phase=checkpoint_save at fault.at_step={step} needs a save after that step: "
+                          f"checkpoint.interval={run.checkpoint.interval} does not save there; try "
+                          f"`checkpoint=sync checkpoint.interval={step + 1}`")

@@ -41,6 +41,10 @@ def ack_path(run_dir: str | os.PathLike[str], index: int, rank: int) -> Path:
     return Path(run_dir) / "faults" / f"ack_{index}_rank{rank}"
 
 
+# Fault points after a step committed, in the loop's own collectives (harness.strategies.base).
+BETWEEN_STEPS = ("eval", "checkpoint_save")
+
+
 class RankFaults:
     """This rank's pending faults. ``install(model)`` once, ``begin_step(step)`` at the top of every
     step, ``maybe_fire(phase)`` before the clip all-reduce and the vote (or ``on_phase`` as a guard hook)."""
@@ -103,7 +107,8 @@ class RankFaults:
         seconds = {id(s) for s in self._nested.values()}
         for spec in [s for s in self.injector.armed if s.step == step and id(s) in seconds]:
             self.injector.disarm(spec)
-        return [spec.phase for spec in self.injector.armed if spec.step == step]
+        # The phases between steps (eval, checkpoint_save) fire after the step: not missed yet.
+        return [spec.phase for spec in self.injector.armed if spec.step == step and spec.phase not in BETWEEN_STEPS]
 
     def remove(self) -> None:
         self.injector.remove()

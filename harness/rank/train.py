@@ -90,6 +90,10 @@ def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, 
     mesh = init_device_mesh(device.type, (env.world_size,))
     model = build_model(cfg.model, cfg.train.seed, mesh, device, mixed_precision_policy(cfg))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    scheduler = None
+    if cfg.train.warmup_steps > 0:
+        warmup = cfg.train.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     return TrainContext(
         cfg=cfg,
         rank=env.rank,
@@ -103,6 +107,7 @@ def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, 
         control_store=control_store,
         replacement=env.replacement,
         rejoin=rejoin,
+        scheduler=scheduler,
     )
 
 
@@ -116,7 +121,14 @@ def run_loop(
     last = cfg.train.steps if steps is None else steps
     tokens_per_step = m.batch_size * m.seq_len
     step = strategy.first_step() if start is None else start
-    while step < last:
+    while True:
+        if step >= last:
+            try:
+                strategy.finish()  # every rank agrees the run ended (a rank lost after the last vote heals here)
+                return step
+            except Rewind as back:
+                step = back.step
+                continue
         t_start = time.time()
         batch = make_batch(cfg.train.seed, step, ctx.rank, m.batch_size, m.seq_len, m.vocab_size)
         try:
@@ -136,9 +148,12 @@ def run_loop(
             replay=strategy.is_replay(step),
             **strategy.step_fields(),
         )
-        strategy.after_step(step)
+        try:
+            strategy.after_step(step)  # the LR schedule, a checkpoint save, an evaluation
+        except Rewind as back:
+            step = back.step
+            continue
         step += 1
-    return step
 
 
 def exit_without_static_destructors() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
 from harness.schema import RunConfig
-from harness.events import EventLog
+from harness.events import EventLog, Eval
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,7 @@ class TrainContext:
     control_store: Optional[Any] = None  # the parent's long-lived TCPStore (client)
     replacement: int = 0  # > 0: this process replaces a lost one of its rank (heals in memory)
     rejoin: Optional[Any] = None  # what the strategy's rejoin hook returned (replacements only)
+    scheduler: Optional[Any] = None  # the LR scheduler (train.warmup_steps), stepped after each committed step
 
 
 class Rewind(Exception):
@@ -110,6 +111,10 @@ class Strategy(ABC):
         if self.ckpt is not None and ctx.incarnation > 0 and not ctx.replacement:
             loaded = self.ckpt.load_latest()
             self._start = 0 if loaded is None else loaded.from_step + 1
+            if ctx.scheduler is not None:
+                # The checkpoint holds no scheduler: the warm-up is a function of the step, so step it there.
+                for _ in range(self._start):
+                    ctx.scheduler.step()
         self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
                                           exclude_ports or store_ports_of(ctx))
         if self.faults is not None:
@@ -156,9 +161,43 @@ class Strategy(ABC):
         return loss
 
     def after_step(self, step: int) -> None:
-        """Called once step ``step`` committed: periodic checkpoint saves."""
+        """Called once step ``step`` committed: the LR schedule, periodic checkpoint saves, evaluations."""
+        if self.ctx.scheduler is not None:
+            self.ctx.scheduler.step()
         if self.ckpt is not None and self.ckpt.due(step):
-            self.ckpt.save(step)
+            self.save_checkpoint(step)
+        every = self.ctx.cfg.train.eval_every
+        if every > 0 and (step + 1) % every == 0:
+            self.evaluate(step)
+
+    def save_checkpoint(self, step: int) -> None:
+        """Save the checkpoint of ``step`` (its ``checkpoint_save`` fault point first)."""
+        self.fire("checkpoint_save")
+        self.ckpt.save(step)
+
+    def evaluate(self, step: int) -> None:
+        """Evaluate after ``step`` and write an ``eval`` event (a guarded strategy runs it under its guard)."""
+        self.ctx.events.emit(Eval, step=step, loss=self.eval_loss(step))
+
+    def eval_loss(self, step: int) -> float:
+        """The mean over the ranks of a held-out batch's loss: a forward and an all-reduce outside the step."""
+        import torch
+        import torch.distributed as dist
+
+        from harness.rank.data import make_batch
+
+        cfg, m = self.ctx.cfg, self.ctx.cfg.model
+        # Held out: another seed than training's; one batch per evaluation, the same on every run.
+        tokens = make_batch(cfg.train.seed + 7919, step, self.ctx.rank, m.batch_size, m.seq_len, m.vocab_size)
+        with torch.no_grad():
+            loss = self.ctx.model(input_ids=tokens.to(self.ctx.device), labels=tokens.to(self.ctx.device)).loss
+        self.fire("eval")
+        total = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(total)
+        return float(total.item()) / self.ctx.world_size
+
+    def finish(self) -> None:
+        """After the last step, on every rank (a guarded strategy agrees the end with every rank)."""
 
     def close(self) -> None:
         """End of training: remove fault hooks, flush async checkpoints."""

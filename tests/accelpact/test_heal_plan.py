@@ -76,3 +76,23 @@ def test_wire_round_trip_and_order_independence():
     assert [HealReport.from_bytes(r.to_bytes()) for r in reports] == reports
     plans = [decide_resume(list(p), 4) for p in itertools.permutations(reports)]
     assert all(p == plans[0] for p in plans) and plans[0].step == 4
+
+
+def test_a_survivor_inside_a_guarded_region_caps_the_resume_step_at_its_committed_step():
+    # The replacement's newest slot is the survivor's committed step 4, but the survivor was inside
+    # guard.run after step 4: everyone re-runs iteration 4 (the region included) from slot 3.
+    capped = HealReport(0, "survivor", 4, {4: "live", 3: "own"}, resume_by=4)
+    plan = decide_resume([capped, replacement(1, {4: "own", 3: "own"})], 2)
+    assert (plan.step, plan.resume_step, plan.sources[0]) == (3, 4, "own") and plan.replayed(4) == 1
+    # The cap travels on the wire, and the smallest cap of all ranks wins.
+    assert HealReport.from_bytes(capped.to_bytes()) == capped
+    other = HealReport(2, "survivor", 4, {4: "live", 3: "own", 2: "own"}, resume_by=3)
+    capped = HealReport(0, "survivor", 4, {4: "live", 3: "own", 2: "own"}, resume_by=4)
+    plan = decide_resume([capped, other, replacement(1, {4: "own", 3: "own", 2: "own"})], 3)
+    assert plan.step == 2
+
+
+def test_a_cap_before_every_held_step_is_named():
+    capped = HealReport(0, "survivor", 4, {4: "live", 3: "own"}, resume_by=3)
+    with pytest.raises(RankLostError, match="inside guard.run or finish"):
+        decide_resume([capped, replacement(1, {4: "own", 3: "own"})], 2)

@@ -121,3 +121,28 @@ def test_a_replacement_that_died_before_arriving_is_labelled_so_when_the_next_on
     assert watch.wait_joining({1: 202}, deadline_s=30) == set()
     [lost] = watch.lost
     assert (lost["rank"], lost["pid"], lost["stage"]) == (1, 201, "before arriving")
+
+
+def test_a_replacement_arriving_after_every_other_rank_ended_the_run_stops_at_once(server):
+    from accelpact.recovery.heal_wait import closed_key
+    from accelpact.recovery.rejoin import rejoin
+
+    _, port = server
+    token = new_job_token()
+    survivor = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 2, token, deadline_s=4.0))
+    late = ControlChannel.connect(ControlConfig("127.0.0.1", port, 1, 2, token, deadline_s=4.0))
+    survivor.set(closed_key(survivor, 0), b"7")  # what rank 0's guard.close() writes after guard.finish()
+    t0 = time.monotonic()
+    with pytest.raises(RankLostError, match="every other rank ended the run"):
+        rejoin(late, timeout_s=60, liveness=None)
+    assert time.monotonic() - t0 < 20  # the wait's bound is 60 s; a poll is 0.01 s
+
+
+def test_a_replacement_with_a_live_survivor_still_waits_for_its_plan(server):
+    from accelpact.recovery.rejoin import rejoin
+
+    _, port = server
+    token = new_job_token()
+    late = ControlChannel.connect(ControlConfig("127.0.0.1", port, 1, 2, token, deadline_s=4.0))
+    with pytest.raises(RankLostError, match="no survivor sent a heal plan within 0.5 s"):
+        rejoin(late, timeout_s=0.5, liveness=None)

@@ -37,6 +37,7 @@ WRITTEN = {
     ev.Checkpoint: dict(step=4, mode="sync", t_start=2.0, t_end=2.4, staging="none", wait_s=0.0,
                         t_complete=2.4, bytes_rank=500, bytes_total=1000, rss_before=1, rss_peak_delta=2,
                         complete=True, bytes=1000),
+    ev.Eval: dict(step=5, loss=2.5),
     ev.Fallback: dict(step=5, reason="RankLostError: rank 1", error="RankLostError", detected_by="notice",
                       generation=2),
     ev.Snapshots: dict(slot_bytes=100, count=12, wait_s=0.2, own_shm_bytes=200, replica_shm_bytes=0,

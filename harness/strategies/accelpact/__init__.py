@@ -26,6 +26,8 @@ from harness import events
 from harness.strategies.accelpact.heal import (
     EXIT_FALLBACK,
     check_heal,
+    die_at_heal_plan,
+    restore_extra_state,
     control_deadline,
     replace_on_kill,
     side_group,
@@ -50,7 +52,7 @@ class AccelPactStep(Strategy):
         rejoined = ctx.rejoin
         self.control = rejoined.control if rejoined is not None else ControlChannel.from_env()
         self.snapshots, heal, self.replication = snapshots_and_policy(
-            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size)
+            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler)
         max_norm = ctx.cfg.train.max_grad_norm
         try:
             self.guard = attach(
@@ -70,6 +72,9 @@ class AccelPactStep(Strategy):
                 self._fall_back(-1, exc)
             raise
         self.guard.phase_hooks.append(self.on_guard_phase)
+        dying = die_at_heal_plan(ctx.rank) if not ctx.replacement else None
+        if dying is not None:
+            self.guard.phase_hooks.append(dying)
         self.guard.heal_hooks.append(lambda _event: self._new_side_groups())
         self._seen = 0
         self._heals_seen = 0
@@ -77,6 +82,7 @@ class AccelPactStep(Strategy):
             # Joined the survivors at the resume step; the checkpoint group with them comes now (they
             # build theirs in the guard's heal hook, before training continues).
             self._start = self.guard.next_step
+            restore_extra_state(ctx.scheduler, self.guard.resumed.extra_state)  # e.g. the LR schedule
             self._record_heals()
             if ctx.cfg.checkpoint.interval > 0:
                 self.ckpt = self.make_checkpointer(self.checkpoint_group())
@@ -97,15 +103,63 @@ class AccelPactStep(Strategy):
         try:
             loss = self.guard.step(lambda batch: forward_backward(model, batch), tokens)
         except RolledBack as back:
-            # A heal moved this rank back to the newest step every rank holds: steps up to the one it
-            # had committed are replays from here on.
-            self._replay_until = max(self._replay_until, step - 1)
-            self._record_recoveries()
-            raise Rewind(back.resume_step) from None
+            self._rewind(back, committed=step - 1)
         except UnrecoverableError as exc:
             self._fall_back(step, exc)
         self._record_recoveries()
         return float(loss.detach())
+
+    def _rewind(self, back: Any, committed: int) -> None:
+        """A heal moved this rank back to the newest step every rank holds: steps up to ``committed`` (the
+        one it had committed) are replays from here on; the LR schedule comes back from the snapshot."""
+        self._replay_until = max(self._replay_until, committed)
+        restore_extra_state(self.ctx.scheduler, back.extra_state)
+        self._record_recoveries()
+        raise Rewind(back.resume_step) from None
+
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` under the guard (accelpact's Guard.run): a fault there recovers, a lost rank heals."""
+        from accelpact.errors import RolledBack, UnrecoverableError
+
+        committed = self.guard.committed_step
+        try:
+            out = self.guard.run(fn, *args)
+        except RolledBack as back:
+            self._rewind(back, committed)
+        except UnrecoverableError as exc:
+            self._fall_back(committed + 1, exc)
+        self._record_recoveries()
+        return out
+
+    def save_checkpoint(self, step: int) -> None:
+        def save() -> None:
+            self._record_recoveries()  # a recovery inside an earlier try replaced the checkpoint group
+            self.fire("checkpoint_save")
+            try:
+                self.ckpt.save(step)
+            except Exception as exc:  # noqa: BLE001 - the guard sees the comm fault inside, or re-raises
+                cause = exc.__cause__
+                if cause is not None and self.guard.backend.is_comm_fault(cause):
+                    raise cause from None  # the checkpointer wraps DCP's error: hand the guard the fault
+                raise
+
+        self._guarded(save)
+
+    def evaluate(self, step: int) -> None:
+        loss = self._guarded(self.eval_loss, step)
+        self.ctx.events.emit(events.Eval, step=step, loss=loss)
+
+    def finish(self) -> None:
+        from accelpact.errors import RolledBack, UnrecoverableError
+
+        committed = self.guard.committed_step
+        try:
+            self.guard.finish()  # a rank lost after the last step's vote is healed here
+        except RolledBack as back:
+            self._rewind(back, committed)
+        except UnrecoverableError as exc:
+            self._fall_back(committed + 1, exc)
+        self._record_recoveries()
 
     def step_fields(self) -> dict[str, Any]:
         if self.snapshots is None:

@@ -33,6 +33,22 @@ DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
 # own), "arrived" (SIGKILL right after posting its arrival, before the survivors' rendezvous); or "hang"
 # (it never arrives and never dies: the survivors' replacement_timeout_s).
 DIE_BEFORE_JOIN = "HARNESS_DIE_BEFORE_JOIN"
+# Fault injection for tests: the survivor of this rank SIGKILLs itself in a heal, after the survivors'
+# recheck of notices and before their roll call (the guard's "heal_plan" phase): a second death that
+# only the roll call can see before the rendezvous.
+DIE_AT_HEAL_PLAN = "HARNESS_DIE_AT_HEAL_PLAN"
+
+
+def die_at_heal_plan(rank: int) -> Any:
+    """A guard phase hook for DIE_AT_HEAL_PLAN (None when it does not name ``rank``)."""
+    if os.environ.get(DIE_AT_HEAL_PLAN) != str(rank):
+        return None
+
+    def hook(phase: str, _step: int) -> None:
+        if phase == "heal_plan":
+            _die("import")
+
+    return hook
 
 
 @dataclass
@@ -130,8 +146,10 @@ def side_group(control_store: Any, token: str, tag: str, generation: int, rank: 
 
 
 def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: Any,
-                         rank: int, world_size: int) -> tuple[Any, Any, Any]:
-    """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off."""
+                         rank: int, world_size: int, scheduler: Any = None) -> tuple[Any, Any, Any]:
+    """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off.
+
+    ``scheduler``: the LR scheduler, saved in each snapshot's extra_state (restore_extra_state reads it)."""
     every = cfg.strategy.snapshot.every
     if every <= 0:
         return None, None, None
@@ -142,7 +160,8 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
     snapshots = Snapshotter(model, optimizer, job_token=control.job_token, rank=rank, world_size=world_size,
                             config=SnapshotConfig(every=every,
                                                   pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
-                            on_complete=replication.push if replication is not None else None)
+                            on_complete=replication.push if replication is not None else None,
+                            extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None)
     policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
                         fetch_replica=replication.fetch if replication is not None else None,
                         buddy_of=(lambda r: replication.buddy) if replication is not None else None)
@@ -157,6 +176,17 @@ def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> 
     from accelpact.snapshot.replica import Replication
 
     return Replication.from_env(control)
+
+
+def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
+    """After a heal loaded step S - 1 (a survivor's RolledBack, a replacement's ``guard.resumed``): the LR
+    scheduler as that snapshot saved it, then its step of iteration S - 1 (the snapshot is taken inside
+    ``guard.step``, before the loop's ``scheduler.step()``). Empty extra_state: resumed from the initial
+    state (step -1), where a fresh scheduler is already right."""
+    if scheduler is None or not extra_state:
+        return
+    scheduler.load_state_dict(extra_state["scheduler"])
+    scheduler.step()
 
 
 def check_heal(run: "RunConfig") -> None:
