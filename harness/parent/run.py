@@ -147,6 +147,11 @@ def run_one(
             setup.close()
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
                  "fault_errors": "; ".join(driver.errors) if driver is not None else ""}
+        if setup is not None and hasattr(setup, "row_columns"):  # a strategy's own columns (torchft's quorum)
+            try:
+                extra.update(setup.row_columns())
+            except Exception as exc:  # noqa: BLE001 - its columns must never cost the row
+                print(f"warning: {run.strategy.name}'s row columns failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
 
