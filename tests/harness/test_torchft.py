@@ -179,11 +179,20 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
-def test_validation_names_the_fix(tmp_path):
-    bad = run_harness([*TORCHFT, "cluster.world_size=2", "strategy.torchft.group_size=2"], tmp_path, timeout=120)
-    assert bad.returncode != 0 and "strategy.torchft.group_size=1" in bad.stderr + bad.stdout
-    ns = run_harness([*TORCHFT, "fault=host_loss"], tmp_path, timeout=120)
-    assert ns.returncode != 0 and "namespace" in ns.stderr + ns.stdout
+def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0):
+    return SimpleNamespace(strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
+                           cluster=SimpleNamespace(world_size=world, hosts=hosts), fault=SimpleNamespace(kind=fault))
+
+
+def test_validation_names_the_fix():
+    from harness.app.validate import ConfigError
+    from harness.strategies.torchft_hsdp import check_runnable
+
+    check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
+    with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):
+        check_runnable(_run(2, 2))  # one group: nothing to fall back on
+    with pytest.raises(ConfigError, match="namespace"):
+        check_runnable(_run(2, 1, "host_loss"))
 
 
 # ----------------------------------------------------------------------------------- slow ----------
