@@ -212,6 +212,7 @@ def _wait_for_step(events_file: Path, step: int, proc: subprocess.Popen, timeout
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_nothing_left_behind_after_ctrl_c_or_a_killed_parent(tmp_path, how):
     run_dir = tmp_path / "run"
@@ -244,6 +245,7 @@ def _faulted_run(tmp_path: Path, *args: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 def test_socket_reset_discards_and_retries_the_step(tmp_path):
     row = _faulted_run(tmp_path, "fault=socket_reset", "fault.at_step=5")
     assert row["torchft_discarded_attempts"] >= 1 and row["torchft_heals"] == 0
@@ -251,6 +253,7 @@ def test_socket_reset_discards_and_retries_the_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 def test_kill_drops_the_group_and_heals_it_from_a_peer(tmp_path):
     row = _faulted_run(tmp_path, "fault=kill", "fault.at_step=4")
     assert row["torchft_group_restarts"] == 1 and row["torchft_heals"] == 1 and row["heal_source"] == "peer"
@@ -258,6 +261,7 @@ def test_kill_drops_the_group_and_heals_it_from_a_peer(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 def test_a_stalled_group_is_dropped_and_rejoins(tmp_path):
     row = _faulted_run(tmp_path, "fault=hang", "fault.at_step=4", "fault.outage_s=15", "strategy.torchft.timeout_s=5")
     assert row["torchft_discarded_attempts"] >= 1 and row["torchft_short_steps"] >= 1
