@@ -151,6 +151,20 @@ class SnapshotSettings:
 
 
 @dataclass
+class TorchftSettings:
+    """strategy=torchft (harness.strategies.torchft_hsdp): replica groups, the Lighthouse, the Managers."""
+
+    group_size: int = 1  # ranks per replica group: FSDP2 inside a group, torchft's all-reduce across groups
+    min_replicas: int = 1  # the Lighthouse's min_replicas: 1 lets the healthy groups go on while one is out
+    heartbeat_timeout_ms: int = 1000  # a silent group leaves the quorum after this long (torchft default 5000)
+    quorum_tick_ms: int = 100
+    join_timeout_ms: int = 60000
+    timeout_s: float = 10.0  # torchft's collective / should_commit / heal timeout (Manager timeout)
+    quorum_timeout_s: float = 60.0
+    max_retries: int = 10  # consecutive discarded steps before a Manager gives up (its process then fails)
+
+
+@dataclass
 class StrategyConfig:
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
@@ -166,6 +180,7 @@ class StrategyConfig:
     hot_spares: int = 0  # pre-started processes that take the rank of the first death (0: none)
     # How a replacement process starts when no hot spare is left (harness.parent.template).
     replacement_start: ReplacementStart = ReplacementStart.template
+    torchft: TorchftSettings = field(default_factory=TorchftSettings)
 
 
 @dataclass

@@ -95,6 +95,11 @@ def run_one(
         outcome.reason += "".join(torn.notes)
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
                  "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "", **load.stop()}
+        if torn.setup is not None and hasattr(torn.setup, "row_columns"):  # a strategy's own columns (torchft's quorum)
+            try:
+                extra.update(torn.setup.row_columns())
+            except Exception as exc:  # noqa: BLE001 - its columns must never cost the row
+                print(f"warning: {run.strategy.name}'s row columns failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
            "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated"]
 
-_BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore")
+_BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
 _REGISTRY: Registry[StrategySpec] = Registry(
     "strategy", StrategySpec, lambda s: s.name,
     lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])

@@ -1,0 +1,495 @@
+"""Strategy ``torchft``: torchft 0.2.0's fault-tolerant HSDP, run as its users run it (a peer baseline).
+
+The world is cut into replica groups of ``strategy.torchft.group_size`` ranks. Inside a group the model
+is sharded with FSDP2 on the group's own default process group; across groups every gradient shard goes
+through torchft's ``Manager.allreduce`` (``set_all_reduce_hook`` on every FSDP module: the hook is not
+recursive, and a hook on the root alone silently skips the cross-group reduction). With one rank per
+group this is torchft's fault-tolerant DDP: one all-reduce of each gradient across groups, averaged over
+the groups that take part in the step.
+
+What runs where:
+
+- the parent (``harness.strategies.torchft_parent``) runs the Lighthouse and restarts a failed rank's
+  whole group, as each group's torchrun agent with ``--max-restarts`` would;
+- each group's local rank 0 hosts the group's TCPStore (what torchrun's agent hosts) and its
+  Manager's server; every rank builds a ``Manager`` (``ProcessGroupGloo``, ``PGTransport``: the heal
+  goes over torchft's own process group, which carries DTensor shards), wraps the optimizer in
+  ``torchft.Optimizer`` (``zero_grad`` starts the quorum) and calls ``should_commit`` before stepping;
+- a step whose cross-group all-reduce failed is discarded by ``should_commit`` and retried with the same
+  batch after a new quorum; a group that is behind (a restarted group, or one that discarded a step the
+  others committed) heals from a peer's memory in the next quorum and does not take part in that step.
+
+Each fault kind the harness injects meets torchft's own recovery: ``socket_reset`` (gloo connections
+reset: the step is discarded, the quorum moves on, the step is retried), ``kill`` (the group drops out
+after ``heartbeat_timeout_ms``, the others go on alone, the restarted group heals from a peer) and
+``hang`` (a stopped group's peers time out after ``timeout_s`` and go on; the group rejoins and heals).
+
+Events: ``recovery`` (decision ``retry``) for every discarded attempt, ``heal`` for every heal (role
+``replacement``, ``rejoin`` or ``sender``), and torchft's own figures on every ``step`` (quorum id,
+participants, quorum and should_commit times). A step with fewer groups than the job has is not the
+reference's math by design; ``harness.strategies.torchft_report`` puts that, with the reason, in the row.
+
+No patch of torchft is needed on this path: the FSDP hook waits on ``_ManagedWork`` directly, so the
+``torchft.DistributedDataParallel`` comm-hook crash on a peer's death (``assert fut._fut``) is not hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from harness.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
+from harness.strategies.spec import StrategySpec
+from harness.strategies.torchft_parent import (LIGHTHOUSE_ENV, GroupLayout, TorchftJob, gen_key, group_store_key,
+                                               ports_key)
+
+if TYPE_CHECKING:
+    import torch
+
+from harness.strategies.torchft_report import TORCHFT_VERSION
+REPLICA_ID_PREFIX = "harness_replica_"  # torchft reads the group's index from the id's trailing digits
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One attempt at a step on this rank, as torchft's Manager went through it."""
+
+    t_start: float
+    t_quorum_start: Optional[float] = None
+    t_quorum_end: Optional[float] = None
+    t_configured: Optional[float] = None
+    quorum_id: Optional[int] = None
+    replica_world_size: Optional[int] = None
+    heal: bool = False
+    recover_dst: tuple[int, ...] = ()
+    max_step: Optional[int] = None
+    t_error: Optional[float] = None
+    error: str = ""
+    quorum_wait_s: float = 0.0  # main thread blocked on the asynchronous quorum
+    send_s: float = 0.0
+    recv_s: float = 0.0
+    should_commit_s: float = 0.0
+    t_end: Optional[float] = None
+
+
+class _TimedClient:
+    """torchft's ManagerClient with the quorum timed (it runs on the Manager's quorum thread)."""
+
+    def __init__(self, client: Any, owner: "TorchftHsdp") -> None:
+        self._client = client
+        self._owner = owner
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        a = self._owner.attempt
+        a.t_quorum_start = time.time()
+        q = self._client._quorum(*args, **kwargs)
+        a.t_quorum_end = time.time()
+        a.quorum_id, a.replica_world_size, a.heal = q.quorum_id, q.replica_world_size, bool(q.heal)
+        a.recover_dst, a.max_step = tuple(q.recover_dst_replica_ranks), q.max_step
+        return q
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class TorchftHsdp(Strategy):
+    def __init__(self, ctx: TrainContext, layout: GroupLayout, control: Any, store_addr: tuple[str, int],
+                 gen: int, token: str, t_launch: float) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.token = token
+        self.t_launch = t_launch
+        self.control = control
+        self.gen = gen
+        self.settings = ctx.cfg.strategy.torchft
+        self.lighthouse = os.environ[LIGHTHOUSE_ENV]
+        self.attempt = Attempt(t_start=time.time())
+        self._failed: Optional[Attempt] = None  # the last discarded attempt, until its retry's quorum
+        self._fields: dict[str, Any] = {}
+        self._heals = 0
+        super().__init__(ctx, exclude_ports=self._service_ports())
+        if self.ckpt is None and ctx.replacement and ctx.cfg.checkpoint.interval > 0:
+            self.ckpt = self.make_checkpointer(None)  # a restarted group saves again, into its own directory
+        self.manager = self._build_manager(store_addr)
+        self._publish_ports(store_addr[1])
+        self._hook_fsdp()
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def make_checkpointer(self, process_group: Any) -> Any:
+        """Each replica group saves its own replica, into its own directory (as torchft's users do)."""
+        from harness.checkpoint import Checkpointer, CheckpointSettings
+
+        cc = self.ctx.cfg.checkpoint
+        directory = str(Path(checkpoint_dir(self.ctx)) / f"group{self.layout.group}")
+        settings = CheckpointSettings(directory=directory, interval=cc.interval, mode=cc.mode.value, keep=cc.keep)
+        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
+                            on_event=self.ctx.events.emit,
+                            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
+
+    def _build_manager(self, store_addr: tuple[str, int]) -> Any:
+        import torchft
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        st, ctx = self.settings, self.ctx
+        timeout = timedelta(seconds=st.timeout_s)
+        pg = torchft.ProcessGroupGloo(timeout=timeout)
+        owner = self
+
+        class TimedPGTransport(PGTransport):
+            def send_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+                t = time.time()
+                try:
+                    super().send_checkpoint(*args, **kwargs)
+                finally:
+                    owner.attempt.send_s += time.time() - t
+
+            def recv_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+                t = time.time()
+                try:
+                    return super().recv_checkpoint(*args, **kwargs)
+                finally:
+                    owner.attempt.recv_s += time.time() - t
+
+        transport = TimedPGTransport(pg, timeout=timeout, device=ctx.device, state_dict=self._state_dict)
+        manager = torchft.Manager(
+            pg=pg, load_state_dict=self._load_state_dict, state_dict=self._state_dict,
+            min_replica_size=st.min_replicas, timeout=timeout, quorum_timeout=timedelta(seconds=st.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
+            rank=self.layout.local, world_size=self.layout.size, store_addr=store_addr[0], store_port=store_addr[1],
+            lighthouse_addr=self.lighthouse, replica_id=f"{REPLICA_ID_PREFIX}{self.layout.group}",
+            hostname=ctx.cfg.cluster.master_addr, checkpoint_transport=transport,
+            # Every group builds the same model from the same seed: measured, init_sync=True "heals" group 1
+            # at step 0 and moves the result off plain DDP's.
+            init_sync=False, max_retries=st.max_retries)
+        manager._client = _TimedClient(manager._client, self)
+        configure = pg.configure
+
+        def timed_configure(*args: Any, **kwargs: Any) -> None:
+            configure(*args, **kwargs)
+            self.attempt.t_configured = time.time()
+
+        pg.configure = timed_configure
+        wait_quorum = manager.wait_quorum
+
+        def timed_wait() -> None:
+            t = time.time()
+            try:
+                wait_quorum()
+            finally:
+                self.attempt.quorum_wait_s += time.time() - t
+
+        manager.wait_quorum = timed_wait
+        report_error = manager.report_error
+
+        def noted_error(e: Exception) -> None:
+            if self.attempt.t_error is None:
+                self.attempt.t_error = time.time()
+                self.attempt.error = f"{type(e).__name__}: {str(e)[:200]}"
+            report_error(e)
+
+        manager.report_error = noted_error
+        self.optimizer = torchft.Optimizer(manager, ctx.optimizer)
+        return manager
+
+    def _hook_fsdp(self) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        def all_reduce_across_groups(grad: "torch.Tensor") -> None:
+            self.manager.allreduce(grad).wait()
+
+        hooked = 0
+        for module in self.ctx.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(all_reduce_across_groups)
+                hooked += 1
+        if not hooked:
+            raise RuntimeError("strategy=torchft found no FSDP2 module to hook its cross-group all-reduce into")
+
+    def _state_dict(self) -> dict[str, Any]:
+        return {"model": self.ctx.model.state_dict(), "optim": self.ctx.optimizer.state_dict()}
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ctx.model.load_state_dict(state["model"])
+        self.ctx.optimizer.load_state_dict(_onto_own_mesh(self.ctx.model, self.ctx.optimizer, state["optim"]))
+
+    def _service_ports(self) -> list[int]:
+        """Ports a socket reset must spare: stores, Managers' servers and the Lighthouse (not gloo's)."""
+        from harness.strategies.base import store_ports_of
+
+        ports = set(store_ports_of(self.ctx)) | {int(self.lighthouse.rsplit(":", 1)[1])}
+        key = ports_key(self.token)
+        if self.control.check([key]):
+            ports |= {int(p) for p in self.control.get(key).decode().split(",") if p}
+        return sorted(ports)
+
+    def _publish_ports(self, store_port: int) -> None:
+        mine = [store_port]
+        server = getattr(self.manager, "_manager", None)
+        if server is not None:
+            mine.append(int(server.address().rsplit(":", 1)[1]))
+        self.control.append(ports_key(self.token), "".join(f"{p}," for p in mine).encode())
+
+    # -- the step -------------------------------------------------------------------------------------
+    def step_fields(self) -> dict[str, Any]:
+        return self._fields
+
+    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+        cfg = self.ctx.cfg
+        attempts = 0
+        while True:
+            attempts += 1
+            if self.faults is not None and any(s.step == step for s in self.faults.injector.armed):
+                self.faults.injector.exclude_ports = tuple(self._service_ports())
+            a = self.attempt = Attempt(t_start=time.time())
+            self.optimizer.zero_grad(set_to_none=True)  # starts the quorum (asynchronously)
+            loss = forward_backward(self.ctx.model, tokens)
+            self.fire("clip_allreduce")
+            if cfg.train.max_grad_norm > 0:
+                from accelpact.guard import clip_gradients
+
+                clip_gradients(self.ctx.model, cfg.train.max_grad_norm)
+            self.fire("vote")
+            self.fire("post_vote")
+            t = time.time()
+            ok = self.manager.should_commit()  # what torchft.Optimizer.step() asks before stepping
+            a.should_commit_s, a.t_end = time.time() - t, time.time()
+            if self._failed is not None:
+                self._emit_retry(self._failed, a)
+                self._failed = None
+            if a.heal:
+                self._emit_heal(a)
+            if a.recover_dst:
+                self._emit_sent(a)
+            if not ok:
+                self._failed = a
+                now = self.manager.current_step()
+                if now != step:  # a heal was applied although the step failed: go on from the healed step
+                    raise Rewind(now)
+                continue
+            self.ctx.optimizer.step()
+            self._fields = self._step_fields(a, attempts)
+            now = self.manager.current_step()
+            if now != step + 1:
+                # This group healed to a later step in this attempt (it was behind): it did not take part in
+                # step now-1 (its batch was not used), so no step of its own is recorded; go on from there.
+                raise Rewind(now)
+            return float(loss.detach())
+
+    def _step_fields(self, a: Attempt, attempts: int) -> dict[str, Any]:
+        return {
+            "torchft_attempts": attempts,
+            "torchft_quorum_id": a.quorum_id,
+            "torchft_participants": self.manager.num_participants(),
+            "torchft_groups": self.layout.groups,
+            "torchft_quorum_s": (a.t_quorum_end - a.t_quorum_start) if a.t_quorum_start and a.t_quorum_end else None,
+            "torchft_configure_s": (a.t_configured - a.t_quorum_end) if a.t_configured and a.t_quorum_end else None,
+            "torchft_quorum_wait_s": a.quorum_wait_s,
+            "torchft_should_commit_s": a.should_commit_s,
+        }
+
+    def _emit_retry(self, failed: Attempt, retry: Attempt) -> None:
+        """A discarded attempt, as a "retry" recovery ending when the retry's process group was ready:
+        detection (the error -> should_commit said no), agreement (-> the new quorum), rebuild (-> the
+        cross-group process group reconfigured)."""
+        t_err = failed.t_error if failed.t_error is not None else failed.t_end
+        assert failed.t_end is not None and t_err is not None
+        q_end = retry.t_quorum_end or failed.t_end
+        ready = max(retry.t_configured or q_end, q_end)
+        self.ctx.events.emit(
+            "recovery", t=ready, decision="retry", generation=retry.quorum_id or 0, detected_by="exception",
+            detection_s=max(0.0, failed.t_end - t_err), agreement_s=max(0.0, q_end - failed.t_end),
+            rebuild_s=max(0.0, ready - q_end), rebind_s=0.0, first_collective_s=0.0,
+            torchft_error=failed.error, torchft_quorum_id=retry.quorum_id, torchft_old_quorum_id=failed.quorum_id)
+
+    def _emit_heal(self, a: Attempt) -> None:
+        """This group was behind and loaded a peer's state in this attempt."""
+        self._heals += 1
+        first_of_replacement = self.ctx.replacement and self._heals == 1
+        start = a.t_quorum_start or a.t_start
+        replacement_start = max(0.0, start - self.t_launch) if first_of_replacement and self.t_launch else 0.0
+        assert a.t_end is not None
+        self.ctx.events.emit(
+            "heal", t=a.t_end, role="replacement" if first_of_replacement else "rejoin", source="peer",
+            generation=a.quorum_id or 0, replacement_start_s=replacement_start, heal_transfer_s=a.t_end - start,
+            total_s=replacement_start + a.t_end - start, recv_s=a.recv_s, to_step=a.max_step,
+            transport="torchft PGTransport")
+
+    def _emit_sent(self, a: Attempt) -> None:
+        """This group sent its state to the healing groups: the time the training thread waited for it."""
+        assert a.t_end is not None
+        self.ctx.events.emit(
+            "heal", t=(a.t_quorum_end or a.t_start) + a.send_s, role="sender", source="peer",
+            generation=a.quorum_id or 0, replacement_start_s=0.0, heal_transfer_s=min(a.quorum_wait_s, a.send_s),
+            total_s=a.send_s, send_s=a.send_s, to_ranks=list(a.recover_dst), transport="torchft PGTransport")
+
+    # -- the end of the run ------------------------------------------------------------------------------
+    def _done_key(self, rank: int) -> str:
+        return f"{self.token}/torchft/done/rank{rank}"
+
+    def job_finished(self) -> bool:
+        """Some rank already ran the last step (this process is a replacement that arrived late)."""
+        return any(self.control.check([self._done_key(r)]) for r in range(self.ctx.world_size))
+
+    def heal_to_end(self) -> int:
+        """A late replacement: heal from a finished peer, without a training step (there is none left).
+
+        torchft's own synchronous start_quorum does exactly that (quorum, fetch, load); the Manager was built
+        asynchronous for training, so it is switched for this one call."""
+        self.attempt = a = Attempt(t_start=time.time())
+        self.manager._use_async_quorum = False
+        self.manager.start_quorum()
+        a.t_end = time.time()
+        if a.heal:
+            self._emit_heal(a)
+        return self.manager.current_step()
+
+    def finish(self, last: int) -> None:
+        """Stay in the quorum until every rank has reached ``last`` (a restarted group still heals from us),
+        at most ``strategy.replacement_timeout_s``: every group then stops at the same step."""
+        self.control.set(self._done_key(self.ctx.rank), str(last).encode())
+        deadline = time.monotonic() + self.ctx.cfg.strategy.replacement_timeout_s
+        keys = [self._done_key(r) for r in range(self.ctx.world_size)]
+        while not self.control.check(keys):
+            if time.monotonic() > deadline:
+                print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
+                      "stopping without them", flush=True)
+                return
+            self.attempt = a = Attempt(t_start=time.time())
+            self.manager.start_quorum()
+            self.manager.wait_quorum()
+            a.t_end = time.time()
+            if a.recover_dst:
+                self._emit_sent(a)
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        super().close()
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception as exc:  # noqa: BLE001 - the run's result is written already
+            print(f"torchft: Manager shutdown: {exc}", flush=True)
+
+
+def _onto_own_mesh(model: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """A received optimizer state's DTensors rebuilt on this process's own device mesh.
+
+    PGTransport allocates the tensors it has no in-place target for (a fresh optimizer has no state yet)
+    as DTensors on the sender's mesh object, unpickled; this process's parameters live on its own."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, per_param in state.get("state", {}).items():
+        param = params[int(index)]
+        if not isinstance(param, DTensor):
+            continue
+        for key, value in list(per_param.items()):
+            if isinstance(value, DTensor):
+                per_param[key] = DTensor.from_local(value.to_local(), param.device_mesh, value.placements,
+                                                    run_check=False, shape=value.shape, stride=value.stride())
+    return state
+
+
+def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
+    """This generation's replica-group TCPStore (hosted by local rank 0, as torchrun's agent hosts it)."""
+    import torch.distributed as dist
+
+    key = group_store_key(token, layout.group, gen)
+    if layout.local == 0:
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        control.set(key, f"{host}:{store.port}".encode())
+        return store, (host, int(store.port))
+    h, p = control.get(key).decode().rsplit(":", 1)
+    store = dist.TCPStore(h, int(p), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    return store, (h, int(p))
+
+
+def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
+    """One rank's life under torchft (``StrategySpec.rank_entry``): its group's store and process group,
+    the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
+    import torch.distributed as dist
+
+    from harness.events import EventLog
+    from harness.rank import identity
+    from harness.rank.train import TrainResult, build_context, connect_control_store, exit_without_static_destructors, run_loop
+    from harness.strategies.torchft_identity import replica_identity
+
+    st = cfg.strategy.torchft
+    layout = GroupLayout(env.rank, env.world_size, st.group_size)
+    pg_timeout = timedelta(seconds=cfg.cluster.pg_timeout_s)
+    with EventLog(run_dir, env.rank) as events:
+        control = connect_control_store(env, cfg.cluster.pg_timeout_s)
+        gen = int(control.get(gen_key(env.token, layout.group)).decode()) if env.replacement else 0
+        store, store_addr = _group_store(control, env.token, layout, gen, cfg.cluster.master_addr,
+                                         cfg.cluster.pg_timeout_s)
+        dist.init_process_group("gloo", store=dist.PrefixStore("harness/torchft/dp", store), rank=layout.local,
+                                world_size=layout.size, timeout=pg_timeout)
+        try:
+            ctx = build_context(cfg, dataclasses.replace(env, world_size=layout.size), run_dir, events, control)
+            ctx.world_size = env.world_size
+            strategy = TorchftHsdp(ctx, layout, control, store_addr, gen, env.token, env.t_launch)
+            if not env.replacement:
+                # Start the groups together (every Manager up and heartbeating before any quorum): with
+                # min_replicas=1 the first group would otherwise form a quorum alone and run ahead.
+                control.add(f"{env.token}/torchft/started", 1)
+                deadline = time.monotonic() + cfg.cluster.pg_timeout_s
+                while int(control.add(f"{env.token}/torchft/started", 0)) < env.world_size:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the torchft replica groups did not all start; see the other ranks' logs")
+                    time.sleep(0.01)
+            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
+                        replacement=env.replacement, torchft_group=layout.group, torchft_generation=gen)
+            try:
+                if env.replacement and strategy.job_finished():
+                    committed = strategy.heal_to_end()
+                else:
+                    committed = run_loop(ctx, strategy)
+                record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank, env.world_size)
+                identity.write_identity(run_dir, record)
+                strategy.finish(committed)
+            finally:
+                strategy.close()
+            exit_without_static_destructors()
+            return TrainResult(steps_committed=committed, identity=record)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def check_runnable(run: Any) -> None:
+    """torchft must be importable, the world must split into >= 2 groups, and the ranks must reach the
+    parent's Lighthouse (no network namespaces yet)."""
+    from harness.app.validate import ConfigError
+    from harness.faults import registry as faults
+
+    st = run.strategy.torchft
+    world = run.cluster.world_size
+    if st.group_size < 1 or world % st.group_size or world // st.group_size < 2:
+        raise ConfigError(f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
+                          f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
+                          f"try strategy.torchft.group_size={max(1, world // 2)}")
+    if faults.get(run.fault.kind).needs_netns or run.cluster.hosts:
+        raise ConfigError(f"strategy=torchft with fault={run.fault.kind} / cluster.hosts={run.cluster.hosts} is not "
+                          "supported yet: its Lighthouse runs in the parent's network namespace, which the ranks' "
+                          "namespaces cannot reach; use socket_reset, kill or hang on cluster=local_cpu")
+    try:
+        import torchft  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
+        raise ConfigError(f"strategy=torchft needs torchft=={TORCHFT_VERSION} (pip install -e '.[baselines]'); "
+                          f"importing it failed: {type(exc).__name__}: {exc}") from exc
+
+
+SPEC = StrategySpec(
+    name="torchft",
+    rank_class="harness.strategies.torchft_hsdp:TorchftHsdp",
+    description="torchft 0.2.0 fault-tolerant HSDP: Lighthouse quorum, a group drops out and heals from a peer",
+    label="torchft",
+    color="tab:purple",
+    order=4,
+    parent_setup=TorchftJob,
+    rank_entry="harness.strategies.torchft_hsdp:train_replica",
+    check=check_runnable,
+)

@@ -1,0 +1,120 @@
+"""torchft's Lighthouse as the harness parent runs it: one process per job, started before the ranks.
+
+``python -m harness.strategies.torchft_lighthouse --bind HOST:0 ...`` runs the same Rust server that
+torchft's ``torchft_lighthouse`` console script runs (``torchft._torchft.LighthouseServer``), with the
+same flags, and prints one JSON line with the address it bound, so the parent can pass a kernel-chosen
+port to the ranks (the console script only logs it). It dies with the parent (PR_SET_PDEATHSIG), so a
+killed parent leaves no Lighthouse behind, and it exits on SIGTERM / SIGINT / SIGHUP.
+
+``Lighthouse`` is the parent's handle: start, address, log file, close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+READY_TIMEOUT_S = 60.0
+
+
+class Lighthouse:
+    """A Lighthouse process of one run; ``address`` is its ``http://host:port``."""
+
+    def __init__(self, proc: "subprocess.Popen[bytes]", address: str, log_path: Path) -> None:
+        self.proc = proc
+        self.address = address
+        self.log_path = log_path
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1].split("/")[0])
+
+    @classmethod
+    def start(cls, log_path: Path, host: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
+              heartbeat_timeout_ms: int, python: str = sys.executable) -> "Lighthouse":
+        argv = [python, "-m", "harness.strategies.torchft_lighthouse", "--bind", f"{host}:0",
+                "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
+                "--quorum_tick_ms", str(quorum_tick_ms), "--heartbeat_timeout_ms", str(heartbeat_timeout_ms),
+                "--parent_pid", str(os.getpid())]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
+                                    start_new_session=True)
+        finally:
+            log.close()
+        line: list[bytes] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(READY_TIMEOUT_S)
+        if not line or not line[0].strip():
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the torchft Lighthouse did not start within {READY_TIMEOUT_S:.0f} s; see {log_path}")
+        bound = json.loads(line[0])["address"]  # "http://<this machine's hostname>:<port>"
+        # The ranks dial the host it was bound to: the hostname need not resolve to that interface.
+        return cls(proc, f"http://{host}:{bound.rsplit(':', 1)[1]}", log_path)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, grace_s: float = 5.0) -> Optional[int]:
+        """SIGTERM, then SIGKILL after ``grace_s``; returns its exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.strategies.torchft_lighthouse")
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--min_replicas", type=int, required=True)
+    parser.add_argument("--join_timeout_ms", type=int, default=60000)
+    parser.add_argument("--quorum_tick_ms", type=int, default=100)
+    parser.add_argument("--heartbeat_timeout_ms", type=int, default=5000)
+    parser.add_argument("--parent_pid", type=int, default=0)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
+                              quorum_tick_ms=args.quorum_tick_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"address": server.address(), "pid": os.getpid(), "t": time.time()}), flush=True)
+    while not stop.wait(0.5):
+        pass
+    # Not server.shutdown(): in torchft 0.2.0 it never returned here (measured: still blocked after 30 s).
+    # Ending the process closes the listening socket and every connection just the same.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
