@@ -81,7 +81,7 @@ def check_runnable(run: Any) -> None:
         import lm_resiliency  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"strategy=gemini needs lm-resiliency=={LM_RESILIENCY_VERSION} (pip install -e "
-                          f"'.[baselines]'); importing it failed: {type(exc).__name__}: {exc}") from exc
+                          f"'.[gemini]', its own extra: docs/peers.md says why); importing it failed: {type(exc).__name__}: {exc}") from exc
 
 
 SPEC = StrategySpec(
