@@ -134,16 +134,16 @@ def _load() -> str:
     return f"{a:.1f} / {b:.1f} / {c:.1f}"
 
 
-def _child(kind: str, args: argparse.Namespace) -> None:
+def _child(part: str, args: argparse.Namespace) -> None:
     """Run one part in THIS interpreter and print its JSON (the driver calls this under each torch)."""
     import torch
 
-    if kind == "overhead":
+    if part == "overhead":
         outs = _session(2, {"kind": "overhead", "layers": args.layers, "blocks": args.blocks,
                             "block_steps": args.block_steps})
         print(json.dumps({"torch": torch.__version__, "plain_s": outs[0]["plain_s"],
                           "guarded_s": outs[0]["guarded_s"], "path": outs[0]["path"]}))
-    elif kind == "heal":
+    elif part == "heal":
         from benchmarks.bench_heal import one_trial
 
         tmp = Path(tempfile.mkdtemp(prefix="bench_reconf_heal_"))

@@ -7,20 +7,24 @@ fewer gradients than the fault-free reference's, so the run is not bit-identical
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+from harness.events import Event, Heal, Recovery, Step, of_type, typed
 
 TORCHFT_VERSION = "0.2.0"
 
 
-def torchft_columns(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def torchft_columns(events: Sequence[Mapping[str, Any] | Event]) -> dict[str, Any]:
     """torchft's figures for the row (pure): quorum and heal times, discarded attempts, and the steps some
-    replica group sat out, which make the run differ from the reference by design."""
-    steps = [e for e in events if e.get("kind") == "step" and "torchft_participants" in e]
+    replica group sat out, which make the run differ from the reference by design. ``events``: the run's
+    records or typed events; torchft's own fields ride in each event's ``extra``."""
+    log = typed(events)
+    steps = [e.to_record() for e in of_type(log, Step) if "torchft_participants" in e.extra]
     short = sorted({int(e["step"]) for e in steps if int(e["torchft_participants"]) < int(e.get("torchft_groups", 0))})
     quorum = [float(e["torchft_quorum_s"]) for e in steps if e.get("torchft_quorum_s") is not None]
-    retries = [e for e in events if e.get("kind") == "recovery" and e.get("decision") == "retry"
-               and "torchft_quorum_id" in e]
-    heals = [e for e in events if e.get("kind") == "heal" and e.get("role") in ("replacement", "rejoin")]
+    retries = [r for r in (e.to_record() for e in of_type(log, Recovery))
+               if r.get("decision") == "retry" and "torchft_quorum_id" in r]
+    heals = [r for r in (e.to_record() for e in of_type(log, Heal)) if r.get("role") in ("replacement", "rejoin")]
     note = None
     if short:
         note = (f"no by design: fewer replica groups took part in {len(short)} step(s) ({_ranges(short)}), so "
