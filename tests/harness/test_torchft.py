@@ -133,18 +133,19 @@ def test_no_restart_beyond_max_restarts_or_without_a_lighthouse():
 
 
 def _step(rank, step, participants, groups=2, quorum_s=0.01):
-    return {"kind": "step", "rank": rank, "step": step, "torchft_participants": participants, "torchft_groups": groups,
-            "torchft_quorum_s": quorum_s}
+    """A whole step record as a torchft rank writes it (typed events drop a malformed one)."""
+    return {"kind": "step", "rank": rank, "t": 100.0 + step, "step": step, "t_start": 99.5 + step, "t_end": 100.0 + step,
+            "torchft_participants": participants, "torchft_groups": groups, "torchft_quorum_s": quorum_s}
 
 
 def test_columns_say_no_bit_identity_when_a_group_sat_out_steps():
     from harness.strategies.torchft_report import torchft_columns
 
     events = [_step(0, s, 2 if s < 4 or s > 6 else 1) for s in range(10)]
-    events += [{"kind": "recovery", "rank": r, "decision": "retry", "torchft_quorum_id": 2, "detection_s": 0.5,
-                "agreement_s": 0.1, "rebuild_s": 0.2} for r in (0, 1)]
-    events += [{"kind": "heal", "rank": 1, "role": "replacement", "total_s": 3.0},
-               {"kind": "heal", "rank": 0, "role": "sender", "total_s": 9.0}]
+    events += [{"kind": "recovery", "rank": r, "t": 105.0, "decision": "retry", "torchft_quorum_id": 2,
+                "detection_s": 0.5, "agreement_s": 0.1, "rebuild_s": 0.2} for r in (0, 1)]
+    events += [{"kind": "heal", "rank": 1, "t": 107.0, "role": "replacement", "total_s": 3.0},
+               {"kind": "heal", "rank": 0, "t": 107.0, "role": "sender", "total_s": 9.0}]
     cols = torchft_columns(events)
     assert cols["torchft_short_steps"] == 3
     assert cols["bit_identity_note"].startswith("no by design") and "(4-6)" in cols["bit_identity_note"]
