@@ -50,8 +50,8 @@ $(STAMP215): pyproject.toml Makefile
 	$(VENV215)/bin/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(not v.startswith('2.15.'))"
 	touch $(STAMP215)
 
-# On torch 2.15: the FSDP2 recovery tests (every fault phase, nested faults, the 10-fault run, the stale-gradient
-# trap), the reconfigure, reset and recovery-round units, and the example (recovers through reconfigure,
+# On torch 2.15: the FSDP2 recovery tests (tests/accelpact/test_recovery_fsdp2.py: the fault phases, nested faults, the
+# stale-gradient trap), the reconfigure, reset and recovery-round units, and the example (recovers through reconfigure,
 # bit-identically). These passed on 2.15 here; the rest of tests/accelpact (FSDP1, HSDP, the heal tests) has
 # not completed a run on 2.15 yet, so it is not in this list: `make test-torch215 TESTS215=tests/accelpact`.
 TESTS215 ?= tests/accelpact/test_recovery_fsdp2.py tests/accelpact/test_reconfigure_unit.py \
