@@ -28,7 +28,9 @@ NCCL_USAGE = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupN
 
 
 def test_registry_names_match_classes():
-    assert set(BACKENDS) == {"gloo", "nccl"}
+    # the built-in two, plus whatever a plugin registered in this process (test_plugins adds a toy one
+    # when the suite collects it)
+    assert {"gloo", "nccl"} <= set(BACKENDS)
     for name, cls in BACKENDS.items():
         assert cls.name == name
 
