@@ -4,14 +4,20 @@
     python -m accelpact.run --nproc-per-node 2 examples/train_heal.py --steps 10 --kill-at 4 --out /tmp/healed
 
 The same script runs under plain ``torchrun`` (then nothing is healed: torchrun restarts every rank).
-What it adds to an FSDP2 loop (lines marked ``accelpact``): per-step snapshots into shared memory, a
-heal policy, and the two ways a process starts:
+What it adds to an FSDP2 loop (lines marked ``accelpact``): per-step snapshots into shared memory (with
+the LR scheduler's state in each snapshot's ``extra_state``), a heal policy, ``guard.finish()`` after the
+last step, and the two ways a process starts:
 
 - a rank started with the group calls ``accelpact.init_process_group``; after a group restart
   (``TORCHELASTIC_RESTART_COUNT`` > 0) it restores the newest snapshot every rank holds;
 - a replacement (``accelpact.run.replacement()`` is not None: the launcher set ``ACCELPACT_REPLACEMENT``)
   calls ``accelpact.rejoin`` instead, builds the model as every rank did, and ``attach(rejoin=ticket)``
-  loads the resume step from the dead process's snapshot; the survivors keep their live state.
+  loads the resume step from the dead process's snapshot; the survivors keep their live state. The
+  replacement's ``guard.resumed`` and a survivor's ``RolledBack`` carry the loaded snapshot's
+  ``extra_state``: both restore the LR scheduler from it (``resume``).
+
+``--warmup-steps N``: a linear LR warm-up over N steps (default 10: the learning rate changes at every
+step of a short run, so a scheduler left at its fresh state on a replacement would change the result).
 
 ``--replicas``: each snapshot is also pushed to a buddy rank on the next node
 (accelpact.snapshot.replica); ``--lose-host`` (with ``--kill-at``): before dying, the killed rank deletes
@@ -53,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=10, help="linear LR warm-up over this many steps")
     ap.add_argument("--kill-at", type=int, default=None, help="rank --kill-rank SIGKILLs itself in this step")
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--replicas", action="store_true", help="push each snapshot to a buddy rank on the next node")
@@ -80,6 +87,13 @@ def main(args: argparse.Namespace) -> dict:
         fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    warmup = max(args.warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+
+    def resume(extra_state: dict) -> None:  # accelpact: after a snapshot of step S - 1 was loaded
+        if extra_state:  # {}: resumed from the initial state (step -1), where a fresh scheduler is right
+            scheduler.load_state_dict(extra_state["scheduler"])
+            scheduler.step()  # the snapshot is taken inside guard.step, before the loop's scheduler.step()
 
     token, config = snapshot.job_token_from_env(), snapshot.SnapshotConfig()  # accelpact
     restored = None
@@ -93,15 +107,18 @@ def main(args: argparse.Namespace) -> dict:
 
         replication = Replication.from_env(control, job_token=token)
     snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
-                                on_complete=replication.push if replication is not None else None)
+                                on_complete=replication.push if replication is not None else None,
+                                extra_state=lambda: {"scheduler": scheduler.state_dict()})  # accelpact
     policy = accelpact.HealPolicy(fetch_replica=replication.fetch if replication is not None else None,
                                   buddy_of=(lambda r: replication.buddy) if replication is not None else None)
     guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, snapshots=snap,
                              heal=policy, rejoin=ticket)  # accelpact
     if ticket is not None:
-        step = guard.next_step  # accelpact: the resume step the heal agreed on
+        step = guard.resumed.resume_step  # accelpact: the resume step the heal agreed on
+        resume(guard.resumed.extra_state)  # accelpact: the LR schedule as the loaded snapshot saved it
     elif restored is not None:
         step = restored.step + 1
+        resume(restored.extra_state)
         guard.resume_at(step)
     else:
         step = 0
@@ -121,11 +138,16 @@ def main(args: argparse.Namespace) -> dict:
         return loss.detach()
 
     losses: dict[int, float] = {}
-    while step < args.steps:
+    while True:
         try:
+            if step >= args.steps:
+                guard.finish()  # accelpact: every rank agrees the run ended (a rank lost after the last vote heals here)
+                break
             losses[step] = guard.step(step_fn, batch_for(step, rank, device)).item()  # accelpact
+            scheduler.step()
         except accelpact.RolledBack as back:  # accelpact: a heal moved this rank back: run from there
             step = back.resume_step
+            resume(back.extra_state)
             continue
         except accelpact.UnrecoverableError as exc:  # accelpact: the launcher restarts the group from snapshots
             print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
@@ -135,6 +157,7 @@ def main(args: argparse.Namespace) -> dict:
         step += 1
         if args.pause_s:
             time.sleep(args.pause_s)
+    guard.close()  # accelpact: after finish, a replacement arriving now is told the run ended
     if replication is not None:
         replication.close()
     snap.close(remove=False)  # the agent's next attempt (if any) may still need them; /dev/shm is per job token
