@@ -80,8 +80,9 @@ def check_runnable(run: Any) -> None:
     try:
         import lm_resiliency  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"strategy=gemini needs lm-resiliency=={LM_RESILIENCY_VERSION} (pip install -e "
-                          f"'.[gemini]', its own extra: docs/peers.md says why); importing it failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"strategy=gemini needs lm-resiliency=={LM_RESILIENCY_VERSION}, its own extra: "
+                          "`pip install -e '.[gemini]'` (docs/peers.md says why `make setup` leaves it out); "
+                          f"importing it failed: {type(exc).__name__}: {exc}") from exc
 
 
 SPEC = StrategySpec(

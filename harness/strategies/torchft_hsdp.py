@@ -478,7 +478,7 @@ def check_runnable(run: Any) -> None:
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
-        raise ConfigError(f"strategy=torchft needs torchft=={TORCHFT_VERSION} (pip install -e '.[baselines]'); "
+        raise ConfigError(f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
                           f"importing it failed: {type(exc).__name__}: {exc}") from exc
 
 
