@@ -239,7 +239,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 if store is None:
-                    store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s))
+                    store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s), probe=True)
                 store.set(self.key, Beat.format(pid, int(self.progress())))
                 self.beats += 1
                 self.store_loss.answered()

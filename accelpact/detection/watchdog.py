@@ -204,7 +204,10 @@ class StallWatchdog:
                 continue
             try:
                 if store is None:
-                    store = _new_client(self.host, self.port, 5.0)
+                    # probe: a store that died (torchrun's agent killed) refuses at once; without the
+                    # plain-socket look first, c10d's client retried for the whole 5 s and printed a C++
+                    # backtrace every tick the watchdog was armed (test_torchrun_store_loss caught it)
+                    store = _new_client(self.host, self.port, 5.0, probe=True)
                 why = self._why(store, t0, gen)
             except Exception:  # noqa: BLE001 - a broken client: a new one next tick
                 store = None
