@@ -81,6 +81,15 @@ def _slurm_state() -> tuple[bool, str]:
         import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (the launcher plugin must be importable)
     except ImportError:
         return False, "hydra-submitit-launcher is not installed: `pip install -e '.[slurm]'` (make slurm-up does)"
+    nodes = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30).stdout
+    if "slurm-n" in nodes:
+        # Known, not fixed: scripts/slurm.sh's multi-node cluster puts each node in a network namespace, and
+        # this run's comparison reference is started by the submitting process (root namespace) through
+        # srun onto a node namespace, where the parent's control store does not answer: its ranks waited
+        # until the test's 700 s timeout (seen in a clean-clone CI run).
+        return False, ("the Slurm here is scripts/slurm.sh's multi-node namespace cluster, where the submitting "
+                       "process's reference run cannot reach its control store; `SLURM_NODES=1 make slurm-up` "
+                       "for this test")
     return True, ""
 
 
