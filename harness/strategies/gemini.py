@@ -72,7 +72,7 @@ class Gemini(Strategy):
 
 
 def check_runnable(run: Any) -> None:
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
 
     if run.cluster.world_size % 2:
         raise ConfigError(f"strategy=gemini pairs each rank with a neighbour: cluster.world_size={run.cluster.world_size} "

@@ -407,62 +407,10 @@ def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: 
     return store, (h, int(p))
 
 
-def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
-    """One rank's life under torchft (``StrategySpec.rank_entry``): its group's store and process group,
-    the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
-    import torch.distributed as dist
-
-    from harness.events import EventLog
-    from harness.rank import identity
-    from harness.rank.train import TrainResult, build_context, connect_control_store, exit_without_static_destructors, run_loop
-    from harness.strategies.torchft_identity import replica_identity
-
-    st = cfg.strategy.torchft
-    layout = GroupLayout(env.rank, env.world_size, st.group_size)
-    pg_timeout = timedelta(seconds=cfg.cluster.pg_timeout_s)
-    with EventLog(run_dir, env.rank) as events:
-        control = connect_control_store(env, cfg.cluster.pg_timeout_s)
-        gen = int(control.get(gen_key(env.token, layout.group)).decode()) if env.replacement else 0
-        store, store_addr = _group_store(control, env.token, layout, gen, cfg.cluster.master_addr,
-                                         cfg.cluster.pg_timeout_s)
-        dist.init_process_group("gloo", store=dist.PrefixStore("harness/torchft/dp", store), rank=layout.local,
-                                world_size=layout.size, timeout=pg_timeout)
-        try:
-            ctx = build_context(cfg, dataclasses.replace(env, world_size=layout.size), run_dir, events, control)
-            ctx.world_size = env.world_size
-            strategy = TorchftHsdp(ctx, layout, control, store_addr, gen, env.token, env.t_launch)
-            if not env.replacement:
-                # Start the groups together (every Manager up and heartbeating before any quorum): with
-                # min_replicas=1 the first group would otherwise form a quorum alone and run ahead.
-                control.add(f"{env.token}/torchft/started", 1)
-                deadline = time.monotonic() + cfg.cluster.pg_timeout_s
-                while int(control.add(f"{env.token}/torchft/started", 0)) < env.world_size:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the torchft replica groups did not all start; see the other ranks' logs")
-                    time.sleep(0.01)
-            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
-                        replacement=env.replacement, torchft_group=layout.group, torchft_generation=gen)
-            try:
-                if env.replacement and strategy.job_finished():
-                    committed = strategy.heal_to_end()
-                else:
-                    committed = run_loop(ctx, strategy)
-                record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank, env.world_size)
-                identity.write_identity(run_dir, record)
-                strategy.finish(committed)
-            finally:
-                strategy.close()
-            exit_without_static_destructors()
-            return TrainResult(steps_committed=committed, identity=record)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-
 def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and the ranks must reach the
     parent's Lighthouse (no network namespaces yet)."""
-    from harness.app.validate import ConfigError
+    from harness.schema import ConfigError
     from harness.faults import registry as faults
 
     st = run.strategy.torchft
@@ -490,6 +438,6 @@ SPEC = StrategySpec(
     color="tab:purple",
     order=4,
     parent_setup=TorchftJob,
-    rank_entry="harness.strategies.torchft_hsdp:train_replica",
+    rank_entry="harness.strategies.torchft_rank:train_replica",
     check=check_runnable,
 )
