@@ -347,7 +347,7 @@ class TorchftHsdp(Strategy):
             self._emit_heal(a)
         return self.manager.current_step()
 
-    def finish(self, last: int) -> None:
+    def wait_for_every_rank(self, last: int) -> None:
         """Stay in the quorum until every rank has reached ``last`` (a restarted group still heals from us),
         at most ``strategy.replacement_timeout_s``: every group then stops at the same step."""
         self.control.set(self._done_key(self.ctx.rank), str(last).encode())

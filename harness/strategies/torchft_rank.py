@@ -62,7 +62,7 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
                     committed = run_loop(ctx, strategy)
                 record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank, env.world_size)
                 identity.write_identity(run_dir, record)
-                strategy.finish(committed)
+                strategy.wait_for_every_rank(committed)
             finally:
                 strategy.close()
             exit_without_static_destructors()

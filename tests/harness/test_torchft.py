@@ -56,15 +56,21 @@ def test_lighthouse_serves_and_exits_on_close(tmp_path):
 
     from harness.strategies.torchft_lighthouse import Lighthouse
 
-    lh = Lighthouse.start(tmp_path / "lighthouse.log", "127.0.0.1", 1, 60000, 100, 1000)
+    log = tmp_path / "lighthouse.log"
+    lh = Lighthouse.start(log, "127.0.0.1", 1, 60000, 100, 1000)
     try:
         assert lh.address.startswith("http://127.0.0.1:")
         with socket.create_connection(("127.0.0.1", lh.port), timeout=5):
             pass
+        # The Rust server logs "Lighthouse listening" from its own task, after the address is printed: under load
+        # (a CI run) a close straight away ended the process before that line was written. Wait for it first.
+        deadline = time.time() + 30
+        while "Lighthouse listening" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.1)
     finally:
         code = lh.close(grace_s=10)
     assert code == 0, "the Lighthouse did not exit on SIGTERM (it had to be SIGKILLed)"
-    assert "Lighthouse listening" in (tmp_path / "lighthouse.log").read_text()
+    assert "Lighthouse listening" in log.read_text(), "the Lighthouse's log (its stderr) never got its start line"
 
 
 def test_lighthouse_dies_with_a_killed_parent(tmp_path):
