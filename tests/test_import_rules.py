@@ -9,8 +9,9 @@
     inside functions, under ``if TYPE_CHECKING:`` and through ``importlib.import_module`` /
     ``__import__`` with a literal name (an f-string name with a literal prefix, e.g.
     ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
-    inside a function or behind importlib is still a cycle in the design. The harness cycles that another
-    change removes are named, edge by edge, in KNOWN_HARNESS_CYCLE_EDGES;
+    inside a function or behind importlib is still a cycle in the design. (A strategy's rank entry that
+    runs the harness's loop lives in its own module, named by its spec's ``rank_entry`` string: the loop
+    imports the strategy registry, which imports the strategy's package.);
 (d) beyond the standard library, the runtime imports torch and nothing else except the optional
     accelerators named in OPTIONAL_IN_RUNTIME (``isal``: ISA-L's CRC-32 for snapshot checksums, ~2.8x
     zlib's with the same values), and those only inside ``try: ... except ImportError`` with a
@@ -198,21 +199,6 @@ def harness_graph() -> dict[str, set[str]]:
     return import_graph("harness")
 
 
-# Imports that close the harness's known cycles (issue 19 item 6 removes them, on another branch: the
-# config schema at the bottom, the fault kinds registered without importlib's back edge). Each entry is
-# one import (importer, imported); the check ignores exactly these and fails on any other cycle, and
-# test_known_harness_cycle_edges_still_exist fails once an entry is gone, so the list only shrinks.
-KNOWN_HARNESS_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
-    # The registry loads its built-in kinds through importlib; kinds.py imports the registry's FaultSpec.
-    ("harness.faults.registry", "harness.faults.kinds"),
-    # The strategy registry loads its built-in strategies through importlib; they import modules that
-    # import the registry (accelpact -> accelpact_heal -> app.validate; checkpoint_restore -> app.validate
-    # and rank.train).
-    ("harness.strategies", "harness.strategies.accelpact"),
-    ("harness.strategies", "harness.strategies.checkpoint_restore"),
-})
-
-
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """One cycle (as a path a -> ... -> a) per strongly connected component with more than one module."""
     index: dict[str, int] = {}
@@ -287,27 +273,14 @@ def test_production_runtime_never_imports_accelpact_testing():
                      "production (e.g. accelpact/backends/_sockets.py) and import it from there:\n" + "\n".join(bad))
 
 
-def _without(graph: dict[str, set[str]], edges: frozenset[tuple[str, str]]) -> dict[str, set[str]]:
-    return {m: {t for t in targets if (m, t) not in edges} for m, targets in graph.items()}
-
-
 def test_accelpact_has_no_import_cycles():
     cycles = find_cycles(import_graph("accelpact"))
     assert not cycles, "import cycles among accelpact modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_harness_has_no_import_cycles():
-    cycles = find_cycles(_without(harness_graph(), KNOWN_HARNESS_CYCLE_EDGES))
+    cycles = find_cycles(harness_graph())
     assert not cycles, "import cycles among harness modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
-
-
-def test_known_harness_cycle_edges_still_exist():
-    graph = harness_graph()
-    gone = sorted(e for e in KNOWN_HARNESS_CYCLE_EDGES if e[1] not in graph.get(e[0], set()))
-    assert not gone, f"these imports are gone: remove them from KNOWN_HARNESS_CYCLE_EDGES: {gone}"
-
-
-# -- the checker itself must be able to fail ------------------------------------------------------
 
 
 def test_checker_finds_function_level_and_relative_imports(tmp_path):

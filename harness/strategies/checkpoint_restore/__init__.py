@@ -9,7 +9,7 @@ restores the newest DCP checkpoint (``restore`` event) and replays the steps los
 
 NVRx must be importable: without it this strategy fails with ``NvrxUnavailable`` naming the fix;
 there is no silent substitute. The spec's ``rank_entry`` makes ``harness.rank.train.train`` hand the
-rank's whole life to ``train_in_process``, because NVRx must own the process groups from the start.
+rank's whole life to ``nvrx_rank.train_in_process``, because NVRx must own the process groups from the start.
 NVRx's own TCPStore is hosted by the parent (``host_nvrx_store``) so that a rank's death does not
 take it down.
 
@@ -20,9 +20,6 @@ every rank is relaunched, on a fresh NVRx store, and restores the newest checkpo
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from harness.strategies.base import Strategy
@@ -42,55 +39,6 @@ class CheckpointRestore(Strategy):
             self.close()
         except Exception as exc:  # noqa: BLE001 - the incarnation is gone; its save error is moot
             print(f"checkpoint_restore: closing the torn-down incarnation's checkpointer: {exc}", flush=True)
-
-
-def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
-    """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
-    from harness.rank import identity
-    from harness.events import EventLog, Restart
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
-    from harness.rank.train import TrainResult, build_context, run_loop
-
-    import_inprocess()  # fail first, with the fix named, if NVRx is missing
-    logs = Path(run_dir) / "logs"
-    settings = NvrxSettings(
-        max_restarts=cfg.strategy.max_restarts,
-        progress_timeout_s=max(600.0, 3 * cfg.cluster.pg_timeout_s),
-        monitor_log_file=str(logs.resolve() / f"nvrx_monitor_rank{env.rank}.log"),
-    )
-    pg_timeout = timedelta(seconds=cfg.cluster.pg_timeout_s)
-    with EventLog(run_dir, env.rank) as events:
-
-        def train_fn(nctx: Any) -> TrainResult:
-            import torch.distributed as dist
-
-            nctx.init_process_group(timeout=pg_timeout)
-            ctx = build_context(cfg, env, run_dir, events, control_store=None)
-            ctx.incarnation = env.incarnation + nctx.incarnation
-            strategy = CheckpointRestore(ctx, exclude_ports=nctx.exclude_ports)
-            nctx.add_finalizer(strategy.abandon)
-            fields = nctx.restart_event_fields(t_ready=time.time())
-            fields["incarnation"] = ctx.incarnation
-            if nctx.incarnation == 0:
-                fields["t_launch"] = env.t_launch  # the parent's launch, as for every other strategy
-            events.emit(Restart, **fields)
-            committed = run_loop(ctx, strategy)
-            strategy.close()
-            record = identity.compute_identity(ctx.model, ctx.optimizer, committed)
-            identity.write_identity(run_dir, record)
-            dist.barrier()
-            return TrainResult(steps_committed=committed, identity=record)
-
-        run = run_with_inprocess_restart(
-            train_fn, settings, token=f"{env.token}-nvrx", exclude_ports=[env.control_port],
-            rank=env.rank, world_size=env.world_size,
-        )
-    if run.value is None:
-        raise RuntimeError("NVRx kept this rank inactive; the harness needs every rank to train")
-    from harness.rank.train import exit_without_static_destructors
-
-    exit_without_static_destructors()
-    return run.value
 
 
 class _NvrxStore:
@@ -158,7 +106,7 @@ SPEC = StrategySpec(
     order=3,
     relaunch=relaunch_after_lost_process,
     parent_setup=_NvrxStore,
-    rank_entry="harness.strategies.checkpoint_restore:train_in_process",
+    rank_entry="harness.strategies.checkpoint_restore.nvrx_rank:train_in_process",
     check=check_runnable,
     simulation=Simulation("harness.scale.outcomes:restart_in_process_and_restore",
                           "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
