@@ -1,6 +1,6 @@
 """The goodput-vs-age analysis, pure: the gain model, data rows, restart-cost ratios, fits, claims.
 
-No I/O and no harness import: experiments.goodput_vs_age measures, experiments.goodput_report
+No I/O; from the harness only the strategy registry and the paper's figures: experiments.goodput_vs_age measures, experiments.goodput_report
 writes tables and plots, and the tests check this module on hand-made rows. The model:
 ``gain(a) = 1 + (R + a*s) / T`` (R: the baseline's restart + restore cost, s: step time, T:
 AccelPact's whole-run time, AccelPact's own recovery ~0).
@@ -13,13 +13,19 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
+from harness import strategies
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP, paper_label
 from experiments.provenance import ClaimRow
 
-BASELINES: tuple[str, ...] = ("cold_restart", "checkpoint_restore")
-STRATEGIES: tuple[str, ...] = ("accelpact", *BASELINES)
-REFERENCE = "reference"
-BASELINE_LABEL = {"cold_restart": "cold restart", "checkpoint_restore": "NVRx checkpoint restoration"}
+# The rows this experiment compares: the baselines the paper published gains over (their specs'
+# paper_gain), in table order, and the strategy under test. Labels and colours are on the specs.
+BASELINES: tuple[str, ...] = tuple(s.name for s in strategies.specs() if s.paper_gain)
+UNDER_TEST: str = strategies.under_test().name
+REFERENCE_STRATEGY: str = strategies.reference().name
+STRATEGIES: tuple[str, ...] = (UNDER_TEST, *BASELINES)
+REFERENCE = "reference"  # the comparison's run directory of the fault-free reference
+# The baseline with two published gains, whose pair fixes the paper's implied model (two points, two unknowns).
+PAPER_MODEL_BASELINE: str = next(b for b in BASELINES if len(strategies.get(b).paper_gain) >= 2)
 # Badput parts charged to the injected fault, in stacking order (harness.report.goodput.Badput without checkpoint).
 FAULT_PARTS: tuple[str, ...] = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
 
@@ -49,8 +55,16 @@ class GainModel:
         return 1.0 + self.r_over_t + age * self.s_over_t
 
 
-def implied_paper_model(gain_a: float = PAPER_GAIN[("cold_restart", 5)], age_a: int = 5,
-                        gain_b: float = PAPER_GAIN[("cold_restart", 18)], age_b: int = 18) -> GainModel:
+def _published(baseline: str) -> list[tuple[int, float]]:
+    """The paper's (age, gain) figures over ``baseline``, by age."""
+    return sorted(strategies.get(baseline).paper_gain.items())
+
+
+(_A, _GAIN_A), (_B, _GAIN_B) = _published(PAPER_MODEL_BASELINE)[:2]
+
+
+def implied_paper_model(gain_a: float = _GAIN_A, age_a: int = _A,
+                        gain_b: float = _GAIN_B, age_b: int = _B) -> GainModel:
     """The gain model through the paper's two cold-restart figures (exact, two points, two unknowns).
 
     s/T = (g_b - g_a) / (a_b - a_a) = 0.501 / 13; R/T = (g_a - 1) - a_a * s/T. With the paper's numbers
@@ -119,7 +133,7 @@ def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping
       that run (first order: it assumes restarts slow down as much as steps)."""
     out: list[dict[str, Any]] = []
     for r in table:
-        strategy = "none" if str(r["strategy"]).startswith("none") else str(r["strategy"])
+        strategy = REFERENCE_STRATEGY if str(r["strategy"]).startswith(REFERENCE_STRATEGY) else str(r["strategy"])
         age = None if r.get("age") is None or math.isnan(_f(r.get("age"))) else int(_f(r["age"]))
         name = run_name(strategy, age)
         row = run_rows.get(name, {})
@@ -129,7 +143,7 @@ def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping
         d: dict[str, Any] = {
             "run": name, "strategy": strategy, "age": age, "status": r.get("status") or row.get("status"),
             "goodput": _f(r.get("goodput")), "ratio_to_reference": _f(r.get("ratio_to_reference")),
-            "accelpact_gain": _f(r.get("accelpact_gain")) if strategy in BASELINES or strategy == "accelpact" else math.nan,
+            "accelpact_gain": _f(r.get("accelpact_gain")) if strategy in STRATEGIES else math.nan,
             "paper_gain": PAPER_GAIN.get((strategy, age), math.nan) if age is not None else math.nan,
             "wall_s": wall, "tokens": int(_f(r.get("tokens"))) if not math.isnan(_f(r.get("tokens"))) else 0,
             "step_median_s": step, "replayed_steps": int(_f(r.get("replayed_steps")) or 0),
@@ -149,17 +163,17 @@ def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping
         d["bit_identical"] = r.get("bit_identical")
         d["fallback"] = str(r.get("fallback") or "no")
         out.append(d)
-    ours = {d["age"]: d for d in out if d["strategy"] == "accelpact"}
+    ours = {d["age"]: d for d in out if d["strategy"] == UNDER_TEST}
     for d in out:
         a = ours.get(d["age"]) if d["age"] is not None else None
         d["accelpact_gain_norm"] = a["goodput_norm"] / d["goodput_norm"] if a and d["goodput_norm"] > 0 else math.nan
-        if d["strategy"] == "none":
+        if d["strategy"] == REFERENCE_STRATEGY:
             d["accelpact_gain"] = math.nan
     return out
 
 
 def restart_cost_ratios(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per baseline (and accelpact, for scale): medians over ages of the fault's restart and restore
+    """Per baseline (and AccelPact, for scale): medians over ages of the fault's restart and restore
     seconds, the median step, and both as multiples of the step (R/s)."""
     out = []
     for strategy in STRATEGIES:
@@ -192,14 +206,17 @@ def model_fits(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The gain model fitted to our gains, per baseline, on the measured and on the load-normalized gains;
     beside it the paper's implied model (cold restart, two points) and its NVRx figure's R/s."""
     paper = implied_paper_model()
-    out = [{"source": "paper (implied, 2 points)", "baseline": "cold_restart", "gains": "published",
+    out = [{"source": "paper (implied, 2 points)", "baseline": PAPER_MODEL_BASELINE, "gains": "published",
             "n": 2, "r_over_t": paper.r_over_t, "s_over_t": paper.s_over_t, "r_over_s": paper.r_over_s,
-            "t_steps": paper.t_steps, "rmse": 0.0},
-           {"source": "paper (implied, 1 point + cold-restart s/T)", "baseline": "checkpoint_restore",
-            "gains": "published", "n": 1, "r_over_t": PAPER_GAIN[("checkpoint_restore", 5)] - 1 - 5 * paper.s_over_t,
-            "s_over_t": paper.s_over_t,
-            "r_over_s": implied_r_over_s(PAPER_GAIN[("checkpoint_restore", 5)], 5, paper.s_over_t),
             "t_steps": paper.t_steps, "rmse": 0.0}]
+    for baseline in BASELINES:
+        if baseline == PAPER_MODEL_BASELINE:
+            continue
+        age, gain = _published(baseline)[0]
+        out.append({"source": "paper (implied, 1 point + cold-restart s/T)", "baseline": baseline,
+                    "gains": "published", "n": 1, "r_over_t": gain - 1 - age * paper.s_over_t,
+                    "s_over_t": paper.s_over_t, "r_over_s": implied_r_over_s(gain, age, paper.s_over_t),
+                    "t_steps": paper.t_steps, "rmse": 0.0})
     for baseline in BASELINES:
         for key, label in (("accelpact_gain", "measured"), ("accelpact_gain_norm", "load-normalized")):
             pts = gains_by_age(data, baseline, key)
@@ -221,9 +238,10 @@ def paper_r_over_s(baseline: str, paper: Optional[GainModel] = None) -> float:
     """The R/s the paper's figures imply for ``baseline`` (cold restart: two points; NVRx: its one point
     with the cold-restart s/T)."""
     paper = paper or implied_paper_model()
-    if baseline == "cold_restart":
+    if baseline == PAPER_MODEL_BASELINE:
         return paper.r_over_s
-    return implied_r_over_s(PAPER_GAIN[("checkpoint_restore", 5)], 5, paper.s_over_t)
+    age, gain = _published(baseline)[0]
+    return implied_r_over_s(gain, age, paper.s_over_t)
 
 
 def claim_reason(hit: Mapping[str, Any], ours: Mapping[str, Any], paper: GainModel) -> str:
@@ -250,8 +268,8 @@ def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]
     rows: list[ClaimRow] = []
     for (baseline, age), pg in PAPER_GAIN.items():
         hit = next((r for r in data if r["strategy"] == baseline and r["age"] == age), None)
-        ours = next((r for r in data if r["strategy"] == "accelpact" and r["age"] == age), None)
-        label = f"whole-run goodput gain over {BASELINE_LABEL[baseline]}, checkpoint age {age}"
+        ours = next((r for r in data if r["strategy"] == UNDER_TEST and r["age"] == age), None)
+        label = f"whole-run goodput gain over {paper_label(baseline)}, checkpoint age {age}"
         if hit is None or ours is None or math.isnan(_f(hit["accelpact_gain"])):
             rows.append(ClaimRow(label, f"{pg}x", "not run", pg, None, "higher",
                                  f"age {age} was not in this run's ages (run the full experiment)"))
@@ -267,7 +285,7 @@ def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]
             continue
         implied = paper_r_over_s(baseline, paper)
         rows.append(ClaimRow(
-            f"restart cost / step time, {BASELINE_LABEL[baseline]} (R/s; IMPLIED by the paper's figures under "
+            f"restart cost / step time, {paper_label(baseline)} (R/s; IMPLIED by the paper's figures under "
             "the stated model)", f"~{implied:.2f} (implied)",
             f"{rat['cost_over_step']:.1f} (restart {rat['restart_over_step']:.1f} + restore "
             f"{rat['restore_over_step']:.2f} steps; step {rat['step_s']:.3f} s)",
@@ -325,7 +343,7 @@ def gain_table(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         idents = [at[s].get("bit_identical") for s in STRATEGIES if s in at]
         row["bit_identical"] = ("all 3 yes" if idents and all(i is True for i in idents) else
                                 ", ".join(f"{s}: {_fmt(at[s].get('bit_identical'), '')}" for s in STRATEGIES if s in at))
-        row["accelpact_fallback"] = at.get("accelpact", {}).get("fallback", "-")
+        row["accelpact_fallback"] = at.get(UNDER_TEST, {}).get("fallback", "-")
         out.append(row)
     return out
 

@@ -16,7 +16,10 @@ from experiments import _driver
 from experiments.goodput_model import (
     BASELINES,
     FAULT_PARTS,
+    PAPER_MODEL_BASELINE,
+    REFERENCE_STRATEGY,
     STRATEGIES,
+    UNDER_TEST,
     GainModel,
     _f,
     _fmt,
@@ -25,12 +28,13 @@ from experiments.goodput_model import (
     gain_table,
     gains_by_age,
     implied_paper_model,
-    implied_r_over_s,
     load_anomalies,
     model_fits,
+    paper_r_over_s,
     projected_gain,
     restart_cost_ratios,
 )
+from harness import strategies
 from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
@@ -60,12 +64,14 @@ def _anomaly_text(data: Sequence[Mapping[str, Any]]) -> str:
 def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[str, Any]],
              claim_rows: Sequence[ClaimRow], plan: Mapping[str, Any], prov_md: str, runtime_s: float) -> str:
     paper = implied_paper_model()
-    nvrx_ros = implied_r_over_s(PAPER_GAIN[("checkpoint_restore", 5)], 5, paper.s_over_t)
-    ref = next((r for r in data if r["strategy"] == "none"), {})
+    # The baseline with one published gain (NVRx), read with the two-point baseline's s/T.
+    nvrx = next(b for b in BASELINES if b != PAPER_MODEL_BASELINE)
+    nvrx_age, nvrx_gain = sorted(strategies.get(nvrx).paper_gain.items())[0]
+    nvrx_ros = paper_r_over_s(nvrx, paper)
+    ref = next((r for r in data if r["strategy"] == REFERENCE_STRATEGY), {})
     gain_cols = [("age", "age", "d")]
     for b in BASELINES:
-        short = "cold restart" if b == "cold_restart" else "NVRx"
-        gain_cols += [(f"{b}_gain", f"vs {short}: ours", ".3f"), (f"{b}_gain_norm", "(load-norm.)", ".3f"),
+        gain_cols += [(f"{b}_gain", f"vs {strategies.get(b).label}: ours", ".3f"), (f"{b}_gain_norm", "(load-norm.)", ".3f"),
                       (f"{b}_paper", "paper", ".3f")]
     gain_cols += [("bit_identical", "bit-identical to reference", ""), ("accelpact_fallback", "accelpact fell back", "")]
     run_cols = [("strategy", "strategy", ""), ("age", "age", "d"), ("status", "status", ""),
@@ -83,10 +89,11 @@ def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, An
     fit_cols = [("source", "source", ""), ("baseline", "baseline", ""), ("gains", "gains", ""), ("n", "points", "d"),
                 ("r_over_t", "R/T", ".4f"), ("s_over_t", "s/T", ".4f"), ("r_over_s", "R/s", ".2f"),
                 ("t_steps", "T/s (steps)", ".1f"), ("rmse", "rmse", ".3f")]
-    cold, nvrx = _ratio(ratios, "cold_restart"), _ratio(ratios, "checkpoint_restore")
-    acc = _ratio(ratios, "accelpact")
+    cold = _ratio(ratios, PAPER_MODEL_BASELINE)
+    acc = _ratio(ratios, UNDER_TEST)
     proj = []
-    for b, r in (("cold_restart", cold), ("checkpoint_restore", nvrx)):
+    for b in BASELINES:
+        r = _ratio(ratios, b)
         if r:
             for age in (5, 18):
                 proj.append({"baseline": b, "age": age, "ours_r_over_s": r["cost_over_step"],
@@ -141,7 +148,7 @@ The paper's, IMPLIED by the paper's figures under a stated model (the paper repo
   s/T = 0.501/13 = {paper.s_over_t:.5f} (s = 0.501*T/13, so T = {paper.t_steps:.1f} steps) and
   R/T = 0.197 - 5 s/T = {paper.r_over_t:.5f} (R = 0.197*T - 5*s), so **R/s = {paper.r_over_s:.3f}**: the paper's
   cold restart costs about a tenth of one step.
-- NVRx (1.194 at age 5), with the same s/T: R/T = 0.194 - 5 s/T = {PAPER_GAIN[('checkpoint_restore', 5)] - 1 - 5 * paper.s_over_t:.5f}, R/s = {nvrx_ros:.3f}.
+- NVRx (1.194 at age 5), with the same s/T: R/T = 0.194 - 5 s/T = {nvrx_gain - 1 - nvrx_age * paper.s_over_t:.5f}, R/s = {nvrx_ros:.3f}.
 
 The same model fitted (least squares over all ages) to our gains, and the paper's implied values:
 
@@ -188,7 +195,6 @@ def read_data(path: Path) -> list[dict[str, Any]]:
     return _driver.read_csv(path, cell)
 
 
-_COLORS = {"accelpact": "tab:green", "cold_restart": "tab:red", "checkpoint_restore": "tab:orange", "none": "black"}
 _PART_COLORS = {"detection": "#1b9e77", "agreement": "#66a61e", "rebuild": "#a6d854", "rebind": "#006d2c",
                 "restart": "#d62728", "restore": "#8c564b", "replay": "#ff7f0e", "other": "#7f7f7f"}
 
@@ -202,32 +208,33 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
     paper = implied_paper_model()
     ages = sorted({r["age"] for r in data if r["age"] is not None})
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.2))
-    ref = next((r for r in data if r["strategy"] == "none"), None)
+    ref = next((r for r in data if r["strategy"] == REFERENCE_STRATEGY), None)
     if ref:
         ax.axhline(ref["goodput"], color="black", ls="--", lw=1, label="fault-free reference")
     for s in STRATEGIES:
         pts = sorted((r["age"], r["goodput"]) for r in data if r["strategy"] == s and r["age"] is not None)
         if pts:
-            ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=_COLORS[s], label=s)
+            ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=strategies.get(s).color, label=s)
     ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)", ylabel="whole-run goodput (tokens/s)",
            title="goodput per strategy (measured)")
     ax.legend(fontsize=7.5)
     xs = [0, max(ages, default=30)]
     for b in BASELINES:
+        color = strategies.get(b).color
         meas = gains_by_age(data, b)
         norm = gains_by_age(data, b, "accelpact_gain_norm")
-        ax2.plot([a for a, _ in meas], [g for _, g in meas], "o-", color=_COLORS[b], label=f"ours vs {b} (measured)")
-        ax2.plot([a for a, _ in norm], [g for _, g in norm], "o--", mfc="none", color=_COLORS[b], alpha=0.7,
+        ax2.plot([a for a, _ in meas], [g for _, g in meas], "o-", color=color, label=f"ours vs {b} (measured)")
+        ax2.plot([a for a, _ in norm], [g for _, g in norm], "o--", mfc="none", color=color, alpha=0.7,
                  label=f"ours vs {b} (load-normalized)")
         fit = next((f for f in fits if f["source"] == "ours (fit)" and f["baseline"] == b and f["gains"] == "measured"), None)
         if fit:
             m = GainModel(fit["r_over_t"], fit["s_over_t"])
-            ax2.plot(xs, [m.gain(x) for x in xs], ":", color=_COLORS[b], lw=1,
+            ax2.plot(xs, [m.gain(x) for x in xs], ":", color=color, lw=1,
                      label=f"model fit vs {b}: R/s={fit['r_over_s']:.1f}, T/s={fit['t_steps']:.0f}")
     ax2.plot(xs, [paper.gain(x) for x in xs], "-", color="0.4", lw=0.8,
              label=f"paper's implied model (cold restart): R/s={paper.r_over_s:.2f}, T/s={paper.t_steps:.0f}")
     for (b, age), g in PAPER_GAIN.items():
-        ax2.plot([age], [g], "*", ms=14, color=_COLORS[b], mec="black", label=f"paper vs {b}, age {age}: {g}x")
+        ax2.plot([age], [g], "*", ms=14, color=strategies.get(b).color, mec="black", label=f"paper vs {b}, age {age}: {g}x")
     ax2.axhline(1.0, color="0.6", lw=0.8)
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's whole-run gain")
     ax2.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
@@ -255,7 +262,7 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
     axes[0].legend(fontsize=7, ncol=4)
     axes[0].set_title("Time lost to one socket reset, by part (mean over ranks); paper: not reported", fontsize=9)
     axes[1].set_xticks(x)
-    axes[1].set_xticklabels([f"{'ckpt_restore' if r['strategy'] == 'checkpoint_restore' else r['strategy']}\nage {r['age']}"
+    axes[1].set_xticklabels([f"{r['strategy'].replace('checkpoint_', 'ckpt_')}\nage {r['age']}"
                              for r in runs], fontsize=6.5, rotation=90)
     fig.subplots_adjust(bottom=0.2, top=0.95, hspace=0.08)
     stamp_figure(fig, prov)

@@ -38,4 +38,5 @@ SPEC = StrategySpec(
     relaunch=relaunch_after_any_failure,
     simulation=Simulation("harness.scale.outcomes:relaunch_and_restore", "cold restart (torchrun + DCP)",
                           synchronous=True, calibration_rollback="checkpoint"),
+    paper_gain={5: 1.197, 18: 1.698},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
 )

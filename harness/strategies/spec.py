@@ -4,7 +4,7 @@ A strategy is registered once (``harness.strategies.register``) and every part o
 its spec instead of comparing strategy names: the rank process builds ``rank_class``; the parent
 runs ``parent_setup`` before starting the ranks and asks ``relaunch`` after they exit; validation
 calls ``check``; tables and plots use ``label``, ``color`` and ``order``; the scale simulator uses
-``simulation``.
+``simulation``; the paper's published gains over a baseline are that baseline's ``paper_gain``.
 
 Pure data plus small callables: importing this module costs nothing (no torch, no Hydra), so the
 parent, the ranks and the report code can all read the registry.
@@ -12,7 +12,7 @@ parent, the ranks and the report code can all read the registry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class ProjectedStrategy:
 
     name: str
     simulation: Simulation
+    color: str = "tab:gray"  # matplotlib colour in the simulator's plots
 
 
 def never_relaunch(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
@@ -92,6 +93,11 @@ class StrategySpec:
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
     simulation: Optional[Simulation] = None  # how harness.scale projects it (None: not simulated)
+    # The paper's published whole-run goodput gain of AccelPact over this strategy, by checkpoint age in
+    # steps ({} when the paper does not compare with it); harness.report.paper collects them.
+    paper_gain: Mapping[int, float] = field(default_factory=dict, hash=False)
+    # What the paper calls this strategy where it quotes ``paper_gain`` ("" : ``label``).
+    paper_label: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():

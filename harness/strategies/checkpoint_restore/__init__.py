@@ -110,4 +110,6 @@ SPEC = StrategySpec(
     check=check_runnable,
     simulation=Simulation("harness.scale.outcomes:restart_in_process_and_restore",
                           "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
+    paper_gain={5: 1.194},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
+    paper_label="NVRx checkpoint restoration",
 )
