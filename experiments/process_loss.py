@@ -44,10 +44,13 @@ from experiments import _driver
 from experiments._load_sampler import LoadSampler, mean_load, read_samples
 from experiments.process_loss_report import read_rows, write_outputs
 from experiments.provenance import load_provenance, write_provenance
+from harness import strategies
 
 NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
-STRATEGIES: tuple[str, ...] = ("accelpact", "cold_restart", "checkpoint_restore")
+# Row selection: the strategy under test and the two baselines whose restarts it is compared with.
+UNDER_TEST: str = strategies.under_test().name
+STRATEGIES: tuple[str, ...] = (UNDER_TEST, "cold_restart", "checkpoint_restore")
 _ROOT = Path(__file__).resolve().parent.parent
 LOAD_FILE = "load.jsonl"  # in the scratch dir: the load average sampled every 5 s while the runs go
 
@@ -230,7 +233,7 @@ def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]
 
 def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[str]:
     return ["experiment=smoke", *common(plan, scratch), f"train.steps={plan.overhead_steps}", "checkpoint=none",
-            "strategy=accelpact", f"strategy.snapshot.every={every}", "fault=none", f"hydra.run.dir={run_dir}"]
+            f"strategy={UNDER_TEST}", f"strategy.snapshot.every={every}", "fault=none", f"hydra.run.dir={run_dir}"]
 
 
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:

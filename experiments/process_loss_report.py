@@ -13,12 +13,44 @@ from typing import Any, Mapping, Sequence
 
 from experiments import _driver
 from experiments.provenance import load_provenance, stamp_figure
+from harness import strategies
 
 __all__ = ["write_outputs", "read_rows", "table_md"]
 
-LABELS = {"reference": "fault-free reference", "accelpact": "accelpact (heal in memory)",
-          "cold_restart": "cold restart", "checkpoint_restore": "NVRx checkpoint restore"}
-ORDER = ("reference", "accelpact", "cold_restart", "checkpoint_restore")
+# The data's fault-free rows (one per fault block and trial) carry this in their strategy column.
+REFERENCE = "reference"
+REFERENCE_LABEL = "fault-free reference"
+UNDER_TEST = strategies.under_test().name  # the strategy whose gain over the others the table reports
+
+
+def label(strategy: str) -> str:
+    """A data row's strategy as tables and legends print it (the spec's label)."""
+    if strategy == REFERENCE:
+        return REFERENCE_LABEL
+    try:
+        return strategies.get(strategy).label
+    except KeyError:  # a row of a strategy no longer registered: its name
+        return strategy
+
+
+def _order(strategy: str) -> int:
+    """Table position: the reference first, then the registry's order, then anything unregistered."""
+    if strategy == REFERENCE:
+        return -1
+    try:
+        return strategies.get(strategy).order
+    except KeyError:
+        return 1 << 20
+
+
+def compared(data: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The strategies the data has runs of (the reference left out), in table order."""
+    return sorted({str(r["strategy"]) for r in data if r.get("strategy") != REFERENCE}, key=lambda s: (_order(s), s))
+
+
+def baselines(data: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The strategies AccelPact's gain is reported over: every other strategy in the data, in table order."""
+    return [s for s in compared(data) if s != UNDER_TEST]
 
 
 def _f(v: Any) -> float:
@@ -68,7 +100,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
 
     from harness.report.trials import _median
 
-    refs = {(r["fault"], r.get("trial")): r for r in data if r.get("strategy") == "reference"}
+    refs = {(r["fault"], r.get("trial")): r for r in data if r.get("strategy") == REFERENCE}
     # One reference pace per fault block (as the comparison's table): the median over its trials'
     # references of useful seconds per useful step.
     paces: dict[Any, list[float]] = {}
@@ -85,7 +117,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
         useful, tokens = _f(r.get("useful_s")), _f(r.get("useful_tokens"))
         badput = _f(r.get("badput_total_s"))
         r["badput_s"] = badput
-        factor = snap if r.get("strategy") == "accelpact" else 1.0
+        factor = snap if r.get("strategy") == UNDER_TEST else 1.0
         steps, ref_pace = _f(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
         if steps > 0 and ref_pace > 0:
             r["goodput_at_ref_step"] = badput_goodput_from_row(
@@ -108,39 +140,40 @@ def best_rows(data: Sequence[Mapping[str, Any]], overhead_pct: float = math.nan)
     data = [dict(r) for r in data]
     add_drift(data, overhead_pct)
     out = []
-    keys = sorted({(r["fault"], int(_f(r["age"]))) for r in data if r.get("strategy") != "reference"
+    keys = sorted({(r["fault"], int(_f(r["age"]))) for r in data if r.get("strategy") != REFERENCE
                    and not math.isnan(_f(r.get("age")))})
-    ref_of = {r["fault"]: r for r in data if r.get("strategy") == "reference"}
+    ref_of = {r["fault"]: r for r in data if r.get("strategy") == REFERENCE}
+    ours_label = label(UNDER_TEST)
     for fault, age in keys:
         at = {r["strategy"]: r for r in data if r["fault"] == fault and _f(r.get("age")) == age}
         ok = {s: r for s, r in at.items() if r.get("status") == "ok" and not math.isnan(_f(r.get("goodput")))}
         if not ok:
             continue
         best = max(ok, key=lambda s: _f(ok[s]["goodput"]))
-        ours = ok.get("accelpact")
-        row: dict[str, Any] = {"fault": fault, "age": age, "best": LABELS.get(best, best)}
-        for base in ("cold_restart", "checkpoint_restore"):
+        ours = ok.get(UNDER_TEST)
+        row: dict[str, Any] = {"fault": fault, "age": age, "best": label(best)}
+        for base in baselines(data):
             row[f"gain_{base}"] = (_f(ours["goodput"]) / _f(ok[base]["goodput"])
                                    if ours and base in ok and _f(ok[base]["goodput"]) > 0 else math.nan)
             row[f"badput_ratio_{base}"] = (_f(ours["badput_s"]) / _f(ok[base]["badput_s"])
                                            if ours and base in ok and _f(ok[base]["badput_s"]) > 0 else math.nan)
         derived = {s: _f(r.get("goodput_at_ref_step")) for s, r in ok.items()}
-        row["best_at_ref_step"] = (LABELS.get(max(derived, key=lambda s: derived[s]), "")
+        row["best_at_ref_step"] = (label(max(derived, key=lambda s: derived[s]))
                                    if derived and not any(math.isnan(v) for v in derived.values()) else "")
         if ours is None:
-            row["reason"] = f"accelpact did not finish ({at.get('accelpact', {}).get('status', 'no run')})"
-        elif best == "accelpact":
+            row["reason"] = f"{ours_label} did not finish ({at.get(UNDER_TEST, {}).get('status', 'no run')})"
+        elif best == UNDER_TEST:
             row["reason"] = (f"best; healed from {ours.get('heal_source') or '?'}, "
                              f"{int(_f(ours.get('replayed_steps')) or 0)} step(s) replayed, parts: {_parts_text(ours)}")
         else:
             b, ref = ok[best], ref_of.get(fault, {})
-            name = LABELS.get(best, best)
+            name = label(best)
             row["reason"] = (
                 f"measured goodput {_f(ours['goodput']):.1f} vs {_f(b['goodput']):.1f} tok/s. "
-                f"(a) badput: accelpact {_f(ours['badput_s']):.1f} s ({_parts_text(ours)}) vs {name} "
+                f"(a) badput: {ours_label} {_f(ours['badput_s']):.1f} s ({_parts_text(ours)}) vs {name} "
                 f"{_f(b['badput_s']):.1f} s ({_parts_text(b)}). "
                 f"(b) snapshot overhead, side by side: {overhead_pct:+.1f} % per step. "
-                f"(c) step-time drift: median step accelpact {_f(ours.get('step_median_s')):.2f} s "
+                f"(c) step-time drift: median step {ours_label} {_f(ours.get('step_median_s')):.2f} s "
                 f"({_f(ours['drift']):.2f}x the reference's, which takes no snapshots{_load_text(ours)}), {name} "
                 f"{_f(b.get('step_median_s')):.2f} s ({_f(b['drift']):.2f}x{_load_text(b)}); reference "
                 f"{_f(ref.get('step_median_s')):.2f} s{_load_text(ref)}. "
@@ -180,10 +213,10 @@ def overhead_summary(overhead: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, Any]], runtime_s: float,
              prov: Any) -> str:
     rows = sorted(data, key=lambda r: (r["fault"], _f(r.get("age")) if r.get("age") not in (None, "") else -1,
-                                       ORDER.index(r["strategy"]) if r["strategy"] in ORDER else 9))
+                                       _order(r["strategy"])))
     for r in rows:
-        r["label"] = LABELS.get(r["strategy"], r["strategy"])
-        r["parts"] = _parts_text(r) if r["strategy"] != "reference" else ""
+        r["label"] = label(r["strategy"])
+        r["parts"] = _parts_text(r) if r["strategy"] != REFERENCE else ""
         if r.get("status") not in (None, "ok"):
             # A failed run's goodput counts the steps before it died: not comparable, so not shown.
             r["goodput"] = r["wall_s"] = r["parts"] = r["badput_total_s"] = r["useful_s"] = None
@@ -223,11 +256,11 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
             "## Best strategy per fault and age", "",
             _md(best_rows(data, _f(ov["overhead_pct"])),
                 [("fault", "fault", ""), ("age", "age", ".0f"), ("best", "best measured goodput", ""),
-                 ("gain_cold_restart", "accelpact / cold restart (goodput)", ".3f"),
-                 ("badput_ratio_cold_restart", "accelpact / cold restart (badput)", ".3f"),
-                 ("gain_checkpoint_restore", "accelpact / NVRx (goodput)", ".3f"),
+                 *[col for b in baselines(data) for col in (
+                     (f"gain_{b}", f"{label(UNDER_TEST)} / {label(b)} (goodput)", ".3f"),
+                     (f"badput_ratio_{b}", f"{label(UNDER_TEST)} / {label(b)} (badput)", ".3f"))],
                  ("best_at_ref_step", "best at reference's step time (derived)", ""),
-                 ("reason", "accelpact: measured reason", "")]), "",
+                 ("reason", f"{label(UNDER_TEST)}: measured reason", "")]), "",
             "## Snapshot cost, side by side with snapshots off", "",
             _md([ov], [("step_off_s", "median step, snapshots off (s)", ".4f"),
                        ("load_off", "load avg, off runs", ".1f"), ("load_on", "load avg, on runs", ".1f"),
@@ -254,15 +287,13 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], prov: Any) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness import strategies
-
     faults = sorted({r["fault"] for r in data})
     fig, axes = plt.subplots(1, max(len(faults), 1), figsize=(5.2 * max(len(faults), 1), 3.8), squeeze=False)
-    names = [s for s in ORDER if s != "reference"]
+    names = compared(data)
     for ax, fault in zip(axes[0], faults):
         rows = [r for r in data if r["fault"] == fault]
         ages = sorted({int(_f(r["age"])) for r in rows if not math.isnan(_f(r.get("age")))})
-        ref = next((_f(r.get("goodput")) for r in rows if r["strategy"] == "reference"), math.nan)
+        ref = next((_f(r.get("goodput")) for r in rows if r["strategy"] == REFERENCE), math.nan)
         width = 0.8 / len(names)
         for i, s in enumerate(names):
             cells = [next((r for r in rows if r["strategy"] == s and _f(r.get("age")) == a), None) for a in ages]
@@ -276,10 +307,10 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], prov: Any) -> Path:
                 color = strategies.get(s).color
             except KeyError:
                 color = None
-            ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(ages))], ys, width, label=LABELS[s],
+            ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(ages))], ys, width, label=label(s),
                    color=color)
         if not math.isnan(ref):
-            ax.axhline(ref, color="0.3", linestyle="--", linewidth=1, label=LABELS["reference"])
+            ax.axhline(ref, color="0.3", linestyle="--", linewidth=1, label=REFERENCE_LABEL)
         ax.set_xticks(range(len(ages)), [f"age {a}" for a in ages])
         ax.set_title(f"fault={fault}")
         ax.set_ylabel("goodput (tokens/s)")

@@ -34,11 +34,11 @@ def test_best_and_the_measured_reason_when_accelpact_is_not_best():
     assert row["gain_cold_restart"] == pytest.approx(1.5) and row["gain_checkpoint_restore"] == pytest.approx(90 / 95)
     assert row["badput_ratio_cold_restart"] == pytest.approx(2.0 / 19.0)
     reason = row["reason"]
-    assert reason.startswith("measured goodput 90.0 vs 95.0 tok/s. (a) badput: accelpact 2.0 s (restart 2.0 s)")
+    assert reason.startswith("measured goodput 90.0 vs 95.0 tok/s. (a) badput: AccelPact 2.0 s (restart 2.0 s)")
     assert "NVRx checkpoint restore 1.4 s (replay 0.9 s, restart 0.5 s)" in reason
     assert "(b) snapshot overhead, side by side: +10.0 % per step" in reason
     # (c): each run's median step against the reference's, with the load where it was sampled
-    assert "median step accelpact 1.00 s (1.00x the reference's, which takes no snapshots, load 3.0)" in reason
+    assert "median step AccelPact 1.00 s (1.00x the reference's, which takes no snapshots, load 3.0)" in reason
     assert "NVRx checkpoint restore 1.00 s (1.00x)" in reason
     best_ours = [dict(r, goodput=r["goodput"] * (2 if r["strategy"] == "accelpact" else 1)) for r in DATA]
     assert rep.best_rows(best_ours)[0]["reason"].startswith("best; healed from buddy, 1 step(s) replayed")
@@ -56,7 +56,7 @@ def test_drift_is_taken_out_of_the_derived_goodput_but_badput_and_snapshot_overh
     assert ours["goodput_at_ref_step"] == pytest.approx(2000 / (22.0 + 3.0))
     assert cold["goodput_at_ref_step"] == pytest.approx(2000 / (20.0 + 8.6))
     (row,) = rep.best_rows(data, overhead_pct=10.0)
-    assert row["best"] == "cold restart" and row["best_at_ref_step"] == "accelpact (heal in memory)"
+    assert row["best"] == "cold restart" and row["best_at_ref_step"] == "AccelPact"
     assert "Derived at the reference's step time: 80.0 vs 69.9 tok/s" in row["reason"]
     # unknown overhead: the derived figure is unknown, not silently uncorrected
     rep.add_drift(data, overhead_pct=math.nan)
@@ -109,7 +109,7 @@ def test_overhead_is_median_on_over_off_and_the_table_round_trips(tmp_path):
     back = rep.read_rows(tmp_path / "data.csv")
     assert [r["strategy"] for r in back] == [r["strategy"] for r in DATA] and back[1]["bit_identical"] is True
     text = (tmp_path / "table.md").read_text()
-    assert "| kill | 5 | accelpact (heal in memory) | 90.0 |" in text
+    assert "| kill | 5 | AccelPact | 90.0 |" in text
     assert "## Best strategy per fault and age" in text and "measured goodput 90.0 vs 95.0 tok/s" in text
     assert "step / reference's" in text and "goodput at reference's step time (tok/s, derived)" in text
     assert (tmp_path / "goodput.png").stat().st_size > 1000
