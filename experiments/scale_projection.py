@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from experiments.provenance import current_command, load_provenance, stamp_figure, write_provenance
+from harness import strategies
 from harness.scale import calibrate as cal
 from harness.scale import scaling as sc
 from harness.scale.config import CLASSES, Cluster, strategy_names
@@ -33,6 +34,13 @@ RESULTS = ROOT / "results" / NAME
 MEASURED = ROOT / "results" / "goodput_vs_age"
 TABLE_SIZES = (1024, 9600, 16384, 100_000)
 CURVE_SIZES = (1024, 2048, 4096, 9600, 16384, 32768, 65536, 100_000)
+# Row selection: the synchronous restart whose stall per failure is set beside FT-HSDP's published one.
+STALL_BASELINE = "cold_restart"
+
+
+def _plotted(strategy: str) -> bool:
+    """Whether a strategy gets a curve: the fault-free reference (ETTR 1 by construction) does not."""
+    return not strategies.simulated()[strategy].fault_free
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -57,7 +65,7 @@ def cross_checks_md(mix: dict) -> str:
         lines.append(f"| MTTF at {gpus:,} GPUs | {h} h (RSC clusters, A100) | {mttf_h(mix, gpus):.1f} h "
                      f"(Llama 3 rates, linear in GPUs) | {RSC_SOURCE}; use `rate_scale` to try their rate |")
     c = Cluster(gpus=100_000)
-    cold = outcome_table(c, ("cold_restart",))["cold_restart"]["gpu_host_loss"]
+    cold = outcome_table(c, (STALL_BASELINE,))[STALL_BASELINE]["gpu_host_loss"]
     lines.append(f"| synchronous recovery stall per failure, O(100K) GPUs | {FTHSDP_SYNC_STALL_S / 60:.0f} min "
                  f"(FT-HSDP: {FTHSDP_STALL_S / 60:.0f} min with FT-HSDP) | {cold.downtime_s / 60:.1f} min "
                  f"(cold restart after a host loss: " + ", ".join(f"{k} {v:.0f} s" for k, v in cold.parts.items())
@@ -75,18 +83,16 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"none": "0.6", "cold_restart": "tab:red", "checkpoint_restore": "tab:orange", "accelpact": "tab:blue",
-              "accelpact_heal": "tab:cyan", "torchft_peer_heal": "tab:green"}
+    projected = {p.name for p in strategies.projected_strategies()}  # dashed: not run by the harness
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = sorted(by_size)
     for s in strategy_names():
-        if s == "none":
+        if not _plotted(s):
             continue
         pts = [(g, p.best_ettr, p.best_ci) for g in sizes for p in by_size[g] if p.strategy == s and p.feasible]
         if pts:
             ax.errorbar([x[0] for x in pts], [x[1] for x in pts], yerr=[x[2] for x in pts], marker="o",
-                        ms=3, capsize=2, label=s, color=colors[s], ls="--" if s in ("accelpact_heal",
-                                                                                   "torchft_peer_heal") else "-")
+                        ms=3, capsize=2, label=s, color=strategies.color(s), ls="--" if s in projected else "-")
     for a in ANCHORS:
         ax.scatter([a.gpus], [a.ettr], marker="*", s=120, color="k", zorder=5)
         ax.annotate(a.name, (a.gpus, a.ettr), textcoords="offset points", xytext=(4, 4), fontsize=7)
@@ -104,11 +110,11 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
     for ax, g in zip(axes, (16384, 100_000)):
         for p in by_size.get(g, []):
-            if p.strategy == "none" or not p.feasible:
+            if not _plotted(p.strategy) or not p.feasible:
                 continue
             ax.errorbar([t / 60 for t in p.intervals_s], p.ettr, yerr=p.ettr_ci, marker=".", capsize=2,
-                        label=p.strategy, color=colors[p.strategy])
-            ax.axvline(p.daly_s / 60, color=colors[p.strategy], lw=0.6, ls=":")
+                        label=p.strategy, color=strategies.color(p.strategy))
+            ax.axvline(p.daly_s / 60, color=strategies.color(p.strategy), lw=0.6, ls=":")
         ax.set_xscale("log")
         ax.set_xlabel("checkpoint interval (minutes of work); dotted: Daly")
         ax.set_ylabel("ETTR")
@@ -121,7 +127,7 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
     plt.close(fig)
 
     g = 100_000 if 100_000 in by_size else sizes[-1]
-    ps = [p for p in by_size[g] if p.feasible and p.strategy != "none"]
+    ps = [p for p in by_size[g] if p.feasible and _plotted(p.strategy)]
     fig, ax = plt.subplots(figsize=(8, 4))
     bottom = [0.0] * len(ps)
     for cls in list(CLASSES) + ["checkpoint"]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from harness.strategies.base import Strategy
 
 __all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
-           "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated"]
+           "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
 
 _BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
 _REGISTRY: Registry[StrategySpec] = Registry(
@@ -47,6 +47,18 @@ def simulated() -> dict[str, Simulation]:
     for p in _PROJECTED.specs():
         out.setdefault(p.name, p.simulation)
     return out
+
+
+def projected_strategies() -> list[ProjectedStrategy]:
+    """The strategies only the simulator knows, in registration order."""
+    return list(_PROJECTED.specs())
+
+
+def color(name: str) -> str:
+    """The plot colour of ``name``: a harness strategy's spec, else a projected strategy's."""
+    if name in names():
+        return get(name).color
+    return _PROJECTED.get(name).color
 
 
 def register(spec: StrategySpec) -> StrategySpec:

@@ -13,8 +13,8 @@ from harness.strategies.spec import ProjectedStrategy, Simulation
 PROJECTED: tuple[ProjectedStrategy, ...] = (
     ProjectedStrategy("accelpact_heal", Simulation(
         "harness.scale.outcomes:rebind_and_heal_in_memory",
-        "AccelPact rebinding + in-memory heal (projected design)")),
+        "AccelPact rebinding + in-memory heal (projected design)"), color="tab:cyan"),
     ProjectedStrategy("torchft_peer_heal", Simulation(
         "harness.scale.outcomes:replica_drops_and_peer_heals",
-        "torchft-style replica drop + peer heal (outside reference)")),
+        "torchft-style replica drop + peer heal (outside reference)"), color="tab:pink"),
 )
