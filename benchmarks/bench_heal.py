@@ -41,6 +41,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness import strategies  # noqa: E402 - after the path: this checkout's harness
+
+STRATEGY = strategies.under_test().name  # the strategy whose heal this measures (AccelPact's)
+
 TINY = ["experiment=smoke", "model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false"]
 
 
@@ -104,7 +108,7 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -
 
     run_dir = tmp / f"trial{i}-{mode.replace(' ', '_')}"
     cmd = [sys.executable, "-m", "harness", f"index_path={tmp / 'index.csv'}", *TINY, f"train.steps={steps}",
-           "strategy=accelpact", "fault=kill", "fault.ranks=[1]", f"fault.at_step={step}", f"fault.phase={phase}",
+           f"strategy={STRATEGY}", "fault=kill", "fault.ranks=[1]", f"fault.at_step={step}", f"fault.phase={phase}",
            *MODES[mode], f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)

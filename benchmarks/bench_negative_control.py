@@ -40,13 +40,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.age = 2 if args.quick else 5
     sys.path.insert(0, str(ROOT / "examples"))
     import negative_control  # noqa: F401 - registers the control here too, for its name and label
+    from harness import strategies
+
+    ours = strategies.under_test().name
 
     from harness.report.intervals import BETTER
 
     sweep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="negative_control_"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
            "HARNESS_PLUGINS": "negative_control"}
-    cmd = [sys.executable, "-m", "harness", f"strategy=accelpact,{negative_control.NAME}",
+    cmd = [sys.executable, "-m", "harness", f"strategy={ours},{negative_control.NAME}",
            # the plugin's strategy has no YAML: give it accelpact's (conf/strategy/accelpact.yaml) settings
            "strategy.snapshot.every=1", f"fault.at_age={args.age}", f"compare.trials={args.trials}",
            "progress=false", f"hydra.sweep.dir={sweep}", f"index_path={sweep / 'index.csv'}",
@@ -66,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"\n  AccelPact's gain over it (badput-based): {row['gain_ci']} -> {row['verdict']}"
           f"\n  measured whole-run gain: {row['measured_gain_ci']} -> {row['measured_verdict']}"
           f"\n  its badput {row['badput_s']:.2f} s (median) vs AccelPact's "
-          f"{cells[cells['strategy'] == 'accelpact'].iloc[0]['badput_s']:.2f} s")
+          f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s")
     if not args.keep:
         shutil.rmtree(sweep, ignore_errors=True)
     ok = row["verdict"] == BETTER

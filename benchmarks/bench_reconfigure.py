@@ -129,6 +129,13 @@ def _per_fault(outs: list[dict]) -> dict[str, list[float]]:
     return res
 
 
+def _heal_strategy() -> str:
+    """The strategy part 2's harness runs use (benchmarks.bench_heal's)."""
+    from benchmarks.bench_heal import STRATEGY
+
+    return STRATEGY
+
+
 def _load() -> str:
     a, b, c = os.getloadavg()
     return f"{a:.1f} / {b:.1f} / {c:.1f}"
@@ -245,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "2" in args.parts:
         lines += ["## 2. Heal of a SIGKILLed rank: death -> every rank resumed", "",
-                  "One harness run per trial (`strategy=accelpact fault=kill`, 2 gloo ranks, the small decoder, kill "
+                  f"One harness run per trial (`strategy={_heal_strategy()} fault=kill`, 2 gloo ranks, the small decoder, kill "
                   "at step 5's vote, replacement forked from the preloaded template), under each torch, "
                   "interleaved. Seconds.", "", f"load at start: {_load()}", "",
                   "| torch | data-plane path | death -> resumed | process start | after arrival | replayed steps |",

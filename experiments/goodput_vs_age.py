@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import _driver
-from experiments.goodput_model import STRATEGIES, data_rows
+from experiments.goodput_model import REFERENCE_STRATEGY, STRATEGIES, UNDER_TEST, data_rows
 from experiments.goodput_report import read_data, write_outputs
 from experiments.provenance import load_provenance, write_provenance
 
@@ -179,12 +179,12 @@ def _collect_trial(run_dir: Path, ref_step: float) -> list[dict[str, Any]]:
             bp[d["run"]] = badput_goodput(load_report(str(run_dir / d["run"])), ref_step).goodput
         except Exception:  # noqa: BLE001 - no events: no badput-based goodput
             bp[d["run"]] = math.nan
-    ours = {d["age"]: bp.get(d["run"], math.nan) for d in data if d["strategy"] == "accelpact"}
+    ours = {d["age"]: bp.get(d["run"], math.nan) for d in data if d["strategy"] == UNDER_TEST}
     for d in data:
         d["goodput_bp"] = bp.get(d["run"], math.nan)
         mine = d["goodput_bp"]
         d["accelpact_gain_bp"] = (ours.get(d["age"], math.nan) / mine
-                                  if d["age"] is not None and d["strategy"] != "none" and mine > 0 else math.nan)
+                                  if d["age"] is not None and d["strategy"] != REFERENCE_STRATEGY and mine > 0 else math.nan)
     return data
 
 

@@ -51,7 +51,7 @@ def check_names(run: RunConfig) -> None:
             strategies.get(name)
         except KeyError:
             raise ConfigError(f"strategy {name!r} is not registered (registered: {', '.join(strategies.names())}); "
-                              "try `strategy=accelpact`") from None
+                              f"try `strategy={strategies.under_test().name}`") from None
     try:
         faults.get(run.fault.kind)
     except KeyError:
