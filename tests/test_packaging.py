@@ -17,6 +17,8 @@ find-links / local index for torch and setuptools, as ``make`` does.
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import shutil
 import subprocess
@@ -53,6 +55,7 @@ def _copy_sources(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); a fresh venv and a pip install; run by `make test-slow`
 def test_runtime_alone_installs_and_recovers(tmp_path):
     t0 = time.monotonic()
     src = _copy_sources(tmp_path)

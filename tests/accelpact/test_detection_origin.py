@@ -8,6 +8,8 @@ consensus report, so every rank's RecoveryEvent counts from the earliest injecti
 
 from __future__ import annotations
 
+import pytest
+
 from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.detection.start import detection_origin
 from accelpact.testing.session import run_session
@@ -24,6 +26,7 @@ def test_origin_is_the_earliest_injection_reported_else_the_attempt_start():
     assert detection_origin([rep(0, 102.0), rep(1, 101.5)], 100.0) == (101.5, "injection")
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); detection attribution; benchmarks/bench_detection measures it
 def test_every_rank_times_detection_from_the_faulted_ranks_injection(tmp_path):
     # Step 1: a reset on rank 1 during backward. Step 3: a reset on rank 0 after its vote, with no
     # collective in flight: every rank, rank 0 included, meets it at step 4's first collective.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
@@ -30,6 +32,7 @@ def test_hang_past_pg_timeout_is_recovered(tmp_path):
     assert len(straggler) >= 1 and straggler[0]["decision"]["action"] == "retry"
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_detection_dead covers a dead rank
 def test_dead_rank_raises_rank_lost_within_deadline(tmp_path):
     scenarios = [{"name": "dead", "steps": STEPS,
                   "faults": [{"step": 2, "phase": "forward_allgather_middle", "action": "exit", "ranks": [1]}]}]

@@ -83,6 +83,7 @@ def _chan(port: int, token: str, rank: int, world: int) -> ControlChannel:
                                                 job_token=token, deadline_s=30))
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_replica_restore pushes and fetches, bit-identically
 def test_two_ranks_push_to_each_other_and_a_fresh_process_fetches(tmp_path, store):
     """Rank 0 and 1 (own processes, own host roots) push 3 steps each; each keeps the other's last two;
     rank 0's own directory is deleted; a fresh process fetches rank 0's newest replica bit-identically,

@@ -12,6 +12,7 @@ from accelpact.testing.session import SessionError, default_timeout_s, run_sessi
 RUNNERS = "tests.accelpact._session_runners"
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); every recovery test runs through sessions
 def test_every_rank_runs_every_scenario_with_the_callers_settings(tmp_path):
     scenarios = [{"name": "a", "value": 1}, {"name": "b", "value": 2}]
     s = run_session(tmp_path, f"{RUNNERS}:echo", scenarios, world_size=3, settings={"flavour": "x"}, timeout_s=120)
@@ -47,6 +48,7 @@ def test_a_raising_scenario_is_recorded_and_stops_that_rank(tmp_path):
         s.job("e")
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); waits out a timeout
 def test_a_hanging_session_is_killed_at_its_timeout(tmp_path):
     s = run_session(tmp_path, f"{RUNNERS}:hang", [{"name": "h"}], timeout_s=12, check=False)
     assert s.timed_out and all(code != 0 for code in s.returncodes)

@@ -75,6 +75,7 @@ def _results(log: Path) -> list[dict]:
                    if line.startswith("RESULT ")), key=lambda r: r["rank"])
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_store_loss covers the lost store
 def test_agent_killed_between_faults_workers_finish_and_say_so_once(tmp_path: Path):
     log = tmp_path / "run.log"
     agent = _start([], log)

@@ -362,6 +362,7 @@ def _case(two_rank_results, name: str) -> tuple[Path, list[dict]]:
 
 
 # The first test to use the shared ranks waits for all four scenarios: four tests' worth of time.
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); every mode in live ranks; the comparison restores a checkpoint
 @pytest.mark.timeout(JOIN_TIMEOUT_S * 4 + 60)
 @pytest.mark.parametrize("mode", MODES)
 def test_save_restore_is_bit_identical_and_resumes_the_same_run(two_rank_results, mode: str):
@@ -428,6 +429,7 @@ def _scenario_background_failure(rank: int, root: str) -> dict:
     return {"first_complete": first.complete, "raised": raised, "latest": latest, "restored": restore.from_step}
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); shares the live ranks above
 @pytest.mark.timeout(JOIN_TIMEOUT_S * 4 + 60)
 def test_background_save_failure_is_raised_at_the_next_save_and_never_loaded(two_rank_results):
     _, results = _case(two_rank_results, "background_failure")

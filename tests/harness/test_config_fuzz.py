@@ -126,6 +126,7 @@ FUZZ_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow]
 
 # Each composition costs Hydra ~0.3 s on a quiet core (2-5 s on a loaded 2-core host): 12 fixed
 # (derandomized) examples keep the default suite well under a minute; the slow test draws 1500.
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_config and test_config_cross_groups stay
 @settings(max_examples=12, **FUZZ_SETTINGS)
 @given(st.one_of(st.lists(OVERRIDE, min_size=1, max_size=5), CROSS))
 def test_fuzzed_overrides_validate_or_name_the_fix(overrides):
@@ -154,6 +155,7 @@ CLI_CASES = [["model.num_heads=7", "cluster.world_size=[1"], ["experiment=smoke"
              ["experiment=project_scale", "bogus=1"]]
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_bad_inputs runs the CLI's refusals
 def test_cli_validate_only(tmp_path: Path):
     procs = []
     for i, args in enumerate(CLI_CASES):

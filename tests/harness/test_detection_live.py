@@ -3,12 +3,15 @@ survivor by the parent's death notice (waitpid), not at the recovery deadline, a
 
 from __future__ import annotations
 
+import pytest
+
 from harness.events import read_events
 from harness_test_helpers import TINY, read_row, run_harness
 
 NOTICE_BOUND_S = 2.0  # the issue's bound with the harness parent (a loaded 2-core host included)
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); death detection stays covered by test_detection_dead
 def test_kill_is_seen_through_the_parents_notice_within_bound(kill_fallback_run):
     # A SIGKILLed rank 1 under accelpact with snapshots off (no heal): the run is shared with
     # test_strategies (tests/harness/conftest.py). Its recovery deadline is 5 s, so a survivor that

@@ -11,6 +11,8 @@ stretch replay (``harness/report/goodput.py``); a roll-forward recovery throws n
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from harness.events import read_events
@@ -20,6 +22,7 @@ FAULT_STEP = 3
 PARTS = ("agreement", "rebuild", "rebind", "first_collective")
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); nested rounds stay covered by test_recovery_fsdp2
 def test_two_round_recovery_is_attributed_part_by_part(tmp_path):
     run_dir = tmp_path / "nested"
     done = run_harness([*TINY, "train.steps=6", "strategy=accelpact", "fault=nested_reset", "fault.ranks=[1]",

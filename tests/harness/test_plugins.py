@@ -122,6 +122,7 @@ def test_plugin_strategy_fault_and_backend_run_through_python_m_harness(tmp_path
     assert fired[0]["step"] == 3 and fired[0]["ranks"] == [1]
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); the plugin run through python -m harness stays
 def test_a_strategy_that_skips_a_fault_point_fails_loudly(tmp_path):
     run_dir = tmp_path / "run"
     done = _plugin_run([*TINY, "train.steps=5", "strategy=toy_skips_points", "fault=socket_reset",

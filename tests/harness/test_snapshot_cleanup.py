@@ -53,6 +53,7 @@ def _no_leftovers(base: Path, tmp_path: Path, timeout_s: float = 30) -> None:
     assert sorted(p.name for p in base.iterdir()) == [] if base.exists() else True
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_kill checks a killed run leaves nothing
 def test_ctrl_c_of_the_parent_leaves_no_snapshots(tmp_path):
     base = tmp_path / "shm"
     proc = _start(tmp_path, base, [])

@@ -92,6 +92,7 @@ def test_hot_spares_need_snapshots():
     check_values(_run("strategy=accelpact", "strategy.hot_spares=1"))
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); mounts a tmpfs; the plan's unit tests stay
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_cli_refuses_a_real_tmpfs_too_small_for_the_snapshots(tmp_path):
     shm = tmp_path / "shm"

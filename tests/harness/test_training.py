@@ -32,6 +32,7 @@ def runs(tmp_path_factory):
     return tmp, out
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_strategies runs the harness end to end
 def test_runs_finish_with_row_plot_and_index(runs):
     tmp, out = runs
     for name in "abc":
@@ -49,6 +50,7 @@ def test_runs_finish_with_row_plot_and_index(runs):
     assert worker_processes(str(tmp)) == []
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); three harness runs; test_strategies checks bit-identity
 def test_identical_runs_have_identical_state_and_another_seed_differs(runs):
     tmp, _ = runs
     same = compare_runs(tmp / "a", tmp / "b")
@@ -62,6 +64,7 @@ def test_identical_runs_have_identical_state_and_another_seed_differs(runs):
     assert records[0]["shards"]["param/lm_head.weight"] != records[1]["shards"]["param/lm_head.weight"]
 
 
+@pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); shares the three runs above
 def test_identity_cli(runs):
     tmp, _ = runs
     ok = subprocess.run([sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "b")],
