@@ -224,3 +224,38 @@ def test_the_reconfigure_plane_falls_back_to_new_groups_and_says_why(fake_api, m
     assert got == [new] and plane.table.rebound == [{live[0]: new}] and plane.last_path["path"] == "rebind"
     assert plane.last_path["why"].startswith("reconfigure failed, fell back: rank 0")
     assert plane.join_mode() == "rebind"  # later rounds (and heals) take the proven path
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.group_name = name
+
+
+@pytest.mark.parametrize("creator_prefix", ["init", None])
+def test_a_replacement_rebuilds_the_survivors_group_store_keys(monkeypatch, creator_prefix):
+    """gloo's reconfigure meets on the group's own store keys: the plan's address must reproduce them
+    exactly (a replacement on another prefix waited out the reconfigure's timeout)."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=10))
+    creator = dist.PrefixStore(creator_prefix, tcp) if creator_prefix else tcp
+    pg = _Named("3")
+    monkeypatch.setitem(c10d._world.pg_map, pg, ("gloo", dist.PrefixStore("3/", creator)))  # as c10d keeps it
+    addr = reconfigure.group_store_address(pg)
+    assert (addr["host"], addr["port"]) == ("127.0.0.1", tcp.port)
+    assert tcp.list_keys() == []  # the probe is cleaned up
+    survivor = dist.PrefixStore("cpu/", c10d._world.pg_map[pg][1])
+    replacement = dist.PrefixStore("cpu/", dist.PrefixStore("3/", reconfigure.store_at(addr, datetime.timedelta(seconds=10))))
+    replacement.set("reconfigure/7/0/1", "from the replacement")
+    assert survivor.get("reconfigure/7/0/1") == b"from the replacement"
+
+
+def test_a_group_store_a_replacement_cannot_reach_falls_back_naming_it(monkeypatch):
+    import torch.distributed.distributed_c10d as c10d
+
+    pg = _Named("0")
+    monkeypatch.setitem(c10d._world.pg_map, pg, ("gloo", dist.PrefixStore("0/", dist.HashStore())))
+    with pytest.raises(Fallback, match="HashStore, not a TCPStore"):
+        reconfigure.group_store_address(pg)
