@@ -222,10 +222,11 @@ def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> "dist.Stor
 
 def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
                 device_id: "torch.device | None" = None, *,
-                group_stores: Sequence["dist.Store"], timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Any]:
+                group_stores: Sequence[dict[str, Any]], timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Any]:
     """On a replacement process: create every group in the reconfigure regime under the survivors'
-    names, each on ``group_stores[i]`` (the survivors' group's own store and prefix, :func:`store_at`),
-    and reconfigure it with them (they run :meth:`ReconfigurePath.reconfigure` on ``store``).
+    names, each on the store ``group_stores[i]`` describes (the survivors' group's own store and prefix,
+    :func:`group_store_address`), and reconfigure it with them (they run
+    :meth:`ReconfigurePath.reconfigure` on ``store``).
 
     Raises :class:`Fallback` when any rank failed (then everyone rebuilds, the replacement with
     :func:`accelpact.dataplane.generations.rebuild_group`, which frees the names registered here first).
@@ -236,8 +237,9 @@ def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
     try:
         if len(group_stores) != len(specs):
             raise ValueError(f"the plan names {len(group_stores)} group stores for {len(specs)} groups")
-        groups = [_create_in_regime(spec, base, rank, device_id if spec.device_id is not None else None)
-                  for spec, base in zip(specs, group_stores)]
+        groups = [_create_in_regime(spec, store_at(address, timeout), rank,
+                                    device_id if spec.device_id is not None else None)
+                  for spec, address in zip(specs, group_stores)]
     except Exception as exc:  # noqa: BLE001 - say so to the survivors (they read every rank's word)
         why = f"rank {rank}: could not create its groups in the reconfigure regime: {type(exc).__name__}: {exc}"
         store.set(_Keys.result(rank), why)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, p
 from accelpact.detection.liveness import Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
-
-_log = logging.getLogger(__name__)
 
 # How often a replacement reads the store for its plan (and for the end of the run) while it waits.
 PLAN_POLL_S = 0.01
@@ -145,13 +142,8 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         data_plane = {"path": "reconfigure", "why": "joined the survivors' groups in the reconfigure regime"}
         deadline = datetime.timedelta(seconds=getattr(cfg, "deadline_s", 30.0))
         try:
-            try:
-                group_stores = [reconfigure.store_at(a, deadline) for a in plan["group_stores"]]
-            except Exception as exc:  # noqa: BLE001 - join_groups tells the survivors, who then rebuild too
-                group_stores = []
-                _log.warning("rank %d: cannot reach the survivors' group stores: %s", control.rank, exc)
-            reconfigure.join_groups(specs, store, control.rank, device_id=device, group_stores=group_stores,
-                                    timeout=deadline)
+            reconfigure.join_groups(specs, store, control.rank, device_id=device,
+                                    group_stores=plan.get("group_stores", []), timeout=deadline)
         except reconfigure.Fallback as fallback:
             data_plane = {"path": "rebind", "why": f"reconfigure failed, fell back: {fallback.reason}"}
             store = dist.PrefixStore(FALLBACK_PREFIX, store)

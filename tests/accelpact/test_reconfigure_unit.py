@@ -259,3 +259,11 @@ def test_a_group_store_a_replacement_cannot_reach_falls_back_naming_it(monkeypat
     monkeypatch.setitem(c10d._world.pg_map, pg, ("gloo", dist.PrefixStore("0/", dist.HashStore())))
     with pytest.raises(Fallback, match="HashStore, not a TCPStore"):
         reconfigure.group_store_address(pg)
+
+
+def test_a_replacement_that_cannot_reach_the_group_stores_tells_the_survivors_and_falls_back():
+    """Its word goes where the survivors read every rank's result, so they rebuild in the same round."""
+    store = FakeStore()
+    with pytest.raises(Fallback, match="could not create its groups"):
+        reconfigure.join_groups([_spec("0", (0, 1))], store, 1, group_stores=[])
+    assert b"could not create its groups" in store.get("reconf/result/1")
