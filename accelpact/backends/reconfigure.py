@@ -110,8 +110,31 @@ def _name(pg: Any) -> str:
     return str(getattr(pg, "group_name", pg))
 
 
+# How often a rank waiting for the others' handles looks again (and for a rank that gave up).
+_POLL_S = 0.005
+
+
+def _wait_for_handles(store: "dist.Store", keys: list[str], world_ranks: Sequence[int],
+                      timeout: datetime.timedelta) -> None:
+    """Until every one of ``keys`` is set; raises at once when a rank of ``world_ranks`` posted that it
+    gave up (a replacement that could not create its groups never publishes a handle: without this the
+    others waited out the store's timeout, and the replacement's fallback rendezvous with them could
+    time out first)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    results = [_Keys.result(r) for r in world_ranks]
+    while not store.check(keys):
+        for key in results:
+            if store.check([key]):
+                word = store.get(key).decode()
+                if word != _RESULT_OK:
+                    raise RuntimeError(f"another rank gave up: {word}")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"reconfigure handles {keys} not all published within {timeout.total_seconds():g} s")
+        time.sleep(_POLL_S)
+
+
 def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int,
-                      timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> float:
+                      timeout: datetime.timedelta = DEFAULT_TIMEOUT, world_ranks: Sequence[int] = ()) -> float:
     """Exchange handles for ``pg`` on ``store`` and reconfigure it in place; returns the seconds it took.
 
     Every member of the group calls it with the same ``store`` (the generation's prefix). Raises what
@@ -126,6 +149,7 @@ def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int
     if group_rank == 0:
         store.set(keys.uuid, str(secrets.randbits(62)))
     store.set(keys.handle(group_rank), handle)
+    _wait_for_handles(store, [keys.uuid] + [keys.handle(i) for i in range(len(spec.ranks))], world_ranks, timeout)
     uuid = int(store.get(keys.uuid).decode())
     handles = [store.get(keys.handle(i)).decode() for i in range(len(spec.ranks))]
     t0 = time.perf_counter()
@@ -155,7 +179,7 @@ class ReconfigurePath:
         total = 0.0
         for pg, spec in zip(groups, specs):
             try:
-                total += reconfigure_group(pg, spec, store, rank, self.timeout)
+                total += reconfigure_group(pg, spec, store, rank, self.timeout, self.world_ranks)
             except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say which and why
                 why = f"rank {rank}: reconfigure of group {spec.name!r} failed: {type(exc).__name__}: {str(exc)[:300]}"
                 _log.warning("%s; every rank falls back to rebuild-and-rebind", why)

@@ -27,6 +27,10 @@ class FakeStore:
             self.data[key] = value.encode() if isinstance(value, str) else value
             self.cv.notify_all()
 
+    def check(self, keys: list[str]) -> bool:
+        with self.cv:
+            return all(k in self.data for k in keys)
+
     def get(self, key: str) -> bytes:
         with self.cv:
             if not self.cv.wait_for(lambda: key in self.data, timeout=10):
@@ -267,3 +271,20 @@ def test_a_replacement_that_cannot_reach_the_group_stores_tells_the_survivors_an
     with pytest.raises(Fallback, match="could not create its groups"):
         reconfigure.join_groups([_spec("0", (0, 1))], store, 1, group_stores=[])
     assert b"could not create its groups" in store.get("reconf/result/1")
+
+
+def test_a_rank_that_gives_up_before_publishing_its_handle_ends_the_others_wait_at_once(fake_api):
+    """A replacement that cannot create its groups never publishes a handle: the survivors fall back as
+    soon as it posts why, not after the store's timeout (their fallback rendezvous with it must meet)."""
+    import datetime
+    import time
+
+    Pg, _, _ = fake_api
+    spec = _spec("0", (0, 1))
+    store = FakeStore()
+    t0 = time.monotonic()
+    out = _run_ranks(lambda r: ReconfigurePath(range(2), datetime.timedelta(seconds=60)).reconfigure(
+        [Pg(r, "0")], [spec], store, r) if r == 0 else reconfigure.join_groups([spec], store, 1, group_stores=[]), 2)
+    assert all(isinstance(o, Fallback) for o in out), out
+    assert "could not create its groups" in out[0].reason
+    assert time.monotonic() - t0 < 8  # a detection bound: without the early exit, the fake store's 10 s wait
