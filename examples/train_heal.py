@@ -172,7 +172,8 @@ def main(args: argparse.Namespace) -> dict:
             "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "own_source": e.own_source,
                        "replayed": e.replayed_steps, "total_s": round(e.total_s, 3),
                        "replacement_start_s": round(e.replacement_start_s, 3), "heal_transfer_s": round(e.heal_transfer_s, 3),
-                       "bytes_read_from_disk": e.bytes_read_from_disk} for e in guard.heal_events],
+                       "bytes_read_from_disk": e.bytes_read_from_disk, "data_plane": e.data_plane}
+                      for e in guard.heal_events],
             "losses": losses}
 
 

@@ -112,6 +112,11 @@ class DataPlane(abc.ABC):
         plan carries it to accelpact.recovery.rejoin): this implementation's name."""
         return self.name
 
+    def join_plan(self) -> dict[str, Any]:
+        """What the heal plan tells a replacement about joining (accelpact.recovery.rejoin reads it):
+        ``{"data_plane": join_mode()}``; an implementation may add what its join needs."""
+        return {"data_plane": self.join_mode()}
+
     # -- the live generation ----------------------------------------------------------------------
 
     @property

@@ -18,6 +18,7 @@ event):
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from accelpact.backends import reconfigure
@@ -40,13 +41,34 @@ class ReconfigurePlane(RebindPlane):
         why_not = reconfigure.unsupported_reason(self.groups)
         self.unsupported = why_not  # None: reconfigure is possible (attach refuses otherwise when asked for)
         world = sorted({r for spec in self.specs for r in spec.ranks})
-        self._path = None if why_not is not None else reconfigure.ReconfigurePath(world)
+        # The reconfigure's bound, once every handle is published: the control channel's deadline.
+        deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", None)
+        timeout = (datetime.timedelta(seconds=deadline_s) if isinstance(deadline_s, (int, float))
+                   else reconfigure.DEFAULT_TIMEOUT)
+        self._path = None if why_not is not None else reconfigure.ReconfigurePath(world, timeout)
         self.last_path = ({"path": "reconfigure", "why": "every data-plane group supports reconfigure"}
                           if why_not is None else {"path": "rebind", "why": why_not})
 
     def join_mode(self) -> str:
         """What a heal's replacement must run with the survivors: "reconfigure" or "rebind"."""
         return "reconfigure" if self._path is not None else "rebind"
+
+    def join_plan(self) -> dict[str, Any]:
+        """The heal plan's part: reconfigure, with where each group's store is (the replacement must
+        create its groups on the survivors' store keys: accelpact.backends.reconfigure), or rebind.
+
+        Where a group's store cannot be described (not a TCPStore, say), this heal and every later
+        round take the rebind path, and ``last_path`` says why.
+        """
+        if self._path is None:
+            return {"data_plane": "rebind"}
+        try:
+            stores = [reconfigure.group_store_address(g) for g in self.groups]
+        except reconfigure.Fallback as fallback:
+            self._path = None
+            self.last_path = {"path": "rebind", "why": f"a replacement cannot join in place: {fallback.reason}"}
+            return {"data_plane": "rebind"}
+        return {"data_plane": "reconfigure", "group_stores": stores}
 
     def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
         if self._path is None:

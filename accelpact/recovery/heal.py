@@ -153,7 +153,7 @@ class Healer:
                 watch.scan(more - {g.rank}, "lost")
                 continue
             plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
-                    "groups": [_spec_to_dict(s) for s in g.plane.specs], "data_plane": g.plane.join_mode()}
+                    "groups": [_spec_to_dict(s) for s in g.plane.specs], **g.plane.join_plan()}
             for r, pid in arrivals.items():
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()

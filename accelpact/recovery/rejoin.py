@@ -140,8 +140,10 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     data_plane = {"path": "rebind", "why": "the survivors rebuild and rebind"}
     if plan.get("data_plane") == "reconfigure":
         data_plane = {"path": "reconfigure", "why": "joined the survivors' groups in the reconfigure regime"}
+        deadline = datetime.timedelta(seconds=getattr(cfg, "deadline_s", 30.0))
         try:
-            reconfigure.join_groups(specs, store, control.rank, device_id=device)
+            reconfigure.join_groups(specs, store, control.rank, device_id=device,
+                                    group_stores=plan.get("group_stores", []), timeout=deadline)
         except reconfigure.Fallback as fallback:
             data_plane = {"path": "rebind", "why": f"reconfigure failed, fell back: {fallback.reason}"}
             store = dist.PrefixStore(FALLBACK_PREFIX, store)

@@ -27,6 +27,10 @@ class FakeStore:
             self.data[key] = value.encode() if isinstance(value, str) else value
             self.cv.notify_all()
 
+    def check(self, keys: list[str]) -> bool:
+        with self.cv:
+            return all(k in self.data for k in keys)
+
     def get(self, key: str) -> bytes:
         with self.cv:
             if not self.cv.wait_for(lambda: key in self.data, timeout=10):
@@ -224,3 +228,63 @@ def test_the_reconfigure_plane_falls_back_to_new_groups_and_says_why(fake_api, m
     assert got == [new] and plane.table.rebound == [{live[0]: new}] and plane.last_path["path"] == "rebind"
     assert plane.last_path["why"].startswith("reconfigure failed, fell back: rank 0")
     assert plane.join_mode() == "rebind"  # later rounds (and heals) take the proven path
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.group_name = name
+
+
+@pytest.mark.parametrize("creator_prefix", ["init", None])
+def test_a_replacement_rebuilds_the_survivors_group_store_keys(monkeypatch, creator_prefix):
+    """gloo's reconfigure meets on the group's own store keys: the plan's address must reproduce them
+    exactly (a replacement on another prefix waited out the reconfigure's timeout)."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=10))
+    creator = dist.PrefixStore(creator_prefix, tcp) if creator_prefix else tcp
+    pg = _Named("3")
+    monkeypatch.setitem(c10d._world.pg_map, pg, ("gloo", dist.PrefixStore("3/", creator)))  # as c10d keeps it
+    addr = reconfigure.group_store_address(pg)
+    assert (addr["host"], addr["port"]) == ("127.0.0.1", tcp.port)
+    assert tcp.list_keys() == []  # the probe is cleaned up
+    survivor = dist.PrefixStore("cpu/", c10d._world.pg_map[pg][1])
+    replacement = dist.PrefixStore("cpu/", dist.PrefixStore("3/", reconfigure.store_at(addr, datetime.timedelta(seconds=10))))
+    replacement.set("reconfigure/7/0/1", "from the replacement")
+    assert survivor.get("reconfigure/7/0/1") == b"from the replacement"
+
+
+def test_a_group_store_a_replacement_cannot_reach_falls_back_naming_it(monkeypatch):
+    import torch.distributed.distributed_c10d as c10d
+
+    pg = _Named("0")
+    monkeypatch.setitem(c10d._world.pg_map, pg, ("gloo", dist.PrefixStore("0/", dist.HashStore())))
+    with pytest.raises(Fallback, match="HashStore, not a TCPStore"):
+        reconfigure.group_store_address(pg)
+
+
+def test_a_replacement_that_cannot_reach_the_group_stores_tells_the_survivors_and_falls_back():
+    """Its word goes where the survivors read every rank's result, so they rebuild in the same round."""
+    store = FakeStore()
+    with pytest.raises(Fallback, match="could not create its groups"):
+        reconfigure.join_groups([_spec("0", (0, 1))], store, 1, group_stores=[])
+    assert b"could not create its groups" in store.get("reconf/result/1")
+
+
+def test_a_rank_that_gives_up_before_publishing_its_handle_ends_the_others_wait_at_once(fake_api):
+    """A replacement that cannot create its groups never publishes a handle: the survivors fall back as
+    soon as it posts why, not after the store's timeout (their fallback rendezvous with it must meet)."""
+    import datetime
+    import time
+
+    Pg, _, _ = fake_api
+    spec = _spec("0", (0, 1))
+    store = FakeStore()
+    t0 = time.monotonic()
+    out = _run_ranks(lambda r: ReconfigurePath(range(2), datetime.timedelta(seconds=60)).reconfigure(
+        [Pg(r, "0")], [spec], store, r) if r == 0 else reconfigure.join_groups([spec], store, 1, group_stores=[]), 2)
+    assert all(isinstance(o, Fallback) for o in out), out
+    assert "could not create its groups" in out[0].reason
+    assert time.monotonic() - t0 < 8  # a detection bound: without the early exit, the fake store's 10 s wait
