@@ -19,6 +19,9 @@ last step, and the two ways a process starts:
 ``--warmup-steps N``: a linear LR warm-up over N steps (default 10: the learning rate changes at every
 step of a short run, so a scheduler left at its fresh state on a replacement would change the result).
 
+``--hsdp R``: HSDP over an ``(R, world // R)`` mesh; a replacement builds that mesh from the survivors'
+groups with ``ticket.device_mesh`` (``init_device_mesh`` there would create groups nobody else joins).
+
 ``--replicas``: each snapshot is also pushed to a buddy rank on the next node
 (accelpact.snapshot.replica); ``--lose-host`` (with ``--kill-at``): before dying, the killed rank deletes
 its node's shared memory of this job (its own slots and the replicas it held), so its replacement can
@@ -44,6 +47,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 import accelpact  # noqa: E402  accelpact
@@ -66,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lose-host", action="store_true", help="with --kill-at: the killed rank's node also loses "
                     "this job's shared memory (its own snapshots and the replicas it held), as a lost host would")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--hsdp", type=int, default=None, metavar="REPLICAS",
+                    help="HSDP: shard over a (REPLICAS, world // REPLICAS) mesh (replicate, shard) instead of 1-D")
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
 
@@ -81,11 +87,19 @@ def main(args: argparse.Namespace) -> dict:
         ticket = accelpact.rejoin(control, t_launch=me.t_launch)  # accelpact: the survivors' groups
     rank, world = dist.get_rank(), dist.get_world_size()
 
+    mesh = None
+    if args.hsdp:  # HSDP: replicate across args.hsdp groups, shard within each
+        if world % args.hsdp:
+            raise SystemExit(f"--hsdp {args.hsdp} must divide the world size {world}")
+        shape, names = (args.hsdp, world // args.hsdp), ("replicate", "shard")
+        # accelpact: a replacement builds the mesh from the survivors' groups (init_device_mesh would make new ones)
+        mesh = (init_device_mesh("cpu", shape, mesh_dim_names=names) if ticket is None
+                else ticket.device_mesh("cpu", shape, mesh_dim_names=names))
     torch.manual_seed(0)  # the same initial weights on every rank and in every run
     model = TinyLM().to(device)
     for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = max(args.warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))

@@ -114,8 +114,12 @@ class DataPlane(abc.ABC):
 
     def join_plan(self) -> dict[str, Any]:
         """What the heal plan tells a replacement about joining (accelpact.recovery.rejoin reads it):
-        ``{"data_plane": join_mode()}``; an implementation may add what its join needs."""
-        return {"data_plane": self.join_mode()}
+        ``{"data_plane": join_mode(), "group_count": c10d's group counter}``; an implementation may add
+        what its join needs. The replacement continues the counter, so that a group created after the
+        heal (``new_group`` without a name) gets the same name on every rank."""
+        import torch.distributed.distributed_c10d as c10d
+
+        return {"data_plane": self.join_mode(), "group_count": int(c10d._world.group_count)}
 
     # -- the live generation ----------------------------------------------------------------------
 

@@ -60,15 +60,16 @@ class ReconfigurePlane(RebindPlane):
         Where a group's store cannot be described (not a TCPStore, say), this heal and every later
         round take the rebind path, and ``last_path`` says why.
         """
+        rebind = {**super().join_plan(), "data_plane": "rebind"}
         if self._path is None:
-            return {"data_plane": "rebind"}
+            return rebind
         try:
             stores = [reconfigure.group_store_address(g) for g in self.groups]
         except reconfigure.Fallback as fallback:
             self._path = None
             self.last_path = {"path": "rebind", "why": f"a replacement cannot join in place: {fallback.reason}"}
-            return {"data_plane": "rebind"}
-        return {"data_plane": "reconfigure", "group_stores": stores}
+            return rebind
+        return {**super().join_plan(), "data_plane": "reconfigure", "group_stores": stores}
 
     def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
         if self._path is None:

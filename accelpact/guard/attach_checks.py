@@ -7,9 +7,10 @@
   wrapping steps the old, unsharded tensors, which the model no longer uses.
 - The job-token check (``control.join``): every rank must see all ranks under its token within the
   connect deadline, or a token mismatch shows only 31 s into the first fault.
-- A heal policy with parameters on any mesh but a 1-D one over the world (HSDP's 2-D mesh): a
-  replacement rebuilds the survivors' groups by name, but the DeviceMesh its model needs would build
-  new groups under c10d's counter names, which never meet the survivors' (a heal that cannot finish).
+- On a heal's replacement, parameters on a mesh whose groups are not the survivors' (HSDP's 2-D mesh
+  made with ``init_device_mesh``): the replacement rebuilt the survivors' groups by name, but a mesh it
+  creates itself makes new groups under c10d's counter names, which never meet the survivors' (a heal
+  that cannot finish). ``ticket.device_mesh(...)`` builds the mesh from the survivors' groups.
 """
 
 from __future__ import annotations
@@ -56,16 +57,25 @@ def check_members(control: Any) -> None:
         join()
 
 
-def check_heal_mesh(model: nn.Module, world_size: int) -> None:
-    """AccelPactError, with the fix, when a parameter's DeviceMesh is not 1-D over all ``world_size`` ranks."""
-    for p in model.parameters():
+def check_heal_mesh(model: nn.Module, rejoined: "set[str] | None") -> None:
+    """On a replacement (``rejoined``: the names of the groups :func:`accelpact.rejoin` built), an
+    AccelPactError, with the fix, when a parameter's DeviceMesh uses a group the survivors do not have.
+
+    Survivors (``rejoined`` None) may use any mesh: their plan carries every group of it."""
+    if rejoined is None:
+        return
+    for name, p in model.named_parameters():
         mesh = getattr(p, "device_mesh", None)
-        if mesh is None or (mesh.ndim == 1 and mesh.size() == world_size):
+        if mesh is None:
             continue
+        names = [mesh.get_group(d).group_name for d in range(mesh.ndim)]
+        foreign = [n for n in names if n not in rejoined]
+        if not foreign:
+            continue
+        shape = tuple(mesh.shape)
         raise AccelPactError(
-            f"attach(heal=...) needs every parameter on a 1-D mesh over all {world_size} ranks; this model has a "
-            f"{mesh.ndim}-D mesh of shape {tuple(mesh.shape)} (HSDP, or a mesh over some ranks). A replacement "
-            "process rebuilds the survivors' process groups by name, but a DeviceMesh it builds itself makes new "
-            "groups that never meet theirs. Shard with fully_shard(mesh=init_device_mesh(device_type, "
-            f"({world_size},))), or attach without heal= (a lost rank then raises RankLostError: restart from a "
-            "checkpoint).")
+            f"parameter {name!r} is on a {mesh.ndim}-D mesh of shape {shape} whose group(s) {foreign} the survivors "
+            f"do not have (this replacement joined {sorted(rejoined)}): a mesh created on a replacement with "
+            "init_device_mesh makes new groups, which never meet the survivors'. Build it from the groups "
+            f"rejoin() joined: mesh = ticket.device_mesh(device_type, {shape}, mesh_dim_names=...), then "
+            "fully_shard(..., mesh=mesh)")

@@ -110,7 +110,7 @@ class Guard:
                 "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
                 "attach without snapshots= and heal=")
         if heal is not None:
-            _attach_checks.check_heal_mesh(model, dist.get_world_size())
+            _attach_checks.check_heal_mesh(model, None if rejoin is None else set(rejoin.groups))
         # The heal of a lost rank (accelpact.recovery.heal).
         self.heal_events: list[HealEvent] = []
         # Called as hook(event) on a survivor once a heal is done, before training continues (e.g. to

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from accelpact.control import notice_auth
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
+from accelpact.recovery.heal_groups import merge_group_posts
 from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
 from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
                                  publish_no_replacement, request_key, rollcall_key)
@@ -145,15 +146,16 @@ class Healer:
             g.hook("heal_plan", step)  # the survivors' last point before the roll call and the plan
             attempt = roll_calls.get(generation, 0)
             roll_calls[generation] = attempt + 1
-            more = self._roll_call(generation, attempt, dead)
+            more, groups = self._roll_call(generation, attempt, dead)
             if more is not None:
                 _log.info("rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
                           g.rank, rounds, attempt, generation, sorted(more - dead))
                 dead |= more
                 watch.scan(more - {g.rank}, "lost")
                 continue
-            plan = {"generation": generation, "lost": sorted(dead), "t": time.time(),
-                    "groups": [_spec_to_dict(s) for s in g.plane.specs], **g.plane.join_plan()}
+            # Every survivor writes the same plan: the union of the groups all of them posted at the roll
+            # call (under HSDP no survivor holds every group a replacement needs: accelpact.recovery.heal_groups).
+            plan = {"generation": generation, "lost": sorted(dead), "t": time.time(), **groups}
             for r, pid in arrivals.items():
                 self.control.set(plan_key(self.control, r, pid), json.dumps(plan).encode())
             self.control.advance_generation()
@@ -180,35 +182,42 @@ class Healer:
                 dead = set()  # who died is read from the notices at the top of the loop
             g.plane.abort()
 
-    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> set[int] | None:
+    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> tuple[set[int] | None, dict]:
         """Before any plan is written: every survivor is present, or noticed dead, and all plan for the same ranks.
 
         Each survivor posts the lost ranks it is about to plan for under ``{token}/heal/rollcall/{G}/{attempt}/
-        {rank}`` and waits until every other rank outside that set posted or is noticed dead (its launcher's
-        notice names the pid it beats with). None: every other survivor posted the same set and none is
-        dead: write the plans. Otherwise the ranks to heal instead (every death seen, every set posted):
-        every survivor that saw the same goes around and holds roll call ``attempt + 1``. Without it, a
+        {rank}``, with its process groups (:func:`_groups_post`), and waits until every other rank outside
+        that set posted or is noticed dead (its launcher's notice names the pid it beats with). ``(None,
+        groups)``: every other survivor posted the same set and none is dead: write the plans, with
+        ``groups`` (every survivor's groups merged: accelpact.recovery.heal_groups). Otherwise ``(the ranks
+        to heal instead, {})`` (every death seen, every set posted): every survivor that saw the same goes
+        around and holds roll call ``attempt + 1``. Without it, a
         survivor lost after the recheck of notices before the plan was found only by gloo's rendezvous, at
         its store timeout (the PG timeout: 60 s in the harness), and the heal fell back to disk. A death
         after a survivor's roll call (a few milliseconds before its rendezvous) still costs that timeout.
         """
         g = self.ctx
-        self.control.set(rollcall_key(self.control, generation, attempt, g.rank), json.dumps(sorted(dead)).encode())
+        mine = {"dead": sorted(dead), **self._groups_post()}
+        self.control.set(rollcall_key(self.control, generation, attempt, g.rank), json.dumps(mine).encode())
         others = set(range(g.world_size)) - dead - {g.rank}
         deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", 30.0)
         deadline = time.monotonic() + deadline_s
         posted: dict[int, set[int]] = {}
+        groups: dict[int, dict] = {g.rank: mine}
         while True:
             noticed = self._dead_now() & others  # notices first: a post seen after a notice is not trusted
             for r in sorted(others - set(posted)):
                 raw = _peek(self.control, rollcall_key(self.control, generation, attempt, r))
                 if raw is not None:
-                    posted[r] = {int(x) for x in json.loads(raw.decode())}
+                    groups[r] = json.loads(raw.decode())
+                    posted[r] = {int(x) for x in groups[r]["dead"]}
             union = set().union(*posted.values()) if posted else set()
             if noticed:
-                return dead | noticed | union
+                return dead | noticed | union, {}
             if set(posted) == others:
-                return None if union <= dead and all(p == dead for p in posted.values()) else dead | union
+                if union <= dead and all(p == dead for p in posted.values()):
+                    return None, merge_group_posts(groups)
+                return dead | union, {}
             if time.monotonic() >= deadline:
                 missing = sorted(others - set(posted))
                 raise RankLostError(
@@ -216,6 +225,10 @@ class Healer:
                     f"answered within {deadline_s:g} s (the control deadline) nor were noticed dead: hung, or on "
                     "another heal round; restore from a checkpoint", ranks=tuple(missing), detected_by="heal")
             time.sleep(ROLL_CALL_POLL_S)
+
+    def _groups_post(self) -> dict:
+        """This survivor's part of the plan's groups: its data-plane groups and how a replacement joins them."""
+        return {"groups": [_spec_to_dict(s) for s in self.ctx.plane.specs], **self.ctx.plane.join_plan()}
 
     def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
                     t_arrived: float, watch: ReplacementWatch) -> HealOutcome:

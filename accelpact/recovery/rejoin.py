@@ -16,8 +16,10 @@ groups under their OLD names on the never-used store prefix of generation G (acc
 ``init_process_group`` would rendezvous under another prefix and, for later groups, under names that
 come from c10d's group counter, which differs between a fresh process and a survivor. So the
 replacement builds exactly the groups the survivors rebuild, in the same order, on the same prefix.
-Groups other than the default one (e.g. an HSDP mesh's) are registered under their names but the
-model must find them by name; a 1-D mesh over the world (the default group) needs nothing more.
+The plan lists every survivor's groups (accelpact.recovery.heal_groups), so under HSDP the replacement
+builds its replicate and shard groups too; ``ticket.device_mesh(device_type, mesh_shape, mesh_dim_names)``
+then gives it the mesh ``init_device_mesh`` gave every other rank (accelpact.recovery.rejoin_mesh). A
+1-D mesh over the world is the default group: ``init_device_mesh`` works there as usual.
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ class RejoinTicket:
     heartbeat: Heartbeat | None = None  # beating since arrival; attach() takes it over
     # How the groups were joined: {"path": "reconfigure" | "rebuild", "why": ...} (HealEvent.data_plane)
     data_plane: dict = field(default_factory=dict)
+
+    # The groups rejoin() built, by c10d name (the survivors' names): what device_mesh() builds a mesh from.
+    groups: dict[str, Any] = field(default_factory=dict)
+
+    def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
+                    mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+        """The DeviceMesh ``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)`` gave every other
+        rank, built from the survivors' groups this replacement joined (accelpact.recovery.rejoin_mesh).
+
+        Call it instead of ``init_device_mesh`` on a replacement: that would create new process groups,
+        which every rank must create together, and the survivors created theirs long ago."""
+        from accelpact.recovery.rejoin_mesh import mesh_from_groups
+
+        return mesh_from_groups(self.groups, device_type, mesh_shape, mesh_dim_names)
 
     def stop_heartbeat(self) -> None:
         if self.heartbeat is not None:
@@ -130,10 +146,14 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     control.generation = generation  # the next recovery round advances to generation + 1, like everyone
     store = control.data_plane_store(generation)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    # The plan lists every survivor's groups (accelpact.recovery.heal_groups); this rank builds those it is
+    # a member of, in the plan's order (the order every member builds them in).
+    mine = [(i, d) for i, d in enumerate(plan["groups"]) if control.rank in d["ranks"]]
     specs = [generations.GroupSpec(
         name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
         desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
-        device_id=device if d["bound"] else None) for d in plan["groups"]]
+        device_id=device if d["bound"] else None) for _, d in mine]
+    group_stores = [plan.get("group_stores", [])[i] for i, _ in mine] if plan.get("group_stores") else []
     # The survivors reconfigure their live groups with ours (torch >= 2.15) or rebuild them under the
     # old names; the plan says which (accelpact.dataplane.reconfigure), and a failure anywhere makes
     # every rank rebuild on the generation's fallback prefix.
@@ -143,7 +163,7 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         deadline = datetime.timedelta(seconds=getattr(cfg, "deadline_s", 30.0))
         try:
             reconfigure.join_groups(specs, store, control.rank, device_id=device,
-                                    group_stores=plan.get("group_stores", []), timeout=deadline)
+                                    group_stores=group_stores, timeout=deadline)
         except reconfigure.Fallback as fallback:
             data_plane = {"path": "rebind", "why": f"reconfigure failed, fell back: {fallback.reason}"}
             store = dist.PrefixStore(FALLBACK_PREFIX, store)
@@ -156,6 +176,10 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         generations.rebuild_group(None, spec, store, control.rank, device_id=spec.device_id)
     if not dist.is_initialized():
         raise RuntimeError(f"the survivors' plan for generation {generation} has no default group: {plan['groups']}")
-    c10d._world.group_count = max(c10d._world.group_count, 1)  # as after init_process_group
+    # As after init_process_group and the survivors' own new_group calls: a group created after the heal
+    # without a name is named by this counter on every rank.
+    c10d._world.group_count = max(c10d._world.group_count, int(plan.get("group_count", 1)), 1)
+    by_name = {name: pg for pg, name in c10d._world.pg_names.items()}
     return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
-                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane)
+                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane,
+                        groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name})

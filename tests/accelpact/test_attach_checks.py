@@ -1,5 +1,6 @@
 """What attach() checks and defaults to: a model with no FSDP module, an optimizer built before sharding,
-a job-token mismatch (join), FSDP1 with a heal policy, and no gradient clipping unless asked.
+a job-token mismatch (join), FSDP1 with a heal policy, a replacement's HSDP mesh not built from the
+survivors' groups, and no gradient clipping unless asked.
 
 One real 1-rank gloo process runs every check (a subprocess: a process group must not leak into the
 pytest process) and reports each as a JSON line. Each failed before this branch: attach accepted the
@@ -62,15 +63,36 @@ f1 = FSDP1(net(), device_id=torch.device("cpu"))
 report("fsdp1_heal", lambda: accelpact.attach(f1, torch.optim.SGD(f1.parameters(), lr=0.1), object(),
                                               heal=accelpact.HealPolicy()))
 
-# HSDP (a 2-D mesh, here 1 x 1) with a heal policy: refused (a replacement cannot rebuild the mesh's groups).
-from torch.distributed.device_mesh import init_device_mesh
-mesh2 = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
-h = net()
-for layer in (h[0], h[2]):
-    fully_shard(layer, mesh=mesh2)
-fully_shard(h, mesh=mesh2)
+# HSDP (a 2-D mesh, here 1 x 1) with a heal policy. On a survivor: accepted (its plan carries the mesh's
+# groups). On a replacement whose mesh was made with init_device_mesh (new groups, not the survivors'):
+# refused, naming ticket.device_mesh; with a mesh of the groups rejoin() joined: accepted.
+# (With one rank, init_device_mesh's groups would all be the default group: the mesh here has two groups
+# of its own, as each rank's replicate and shard groups are on a real 2 x 2 mesh.)
+from torch.distributed.device_mesh import DeviceMesh
+from accelpact.recovery.rejoin import RejoinTicket
+import torch.distributed.distributed_c10d as c10d
+mesh2 = DeviceMesh.from_group([dist.new_group([0]), dist.new_group([0])], "cpu", mesh=[[0]],
+                              mesh_dim_names=("replicate", "shard"))
+def hsdp():
+    h = net()
+    for layer in (h[0], h[2]):
+        fully_shard(layer, mesh=mesh2)
+    fully_shard(h, mesh=mesh2)
+    return h
+def ticket(groups):
+    return RejoinTicket(generation=1, lost=[0], t_start=0.0, t_arrived=0.0, t_joined=0.0,
+                        groups={pg.group_name: pg for pg in groups})
+h = hsdp()
 report("hsdp_heal", lambda: accelpact.attach(h, torch.optim.SGD(h.parameters(), lr=0.1), object(),
                                              heal=accelpact.HealPolicy()))
+h = hsdp()
+report("hsdp_heal_foreign_mesh", lambda: accelpact.attach(
+    h, torch.optim.SGD(h.parameters(), lr=0.1), object(), heal=accelpact.HealPolicy(),
+    rejoin=ticket([c10d._get_default_group()])))
+h = hsdp()
+report("hsdp_heal_rejoined_mesh", lambda: accelpact.attach(
+    h, torch.optim.SGD(h.parameters(), lr=0.1), object(), heal=accelpact.HealPolicy(),
+    rejoin=ticket([c10d._get_default_group(), mesh2.get_group(0), mesh2.get_group(1)])))
 one = sharded()  # the same policy on a 1-D mesh over the world passes that check
 report("fsdp2_heal", lambda: accelpact.attach(one, torch.optim.SGD(one.parameters(), lr=0.1), object(),
                                               heal=accelpact.HealPolicy()))
@@ -156,9 +178,9 @@ def test_fsdp1_with_a_heal_policy_is_refused_with_the_fix(checks):
     assert "fully_shard" in msg
 
 
-def test_hsdp_with_a_heal_policy_is_refused_with_the_fix(checks):
-    msg = checks["hsdp_heal"]
+def test_hsdp_heals_but_a_replacement_must_build_its_mesh_from_the_survivors_groups(checks):
+    for accepted in ("hsdp_heal", "hsdp_heal_rejoined_mesh", "fsdp2_heal"):  # later checks fail on object()
+        assert checks[accepted] is None or "mesh" not in checks[accepted], (accepted, checks[accepted])
+    msg = checks["hsdp_heal_foreign_mesh"]
     assert msg is not None and msg.startswith("AccelPactError"), msg
-    assert "2-D mesh of shape (1, 1)" in msg and "init_device_mesh(device_type, (1,))" in msg, msg
-    assert "attach without heal=" in msg
-    assert checks["fsdp2_heal"] is None or "mesh" not in checks["fsdp2_heal"], checks["fsdp2_heal"]
+    assert "2-D mesh of shape (1, 1)" in msg and "ticket.device_mesh(device_type, (1, 1)" in msg, msg

@@ -1,4 +1,5 @@
-"""``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory.
+"""``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory
+(and HSDP on a 2 x 2 mesh, 4 ranks: the last test).
 
 Four jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
 its replacement forked from the template, the same with a spawned replacement, and the same with
@@ -31,11 +32,11 @@ EXAMPLE = ROOT / "examples" / "train_heal.py"
 STEPS, KILL_AT = 6, 3
 
 
-def launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str]) -> subprocess.Popen:
+def launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str], nproc: int = 2) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"t{os.getpid()}{name}",
+    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", str(nproc), "--rdzv-id", f"t{os.getpid()}{name}",
            "--log-dir", str(tmp / name / "logs"), "--snapshot-root", str(tmp / "shm"), *agent_args, str(EXAMPLE),
            "--steps", str(STEPS), "--out", str(tmp / name / "out"), *script_args]
     (tmp / name).mkdir(parents=True)
@@ -43,10 +44,10 @@ def launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str]) 
                             cwd=ROOT)
 
 
-def results(run: Path) -> dict[int, list[dict]]:
+def results(run: Path, ranks: tuple[int, ...] = (0, 1)) -> dict[int, list[dict]]:
     """Every RESULT line of each rank's log, in order (a rank's log holds all its processes)."""
     out: dict[int, list[dict]] = {}
-    for rank in (0, 1):
+    for rank in ranks:
         lines = (run / "logs" / f"rank{rank}.log").read_text().splitlines()
         out[rank] = [json.loads(line.split("RESULT ", 1)[1]) for line in lines if line.startswith("RESULT ")]
     return out
@@ -71,19 +72,19 @@ def runs(tmp_path_factory) -> Path:
     return tmp
 
 
-def assert_bit_identical(ref: Path, run: Path) -> None:
-    for rank in (0, 1):
+def assert_bit_identical(ref: Path, run: Path, ranks: tuple[int, ...] = (0, 1)) -> None:
+    for rank in ranks:
         a = torch.load(ref / "out" / f"rank{rank}.pt", weights_only=True)["state"]
         b = torch.load(run / "out" / f"rank{rank}.pt", weights_only=True)["state"]
         assert sorted(a) == sorted(b)
         for key in a:
             assert torch.equal(a[key], b[key]), f"rank {rank}: {key} differs from the fault-free run"
-    want = {rank: results(ref)[rank][-1]["losses"] for rank in (0, 1)}
-    got: dict[int, dict] = {0: {}, 1: {}}
-    for rank, procs in results(run).items():
+    want = {rank: results(ref, ranks)[rank][-1]["losses"] for rank in ranks}
+    got: dict[int, dict] = {rank: {} for rank in ranks}
+    for rank, procs in results(run, ranks).items():
         for r in procs:
             got[rank].update(r["losses"])  # the last process to commit a step wins (a replay recomputes it)
-    for rank in (0, 1):  # a killed process printed nothing: its replacement's steps are compared
+    for rank in ranks:  # a killed process printed nothing: its replacement's steps are compared
         assert got[rank] and all(got[rank][s] == want[rank][s] for s in got[rank]), f"rank {rank}: a loss differs"
 
 
@@ -123,3 +124,37 @@ def test_without_a_heal_the_group_restarts_from_its_snapshots(runs):
         last = res[rank][-1]
         assert last["restart"] == 1 and last["restored"] is not None and last["restored"]["source"] == "own"
         assert last["heals"] == []
+
+
+@pytest.fixture(scope="module")
+def hsdp_runs(tmp_path_factory) -> Path:
+    """HSDP on a 2 x 2 mesh (replicate x shard), 4 ranks: a fault-free run and rank 1 SIGKILLed mid-step."""
+    tmp = tmp_path_factory.mktemp("launcher_hsdp")
+    jobs = {"ref": [], "kill": ["--kill-at", str(KILL_AT), "--kill-rank", "1"]}
+    procs = {n: launch(n, tmp, [], ["--hsdp", "2", *s], nproc=4) for n, s in jobs.items()}
+    for name, p in procs.items():
+        assert p.wait(timeout=800) == 0, f"{name} failed:\n{(tmp / name / 'agent.log').read_text()[-4000:]}"
+    return tmp
+
+
+def test_hsdp_2x2_a_killed_rank_is_healed_in_memory(hsdp_runs):
+    """Rank 1's replacement needs its replicate group (1, 3), which survivor 0 does not hold: the plan is
+    every survivor's groups (accelpact.recovery.heal_groups), and the replacement builds its mesh from
+    them (ticket.device_mesh). Fails when the plan is one survivor's list (the replacement finds no group
+    (1, 3) and the heal ends in a restart), or when attach refuses a 2-D mesh with heal=."""
+    ranks = (0, 1, 2, 3)
+    run = hsdp_runs / "kill"
+    assert_bit_identical(hsdp_runs / "ref", run, ranks)
+    agent = (run / "agent.log").read_text()
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    res = results(run, ranks)
+    for rank in (0, 2, 3):
+        [survivor] = res[rank]
+        assert survivor["replacement"] is None and survivor["restart"] == 0
+        [heal] = survivor["heals"]
+        assert heal["role"] == "survivor" and heal["bytes_read_from_disk"] == 0
+    [replacement] = res[1]
+    [rheal] = replacement["heals"]
+    assert replacement["replacement"] == 1 and rheal["role"] == "replacement" and rheal["bytes_read_from_disk"] == 0
+    path = "reconfigure" if reconfigure.api_available() else "rebind"
+    assert rheal["data_plane"]["path"] == path, rheal
