@@ -5,5 +5,6 @@
 - consensus.py: the commit rule, pure logic;
 - region_rule.py: the commit rule of a guarded region (``Guard.run`` / ``Guard.finish``), pure logic;
 - heal.py, heal_plan.py, heal_wait.py: healing a lost rank in memory (survivors' and replacement's side);
-- rejoin.py: a replacement process joining the survivors' next generation.
+- heal_groups.py: the plan's groups, every survivor's merged (a replacement under HSDP needs groups one survivor lacks);
+- rejoin.py, rejoin_mesh.py: a replacement process joining the survivors' next generation, and its DeviceMesh.
 """
