@@ -12,7 +12,8 @@ What an agent does (docs/launcher.md):
 - **A rank dies** (its exit code is not 0): the agent writes the death notice with the dead pid
   (``accelpact.detection.liveness.publish_death``), so survivors stop waiting for it within a poll. A rank killed by
   a signal is replaced, within ``--max-replacements``: one new process for that rank only, forked from
-  the template (spawned when the template cannot fork: the reason is printed), with
+  the template, or taken by an idle hot spare (``--hot-spares``: accelpact.run.spare), or spawned when
+  the template cannot fork (the reason is printed), with
   ``ACCELPACT_REPLACEMENT`` set; the survivors keep running and heal it in memory. Any other death (an
   exit code of its own: it would fail again; the budget spent; ``--replacement=none``) gets
   ``publish_no_replacement`` with the reason, and a group restart.
@@ -71,6 +72,7 @@ class AgentConfig:
     preload: tuple[str, ...] = ()
     join_timeout_s: float = 300.0
     python: str = sys.executable
+    hot_spares: int = 0  # idle processes per node that take a killed rank's place (accelpact.run.spare)
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.nproc_per_node < 1:
@@ -84,6 +86,9 @@ class AgentConfig:
             raise ValueError(f"--replacement={self.replacement!r}: choose one of {', '.join(REPLACE_MODES)}")
         if not self.entry:
             raise ValueError("no training script given: accelpact-run [flags] SCRIPT [script args]")
+        if self.hot_spares < 0 or (self.hot_spares and self.replacement == "none"):
+            raise ValueError(f"--hot-spares={self.hot_spares} with --replacement={self.replacement}: spares replace "
+                             "killed ranks; give a count >= 0, and drop --replacement=none to use them")
 
     @property
     def world_size(self) -> int:
@@ -112,6 +117,7 @@ class _Attempt:
     procs: dict[int, Any] = field(default_factory=dict)  # global rank -> Popen or ForkedRank
     retired: list[Any] = field(default_factory=list)  # dead processes a replacement took over from
     noticed: set[int] = field(default_factory=set)  # (rank) death notices written for the current process
+    spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
     done_posted: bool = False
 
 
@@ -189,6 +195,43 @@ class Agent:
             if log is not None:
                 log.close()
 
+    def _start_spares(self, att: _Attempt) -> None:
+        """``--hot-spares`` processes running the script, each blocked in ``accelpact.run.replacement()``."""
+        from accelpact.run.spare import SPARE_ENV, SPARE_KEY_ENV
+
+        for i in range(self.cfg.hot_spares):
+            key = self.key("spare", att.number, self.cfg.node_rank, i)
+            env = self._env(0, att.number)
+            for var in ("RANK", "LOCAL_RANK", "ROLE_RANK"):  # no rank until assigned: a script reading one early fails
+                env.pop(var, None)
+            env.update({SPARE_ENV: str(i + 1), SPARE_KEY_ENV: key})
+            log_path = self.cfg.log_dir / f"spare{i}.log" if self.cfg.log_dir is not None else None
+            if log_path is not None:
+                self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "ab") if log_path is not None else None
+            try:
+                proc = subprocess.Popen(self._argv(), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT if log else None, start_new_session=True)
+            finally:
+                if log is not None:
+                    log.close()
+            att.spares.append((key, proc))
+
+    def _take_spare(self, att: _Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
+        """An idle spare, assigned ``rank`` (its environment and log go over the store); None when none is left."""
+        from accelpact.run.spare import assignment
+
+        while att.spares:
+            key, proc = att.spares.pop(0)
+            if proc.poll() is not None:  # a spare that died idle: say so, try the next
+                self.say(f"hot spare pid {proc.pid} had exited ({describe_exit(proc.returncode)}); not used")
+                att.retired.append(proc)
+                continue
+            log = self._log(rank)
+            self.store.set(key, assignment(self._env(local, att.number, replacement_of), str(log) if log else None))
+            return proc
+        return None
+
     def _start_template(self) -> None:
         if self.cfg.replacement != "template" or (self.template is not None and self.template.alive()):
             return
@@ -223,7 +266,11 @@ class Agent:
         t0 = time.time()
         replacement_of = (self.replacements, dead.pid, t0)
         how, why = "spawn", ""
-        if self.template is not None:
+        spare = self._take_spare(att, local, replacement_of, rank)
+        if spare is not None:
+            att.procs[rank] = spare
+            how = "hot spare"
+        elif self.template is not None:
             log = self._log(rank)
             try:
                 att.procs[rank] = self.template.fork({"env": self._env(local, att.number, replacement_of),
@@ -247,6 +294,7 @@ class Agent:
         for local in range(self.cfg.nproc_per_node):
             att.procs[self.cfg.place(local).rank] = self._spawn(local, attempt)
         self._start_template()
+        self._start_spares(att)
         self.say(f"attempt {attempt}: started ranks {sorted(att.procs)} (pids "
                  f"{[p.pid for p in att.procs.values()]})", kind="start", attempt=attempt,
                  pids={r: p.pid for r, p in att.procs.items()})
@@ -254,7 +302,9 @@ class Agent:
 
     def _stop(self, att: _Attempt) -> None:
         """SIGTERM every live rank's process group, SIGKILL what is left after the grace; reap all."""
-        live = [p for p in att.procs.values() if p.poll() is None]
+        att.retired.extend(p for _, p in att.spares)  # idle spares end with the attempt
+        att.spares.clear()
+        live = [p for p in [*att.procs.values(), *att.retired] if p.poll() is None]
         for p in live:
             _killpg(p.pid, signal.SIGCONT)
             _killpg(p.pid, signal.SIGTERM)

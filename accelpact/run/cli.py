@@ -4,7 +4,7 @@ Accepted like torchrun: ``--nnodes N`` (or ``N:N``; elastic ranges are refused),
 (``--nproc_per_node``), ``--node-rank``, ``--master-addr``, ``--master-port``, ``--rdzv-endpoint
 HOST:PORT`` (the same as the two before), ``--rdzv-id`` (the run id), ``--max-restarts``,
 ``--standalone``, ``-m``/``--module``, then the script and its arguments. accelpact's own:
-``--max-replacements``, ``--replacement template|spawn|none``, ``--snapshot-root``, ``--log-dir``,
+``--max-replacements``, ``--replacement template|spawn|none``, ``--hot-spares``, ``--snapshot-root``, ``--log-dir``,
 ``--preload``. Under Slurm, ``--node-rank`` defaults to ``$SLURM_NODEID``.
 """
 
@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
                     help="replacement processes this agent may start for killed ranks")
     ap.add_argument("--replacement", choices=("template", "spawn", "none"), default="template",
                     help="how a killed rank's replacement starts (default: forked from a preloaded template)")
+    ap.add_argument("--hot-spares", type=int, default=0, help="idle processes per node, started with the ranks, "
+                    "that take a killed rank's place (the script must call accelpact.run.replacement() first)")
     ap.add_argument("--snapshot-root", default=None, help="ACCELPACT_SNAPSHOT_ROOT for the ranks ('%%n': node rank)")
     ap.add_argument("--log-dir", type=Path, default=None, help="each rank's output to LOG_DIR/rank<r>.log")
     ap.add_argument("--preload", default="", help="comma-separated modules the template imports besides the "
@@ -83,7 +85,7 @@ def config_from_args(argv: list[str]) -> AgentConfig:
                            run_id=run_id, max_restarts=a.max_restarts, max_replacements=a.max_replacements,
                            replacement=a.replacement, module=a.module, snapshot_root=a.snapshot_root,
                            log_dir=a.log_dir, preload=tuple(x for x in a.preload.split(",") if x),
-                           join_timeout_s=a.join_timeout)
+                           join_timeout_s=a.join_timeout, hot_spares=a.hot_spares)
     except ValueError as exc:
         ap.error(str(exc))
         raise AssertionError("unreachable")

@@ -14,7 +14,8 @@ finds its snapshots), ``ACCELPACT_SNAPSHOT_ROOT`` (when the launcher was given o
 
 A replacement process also gets ``ACCELPACT_REPLACEMENT=<n>`` (the agent's n-th replacement, n >= 1),
 ``ACCELPACT_REPLACES_PID`` (the dead process) and ``ACCELPACT_T_LAUNCH`` (when the agent started it, for
-the heal's timings); :func:`replacement` reads them.
+the heal's timings); :func:`replacement` reads them. A hot spare gets ``ACCELPACT_SPARE`` until the agent
+assigns it a rank (accelpact.run.spare).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Mapping
+
+from accelpact.run import spare
 
 __all__ = ["Replacement", "replacement", "RankPlace", "worker_env", "job_token", "snapshot_token",
            "REPLACEMENT_ENV", "REPLACES_PID_ENV", "T_LAUNCH_ENV"]
@@ -41,7 +44,12 @@ class Replacement:
 
 
 def replacement(env: Mapping[str, str] | None = None) -> Replacement | None:
-    """None in a rank started with the group; a :class:`Replacement` in a process replacing a lost rank."""
+    """None in a rank started with the group; a :class:`Replacement` in a process replacing a lost rank.
+
+    In a hot spare (``accelpact-run --hot-spares N``) it first blocks until the agent assigns the spare a
+    dead rank, and takes that rank's environment (accelpact.run.spare): call it before reading ``RANK``."""
+    if env is None and spare.is_spare():
+        spare.wait_for_rank()
     env = os.environ if env is None else env
     raw = env.get(REPLACEMENT_ENV, "")
     if not raw or raw == "0":

@@ -1,8 +1,9 @@
 """``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory
 (and HSDP on a 2 x 2 mesh, 4 ranks: the last test).
 
-Four jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
-its replacement forked from the template, the same with a spawned replacement, and the same with
+Five jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
+its replacement forked from the template, the same with a spawned replacement, the same with an idle hot
+spare taking the rank (``--hot-spares 1``: accelpact.run.spare), and the same with
 ``--replacement none --max-restarts 1`` (no heal: the whole group restarts from its snapshots). Each
 healed run must end bit-identical to the reference (every parameter shard and optimizer tensor, and
 every loss), with the survivor's pid unchanged, the replacement started the way asked, and no byte
@@ -65,6 +66,7 @@ def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("launcher")
     kill = ["--kill-at", str(KILL_AT), "--kill-rank", "1"]
     jobs = {"ref": ([], []), "template": ([], kill), "spawn": (["--replacement", "spawn"], kill),
+            "hot_spare": (["--hot-spares", "1"], kill),
             "restart": (["--replacement", "none", "--max-restarts", "1"], kill)}
     procs = {n: launch(n, tmp, a, s) for n, (a, s) in jobs.items()}
     for name, p in procs.items():
@@ -88,11 +90,12 @@ def assert_bit_identical(ref: Path, run: Path, ranks: tuple[int, ...] = (0, 1)) 
         assert got[rank] and all(got[rank][s] == want[rank][s] for s in got[rank]), f"rank {rank}: a loss differs"
 
 
-@pytest.mark.parametrize("how", ["template", "spawn"])
+@pytest.mark.parametrize("how", ["template", "spawn", "hot_spare"])
 def test_a_killed_rank_is_healed_in_memory_with_survivors_kept(runs, how):
     run = runs / how
     assert_bit_identical(runs / "ref", run)
     agent = (run / "agent.log").read_text()
+    how = how.replace("_", " ")  # the agent's word for it
     assert f"replacement 1 started ({how}," in agent, agent[-3000:]
     assert "restarting the whole worker group" not in agent
     res, pids = results(run), started_pids(run)

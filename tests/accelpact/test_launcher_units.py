@@ -38,6 +38,30 @@ def test_bad_command_lines_name_the_fix(capsys):
     with pytest.raises(SystemExit):
         config_from_args(["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "--rdzv-id", "x", "t.py"])
     assert "--node-rank=2 must be in 0..1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config_from_args(["--hot-spares", "1", "--replacement", "none", "t.py"])
+    assert "drop --replacement=none" in capsys.readouterr().err
+    assert config_from_args(["--hot-spares", "2", "t.py"]).hot_spares == 2
+
+
+def test_a_spare_takes_the_assigned_ranks_environment_and_log(tmp_path):
+    """accelpact.run.spare against a real TCPStore: the spare blocks until its key is written."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accelpact.run import spare
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    env = {"ACCELPACT_CONTROL_ADDR": f"127.0.0.1:{store.port}", spare.SPARE_ENV: "1", spare.SPARE_KEY_ENV: "k/spare0"}
+    assert spare.is_spare(env)
+    done = threading.Event()
+    threading.Thread(target=lambda: (spare.wait_for_rank(env, redirect=False), done.set()), daemon=True).start()
+    assert not done.wait(0.5)  # nothing assigned yet: still waiting
+    store.set("k/spare0", spare.assignment({"RANK": "1", "ACCELPACT_REPLACEMENT": "1"}, str(tmp_path / "rank1.log")))
+    assert done.wait(10)
+    assert env["RANK"] == "1" and env["ACCELPACT_REPLACEMENT"] == "1" and not spare.is_spare(env)
 
 
 def test_each_rank_gets_torchruns_variables_and_accelpacts():
