@@ -1,8 +1,9 @@
 """Strategies the scale simulator projects but the harness does not run, one ``ProjectedStrategy`` each.
 
-They extend the simulator's comparison beyond what this machine can measure: AccelPact's heal as first
-designed at scale (a death notice, a replacement process or spare host, state from memory), and a
-torchft-style replica group that drops out and rejoins by peer heal (an outside reference). Plugins add
+They extend the simulator's comparison: AccelPact's heal of a lost process or host (built and measured in
+results/process_loss, where the harness runs it as ``accelpact``; the simulator keeps it as its own row
+beside the disk-fallback path), and a torchft-style replica group that drops out and rejoins by peer heal
+(an outside reference). Plugins add
 more with ``harness.strategies.register_projected``.
 """
 
@@ -13,7 +14,7 @@ from harness.strategies.spec import ProjectedStrategy, Simulation
 PROJECTED: tuple[ProjectedStrategy, ...] = (
     ProjectedStrategy("accelpact_heal", Simulation(
         "harness.scale.outcomes:rebind_and_heal_in_memory",
-        "AccelPact rebinding + in-memory heal (projected design)"), color="tab:cyan"),
+        "AccelPact rebinding + in-memory heal (measured: results/process_loss)"), color="tab:cyan"),
     ProjectedStrategy("torchft_peer_heal", Simulation(
         "harness.scale.outcomes:replica_drops_and_peer_heals",
         "torchft-style replica drop + peer heal (outside reference)"), color="tab:pink"),

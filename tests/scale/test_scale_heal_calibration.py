@@ -1,0 +1,59 @@
+"""The heal's calibration against the committed results/process_loss runs: the engine, fed with the heal's
+measured parts, reproduces each run's measured goodput within 5%, and the projection uses those parts."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from harness import strategies
+from harness.scale import heal_measured as heal
+from harness.scale.config import Cluster
+from harness.scale.outcomes import outcome_table
+
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "process_loss"
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def rows():
+    if not (RESULTS / "data.csv").exists():
+        pytest.fail(f"{RESULTS}/data.csv is missing: the heal calibration needs the committed process_loss runs")
+    return heal.calibrate_heal(RESULTS)
+
+
+def test_both_faults_have_heal_runs(rows):
+    assert {(r.fault, r.heals) for r in rows if r.age is not None} >= {("kill", True), ("host_loss", True)}
+
+
+def test_simulated_goodput_within_5_percent_of_measured(rows):
+    misses = [f"{r.strategy} {r.fault} age {r.age}: simulated {r.simulated:.0f} vs measured {r.measured:.0f} "
+              f"({r.error:+.1%})" for r in rows if abs(r.error) > TOLERANCE]
+    assert not misses, "; ".join(misses)
+
+
+def test_a_heal_that_replayed_to_the_checkpoint_misses(monkeypatch):
+    """Negative control: the same runs replayed as if the heal restored from disk (rollback to the checkpoint,
+    no heal parts) miss by far more than 5% at age 18, so the check above can fail."""
+    monkeypatch.setattr(heal, "_heals", lambda row: False)
+    wrong = [r for r in heal.calibrate_heal(RESULTS) if r.strategy == strategies.under_test().name and r.age == 18]
+    assert wrong and all(abs(r.error) > 2 * TOLERANCE for r in wrong)
+
+
+def test_projection_uses_the_measured_parts():
+    with (RESULTS / "data.csv").open() as fh:
+        kills = [r for r in csv.DictReader(fh) if r["fault"] == "kill" and r["status"] == "ok"
+                 and r.get("heal_source") not in ("", "nan", None)]
+    detection = statistics.median(float(r["part_detection_s"]) for r in kills)
+    transfer = statistics.median(float(r["part_heal_transfer_s"]) for r in kills)
+    healing = [n for n, sim in strategies.simulated().items() if sim.build.endswith(":rebind_and_heal_in_memory")]
+    assert healing, "no simulated strategy heals in memory"
+    for name in healing:
+        assert "projected" not in strategies.simulated()[name].label  # measured: not a projection
+        crash = outcome_table(Cluster(gpus=16), (name,))[name]["process_crash"]
+        assert crash.rollback == "step"
+        assert crash.parts["detection"] == pytest.approx(detection)
+        assert crash.parts["heal_transfer"] == pytest.approx(transfer)
