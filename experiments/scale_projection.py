@@ -43,7 +43,7 @@ STALL_BASELINE = "cold_restart"
 
 def heal_strategies() -> list[str]:
     """The simulated rows whose heal of a lost process or host is calibrated on results/process_loss."""
-    return [n for n, sim in strategies.simulated().items() if sim.build.endswith(":rebind_and_heal_in_memory")]
+    return [n for n, sim in strategies.simulated().items() if sim.build in heal.HEAL_BUILDS]
 
 
 def _plotted(strategy: str) -> bool:

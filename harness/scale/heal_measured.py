@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "process_loss"
 # The harness's fault kinds in that experiment -> this simulator's failure classes.
 FAULT_CLASS = {"kill": "process_crash", "host_loss": "gpu_host_loss"}
+# The outcome builders (harness.scale.outcomes) whose heal of a lost process or host uses these costs.
+HEAL_BUILDS = ("harness.scale.outcomes:rebind_and_heal_in_memory",
+               "harness.scale.outcomes:reconfigure_and_heal_in_memory")
 HEAL_PARTS = ("detection", "replacement_start", "heal_transfer")
 RESTART_PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore")
 _ALL_PARTS = ("agreement", "checkpoint", "detection", "heal_transfer", "other", "rebind", "rebuild",

@@ -144,6 +144,20 @@ def rebind_and_heal_in_memory(c: Cluster, cls: str) -> Outcome:
     return _heal_in_memory(c, cls, 1.0, "heal measured in results/process_loss")
 
 
+def reconfigure_and_heal_in_memory(c: Cluster, cls: str) -> Outcome:
+    """AccelPact on torch 2.15's process-group reconfigure (``harness.scale.reconfigure_measured``): the heal
+    as calibrated on results/process_loss with its size-independent parts x the measured 2.15/2.13 heal ratio;
+    a transient fault reconfigures the same groups (nothing rebound). The communicator build is unchanged."""
+    from harness.scale.reconfigure_measured import measured_reconfigure
+
+    r = measured_reconfigure()
+    if cls in ("transient_network", "hang"):
+        detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
+        parts = {**_rebind(c, detect), "rebind": r.rebind_s}
+        return Outcome(ROLLBACK_STEP, parts, "reconfigure the same groups, redo the step in flight")
+    return _heal_in_memory(c, cls, r.heal_ratio, "reconfigure, heal x measured 2.15/2.13 ratio")
+
+
 def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
     """Outside reference: the failed replica group drops out, the others go on, it rejoins by peer heal.
 

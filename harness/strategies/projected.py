@@ -2,7 +2,8 @@
 
 They extend the simulator's comparison: AccelPact's heal of a lost process or host (built and measured in
 results/process_loss, where the harness runs it as ``accelpact``; the simulator keeps it as its own row
-beside the disk-fallback path), and a torchft-style replica group that drops out and rejoins by peer heal
+beside the disk-fallback path), the same on torch 2.15's process-group reconfigure (measured in
+results/reconfigure), and a torchft-style replica group that drops out and rejoins by peer heal
 (an outside reference). Plugins add
 more with ``harness.strategies.register_projected``.
 """
@@ -15,6 +16,10 @@ PROJECTED: tuple[ProjectedStrategy, ...] = (
     ProjectedStrategy("accelpact_heal", Simulation(
         "harness.scale.outcomes:rebind_and_heal_in_memory",
         "AccelPact rebinding + in-memory heal (measured: results/process_loss)"), color="tab:cyan"),
+    ProjectedStrategy("accelpact_reconfigure", Simulation(
+        "harness.scale.outcomes:reconfigure_and_heal_in_memory",
+        "AccelPact on torch 2.15 reconfigure + in-memory heal (measured: results/process_loss heal x "
+        "results/reconfigure's 2.15/2.13 heal ratio)"), color="tab:olive"),
     ProjectedStrategy("torchft_peer_heal", Simulation(
         "harness.scale.outcomes:replica_drops_and_peer_heals",
         "torchft-style replica drop + peer heal (outside reference)"), color="tab:pink"),

@@ -49,7 +49,7 @@ def test_projection_uses_the_measured_parts():
                  and r.get("heal_source") not in ("", "nan", None)]
     detection = statistics.median(float(r["part_detection_s"]) for r in kills)
     transfer = statistics.median(float(r["part_heal_transfer_s"]) for r in kills)
-    healing = [n for n, sim in strategies.simulated().items() if sim.build.endswith(":rebind_and_heal_in_memory")]
+    healing = [n for n, sim in strategies.simulated().items() if sim.build == heal.HEAL_BUILDS[0]]
     assert healing, "no simulated strategy heals in memory"
     for name in healing:
         assert "projected" not in strategies.simulated()[name].label  # measured: not a projection
