@@ -28,6 +28,7 @@ from harness.scale.config import CLASSES, Cluster, strategy_names
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchor_table_md, badput_table_md, strategy_legend_md
+from harness.scale.torchft_measured import measured_torchft
 from harness.scale.sources import ANCHORS, FTHSDP_STALL_S, FTHSDP_SYNC_STALL_S, RSC_MTTF_H, RSC_SOURCE, llama3_mix
 
 NAME = "scale_projection"
@@ -102,6 +103,11 @@ def cross_checks_md(mix: dict) -> str:
                  f"{sc.comm_init_s(1024):.1f} s at 1k, {sc.comm_init_s(16384):.0f} s at 16k, "
                  f"{sc.comm_init_s(100_000):.0f} s at 100k | the GPU count of the 2.5 min is not given: "
                  f"placing it at 100k is an assumption |")
+    ft = measured_torchft()
+    lines.append(f"| torchft survivors' stop per failure | {sc.TORCHFT_QUORUM_S:.0f} s (heartbeat timeout, "
+                 f"pytorch/torchft#35) | {ft.survivor_stop_s:.2f} s measured here, charged ({ft.source}; "
+                 f"load {min(ft.load_mean):.1f}-{max(ft.load_mean):.1f} on 2 cores) | torchft's per-step quorum, "
+                 f"median {1000 * ft.quorum_per_step_s:.0f} ms here, is not charged |")
     return "\n".join(lines)
 
 

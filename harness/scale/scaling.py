@@ -42,6 +42,7 @@ ACCELPACT_DEAD_PEER_S = 2.1
 # given: placing 150 s at 100k GPUs, linear in N, is our assumption (unverified) -> 1.5 ms per GPU.
 NCCL_INIT_PER_GPU_S = 150.0 / 100_000
 # torchft's lighthouse: heartbeats every 100 ms, a 1 s timeout drops a replica (pytorch/torchft issue #35).
+# A cross-check only: the simulator charges the survivors' stop measured here (harness.scale.torchft_measured).
 TORCHFT_QUORUM_S = 1.0
 # Llama 3: 400 Gbps per GPU between hosts (The Llama 3 Herd of Models, section 3.3) -> 50 GB/s.
 NIC_GBPS = 50.0

@@ -1,11 +1,11 @@
-"""Strategies the scale simulator projects but the harness does not run, one ``ProjectedStrategy`` each.
+"""Rows only the scale simulator has (no harness strategy of that name), one ``ProjectedStrategy`` each.
 
 They extend the simulator's comparison: AccelPact's heal of a lost process or host (built and measured in
 results/process_loss, where the harness runs it as ``accelpact``; the simulator keeps it as its own row
 beside the disk-fallback path), the same on torch 2.15's process-group reconfigure (measured in
-results/reconfigure), and a torchft-style replica group that drops out and rejoins by peer heal
-(an outside reference). Plugins add
-more with ``harness.strategies.register_projected``.
+results/reconfigure), and torchft's replica group that drops out and rejoins by peer heal (the
+harness runs it as ``torchft``; its per-failure costs are measured, see harness.scale.torchft_measured).
+Each label says where its costs come from. Plugins add more with ``harness.strategies.register_projected``.
 """
 
 from __future__ import annotations
@@ -22,5 +22,6 @@ PROJECTED: tuple[ProjectedStrategy, ...] = (
         "results/reconfigure's 2.15/2.13 heal ratio)"), color="tab:olive"),
     ProjectedStrategy("torchft_peer_heal", Simulation(
         "harness.scale.outcomes:replica_drops_and_peer_heals",
-        "torchft-style replica drop + peer heal (outside reference)"), color="tab:pink"),
+        "torchft 0.2.0 replica drop + peer heal (survivors' stop and replica restart measured: "
+        "results/scale_projection/torchft_runs.csv)"), color="tab:pink"),
 )

@@ -1,0 +1,36 @@
+"""torchft's simulated row takes its per-failure costs from the committed measured runs
+(results/scale_projection/torchft_runs.csv): the survivors' stop and the failed group's start and heal."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from harness import strategies
+from harness.scale import scaling as sc
+from harness.scale.config import Cluster
+from harness.scale.outcomes import outcome_table
+
+CSV = Path(__file__).resolve().parents[2] / "results" / "scale_projection" / "torchft_runs.csv"
+BUILD = "harness.scale.outcomes:replica_drops_and_peer_heals"
+
+
+def _median(key: str) -> float:
+    with CSV.open() as fh:
+        return statistics.median(float(r[key]) for r in csv.DictReader(fh) if r["status"] == "ok")
+
+
+def test_costs_come_from_the_measured_runs():
+    names = [n for n, sim in strategies.simulated().items() if sim.build == BUILD]
+    assert names, "no simulated strategy models torchft's replica drop"
+    c = Cluster(gpus=16384, replica_gpus=1024)
+    for name in names:
+        host = outcome_table(c, (name,))[name]["gpu_host_loss"]
+        assert host.parts["agreement"] == pytest.approx(_median("torchft_retry_recovery_max_s"))
+        replica = (_median("heal_process_start_s") + sc.comm_init_s(1024) + _median("heal_transfer_s")
+                   + sc.heal_remote_s(c) + sc.spare_s(c))
+        assert host.parts["degraded"] == pytest.approx(replica * 1024 / 16384)
+        assert "outside reference" not in strategies.simulated()[name].label
