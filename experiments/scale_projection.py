@@ -68,6 +68,48 @@ def calibration_md(rows: list[cal.CalibrationRow]) -> str:
     return "\n".join(lines)
 
 
+def winner_md(projections: list, gpus: int) -> str:  # noqa: ANN001 - Projection rows of one size
+    """The winner among the measured strategies at ``gpus``, by how much, and where AccelPact and the designs
+    stand (a difference within the two 95% intervals is called a tie)."""
+    from harness.scale.outcomes import DESIGN_BUILDS
+
+    sims = strategies.simulated()
+    ok = [p for p in projections if p.feasible and not sims[p.strategy].fault_free]
+    measured = sorted((p for p in ok if sims[p.strategy].build not in DESIGN_BUILDS), key=lambda p: -p.best_ettr)
+    designs = sorted((p for p in ok if sims[p.strategy].build in DESIGN_BUILDS), key=lambda p: -p.best_ettr)
+    ours = {strategies.under_test().name, *heal_strategies()}
+    mine = max((p for p in measured if p.strategy in ours), key=lambda p: p.best_ettr)
+    win, second = measured[0], measured[1]
+
+    def gap(a, b) -> str:  # noqa: ANN001
+        d = 100 * (a.best_ettr - b.best_ettr)
+        tie = abs(d) <= 100 * (a.best_ci + b.best_ci)
+        return f"{d:+.1f} points{' (within the 95% intervals: a tie)' if tie else ''}"
+
+    lines = [f"**Winner at {gpus:,} GPUs, among the strategies whose costs are measured: `{win.strategy}`, "
+             f"ETTR {100 * win.best_ettr:.1f}% ± {100 * win.best_ci:.1f}**, {gap(win, second)} over the next, "
+             f"`{second.strategy}` ({100 * second.best_ettr:.1f}%)."]
+    if mine is not win:
+        diff = [(d, k) for d, k in sorted(((mine.badput.get(k, 0.0) - win.badput.get(k, 0.0), k)
+                                           for k in mine.badput), reverse=True)[:2] if d > 0]
+        table = outcome_table(Cluster(gpus=gpus), (mine.strategy,))[mine.strategy]
+        cells = []
+        for i, (_, k) in enumerate(diff):
+            cell = f"{k} {100 * mine.badput[k]:.1f}% of the wall vs {100 * win.badput.get(k, 0.0):.1f}%"
+            if i == 0 and k in table:  # what one failure of the largest gap costs
+                top = sorted(table[k].parts.items(), key=lambda kv: -kv[1])[:3]
+                cell += " (per failure: " + ", ".join(f"{p} {v:.0f} s" for p, v in top) + ", the whole job stopped)"
+            cells.append(cell)
+        why = "; ".join(cells)
+        lines.append(f"AccelPact's best row, `{mine.strategy}`, reaches {100 * mine.best_ettr:.1f}% ± "
+                     f"{100 * mine.best_ci:.1f}: {gap(mine, win)} against the winner. Where the gap is: {why}.")
+    for d in designs:
+        lines.append(f"Design, not built: `{d.strategy}` ({sims[d.strategy].label.split(': ', 1)[-1]}) would reach "
+                     f"{100 * d.best_ettr:.1f}% ± {100 * d.best_ci:.1f}, {gap(d, win)} against `{win.strategy}` "
+                     "(docs/scale.md says what it assumes).")
+    return "\n\n".join(lines)
+
+
 def heal_calibration_md(rows: list[heal.HealCalibrationRow]) -> str:
     lines = ["| fault (class) | strategy as run | recovery | age | measured goodput tok/s | simulated | error | "
              "median stop fed (s) |", "|---|---|---|---|---|---|---|---|"]
@@ -234,6 +276,8 @@ def table_md(calib, heal_calib, by_size, mix, prov_md: str, trials: int, seed: i
         "Llama 3's Table 5 as per-GPU-hour rates (see harness/scale/sources.py for every figure's source). "
         "The anchors are whole-job figures from other clusters, software and failure mixes: they bound the "
         "projection's order of magnitude, they are not its target.",
+        "",
+        winner_md(list(by_size[max(by_size)]), max(by_size)),
         "",
         anchor_table_md(table_sizes),
         "",

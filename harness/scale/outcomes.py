@@ -158,6 +158,49 @@ def reconfigure_and_heal_in_memory(c: Cluster, cls: str) -> Outcome:
     return _heal_in_memory(c, cls, r.heal_ratio, "reconfigure, heal x measured 2.15/2.13 ratio")
 
 
+def heal_growing_the_communicator(c: Cluster, cls: str) -> Outcome:
+    """Design, not built: the heal as measured, but the replacement's ranks join the survivors' communicator
+    (a grow) instead of every rank building a new one, so the rebuild costs the joining host's bootstrap,
+    not the job's. Assumption (unverified): a grow costs what a communicator over the joining ranks costs;
+    torch 2.15 has shrink_group (NCCL's ncclCommShrink) but no grow was measured. Faults that lose no rank
+    (transient, hang) still rebuild the whole communicator, as built."""
+    out = rebind_and_heal_in_memory(c, cls)
+    if cls not in ("process_crash", "gpu_host_loss", "planned_maintenance"):
+        return out
+    joining = c.gpus_per_host if cls != "process_crash" else 1
+    parts = {**out.parts, "rebuild": max(0.0, sc.comm_init_s(joining) - sc.comm_init_s(2))}
+    return Outcome(out.rollback, parts, "design: heal, the replacement grows the communicator")
+
+
+def heal_replica_while_others_continue(c: Cluster, cls: str) -> Outcome:
+    """Design, not built: HSDP with replica groups of ``c.replica_gpus``; the group that lost a rank (or saw
+    a transient fault or a hang) heals as measured in results/process_loss while the others go on, as
+    torchft's do. The survivors stop for the detection, the vote, and the replicate-dimension groups
+    (N/G ranks each) shrunk and grown back; the failed group's own recovery (spare, replacement start,
+    heal transfer, its own communicator, the shard copy) costs the job that time x G/N, the rule used for
+    torchft's row. A recurring bug hits every replica: as the built heal."""
+    if cls == "software_bug":
+        return rebind_and_heal_in_memory(c, cls)
+    from harness.scale.heal_measured import measured_heal
+
+    g = min(c.replica_gpus, c.gpus)
+    replicate = max(2, c.gpus // g)
+    survivors = {"agreement": sc.agreement_s(c.gpus), "rebuild": 2 * sc.comm_init_s(replicate)}
+    if cls in ("transient_network", "hang"):
+        detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
+        replica = sc.comm_init_s(g)
+        return Outcome(ROLLBACK_STEP, {"detection": detect, **survivors, "degraded": replica * g / c.gpus},
+                       "design: the group rebuilds its communicator while the others go on")
+    m = measured_heal()["kill" if cls == "process_crash" else "host_loss"]
+    detect = m.parts["detection"] if cls == "process_crash" else max(m.parts["detection"], sc.ACCELPACT_DEAD_PEER_S)
+    replica = (m.parts["replacement_start"] + m.parts["heal_transfer"] + sc.comm_init_s(g)
+               + (sc.heal_local_s(c) if cls == "process_crash" else sc.heal_remote_s(c) + sc.spare_s(c)))
+    parts = {"detection": 0.0 if cls == "planned_maintenance" else detect, **survivors,
+             "degraded": replica * g / c.gpus}
+    rollback = ROLLBACK_NONE if cls == "planned_maintenance" else ROLLBACK_STEP
+    return Outcome(rollback, parts, "design: the group heals from memory while the others go on")
+
+
 def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
     """torchft: the failed replica group drops out, the others go on, it rejoins by peer heal.
 
@@ -184,6 +227,11 @@ def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
 
 def no_failures(c: Cluster, cls: str) -> Outcome:
     return Outcome(ROLLBACK_NONE, {}, "fault-free reference: no failures are drawn for it")
+
+
+# Rows that model a design nobody has built (their labels say so): never a measured strategy's winner.
+DESIGN_BUILDS = ("harness.scale.outcomes:heal_growing_the_communicator",
+                 "harness.scale.outcomes:heal_replica_while_others_continue")
 
 
 def _builder(build: str) -> Callable[[Cluster, str], Outcome]:

@@ -5,7 +5,9 @@ results/process_loss, where the harness runs it as ``accelpact``; the simulator 
 beside the disk-fallback path), the same on torch 2.15's process-group reconfigure (measured in
 results/reconfigure), and torchft's replica group that drops out and rejoins by peer heal (the
 harness runs it as ``torchft``; its per-failure costs are measured, see harness.scale.torchft_measured).
-Each label says where its costs come from. Plugins add more with ``harness.strategies.register_projected``.
+Two rows are designs, not built, and say so: the heal growing the communicator instead of rebuilding it,
+and the heal of one HSDP replica group while the others go on (docs/scale.md). Each label says where its
+costs come from. Plugins add more with ``harness.strategies.register_projected``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from harness.strategies.spec import ProjectedStrategy, Simulation
 PROJECTED: tuple[ProjectedStrategy, ...] = (
     ProjectedStrategy("accelpact_heal", Simulation(
         "harness.scale.outcomes:rebind_and_heal_in_memory",
-        "AccelPact rebinding + in-memory heal (measured: results/process_loss)"), color="tab:cyan"),
+        "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True), color="tab:cyan"),
     ProjectedStrategy("accelpact_reconfigure", Simulation(
         "harness.scale.outcomes:reconfigure_and_heal_in_memory",
         "AccelPact on torch 2.15 reconfigure + in-memory heal (measured: results/process_loss heal x "
-        "results/reconfigure's 2.15/2.13 heal ratio)"), color="tab:olive"),
+        "results/reconfigure's 2.15/2.13 heal ratio)", synchronous=True), color="tab:olive"),
+    ProjectedStrategy("accelpact_grow", Simulation(
+        "harness.scale.outcomes:heal_growing_the_communicator",
+        "design, not built: AccelPact heal that grows the communicator instead of rebuilding the world",
+        synchronous=True),
+        color="tab:brown"),
+    ProjectedStrategy("accelpact_hsdp_continue", Simulation(
+        "harness.scale.outcomes:heal_replica_while_others_continue",
+        "design, not built: AccelPact heal of one HSDP replica group while the others go on"),
+        color="tab:purple"),
     ProjectedStrategy("torchft_peer_heal", Simulation(
         "harness.scale.outcomes:replica_drops_and_peer_heals",
         "torchft 0.2.0 replica drop + peer heal (survivors' stop and replica restart measured: "
