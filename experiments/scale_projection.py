@@ -159,7 +159,10 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    projected = {p.name for p in strategies.projected_strategies()}  # dashed: not run by the harness
+    from harness.scale.outcomes import DESIGN_BUILDS
+
+    projected = {p.name for p in strategies.projected_strategies()}  # dashed: rows only the simulator has
+    designs = {n for n, sim in strategies.simulated().items() if sim.build in DESIGN_BUILDS}  # dotted
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = sorted(by_size)
     for s in strategy_names():
@@ -168,14 +171,16 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
         pts = [(g, p.best_ettr, p.best_ci) for g in sizes for p in by_size[g] if p.strategy == s and p.feasible]
         if pts:
             ax.errorbar([x[0] for x in pts], [x[1] for x in pts], yerr=[x[2] for x in pts], marker="o",
-                        ms=3, capsize=2, label=s, color=strategies.color(s), ls="--" if s in projected else "-")
+                        ms=3, capsize=2, label=s, color=strategies.color(s),
+                        ls=":" if s in designs else "--" if s in projected else "-")
     for a in ANCHORS:
         ax.scatter([a.gpus], [a.ettr], marker="*", s=120, color="k", zorder=5)
         ax.annotate(a.name, (a.gpus, a.ettr), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("ETTR at the best checkpoint interval")
-    ax.set_title("Projected ETTR vs cluster size (Llama 3 failure mix; dashed: projected/outside)", fontsize=9)
+    ax.set_title("Simulated ETTR vs cluster size (Llama 3 failure mix; dashed: rows only the simulator has; "
+                 "dotted: designs, not built)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.subplots_adjust(bottom=0.22)
