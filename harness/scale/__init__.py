@@ -9,6 +9,9 @@ Pure Python plus numpy; nothing here imports torch. One idea per module:
 - ``engine``: the discrete-event Monte Carlo engine (vectorised over independent lanes).
 - ``analytic``: closed forms (fixed-cost single class, Young/Daly) that check the engine.
 - ``calibrate``: replays the measured fault schedules through the engine with the measured costs.
+- ``heal_measured``: the in-memory heal's costs from results/process_loss, and the same replay of those runs.
+- ``reconfigure_measured``: torch 2.15's reconfigure, from results/reconfigure (the heal ratio, the rebind).
+- ``torchft_measured``: torchft's per-failure costs from the committed measured runs (and their collector).
 - ``project``: sweeps cluster size and checkpoint interval, picks the best interval per strategy.
 - ``render``: the text and markdown tables.
 - ``entry``: ``python -m harness experiment=project_scale cluster_gpus=16384`` prints the table.
