@@ -34,3 +34,20 @@ def test_costs_come_from_the_measured_runs():
                    + sc.heal_remote_s(c) + sc.spare_s(c))
         assert host.parts["degraded"] == pytest.approx(replica * 1024 / 16384)
         assert "outside reference" not in strategies.simulated()[name].label
+
+
+def test_collect_reads_the_row_and_the_replacement_heal(tmp_path):
+    from harness.scale.torchft_measured import collect
+
+    (tmp_path / "events").mkdir()
+    (tmp_path / "row.csv").write_text("run_id,status,torchft_retry_recovery_max_s,heal_process_start_s,load_mean\n"
+                                      "r1,ok,0.7,25.0,7.5\n")
+    (tmp_path / "goodput.json").write_text('{"faults": [{"kind": "kill", "step": 10}]}')
+    (tmp_path / "events" / "rank0.jsonl").write_text(
+        '{"kind": "heal", "role": "sender", "heal_transfer_s": 9.0}\n{"kind": "step", "step": 1}\n')
+    (tmp_path / "events" / "rank1.jsonl").write_text(
+        '{"kind": "heal", "role": "replacement", "heal_transfer_s": 0.5, "to_step": 25}\n')
+    row = collect(tmp_path)
+    assert (row["run_id"], row["torchft_retry_recovery_max_s"], row["heal_process_start_s"]) == ("r1", "0.7", "25.0")
+    assert (row["fault_kind"], row["fault_step"], row["heal_transfer_s"], row["healed_at_step"]) == ("kill", 10, 0.5, 25)
+    assert row["git_sha"] == ""  # a column the row lacks stays blank, never invented
