@@ -55,13 +55,15 @@ $(STAMP215): pyproject.toml Makefile
 # - FSDP1: test_recovery_fsdp1.py; HSDP: test_patterns.py (2 ranks, replicate=2 x shard=1) and, in the slow run,
 #   its 2 x 2 mesh;
 # - the heal tests: test_launcher.py (slow: a SIGKILLed rank healed in memory, the replacement joining the
-#   survivors' groups through reconfigure), guard.run, snapshots, buddy replicas, the heal plan and wait;
+#   survivors' groups through reconfigure: forked, spawned, a hot spare, and HSDP 2 x 2), guard.run, snapshots,
+#   buddy replicas, the heal plan and wait, the heal plan's groups;
 # - the reconfigure, reset and recovery-round units; `pip install .` keeps the installed 2.15 (a dry run, offline);
 # - examples/recover_one_fault.py (recovers through reconfigure, bit-identically).
 # 600 s in all on the 2-core project machine, under load, with a CI run beside it (406 s, 160 s slow, 34 s example).
 TESTS215 ?= tests/accelpact/test_recovery_fsdp2.py tests/accelpact/test_recovery_fsdp1.py tests/accelpact/test_patterns.py \
 	tests/accelpact/test_guard_run.py tests/accelpact/test_snapshot_fsdp2.py tests/accelpact/test_replica_restore.py \
-	tests/accelpact/test_heal_plan.py tests/accelpact/test_heal_wait.py tests/accelpact/test_reconfigure_unit.py \
+	tests/accelpact/test_heal_plan.py tests/accelpact/test_heal_wait.py tests/accelpact/test_heal_groups.py \
+	tests/accelpact/test_reconfigure_unit.py \
 	tests/accelpact/test_reset_compat_unit.py tests/accelpact/test_recovery_rounds_unit.py \
 	tests/accelpact/test_consensus.py tests/accelpact/test_gpu_check_unit.py \
 	tests/test_packaging.py::test_install_keeps_the_torch_already_installed

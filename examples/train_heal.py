@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--replicas", action="store_true", help="push each snapshot to a buddy rank on the next node")
     ap.add_argument("--lose-host", action="store_true", help="with --kill-at: the killed rank's node also loses "
                     "this job's shared memory (its own snapshots and the replicas it held), as a lost host would")
+    ap.add_argument("--push-every", type=int, default=1, help="with --replicas: push only every k-th snapshot")
+    ap.add_argument("--confirm-push", action="store_true", help="with --replicas: a push completes its snapshot")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--hsdp", type=int, default=None, metavar="REPLICAS",
                     help="HSDP: shard over a (REPLICAS, world // REPLICAS) mesh (replicate, shard) instead of 1-D")
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> dict:
             scheduler.load_state_dict(extra_state["scheduler"])
             scheduler.step()  # the snapshot is taken inside guard.step, before the loop's scheduler.step()
 
-    token, config = snapshot.job_token_from_env(), snapshot.SnapshotConfig()  # accelpact
+    token, config = snapshot.job_token_from_env(), snapshot.SnapshotConfig(push_every=args.push_every)  # accelpact
     restored = None
     if me is None and snapshot.restart_count() > 0:  # accelpact: a restarted group resumes from the snapshots
         restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
@@ -119,7 +121,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.replicas:  # accelpact: each slot also goes to the buddy (same local rank on the next node)
         from accelpact.snapshot.replica import Replication
 
-        replication = Replication.from_env(control, job_token=token)
+        replication = Replication.from_env(control, job_token=token, confirm=args.confirm_push)
     snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
                                 on_complete=replication.push if replication is not None else None,
                                 extra_state=lambda: {"scheduler": scheduler.state_dict()})  # accelpact

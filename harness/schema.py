@@ -147,6 +147,12 @@ class SnapshotSettings:
 
     every: int = 0  # snapshot every k committed steps; 0 = off (a lost rank then falls back to disk)
     replicas: bool = True  # also push each snapshot to the buddy rank (accelpact.snapshot.replica)
+    # Push only every k-th snapshot (the steps divisible by every * push_every); a heal after a host loss
+    # then replays up to every * push_every steps (docs/snapshots.md, "push_every"). 1: every snapshot.
+    push_every: int = 1
+    # A push counts as part of its snapshot: the next step's vote waits for the buddy's acknowledgement
+    # (Replication(confirm=True)), which is what makes that bound hold when a push lags.
+    confirm_push: bool = False
     pause_mid_copy_s: float = 0.0  # fault-injection tests only: each copy sleeps this long halfway
 
 

@@ -362,7 +362,11 @@ class Healer:
             if newest is not None:
                 replicas[newest[0]] = newest[1]
                 held[newest[0]] = "buddy"
-                held.setdefault(newest[0] - 1, "buddy")  # the buddy keeps two: fetched only if chosen
+                # The buddy keeps two replicas, of the newest two pushed steps: fetched only if chosen.
+                # Pushed steps are every * push_every apart (accelpact.snapshot.push_rule).
+                cfg = getattr(self.snapshots, "config", None)
+                gap = getattr(cfg, "every", 1) * getattr(cfg, "push_every", 1) if cfg is not None else 1
+                held.setdefault(newest[0] - max(int(gap), 1), "buddy")
         plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
         t_load = time.time()
         extra: dict = {}

@@ -23,6 +23,14 @@ the fault injector and the gloo backend's abort reset every TCP connection of th
 not a store connection, these included) is retried with a fresh connection and a fresh look-up of
 the buddy's address; a buddy that stays unreachable costs one log line, and the slot is dropped
 (``dropped``); the next snapshot tries again.
+
+``confirm=True`` makes :meth:`Replication.push` return only once its slot was sent (or dropped, or
+superseded). The hook runs on the snapshot's own thread and the guard waits for the snapshot to be
+complete before the next step's vote, so the push then counts as part of the snapshot: a rank enters
+the vote of step s + 1 only after the buddy acknowledged its replica of s. That is what bounds the
+steps a heal after a host loss replays (``accelpact.snapshot.push_rule.replay_bound``); the price is
+that a push slower than the next step's forward and backward blocks training. Which snapshots are
+pushed at all is the Snapshotter's ``SnapshotConfig.push_every``.
 """
 
 from __future__ import annotations
@@ -160,6 +168,9 @@ class Replication:
     fetch=rep)`` in a restarted or replacement rank (the object is the fetch callable; when some
     rank holds neither a snapshot nor a replica it raises :class:`BuddyLostError` naming the buddies).
 
+    ``confirm``: :meth:`push` waits until its slot was sent (see the module docstring: the bound on
+    replayed steps after a host loss needs it; default off, pushes are asynchronous).
+
     Counters: ``pushed``, ``retried``, ``dropped``, ``skipped``, ``push_bytes``, ``push_s`` (wall time
     spent in successful pushes: ``push_bytes / push_s`` is the measured transfer speed).
     """
@@ -167,8 +178,9 @@ class Replication:
     def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
                  topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
                  job_token: str | None = None, start: bool = True,
-                 receive_check: Callable[[Path, dict], bool] | None = None) -> None:
+                 receive_check: Callable[[Path, dict], bool] | None = None, confirm: bool = False) -> None:
         self.store = store
+        self.confirm = bool(confirm)
         # The snapshots' job token: it names their directories, is checked in every marker and keys
         # the requests' signatures. The control channel's token by default.
         self.job_token = job_token or store.job_token
@@ -188,6 +200,8 @@ class Replication:
         self._addr_cache: dict[int, tuple[str, int]] = {}
         self._pending: tuple[Path, dict] | None = None
         self._busy = False
+        # Sequence numbers of queued and finished (sent, dropped or superseded) slots: what confirm waits on.
+        self._queued = self._finished = 0
         self._cv = threading.Condition()
         self._closed = False
         self._warned_drop = False
@@ -242,7 +256,12 @@ class Replication:
             if self._pending is not None:
                 self.skipped += 1  # a newer slot supersedes one that never left
             self._pending = (Path(slot_dir), dict(marker))
+            self._queued += 1
+            mine = self._queued
             self._cv.notify_all()
+            if self.confirm:  # on the snapshot's thread: the snapshot is complete once its replica is
+                while self._finished < mine and not self._closed and self._thread.is_alive():
+                    self._cv.wait()
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every queued slot was pushed or dropped; False at the timeout."""
@@ -264,11 +283,13 @@ class Replication:
                     return
                 slot_dir, marker = self._pending
                 self._pending, self._busy = None, True
+                taken = self._queued  # this slot and every one it superseded
             try:
                 self._push_with_retries(slot_dir, marker)
             finally:
                 with self._cv:
                     self._busy = False
+                    self._finished = taken
                     self._cv.notify_all()
 
     def _push_with_retries(self, slot_dir: Path, marker: dict) -> None:

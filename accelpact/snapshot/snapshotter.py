@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from accelpact.snapshot import layout as paths
 from accelpact.snapshot.load import load_slot, own_slots
+from accelpact.snapshot.push_rule import check_push_every, is_pushed, slot_to_overwrite
 from accelpact.snapshot.sizing import check_room, snapshot_nbytes
 from accelpact.snapshot.slots import SnapshotError, SnapshotMissingError, invalidate
 from accelpact.snapshot.state import capture_meta, check_supported, entries, param_names, signature
@@ -43,6 +44,13 @@ class SnapshotConfig:
     ``every``: snapshot the steps divisible by it (1: every step). ``check_room``: refuse at start when
     the root cannot hold 4 slots per rank sharing it (``ranks_sharing_root``; None: ``$LOCAL_WORLD_SIZE``,
     else 1). ``pause_mid_copy_s``: fault-injection tests only (sleep halfway through each copy).
+    ``push_every``: hand only every k-th snapshot to ``on_complete`` (the buddy push): the steps
+    divisible by ``every * push_every`` (:mod:`accelpact.snapshot.push_rule`), and never overwrite
+    the own slot of the newest such step, so that survivors still hold the step a replacement's
+    replica is of. A heal after a host loss then replays at most ``every * push_every`` steps when
+    each push is acknowledged before the next vote (``Replication(confirm=True)``); with asynchronous
+    pushes (the default), at most that many when the lost rank's newest pushed snapshot had reached
+    its buddy, else the heal finds no common step and fails loudly (docs/snapshots.md, "push_every").
     """
 
     root: str = ""
@@ -50,12 +58,17 @@ class SnapshotConfig:
     check_room: bool = True
     ranks_sharing_root: int | None = None
     pause_mid_copy_s: float = 0.0
+    push_every: int = 1
 
     def __post_init__(self) -> None:
         if not self.root:
             object.__setattr__(self, "root", paths.default_root())
         if self.every < 1:
             raise ValueError(f"SnapshotConfig.every={self.every}: use 1 (every step) or more")
+        try:
+            check_push_every(self.push_every)
+        except ValueError as exc:
+            raise ValueError(f"SnapshotConfig.{exc}") from None
 
     def sharing(self) -> int:
         if self.ranks_sharing_root is not None:
@@ -104,12 +117,13 @@ class Snapshotter:
         if self._closed or step % self.config.every:
             return
         self._finish(block_counts=True)  # the previous snapshot's seal and push, if still running
-        slot = self._target_slot()
+        slot = self._target_slot(step)
         plan, index, nbytes, names, index_json = self._entries()
         extra = self.extra_state() if self.extra_state is not None else None
         meta = capture_meta(self.model, self.optimizer, step, index, extra, names, index_json)
         gen = int(self.generation()) if self.generation is not None else 0
-        job = CopyJob(slot=slot, plan=plan, nbytes=nbytes, meta=meta, on_complete=self.on_complete,
+        push = is_pushed(step, self.config.every, self.config.push_every)
+        job = CopyJob(slot=slot, plan=plan, nbytes=nbytes, meta=meta, on_complete=self.on_complete if push else None,
                       pause_mid_copy_s=self.config.pause_mid_copy_s,
                       marker_fields={"job_token": self.job_token, "rank": self.rank, "world_size": self.world_size,
                                      "step": int(step), "generation": gen, "written_at": time.time()})
@@ -212,17 +226,16 @@ class Snapshotter:
                             json.dumps([e.to_dict() for e in index]))
         return self._layout[1:]
 
-    def _target_slot(self) -> Path:
-        """The slot to overwrite: one without a valid marker, else the one with the older step."""
-        steps = {}
+    def _target_slot(self, step: int) -> Path:
+        """The slot to overwrite: one without a valid marker, else the older one, but never the slot of the
+        newest pushed step (``push_rule.slot_to_overwrite``; with push_every=1 that is the older slot)."""
+        held: dict[Path, int | None] = {}
         for s in paths.SLOTS:
             d = paths.slot_dir(self.root, self.job_token, self.rank, s)
-            held = [m.step for dd, m in own_slots(self.root, self.job_token, self.rank, self.world_size,
-                                                   verify=False, slots=(s,))]
-            if not held:
-                return d
-            steps[d] = held[0]
-        return min(steps, key=steps.get)
+            steps = [m.step for dd, m in own_slots(self.root, self.job_token, self.rank, self.world_size,
+                                                    verify=False, slots=(s,))]
+            held[d] = steps[0] if steps else None
+        return slot_to_overwrite(held, step, self.config.every, self.config.push_every)
 
     def _finish(self, block_counts: bool) -> None:
         job, thread = self._job, self._thread

@@ -133,6 +133,14 @@ def check_snapshot_values(run: RunConfig) -> None:
     if st.snapshot.every < 0:
         raise ConfigError(f"strategy.snapshot.every={st.snapshot.every} must be >= 0 (0 = snapshots off, k = every "
                           "k-th committed step); try `strategy.snapshot.every=1`")
+    if st.snapshot.push_every < 1:
+        raise ConfigError(f"strategy.snapshot.push_every={st.snapshot.push_every} must be >= 1 (1 = push every "
+                          "snapshot to the buddy, k = every k-th); to push none, use `strategy.snapshot.replicas=false`; "
+                          "try `strategy.snapshot.push_every=1`")
+    if (st.snapshot.push_every > 1 or st.snapshot.confirm_push) and not st.snapshot.replicas:
+        raise ConfigError(f"strategy.snapshot.push_every={st.snapshot.push_every} / confirm_push="
+                          f"{st.snapshot.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
+                          "`strategy.snapshot.replicas=true`, or drop the push settings")
     if st.hot_spares < 0:
         raise ConfigError(f"strategy.hot_spares={st.hot_spares} must be >= 0; try `strategy.hot_spares=0`")
     if st.hot_spares and st.snapshot.every == 0:

@@ -5,6 +5,8 @@ simulated host (its own snapshot root), snapshot every step and push each slot t
 - ``buddy``: ``steps`` steps with snapshots + buddy pushes; rank 0's own snapshot directory is deleted;
   both ranks build a FRESH model and optimizer and call ``restore_latest(..., fetch=replication)``:
   rank 0 loads its buddy's replica, rank 1 its own slot; both train on to ``total``.
+  ``push_every`` (default 1): only every k-th snapshot is pushed; each rank reports its own slots' steps
+  (``own_steps``) and the steps of the replicas it holds for its ward (``replica_steps``) before the loss.
 - ``both_lost``: the same, and rank 1 also drops the replica it holds for rank 0: ``restore_latest``
   raises BuddyLostError on both ranks, naming rank 0 and its buddy rank 1.
 """
@@ -18,6 +20,8 @@ import torch
 
 
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
+from accelpact.snapshot import layout as paths
+from accelpact.snapshot._replica_server import read_marker
 from accelpact.snapshot.replica import BuddyLostError, Replication
 from harness.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
 from tests.accelpact._snapshot_runners import _plain_step  # the same plain step with snapshot hooks
@@ -35,7 +39,7 @@ def run(sc: dict, ctx) -> dict:
     else:
         token = f"job-{sc['name']}"
         root = Path(ctx.out_dir) / sc["name"] / f"host{ctx.rank}"  # each rank a host with its own shm
-        cfg = SnapshotConfig(root=str(root), ranks_sharing_root=1)
+        cfg = SnapshotConfig(root=str(root), ranks_sharing_root=1, push_every=sc.get("push_every", 1))
         rep = Replication(ctx.control, rank=ctx.rank, world_size=ctx.world_size, root=root, bind_host="127.0.0.1",
                           job_token=token)
         snap = Snapshotter(model, optimizer, job_token=token, rank=ctx.rank, world_size=ctx.world_size, config=cfg,
@@ -44,8 +48,12 @@ def run(sc: dict, ctx) -> dict:
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m), snap, step))
         snap.flush()
         assert rep.flush(120)
+        out["own_steps"] = sorted(snap.held_steps())
         snap.close()
         out["push"] = rep.stats()
+        ward = 1 - ctx.rank
+        out["replica_steps"] = sorted(rm["step"] for s in paths.SLOTS
+                                      if (rm := read_marker(paths.replica_dir(root, token, ward, s))) is not None)
         ctx.barrier(f"pushed/{sc['name']}")
         if ctx.rank == 0:
             shutil.rmtree(root / token / "rank0")  # rank 0's own snapshots are lost

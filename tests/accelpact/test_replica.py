@@ -360,3 +360,41 @@ def test_a_replica_corrupted_on_the_way_is_never_served_nor_restored(tmp_path, s
     finally:
         fetcher.close()
         holder.close()
+
+
+def test_confirm_makes_push_return_only_once_the_buddy_holds_the_replica(tmp_path, store):
+    """Replication(confirm=True): push (the snapshot's on_complete, on its copy thread) returns only after
+    the buddy acknowledged the replica, so the guard's wait for a complete snapshot before the next vote
+    covers the push; an unreachable buddy makes it return after the drop, not hang."""
+    from accelpact.snapshot._replica_server import read_marker
+
+    token = new_job_token()
+    holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
+    src = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1",
+                      confirm=True)
+    try:
+        for step in (4, 6):
+            slot = tmp_path / "h0" / token / "rank0" / f"slot{step // 2 % 2}"
+            src.push(slot, write_slot(slot, token, 0, 2, step, 1 << 20))
+            held = [m["step"] for s in (0, 1)
+                    if (m := read_marker(tmp_path / "h1" / token / "replica" / "rank0" / f"slot{s}")) is not None]
+            assert step in held, held  # already at the buddy when push returned
+            assert src.pushed == step // 2 - 1
+    finally:
+        src.close()
+        holder.close()
+
+    # The buddy's address now points at nothing: the confirmed push retries, drops, and returns.
+    token = new_job_token()
+    chan = _chan(store, token, 0, 2)
+    dead = socket.create_server(("127.0.0.1", 0))
+    from accelpact.control.notice_auth import sign
+    chan.set(chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token))
+    dead.close()
+    lone = Replication(chan, rank=0, world_size=2, root=tmp_path / "h0x", bind_host="127.0.0.1", confirm=True)
+    try:
+        slot = tmp_path / "h0x" / token / "rank0" / "slot0"
+        lone.push(slot, write_slot(slot, token, 0, 2, 2, 1024))
+        assert lone.dropped == 1 and lone.pushed == 0  # counted before push returned
+    finally:
+        lone.close()

@@ -20,6 +20,9 @@ SCENARIOS = [
     {"name": "ref", "kind": "ref", "total": TOTAL},
     {"name": "buddy", "kind": "buddy", "steps": STEPS, "total": TOTAL},
     {"name": "both_lost", "kind": "both_lost", "steps": STEPS, "total": TOTAL},
+    # push_every: steps 0..5 snapshotted, only 0, 2, 4 (k=2) or 0, 3 (k=3) pushed
+    {"name": "push2", "kind": "buddy", "steps": TOTAL, "total": TOTAL, "push_every": 2},
+    {"name": "push3", "kind": "buddy", "steps": TOTAL, "total": TOTAL, "push_every": 3},
 ]
 
 
@@ -47,3 +50,24 @@ def test_rank_and_buddy_both_lost_names_both_and_says_no_copy_survives(session):
         assert r["ranks"] == [0, 1]
         assert "rank 0 and its buddy rank 1 were both lost" in r["message"]
         assert "no in-memory copy" in r["message"] and "disk checkpoint" in r["message"]
+
+
+@pytest.mark.parametrize("name,k,pushed,restored", [("push2", 2, [0, 2, 4], 4), ("push3", 3, [0, 3], 3)])
+def test_push_every_pushes_only_every_kth_and_the_kept_slot_heals_bit_identically(session, name, k, pushed, restored):
+    """Only the steps divisible by k reach the buddy (the newest two of them are held there); each rank
+    keeps its own slot of the newest pushed step (steps 3 and 5 at k=3, where overwriting the older slot
+    would have kept 4 and 5 and left no step in common), so the rank whose own snapshots were lost
+    restores from the buddy at that step, and the run continues bit-identical to the fault-free one."""
+    r0, r1 = session.job(name)
+    for r in (r0, r1):
+        p = r["push"]
+        assert p["pushed"] + p["skipped"] + p["dropped"] == len(pushed), p  # one hand-off per pushed step only
+        assert set(r["replica_steps"]) <= set(pushed) and pushed[-1] in r["replica_steps"], r["replica_steps"]
+        if p["skipped"] == 0 and p["dropped"] == 0:
+            assert r["replica_steps"] == pushed[-2:]
+        assert r["own_steps"] == sorted({restored, TOTAL - 1})  # newest pushed kept beside the newest
+    assert (r0["source"], r1["source"]) == ("buddy", "own")
+    assert r0["step"] == r1["step"] == restored
+    diffs, counts = bit_differences(session, name, "ref")
+    assert diffs == [], diffs
+    assert counts["tensors"] > 100

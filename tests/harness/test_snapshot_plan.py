@@ -78,12 +78,21 @@ def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue
 
 @pytest.mark.parametrize("override, needle", [
     ("strategy.snapshot.every=-1", "strategy.snapshot.every=-1 must be >= 0"),
+    ("strategy.snapshot.push_every=0", "strategy.snapshot.push_every=0 must be >= 1"),
     ("strategy.hot_spares=-2", "strategy.hot_spares=-2 must be >= 0"),
     ("strategy.replacement_timeout_s=0", "strategy.replacement_timeout_s=0.0 must be positive"),
 ])
 def test_snapshot_settings_are_checked(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         check_values(_run("strategy=accelpact", override))
+
+
+def test_push_settings_need_replicas_and_default_to_every_snapshot():
+    run = _run("strategy=accelpact")
+    assert (run.strategy.snapshot.push_every, run.strategy.snapshot.confirm_push) == (1, False)
+    with pytest.raises(ConfigError, match=r"push_every=2 .* replicas are off; try `strategy\.snapshot\.replicas=true`"):
+        check_values(_run("strategy=accelpact", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false"))
+    check_values(_run("strategy=accelpact", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true"))
 
 
 def test_hot_spares_need_snapshots():

@@ -1,7 +1,9 @@
 """The harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups, the parent's policy.
 
 - ``snapshots_and_policy``: with ``strategy.snapshot.every > 0`` every rank snapshots each k-th committed
-  step into its host's shared memory (``ACCELPACT_SNAPSHOT_ROOT``) and heals a lost rank in memory.
+  step into its host's shared memory (``ACCELPACT_SNAPSHOT_ROOT``) and heals a lost rank in memory;
+  ``strategy.snapshot.push_every`` / ``confirm_push``: which snapshots go to the buddy, and whether a push
+  is part of its snapshot (accelpact.snapshot.push_rule).
 - ``rejoin_job`` (the spec's ``rejoin`` hook): in a replacement process, the control channel and
   :func:`accelpact.rejoin` instead of a fresh ``init_process_group``.
 - ``side_group``: the checkpointer's gloo group, built on an explicit store prefix and name per control
@@ -158,7 +160,7 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
 
     replication = _replication(cfg, control, rank, world_size)
     snapshots = Snapshotter(model, optimizer, job_token=control.job_token, rank=rank, world_size=world_size,
-                            config=SnapshotConfig(every=every,
+                            config=SnapshotConfig(every=every, push_every=cfg.strategy.snapshot.push_every,
                                                   pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
                             on_complete=replication.push if replication is not None else None,
                             extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None)
@@ -175,7 +177,7 @@ def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> 
         return None
     from accelpact.snapshot.replica import Replication
 
-    return Replication.from_env(control)
+    return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push)
 
 
 def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
