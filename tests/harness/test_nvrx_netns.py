@@ -6,7 +6,8 @@
   parent at 127.0.0.1 (what NVRx had before) is not reachable from a rank namespace: the control.
 - netns + slow: ``fault=host_loss`` through the harness: rank 1's host is lost, the parent relaunches
   every rank (NVRx's in-job restart) on a fresh store, both restore the newest checkpoint, and the run
-  ends bit-identical to a fault-free reference.
+  ends bit-identical to a fault-free reference. Then ``fault=tcp_reset`` on rank 1's data link: NVRx
+  restarts in process (no relaunch), its store untouched on the control link, and ends bit-identical too.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ FAULT_STEP = 6  # a checkpoint after step 3; rank 1's host is lost during step 6
 
 @pytest.mark.slow
 @pytest.mark.netns
-@pytest.mark.timeout(900)  # two harness runs of 60-120 s each on this loaded 2-core host
+@pytest.mark.timeout(900)  # three harness runs of 30-150 s each on this loaded 2-core host
 @pytest.mark.skipif(not _OK, reason=_WHY)
-def test_host_loss_under_nvrx_relaunches_every_rank_and_ends_bit_identical(tmp_path):
+def test_host_loss_and_a_data_link_reset_under_nvrx_end_bit_identical(tmp_path):
     from harness.events import read_events
     from harness.faults.addressing import BRIDGE_HOST
     from harness.faults.netns import list_prefixes
@@ -132,6 +133,18 @@ def test_host_loss_under_nvrx_relaunches_every_rank_and_ends_bit_identical(tmp_p
     assert {e["rank"] for e in restores} == {0, 1} and {e["from_step"] for e in restores} == {3}
     assert row["replayed_steps"] == FAULT_STEP - 4 and row["badput_restart_s"] > 0
     result = compare_runs(ref_dir, run_dir)
+    assert result.equal, result.describe()
+
+    rst_dir = tmp_path / "tcp_reset"
+    done = run_harness([*SHRINK, "strategy=checkpoint_restore", "fault=tcp_reset", "fault.ranks=[1]",
+                        f"fault.at_step={FAULT_STEP}", f"hydra.run.dir={rst_dir}"], tmp_path, timeout=450)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = read_row(rst_dir)
+    assert row["status"] == "ok" and row["relaunches"] == 0, row["reason"]
+    restarts = [e for e in read_events(rst_dir) if e["kind"] == "restart" and e["incarnation"] > 0]
+    assert restarts and all(e["in_process"] for e in restarts), restarts  # NVRx's own restart, same processes
+    assert row["replayed_steps"] == FAULT_STEP - 4
+    result = compare_runs(ref_dir, rst_dir)
     assert result.equal, result.describe()
     assert worker_processes(str(tmp_path)) == []
     assert set(list_prefixes()) <= before, "a run left namespaces behind"

@@ -91,21 +91,29 @@ def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_f
 
 
 # Namespace faults run with NVRx: its store lives in the bridge namespace, on the control network
-# (nvrx_store), which they leave alone. Each was run through the harness to a bit-identical end.
-NETNS_FAULTS = frozenset({"host_loss"})
+# (nvrx_store), which they leave alone on the data plane. Each was run through the harness to a
+# bit-identical end (host_loss: a relaunch; tcp_reset, link_down, blackhole: in-process restarts).
+NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
 
 
 def check_runnable(run: Any) -> None:
-    """NVRx must be importable; of the namespace faults, only those run with it (``NETNS_FAULTS``)."""
-    from harness.schema import ConfigError
+    """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
+    from harness.schema import ConfigError, LinkPlane
     from harness.faults import registry as faults
     from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
-    if faults.get(run.fault.kind).needs_netns and run.fault.kind not in NETNS_FAULTS:
-        raise ConfigError(
-            f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
-            f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}; without namespaces: "
-            "socket_reset, hang, kill")
+    if faults.get(run.fault.kind).needs_netns:
+        if run.fault.kind not in NETNS_FAULTS:
+            raise ConfigError(
+                f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
+                f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}")
+        if LinkPlane(run.fault.link) == LinkPlane.control:
+            # Measured: tcp_reset on the control link reset NVRx's own store clients; its monitor thread
+            # died with "Broken pipe" (NVRx 0.4.1's store client does not reconnect) and the run hung.
+            raise ConfigError(
+                f"fault={run.fault.kind} fault.link=control with strategy=checkpoint_restore is not supported: the "
+                "control link carries NVRx's own store, whose client does not reconnect (a reset there hung the run); "
+                "use `fault.link=data`")
     try:
         import_inprocess()
     except NvrxUnavailable as exc:
