@@ -127,8 +127,8 @@ def _heal_columns(run_dir: Path) -> dict[str, Any]:
 
 
 def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
-    """Strategies the harness refuses for ``fault`` here, with its one-line reason (e.g. NVRx's store
-    cannot live outside the ranks' namespaces for host_loss): they get a row saying so, not a run."""
+    """Strategies the harness refuses for ``fault`` here, with its one-line reason (``check_runnable``'s
+    ConfigError): they get a row saying so, not a run."""
     from harness.app.capabilities import check_runnable
     from harness.app.config import compose, to_run_config
     from harness.app.validate import ConfigError

@@ -77,7 +77,9 @@ class LaunchPlan:
 
     Where the ranks run: ``control`` (the control store's address; None: the launcher hosts one,
     ``start_control_store()``), ``store_set`` (setting a key on a store hosted elsewhere), and inside
-    network namespaces the per-rank ``rank_env``, ``wrap`` (``ip netns exec``) and ``netns_of``.
+    network namespaces the per-rank ``rank_env``, ``wrap`` (``ip netns exec``) and ``netns_of``, and
+    ``store_netns``: the namespace where a strategy's own server (NVRx's store) must run, on the control
+    store's host address, for every rank to reach it (None: the parent's namespace reaches them).
     ``extra_env``: for every rank. The strategy's part: ``settle_s`` (after the first failure, how long
     the others may finish on their own), ``replace_dead`` (heal in memory: start a replacement for a dead
     rank, at most ``max_replacements`` per run) with ``on_replace`` (the parent's event of each one),
@@ -89,6 +91,7 @@ class LaunchPlan:
     rank_env: Optional[Callable[[int], dict[str, str]]] = None
     wrap: Optional[Callable[[int, list[str]], list[str]]] = None
     netns_of: Optional[Callable[[int], str]] = None
+    store_netns: Optional[str] = None
     extra_env: dict[str, str] = field(default_factory=dict)
     settle_s: float = 0.0
     replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
@@ -145,6 +148,7 @@ class Launcher:
         self.template_wanted = plan.template_wanted
         self.template: Optional[ReplacementTemplate] = None
         self.netns_of = plan.netns_of
+        self.store_netns = plan.store_netns  # where a strategy hosts a server its namespaced ranks reach
         # Called with the incarnation before its ranks start (state a relaunched world must not share: NVRx's store).
         self.before_start: list[Callable[[int], None]] = []
 

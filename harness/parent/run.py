@@ -127,6 +127,7 @@ def _start(run: RunConfig, run_dir: Path, spec: Path, parent_events: Any, stack:
         stack.callback(_teardown_topology, topology, torn)
         plan.control, plan.rank_env, plan.wrap = topology.control_addr, topology.rank_env, topology.wrap_command
         plan.netns_of, plan.store_set = topology.layout.rank_ns, topology.store_set
+        plan.store_netns = topology.layout.bridge_ns  # with the control store: every host reaches it
     elif where.store == StoreHome.child:
         from harness.faults.store_host import ChildStore
 

@@ -105,3 +105,44 @@ def test_a_lost_process_is_relaunched_an_error_of_its_own_is_not():
     # Through the registry, within strategy.max_restarts only.
     assert relaunch_reason("checkpoint_restore", {0: -15, 1: -9}, 0, 1, False, 1) == why
     assert relaunch_reason("checkpoint_restore", {0: -15, 1: -9}, 1, 1, False, 1) is None
+
+
+def test_store_host_env_wins_over_master_addr(monkeypatch: pytest.MonkeyPatch):
+    # In network namespaces MASTER_ADDR is rank 0's data address; NVRx's store is elsewhere.
+    from harness.strategies.checkpoint_restore.nvrx_restart import STORE_HOST_ENV, NvrxSettings
+
+    monkeypatch.setenv("MASTER_ADDR", "10.1.0.1")
+    monkeypatch.delenv(STORE_HOST_ENV, raising=False)
+    assert NvrxSettings().resolved_host() == "10.1.0.1"
+    monkeypatch.setenv(STORE_HOST_ENV, "10.1.255.254")
+    assert NvrxSettings().resolved_host() == "10.1.255.254"
+    assert NvrxSettings(store_host="h").resolved_host() == "h"
+
+
+def test_namespaced_ranks_get_their_nvrx_store_on_the_control_network_not_in_the_parent():
+    from types import SimpleNamespace
+
+    from harness.strategies.checkpoint_restore.nvrx_store import NamespaceStores, ParentStores, store_home
+
+    run = SimpleNamespace(cluster=SimpleNamespace(master_addr="127.0.0.1"))
+    # Ranks in namespaces (harness.parent.run sets store_netns): the bridge namespace, the control store's host.
+    home = store_home(run, SimpleNamespace(store_netns="ap123456-br", control_host="10.2.255.254"))
+    assert isinstance(home, NamespaceStores) and (home.netns, home.host) == ("ap123456-br", "10.2.255.254")
+    home.close()  # never started: nothing to stop
+    # Ranks in the parent's namespace: the parent itself, on the cluster's address.
+    home = store_home(run, SimpleNamespace(store_netns=None, control_host="127.0.0.1"))
+    assert isinstance(home, ParentStores) and home.host == "127.0.0.1"
+
+
+def test_namespace_faults_run_with_nvrx_are_allowed_on_the_data_plane_only():
+    from types import SimpleNamespace
+
+    from harness.schema import ConfigError
+    from harness.strategies.checkpoint_restore import NETNS_FAULTS, check_runnable
+
+    assert NETNS_FAULTS == {"host_loss", "tcp_reset", "link_down", "blackhole"}
+    for kind in NETNS_FAULTS:
+        check_runnable(SimpleNamespace(fault=SimpleNamespace(kind=kind, link="data")))
+    # The control link carries NVRx's own store: a reset there hung NVRx (its client does not reconnect).
+    with pytest.raises(ConfigError, match="fault.link=control with strategy=checkpoint_restore is not supported"):
+        check_runnable(SimpleNamespace(fault=SimpleNamespace(kind="tcp_reset", link="control")))

@@ -10,12 +10,14 @@ restores the newest DCP checkpoint (``restore`` event) and replays the steps los
 NVRx must be importable: without it this strategy fails with ``NvrxUnavailable`` naming the fix;
 there is no silent substitute. The spec's ``rank_entry`` makes ``harness.rank.train.train`` hand the
 rank's whole life to ``nvrx_rank.train_in_process``, because NVRx must own the process groups from the start.
-NVRx's own TCPStore is hosted by the parent (``host_nvrx_store``) so that a rank's death does not
-take it down.
+NVRx's own TCPStore is hosted outside the ranks (``nvrx_store``) so that a rank's death does not take it
+down: in the parent, or, for ranks in network namespaces, in the topology's bridge namespace on the
+control network, where every host reaches it.
 
-A lost process (a rank killed by a signal) is beyond in-process restart: NVRx leaves it to the launcher
-above it (its ft_launcher's in-job restart). The parent does the same here (``relaunch_after_lost_process``):
-every rank is relaunched, on a fresh NVRx store, and restores the newest checkpoint.
+A lost process (a rank killed by a signal, or every rank of a lost host: ``fault=host_loss``) is beyond
+in-process restart: NVRx leaves it to the launcher above it (its ft_launcher's in-job restart). The parent
+does the same here (``relaunch_after_lost_process``): every rank is relaunched, a lost host's ranks in
+their namespace again, on a fresh NVRx store, and restores the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -42,27 +44,34 @@ class CheckpointRestore(Strategy):
 
 
 class _NvrxStore:
-    """NVRx's TCPStore, hosted in the parent; its port goes to every rank. A relaunched world gets a new one.
+    """NVRx's store, hosted outside the ranks (``nvrx_store``), its address to every rank. A relaunched world
+    gets a new one.
 
     NVRx keys its store by its own iteration number only (barriers, terminated ranks, completion), and a
     relaunched world starts again at iteration 0: on the killed world's store it would read that world's
-    keys. So each incarnation's ranks get a fresh store, hosted before they start."""
+    keys. So each incarnation's ranks get a fresh store, hosted before they start: in the parent for ranks
+    in its namespace, in the topology's bridge namespace on the control network for ranks in namespaces."""
 
     def __init__(self, run: Any, launcher: Any) -> None:
-        self.host = run.cluster.master_addr
+        from harness.strategies.checkpoint_restore.nvrx_store import store_home
+
         self.launcher = launcher
-        self.store: Any = None
+        self.home = store_home(run, launcher)
+        self.addr: Optional[tuple[str, int]] = None
         launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
-        from harness.strategies.checkpoint_restore.nvrx_restart import STORE_PORT_ENV, host_store
+        from harness.strategies.checkpoint_restore.nvrx_restart import STORE_HOST_ENV, STORE_PORT_ENV
 
-        self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
-        self.launcher.extra_env.update({STORE_PORT_ENV: str(self.store.port), "MASTER_ADDR": self.host,
-                                        "TORCH_CPP_LOG_LEVEL": "ERROR"})
+        self.addr = host, port = self.home.renew()
+        self.launcher.extra_env.update({STORE_HOST_ENV: host, STORE_PORT_ENV: str(port), "TORCH_CPP_LOG_LEVEL": "ERROR"})
+
+    def row_columns(self) -> dict[str, Any]:
+        """Where the last world's NVRx store was (the row says which network the ranks reached it on)."""
+        return {"nvrx_store": f"{self.addr[0]}:{self.addr[1]}" if self.addr else None}
 
     def close(self) -> None:
-        self.store = None  # the server thread stops with its last reference
+        self.home.close()
 
 
 def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
@@ -81,16 +90,30 @@ def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_f
             "back a process, so every rank is relaunched and restores the newest checkpoint")
 
 
+# Namespace faults run with NVRx: its store lives in the bridge namespace, on the control network
+# (nvrx_store), which they leave alone on the data plane. Each was run through the harness to a
+# bit-identical end (host_loss: a relaunch; tcp_reset, link_down, blackhole: in-process restarts).
+NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
+
+
 def check_runnable(run: Any) -> None:
-    """NVRx must be importable, and its parent-hosted store cannot reach ranks in network namespaces."""
-    from harness.schema import ConfigError
+    """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
+    from harness.schema import ConfigError, LinkPlane
     from harness.faults import registry as faults
     from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
     if faults.get(run.fault.kind).needs_netns:
-        raise ConfigError(
-            f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported: NVRx's store is hosted "
-            "outside the ranks' namespaces; use a fault that needs no namespaces (socket_reset, hang, kill)")
+        if run.fault.kind not in NETNS_FAULTS:
+            raise ConfigError(
+                f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
+                f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}")
+        if LinkPlane(run.fault.link) == LinkPlane.control:
+            # Measured: tcp_reset on the control link reset NVRx's own store clients; its monitor thread
+            # died with "Broken pipe" (NVRx 0.4.1's store client does not reconnect) and the run hung.
+            raise ConfigError(
+                f"fault={run.fault.kind} fault.link=control with strategy=checkpoint_restore is not supported: the "
+                "control link carries NVRx's own store, whose client does not reconnect (a reset there hung the run); "
+                "use `fault.link=data`")
     try:
         import_inprocess()
     except NvrxUnavailable as exc:

@@ -49,6 +49,7 @@ import torch.distributed as dist
 __all__ = [
     "NVRX_VERSION",
     "STORE_PORT_ENV",
+    "STORE_HOST_ENV",
     "NvrxUnavailable",
     "NvrxRestartsExhausted",
     "NvrxSettings",
@@ -64,6 +65,7 @@ __all__ = [
 from harness.strategies.checkpoint_restore.nvrx_types import (  # noqa: E402 - re-exported: the public names live here too
     NVRX_VERSION,
     STORE_PORT_ENV,
+    STORE_HOST_ENV,
     NvrxUnavailable,
     NvrxRestartsExhausted,
     NvrxSettings,

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 NVRX_VERSION = "0.4.1"
 STORE_PORT_ENV = "NVRX_STORE_PORT"
+STORE_HOST_ENV = "NVRX_STORE_HOST"  # where the parent hosted it; MASTER_ADDR when unset
 
 T = TypeVar("T")
 
@@ -63,7 +64,7 @@ class NvrxSettings:
     """
 
     store_port: int | None = None  # None: read NVRX_STORE_PORT
-    store_host: str | None = None  # None: read MASTER_ADDR
+    store_host: str | None = None  # None: read NVRX_STORE_HOST, else MASTER_ADDR
     max_restarts: int = 20
     monitor_interval_s: float = 0.25  # monitor thread / monitor process polling; not detection latency
     last_call_wait_s: float = 0.1  # NVRx waits this long after the first report, for other ranks' reports
@@ -101,9 +102,12 @@ class NvrxSettings:
         return int(raw)
 
     def resolved_host(self) -> str:
-        host = self.store_host or os.environ.get("MASTER_ADDR")
+        # NVRX_STORE_HOST first: in network namespaces MASTER_ADDR is rank 0's data address, which is not
+        # where the parent hosts NVRx's store (harness.strategies.checkpoint_restore.nvrx_store).
+        host = self.store_host or os.environ.get(STORE_HOST_ENV) or os.environ.get("MASTER_ADDR")
         if not host:
-            raise ValueError("NVRx's store host is unknown: set MASTER_ADDR or pass NvrxSettings(store_host=...)")
+            raise ValueError(f"NVRx's store host is unknown: set {STORE_HOST_ENV} (or MASTER_ADDR) or pass "
+                             "NvrxSettings(store_host=...)")
         return host
 
 

@@ -1,0 +1,169 @@
+"""Where NVRx's TCPStore lives: in a process that outlives the ranks, at an address every rank reaches.
+
+NVRx's rank 0 hosts its store by default, so a rank-0 death would take every rank's restart down with it;
+the harness parent hosts it instead (``nvrx_restart.host_store``: NVRx's rank 0 finds the port taken, or the
+address not its own, and connects as a client). A relaunched world needs a fresh store: NVRx keys it by
+its own iteration number, which starts at 0 again, and on the old store it would read the dead world's
+keys. ``StoreHome.renew()`` hosts one store per incarnation and returns its (host, port).
+
+Two homes, as for the harness's control store (``harness.faults.placement``):
+
+- ``ParentStores``: ranks in the parent's network namespace (``cluster=local_cpu``); the store is a
+  TCPStore in the parent process itself, on ``cluster.master_addr``.
+- ``NamespaceStores``: ranks in network namespaces (``cluster.hosts`` > 0, or a namespace fault such as
+  ``host_loss``). The parent's namespace has no link into them (by design: no job address reaches the root
+  namespace), so a store at 127.0.0.1 in the parent is unreachable and each rank would dial its own
+  loopback. The store runs where the control store does: in the topology's bridge namespace, on the
+  control network's bridge address, which every host reaches over its control link (``ctl0``). The data
+  plane faults never touch that link, and a host loss kills only the ranks' processes. One server process
+  (``python -m harness.strategies.checkpoint_restore.nvrx_store --host ADDR``) serves the whole run and hosts a
+  fresh TCPStore on each ``NEW`` line of its stdin, answering ``PORT <port>``: a relaunch pays no Python
+  and torch start-up for its new store (the server's start took 10-30 s here on a loaded 2-core host). It exits at stdin EOF,
+  and the topology's teardown kills every process in the job's namespaces anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+__all__ = ["StoreHome", "ParentStores", "NamespaceStores", "store_home"]
+
+READY_TIMEOUT_S = 120.0  # the server's first store waits for its Python and torch import (loaded host: 10-30 s)
+NEW_TIMEOUT_S = 30.0  # a later store: one TCPStore bind in a live process
+
+
+class StoreHome(Protocol):
+    def renew(self) -> tuple[str, int]:
+        """Host a fresh store for the next incarnation (the previous one stops); its (host, port)."""
+
+    def close(self) -> None:
+        """Stop the current store (and its server process, if any)."""
+
+
+class ParentStores:
+    """NVRx's store as a TCPStore in the parent process, on ``host`` (ranks in the parent's namespace)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.store: Any = None
+
+    def renew(self) -> tuple[str, int]:
+        from harness.strategies.checkpoint_restore.nvrx_restart import host_store
+
+        self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
+        return self.host, int(self.store.port)
+
+    def close(self) -> None:
+        self.store = None
+
+
+class NamespaceStores:
+    """NVRx's store in a server process inside ``netns``, listening on ``host`` (ranks in namespaces)."""
+
+    def __init__(self, netns: str, host: str, python: str = sys.executable) -> None:
+        self.netns, self.host, self.python = netns, host, python
+        self.proc: Optional[subprocess.Popen[str]] = None  # started by the first renew(), before incarnation 0
+        self._lines: "queue.Queue[str]" = queue.Queue()
+        # A file, not a pipe: nobody reads the server's stderr while it serves, and a full pipe would block it.
+        self._err = tempfile.TemporaryFile(mode="w+")
+
+    def _start(self) -> "subprocess.Popen[str]":
+        root = str(Path(__file__).resolve().parents[3])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+               "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, self.python, "-m", __name__, "--host", self.host],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)
+        threading.Thread(target=self._read, args=(proc,), daemon=True, name="nvrx-store-out").start()
+        return proc
+
+    def _read(self, proc: "subprocess.Popen[str]") -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put(line.strip())
+        self._lines.put("")  # EOF: the server is gone
+
+    def renew(self) -> tuple[str, int]:
+        # The first store waits for the server's start; the parent set-up runs before incarnation 0, so
+        # a relaunch finds the server ready and pays one TCPStore bind.
+        timeout = NEW_TIMEOUT_S if self.proc is not None else READY_TIMEOUT_S
+        if self.proc is None:
+            self.proc = self._start()
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("NEW\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise RuntimeError(self._dead(f"writing to it failed: {exc}")) from exc
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(self._dead(f"no new store within {timeout:.0f} s")) from None
+        if not line.startswith("PORT "):
+            raise RuntimeError(self._dead(f"it answered {line!r}"))
+        return self.host, int(line.split()[1])
+
+    def _dead(self, what: str) -> str:
+        assert self.proc is not None
+        err = ""
+        if self.proc.poll() is not None:
+            self._err.seek(0)
+            err = self._err.read()[-2000:].strip()
+        return (f"NVRx's store server in namespace {self.netns} ({self.host}) failed: {what}"
+                f"{'; exit ' + str(self.proc.returncode) if self.proc.returncode is not None else ''}"
+                f"{': ' + err if err else ''}")
+
+    def close(self) -> None:
+        self._err.close()
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # EOF: the server drops its store and exits
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def store_home(run: Any, launcher: Any) -> StoreHome:
+    """Where this run's NVRx stores live: the launcher names a namespace for servers when its ranks run
+    in network namespaces (``LaunchPlan.store_netns``; the control store's host is its address there)."""
+    netns: Optional[str] = getattr(launcher, "store_netns", None)
+    if netns:
+        return NamespaceStores(netns, launcher.control_host)
+    return ParentStores(run.cluster.master_addr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The server: a fresh TCPStore on ``--host`` per ``NEW`` line of stdin (``PORT <port>`` on stdout)."""
+    parser = argparse.ArgumentParser(description="NVRx's store server (one fresh TCPStore per NEW line of stdin)")
+    parser.add_argument("--host", required=True)
+    args = parser.parse_args(argv)
+    import torch.distributed as dist  # late: --help must not pay for torch
+
+    store: Any = None
+    for line in sys.stdin:  # blocks; the loop ends at EOF (the parent closed the pipe or died)
+        if line.strip() != "NEW":
+            print(f"nvrx_store: ignored {line.strip()!r}", file=sys.stderr, flush=True)
+            continue
+        store = None  # the previous world's server stops with its last reference
+        store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+        print(f"PORT {store.port}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
