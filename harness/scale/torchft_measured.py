@@ -43,11 +43,11 @@ def collect(run_dir: Path) -> dict[str, object]:
     faults = json.loads((run_dir / "goodput.json").read_text()).get("faults", [])
     out["fault_kind"] = faults[0]["kind"] if faults else ""
     out["fault_step"] = faults[0]["step"] if faults else ""
-    heals = [json.loads(line) for p in sorted((run_dir / "events").glob("rank*.jsonl")) for line in p.open()
-             if '"heal"' in line]
-    rep = [h for h in heals if h.get("kind") == "heal" and h.get("role") == "replacement"]
-    out["heal_transfer_s"] = rep[0]["heal_transfer_s"] if rep else ""
-    out["healed_at_step"] = rep[0].get("to_step", "") if rep else ""
+    from harness.events import Heal, load_events, of_type  # the typed events (pure: no torch)
+
+    rep = [h for h in of_type(load_events(run_dir), Heal) if h.role == "replacement"]
+    out["heal_transfer_s"] = rep[0].heal_transfer_s if rep else ""
+    out["healed_at_step"] = rep[0].extra.get("to_step", "") if rep else ""  # torchft's own field
     return out
 
 

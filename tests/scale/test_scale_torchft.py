@@ -43,10 +43,12 @@ def test_collect_reads_the_row_and_the_replacement_heal(tmp_path):
     (tmp_path / "row.csv").write_text("run_id,status,torchft_retry_recovery_max_s,heal_process_start_s,load_mean\n"
                                       "r1,ok,0.7,25.0,7.5\n")
     (tmp_path / "goodput.json").write_text('{"faults": [{"kind": "kill", "step": 10}]}')
+    # As the harness writes them (every record has t and rank); torchft's heal adds its own to_step.
     (tmp_path / "events" / "rank0.jsonl").write_text(
-        '{"kind": "heal", "role": "sender", "heal_transfer_s": 9.0}\n{"kind": "step", "step": 1}\n')
+        '{"kind": "heal", "t": 1.0, "rank": 0, "role": "sender", "heal_transfer_s": 9.0}\n'
+        '{"kind": "step", "t": 2.0, "rank": 0, "step": 1, "start": 1.5, "end": 2.0}\n')
     (tmp_path / "events" / "rank1.jsonl").write_text(
-        '{"kind": "heal", "role": "replacement", "heal_transfer_s": 0.5, "to_step": 25}\n')
+        '{"kind": "heal", "t": 3.0, "rank": 1, "role": "replacement", "heal_transfer_s": 0.5, "to_step": 25}\n')
     row = collect(tmp_path)
     assert (row["run_id"], row["torchft_retry_recovery_max_s"], row["heal_process_start_s"]) == ("r1", "0.7", "25.0")
     assert (row["fault_kind"], row["fault_step"], row["heal_transfer_s"], row["healed_at_step"]) == ("kill", 10, 0.5, 25)
