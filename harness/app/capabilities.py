@@ -44,6 +44,8 @@ def check_runnable(run: RunConfig) -> None:
         pass  # a control-link outage breaks no collective; it tests the control channel's deadlines
     elif fault.outage and watchdog_s is not None and run.fault.outage_s > watchdog_s:
         pass  # the stall watchdog ends it after watchdog_s, however long the PG timeout
+    elif fault.outage and (own := strategy.step_timeout_s(run)) is not None and run.fault.outage_s > own:
+        pass  # the strategy's own step timeout ends it (torchft's Manager), however long the PG timeout
     elif fault.outage and run.fault.outage_s <= run.cluster.pg_timeout_s + OUTAGE_MARGIN_S:
         need = run.cluster.pg_timeout_s + OUTAGE_MARGIN_S + 1
         raise ConfigError(

@@ -92,6 +92,9 @@ class StrategySpec:
     rejoin: Optional[str] = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
+    # The strategy's own bound on a stalled step, in seconds (torchft: its Manager's timeout), or None. A
+    # network outage longer than it breaks the step whatever the PG timeout (harness.app.capabilities).
+    step_timeout_s: Callable[["RunConfig"], Optional[float]] = lambda run: None
     simulation: Optional[Simulation] = None  # how harness.scale projects it (None: not simulated)
     # The paper's published whole-run goodput gain of AccelPact over this strategy, by checkpoint age in
     # steps ({} when the paper does not compare with it); harness.report.paper collects them.

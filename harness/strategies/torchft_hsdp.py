@@ -440,4 +440,5 @@ SPEC = StrategySpec(
     parent_setup=TorchftJob,
     rank_entry="harness.strategies.torchft_rank:train_replica",
     check=check_runnable,
+    step_timeout_s=lambda run: run.strategy.torchft.timeout_s,  # the Manager drops a stalled step after it
 )
