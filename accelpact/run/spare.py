@@ -26,6 +26,8 @@ import time
 from datetime import timedelta
 from typing import Any, Mapping
 
+from accelpact.run.template import _exists  # is a pid still there (the template's own check)
+
 __all__ = ["SPARE_ENV", "SPARE_KEY_ENV", "is_spare", "wait_for_rank", "assignment"]
 
 SPARE_ENV = "ACCELPACT_SPARE"
@@ -61,7 +63,7 @@ def wait_for_rank(env: Any = None, *, redirect: bool = True) -> None:
             store.wait([key])
             break
         except Exception:  # noqa: BLE001 - torch raises DistStoreError (a RuntimeError) on the slice's timeout
-            if agent and not _alive(agent):
+            if agent and not _exists(agent):
                 print(f"accelpact.run hot spare {env.get(SPARE_ENV)}: its agent (pid {agent}) is gone; exiting",
                       file=sys.stderr, flush=True)
                 os._exit(0)
@@ -78,12 +80,3 @@ def wait_for_rank(env: Any = None, *, redirect: bool = True) -> None:
     env.pop(SPARE_KEY_ENV, None)
     env["ACCELPACT_T_ASSIGNED"] = repr(time.time())
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
