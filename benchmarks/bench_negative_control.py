@@ -9,6 +9,10 @@ wholly above 1: the control came out worse, and equality is excluded.
 
     .venv/bin/python benchmarks/bench_negative_control.py             # default comparison's size, 3 trials
     .venv/bin/python benchmarks/bench_negative_control.py --quick     # 2-layer model, 10 steps, 3 trials
+
+Writes ``--out`` (default results/negative_control/; --quick: nowhere): table.md (the verdict line, then
+the comparison's own table: medians, 95% intervals over trials, the load), table.csv and
+provenance.json (+ .md: the command, git sha and machine).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--age", type=int, default=None, help="checkpoint age of the fault (default 5; --quick 2)")
     ap.add_argument("--quick", action="store_true", help="2-layer model, 10 steps, age 2")
     ap.add_argument("--keep", default=None, help="keep the sweep in this directory")
+    ap.add_argument("--out", default=None, help="default results/negative_control/ (--quick: not written)")
     args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else (None if args.quick else ROOT / "results" / "negative_control")
     if args.age is None:
         args.age = 2 if args.quick else 5
     sys.path.insert(0, str(ROOT / "examples"))
@@ -65,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cells = pd.read_csv(table)
     row = cells[cells["strategy"] == negative_control.NAME].iloc[0]
+    summary = (f"AccelPact's gain over the control (badput-based): {row['gain_ci']} -> {row['verdict']}; "
+               f"measured whole-run gain: {row['measured_gain_ci']} -> {row['measured_verdict']}; "
+               f"badput {row['badput_s']:.2f} s (control, median) vs "
+               f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s (AccelPact)")
+    if out is not None:
+        _write(out, cmd, sweep, summary, args, negative_control.SLEEP_S, elapsed_s=time.time() - t0)
     print(f"\nnegative control ({negative_control.SLEEP_S:g} s of sleep per recovery), {(time.time() - t0) / 60:.1f} min:"
           f"\n  AccelPact's gain over it (badput-based): {row['gain_ci']} -> {row['verdict']}"
           f"\n  measured whole-run gain: {row['measured_gain_ci']} -> {row['measured_verdict']}"
@@ -75,6 +87,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = row["verdict"] == BETTER
     print("PASS: the control is worse, equality excluded" if ok else "FAIL: the comparison did not see the loss")
     return 0 if ok and done.returncode == 0 else 1
+
+
+def _write(out: Path, cmd: Sequence[str], sweep: Path, summary: str, args: argparse.Namespace,
+           sleep_s: float, elapsed_s: float) -> None:
+    """The verdict line and the comparison's table, stamped with the command, git sha and machine."""
+    from experiments.provenance import provenance_markdown, load_provenance, write_provenance
+
+    command = "python benchmarks/bench_negative_control.py" + (f" --trials {args.trials}" if args.trials != 3 else "")
+    write_provenance(out, command, {"trials": args.trials, "age": args.age, "harness_command":
+                                    "HARNESS_PLUGINS=negative_control " + " ".join(cmd[1:]),
+                                    "runtime_s": round(elapsed_s, 1)})
+    shutil.copyfile(sweep / "table.csv", out / "table.csv")
+    table = (sweep / "table.md").read_text() if (sweep / "table.md").exists() else ""
+    (out / "table.md").write_text(
+        f"# Negative control: AccelPact against itself plus {sleep_s:g} s of sleep per recovery\n\n"
+        f"{summary}\n\nThe comparison's table ({args.trials} interleaved trials, each with its own fault-free "
+        f"reference):\n\n{table}\n{provenance_markdown(load_provenance(out))}")
 
 
 if __name__ == "__main__":
