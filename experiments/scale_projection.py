@@ -7,7 +7,9 @@ Writes table.md (the calibration against results/goodput_vs_age and the heal's a
 first, then each strategy's ETTR at its
 best checkpoint interval for 1k, 9.6k, 16k and 100k GPUs beside the published anchors, the badput by
 class, and the cross-checks), data.csv (ETTR per size, strategy and interval), best.csv, badput.csv,
-calibration.csv, heal_calibration.csv, three plots, and the provenance. Pure simulation: no torch in the loop, no ranks.
+calibration.csv, heal_calibration.csv (every measured run, per trial), calibration_cells.csv,
+heal_calibration_cells.csv (per cell: medians over trials, the error's 95% interval), three plots, and the
+provenance. Pure simulation: no torch in the loop, no ranks.
 """
 
 from __future__ import annotations
@@ -59,13 +61,47 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def calibration_md(rows: list[cal.CalibrationRow]) -> str:
-    lines = ["| strategy | age | measured goodput tok/s | simulated | error | simulated with the median step | error |",
+def _cell_order(cells: list[cal.CalibrationError]) -> list[cal.CalibrationError]:
+    """The reference first, then by age, the strategies at one age in the order they come."""
+    names = list(dict.fromkeys(c.strategy for c in cells))
+    return sorted(cells, key=lambda c: (c.age is not None, -1 if c.age is None else c.age, names.index(c.strategy)))
+
+
+def calibration_md(cells: list[cal.CalibrationError]) -> str:
+    """One row per (strategy, age) cell: its trials, the medians over them, and the error's median [95%
+    interval] (n)."""
+    lines = ["| strategy | age | trials | measured goodput tok/s (median) | simulated (median) | "
+             "error: median [95% interval] (n) | error with the median step (median) |",
              "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.strategy} | {'-' if r.age is None else r.age} | {r.measured:.0f} | {r.simulated:.0f} | "
-                     f"{r.error:+.1%} | {r.simulated_median_step:.0f} | {r.error_median_step:+.1%} |")
+    for c in _cell_order(cells):
+        lines.append(f"| {c.strategy} | {'-' if c.age is None else c.age} | {c.trials} | {c.measured:.0f} | "
+                     f"{c.simulated:.0f} | {c.text()} | {c.error_median_step:+.1%} |")
     return "\n".join(lines)
+
+
+def largest_miss_md(cells: list[cal.CalibrationError]) -> str:
+    """The sentence naming the cell with the largest |median error| over trials, with its interval."""
+    w = max(cells, key=lambda c: abs(c.error_median))
+    return (f"Largest miss (median error over trials): {w.strategy} age {'-' if w.age is None else w.age}, "
+            f"{w.text()}; the limit is {cal.LIMIT:.0%} on each cell's median error.")
+
+
+def heal_largest_miss_md(cells: list[heal.HealCalibrationCell]) -> str:
+    """The same for the heal's cells: the largest of a heal, then of any cell."""
+    healed = max((c for c in cells if c.heals), key=lambda c: abs(c.error_median))
+    w = max(cells, key=lambda c: abs(c.error_median))
+    return (f"Largest miss of a heal (median error over trials): {healed.fault} age {healed.age}, {healed.text()}; "
+            f"of any cell: {w.strategy} {w.fault} age {'-' if w.age is None else w.age}, {w.text()}; the limit "
+            f"is {cal.LIMIT:.0%} on each cell's median error.")
+
+
+def _trials_said(n: set[int]) -> str:
+    """How many measured trials the cells have, in words ("3 trials", "2-3 trials"; one trial says that
+    there is no interval)."""
+    lo, hi = min(n), max(n)
+    if hi == 1:
+        return "1 trial, so no interval: each cell is one run"
+    return f"{lo} trials" if lo == hi else f"{lo}-{hi} trials"
 
 
 def winner_md(projections: list, gpus: int) -> str:  # noqa: ANN001 - Projection rows of one size
@@ -110,14 +146,23 @@ def winner_md(projections: list, gpus: int) -> str:  # noqa: ANN001 - Projection
     return "\n\n".join(lines)
 
 
-def heal_calibration_md(rows: list[heal.HealCalibrationRow]) -> str:
-    lines = ["| fault (class) | strategy as run | recovery | age | measured goodput tok/s | simulated | error | "
-             "median stop fed (s) |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        how = "heal in memory" if r.heals else ("-" if r.age is None else "restart + restore from disk")
-        lines.append(f"| {r.fault} ({heal.FAULT_CLASS[r.fault]}) | {r.strategy} | {how} | "
-                     f"{'-' if r.age is None else r.age} | {r.measured:.0f} | {r.simulated:.0f} | {r.error:+.1%} | "
-                     f"{r.stop_s:.2f} |")
+def _heal_cell_order(cells: list[heal.HealCalibrationCell]) -> list[heal.HealCalibrationCell]:
+    """Per fault (as they come), the reference first, then each strategy (as they come) by age."""
+    faults = list(dict.fromkeys(c.fault for c in cells))
+    names = list(dict.fromkeys(c.strategy for c in cells))
+    return sorted(cells, key=lambda c: (faults.index(c.fault), c.age is not None, names.index(c.strategy),
+                                        not c.heals, -1 if c.age is None else c.age))
+
+
+def heal_calibration_md(cells: list[heal.HealCalibrationCell]) -> str:
+    lines = ["| fault (class) | strategy as run | recovery | age | trials | measured goodput tok/s (median) | "
+             "simulated (median) | error: median [95% interval] (n) | median stop fed (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in _heal_cell_order(cells):
+        how = "heal in memory" if c.heals else ("-" if c.age is None else "restart + restore from disk")
+        lines.append(f"| {c.fault} ({heal.FAULT_CLASS[c.fault]}) | {c.strategy} | {how} | "
+                     f"{'-' if c.age is None else c.age} | {c.trials} | {c.measured:.0f} | {c.simulated:.0f} | "
+                     f"{c.text()} | {c.stop_s:.2f} |")
     return "\n".join(lines)
 
 
@@ -225,14 +270,12 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
     plt.close(fig)
 
 
-def table_md(calib, heal_calib, by_size, mix, prov_md: str, trials: int, seed: int, runtime: float) -> str:  # noqa: ANN001
+def table_md(calib: list[cal.CalibrationError], heal_calib: list[heal.HealCalibrationCell], by_size, mix,  # noqa: ANN001
+             prov_md: str, trials: int, seed: int, runtime: float) -> str:
     runs, _, _ = cal.load_runs(MEASURED)
     steps = [r.step_s / r.median_step_s - 1 for r in runs]
-    worst = max(calib, key=lambda r: abs(r.error))
-    worst_heal = max(heal_calib, key=lambda r: abs(r.error))
-    worst_healed = max((r for r in heal_calib if r.heals), key=lambda r: abs(r.error))
     heal_names = ", ".join(f"`{n}`" for n in heal_strategies())
-    worst_med = max(calib, key=lambda r: abs(r.error_median_step))
+    worst_med = max(calib, key=lambda c: abs(c.error_median_step))
     table_sizes = {g: v for g, v in by_size.items() if g in TABLE_SIZES}
     return "\n".join([
         "# Goodput at cluster scale: a failure-mix simulator calibrated on the measured runs",
@@ -244,13 +287,18 @@ def table_md(calib, heal_calib, by_size, mix, prov_md: str, trials: int, seed: i
         "",
         "## Calibration against results/goodput_vs_age (2 gloo ranks, one socket reset at age 0-30)",
         "",
-        "Fed with each run's measured step (useful seconds / steps) and checkpoint write, each strategy's "
-        "median recovery costs over the sweep, and the exact fault schedule, the engine gives the whole-run "
-        f"goodput below. Largest miss: {worst.strategy} age {worst.age}, {worst.error:+.1%} (limit 5%). "
+        "Fed with each run's measured step (useful seconds / steps) and checkpoint write, so that each trial's "
+        "runs are replayed at that trial's pace, each strategy's median recovery costs over the sweep (every age "
+        "and trial), and the exact fault schedule, the engine gives the whole-run goodput below. Per (strategy, "
+        "age) cell over its measured trials "
+        f"({_trials_said({c.trials for c in calib})}): the median measured and simulated goodput, and the error "
+        "(simulated / measured - 1) as the median over trials with its 95% bootstrap interval. "
+        f"{largest_miss_md(calib)} "
         f"With the median step instead of the mean the largest miss was {worst_med.error_median_step:+.1%} "
-        f"({worst_med.strategy} age {worst_med.age}): the missing cost was the slow-step tail. Every run's mean "
-        f"step is {100 * min(steps):.0f}-{100 * max(steps):.0f}% above its median (a few slow steps; data.csv "
-        "does not say which), and a whole run pays the mean, so the simulator takes the mean step.",
+        f"({worst_med.strategy} age {worst_med.age}, median over its trials): the missing cost was the slow-step "
+        f"tail. Every run's mean step is {100 * min(steps):.0f}-{100 * max(steps):.0f}% above its median (a few "
+        "slow steps; data.csv does not say which), and a whole run pays the mean, so the simulator takes the "
+        "mean step.",
         "",
         calibration_md(calib),
         "",
@@ -262,8 +310,10 @@ def table_md(calib, heal_calib, by_size, mix, prov_md: str, trials: int, seed: i
         "badput parts), fed to the engine with each run's measured step (`useful_s` / steps), its non-fault "
         "badput (`badput_total_s` minus the fault's `part_*_s`: the checkpoint write inside the window) and "
         "the exact fault schedule; the baselines' restarts in the same sweep go through the same replay. "
-        f"Largest miss of a heal: {worst_healed.fault} age {worst_healed.age}, {worst_healed.error:+.1%}; of any "
-        f"run: {worst_heal.strategy} {worst_heal.fault} age {worst_heal.age}, {worst_heal.error:+.1%} (limit 5%). "
+        "The medians are over every trial's runs; per (fault, strategy, age) cell over its measured trials "
+        f"({_trials_said({c.trials for c in heal_calib})}) the table gives the median goodputs and the error as "
+        "the median over trials with its 95% bootstrap interval. "
+        f"{heal_largest_miss_md(heal_calib)} "
         "At scale these parts are the heal's size-independent cost; the vote and the communicator grow from "
         "their 2-rank cost by harness/scale/scaling.py's rules, the shard copy is the cluster's shard over "
         "host-memory or NIC bandwidth, a lost host adds the spare and is found by the heartbeat rule (2.1 s, "
@@ -297,7 +347,8 @@ def table_md(calib, heal_calib, by_size, mix, prov_md: str, trials: int, seed: i
         "Plots: `ettr_vs_gpus.png` (ETTR at the best interval vs cluster size, anchors starred), "
         "`ettr_vs_interval.png` (ETTR vs checkpoint interval at 16k and 100k GPUs, Daly dotted), "
         "`badput_by_class.png`. Data: `data.csv` (every size, strategy and interval), `best.csv`, "
-        "`badput.csv`, `calibration.csv`, `heal_calibration.csv`.",
+        "`badput.csv`, `calibration.csv` and `heal_calibration.csv` (every run, with its trial), "
+        "`calibration_cells.csv` and `heal_calibration_cells.csv` (per cell over trials, as the tables above).",
         f"Whole experiment: {runtime:.0f} s.",
         "",
         prov_md,
@@ -320,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     mix = llama3_mix()
     calib = cal.calibrate(MEASURED)
     heal_calib = heal.calibrate_heal(HEAL_MEASURED)
+    calib_cells = cal.error_intervals(calib)
+    heal_cells = heal.heal_error_intervals(heal_calib)
     by_size = {}
     for g in sizes:
         by_size[g] = project(Cluster(gpus=g), mix, strategy_names(), trials=trials, seed=args.seed)
@@ -340,14 +393,24 @@ def main(argv: list[str] | None = None) -> int:
         {"gpus": g, "strategy": p.strategy, **{c: p.badput.get(c, 0.0) for c in list(CLASSES) + ["checkpoint"]}}
         for g, ps in by_size.items() for p in ps if p.feasible])
     _write_csv(out / "calibration.csv", [
-        {"strategy": r.strategy, "age": r.age, "measured": r.measured, "simulated": r.simulated, "error": r.error,
-         "simulated_median_step": r.simulated_median_step, "error_median_step": r.error_median_step} for r in calib])
+        {"strategy": r.strategy, "age": r.age, "trial": r.trial, "measured": r.measured, "simulated": r.simulated,
+         "error": r.error, "simulated_median_step": r.simulated_median_step, "error_median_step": r.error_median_step}
+        for r in calib])
     _write_csv(out / "heal_calibration.csv", [
-        {"fault": r.fault, "strategy": r.strategy, "heals": r.heals, "age": r.age, "measured": r.measured,
-         "simulated": r.simulated, "error": r.error, "stop_s": r.stop_s} for r in heal_calib])
+        {"fault": r.fault, "strategy": r.strategy, "heals": r.heals, "age": r.age, "trial": r.trial,
+         "measured": r.measured, "simulated": r.simulated, "error": r.error, "stop_s": r.stop_s} for r in heal_calib])
+    _write_csv(out / "calibration_cells.csv", [
+        {"strategy": c.strategy, "age": c.age, "trials": c.trials, "measured_median": c.measured,
+         "simulated_median": c.simulated, "error_median": c.error_median, "error_lo95": c.error_lo,
+         "error_hi95": c.error_hi, "error_median_step_median": c.error_median_step} for c in _cell_order(calib_cells)])
+    _write_csv(out / "heal_calibration_cells.csv", [
+        {"fault": c.fault, "strategy": c.strategy, "heals": c.heals, "age": c.age, "trials": c.trials,
+         "measured_median": c.measured, "simulated_median": c.simulated, "error_median": c.error_median,
+         "error_lo95": c.error_lo, "error_hi95": c.error_hi, "stop_s": c.stop_s}
+        for c in _heal_cell_order(heal_cells)])
     plots(out, by_size, prov)
     prov_md = (out / "provenance.md").read_text()
-    (out / "table.md").write_text(table_md(calib, heal_calib, by_size, mix, prov_md, trials, args.seed, runtime))
+    (out / "table.md").write_text(table_md(calib_cells, heal_cells, by_size, mix, prov_md, trials, args.seed, runtime))
     print((out / "table.md").read_text())
     return 0
 

@@ -12,6 +12,13 @@ What is taken from the measurements and what the engine computes:
 - The engine computes the rest: the fault lands ``age`` steps after the checkpoint plus that destroyed
   work, the rollback (to the checkpoint, or the step in flight for AccelPact) sets the replay, and the
   wall time is where the work reaches the run's step count.
+
+With trials (a ``trial`` column: several runs per (strategy, age), each trial with its own reference), every
+run is still replayed with its own step and checkpoint write, so each trial's runs are calibrated against
+that trial's measured pace; the per-strategy costs are the medians over all trials' runs. The verdict is
+per (strategy, age) cell: the median over trials of the error (simulated / measured - 1) and its 95%
+bootstrap interval (``error_intervals``); a sweep of one trial has no interval. A file without a ``trial``
+column is one trial.
 """
 
 from __future__ import annotations
@@ -24,11 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.scale.config import ScaleConfigError
 from harness.scale.engine import CHECKPOINT, ROLLBACK_CODE, STEP, Lanes, Schedule, simulate
 from harness.strategies import simulated
 
 _BADPUT = ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
            "checkpoint_s", "other_s")
+# The calibration's acceptance: each (strategy, age) cell's median error over trials within 5%
+# (tests/scale/test_scale_calibration.py and test_scale_heal_calibration.py enforce it on the committed data).
+LIMIT = 0.05
 # How each harness strategy recovers from the calibration fault (a socket reset: a transient network
 # fault), from the strategy registry (``Simulation.calibration_rollback``).
 ROLLBACK = {name: ROLLBACK_CODE[sim.calibration_rollback] for name, sim in simulated().items()
@@ -44,11 +55,12 @@ class MeasuredRun:
     step_s: float  # useful seconds / steps
     median_step_s: float
     checkpoint_s: float
+    trial: int = 0  # the sweep's round (0 when data.csv has no ``trial`` column: one trial)
 
 
 @dataclass(frozen=True)
 class MeasuredCosts:
-    """One strategy's recovery from the calibration fault, medians over the runs."""
+    """One strategy's recovery from the calibration fault, medians over the runs (every age and trial)."""
 
     strategy: str
     downtime_s: float  # in-memory recovery + restart + restore
@@ -63,6 +75,7 @@ class CalibrationRow:
     measured: float
     simulated: float
     simulated_median_step: float  # the same with the median step instead of the mean: the missed cost
+    trial: int = 0
 
     @property
     def error(self) -> float:
@@ -77,22 +90,50 @@ def _f(row: dict[str, str], key: str) -> float:
     return float(row[key]) if row.get(key, "") not in ("", None) else 0.0
 
 
+def age_of(row: dict[str, str]) -> int | None:
+    """A data.csv row's checkpoint age; None for the fault-free reference (an empty or nan cell)."""
+    v = (row.get("age") or "").strip()
+    return None if v.lower() in ("", "nan", "none") else int(float(v))
+
+
+def trial_of(row: dict[str, str]) -> int:
+    """A data.csv row's trial; 0 when the file has no ``trial`` column (a sweep of one trial)."""
+    v = (row.get("trial") or "").strip()
+    return 0 if v == "" else int(float(v))
+
+
+def check_one_run_per_trial(keys: list[tuple], where: str) -> None:
+    """Refuse a sweep with two ok runs for the same cell and trial: the interval over trials would count
+    one trial twice."""
+    seen: set[tuple] = set()
+    for k in keys:
+        if k in seen:
+            raise ScaleConfigError(
+                f"{where} has two ok runs for cell {k[:-1]} in trial {k[-1]}: the calibration expects one run per "
+                "cell and trial (give each round its own `trial` value, or regenerate the file with the experiment)")
+        seen.add(k)
+
+
 def load_runs(results_dir: str | Path) -> tuple[list[MeasuredRun], list[dict[str, str]], dict]:
-    """The runs in ``results_dir/data.csv`` and the sweep's settings from its provenance.json."""
+    """The ok runs in ``results_dir/data.csv`` (every trial's) and the sweep's settings from its
+    provenance.json."""
     d = Path(results_dir)
     extra = json.loads((d / "provenance.json").read_text())["extra"]
     steps = int(extra["steps"])
-    rows = [r for r in csv.DictReader((d / "data.csv").open()) if r["status"] == "ok"]
+    with (d / "data.csv").open() as fh:
+        rows = [r for r in csv.DictReader(fh) if r["status"] == "ok"]
     runs = []
     for r in rows:
         useful = _f(r, "wall_s") - sum(_f(r, k) for k in _BADPUT)
-        runs.append(MeasuredRun(r["strategy"], int(r["age"]) if r["age"] else None, _f(r, "goodput"),
-                                _f(r, "tokens"), useful / steps, _f(r, "step_median_s"), _f(r, "checkpoint_s")))
+        runs.append(MeasuredRun(r["strategy"], age_of(r), _f(r, "goodput"), _f(r, "tokens"), useful / steps,
+                                _f(r, "step_median_s"), _f(r, "checkpoint_s"), trial_of(r)))
+    check_one_run_per_trial([(r.strategy, r.age, r.trial) for r in runs], f"{d}/data.csv")
     return runs, rows, extra
 
 
 def measured_costs(rows: list[dict[str, str]]) -> dict[str, MeasuredCosts]:
-    """Per strategy: the medians of the fault's stop and of the work it destroyed, over the sweep."""
+    """Per strategy: the medians of the fault's stop and of the work it destroyed, over the sweep (every age
+    and every trial: one cost per strategy, as the projection uses it)."""
     out = {}
     for strategy in ROLLBACK:
         mine = [r for r in rows if r["strategy"] == strategy]
@@ -131,18 +172,27 @@ def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts], steps: i
 
 
 def calibrate(results_dir: str | Path) -> list[CalibrationRow]:
-    """Simulated vs measured whole-run goodput for every run of a goodput_vs_age-style sweep."""
+    """Simulated vs measured whole-run goodput for every run (every trial's) of a goodput_vs_age-style sweep."""
     runs, rows, extra = load_runs(results_dir)
     costs = measured_costs(rows)
     steps, interval = int(extra["steps"]), int(extra["interval"])
     sim = _simulate(runs, costs, steps, interval, use_median=False)
     sim_med = _simulate(runs, costs, steps, interval, use_median=True)
-    return [CalibrationRow(r.strategy, r.age, r.goodput, float(a), float(b)) for r, a, b in zip(runs, sim, sim_med)]
+    return [CalibrationRow(r.strategy, r.age, r.goodput, float(a), float(b), r.trial)
+            for r, a, b in zip(runs, sim, sim_med)]
+
+
+def error_text(median: float, lo: float, hi: float, n: int) -> str:
+    """``+1.2% [-0.4%, +2.5%] (n=3)``; with one trial ``+1.2% (n=1: no interval)``."""
+    if n < 2 or lo != lo:
+        return f"{median:+.1%} (n={n}: no interval)"
+    return f"{median:+.1%} [{lo:+.1%}, {hi:+.1%}] (n={n})"
 
 
 @dataclass(frozen=True)
 class CalibrationError:
-    """The simulator's error on one (strategy, age) cell over the trials of a sweep: median and 95% interval."""
+    """The simulator's error on one (strategy, age) cell over the trials of a sweep: median and 95% interval
+    (NaN bounds with one trial), beside the cell's median measured and simulated goodput."""
 
     strategy: str
     age: int | None
@@ -150,19 +200,28 @@ class CalibrationError:
     error_lo: float
     error_hi: float
     trials: int
+    measured: float = float("nan")  # median over the cell's trials, tokens / wall s
+    simulated: float = float("nan")  # median over the cell's trials
+    error_median_step: float = float("nan")  # median over trials of the error with the median step
+
+    def text(self) -> str:
+        return error_text(self.error_median, self.error_lo, self.error_hi, self.trials)
 
 
 def error_intervals(rows: list[CalibrationRow]) -> list[CalibrationError]:
-    """Per (strategy, age), the calibration error (simulated / measured - 1) over the sweep's trials: its
-    median and percentile-bootstrap 95% interval (harness.report.intervals). A sweep of one trial gives
-    n=1 and no interval."""
+    """Per (strategy, age), in the order the cells first appear, the calibration error (simulated /
+    measured - 1) over the sweep's trials: its median and percentile-bootstrap 95% interval
+    (harness.report.intervals). A sweep of one trial gives n=1 and no interval."""
     from harness.report.intervals import bootstrap_median
 
-    groups: dict[tuple[str, int | None], list[float]] = {}
+    groups: dict[tuple[str, int | None], list[CalibrationRow]] = {}
     for r in rows:
-        groups.setdefault((r.strategy, r.age), []).append(r.error)
+        groups.setdefault((r.strategy, r.age), []).append(r)
     out = []
-    for (strategy, age), errors in groups.items():
-        iv = bootstrap_median(errors)
-        out.append(CalibrationError(strategy, age, iv.median, iv.lo, iv.hi, iv.n))
+    for (strategy, age), mine in groups.items():
+        iv = bootstrap_median([r.error for r in mine])
+        out.append(CalibrationError(strategy, age, iv.median, iv.lo, iv.hi, iv.n,
+                                    statistics.median(r.measured for r in mine),
+                                    statistics.median(r.simulated for r in mine),
+                                    statistics.median(r.error_median_step for r in mine)))
     return out

@@ -19,6 +19,11 @@ What is taken from the measurements, as ``harness.scale.calibrate`` does for res
 The engine computes the rest; the measured goodput is the ``goodput`` column, the harness's useful tokens over
 the timeline's wall (``useful_s + badput_total_s``).
 
+With trials (a ``trial`` column, each trial with its own reference) every run is replayed with its own step
+and non-fault badput, and the medians above are over all trials' runs. The verdict is per (fault, strategy,
+age) cell: the medians over trials of the measured and simulated goodput, and the error's median with its
+95% bootstrap interval (``heal_error_intervals``; one trial: no interval).
+
 The same medians feed the projection (``harness.scale.outcomes.rebind_and_heal_in_memory``): the parts
 measured at 2 ranks are the heal's size-independent cost; ``harness.scale.scaling`` adds what grows.
 """
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.scale.calibrate import age_of, check_one_run_per_trial, error_text, trial_of
 from harness.scale.config import ScaleConfigError
 from harness.scale.engine import CHECKPOINT, STEP, Lanes, Schedule, simulate
 
@@ -60,7 +66,8 @@ def _f(row: dict[str, str], key: str) -> float:
 
 @dataclass(frozen=True)
 class HealCosts:
-    """One fault's heal, medians over the measured runs (seconds), and where each came from."""
+    """One fault's heal, medians over the measured runs of every age and trial (seconds), and where each came
+    from."""
 
     fault: str
     parts: dict[str, float]  # detection, replacement_start, heal_transfer: the job-wide stop
@@ -84,10 +91,33 @@ class HealCalibrationRow:
     measured: float
     simulated: float
     stop_s: float  # the median stop fed to the engine
+    trial: int = 0
 
     @property
     def error(self) -> float:
         return self.simulated / self.measured - 1.0
+
+
+@dataclass(frozen=True)
+class HealCalibrationCell:
+    """One (fault, strategy, recovery, age) cell of results/process_loss over its trials: the medians of the
+    measured and simulated goodput, and the error's median with its 95% bootstrap interval (NaN bounds with
+    one trial)."""
+
+    fault: str
+    strategy: str
+    heals: bool
+    age: int | None
+    trials: int
+    measured: float
+    simulated: float
+    error_median: float
+    error_lo: float
+    error_hi: float
+    stop_s: float  # the median stop fed to the engine (one per fault, strategy and recovery)
+
+    def text(self) -> str:
+        return error_text(self.error_median, self.error_lo, self.error_hi, self.trials)
 
 
 def _rows(results_dir: Path) -> tuple[list[dict[str, str]], dict]:
@@ -128,17 +158,21 @@ def measured_heal(results_dir: str = str(RESULTS)) -> dict[str, HealCosts]:
                                    "cost needs one; run `python -m experiments.process_loss`")
         parts = {p: statistics.median(_f(r, f"part_{p}_s") for r in mine) for p in HEAL_PARTS}
         destroyed = statistics.median(_f(r, "part_other_s") + _f(r, "part_replay_s") for r in mine)
+        trials = len({trial_of(r) for r in mine})
         out[fault] = HealCosts(fault, parts, destroyed, len(mine),
                                f"{_shown(d)}/data.csv, fault={fault}, "
-                               f"median over {len(mine)} heal runs of columns "
+                               f"median over {len(mine)} heal runs ({trials} trial{'s' if trials != 1 else ''}) "
+                               "of columns "
                                + ", ".join(f"part_{p}_s" for p in HEAL_PARTS))
     return out
 
 
 def calibrate_heal(results_dir: str | Path = RESULTS) -> list[HealCalibrationRow]:
-    """Every ok run of a process_loss-style sweep (reference, heals, restarts), measured vs simulated goodput."""
+    """Every ok run of a process_loss-style sweep (reference, heals, restarts; every trial's), measured vs
+    simulated goodput."""
     d = Path(results_dir)
     rows, extra = _rows(d)
+    check_one_run_per_trial([(r["fault"], r["strategy"], age_of(r), trial_of(r)) for r in rows], f"{d}/data.csv")
     steps, interval = int(extra["steps"]), int(extra["interval"])
 
     def stop(r: dict[str, str]) -> float:
@@ -149,10 +183,12 @@ def calibrate_heal(results_dir: str | Path = RESULTS) -> list[HealCalibrationRow
         # which the engine computes itself from the rollback.
         return _f(r, "part_other_s") + (_f(r, "part_replay_s") if _heals(r) else 0.0)
 
-    groups: dict[tuple[str, str], list[dict[str, str]]] = {}
+    # One stop and one destroyed attempt per (fault, strategy, recovery): medians over every age and trial.
+    # The recovery is in the key so that a trial whose heal fell back to a restart is not fed a heal's stop.
+    groups: dict[tuple[str, str, bool], list[dict[str, str]]] = {}
     for r in rows:
-        if r.get("age"):
-            groups.setdefault((r["fault"], r["strategy"]), []).append(r)
+        if age_of(r) is not None:
+            groups.setdefault((r["fault"], r["strategy"], _heals(r)), []).append(r)
     med = {k: (statistics.median(map(stop, v)), statistics.median(map(destroyed, v))) for k, v in groups.items()}
 
     n = len(rows)
@@ -161,20 +197,39 @@ def calibrate_heal(results_dir: str | Path = RESULTS) -> list[HealCalibrationRow
                      for r in rows])
     down, roll, t_fail = np.zeros((n, 1)), np.full((n, 1), CHECKPOINT), np.full((n, 1), np.inf)
     for i, r in enumerate(rows):
-        if not r.get("age"):
+        age = age_of(r)
+        if age is None:
             continue
-        s, gone = med[(r["fault"], r["strategy"])]
+        s, gone = med[(r["fault"], r["strategy"], _heals(r))]
         down[i, 0] = s
         roll[i, 0] = STEP if _heals(r) else CHECKPOINT
         # The fault hits `age` steps after the checkpoint taken after step interval-1 (one write before it).
-        progress = (interval + int(r["age"])) * step[i] + gone
+        progress = (interval + age) * step[i] + gone
         t_fail[i, 0] = progress + ckpt[i] * (progress // (interval * step[i]))
     lanes = Lanes(step, interval * step, ckpt, down, roll, np.zeros((n, 1)))
     res = simulate(lanes, work_s=steps * step, schedule=Schedule(t_fail, np.zeros((n, 1), dtype=int)))
     out = []
     for i, r in enumerate(rows):
         # The harness's goodput: useful tokens over the timeline's wall (useful_s + badput_total_s).
-        out.append(HealCalibrationRow(r["fault"], r["strategy"], _heals(r), int(r["age"]) if r.get("age") else None,
-                                      _f(r, "goodput"), float(_f(r, "useful_tokens") / res.wall_s[i]),
-                                      float(down[i, 0])))
+        out.append(HealCalibrationRow(r["fault"], r["strategy"], _heals(r), age_of(r), _f(r, "goodput"),
+                                      float(_f(r, "useful_tokens") / res.wall_s[i]), float(down[i, 0]), trial_of(r)))
+    return out
+
+
+def heal_error_intervals(rows: list[HealCalibrationRow]) -> list[HealCalibrationCell]:
+    """Per (fault, strategy, recovery, age), in the order the cells first appear: the medians over the
+    cell's trials and the error's median with its percentile-bootstrap 95% interval
+    (harness.report.intervals). One trial gives n=1 and no interval."""
+    from harness.report.intervals import bootstrap_median
+
+    groups: dict[tuple[str, str, bool, int | None], list[HealCalibrationRow]] = {}
+    for r in rows:
+        groups.setdefault((r.fault, r.strategy, r.heals, r.age), []).append(r)
+    out = []
+    for (fault, strategy, heals, age), mine in groups.items():
+        iv = bootstrap_median([r.error for r in mine])
+        out.append(HealCalibrationCell(fault, strategy, heals, age, iv.n,
+                                       statistics.median(r.measured for r in mine),
+                                       statistics.median(r.simulated for r in mine),
+                                       iv.median, iv.lo, iv.hi, statistics.median(r.stop_s for r in mine)))
     return out
