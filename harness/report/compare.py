@@ -17,7 +17,7 @@ strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or
 - ``on_multirun_end`` builds one row per run and trial (:func:`trial_rows`: the table of
   :func:`build_table` plus the badput-based goodput against that trial's reference, AccelPact's gain on
   it, the badput by part and the load) and hands them to ``harness.report.verdict``, which prints one row
-  per (strategy, age): medians over trials, the 95% interval of AccelPact's gain and the verdict; and
+  per (strategy, age, and fault where the sweep varies it): medians over trials, the 95% interval of AccelPact's gain and the verdict; and
   writes ``table.md``, ``table.csv``, ``runs.csv`` and the plots into the sweep directory. It exits 1 if
   a faulted run failed.
 """
@@ -83,10 +83,11 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
     run's status / fallback reason. ``rows`` (same order as ``summaries``) are the results rows."""
     by_id = {id(s): i for i, s in enumerate(summaries)}
     table = comparison_table(summaries)
-    # comparison_table sorts; match rows back by (strategy, age).
-    lookup = {(s.strategy, s.age): (s, rows[by_id[id(s)]] if rows else {}) for s in summaries}
+    # comparison_table sorts; match rows back by (strategy, age, fault): a sweep over faults has one run of
+    # each strategy and age per fault.
+    lookup = {(s.strategy, s.age, s.fault): (s, rows[by_id[id(s)]] if rows else {}) for s in summaries}
     for r in table:
-        summary, row = lookup.get((r["strategy"], r["age"]), (None, {}))
+        summary, row = lookup.get((r["strategy"], r["age"], r.get("fault")), (None, {}))
         r["paper_gain"] = PAPER_GAIN.get((r["strategy"], r["age"])) if r["age"] is not None else None
         r["recovery_s"] = sum(r[k] for k in ("detection_s", "agreement_s", "rebuild_s", "rebind_s"))
         r["status"] = row.get("status")
@@ -131,16 +132,19 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
                                  for s, r in zip(summaries, rows) if _is_reference(r) and r.get("status") == "ok"])
     out: list[dict[str, Any]] = []
     for trial, (summaries, rows) in per_trial.items():
-        bp = {(s.strategy, s.age): badput_goodput(s.report, ref_step) for s in summaries}
-        reports = {(s.strategy, s.age): s.report for s in summaries}
-        load = {(str(r.get("strategy")), None if _is_reference(r) else r.get("age")): r
-                for r in rows}
+        # Keyed by (strategy, age, fault): AccelPact's gain on a row is over the run of the same trial, age
+        # and fault (a sweep over faults has one run per fault of each strategy and age).
+        bp = {(s.strategy, s.age, s.fault): badput_goodput(s.report, ref_step) for s in summaries}
+        reports = {(s.strategy, s.age, s.fault): s.report for s in summaries}
+        load = {(str(r.get("strategy")), None, None) if _is_reference(r) else
+                (str(r.get("strategy")), r.get("age"), r.get("fault")): r for r in rows}
         for row in build_table(summaries, rows):
-            key = (reference.name if row["strategy"] == reference.label else row["strategy"], row["age"])
+            key = ((reference.name, None, None) if row["strategy"] == reference.label
+                   else (row["strategy"], row["age"], row.get("fault")))
             g = bp.get(key)
             mine = g.goodput if g and not math.isnan(g.goodput) else math.nan
-            our = bp.get((ours, row["age"]))
-            ref_g = bp.get((reference.name, None))
+            our = bp.get((ours, row["age"], key[2]))
+            ref_g = bp.get((reference.name, None, None))
             row["trial"] = trial
             row["goodput_bp"] = mine
             row["accelpact_gain_bp"] = (our.goodput / mine if our and mine > 0 and row["age"] is not None
@@ -151,7 +155,7 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
             if rep is not None:
                 row["badput_s"] = rep.badput.total_s
                 row.update({f"{k}_s": v for k, v in named_parts(rep.badput).items()})
-            results_row = load.get((key[0], key[1]), {})
+            results_row = load.get(key, {})
             row.update({k: results_row.get(k) for k in LOAD_COLUMNS})
             out.append(row)
     return out

@@ -51,27 +51,31 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
     for r in cells:
         if r["age"] is None and _ok(r.get("goodput_bp")):
             ax.axhline(r["goodput_bp"], color="black", linestyle="--", label="fault-free reference")
-    names = [s for s in dict.fromkeys(r["strategy"] for r in cells if r["age"] is not None)]
-    for i, s in enumerate(names):
-        pts = sorted((r for r in cells if r["strategy"] == s and r["age"] is not None and _ok(r.get("goodput_bp"))),
-                     key=lambda r: r["age"])
+    faults = list(dict.fromkeys(r.get("fault") for r in cells if r["age"] is not None))
+    # One series per strategy, or per (strategy, fault) when the sweep varied the fault: points of two
+    # faults at one age are different cells and must not share a line.
+    series = list(dict.fromkeys((r["strategy"], r.get("fault")) for r in cells if r["age"] is not None))
+    for i, (s, f) in enumerate(series):
+        name = s if len(faults) < 2 else f"{s}, {f}"
+        style = "-" if len(faults) < 2 else ("-", "--", ":", "-.")[faults.index(f) % 4]
+        mine = [r for r in cells if r["strategy"] == s and r.get("fault") == f and r["age"] is not None]
+        pts = sorted((r for r in mine if _ok(r.get("goodput_bp"))), key=lambda r: r["age"])
         if pts:
             ax.errorbar([r["age"] for r in pts], [r["goodput_bp"] for r in pts], yerr=_err(pts, "goodput_bp"),
-                        fmt="o-", capsize=3, color=_color(s), label=s)
+                        fmt="o" + style, capsize=3, color=_color(s), label=name)
         if s == ours:
             continue
-        gains = sorted((r for r in cells if r["strategy"] == s and r["age"] is not None and _ok(r.get("gain"))),
-                       key=lambda r: r["age"])
+        gains = sorted((r for r in mine if _ok(r.get("gain"))), key=lambda r: r["age"])
         if not gains:
             continue
         dx = 0.15 * (i + 1)  # side by side, so intervals at the same age do not hide each other
         n = "/".join(sorted({str(r["trials"]) for r in gains}))
         ax2.errorbar([r["age"] + dx for r in gains], [r["gain"] for r in gains], yerr=_err(gains, "gain"),
-                     fmt="o-", capsize=4, color=_color(s), label=f"ours vs {s} (badput-based, n={n})")
+                     fmt="o" + style, capsize=4, color=_color(s), label=f"ours vs {name} (badput-based, n={n})")
         meas = [r for r in gains if _ok(r.get("measured_gain"))]
         ax2.errorbar([r["age"] + dx + 0.3 for r in meas], [r["measured_gain"] for r in meas],
                      yerr=_err(meas, "measured_gain"), fmt="o", mfc="none", capsize=2, color=_color(s),
-                     alpha=0.6, label=f"ours vs {s} (measured whole-run)")
+                     alpha=0.6, label=f"ours vs {name} (measured whole-run)")
     for (s, age), gain in (paper_gain or {}).items():
         ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
                  label=f"paper vs {s} (age {age}): {gain}x")
@@ -91,7 +95,7 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
 
 
 def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Optional[str] = None) -> Path:
-    """Stacked median badput by part, one bar per (strategy, age), the reference first."""
+    """Stacked median badput by part, one bar per cell (strategy, age, fault), the reference first."""
     plt = _plt()
     bars = [r for r in cells if any(_ok(r.get(f"{p}_s")) for p in PART_NAMES)]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(bars)), 4.5))
@@ -103,7 +107,9 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
             continue
         ax.bar(range(len(bars)), vals, bottom=bottoms, label=part, color=cmap(i))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
-    labels = [f"{r['strategy']}" + ("" if not _ok(r["age"]) else f"\nage {int(r['age'])}") + f"\nn={int(r['trials'])}"
+    several = len({r.get("fault") for r in bars if _ok(r["age"])}) > 1
+    labels = [f"{r['strategy']}" + ("" if not _ok(r["age"]) else f"\nage {int(r['age'])}")
+              + (f"\n{r.get('fault')}" if several and _ok(r["age"]) else "") + f"\nn={int(r['trials'])}"
               for r in bars]
     ax.set_xticks(range(len(bars)), labels, fontsize=7)
     ax.set(ylabel="badput, seconds (median over trials, mean over ranks)", title="badput by part")

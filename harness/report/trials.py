@@ -63,23 +63,25 @@ MEDIAN_COLUMNS: tuple[str, ...] = ("badput_s", "replayed_steps", "load_mean", "l
                                    *(f"{p}_s" for p in PART_NAMES))
 
 
-def cell_key(row: Mapping[str, Any]) -> tuple[Hashable, Hashable]:
-    return (row.get("strategy"), row.get("age"))
+def cell_key(row: Mapping[str, Any]) -> tuple[Hashable, Hashable, Hashable]:
+    """A cell: one strategy at one checkpoint age under one fault (a sweep may vary all three)."""
+    return (row.get("strategy"), row.get("age"), row.get("fault"))
 
 
 def summarize_cells(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (strategy, age) over its trials' rows (in first-seen order).
+    """One row per cell (strategy, age, fault: ``cell_key``) over its trials' rows (in first-seen order).
 
     Each output row: ``trials`` (trials whose run ended ok), the median and 95% interval of every
     ``INTERVAL_COLUMNS`` value, the verdict from the interval of ``gain``, medians of ``MEDIAN_COLUMNS``,
     ``bit_identical`` (True only if every trial's was), ``fallback`` (the distinct reasons)."""
-    groups: dict[tuple[Hashable, Hashable], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[Hashable, Hashable, Hashable], list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault(cell_key(r), []).append(r)
     out = []
-    for (strategy, age), runs in groups.items():
+    for (strategy, age, fault), runs in groups.items():
         ok = [r for r in runs if r.get("status") in (None, "ok")]
-        row: dict[str, Any] = {"strategy": strategy, "age": age, "trials": len(ok), "runs": len(runs)}
+        row: dict[str, Any] = {"strategy": strategy, "age": age, "fault": fault, "trials": len(ok),
+                               "runs": len(runs)}
         for name, key in INTERVAL_COLUMNS:
             iv = bootstrap_median([_f(r.get(key)) for r in ok])
             row[name], row[f"{name}_lo"], row[f"{name}_hi"], row[f"{name}_n"] = iv.median, iv.lo, iv.hi, iv.n

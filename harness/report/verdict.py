@@ -22,6 +22,14 @@ PRINT_COLUMNS: tuple[str, ...] = (
 )
 
 
+def print_columns(cells: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """``PRINT_COLUMNS``, with a ``fault`` column after ``age`` when the sweep varied the fault."""
+    if len({c.get("fault") for c in cells if c.get("age") is not None}) < 2:
+        return PRINT_COLUMNS
+    at = PRINT_COLUMNS.index("age") + 1
+    return (*PRINT_COLUMNS[:at], "fault", *PRINT_COLUMNS[at:])
+
+
 def _trial(run_dir: Path, sweep_dir: Path) -> int:
     return trial_of(run_dir.parent.name) if run_dir.parent != sweep_dir else 0
 
@@ -37,13 +45,14 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
 
     pd.DataFrame(runs).to_csv(out_dir / "runs.csv", index=False)
     pd.DataFrame(cells).to_csv(out_dir / "table.csv", index=False)
-    text = format_table(cells, PRINT_COLUMNS)
+    columns = print_columns(cells)
+    text = format_table(cells, columns)
     n = sorted({c["trials"] for c in cells if c["age"] is not None})
-    md = [f"# {title}", "", "| " + " | ".join(PRINT_COLUMNS) + " |", "|" + "---|" * len(PRINT_COLUMNS)]
+    md = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     from harness.report.table import cell
 
     for r in cells:
-        md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in PRINT_COLUMNS) + " |")
+        md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in columns) + " |")
     md += ["", f"trials per cell: {', '.join(map(str, n))} (each trial: the reference and every run, in a rotated "
            "order). goodput_bp: useful tokens / (useful steps x the references' median productive step + the "
            "run's measured badput), median over trials (docs/goodput.md). gain_ci: AccelPact's goodput_bp / this "

@@ -64,6 +64,26 @@ def test_summary_per_cell_with_verdicts():
     assert out[("single", 18)]["verdict"] == ONE_TRIAL
 
 
+def test_a_sweep_over_faults_keeps_one_cell_per_fault():
+    """experiment=peers sweeps socket_reset and kill at the same ages: the same strategy and age under two
+    faults are two cells, each with its own interval and verdict, and the table gets a fault column."""
+    from harness.report.verdict import PRINT_COLUMNS, print_columns
+
+    rows = []
+    for t in range(3):
+        rows += [_row("cold_restart", 5, [1.3, 1.25, 1.35][t], 1.2, t, fault="socket_reset"),
+                 _row("cold_restart", 5, [0.8, 0.7, 0.75][t], 0.8, t, fault="kill")]
+    cells = summarize_cells(rows)
+    out = {(r["strategy"], r["age"], r["fault"]): r for r in cells}
+    assert set(out) == {("cold_restart", 5, "socket_reset"), ("cold_restart", 5, "kill")}
+    assert out[("cold_restart", 5, "socket_reset")]["trials"] == 3 and out[("cold_restart", 5, "kill")]["trials"] == 3
+    assert out[("cold_restart", 5, "socket_reset")]["verdict"] == BETTER
+    assert out[("cold_restart", 5, "kill")]["verdict"] == WORSE
+    assert print_columns(cells)[:3] == ("strategy", "age", "fault")
+    one_fault = summarize_cells([r for r in rows if r["fault"] == "kill"])
+    assert print_columns(one_fault) == PRINT_COLUMNS
+
+
 def test_bit_identical_is_false_if_any_trial_differs():
     rows = [_row("a", 5, 1.1, 1.1, 0), _row("a", 5, 1.2, 1.2, 1, identical=False)]
     assert summarize_cells(rows)[0]["bit_identical"] is False

@@ -1,0 +1,143 @@
+"""AccelPact against the tools a user would pick today (torchft, GEMINI through lm-resiliency, NVRx checkpoint
+restoration, cold restart), on the same faults, with trials and intervals.
+
+    python -m experiments.peers              # experiment=peers: 2 faults x 2 ages x 5 strategies, 3 trials
+    python -m experiments.peers --trials 5   # more trials
+    python -m experiments.peers --quick      # age 5, socket_reset only, 12 steps, 2 trials, into a temp dir
+
+Runs the harness's ``experiment=peers`` (a Hydra multirun with the trials sweeper: each round runs the
+fault-free reference and every (strategy, fault, age) once, in a rotated order; conf/experiment/peers.yaml)
+into a scratch directory, then copies the comparison's verdict (per cell: the badput-based goodput's
+median, AccelPact's gain with its 95% bootstrap interval over trials, the verdict, the measured gain, the
+load) into results/peers/, with its plots redrawn under a provenance footer.
+
+GEMINI's rows need lm-resiliency, the ``gemini`` extra (``pip install -e '.[gemini]'``; docs/peers.md says
+why ``make setup`` leaves it out). A strategy the harness refuses here (that one without its extra, for
+example) is left out of the sweep, and table.md says why in the harness's own words; it never fails the
+other rows.
+
+Writes results/peers/: table.md, table.csv (one row per cell), runs.csv (one row per run and trial),
+goodput_vs_age.png, badput_by_part.png, provenance.json (+ .md).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from experiments import _driver
+from experiments.provenance import footer_text, load_provenance, provenance_markdown, write_provenance
+
+NAME = "peers"
+_ROOT = Path(__file__).resolve().parent.parent
+QUICK: tuple[str, ...] = ("fault=socket_reset", "fault.at_age=5", "train.steps=12", "checkpoint.interval=6")
+COPIED: tuple[str, ...] = ("table.md", "table.csv", "runs.csv")
+
+
+def swept_strategies() -> list[str]:
+    """The strategies conf/experiment/peers.yaml sweeps (its row selection lives there, once)."""
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(_ROOT / "conf" / "experiment" / "peers.yaml")
+    return [s.strip() for s in str(conf.hydra.sweeper.params.strategy).split(",")]
+
+
+def refused(strategies: Sequence[str], quick: bool, extra: Sequence[str] = ()) -> dict[str, str]:
+    """The strategies the harness refuses in this environment (``check_runnable``), each with the first
+    line of its reason: GEMINI without its extra, for example. They get a line in table.md, not a run.
+    ``extra``: more overrides of the sweep's base config."""
+    from harness.app.capabilities import check_runnable
+    from harness.app.config import compose, to_run_config
+    from harness.app.validate import ConfigError
+
+    out = {}
+    for strategy in strategies:
+        try:
+            check_runnable(to_run_config(compose(["experiment=peers", f"strategy={strategy}", "fault.at_age=5",
+                                                  *(QUICK if quick else ()), *extra])))
+        except ConfigError as exc:
+            out[strategy] = str(exc).splitlines()[0]
+    return out
+
+
+def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: bool) -> list[str]:
+    return ["experiment=peers", f"strategy={','.join(strategies)}", f"compare.trials={trials}", "progress=false",
+            f"hydra.sweep.dir={sweep}", f"index_path={sweep.parent / 'index.csv'}", *(QUICK if quick else ())]
+
+
+def _cells(table_csv: Path) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in pd.read_csv(table_csv).to_dict("records")]
+
+
+def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float) -> None:
+    """The comparison's tables and plots (redrawn with the provenance footer), and table.md."""
+    from harness.report import plots_trials
+    from harness.report.compare import PAPER_GAIN
+
+    for name in COPIED:
+        if (sweep / name).exists():
+            shutil.copyfile(sweep / name, out / name)
+    prov = load_provenance(out)
+    cells = _cells(sweep / "table.csv") if (sweep / "table.csv").exists() else []
+    if cells:
+        try:
+            plots_trials.plot_goodput_vs_age(out, cells, dict(PAPER_GAIN), footer=footer_text(prov))
+            plots_trials.plot_badput_by_part(out, cells, footer=footer_text(prov))
+        except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
+            print(f"warning: the plots failed: {type(exc).__name__}: {exc}")
+    verdict = (sweep / "table.md").read_text().split("\n", 1)[-1] if (sweep / "table.md").exists() else \
+        "The comparison wrote no table: see the run's output.\n"
+    lines = ["# AccelPact against the peers: torchft, GEMINI, NVRx, cold restart", "",
+             "mistral_tiny on 2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL "
+             "of rank 1 (backward reduce-scatter) when the newest checkpoint is 5 or 18 steps old; each trial runs "
+             "the fault-free reference and every cell once, in a rotated order (`experiment=peers`).", ""]
+    if missing:
+        lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
+    lines += [verdict.strip(), "", *_driver.closing_lines(runtime_s, prov)]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _driver.parser(__doc__, NAME, "age 5, socket_reset only, 12 steps, 2 trials, written to a temp dir")
+    ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 3; --quick 2)")
+    ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
+    args = ap.parse_args(argv)
+    trials = args.trials or (2 if args.quick else 3)
+    if trials < 1:
+        print(f"error: --trials must be 1 or more; got {trials}", file=sys.stderr)
+        return 2
+    wanted = swept_strategies()
+    missing = refused(wanted, args.quick)
+    runnable = [s for s in wanted if s not in missing]
+    for s, why in missing.items():
+        print(f"note: no {s} rows: {why}", flush=True)
+    out = _driver.output_dir(args, NAME)
+    scratch = _driver.scratch_dir(args, NAME)
+    sweep = scratch / "sweep"
+    write_provenance(out, _driver.command(argv, NAME), {"trials": trials, "strategies": ",".join(runnable),
+                                                        "not_run": ",".join(missing), "quick": args.quick})
+    timing = _driver.Timing()
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness", *sweep_overrides(runnable, trials, sweep, args.quick)],
+                              cwd=_ROOT)
+        runtime = timing.elapsed_s
+        _driver.record_runtime(out, runtime)
+        _driver.add_end_load(out)
+        write_outputs(out, sweep, missing, runtime)
+    finally:
+        if not args.keep and not args.scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(f"wrote {out}/ in {runtime / 60:.1f} min (the comparison exited {done.returncode})")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
