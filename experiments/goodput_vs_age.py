@@ -83,10 +83,16 @@ FULL = Plan(ages=(0, 1, 2, 5, 10, 18, 30), steps=64, interval=32, seq_len=64, ba
 QUICK = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, trials=1)
 
 
+# mistral_tiny with 2 of its 4 layers, as the default comparison (conf/experiment/compare.yaml): here a
+# run pays ~7.5 s of rank start-up before its first step, and the trials must fit the budget.
+NUM_LAYERS = 2
+
+
 def overrides(plan: Plan, scratch: Path) -> list[str]:
     """Hydra overrides of the comparison (conf/experiment/compare.yaml) for ``plan``."""
     return [
-        "experiment=compare", "model=mistral_tiny", "fault=socket_reset", "fault.ranks=[0]",
+        "experiment=compare", "model=mistral_tiny", f"model.num_layers={NUM_LAYERS}", "fault=socket_reset",
+        "fault.ranks=[0]",
         "fault.phase=backward_reduce_scatter", "checkpoint=sync",
         f"train.steps={plan.steps}", f"checkpoint.interval={plan.interval}",
         f"model.seq_len={plan.seq_len}", f"model.batch_size={plan.batch_size}", f"compare.trials={plan.trials}",
@@ -233,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     # Provenance first: its load average is the one at the start of the measurement.
     write_provenance(out, _driver.command(argv, NAME), {
         "ages": ",".join(map(str, plan.ages)), "steps": plan.steps, "interval": plan.interval,
-        "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": "mistral_tiny", "world_size": 2,
+        "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": f"mistral_tiny ({NUM_LAYERS} layers)", "world_size": 2,
         "trials": plan.trials, "fault": "socket_reset rank 0 backward_reduce_scatter"})
     try:
         data, run_dir = measure(plan, scratch)
