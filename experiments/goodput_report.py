@@ -106,13 +106,15 @@ def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, An
                  ("paper", "paper", ".3f")]
     return f"""# Whole-run goodput vs checkpoint age: the paper's gains beside ours
 
-Setting here: `mistral_tiny` (Mistral-family decoder, 4 layers, hidden 256, seq {plan.get('seq_len')} x batch
-{plan.get('batch_size')} per rank) on 2 gloo ranks on CPU, {plan.get('steps')} steps, a sync DCP checkpoint every
+Setting here: `{plan.get('model', 'mistral_tiny')}` (Mistral-family decoder, hidden 256, seq {plan.get('seq_len')} x
+batch {plan.get('batch_size')} per rank) on 2 gloo ranks on CPU, {plan.get('steps')} steps, a sync DCP checkpoint every
 {plan.get('interval')} steps, one socket reset on rank 0 during the backward reduce-scatter of step
-interval + age (so exactly `age` steps have committed since the newest checkpoint). Strategies, one run each per
-age, one after the other: accelpact (in-memory recovery), cold_restart (every process killed and
-relaunched, newest checkpoint loaded, lost steps replayed), checkpoint_restore (NVRx 0.4.1 in-process
-restart + restore + replay), and a fault-free reference. Whole experiment: {runtime_s / 60:.1f} min.
+interval + age (so exactly `age` steps have committed since the newest checkpoint). Strategies: accelpact
+(in-memory recovery), cold_restart (every process killed and relaunched, newest checkpoint loaded, lost
+steps replayed), checkpoint_restore (NVRx 0.4.1 in-process restart + restore + replay), and a fault-free
+reference; {plan.get('trials', 1)} interleaved trial(s), each running the reference and every (strategy, age)
+once in a rotated order; the tables below use the medians over trials, the verdict table at the end the
+intervals. Whole experiment: {runtime_s / 60:.1f} min.
 Paper: full-parameter Mistral-7B on 16 RTX 5880 GPUs.
 
 ## Headline: the paper's figures beside ours
