@@ -225,7 +225,7 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
     ov = overhead_summary(overhead)
     add_drift(rows, _f(ov["overhead_pct"]))
     text = ["# Losing a process or a host: heal in memory vs restart from disk", "",
-            "mistral_tiny (seq 64 x batch 2 per rank) on two simulated hosts (network namespaces, one gloo rank "
+            f"{prov.extra.get('model', 'mistral_tiny')} (seq 64 x batch 2 per rank) on two simulated hosts (network namespaces, one gloo rank "
             "each, each host its own snapshot root); a sync DCP checkpoint every interval; rank 1 is SIGKILLed "
             "(`kill`) or its whole host is lost with its shared memory (`host_loss`) when the newest checkpoint is "
             "5 or 18 steps old. Every run is compared with the fault-free reference on the same hosts.", "",
