@@ -259,11 +259,14 @@ def claim_reason(hit: Mapping[str, Any], ours: Mapping[str, Any], paper: GainMod
             f"in the baseline's; counted in each run's own steps the gain is {_f(hit['accelpact_gain_norm']):.2f}x")
 
 
-def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]]) -> list[ClaimRow]:
+def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]],
+           intervals: Mapping[tuple[str, int], str] | None = None) -> list[ClaimRow]:
     """The paper's three gains beside ours at the same age, then R/s beside the paper's implied R/s.
 
     The verdict's reason is built from the measurements: our R/s and run length against the paper's
-    implied ones, and what the gain model gives for our R/s at the paper's run length."""
+    implied ones, and what the gain model gives for our R/s at the paper's run length. ``intervals``:
+    per (strategy, age), the comparison's badput-based gain with its interval over trials and its verdict
+    (one text, e.g. "2.31 [2.25, 2.36] (n=5), AccelPact better"), shown beside the medians."""
     paper = implied_paper_model()
     rows: list[ClaimRow] = []
     for (baseline, age), pg in PAPER_GAIN.items():
@@ -276,9 +279,12 @@ def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]
             continue
         g, gn = _f(hit["accelpact_gain"]), _f(hit["accelpact_gain_norm"])
         ident = {True: "yes", False: "NO"}.get(hit.get("bit_identical"), "not checked")
+        over_trials = (intervals or {}).get((baseline, age))
         rows.append(ClaimRow(label, f"{pg}x ({PAPER_GAIN_SETUP})",
-                             f"{g:.3f}x measured, {gn:.3f}x load-normalized (mistral_tiny, 2 CPU ranks); "
-                             f"bit-identical: {ident}", pg, g, "higher", claim_reason(hit, ours, paper)))
+                             f"{g:.3f}x measured, {gn:.3f}x load-normalized"
+                             + (f", badput-based {over_trials}" if over_trials else "")
+                             + f" (mistral_tiny, 2 CPU ranks); bit-identical: {ident}", pg, g, "higher",
+                             claim_reason(hit, ours, paper)))
     for baseline in BASELINES:
         rat = _ratio(ratios, baseline)
         if not rat:

@@ -274,6 +274,20 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
     return [p1, p2]
 
 
+def verdict_intervals(verdict_csv: Path) -> dict[tuple[str, int], str]:
+    """Per (strategy, age): the comparison's badput-based gain with its interval and verdict, from its
+    table (verdict.csv, one row per cell); empty when the run kept none."""
+    import csv
+
+    if not verdict_csv.exists():
+        return {}
+    out = {}
+    for r in csv.DictReader(verdict_csv.open()):
+        if r.get("age") not in (None, "") and r.get("gain_ci") not in (None, "", "-"):
+            out[(r["strategy"], int(float(r["age"])))] = f"{r['gain_ci']}, {r['verdict']}"
+    return out
+
+
 def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> None:
     """Everything derived from data.csv's rows: ratios, fits, claims, tables, plots. With trials (a
     ``trial`` column), data.csv keeps every run and the analysis uses each run's medians over trials;
@@ -287,7 +301,7 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
         data = median_rows(data, ("run", "strategy", "age"))
     ratios = restart_cost_ratios(data)
     fits = model_fits(data)
-    claim_rows = claims(data, ratios)
+    claim_rows = claims(data, ratios, verdict_intervals(out / "verdict.csv"))
     _write_csv(out / "ratios.csv", ratios)
     _write_csv(out / "fits.csv", fits)
     keep = ("claim", "paper", "ours", "paper_value", "ours_value")

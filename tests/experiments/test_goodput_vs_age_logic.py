@@ -235,3 +235,22 @@ def test_load_anomalies_flag_replays_slower_than_the_median_step():
     assert load_anomalies(data) == []
     (msg,) = load_anomalies(data, factor=2.0)
     assert msg.startswith("cold_restart_age5") and "(2.5x)" in msg
+
+
+def test_a_claim_carries_the_comparisons_interval_over_trials(tmp_path):
+    """With trials, the headline row says the badput-based gain with its interval and verdict, read from
+    the comparison's own table (verdict.csv); without it, the row is as before."""
+    from experiments.goodput_report import verdict_intervals
+
+    (tmp_path / "verdict.csv").write_text(
+        "strategy,age,gain_ci,verdict\nnone (reference),,-,-\naccelpact,5,-,-\n"
+        "cold_restart,5,2.306 [2.251 2.360] (n=5),AccelPact better\n")
+    intervals = verdict_intervals(tmp_path / "verdict.csv")
+    assert intervals == {("cold_restart", 5): "2.306 [2.251 2.360] (n=5), AccelPact better"}
+    data = _data()
+    by = {r.claim: r for r in claims(data, restart_cost_ratios(data), intervals)}
+    cold5 = by["whole-run goodput gain over cold restart, checkpoint age 5"]
+    assert "badput-based 2.306 [2.251 2.360] (n=5), AccelPact better" in cold5.ours
+    cold18 = by["whole-run goodput gain over cold restart, checkpoint age 18"]
+    assert "badput-based" not in cold18.ours
+    assert verdict_intervals(tmp_path / "absent.csv") == {}
