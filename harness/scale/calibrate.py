@@ -149,8 +149,15 @@ def measured_costs(rows: list[dict[str, str]]) -> dict[str, MeasuredCosts]:
     return out
 
 
-def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts], steps: int, interval: int,
-              use_median: bool) -> np.ndarray:
+def own_costs(row: dict[str, str], strategy: str) -> MeasuredCosts:
+    """One run's own stop and destroyed work (the same columns ``measured_costs`` takes medians of)."""
+    stop = sum(_f(row, f"fault_{k}_s") for k in ("detection", "agreement", "rebuild", "rebind", "restart", "restore"))
+    destroyed = _f(row, "fault_other_s") + (_f(row, "fault_replay_s") if ROLLBACK[strategy] == STEP else 0.0)
+    return MeasuredCosts(strategy, stop, destroyed, 1)
+
+
+def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts] | list[MeasuredCosts | None], steps: int,
+              interval: int, use_median: bool) -> np.ndarray:
     n = len(runs)
     step = np.array([r.median_step_s if use_median else r.step_s for r in runs])
     down = np.zeros((n, 1))
@@ -159,7 +166,7 @@ def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts], steps: i
     for i, r in enumerate(runs):
         if r.age is None:
             continue
-        cost = costs[r.strategy]
+        cost = costs[i] if isinstance(costs, list) else costs[r.strategy]
         down[i, 0] = cost.downtime_s
         roll[i, 0] = ROLLBACK[r.strategy]
         # The fault hits `age` steps after the checkpoint (taken after step interval-1), once the destroyed
@@ -171,10 +178,19 @@ def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts], steps: i
     return np.array([r.tokens for r in runs]) / res.wall_s
 
 
-def calibrate(results_dir: str | Path) -> list[CalibrationRow]:
-    """Simulated vs measured whole-run goodput for every run (every trial's) of a goodput_vs_age-style sweep."""
+def calibrate(results_dir: str | Path, own: bool = False) -> list[CalibrationRow]:
+    """Simulated vs measured whole-run goodput for every run (every trial's) of a goodput_vs_age-style sweep.
+
+    ``own=False`` (the calibration): every run is fed its strategy's median costs (``measured_costs``), so no
+    run is fed its own recovery; on a loaded host a cold restart's stop moves from run to run (7-23 s in one
+    5-trial sweep at load ~4), and that spread shows as the error's interval. ``own=True`` (the engine's
+    replay check): every run is fed its own measured stop and destroyed work, so what is left is the
+    engine's accounting of the schedule, the rollback, the replay and the checkpoint."""
     runs, rows, extra = load_runs(results_dir)
-    costs = measured_costs(rows)
+    costs: dict[str, MeasuredCosts] | list[MeasuredCosts | None] = measured_costs(rows)
+    if own:
+        costs = [own_costs(row, r.strategy) if r.age is not None and r.strategy in ROLLBACK else None
+                 for r, row in zip(runs, rows)]
     steps, interval = int(extra["steps"]), int(extra["interval"])
     sim = _simulate(runs, costs, steps, interval, use_median=False)
     sim_med = _simulate(runs, costs, steps, interval, use_median=True)
