@@ -288,6 +288,42 @@ def verdict_intervals(verdict_csv: Path) -> dict[tuple[str, int], str]:
     return out
 
 
+def redraw_verdict_plots(out: Path, prov: Any) -> list[Path]:
+    """The comparison's plots with intervals (gain_intervals.png, badput_by_part.png), drawn again from its
+    table (verdict.csv) with the provenance footer: the sweep drew them without one."""
+    import csv
+    import math
+    import shutil
+    import tempfile
+
+    from experiments.provenance import footer_text
+    from harness.report import plots_trials
+    from harness.report.compare import PAPER_GAIN
+
+    if not (out / "verdict.csv").exists():
+        return []
+
+    def cell(v: str) -> Any:
+        try:
+            return int(v)
+        except ValueError:
+            pass
+        try:
+            f = float(v)
+        except ValueError:
+            return {"True": True, "False": False}.get(v, v if v != "" else None)
+        return None if math.isnan(f) else f
+
+    cells = [{k: cell(v) for k, v in r.items()} for r in csv.DictReader((out / "verdict.csv").open())]
+    with tempfile.TemporaryDirectory() as tmp:
+        drawn = [(plots_trials.plot_goodput_vs_age(Path(tmp), cells, dict(PAPER_GAIN), footer=footer_text(prov)),
+                  out / "gain_intervals.png"),
+                 (plots_trials.plot_badput_by_part(Path(tmp), cells, footer=footer_text(prov)), out / "badput_by_part.png")]
+        for src, dst in drawn:
+            shutil.move(str(src), dst)
+    return [dst for _, dst in drawn]
+
+
 def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> None:
     """Everything derived from data.csv's rows: ratios, fits, claims, tables, plots. With trials (a
     ``trial`` column), data.csv keeps every run and the analysis uses each run's medians over trials;
@@ -308,6 +344,7 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
     _write_csv(out / "claims.csv", [{**{k: v for k, v in asdict(c).items() if k in keep}, "verdict": verdict(c)}
                                     for c in claim_rows])
     plot(out, data, fits, prov)
+    redraw_verdict_plots(out, prov)
     text = table_md(data, ratios, fits, claim_rows, plan, provenance_markdown(prov), runtime_s)
     if (out / "verdict.md").exists():
         text += ("\n## Verdict over trials (the comparison's own table: medians, 95% intervals)\n\n"
