@@ -95,7 +95,7 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
     verdict = (sweep / "table.md").read_text().split("\n", 1)[-1] if (sweep / "table.md").exists() else \
         "The comparison wrote no table: see the run's output.\n"
     lines = ["# AccelPact against the peers: torchft, GEMINI, NVRx, cold restart", "",
-             "mistral_tiny on 2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL "
+             "mistral_tiny (2 layers, seq 64 x batch 1) on 2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL "
              "of rank 1 (backward reduce-scatter) when the newest checkpoint is 5 or 18 steps old; each trial runs "
              "the fault-free reference and every cell once, in a rotated order (`experiment=peers`).", ""]
     if missing:
