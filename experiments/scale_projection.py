@@ -99,13 +99,20 @@ def largest_miss_md(cells: list[cal.CalibrationError], replay: list[cal.Calibrat
               "cell's median error, applies to that check (tests/scale).")
 
 
-def heal_largest_miss_md(cells: list[heal.HealCalibrationCell]) -> str:
-    """The same for the heal's cells: the largest of a heal, then of any cell."""
+def heal_largest_miss_md(cells: list[heal.HealCalibrationCell],
+                         replay: list[heal.HealCalibrationCell] | None = None) -> str:
+    """The same for the heal's cells: the largest of a heal, then of any cell; with ``replay`` (every run fed
+    its own measured costs), that check's largest miss, which the 5% limit applies to."""
     healed = max((c for c in cells if c.heals), key=lambda c: abs(c.error_median))
     w = max(cells, key=lambda c: abs(c.error_median))
-    return (f"Largest miss of a heal (median error over trials): {healed.fault} age {healed.age}, {healed.text()}; "
-            f"of any cell: {w.strategy} {w.fault} age {'-' if w.age is None else w.age}, {w.text()}; the limit "
-            f"is {cal.LIMIT:.0%} on each cell's median error.")
+    text = (f"Largest miss of a heal (median error over trials): {healed.fault} age {healed.age}, {healed.text()}; "
+            f"of any cell: {w.strategy} {w.fault} age {'-' if w.age is None else w.age}, {w.text()}.")
+    if not replay:
+        return text + f" The limit is {cal.LIMIT:.0%} on each cell's median error."
+    r = max(replay, key=lambda c: abs(c.error_median))
+    return (text + f" Fed each run's own measured stop and thrown-away attempt instead (the engine's replay check), "
+                   f"the largest miss is {r.strategy} {r.fault} age {'-' if r.age is None else r.age}, {r.text()}; "
+                   f"the limit, {cal.LIMIT:.0%} on each cell's median error, applies to that check (tests/scale).")
 
 
 def _trials_said(n: set[int]) -> str:
@@ -285,7 +292,8 @@ def plots(out: Path, by_size: dict, prov) -> None:  # noqa: ANN001
 
 def table_md(calib: list[cal.CalibrationError], heal_calib: list[heal.HealCalibrationCell], by_size, mix,  # noqa: ANN001
              prov_md: str, trials: int, seed: int, runtime: float,
-             replay_calib: list[cal.CalibrationError] | None = None) -> str:
+             replay_calib: list[cal.CalibrationError] | None = None,
+             heal_replay: list[heal.HealCalibrationCell] | None = None) -> str:
     runs, _, _ = cal.load_runs(MEASURED)
     steps = [r.step_s / r.median_step_s - 1 for r in runs]
     heal_names = ", ".join(f"`{n}`" for n in heal_strategies())
@@ -308,11 +316,10 @@ def table_md(calib: list[cal.CalibrationError], heal_calib: list[heal.HealCalibr
         f"({_trials_said({c.trials for c in calib})}): the median measured and simulated goodput, and the error "
         "(simulated / measured - 1) as the median over trials with its 95% bootstrap interval. "
         f"{largest_miss_md(calib, replay_calib)} "
-        f"With the median step instead of the mean the largest miss was {worst_med.error_median_step:+.1%} "
-        f"({worst_med.strategy} age {worst_med.age}, median over its trials): the missing cost was the slow-step "
-        f"tail. Every run's mean step is {100 * min(steps):.0f}-{100 * max(steps):.0f}% above its median (a few "
-        "slow steps; data.csv does not say which), and a whole run pays the mean, so the simulator takes the "
-        "mean step.",
+        f"With each run's median step instead of its mean step the largest miss is "
+        f"{worst_med.error_median_step:+.1%} ({worst_med.strategy} age {worst_med.age}, median over its trials). "
+        f"A run's mean step is {100 * min(steps):+.0f}% to {100 * max(steps):+.0f}% off its median step here (slow "
+        "steps; data.csv does not say which), and a whole run pays the mean, so the simulator takes the mean step.",
         "",
         calibration_md(calib),
         "",
@@ -327,7 +334,7 @@ def table_md(calib: list[cal.CalibrationError], heal_calib: list[heal.HealCalibr
         "The medians are over every trial's runs; per (fault, strategy, age) cell over its measured trials "
         f"({_trials_said({c.trials for c in heal_calib})}) the table gives the median goodputs and the error as "
         "the median over trials with its 95% bootstrap interval. "
-        f"{heal_largest_miss_md(heal_calib)} "
+        f"{heal_largest_miss_md(heal_calib, heal_replay)} "
         "At scale these parts are the heal's size-independent cost; the vote and the communicator grow from "
         "their 2-rank cost by harness/scale/scaling.py's rules, the shard copy is the cluster's shard over "
         "host-memory or NIC bandwidth, a lost host adds the spare and is found by the heartbeat rule (2.1 s, "
@@ -387,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     heal_calib = heal.calibrate_heal(HEAL_MEASURED)
     calib_cells = cal.error_intervals(calib)
     replay_cells = cal.error_intervals(cal.calibrate(MEASURED, own=True))
+    heal_replay = heal.heal_error_intervals(heal.calibrate_heal(HEAL_MEASURED, own=True))
     heal_cells = heal.heal_error_intervals(heal_calib)
     by_size = {}
     for g in sizes:
@@ -426,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     plots(out, by_size, prov)
     prov_md = (out / "provenance.md").read_text()
     (out / "table.md").write_text(table_md(calib_cells, heal_cells, by_size, mix, prov_md, trials, args.seed, runtime,
-                                          replay_cells))
+                                          replay_cells, heal_replay))
     print((out / "table.md").read_text())
     return 0
 

@@ -167,9 +167,10 @@ def measured_heal(results_dir: str = str(RESULTS)) -> dict[str, HealCosts]:
     return out
 
 
-def calibrate_heal(results_dir: str | Path = RESULTS) -> list[HealCalibrationRow]:
+def calibrate_heal(results_dir: str | Path = RESULTS, own: bool = False) -> list[HealCalibrationRow]:
     """Every ok run of a process_loss-style sweep (reference, heals, restarts; every trial's), measured vs
-    simulated goodput."""
+    simulated goodput. ``own=True``: every run is fed its own stop and destroyed attempt instead of the
+    medians (the engine's replay check, as ``harness.scale.calibrate.calibrate(own=True)``)."""
     d = Path(results_dir)
     rows, extra = _rows(d)
     check_one_run_per_trial([(r["fault"], r["strategy"], age_of(r), trial_of(r)) for r in rows], f"{d}/data.csv")
@@ -200,7 +201,7 @@ def calibrate_heal(results_dir: str | Path = RESULTS) -> list[HealCalibrationRow
         age = age_of(r)
         if age is None:
             continue
-        s, gone = med[(r["fault"], r["strategy"], _heals(r))]
+        s, gone = (stop(r), destroyed(r)) if own else med[(r["fault"], r["strategy"], _heals(r))]
         down[i, 0] = s
         roll[i, 0] = STEP if _heals(r) else CHECKPOINT
         # The fault hits `age` steps after the checkpoint taken after step interval-1 (one write before it).
