@@ -76,6 +76,27 @@ def _cells(table_csv: Path) -> list[dict[str, Any]]:
             for r in pd.read_csv(table_csv).to_dict("records")]
 
 
+PACE_TOLERANCE = 0.10  # a strategy whose productive steps ran this much faster or slower than the reference's
+
+
+def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
+    """Lines for table.md when a strategy's own productive steps ran at another pace than the reference's
+    (``step_drift`` off 1 by more than ``PACE_TOLERANCE``) and the two gains disagree: the badput-based gain
+    charges every run at the reference's pace, so it neither credits a faster step nor charges a slower one;
+    the measured whole-run gain does both. Empty when no cell is like that."""
+    odd = [c for c in cells if c.get("age") is not None and isinstance(c.get("step_drift"), (int, float))
+           and abs(c["step_drift"] - 1) > PACE_TOLERANCE and c.get("verdict") != c.get("measured_verdict")]
+    if not odd:
+        return []
+    rows = "; ".join(f"{c['strategy']} {c.get('fault')} age {int(c['age'])}: step_drift {c['step_drift']:.2f}, badput-based "
+                     f"{c.get('gain_ci')} ({c.get('verdict')}), measured {c.get('measured_gain_ci')} "
+                     f"({c.get('measured_verdict')})" for c in odd)
+    return ["**Read these cells with the measured gain.** Their productive steps ran at another pace than the "
+            "reference's, and the two gains disagree. The badput-based gain counts every run's useful steps at the "
+            "reference's pace: it removes load noise, but it also removes a strategy's own faster or slower step; "
+            f"the measured whole-run gain keeps both. {rows}.", ""]
+
+
 def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float) -> None:
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md."""
     from harness.report import plots_trials
@@ -100,6 +121,7 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
              "the fault-free reference and every cell once, in a rotated order (`experiment=peers`).", ""]
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
+    lines += pace_caveat(cells)
     lines += [verdict.strip(), "", *_driver.closing_lines(runtime_s, prov)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 

@@ -96,7 +96,9 @@ def digest_line(results: Path, section: Section) -> str:
         # The verdict's head ("matches the paper", "not comparable", ...); its reason is in the full table.
         verdict = row[3].split(" (")[0].split(":")[0].strip()
         return f"- {link}: {row[0]}: **{row[2]}** (paper: {row[1]}); {verdict}."
-    return f"- {link}: " + "; ".join(f"{h}: {v}" for h, v in zip(header[:4], row[:4])) + "."
+    picked = [(h, v) for h, v in zip(header, row) if h in section.digest_columns] if section.digest_columns \
+        else list(zip(header[:4], row[:4]))
+    return f"- {link}: " + "; ".join(f"{h}: {v}" for h, v in picked) + "."
 
 
 def render_digest(results: Path = RESULTS, sections: Sequence[Section] = SECTIONS) -> str:

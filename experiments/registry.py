@@ -26,6 +26,8 @@ class Section:
     # The row of the first table that README.md's digest quotes, named by its leading cells (a name, not an
     # index, so that a row added above it does not change what the digest says); empty: the first row.
     digest_row: tuple[str, ...] = ()
+    # The columns of that row the digest quotes, by header name; empty: the first four.
+    digest_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,13 @@ class Experiment:
     plot: str = ""
     paragraphs: tuple[str, ...] = ()
     digest_row: tuple[str, ...] = ()
+    digest_columns: tuple[str, ...] = ()
 
     @property
     def section(self) -> Section:
         """This experiment's section of results/README.md and its line in README.md's digest."""
-        return Section(self.name, self.title, self.intro, self.tables, self.plot, self.paragraphs, self.digest_row)
+        return Section(self.name, self.title, self.intro, self.tables, self.plot, self.paragraphs, self.digest_row,
+                       self.digest_columns)
 
 
 REGISTRY: tuple[Experiment, ...] = (
@@ -79,8 +83,10 @@ REGISTRY: tuple[Experiment, ...] = (
               "and 18; every strategy in each of 3 interleaved trials, each trial with its own fault-free "
               "reference (`experiment=peers`). AccelPact's gain over each peer per cell, with its 95% interval "
               "over trials and the verdict. GEMINI runs where its extra (lm-resiliency) is installed; the table "
-              "says when it was not.",
-        plot="goodput_vs_age.png"),
+              "says when it was not. Where a peer's own step ran at another pace than the reference's (torchft), "
+              "the measured gain disagrees with the badput-based one, and the table says so first.",
+        plot="goodput_vs_age.png", digest_row=("torchft", "5", "kill"),
+        digest_columns=("strategy", "age", "fault", "gain_ci", "verdict", "measured_gain_ci")),
     Experiment(
         "rebind_scaling", "experiments.rebind_scaling",
         "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 10,

@@ -34,6 +34,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/process_loss.py", "checkpoint_restore"): "row selection: the baselines the experiment runs",
     ("experiments/scale_projection.py", "cold_restart"): "row selection: the stall set beside FT-HSDP's",
     ("experiments/registry.py", "accelpact"): "row selection: the results digest's row",
+    ("experiments/registry.py", "torchft"): "row selection: the peers digest's row",
     ("benchmarks/bench_recovery.py", "accelpact"): "the runtime package's name (git archive of accelpact/)",
 }
 
