@@ -19,6 +19,7 @@ import csv
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 from experiments.provenance import current_command, load_provenance, stamp_figure, write_provenance
@@ -79,40 +80,53 @@ def calibration_md(cells: list[cal.CalibrationError]) -> str:
     return "\n".join(lines)
 
 
+def _worst(cells: list[Any]) -> Any:
+    return max(cells, key=lambda c: abs(c.error_median))
+
+
+def _age(cell: Any) -> Any:
+    return "-" if cell.age is None else cell.age
+
+
+_LIMIT_SENTENCE = f" The limit is {cal.LIMIT:.0%} on each cell's median error."
+
+
+def _replay_sentence(fed: str, check: str, cell: str, text: str) -> str:
+    """The replay check's largest miss (every run fed its own measured costs), which the 5% limit applies to."""
+    return (f" Fed each run's own measured {fed} instead (the engine's replay check{check}), the largest miss is "
+            f"{cell}, {text}; the limit, {cal.LIMIT:.0%} on each cell's median error, applies to that check "
+            "(tests/scale).")
+
+
 def largest_miss_md(cells: list[cal.CalibrationError], replay: list[cal.CalibrationError] | None = None) -> str:
     """The sentence naming the cell with the largest |median error| over trials, with its interval; with
     ``replay`` (every run fed its own measured costs, ``calibrate(own=True)``), the same for that check,
     which is the one the 5% limit applies to."""
-    w = max(cells, key=lambda c: abs(c.error_median))
-    text = (f"Largest miss (median error over trials): {w.strategy} age {'-' if w.age is None else w.age}, "
-            f"{w.text()}.")
+    w = _worst(cells)
+    text = f"Largest miss (median error over trials): {w.strategy} age {_age(w)}, {w.text()}."
     if not replay:
-        return text + f" The limit is {cal.LIMIT:.0%} on each cell's median error."
-    r = max(replay, key=lambda c: abs(c.error_median))
+        return text + _LIMIT_SENTENCE
+    r = _worst(replay)
     over = [c for c in cells if abs(c.error_median) > cal.LIMIT]
     return (text + (f" {len(over)} cell(s) miss by more than {cal.LIMIT:.0%}: the recovery costs themselves moved "
                     "from run to run (a strategy's median cost does not fit every run of a loaded host), "
                     "which the intervals show." if over else "")
-            + f" Fed each run's own measured stop and destroyed work instead (the engine's replay check: only the "
-              f"schedule, rollback, replay and checkpoint accounting are the engine's), the largest miss is "
-              f"{r.strategy} age {'-' if r.age is None else r.age}, {r.text()}; the limit, {cal.LIMIT:.0%} on each "
-              "cell's median error, applies to that check (tests/scale).")
+            + _replay_sentence("stop and destroyed work", ": only the schedule, rollback, replay and checkpoint "
+                               "accounting are the engine's", f"{r.strategy} age {_age(r)}", r.text()))
 
 
 def heal_largest_miss_md(cells: list[heal.HealCalibrationCell],
                          replay: list[heal.HealCalibrationCell] | None = None) -> str:
     """The same for the heal's cells: the largest of a heal, then of any cell; with ``replay`` (every run fed
     its own measured costs), that check's largest miss, which the 5% limit applies to."""
-    healed = max((c for c in cells if c.heals), key=lambda c: abs(c.error_median))
-    w = max(cells, key=lambda c: abs(c.error_median))
+    healed = _worst([c for c in cells if c.heals])
+    w = _worst(cells)
     text = (f"Largest miss of a heal (median error over trials): {healed.fault} age {healed.age}, {healed.text()}; "
-            f"of any cell: {w.strategy} {w.fault} age {'-' if w.age is None else w.age}, {w.text()}.")
+            f"of any cell: {w.strategy} {w.fault} age {_age(w)}, {w.text()}.")
     if not replay:
-        return text + f" The limit is {cal.LIMIT:.0%} on each cell's median error."
-    r = max(replay, key=lambda c: abs(c.error_median))
-    return (text + f" Fed each run's own measured stop and thrown-away attempt instead (the engine's replay check), "
-                   f"the largest miss is {r.strategy} {r.fault} age {'-' if r.age is None else r.age}, {r.text()}; "
-                   f"the limit, {cal.LIMIT:.0%} on each cell's median error, applies to that check (tests/scale).")
+        return text + _LIMIT_SENTENCE
+    r = _worst(replay)
+    return text + _replay_sentence("stop and thrown-away attempt", "", f"{r.strategy} {r.fault} age {_age(r)}", r.text())
 
 
 def _trials_said(n: set[int]) -> str:
