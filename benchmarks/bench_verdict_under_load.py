@@ -78,11 +78,9 @@ def comparison(args: argparse.Namespace, sweep_dir: Path) -> tuple[int, float]:
 
 
 def _cells(table_csv: Path) -> list[dict[str, Any]]:
-    import pandas as pd
+    from harness.report.verdict import read_cells
 
-    frame = pd.read_csv(table_csv)
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in frame.to_dict("records")]
+    return read_cells(table_csv)
 
 
 def acceptance(cells: Sequence[dict[str, Any]]) -> list[tuple[str, int, bool, str]]:

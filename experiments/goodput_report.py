@@ -291,30 +291,17 @@ def verdict_intervals(verdict_csv: Path) -> dict[tuple[str, int], str]:
 def redraw_verdict_plots(out: Path, prov: Any) -> list[Path]:
     """The comparison's plots with intervals (gain_intervals.png, badput_by_part.png), drawn again from its
     table (verdict.csv) with the provenance footer: the sweep drew them without one."""
-    import csv
-    import math
     import shutil
     import tempfile
 
     from experiments.provenance import footer_text
     from harness.report import plots_trials
     from harness.report.compare import PAPER_GAIN
+    from harness.report.verdict import read_cells
 
     if not (out / "verdict.csv").exists():
         return []
-
-    def cell(v: str) -> Any:
-        try:
-            return int(v)
-        except ValueError:
-            pass
-        try:
-            f = float(v)
-        except ValueError:
-            return {"True": True, "False": False}.get(v, v if v != "" else None)
-        return None if math.isnan(f) else f
-
-    cells = [{k: cell(v) for k, v in r.items()} for r in csv.DictReader((out / "verdict.csv").open())]
+    cells = read_cells(out / "verdict.csv")
     with tempfile.TemporaryDirectory() as tmp:
         drawn = [(plots_trials.plot_goodput_vs_age(Path(tmp), cells, dict(PAPER_GAIN), footer=footer_text(prov)),
                   out / "gain_intervals.png"),

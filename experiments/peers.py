@@ -22,7 +22,6 @@ goodput_vs_age.png, badput_by_part.png, provenance.json (+ .md).
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import sys
@@ -69,13 +68,6 @@ def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: 
             f"hydra.sweep.dir={sweep}", f"index_path={sweep.parent / 'index.csv'}", *(QUICK if quick else ())]
 
 
-def _cells(table_csv: Path) -> list[dict[str, Any]]:
-    import pandas as pd
-
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in pd.read_csv(table_csv).to_dict("records")]
-
-
 PACE_TOLERANCE = 0.10  # a strategy whose productive steps ran this much faster or slower than the reference's
 
 
@@ -101,12 +93,13 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md."""
     from harness.report import plots_trials
     from harness.report.compare import PAPER_GAIN
+    from harness.report.verdict import read_cells
 
     for name in COPIED:
         if (sweep / name).exists():
             shutil.copyfile(sweep / name, out / name)
     prov = load_provenance(out)
-    cells = _cells(sweep / "table.csv") if (sweep / "table.csv").exists() else []
+    cells = read_cells(sweep / "table.csv") if (sweep / "table.csv").exists() else []
     if cells:
         try:
             plots_trials.plot_goodput_vs_age(out, cells, dict(PAPER_GAIN), footer=footer_text(prov))

@@ -64,6 +64,15 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
     return text
 
 
+def read_cells(table_csv: Path) -> list[dict[str, Any]]:
+    """A comparison's ``table.csv`` (one row per cell, as ``write_tables`` wrote it) read back, NaN as None:
+    what the plots of ``harness.report.plots_trials`` take, for drawing them again elsewhere."""
+    import pandas as pd
+
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in pd.read_csv(table_csv).to_dict("records")]
+
+
 def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
     """One line when some runs ran with more load than cores, else None."""
     over = [r for r in runs if isinstance(r.get("load_max"), (int, float)) and isinstance(r.get("cores_used"), (int, float))
