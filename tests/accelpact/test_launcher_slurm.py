@@ -6,8 +6,14 @@ address reset with ``ss -K``, from outside the processes) is recovered in memory
 Each Slurm node is a network-namespace host (its own node name, control address 10.250.1.<i+1> and data
 address 10.250.0.<i+1>); gloo is pinned to the data network (``GLOO_SOCKET_IFNAME=eth0``), the agents'
 store and the control channel use the control network. One agent per node (``srun --ntasks-per-node=1``),
-one rank per agent: rank 0 on slurm-n0, rank 1 on slurm-n1. The fault-free reference runs the same way,
-at the same time (every job sleeps PAUSE_S after each step: room to inject the link fault mid-run). Skips (with the reason) unless Slurm answers with 2 idle nodes.
+one rank per agent: rank 0 on slurm-n0, rank 1 on slurm-n1. The lost-host job confirms each push
+(``--confirm-push``): only then is a buddy replica the survivors also hold guaranteed (docs/snapshots.md,
+"The bound on replayed steps after a host loss"); with asynchronous pushes a push still in flight at the
+kill can leave no common step, and the run then rightly falls back to disk (the likely cause of one CI
+failure on record: rank 0 exited with UnrecoverableError, its log not kept; the fixture now prints every
+rank's log). The fault-free reference runs the same way, at the same time (every job sleeps PAUSE_S after
+each step: room to inject the link fault mid-run). Skips (with the reason) unless Slurm answers with 2
+idle nodes.
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def runs(tmp_path_factory) -> Path:
              "killed": srun_job("killed", tmp, port + 1, ["--kill-at", str(KILL_AT), "--kill-rank", "1"]),
              "reset": srun_job("reset", tmp, port + 2, []),
              "host": srun_job("host", tmp, port + 3, ["--kill-at", str(KILL_AT), "--kill-rank", "1", "--replicas",
-                                                       "--lose-host"])}
+                                                       "--lose-host", "--confirm-push"])}
     injected: dict = {}
     injector = threading.Thread(target=reset_data_link_after, args=(tmp / "reset", 1, injected), daemon=True)
     injector.start()
@@ -101,7 +107,9 @@ def runs(tmp_path_factory) -> Path:
     (tmp / "reset" / "injected.json").write_text(json.dumps(injected))
     for name, p in procs.items():
         rc = p.wait(timeout=800)
-        logs = "\n".join(f.read_text()[-3000:] for f in sorted((tmp / name).glob("*.log")))
+        # The agents' logs, then every rank's own output (a rank that exits by itself says why only there).
+        logs = "\n".join(f"--- {f.relative_to(tmp / name)}\n{f.read_text()[-3000:]}"
+                         for f in sorted((tmp / name).glob("*.log")) + sorted((tmp / name).glob("logs/*.log")))
         assert rc == 0, f"srun {name} exited with {rc}:\n{logs}"
     return tmp
 
