@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hsdp", type=int, default=None, metavar="REPLICAS",
                     help="HSDP: shard over a (REPLICAS, world // REPLICAS) mesh (replicate, shard) instead of 1-D")
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
+    ap.add_argument("--late-rank", type=int, default=None, help="with --kill-at: this rank sleeps --late-s after its "
+                    "forward in that step, a straggler that learns of the death after the replacement is up")
+    ap.add_argument("--late-s", type=float, default=0.0)
     return ap.parse_args(argv)
 
 
@@ -141,6 +144,7 @@ def main(args: argparse.Namespace) -> dict:
     first_step = step
 
     killing = args.kill_at is not None and rank == args.kill_rank and me is None and snapshot.restart_count() == 0
+    late = [args.kill_at is not None and rank == args.late_rank and me is None]  # once, in the first attempt
 
     def step_fn(tokens: torch.Tensor) -> torch.Tensor:
         logits = model(tokens[:, :-1])
@@ -150,6 +154,9 @@ def main(args: argparse.Namespace) -> dict:
                 snap.flush()
                 snapshot.remove_job(config.root, token)
             os.kill(os.getpid(), signal.SIGKILL)  # a lost process, mid-step
+        if late[0] and guard.next_step == args.kill_at:
+            late[0] = False
+            time.sleep(args.late_s)
         loss.backward()
         return loss.detach()
 

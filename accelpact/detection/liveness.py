@@ -15,7 +15,11 @@ reads, and a relaunch with a fresh token starts clean):
   launcher (``waitpid``; :func:`publish_death` is the hook for any launcher), or a rank whose data-plane
   connection to that peer dropped AND whose peer stopped beating. A notice names the dead process's
   pid when known; a reader ignores a notice whose pid differs from the pid in the rank's current beat
-  (a notice about an earlier process of that rank).
+  (a notice about an earlier process of that rank), unless that beat is a replacement's that has not
+  joined yet (progress ``JOINING``): then the process the reader trained with is gone whatever pid the
+  notice names. Without that exception a template-forked replacement, beating within ~0.1 s of the death,
+  could hide the notice from a survivor that reached its watch later: it waited out the control deadline
+  and fell back to disk (seen in about 1 run in 5 of a host loss under load).
 
 A SIGSTOPped rank also stops beating, but its sockets stay open: its peers see a timeout, not a dropped
 connection, so the rule never calls it dead; it is a stall, waited for within the recovery deadline.
@@ -35,7 +39,11 @@ from accelpact.control import notice_auth
 from accelpact.control.store_loss import StoreLossReporter
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
-           "heartbeat_key", "notice_key", "is_connection_drop"]
+           "heartbeat_key", "notice_key", "is_connection_drop", "JOINING", "notice_applies"]
+
+# The progress a replacement beats with from its arrival until its guard takes over (accelpact.recovery.rejoin):
+# it is not in the group yet, so the rank's process in the group is the dead one.
+JOINING = -2
 
 
 def heartbeat_key(job_token: str, rank: int) -> str:
@@ -153,11 +161,13 @@ class PeerJudge:
 
     ``connection_dropped``: this rank's own fault was a dropped connection (the only case in which a
     silent peer may be called dead: a stopped or partitioned peer is a stall, not a death).
+    ``joining_is_dead``: see :func:`notice_applies`.
     """
 
-    def __init__(self, config: LivenessConfig, *, connection_dropped: bool) -> None:
+    def __init__(self, config: LivenessConfig, *, connection_dropped: bool, joining_is_dead: bool = True) -> None:
         self.config = config
         self.connection_dropped = connection_dropped
+        self.joining_is_dead = joining_is_dead  # see notice_applies
         self._seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last value, when it changed)
 
     def observe(self, rank: int, beat: bytes | None, notice: bytes | None, now: float) -> Verdict | None:
@@ -165,7 +175,7 @@ class PeerJudge:
         parsed = _parse_beat(beat)
         if notice is not None:
             n = _parse_notice(notice)
-            if n is not None and (n.pid is None or parsed is None or parsed.pid < 0 or n.pid == parsed.pid):
+            if n is not None and notice_applies(n.pid, parsed, joining_is_dead=self.joining_is_dead):
                 return Verdict((rank,), "notice", f"{n.by}: {n.reason}")
         last = self._seen.get(rank)
         if last is None or last[0] != beat:
@@ -183,6 +193,15 @@ class PeerJudge:
         last = self._seen.get(rank)
         parsed = _parse_beat(last[0]) if last else None
         return parsed.progress if parsed else None
+
+
+def notice_applies(notice_pid: int | None, beat: Beat | None, *, joining_is_dead: bool = True) -> bool:
+    """Whether a death notice naming ``notice_pid`` means the rank's process in the group is dead, given the
+    rank's current beat: no pid to compare, no beat, the same pid, or (``joining_is_dead``) a replacement
+    that has not joined yet. A heal that waits for that very replacement passes False: for it the notice is
+    about the predecessor it already heals."""
+    return (notice_pid is None or beat is None or beat.pid < 0 or notice_pid == beat.pid
+            or (joining_is_dead and beat.progress == JOINING))
 
 
 def _parse_beat(raw: bytes | None) -> Beat | None:
@@ -224,8 +243,11 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop beating; with ``wait_s``, also wait (up to that) for a beat being written to land."""
         self._stop.set()
+        if wait_s > 0 and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     @property
     def alive(self) -> bool:

@@ -156,6 +156,8 @@ class Guard:
             if self._healer is None:
                 raise AccelPactError("attach(rejoin=ticket) needs heal=HealPolicy(...): the replacement's heal runs it")
             rejoin.stop_heartbeat()  # this guard's own heartbeat beats from now on
+            if hasattr(control, "heartbeat"):  # at once: no JOINING beat may outlive the join (detection.liveness)
+                control.heartbeat()
             outcome = self._healer.join(rejoin)
             self.heal_events.append(outcome.event)
             self.resumed = RolledBack(

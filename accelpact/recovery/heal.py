@@ -38,7 +38,8 @@ from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
 from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
                                  publish_no_replacement, request_key, rollcall_key)
 from accelpact.recovery.heal_wait import peek as _peek
-from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, notice_key
+from accelpact.detection.liveness import (Beat, DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key,
+                                         notice_applies, notice_key)
 
 if TYPE_CHECKING:
     from accelpact.recovery.context import RecoveryContext
@@ -275,9 +276,7 @@ class Healer:
                 n = DeathNotice.from_bytes(json.dumps(notice_auth.verify(notice, self.control.job_token)).encode())
             except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
                 continue
-            beat = _peek(self.control, heartbeat_key(self.control.job_token, r))
-            beat_pid = _beat_pid(beat)
-            if n.pid is None or beat_pid is None or beat_pid == n.pid:
+            if notice_applies(n.pid, _parse_beat(_peek(self.control, heartbeat_key(self.control.job_token, r)))):
                 dead.add(r)
         return dead
 
@@ -337,9 +336,11 @@ class Healer:
 
     def _agree(self, report: HealReport, generation: int) -> ResumePlan:
         """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
-        # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile.
+        # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile, beating
+        # as JOINING until its guard takes over, and the notice about its predecessor is not about it.
         watch = PeerWatch(self.control.job_token, self.ctx.rank,
-                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False))
+                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False,
+                                    joining_is_dead=False))
         raw = self.control.gather("heal", report.to_bytes(), generation,
                                   deadline_s=self.policy.replacement_timeout_s, watch=watch)
         return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.ctx.world_size)
@@ -409,9 +410,9 @@ class Healer:
         return None if marker is None else (int(marker["step"]), dest)
 
 
-def _beat_pid(raw: bytes | None) -> int | None:
+def _parse_beat(raw: bytes | None) -> Beat | None:
     try:
-        return int(raw.decode().split()[1]) if raw is not None else None
+        return Beat.parse(raw) if raw is not None else None
     except (IndexError, ValueError):
         return None
 

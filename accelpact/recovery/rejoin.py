@@ -33,7 +33,7 @@ from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
-from accelpact.detection.liveness import Heartbeat, LivenessConfig
+from accelpact.detection.liveness import JOINING, Beat, Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -70,8 +70,9 @@ class RejoinTicket:
         return mesh_from_groups(self.groups, device_type, mesh_shape, mesh_dim_names)
 
     def stop_heartbeat(self) -> None:
+        """End the JOINING beats; a beat being written lands first (attach writes the guard's next)."""
         if self.heartbeat is not None:
-            self.heartbeat.stop()
+            self.heartbeat.stop(wait_s=5.0)
             self.heartbeat = None
 
 
@@ -119,10 +120,13 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     heartbeat = None
     cfg = getattr(control, "config", None)
     if liveness is not None and cfg is not None:
-        heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness).start()
+        # Beating as JOINING (accelpact.detection.liveness): survivors still in a recovery round then know the
+        # rank's process they trained with is gone, whichever pid the death notice names.
+        heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness,
+                              progress=lambda: JOINING).start()
     pid = os.getpid()
-    if liveness is not None:
-        control.heartbeat()  # this pid beats before anyone reads the arrival (the thread may lag)
+    if liveness is not None:  # this pid beats before anyone reads the arrival (the thread may lag)
+        control.set(control.key("hb", str(control.rank)), Beat.format(pid, JOINING))
     control.set(arrived_key(control, control.rank),
                 json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
     t_arrived = time.time()

@@ -1,9 +1,10 @@
 """``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory
 (and HSDP on a 2 x 2 mesh, 4 ranks: the last test).
 
-Five jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
+Six jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
 its replacement forked from the template, the same with a spawned replacement, the same with an idle hot
-spare taking the rank (``--hot-spares 1``: accelpact.run.spare), and the same with
+spare taking the rank (``--hot-spares 1``: accelpact.run.spare), the same with survivor 0 arriving 4 s late in the kill step (its
+peer's replacement already beats), and the same with
 ``--replacement none --max-restarts 1`` (no heal: the whole group restarts from its snapshots). Each
 healed run must end bit-identical to the reference (every parameter shard and optimizer tensor, and
 every loss), with the survivor's pid unchanged, the replacement started the way asked, and no byte
@@ -67,6 +68,7 @@ def runs(tmp_path_factory) -> Path:
     kill = ["--kill-at", str(KILL_AT), "--kill-rank", "1"]
     jobs = {"ref": ([], []), "template": ([], kill), "spawn": (["--replacement", "spawn"], kill),
             "hot_spare": (["--hot-spares", "1"], kill),
+            "late_survivor": ([], [*kill, "--late-rank", "0", "--late-s", "4"]),
             "restart": (["--replacement", "none", "--max-restarts", "1"], kill)}
     procs = {n: launch(n, tmp, a, s) for n, (a, s) in jobs.items()}
     for name, p in procs.items():
@@ -114,6 +116,24 @@ def test_a_killed_rank_is_healed_in_memory_with_survivors_kept(runs, how):
     # torch >= 2.15: the replacement joined the survivors' live groups in place; a fallback says why here.
     path = "reconfigure" if reconfigure.api_available() else "rebind"
     assert heal["data_plane"]["path"] == path and rheal["data_plane"]["path"] == path, (heal, rheal)
+
+
+def test_a_survivor_that_looks_after_the_replacement_beats_still_heals(runs):
+    """Survivor 0 sleeps 4 s after its forward in the kill step: by the time its backward finds the peer gone,
+    the agent has published the death notice (naming the killed pid) and the template-forked replacement
+    beats under rank 1 with its own pid. The notice still counts, because that beat says "joining"
+    (accelpact.detection.liveness.JOINING); without that the survivor ignored the notice as one about an
+    earlier process, waited out the control deadline, and the job fell back (rank 0 exited 3)."""
+    run = runs / "late_survivor"
+    assert_bit_identical(runs / "ref", run)
+    agent = (run / "agent.log").read_text()
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    res = results(run)
+    [survivor] = res[0]
+    [heal] = survivor["heals"]
+    assert heal["role"] == "survivor" and heal["bytes_read_from_disk"] == 0 and survivor["restart"] == 0
+    [replacement] = res[1]
+    assert replacement["replacement"] == 1 and replacement["first_step"] == heal["resume_step"]
 
 
 def test_without_a_heal_the_group_restarts_from_its_snapshots(runs):

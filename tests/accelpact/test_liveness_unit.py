@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.detection.liveness import (Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key, is_connection_drop,
-                                notice_key)
+from accelpact.detection.liveness import (JOINING, Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key,
+                                         is_connection_drop, notice_key)
 
 CFG = LivenessConfig(interval_s=0.5, missed_beats=4)  # stale after 2 s
 
@@ -51,6 +51,22 @@ def test_a_notice_about_an_earlier_process_of_the_rank_is_ignored():
     judge = PeerJudge(CFG, connection_dropped=False)
     notice = DeathNotice(rank=1, by="launcher", reason="exit -9", pid=99).to_bytes()
     assert judge.observe(1, beat(100, 7), notice, now=0.0) is None
+
+
+def test_a_notice_counts_when_the_rank_beats_as_a_replacement_that_has_not_joined():
+    # The template-forked replacement beat before the survivor's first look: its pid is not the notice's, but
+    # the process the survivor trained with (pid 99) is the dead one. Once joined (progress >= 0) it is not.
+    notice = DeathNotice(rank=1, by="launcher", reason="exit -9", pid=99).to_bytes()
+    verdict = PeerJudge(CFG, connection_dropped=False).observe(1, beat(100, JOINING), notice, now=0.0)
+    assert verdict is not None and verdict.detected_by == "notice"
+    assert PeerJudge(CFG, connection_dropped=False).observe(1, beat(100, 0), notice, now=0.0) is None
+
+
+def test_a_heal_waiting_for_the_replacement_does_not_count_its_predecessors_notice_against_it():
+    judge = PeerJudge(CFG, connection_dropped=False, joining_is_dead=False)
+    notice = DeathNotice(rank=1, by="launcher", reason="exit -9", pid=99).to_bytes()
+    assert judge.observe(1, beat(100, JOINING), notice, now=0.0) is None
+    assert judge.observe(1, beat(100, JOINING), notice, now=100.0) is None
 
 
 def test_a_notice_without_pid_or_without_a_beat_is_trusted():
