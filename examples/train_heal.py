@@ -27,6 +27,8 @@ groups with ``ticket.device_mesh`` (``init_device_mesh`` there would create grou
 its node's shared memory of this job (its own slots and the replicas it held), so its replacement can
 only heal from the buddy's replica. ``--pause-s S``: sleep after each step (a test's room to inject a network fault from outside).
 ``--kill-at STEP``: rank ``--kill-rank`` SIGKILLs itself in that step, between forward and backward
+(first process of that rank only). ``--late-rank R --late-s S`` (with ``--kill-at``): rank R sleeps S s after
+its forward in that step, a straggling survivor that learns of the death only after the replacement is up
 (first process of that rank only). ``--out DIR``: each rank writes its shards, optimizer state and the
 losses it committed to ``DIR/rank<r>.pt``, for a tensor-by-tensor comparison with a fault-free run, and
 prints one ``RESULT {json}`` line (pid, heals, where the state came from).
