@@ -114,7 +114,9 @@ def table(cost: dict[str, Any], heals: dict[int, list[dict[str, Any]]], ks: list
              "before_update blocked, max (ms) | pushes (rank 0) | host loss: replayed steps (each trial) | "
              "bound (steps) | survivor: death to resumed (s) | bytes read from disk | bit-identical |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    cell = lambda xs, spec: bootstrap_median(xs).text(spec)  # noqa: E731
+    def cell(xs: Sequence[float], spec: str) -> str:
+        return bootstrap_median(xs).text(spec)
+
     off = cost["off_step_s"]
     lines.append(f"| snapshots off | {cell(off, '.3f')} | - | - | - | - | - | - | - | - | - |")
     for mode, c in cost["configs"].items():

@@ -388,9 +388,9 @@ class ControlChannel(DataPlaneStores):
 
     # ------------------------------------------------------------------ liveness
 
-    def heartbeat(self) -> None:
-        """Record 'alive now' (wall-clock seconds) for this rank."""
-        self.set(self.key("hb", str(self.rank)), Beat.format(os.getpid(), 0))
+    def heartbeat(self, progress: int = 0) -> None:
+        """Record 'alive now' (wall-clock seconds) for this rank, with ``progress`` (a replacement: JOINING)."""
+        self.set(self.key("hb", str(self.rank)), Beat.format(os.getpid(), progress))
 
     def last_seen(self, rank: int) -> float | None:
         """Wall-clock time of ``rank``'s last heartbeat, or None if it never sent one.

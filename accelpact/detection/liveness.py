@@ -39,7 +39,7 @@ from accelpact.control import notice_auth
 from accelpact.control.store_loss import StoreLossReporter
 
 __all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
-           "heartbeat_key", "notice_key", "is_connection_drop", "JOINING", "notice_applies"]
+           "heartbeat_key", "notice_key", "is_connection_drop", "JOINING", "notice_applies", "parse_beat"]
 
 # The progress a replacement beats with from its arrival until its guard takes over (accelpact.recovery.rejoin):
 # it is not in the group yet, so the rank's process in the group is the dead one.
@@ -172,7 +172,7 @@ class PeerJudge:
 
     def observe(self, rank: int, beat: bytes | None, notice: bytes | None, now: float) -> Verdict | None:
         """Feed one look at ``rank``'s beat and notice (raw values or None); a Verdict when it is lost."""
-        parsed = _parse_beat(beat)
+        parsed = parse_beat(beat)
         if notice is not None:
             n = _parse_notice(notice)
             if n is not None and notice_applies(n.pid, parsed, joining_is_dead=self.joining_is_dead):
@@ -191,7 +191,7 @@ class PeerJudge:
     def progress(self, rank: int) -> int | None:
         """The progress counter of ``rank``'s last observed beat, or None."""
         last = self._seen.get(rank)
-        parsed = _parse_beat(last[0]) if last else None
+        parsed = parse_beat(last[0]) if last else None
         return parsed.progress if parsed else None
 
 
@@ -204,7 +204,8 @@ def notice_applies(notice_pid: int | None, beat: Beat | None, *, joining_is_dead
             or (joining_is_dead and beat.progress == JOINING))
 
 
-def _parse_beat(raw: bytes | None) -> Beat | None:
+def parse_beat(raw: bytes | None) -> Beat | None:
+    """A heartbeat value parsed, or None when absent or unreadable."""
     if raw is None:
         return None
     try:
@@ -315,7 +316,7 @@ class PeerWatch:
             if verdict is None:
                 continue
             if verdict.detected_by == "heartbeat":
-                parsed = _parse_beat(beat)
+                parsed = parse_beat(beat)
                 publish_death(store, self.job_token, r, by=f"rank{self.rank}", reason=verdict.reason,
                               pid=parsed.pid if parsed and parsed.pid >= 0 else None, generation=self.generation)
             return verdict

@@ -38,8 +38,8 @@ from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
 from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
                                  publish_no_replacement, request_key, rollcall_key)
 from accelpact.recovery.heal_wait import peek as _peek
-from accelpact.detection.liveness import (Beat, DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key,
-                                         notice_applies, notice_key)
+from accelpact.detection.liveness import (DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key,
+                                         notice_applies, notice_key, parse_beat)
 
 if TYPE_CHECKING:
     from accelpact.recovery.context import RecoveryContext
@@ -276,7 +276,7 @@ class Healer:
                 n = DeathNotice.from_bytes(json.dumps(notice_auth.verify(notice, self.control.job_token)).encode())
             except (notice_auth.NoticeRejected, ValueError, KeyError, TypeError):
                 continue
-            if notice_applies(n.pid, _parse_beat(_peek(self.control, heartbeat_key(self.control.job_token, r)))):
+            if notice_applies(n.pid, parse_beat(_peek(self.control, heartbeat_key(self.control.job_token, r)))):
                 dead.add(r)
         return dead
 
@@ -408,13 +408,6 @@ class Healer:
             _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
             return None
         return None if marker is None else (int(marker["step"]), dest)
-
-
-def _parse_beat(raw: bytes | None) -> Beat | None:
-    try:
-        return Beat.parse(raw) if raw is not None else None
-    except (IndexError, ValueError):
-        return None
 
 
 def _notice_pid(raw: bytes | None, token: str) -> int | None:

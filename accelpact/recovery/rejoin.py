@@ -33,7 +33,7 @@ from typing import Any
 
 from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
-from accelpact.detection.liveness import JOINING, Beat, Heartbeat, LivenessConfig
+from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -125,8 +125,8 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness,
                               progress=lambda: JOINING).start()
     pid = os.getpid()
-    if liveness is not None:  # this pid beats before anyone reads the arrival (the thread may lag)
-        control.set(control.key("hb", str(control.rank)), Beat.format(pid, JOINING))
+    if liveness is not None:
+        control.heartbeat(progress=JOINING)  # this pid beats before anyone reads the arrival (the thread may lag)
     control.set(arrived_key(control, control.rank),
                 json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
     t_arrived = time.time()

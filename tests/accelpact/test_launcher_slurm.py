@@ -7,12 +7,12 @@ Each Slurm node is a network-namespace host (its own node name, control address 
 address 10.250.0.<i+1>); gloo is pinned to the data network (``GLOO_SOCKET_IFNAME=eth0``), the agents'
 store and the control channel use the control network. One agent per node (``srun --ntasks-per-node=1``),
 one rank per agent: rank 0 on slurm-n0, rank 1 on slurm-n1. The lost-host job confirms each push
-(``--confirm-push``): only then is a buddy replica the survivors also hold guaranteed (docs/snapshots.md,
-"The bound on replayed steps after a host loss"). (One CI run failed here with rank 0 exiting 3: a
-survivor that looked after the template-forked replacement already beat ignored the death notice; fixed
-in accelpact.detection.liveness, see tests/accelpact/test_launcher.py's late survivor.) The fault-free reference runs the same way, at the same time (every job sleeps PAUSE_S after
-each step: room to inject the link fault mid-run). Skips (with the reason) unless Slurm answers with 2
-idle nodes.
+(``--confirm-push``): only then is a buddy replica the survivors also hold guaranteed (docs/snapshots.md, "The
+bound on replayed steps after a host loss"). (One CI run failed here with rank 0 exiting 3: a survivor that
+looked after the template-forked replacement already beat ignored the death notice; fixed in
+accelpact.detection.liveness, see tests/accelpact/test_launcher.py's late survivor.) The fault-free reference
+runs the same way, at the same time (every job sleeps PAUSE_S after each step: room to inject the link fault
+mid-run). Skips (with the reason) unless Slurm answers with 2 idle nodes.
 """
 
 from __future__ import annotations
