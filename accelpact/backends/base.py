@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import abc
 import datetime
-import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
 
+from accelpact.backends import keepalive
 from accelpact.backends.faults import matches_comm_fault
 from accelpact.errors import AccelPactError
 
@@ -69,8 +69,9 @@ class Backend(abc.ABC):
     def __init__(self) -> None:
         self.groups: list[dist.ProcessGroup] = []  # the live generation
         self.exclude_ports: set[int] = set()
-        # Generations whose first collective was abandoned: (monotonic deadline, groups, work).
-        self._abandoned: list[tuple[float, list[Any], Any]] = []
+        # Generations whose collective was abandoned live in accelpact.backends.keepalive (process-wide,
+        # so that dropping this backend never destroys one early); this number finds ours there.
+        self._keeper = keepalive.new_owner()
         # The reconfigure data-plane path (accelpact.backends.reconfigure), when chosen at attach.
         self.reconfigure: ReconfigurePath | None = None
         # Which path the guard takes and why: set at attach by choose_path, per round by rebuild_groups.
@@ -207,8 +208,10 @@ class Backend(abc.ABC):
 
         The abandoned collective may still run in the backend, and a group's destructor can join
         it: dropping the group now would block a later retirement (and every thread) for that long.
+        Kept process-wide (accelpact.backends.keepalive), not by this object: a closed guard's backend
+        is freed by whichever garbage collection comes next, which would then wait out the collective.
         """
-        self._abandoned.append((time.monotonic() + pg_timeout.total_seconds() + 5.0, groups, work))
+        keepalive.keep(self._keeper, groups, work, pg_timeout.total_seconds())
 
     def forget_expired(self) -> None:
         """Drop abandoned generations whose collectives have timed out by now.
@@ -218,15 +221,12 @@ class Backend(abc.ABC):
         recoveries, a nested fault's generation stayed until the next fault: measured on 4 gloo ranks,
         +3 threads and +5 fds per rank still held 20 s after the last step of the 10-fault run.
         """
-        if not self._abandoned:
-            return
-        now = time.monotonic()
-        self._abandoned = [g for g in self._abandoned if g[0] > now]
+        keepalive.forget_expired()
 
     @property
     def abandoned_generations(self) -> int:
-        """How many abandoned generations are kept alive until their PG timeout."""
-        return len(self._abandoned)
+        """How many generations this backend abandoned are still kept alive until their PG timeout."""
+        return len(keepalive.kept_by(self._keeper))
 
     # -- classification --------------------------------------------------------------------------
 

@@ -147,10 +147,10 @@ def test_nccl_abandon_aborts_and_keeps_until_timeout():
     b.abandon([_FakeGroup(comm)], work=object(), pg_timeout=datetime.timedelta(seconds=60))
     assert comm.aborted == 1
     b.forget_expired()
-    assert len(b._abandoned) == 1  # still inside its timeout
+    assert b.abandoned_generations == 1  # still inside its timeout
     b.abandon([_FakeGroup(_FakeNcclBackend())], work=None, pg_timeout=datetime.timedelta(seconds=-10))
     b.forget_expired()
-    assert len(b._abandoned) == 1  # the expired one is dropped, the live one kept
+    assert b.abandoned_generations == 1  # the expired one is dropped, the live one kept
 
 
 def test_gloo_abort_before_track_names_the_order():
@@ -260,13 +260,13 @@ def test_attach_goes_through_the_registered_backend(tmp_path):
 def test_an_abandoned_generation_is_kept_until_its_pg_timeout_then_dropped(monkeypatch):
     import weakref
 
-    from accelpact.backends import base
+    from accelpact.backends import keepalive
 
     class Group:  # stands in for the abandoned generation's process group
         pass
 
     now = [1000.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(keepalive.time, "monotonic", lambda: now[0])
     backend = GlooBackend()
     group = Group()
     ref = weakref.ref(group)
@@ -278,3 +278,30 @@ def test_an_abandoned_generation_is_kept_until_its_pg_timeout_then_dropped(monke
     now[0] += 5.1
     backend.forget_expired()
     assert backend.abandoned_generations == 0 and ref() is None
+
+
+def test_an_abandoned_generation_outlives_the_backend_that_abandoned_it(monkeypatch):
+    """A closed guard's backend is freed by the next garbage collection (the guard and its backend form a
+    cycle). Had it kept the abandoned groups, that collection would destroy them while their collective
+    still ran, and gloo's destructor would wait out the PG timeout (a 2-minute stall, seen in CI)."""
+    import gc
+    import weakref
+
+    from accelpact.backends import keepalive
+
+    class Group:
+        pass
+
+    now = [1000.0]
+    monkeypatch.setattr(keepalive.time, "monotonic", lambda: now[0])
+    backend = GlooBackend()
+    backend.cycle = backend  # as a guard's closures make it
+    group = Group()
+    ref = weakref.ref(group)
+    backend.abandon([group], work=None, pg_timeout=datetime.timedelta(seconds=15))
+    del group, backend
+    gc.collect()
+    assert ref() is not None  # still kept: its collective may still run
+    now[0] += 20.1
+    GlooBackend().forget_expired()  # any later guard's recovery or committed step lets it go
+    assert ref() is None
