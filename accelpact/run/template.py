@@ -160,6 +160,14 @@ class ForkedRank:
             self.returncode = self.template.exits.get(self.pid, -signal.SIGKILL)
         return self.returncode
 
+    def send_signal(self, sig: int) -> None:
+        """Signal the process (as ``Popen.send_signal``; nothing once it has ended)."""
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
     def wait(self, timeout: Optional[float] = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:

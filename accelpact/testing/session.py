@@ -1,7 +1,8 @@
 """The multi-rank session: N real gloo ranks over 127.0.0.1 running the caller's scenarios.
 
 :func:`run_session` hosts the out-of-band control store in the calling process (which no injected
-fault touches), starts one rank process (:mod:`accelpact.testing.rank`) per rank, waits, and returns
+fault touches), starts one rank process (:mod:`accelpact.testing.rank`) per rank (forked from a
+preloaded template after :func:`use_template`, see :mod:`accelpact.testing.rank_template`), waits, and returns
 a :class:`Session` with every rank's per-scenario results, exit codes and log tails. The ranks run
 the caller's scenarios through the caller's own *scenario runner*, named by an import path
 ``"package.module:function"`` (see :mod:`accelpact.testing.rank`): the scenarios and what a rank
@@ -20,6 +21,7 @@ torch.load is imported only by :meth:`Session.tensors`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -29,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["Session", "SessionError", "run_session", "default_timeout_s", "load_average"]
+from accelpact.run.template import TemplateUnavailable
+from accelpact.testing.rank_template import RankTemplate
+
+_log = logging.getLogger("accelpact.testing")
+
+__all__ = ["Session", "SessionError", "run_session", "default_timeout_s", "load_average", "use_template",
+           "stop_template"]
 
 # Seconds a rank needs to start (interpreter, torch and the caller's imports, the gloo rendezvous)
 # on a loaded 2-core host, and per scenario step, per rank sharing those cores. Only a hang should
@@ -57,6 +65,7 @@ class Session:
     logs: list[str] = field(default_factory=list)  # the last few KB of each rank's log
     wall_s: float = 0.0
     timed_out: bool = False
+    started: str = ""  # "forked from the template", or "spawned: " and why (accelpact.testing.rank_template)
 
     def result(self, scenario: str, rank: int) -> dict[str, Any] | None:
         """Rank ``rank``'s result of ``scenario``, or None if it never finished that scenario."""
@@ -93,6 +102,28 @@ class Session:
         return self
 
 
+_TEMPLATE: RankTemplate | None = None
+
+
+def use_template(preload: Sequence[str] = ()) -> None:
+    """Fork the ranks of later sessions from one preloaded process (accelpact.testing.rank_template).
+
+    ``preload``: modules the runners import (e.g. the model code), imported once in the template. The
+    template starts with the first session that can use it and ends at :func:`stop_template` (or with
+    this process). A session it cannot serve spawns its ranks as before."""
+    global _TEMPLATE
+    stop_template()
+    _TEMPLATE = RankTemplate(preload)
+
+
+def stop_template() -> None:
+    """End the template; later sessions spawn their ranks."""
+    global _TEMPLATE
+    if _TEMPLATE is not None:
+        _TEMPLATE.close()
+        _TEMPLATE = None
+
+
 def default_timeout_s(scenarios: Sequence[Mapping[str, Any]], world_size: int) -> float:
     """A session timeout that grows with the work: start-up, scenarios and steps, scaled by how many
     ranks share the host's cores (every rank runs every step)."""
@@ -112,7 +143,7 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
                 control_deadline_s: float = 60.0, timeout_s: float | None = None, barrier: bool = False,
                 pythonpath: Sequence[Path | str] = (), env_extra: Mapping[str, str] | None = None,
                 check: bool = True, allowed_to_fail: Sequence[int] = (),
-                control_addr: tuple[str, int] | None = None) -> Session:
+                control_addr: tuple[str, int] | None = None, spawn: bool = False) -> Session:
     """Run ``scenarios`` on ``world_size`` gloo ranks, each through ``runner`` ("module:function").
 
     ``settings`` reach every scenario unchanged (e.g. the FSDP flavour); ``barrier`` makes every rank
@@ -122,7 +153,8 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     older accelpact to compare with). With ``check`` a rank that exited non-zero, other than those in
     ``allowed_to_fail`` (a rank a scenario kills on purpose), raises SessionError naming it.
     ``control_addr``: a control store the caller hosts elsewhere (e.g. in a process a test kills)
-    instead of one in this process.
+    instead of one in this process. ``spawn``: start every rank from scratch even after
+    :func:`use_template` (a case that depends on what a fresh interpreter has not imported yet).
     """
     from accelpact.control import new_job_token, start_control_server
 
@@ -142,7 +174,11 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     server, port = start_control_server() if control_addr is None else (None, int(control_addr[1]))
     host = "127.0.0.1" if control_addr is None else control_addr[0]
     token = new_job_token()
-    procs, logs = [], []
+    procs: list[Any] = []  # Popen, or ForkedRank from the template
+    logs = []
+    why_spawn = ("no template (use_template was not called)" if _TEMPLATE is None
+                 else "the caller asked for fresh processes (spawn=True)" if spawn
+                 else _TEMPLATE.why_not(env, here, extra=bool(pythonpath) or env_extra is not None))
     t0 = time.time()
     try:
         for rank in range(world_size):
@@ -154,6 +190,13 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
             cfg_path.write_text(json.dumps(cfg))
             log = open(out_dir / f"log.rank{rank}.txt", "w")
             logs.append(log)
+            if not why_spawn:
+                try:
+                    procs.append(_TEMPLATE.fork(env, here, cfg_path, out_dir / f"log.rank{rank}.txt"))
+                    continue
+                except TemplateUnavailable as exc:
+                    why_spawn = f"the template failed: {exc}"
+                    _log.warning("session %s: spawning rank %d on: %s", out_dir, rank, why_spawn)
             # By file, not ``-m``: with an older accelpact first on the path (``pythonpath``), the
             # entry point must still be this one, while everything it imports comes from there.
             procs.append(subprocess.Popen([sys.executable, str(_RANK_ENTRY), str(cfg_path)],
@@ -172,11 +215,12 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
         res_path = out_dir / f"results.rank{rank}.json"
         results.append(json.loads(res_path.read_text()) if res_path.exists() else {})
     tails = [(out_dir / f"log.rank{r}.txt").read_text(errors="replace")[-_LOG_TAIL:] for r in range(world_size)]
-    session = Session(out_dir, world_size, results, codes, tails, time.time() - t0, timed_out)
+    started = "spawned: " + why_spawn if why_spawn else "forked from the template"
+    session = Session(out_dir, world_size, results, codes, tails, time.time() - t0, timed_out, started)
     return session.check(allowed_to_fail) if check else session
 
 
-def _wait_all(procs: list[subprocess.Popen], deadline: float) -> tuple[list[int], bool]:
+def _wait_all(procs: list[Any], deadline: float) -> tuple[list[int], bool]:
     """Exit codes of every process; those still running at ``deadline`` are killed (and flagged).
 
     Before the kill, every live rank gets SIGUSR1, on which it writes the Python stack of each of its
@@ -196,7 +240,7 @@ def _wait_all(procs: list[subprocess.Popen], deadline: float) -> tuple[list[int]
     return codes, timed_out
 
 
-def _dump_stacks(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
+def _dump_stacks(procs: list[Any], wait_s: float = 2.0) -> None:
     live = [p for p in procs if p.poll() is None]
     for p in live:
         try:

@@ -1,0 +1,100 @@
+"""Session ranks forked from one preloaded process instead of each started from scratch.
+
+A session rank started with ``python rank.py`` spends about 7.5 s importing torch, FSDP, transformers
+and the runner before it joins the session (measured here with ``PYTHONPROFILEIMPORTTIME``; ~6.7 s of
+it imports), and a test suite starts a few dozen sessions. A *template* pays for those imports once
+and then forks every later rank: ``accelpact.run``'s own script template (``accelpact.run.script_template``,
+which a user's replacement ranks come from, so the fork path the suite uses is the product's) runs
+``accelpact.testing.rank`` as ``__main__`` in each child, with the rank's environment, directory and log.
+
+Opt-in (:func:`accelpact.testing.session.use_template`): the test suite turns it on; benchmarks that
+time start-up do not. A session's ranks are spawned the old way when the template cannot serve it; the
+reason is logged and kept in ``Session.started``:
+
+- its ranks must import another tree first (``pythonpath``, a before/after benchmark) or get extra
+  environment (``env_extra``), which a preloaded process has already read at import;
+- the session's ``PYTHONPATH``, directory or interpreter differ from the template's;
+- the template refused the fork (it has more than one thread), died, or does not answer
+  (``accelpact.run.template.TemplateUnavailable``); it is then closed and not used again.
+
+Why a fork is safe here is ``accelpact.run.forkserver``'s argument: the template never starts a thread,
+and checks before each fork.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from accelpact.run.template import ForkedRank, TemplateClient, TemplateUnavailable
+
+__all__ = ["RankTemplate", "ENTRY_MODULE"]
+
+ENTRY_MODULE = "accelpact.testing.rank"
+
+
+class RankTemplate:
+    """One template process for session ranks, started at the first session that can use it."""
+
+    def __init__(self, preload: Sequence[str] = ()) -> None:
+        self.preload = [ENTRY_MODULE, *preload]
+        self.client: Optional[TemplateClient] = None
+        self.key: Optional[tuple[str, str, str]] = None  # (PYTHONPATH, cwd, interpreter) it was started with
+        self.broken: str = ""  # why it is not used any more
+        self.log_path: Optional[Path] = None
+
+    def why_not(self, env: Mapping[str, str], cwd: str, extra: bool) -> str:
+        """Why a session with this environment cannot be forked ('' when it can)."""
+        if self.broken:
+            return f"the template is not used any more: {self.broken}"
+        if extra:
+            return "the session sets pythonpath or env_extra, which the template's imports did not see"
+        key = (env.get("PYTHONPATH", ""), cwd, sys.executable)
+        if self.key is not None and key != self.key:
+            return f"the template was started with PYTHONPATH, cwd, interpreter {self.key}; this session has {key}"
+        return ""
+
+    def fork(self, env: Mapping[str, str], cwd: str, cfg_path: Path, log_path: Path) -> ForkedRank:
+        """A rank process running ``accelpact.testing.rank <cfg_path>``; TemplateUnavailable if it cannot."""
+        if self.client is None:
+            self._start(env, cwd)
+        assert self.client is not None
+        try:
+            return self.client.fork({"env": dict(env), "cwd": cwd, "netns": None, "log": str(log_path),
+                                     "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]}})
+        except TemplateUnavailable as exc:
+            self.broken = str(exc)
+            self.close()
+            raise
+
+    def _start(self, env: Mapping[str, str], cwd: str) -> None:
+        entry = {"script": None, "module": ENTRY_MODULE, "args": [], "preload": self.preload}
+        tenv = dict(env, ACCELPACT_TEMPLATE_ENTRY=json.dumps(entry), ACCELPACT_AGENT_PID=str(os.getpid()))
+        # numpy's OpenBLAS starts a pool thread at import unless told one: a template with two threads
+        # cannot fork (accelpact.run.forkserver); the ranks' own intra-op pools start in the children.
+        tenv.setdefault("OPENBLAS_NUM_THREADS", "1")
+        fd, name = tempfile.mkstemp(prefix="accelpact-rank-template-", suffix=".log")
+        self.log_path = Path(name)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "accelpact.run.script_template"], env=tenv, cwd=cwd,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, start_new_session=True)
+        finally:
+            os.close(fd)
+        self.client = TemplateClient(proc, time.time())
+        self.key = (env.get("PYTHONPATH", ""), cwd, sys.executable)
+
+    def close(self) -> None:
+        """End the template (children still running are killed with it)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def describe(self) -> dict[str, Any]:
+        """The template's ready record (imports' seconds, threads), for a log line."""
+        return dict(self.client.ready or {}) if self.client is not None else {}
