@@ -134,14 +134,14 @@ class TorchftJob:
 
     def row_columns(self) -> dict[str, Any]:
         """torchft's columns of the row: quorum and heal times and short steps (from the events), the group
-        restarts and the Lighthouse's log."""
+        restarts, and the Lighthouse's address (where it ran) and log."""
         from harness.events import read_events
         from harness.strategies.torchft_report import torchft_columns
 
         run_dir = Path(self.launcher.run_dir)
         events = read_events(run_dir) if (run_dir / "events").exists() else []
         return {**torchft_columns(events), "torchft_group_restarts": sum(self.restarts.values()),
-                "torchft_lighthouse_log": str(self.lighthouse.log_path)}
+                "torchft_lighthouse": self.lighthouse.address, "torchft_lighthouse_log": str(self.lighthouse.log_path)}
 
     def close(self) -> None:
         self.lighthouse.close()
