@@ -332,9 +332,23 @@ class TorchftHsdp(Strategy):
     def _done_key(self, rank: int) -> str:
         return f"{self.token}/torchft/done/rank{rank}"
 
+    def _group_agrees(self, mine: bool) -> bool:
+        """True on every rank of this replica group when it is true on any (a MAX all-reduce over the group's
+        own process group). The group's ranks must take the same branch at the end of the run: each quorum
+        round needs all of them (the group's Manager server waits for every group rank), so a rank that
+        stopped alone left its mate's next quorum to time out. Measured: 2 groups of 2 under host_loss, the
+        mate exited 1 after quorum_timeout_s (TimeoutError from the quorum) and the run failed."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def job_finished(self) -> bool:
-        """Some rank already ran the last step (this process is a replacement that arrived late)."""
-        return any(self.control.check([self._done_key(r)]) for r in range(self.ctx.world_size))
+        """Some rank already ran the last step (this process is a replacement that arrived late); the same
+        answer on every rank of the group (the done keys only ever appear, so any rank's yes holds)."""
+        return self._group_agrees(any(self.control.check([self._done_key(r)]) for r in range(self.ctx.world_size)))
 
     def heal_to_end(self) -> int:
         """A late replacement: heal from a finished peer, without a training step (there is none left).
@@ -355,11 +369,8 @@ class TorchftHsdp(Strategy):
         self.control.set(self._done_key(self.ctx.rank), str(last).encode())
         deadline = time.monotonic() + self.ctx.cfg.strategy.replacement_timeout_s
         keys = [self._done_key(r) for r in range(self.ctx.world_size)]
-        while not self.control.check(keys):
-            if time.monotonic() > deadline:
-                print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
-                      "stopping without them", flush=True)
-                return
+        # The group decides together (_group_agrees): every rank of it runs the same quorum rounds.
+        while not self._group_agrees(self.control.check(keys) or time.monotonic() > deadline):
             self.attempt = a = Attempt(t_start=time.time())
             self.manager.start_quorum()
             self.manager.wait_quorum()
@@ -367,6 +378,9 @@ class TorchftHsdp(Strategy):
             if a.recover_dst:
                 self._emit_sent(a)
             time.sleep(0.2)
+        if not self.control.check(keys):
+            print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
+                  "stopping without them", flush=True)
 
     def close(self) -> None:
         super().close()

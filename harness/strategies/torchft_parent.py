@@ -117,6 +117,13 @@ class TorchftJob:
         g = layout.group
         pending = self._pending.get(g)
         if not pending:  # a new failure of this group: a new generation, every member restarts
+            finished = [m for m in layout.members() if m != rank and codes.get(m) == 0]
+            if finished:
+                # The group cannot restart whole: a finished rank is not restarted (only failed ones are), and
+                # the restarted members would wait for it at the group's rendezvous until the run timed out.
+                print(f"  torchft: replica group {g} lost rank {rank} (exit {code}) after its rank(s) {finished} "
+                      "finished; not restarting the group", flush=True)
+                return False
             self.restarts[g] = self.restarts.get(g, 0) + 1
             pending = self._pending[g] = set(layout.members())
             self._set(gen_key(self.launcher.token, g), str(self.restarts[g]).encode())

@@ -130,6 +130,13 @@ def test_a_failed_rank_restarts_its_whole_group_only():
     assert job.launcher.keys["tok/torchft/g1/gen"] == b"2"
 
 
+def test_no_group_restart_once_a_member_of_the_group_finished():
+    job = _job(world=4, group_size=2)
+    # rank 0 exited 0 (done); its mate failing now cannot restart the group whole: the run ends with it
+    assert not job.replace_dead(1, 1, {0: 0, 1: 1, 2: None, 3: None})
+    assert job.launcher.signalled == [] and job.launcher.keys == {}
+
+
 def test_no_restart_beyond_max_restarts_or_without_a_lighthouse():
     job = _job(world=2, group_size=1, max_restarts=1)
     job.launcher.replacements = 1
