@@ -76,5 +76,11 @@ class FaultSpec:
         return self.where == "netns"
 
     @property
+    def kills_hosts(self) -> bool:
+        """The fault kills every rank of the scheduled rank's host (``host_loss``): a rank kill where the
+        ranks run in host namespaces."""
+        return self.kills_ranks and self.needs_netns
+
+    @property
     def needs_root(self) -> bool:
         return self.needs_netns

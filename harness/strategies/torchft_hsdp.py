@@ -22,7 +22,11 @@ What runs where:
 Each fault kind the harness injects meets torchft's own recovery: ``socket_reset`` (gloo connections
 reset: the step is discarded, the quorum moves on, the step is retried), ``kill`` (the group drops out
 after ``heartbeat_timeout_ms``, the others go on alone, the restarted group heals from a peer) and
-``hang`` (a stopped group's peers time out after ``timeout_s`` and go on; the group rejoins and heals).
+``hang`` (a stopped group's peers time out after ``timeout_s`` and go on; the group rejoins and heals) and
+``host_loss`` (as ``kill``, for every group with a rank on the lost host). With the ranks in network
+namespaces the Lighthouse runs in the bridge namespace on the control network
+(``harness.parent.server_home``), and each group's store and Manager server listen on local rank 0's
+control-network address (``group_store_host``): nothing a rank dials is at the parent's 127.0.0.1.
 
 Events: ``recovery`` (decision ``retry``) for every discarded attempt, ``heal`` for every heal (role
 ``replacement``, ``rejoin`` or ``sender``), and torchft's own figures on every ``step`` (quorum id,
@@ -45,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from harness.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
 from harness.strategies.spec import StrategySpec
 from harness.strategies.torchft_parent import (LIGHTHOUSE_ENV, GroupLayout, TorchftJob, gen_key, group_store_key,
-                                               ports_key)
+                                               groups_untouched, ports_key, ranks_lost)
 
 if TYPE_CHECKING:
     import torch
@@ -161,7 +165,9 @@ class TorchftHsdp(Strategy):
             connect_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
             rank=self.layout.local, world_size=self.layout.size, store_addr=store_addr[0], store_port=store_addr[1],
             lighthouse_addr=self.lighthouse, replica_id=f"{REPLICA_ID_PREFIX}{self.layout.group}",
-            hostname=ctx.cfg.cluster.master_addr, checkpoint_transport=transport,
+            # Only local rank 0 runs the Manager's server; it advertises it on the host its group store
+            # listens on (group_store_host): the group's other ranks dial it, wherever they run.
+            hostname=store_addr[0], checkpoint_transport=transport,
             # Every group builds the same model from the same seed: measured, init_sync=True "heals" group 1
             # at step 0 and moves the result off plain DDP's.
             init_sync=False, max_retries=st.max_retries)
@@ -330,9 +336,23 @@ class TorchftHsdp(Strategy):
     def _done_key(self, rank: int) -> str:
         return f"{self.token}/torchft/done/rank{rank}"
 
+    def _group_agrees(self, mine: bool) -> bool:
+        """True on every rank of this replica group when it is true on any (a MAX all-reduce over the group's
+        own process group). The group's ranks must take the same branch at the end of the run: each quorum
+        round needs all of them (the group's Manager server waits for every group rank), so a rank that
+        stopped alone left its mate's next quorum to time out. Measured: 2 groups of 2 under host_loss, the
+        mate exited 1 after quorum_timeout_s (TimeoutError from the quorum) and the run failed."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def job_finished(self) -> bool:
-        """Some rank already ran the last step (this process is a replacement that arrived late)."""
-        return any(self.control.check([self._done_key(r)]) for r in range(self.ctx.world_size))
+        """Some rank already ran the last step (this process is a replacement that arrived late); the same
+        answer on every rank of the group (the done keys only ever appear, so any rank's yes holds)."""
+        return self._group_agrees(any(self.control.check([self._done_key(r)]) for r in range(self.ctx.world_size)))
 
     def heal_to_end(self) -> int:
         """A late replacement: heal from a finished peer, without a training step (there is none left).
@@ -353,11 +373,8 @@ class TorchftHsdp(Strategy):
         self.control.set(self._done_key(self.ctx.rank), str(last).encode())
         deadline = time.monotonic() + self.ctx.cfg.strategy.replacement_timeout_s
         keys = [self._done_key(r) for r in range(self.ctx.world_size)]
-        while not self.control.check(keys):
-            if time.monotonic() > deadline:
-                print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
-                      "stopping without them", flush=True)
-                return
+        # The group decides together (_group_agrees): every rank of it runs the same quorum rounds.
+        while not self._group_agrees(self.control.check(keys) or time.monotonic() > deadline):
             self.attempt = a = Attempt(t_start=time.time())
             self.manager.start_quorum()
             self.manager.wait_quorum()
@@ -365,6 +382,9 @@ class TorchftHsdp(Strategy):
             if a.recover_dst:
                 self._emit_sent(a)
             time.sleep(0.2)
+        if not self.control.check(keys):
+            print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
+                  "stopping without them", flush=True)
 
     def close(self) -> None:
         super().close()
@@ -393,8 +413,24 @@ def _onto_own_mesh(model: Any, optimizer: Any, state: dict[str, Any]) -> dict[st
     return state
 
 
+def group_store_host(control_host: str) -> str:
+    """The address local rank 0 hosts its group's TCPStore (and its Manager's server) on: this host's
+    address on the control network, the one it reaches the control store from.
+
+    Every rank of every group dials it: the group's own ranks for their store and Manager, and every other
+    group's ranks too, since torchft hands the quorum's primary group store to all of them to configure the
+    cross-group process group (``Manager._async_quorum``: ``quorum.store_address``). With the ranks in network
+    namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
+    data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
+    neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
+    from accelpact.snapshot.replica import control_bind_address
+
+    return control_bind_address(control_host)
+
+
 def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
-    """This generation's replica-group TCPStore (hosted by local rank 0, as torchrun's agent hosts it)."""
+    """This generation's replica-group TCPStore (hosted by local rank 0 on ``host``, as torchrun's agent
+    hosts it), published on the control store for the group's other ranks."""
     import torch.distributed as dist
 
     key = group_store_key(token, layout.group, gen)
@@ -408,8 +444,8 @@ def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: 
 
 
 def check_runnable(run: Any) -> None:
-    """torchft must be importable, the world must split into >= 2 groups, and the ranks must reach the
-    parent's Lighthouse (no network namespaces yet)."""
+    """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
+    must leave at least one group untouched (a restarted group heals only from a live peer)."""
     from harness.schema import ConfigError
     from harness.faults import registry as faults
 
@@ -419,10 +455,15 @@ def check_runnable(run: Any) -> None:
         raise ConfigError(f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
                           f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
                           f"try strategy.torchft.group_size={max(1, world // 2)}")
-    if faults.get(run.fault.kind).needs_netns or run.cluster.hosts:
-        raise ConfigError(f"strategy=torchft with fault={run.fault.kind} / cluster.hosts={run.cluster.hosts} is not "
-                          "supported yet: its Lighthouse runs in the parent's network namespace, which the ranks' "
-                          "namespaces cannot reach; use socket_reset, kill or hang on cluster=local_cpu")
+    spec = faults.get(run.fault.kind)
+    if spec.kills_ranks:
+        lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
+        if not groups_untouched(lost, world, st.group_size):
+            raise ConfigError(
+                f"strategy=torchft with fault={run.fault.kind} on rank(s) {list(run.fault.ranks)}: it kills ranks "
+                f"{sorted(lost)}, a member of every replica group of {st.group_size} rank(s), and torchft heals a "
+                f"restarted group only from a live one; try fault.ranks=[{run.fault.ranks[0]}] with a host per "
+                f"group: cluster.hosts={world // st.group_size}")
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken install

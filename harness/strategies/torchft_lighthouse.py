@@ -6,6 +6,11 @@ same flags, and prints one JSON line with the address it bound, so the parent ca
 port to the ranks (the console script only logs it). It dies with the parent (PR_SET_PDEATHSIG), so a
 killed parent leaves no Lighthouse behind, and it exits on SIGTERM / SIGINT / SIGHUP.
 
+Where it runs is ``harness.parent.server_home``'s decision, as for NVRx's store: in the parent's network
+namespace on ``cluster.master_addr`` when the ranks run there, else in the topology's bridge namespace on
+the control network's bridge address (``netns=``), which every host reaches over its never-faulted
+control link; a lost host's ranks lose only their own connections to it.
+
 ``Lighthouse`` is the parent's handle: start, address, log file, close.
 """
 
@@ -21,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+from harness.parent.server_home import ServerHome
 
 READY_TIMEOUT_S = 60.0
 
@@ -39,11 +46,14 @@ class Lighthouse:
 
     @classmethod
     def start(cls, log_path: Path, host: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-              heartbeat_timeout_ms: int, python: str = sys.executable) -> "Lighthouse":
+              heartbeat_timeout_ms: int, python: str = sys.executable, netns: Optional[str] = None) -> "Lighthouse":
+        """The Lighthouse listening on ``host`` (port chosen by the kernel), in network namespace ``netns``
+        (None: the parent's)."""
         argv = [python, "-m", "harness.strategies.torchft_lighthouse", "--bind", f"{host}:0",
                 "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
                 "--quorum_tick_ms", str(quorum_tick_ms), "--heartbeat_timeout_ms", str(heartbeat_timeout_ms),
                 "--parent_pid", str(os.getpid())]
+        argv = ServerHome(host, netns).command(argv)  # `ip netns exec` execs it: still this process's child
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
@@ -59,7 +69,8 @@ class Lighthouse:
         if not line or not line[0].strip():
             proc.kill()
             proc.wait()
-            raise RuntimeError(f"the torchft Lighthouse did not start within {READY_TIMEOUT_S:.0f} s; see {log_path}")
+            raise RuntimeError(f"the torchft Lighthouse ({ServerHome(host, netns).describe()}) did not start within "
+                               f"{READY_TIMEOUT_S:.0f} s; see {log_path}")
         bound = json.loads(line[0])["address"]  # "http://<this machine's hostname>:<port>"
         # The ranks dial the host it was bound to: the hostname need not resolve to that interface.
         return cls(proc, f"http://{host}:{bound.rsplit(':', 1)[1]}", log_path)

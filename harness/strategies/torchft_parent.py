@@ -5,7 +5,9 @@ torchft's users run one Lighthouse per job and one torchrun per replica group, e
 workers and starts the whole group again, while the other groups go on. ``TorchftJob`` does both here:
 
 - it starts the Lighthouse process (``harness.strategies.torchft_lighthouse``) before the ranks and
-  hands its address to every rank as ``TORCHFT_LIGHTHOUSE``;
+  hands its address to every rank as ``TORCHFT_LIGHTHOUSE``; it runs where every rank reaches it
+  (``harness.parent.server_home``: the parent's namespace, or the bridge namespace on the control
+  network when the ranks run in network namespaces), so a lost host takes only its own ranks down;
 - it is the launcher's ``replace_dead`` policy: a failed rank's whole replica group is restarted (its
   still-running members are SIGKILLed, as torchrun's agent stops them) within
   ``strategy.max_restarts`` replacement processes, and the group's new processes meet on a fresh
@@ -20,8 +22,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
+from harness.parent.server_home import server_home
 from harness.strategies.torchft_lighthouse import Lighthouse
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -67,6 +70,24 @@ class GroupLayout:
         return list(range(self.group * self.size, (self.group + 1) * self.size))
 
 
+def ranks_lost(fault_ranks: Iterable[int], world_size: int, hosts: int, whole_host: bool) -> set[int]:
+    """The ranks a fault on ``fault_ranks`` kills: each of them, or with ``whole_host`` (a host loss) every
+    rank of its host (``hosts`` namespaces of ``world_size / hosts`` consecutive ranks; 0: a host per rank,
+    as ``harness.faults.addressing.Layout`` places them)."""
+    per_host = world_size // hosts if hosts else 1
+    lost: set[int] = set()
+    for r in fault_ranks:
+        first = (r // per_host) * per_host if whole_host else r
+        lost.update(range(first, first + (per_host if whole_host else 1)))
+    return lost
+
+
+def groups_untouched(lost: Iterable[int], world_size: int, group_size: int) -> list[int]:
+    """The replica groups with no rank in ``lost``: the peers a restarted group can heal from."""
+    hit = {r // group_size for r in lost}
+    return [g for g in range(world_size // group_size) if g not in hit]
+
+
 class TorchftJob:
     """What the parent keeps alive for a torchft run (``StrategySpec.parent_setup``); ``close()`` at the end."""
 
@@ -77,12 +98,13 @@ class TorchftJob:
         self.group_size = st.group_size
         self.restarts: dict[int, int] = {}  # group -> generation now starting
         self._pending: dict[int, set[int]] = {}  # group -> members of the current restart not yet replaced
+        home = server_home(run, launcher)
         self.lighthouse = Lighthouse.start(
-            Path(launcher.run_dir) / "logs" / LIGHTHOUSE_LOG, run.cluster.master_addr, st.min_replicas,
-            st.join_timeout_ms, st.quorum_tick_ms, st.heartbeat_timeout_ms)
+            Path(launcher.run_dir) / "logs" / LIGHTHOUSE_LOG, home.host, st.min_replicas,
+            st.join_timeout_ms, st.quorum_tick_ms, st.heartbeat_timeout_ms, netns=home.netns)
         launcher.extra_env[LIGHTHOUSE_ENV] = self.lighthouse.address
         launcher.replace_dead = self.replace_dead
-        print(f"  torchft: Lighthouse {self.lighthouse.address} (pid {self.lighthouse.proc.pid}), "
+        print(f"  torchft: Lighthouse {self.lighthouse.address} ({home.describe()}, pid {self.lighthouse.proc.pid}), "
               f"{run.cluster.world_size // st.group_size} replica group(s) of {st.group_size} rank(s)", flush=True)
 
     def replace_dead(self, rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
@@ -95,6 +117,13 @@ class TorchftJob:
         g = layout.group
         pending = self._pending.get(g)
         if not pending:  # a new failure of this group: a new generation, every member restarts
+            finished = [m for m in layout.members() if m != rank and codes.get(m) == 0]
+            if finished:
+                # The group cannot restart whole: a finished rank is not restarted (only failed ones are), and
+                # the restarted members would wait for it at the group's rendezvous until the run timed out.
+                print(f"  torchft: replica group {g} lost rank {rank} (exit {code}) after its rank(s) {finished} "
+                      "finished; not restarting the group", flush=True)
+                return False
             self.restarts[g] = self.restarts.get(g, 0) + 1
             pending = self._pending[g] = set(layout.members())
             self._set(gen_key(self.launcher.token, g), str(self.restarts[g]).encode())
@@ -112,14 +141,14 @@ class TorchftJob:
 
     def row_columns(self) -> dict[str, Any]:
         """torchft's columns of the row: quorum and heal times and short steps (from the events), the group
-        restarts and the Lighthouse's log."""
+        restarts, and the Lighthouse's address (where it ran) and log."""
         from harness.events import read_events
         from harness.strategies.torchft_report import torchft_columns
 
         run_dir = Path(self.launcher.run_dir)
         events = read_events(run_dir) if (run_dir / "events").exists() else []
         return {**torchft_columns(events), "torchft_group_restarts": sum(self.restarts.values()),
-                "torchft_lighthouse_log": str(self.lighthouse.log_path)}
+                "torchft_lighthouse": self.lighthouse.address, "torchft_lighthouse_log": str(self.lighthouse.log_path)}
 
     def close(self) -> None:
         self.lighthouse.close()

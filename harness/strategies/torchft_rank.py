@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from harness.strategies.torchft_hsdp import TorchftHsdp, _group_store
+from harness.strategies.torchft_hsdp import TorchftHsdp, _group_store, group_store_host
 from harness.strategies.torchft_parent import GroupLayout, gen_key
 
 __all__ = ["train_replica"]
@@ -36,7 +36,7 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     with EventLog(run_dir, env.rank) as events:
         control = connect_control_store(env, cfg.cluster.pg_timeout_s)
         gen = int(control.get(gen_key(env.token, layout.group)).decode()) if env.replacement else 0
-        store, store_addr = _group_store(control, env.token, layout, gen, cfg.cluster.master_addr,
+        store, store_addr = _group_store(control, env.token, layout, gen, group_store_host(env.control_host),
                                          cfg.cluster.pg_timeout_s)
         dist.init_process_group("gloo", store=dist.PrefixStore("harness/torchft/dp", store), rank=layout.local,
                                 world_size=layout.size, timeout=pg_timeout)

@@ -130,6 +130,13 @@ def test_a_failed_rank_restarts_its_whole_group_only():
     assert job.launcher.keys["tok/torchft/g1/gen"] == b"2"
 
 
+def test_no_group_restart_once_a_member_of_the_group_finished():
+    job = _job(world=4, group_size=2)
+    # rank 0 exited 0 (done); its mate failing now cannot restart the group whole: the run ends with it
+    assert not job.replace_dead(1, 1, {0: 0, 1: 1, 2: None, 3: None})
+    assert job.launcher.signalled == [] and job.launcher.keys == {}
+
+
 def test_no_restart_beyond_max_restarts_or_without_a_lighthouse():
     job = _job(world=2, group_size=1, max_restarts=1)
     job.launcher.replacements = 1
@@ -187,9 +194,10 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
-def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0):
+def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, ranks: tuple[int, ...] = (1,)):
     return SimpleNamespace(strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
-                           cluster=SimpleNamespace(world_size=world, hosts=hosts), fault=SimpleNamespace(kind=fault))
+                           cluster=SimpleNamespace(world_size=world, hosts=hosts),
+                           fault=SimpleNamespace(kind=fault, ranks=list(ranks)))
 
 
 def test_validation_names_the_fix():
@@ -199,8 +207,38 @@ def test_validation_names_the_fix():
     check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
     with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):
         check_runnable(_run(2, 2))  # one group: nothing to fall back on
-    with pytest.raises(ConfigError, match="namespace"):
-        check_runnable(_run(2, 1, "host_loss"))
+    # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.parent.server_home).
+    check_runnable(_run(2, 1, "host_loss"))
+    check_runnable(_run(4, 2, "host_loss", hosts=2))  # host 0 holds group 0 only
+    check_runnable(_run(4, 1, "tcp_reset", hosts=2))
+    # One host holding a rank of every group: its loss leaves no peer to heal from.
+    with pytest.raises(ConfigError, match=r"every replica group.*fault.ranks=\[1\] with a host per group: cluster.hosts=2"):
+        check_runnable(_run(2, 1, "host_loss", hosts=1))
+    with pytest.raises(ConfigError, match=r"kills ranks \[0, 1\]"):
+        check_runnable(_run(2, 1, "kill", ranks=(0, 1)))
+
+
+def test_the_ranks_a_fault_kills_and_the_groups_it_leaves():
+    from harness.strategies.torchft_parent import groups_untouched, ranks_lost
+
+    assert ranks_lost([1], 4, 0, whole_host=True) == {1}  # a host per rank
+    assert ranks_lost([1], 4, 2, whole_host=True) == {0, 1}  # rank 1's host holds ranks 0-1
+    assert ranks_lost([3], 6, 2, whole_host=True) == {3, 4, 5}
+    assert ranks_lost([1], 4, 2, whole_host=False) == {1}  # a kill takes the rank only
+    assert groups_untouched({0, 1}, 4, 2) == [1]
+    assert groups_untouched({0, 1}, 4, 1) == [2, 3]
+    assert groups_untouched({1, 2}, 4, 2) == []  # a member of both groups
+
+
+def test_strategy_servers_run_in_the_bridge_namespace_when_the_ranks_run_in_namespaces():
+    from harness.parent.server_home import ServerHome, server_home
+
+    run = SimpleNamespace(cluster=SimpleNamespace(master_addr="127.0.0.1"))
+    home = server_home(run, SimpleNamespace(store_netns="ap123456-br", control_host="10.2.255.254"))
+    assert home == ServerHome("10.2.255.254", "ap123456-br")
+    assert home.command(["python", "-m", "x"]) == ["ip", "netns", "exec", "ap123456-br", "python", "-m", "x"]
+    home = server_home(run, SimpleNamespace(store_netns=None, control_host="127.0.0.1"))
+    assert home == ServerHome("127.0.0.1") and home.command(["python"]) == ["python"]
 
 
 # ----------------------------------------------------------------------------------- slow ----------

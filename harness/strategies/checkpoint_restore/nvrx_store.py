@@ -6,16 +6,14 @@ address not its own, and connects as a client). A relaunched world needs a fresh
 its own iteration number, which starts at 0 again, and on the old store it would read the dead world's
 keys. ``StoreHome.renew()`` hosts one store per incarnation and returns its (host, port).
 
-Two homes, as for the harness's control store (``harness.faults.placement``):
+Two homes (``harness.parent.server_home``: the same decision for every strategy server, torchft's
+Lighthouse too):
 
 - ``ParentStores``: ranks in the parent's network namespace (``cluster=local_cpu``); the store is a
   TCPStore in the parent process itself, on ``cluster.master_addr``.
 - ``NamespaceStores``: ranks in network namespaces (``cluster.hosts`` > 0, or a namespace fault such as
-  ``host_loss``). The parent's namespace has no link into them (by design: no job address reaches the root
-  namespace), so a store at 127.0.0.1 in the parent is unreachable and each rank would dial its own
-  loopback. The store runs where the control store does: in the topology's bridge namespace, on the
-  control network's bridge address, which every host reaches over its control link (``ctl0``). The data
-  plane faults never touch that link, and a host loss kills only the ranks' processes. One server process
+  ``host_loss``). The store runs in the topology's bridge namespace, on the control network's bridge
+  address, which every host reaches over its control link (``ctl0``). One server process
   (``python -m harness.strategies.checkpoint_restore.nvrx_store --host ADDR``) serves the whole run and hosts a
   fresh TCPStore on each ``NEW`` line of its stdin, answering ``PORT <port>``: a relaunch pays no Python
   and torch start-up for its new store (the server's start took 10-30 s here on a loaded 2-core host). It exits at stdin EOF,
@@ -35,6 +33,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Optional, Protocol
+
+from harness.parent.server_home import ServerHome, server_home
 
 __all__ = ["StoreHome", "ParentStores", "NamespaceStores", "store_home"]
 
@@ -81,8 +81,9 @@ class NamespaceStores:
         root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
                "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        argv = ServerHome(self.host, self.netns).command([self.python, "-m", __name__, "--host", self.host])
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, self.python, "-m", __name__, "--host", self.host],
+            argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)
         threading.Thread(target=self._read, args=(proc,), daemon=True, name="nvrx-store-out").start()
         return proc
@@ -138,12 +139,12 @@ class NamespaceStores:
 
 
 def store_home(run: Any, launcher: Any) -> StoreHome:
-    """Where this run's NVRx stores live: the launcher names a namespace for servers when its ranks run
-    in network namespaces (``LaunchPlan.store_netns``; the control store's host is its address there)."""
-    netns: Optional[str] = getattr(launcher, "store_netns", None)
-    if netns:
-        return NamespaceStores(netns, launcher.control_host)
-    return ParentStores(run.cluster.master_addr)
+    """Where this run's NVRx stores live (``harness.parent.server_home``): a server process in the
+    launcher's namespace for servers when its ranks run in network namespaces, else the parent itself."""
+    home = server_home(run, launcher)
+    if home.netns:
+        return NamespaceStores(home.netns, home.host)
+    return ParentStores(home.host)
 
 
 def main(argv: list[str] | None = None) -> int:
