@@ -4,6 +4,7 @@ restoration, cold restart), on the same faults, with trials and intervals.
     python -m experiments.peers              # experiment=peers: 2 faults x 2 ages x 5 strategies, 3 trials
     python -m experiments.peers --trials 5   # more trials
     python -m experiments.peers --quick      # age 5, socket_reset only, 12 steps, 2 trials, into a temp dir
+    python -m experiments.peers --host-loss  # the host_loss column: every rank of a host lost (root), into results/peers/host_loss/
 
 Runs the harness's ``experiment=peers`` (a Hydra multirun with the trials sweeper: each round runs the
 fault-free reference and every (strategy, fault, age) once, in a rotated order; conf/experiment/peers.yaml)
@@ -18,6 +19,11 @@ other rows.
 
 Writes results/peers/: table.md, table.csv (one row per cell), runs.csv (one row per run and trial),
 goodput_vs_age.png, badput_by_part.png, provenance.json (+ .md).
+
+``--host-loss`` runs the matrix's third fault apart, into results/peers/host_loss/: ``cluster=local_hosts``
+(two hosts, each in its own network namespace, so it needs root) and ``fault=host_loss``, which kills every
+rank of host 1 and deletes its shared memory. It is a sweep of its own because the other two faults run on
+``cluster=local_cpu``, which has no host to lose.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from experiments.provenance import footer_text, load_provenance, provenance_mark
 NAME = "peers"
 _ROOT = Path(__file__).resolve().parent.parent
 QUICK: tuple[str, ...] = ("fault=socket_reset", "fault.at_age=5", "train.steps=12", "checkpoint.interval=6")
+HOST_LOSS: tuple[str, ...] = ("cluster=local_hosts", "fault=host_loss")
 COPIED: tuple[str, ...] = ("table.md", "table.csv", "runs.csv")
 
 
@@ -63,9 +70,11 @@ def refused(strategies: Sequence[str], quick: bool, extra: Sequence[str] = ()) -
     return out
 
 
-def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: bool) -> list[str]:
+def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: bool,
+                    extra: Sequence[str] = ()) -> list[str]:
     return ["experiment=peers", f"strategy={','.join(strategies)}", f"compare.trials={trials}", "progress=false",
-            f"hydra.sweep.dir={sweep}", f"index_path={sweep.parent / 'index.csv'}", *(QUICK if quick else ())]
+            f"hydra.sweep.dir={sweep}", f"index_path={sweep.parent / 'index.csv'}", *(QUICK if quick else ()),
+            *extra]
 
 
 PACE_TOLERANCE = 0.10  # a strategy whose productive steps ran this much faster or slower than the reference's
@@ -89,7 +98,7 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
             f"the measured whole-run gain keeps both. {rows}.", ""]
 
 
-def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float) -> None:
+def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False) -> None:
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md."""
     from harness.report import plots_trials
     from harness.report.compare import PAPER_GAIN
@@ -108,10 +117,16 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
             print(f"warning: the plots failed: {type(exc).__name__}: {exc}")
     verdict = (sweep / "table.md").read_text().split("\n", 1)[-1] if (sweep / "table.md").exists() else \
         "The comparison wrote no table: see the run's output.\n"
-    lines = ["# AccelPact against the peers: torchft, GEMINI, NVRx, cold restart", "",
-             "mistral_tiny (2 layers, seq 64 x batch 1) on 2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL "
-             "of rank 1 (backward reduce-scatter) when the newest checkpoint is 5 or 18 steps old; each trial runs "
-             "the fault-free reference and every cell once, in a rotated order (`experiment=peers`).", ""]
+    what = ("2 gloo ranks on 2 hosts, each host its own network namespace (`cluster=local_hosts`), a sync DCP "
+            "checkpoint every 20 steps, host 1 lost (every rank on it SIGKILLed, its shared memory deleted: "
+            "`fault=host_loss`)" if host_loss else
+            "2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL of rank 1 (backward "
+            "reduce-scatter)")
+    lines = ["# AccelPact against the peers: torchft, GEMINI, NVRx, cold restart"
+             + (": a lost host" if host_loss else ""), "",
+             f"mistral_tiny (2 layers, seq 64 x batch 1), {what}, when the newest checkpoint is 5 or 18 steps old; "
+             "each trial runs the fault-free reference and every cell once, in a rotated order (`experiment=peers`).",
+             ""]
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     lines += pace_caveat(cells)
@@ -124,29 +139,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 3; --quick 2)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
+    ap.add_argument("--host-loss", action="store_true",
+                    help="the host_loss column (cluster=local_hosts, root), into results/peers/host_loss/")
     args = ap.parse_args(argv)
+    extra = HOST_LOSS if args.host_loss else ()
     trials = args.trials or (2 if args.quick else 3)
     if trials < 1:
         print(f"error: --trials must be 1 or more; got {trials}", file=sys.stderr)
         return 2
     wanted = swept_strategies()
-    missing = refused(wanted, args.quick)
+    missing = refused(wanted, args.quick, extra)
     runnable = [s for s in wanted if s not in missing]
     for s, why in missing.items():
         print(f"note: no {s} rows: {why}", flush=True)
-    out = _driver.output_dir(args, NAME)
+    out = _driver.output_dir(args, f"{NAME}/host_loss" if args.host_loss else NAME)
     scratch = _driver.scratch_dir(args, NAME)
     sweep = scratch / "sweep"
     write_provenance(out, _driver.command(argv, NAME), {"trials": trials, "strategies": ",".join(runnable),
-                                                        "not_run": ",".join(missing), "quick": args.quick})
+                                                        "not_run": ",".join(missing), "quick": args.quick,
+                                                        "faults": "host_loss" if args.host_loss else "socket_reset,kill"})
     timing = _driver.Timing()
     try:
-        done = subprocess.run([sys.executable, "-m", "harness", *sweep_overrides(runnable, trials, sweep, args.quick)],
-                              cwd=_ROOT)
+        done = subprocess.run([sys.executable, "-m", "harness",
+                               *sweep_overrides(runnable, trials, sweep, args.quick, extra)], cwd=_ROOT)
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)
-        write_outputs(out, sweep, missing, runtime)
+        write_outputs(out, sweep, missing, runtime, host_loss=args.host_loss)
     finally:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -22,6 +22,14 @@ def test_the_sweep_is_the_experiments_strategies_with_trials():
     assert set(peers.QUICK) <= set(peers.sweep_overrides(wanted, 2, Path("/tmp/x/sweep"), quick=True))
 
 
+def test_the_host_loss_column_sweeps_host_loss_on_hosts_whatever_the_experiment_sweeps():
+    """peers.yaml sweeps fault=socket_reset,kill; the host-loss run's overrides come after the experiment's, and
+    the later override of a key wins in Hydra's sweep (BasicSweeper.split_arguments), so only host_loss runs."""
+    args = peers.sweep_overrides(["accelpact"], 3, Path("/tmp/x/sweep"), quick=False, extra=peers.HOST_LOSS)
+    assert args[-len(peers.HOST_LOSS):] == list(peers.HOST_LOSS)
+    assert "fault=host_loss" in args and "cluster=local_hosts" in args
+
+
 def test_a_refused_strategy_is_named_with_the_harness_reason():
     """GEMINI pairs each rank with a neighbour: on 3 ranks the harness refuses it (whether or not its extra
     is installed), and the experiment keeps that reason; AccelPact runs on 3 ranks."""
