@@ -4,7 +4,7 @@ restoration, cold restart), on the same faults, with trials and intervals.
     python -m experiments.peers              # experiment=peers: 2 faults x 2 ages x 5 strategies, 3 trials
     python -m experiments.peers --trials 5   # more trials
     python -m experiments.peers --quick      # age 5, socket_reset only, 12 steps, 2 trials, into a temp dir
-    python -m experiments.peers --host-loss  # the host_loss column: every rank of a host lost (root), into results/peers/host_loss/
+    python -m experiments.peers --host-loss  # the host_loss column: every rank of a host lost (root), into results/peers_host_loss/
 
 Runs the harness's ``experiment=peers`` (a Hydra multirun with the trials sweeper: each round runs the
 fault-free reference and every (strategy, fault, age) once, in a rotated order; conf/experiment/peers.yaml)
@@ -20,7 +20,7 @@ other rows.
 Writes results/peers/: table.md, table.csv (one row per cell), runs.csv (one row per run and trial),
 goodput_vs_age.png, badput_by_part.png, provenance.json (+ .md).
 
-``--host-loss`` runs the matrix's third fault apart, into results/peers/host_loss/: ``cluster=local_hosts``
+``--host-loss`` runs the matrix's third fault apart, into results/peers_host_loss/: ``cluster=local_hosts``
 (two hosts, each in its own network namespace, so it needs root) and ``fault=host_loss``, which kills every
 rank of host 1 and deletes its shared memory. It is a sweep of its own because the other two faults run on
 ``cluster=local_cpu``, which has no host to lose.
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--host-loss", action="store_true",
-                    help="the host_loss column (cluster=local_hosts, root), into results/peers/host_loss/")
+                    help="the host_loss column (cluster=local_hosts, root), into results/peers_host_loss/")
     args = ap.parse_args(argv)
     extra = HOST_LOSS if args.host_loss else ()
     trials = args.trials or (2 if args.quick else 3)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     runnable = [s for s in wanted if s not in missing]
     for s, why in missing.items():
         print(f"note: no {s} rows: {why}", flush=True)
-    out = _driver.output_dir(args, f"{NAME}/host_loss" if args.host_loss else NAME)
+    out = _driver.output_dir(args, f"{NAME}_host_loss" if args.host_loss else NAME)
     scratch = _driver.scratch_dir(args, NAME)
     sweep = scratch / "sweep"
     write_provenance(out, _driver.command(argv, NAME), {"trials": trials, "strategies": ",".join(runnable),

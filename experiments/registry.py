@@ -88,6 +88,16 @@ REGISTRY: tuple[Experiment, ...] = (
         plot="goodput_vs_age.png", digest_row=("torchft", "5", "kill"),
         digest_columns=("strategy", "age", "fault", "gain_ci", "verdict", "measured_gain_ci")),
     Experiment(
+        "peers_host_loss", "experiments.peers_host_loss",
+        "AccelPact against the same peers when a whole host is lost (the peers matrix's third fault)", 20,
+        title="Against the peers: a lost host",
+        intro="The peers matrix's third fault, run apart because it needs hosts: mistral_tiny (2 layers) on 2 gloo "
+              "ranks on 2 hosts, each its own network namespace (`cluster=local_hosts`, root), host 1 lost (its ranks "
+              "SIGKILLed, its shared memory deleted) at checkpoint ages 5 and 18; every strategy in each of 3 "
+              "interleaved trials, each with its own fault-free reference.",
+        plot="goodput_vs_age.png", digest_row=("torchft", "5"),
+        digest_columns=("strategy", "age", "gain_ci", "verdict", "measured_gain_ci")),
+    Experiment(
         "rebind_scaling", "experiments.rebind_scaling",
         "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 10,
         title="Rebinding and recovery scaling",
@@ -132,7 +142,7 @@ REGISTRY: tuple[Experiment, ...] = (
 )
 
 # The README tells the story in its own order: the headline gain, its cost side, then the mechanism.
-README_ORDER: tuple[str, ...] = ("goodput_vs_age", "peers", "process_loss", "ckpt_overhead", "rebind_scaling", "bit_identity",
+README_ORDER: tuple[str, ...] = ("goodput_vs_age", "peers", "peers_host_loss", "process_loss", "ckpt_overhead", "rebind_scaling", "bit_identity",
                                  "compile", "scale_projection")
 _BY_NAME = {e.name: e for e in REGISTRY}
 SECTIONS: tuple[Section, ...] = tuple(_BY_NAME[n].section for n in README_ORDER if _BY_NAME[n].title)

@@ -47,7 +47,7 @@ def test_a_failing_experiment_is_reported_and_does_not_stop_the_next():
 
 def test_registry_covers_every_claim_and_selection_keeps_its_order():
     names = [e.name for e in REGISTRY]
-    assert names == ["goodput_vs_age", "process_loss", "peers", "rebind_scaling", "bit_identity", "ckpt_overhead", "compile",
+    assert names == ["goodput_vs_age", "process_loss", "peers", "peers_host_loss", "rebind_scaling", "bit_identity", "ckpt_overhead", "compile",
                      "scale_projection"]
     assert all(e.module == f"experiments.{e.name}" for e in REGISTRY)
     assert [e.name for e in select(REGISTRY, ["compile", "bit_identity"])] == ["bit_identity", "compile"]
