@@ -27,7 +27,6 @@ What an agent does (docs/launcher.md):
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
-from accelpact.run.template import TemplateClient, TemplateUnavailable
+from accelpact.run.template import TemplateClient, TemplateUnavailable, start_script_template
 
 __all__ = ["AgentConfig", "Agent", "JobFailed"]
 
@@ -238,20 +237,11 @@ class Agent:
         entry = {"script": None if self.cfg.module else self.cfg.entry[0],
                  "module": self.cfg.entry[0] if self.cfg.module else None,
                  "args": list(self.cfg.entry[1:]), "preload": list(self.cfg.preload)}
-        env = self._env(0, 0)
-        env["ACCELPACT_TEMPLATE_ENTRY"] = json.dumps(entry)
-        # numpy's OpenBLAS starts a pool thread at import unless told one: a template with two threads
-        # cannot fork safely (accelpact.run.forkserver); torch's own pool starts in the child.
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        out = os.dup(1)
-        env["ACCELPACT_TEMPLATE_STDOUT_FD"] = str(out)
+        out = os.dup(1)  # the agent's stdout becomes the template's and its children's
         try:
-            proc = subprocess.Popen([self.cfg.python, "-m", "accelpact.run.script_template"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(out,),
-                                    start_new_session=True)
+            self.template = start_script_template(self.cfg.python, entry, self._env(0, 0), stdout_fd=out)
         finally:
             os.close(out)
-        self.template = TemplateClient(proc, time.time())
 
     def _entry(self) -> dict[str, Any]:
         return {"script": None if self.cfg.module else self.cfg.entry[0],

@@ -21,7 +21,8 @@ import subprocess
 import time
 from typing import Any, Optional
 
-__all__ = ["TemplateClient", "TemplateUnavailable", "ForkedRank", "FORK_REPLY_S", "READY_WAIT_S"]
+__all__ = ["TemplateClient", "TemplateUnavailable", "ForkedRank", "start_script_template", "FORK_REPLY_S",
+           "READY_WAIT_S"]
 
 # A ready template forks and answers in milliseconds; this only bounds a template that stopped
 # answering (it is then killed and the replacement spawned).
@@ -137,6 +138,30 @@ class TemplateClient:
         self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str], *, stdout_fd: Optional[int] = None,
+                          stderr: Any = None, cwd: Optional[str] = None) -> TemplateClient:
+    """Start ``python -m accelpact.run.script_template`` for ``entry`` and return its client.
+
+    ``entry``: what the template preloads and what its children run (``script`` or ``module``, ``args``,
+    ``preload``). ``env``: the template's environment (its children get their own with each request); it must
+    name the launcher's pid in ``ACCELPACT_AGENT_PID`` so that the template dies with it. ``stdout_fd``: a
+    descriptor that becomes the template's (and its children's) stdout; default its stderr. ``stderr``: as
+    for ``Popen``."""
+    from accelpact.run.script_template import ENTRY_ENV, STDOUT_FD_ENV
+
+    env = dict(env)
+    env[ENTRY_ENV] = json.dumps(entry)
+    # numpy's OpenBLAS starts a pool thread at import unless told one: a template with two threads
+    # cannot fork safely (accelpact.run.forkserver); torch's own pool starts in the child.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if stdout_fd is not None:
+        env[STDOUT_FD_ENV] = str(stdout_fd)
+    proc = subprocess.Popen([python, "-m", "accelpact.run.script_template"], env=env, cwd=cwd,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            pass_fds=() if stdout_fd is None else (stdout_fd,), start_new_session=True)
+    return TemplateClient(proc, time.time())
 
 
 class ForkedRank:

@@ -23,16 +23,13 @@ and checks before each fork.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from accelpact.run.template import ForkedRank, TemplateClient, TemplateUnavailable
+from accelpact.run.template import ForkedRank, TemplateClient, TemplateUnavailable, start_script_template
 
 __all__ = ["RankTemplate", "ENTRY_MODULE"]
 
@@ -69,24 +66,19 @@ class RankTemplate:
             return self.client.fork({"env": dict(env), "cwd": cwd, "netns": None, "log": str(log_path),
                                      "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]}})
         except TemplateUnavailable as exc:
-            self.broken = str(exc)
+            self.broken = f"{exc} (its log: {self.log_path})"
             self.close()
-            raise
+            raise TemplateUnavailable(self.broken) from exc
 
     def _start(self, env: Mapping[str, str], cwd: str) -> None:
         entry = {"script": None, "module": ENTRY_MODULE, "args": [], "preload": self.preload}
-        tenv = dict(env, ACCELPACT_TEMPLATE_ENTRY=json.dumps(entry), ACCELPACT_AGENT_PID=str(os.getpid()))
-        # numpy's OpenBLAS starts a pool thread at import unless told one: a template with two threads
-        # cannot fork (accelpact.run.forkserver); the ranks' own intra-op pools start in the children.
-        tenv.setdefault("OPENBLAS_NUM_THREADS", "1")
         fd, name = tempfile.mkstemp(prefix="accelpact-rank-template-", suffix=".log")
         self.log_path = Path(name)
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "accelpact.run.script_template"], env=tenv, cwd=cwd,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, start_new_session=True)
+        try:  # the template dies with this process (ACCELPACT_AGENT_PID), its ranks with the template
+            self.client = start_script_template(sys.executable, entry, dict(env, ACCELPACT_AGENT_PID=str(os.getpid())),
+                                                stderr=fd, cwd=cwd)
         finally:
             os.close(fd)
-        self.client = TemplateClient(proc, time.time())
         self.key = (env.get("PYTHONPATH", ""), cwd, sys.executable)
 
     def close(self) -> None:
@@ -94,7 +86,3 @@ class RankTemplate:
         if self.client is not None:
             self.client.close()
             self.client = None
-
-    def describe(self) -> dict[str, Any]:
-        """The template's ready record (imports' seconds, threads), for a log line."""
-        return dict(self.client.ready or {}) if self.client is not None else {}
