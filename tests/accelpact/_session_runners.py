@@ -19,6 +19,11 @@ def echo(sc: dict, ctx: RankContext) -> dict:
     return {"rank": ctx.rank, "world_size": ctx.world_size, "settings": ctx.settings, "value": sc["value"]}
 
 
+def parent(sc: dict, ctx: RankContext) -> dict:
+    """This rank's process and its parent's (the session's process, or the template it was forked from)."""
+    return {"pid": os.getpid(), "ppid": os.getppid()}
+
+
 def die_on_rank_1(sc: dict, ctx: RankContext) -> dict:
     """Rank 1 prints a marker and exits with code 3, without writing a result."""
     if ctx.rank == 1:

@@ -25,6 +25,17 @@ def test_every_rank_runs_every_scenario_with_the_callers_settings(tmp_path):
     assert [r["rank"] for r in s.job("b")] == [0, 1, 2]
 
 
+@pytest.mark.skipif(bool(os.environ.get("ACCELPACT_TEST_SPAWN")), reason="ACCELPACT_TEST_SPAWN=1: no template")
+def test_the_suites_sessions_fork_their_ranks_from_one_template(tmp_path):
+    """tests/conftest.py turns the template on: both ranks are children of one process that is not this one
+    (spawned ranks are this process's children), and a second session forks from the same template."""
+    first = run_session(tmp_path / "a", f"{RUNNERS}:parent", [{"name": "p"}], timeout_s=120)
+    second = run_session(tmp_path / "b", f"{RUNNERS}:parent", [{"name": "p"}], timeout_s=120)
+    assert first.started == second.started == "forked from the template", (first.started, second.started)
+    parents = {r["ppid"] for s in (first, second) for r in s.job("p")}
+    assert len(parents) == 1 and os.getpid() not in parents, parents
+
+
 def test_a_rank_that_exits_is_named_with_its_exit_code_and_log_tail(tmp_path):
     with pytest.raises(SessionError) as info:
         run_session(tmp_path, f"{RUNNERS}:die_on_rank_1", [{"name": "d"}], timeout_s=120)
