@@ -1,7 +1,7 @@
 """``accelpact.run`` under ``srun -N2`` on the multi-node Slurm of ``scripts/slurm.sh up``: a rank killed on
 the second node is healed in memory, bit-identically, with the survivor on the first node kept; and a
-data-link fault between the nodes (every TCP connection of the second node to the first one's data
-address reset with ``ss -K``, from outside the processes) is recovered in memory, bit-identically.
+data-link fault between the nodes (every TCP connection the job's rank on the second node holds to the
+first node's data address reset with ``ss -K``, from outside the processes) is recovered in memory, bit-identically.
 
 Each Slurm node is a network-namespace host (its own node name, control address 10.250.1.<i+1> and data
 address 10.250.0.<i+1>); gloo is pinned to the data network (``GLOO_SOCKET_IFNAME=eth0``), the agents'
@@ -77,15 +77,41 @@ def results(run: Path, rank: int) -> list[dict]:
     return [json.loads(line.split("RESULT ", 1)[1]) for line in lines if line.startswith("RESULT ")]
 
 
+def _rank_pid(run: Path, rank: int) -> int | None:
+    m = re.search(rf"started ranks \[{rank}\] \(pids \[(\d+)\]\)", (run / f"agent{rank}.log").read_text())
+    return int(m.group(1)) if m else None
+
+
+def _data_connections(pid: int) -> list[tuple[int, int]]:
+    """(local port, peer port) of every TCP connection process ``pid`` on node 1 holds to node 0's data address."""
+    out = subprocess.run(["ip", "netns", "exec", NODE1_NS, "ss", "-H", "-t", "-n", "-p", "dst", NODE0_DATA],
+                         capture_output=True, text=True, timeout=30).stdout
+    pairs = []
+    for line in out.splitlines():
+        cols = line.split()
+        if f"pid={pid}," in line and len(cols) >= 5:
+            pairs.append((int(cols[3].rsplit(":", 1)[1]), int(cols[4].rsplit(":", 1)[1])))
+    return pairs
+
+
 def reset_data_link_after(run: Path, step: int, done: dict) -> None:
-    """Once rank 1 has committed ``step``: reset every TCP connection from node 1 to node 0's data address."""
+    """Once rank 1 has committed ``step``: reset every TCP connection that rank (only: the other jobs share the
+    nodes and their links) holds from node 1 to node 0's data address.
+
+    Only that job's: a CI run reset every connection to that address, which also cut the killed job's
+    replacement in its first collective (RuntimeError: Software caused connection abort) and failed that job."""
     log = run / "logs" / "rank1.log"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if log.exists() and f"rank 1 step {step} " in log.read_text():
-            done["t"] = time.time()
-            done["ss"] = subprocess.run(["ip", "netns", "exec", NODE1_NS, "ss", "-K", "-t", "dst", NODE0_DATA],
-                                        capture_output=True, text=True, timeout=30).stdout
+            pid = _rank_pid(run, 1)
+            pairs = _data_connections(pid) if pid is not None else []
+            done.update(t=time.time(), pid=pid, pairs=pairs, ss="")
+            if pairs:
+                match = " or ".join(f"( sport = :{a} and dport = :{b} )" for a, b in pairs)
+                done["ss"] = subprocess.run(["ip", "netns", "exec", NODE1_NS, "ss", "-K", "-t", "dst", NODE0_DATA,
+                                             "and", "(", *match.split(), ")"],
+                                            capture_output=True, text=True, timeout=30).stdout
             return
         time.sleep(0.05)
 
@@ -145,7 +171,8 @@ def test_a_data_link_reset_between_the_nodes_recovers_in_memory(runs):
     run = runs / "reset"
     injected = json.loads((run / "injected.json").read_text())
     assert "t" in injected, "rank 1 never reported step 1: the fault was not injected"
-    assert NODE0_DATA in injected["ss"], f"ss -K found no data-plane connection to reset: {injected['ss']!r}"
+    assert injected["pairs"], f"rank 1 (pid {injected['pid']}) held no connection to {NODE0_DATA} to reset"
+    assert NODE0_DATA in injected["ss"], f"ss -K reset none of {injected['pairs']}: {injected['ss']!r}"
     assert_bit_identical(runs / "ref", run)
     node0, node1 = (run / "agent0.log").read_text(), (run / "agent1.log").read_text()
     assert "replacement" not in node0 + node1 and "restarting the whole worker group" not in node0 + node1
