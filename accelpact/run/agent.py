@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,12 +37,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
-from accelpact.run.template import TemplateClient, TemplateUnavailable, start_script_template
+from accelpact.run.template import TemplateClient, start_script_template
+from accelpact.run.workers import HOT_SPARE, Notices, Workers, describe_exit, spawn, start_replacement
 
 __all__ = ["AgentConfig", "Agent", "JobFailed"]
 
 POLL_S = 0.05  # how often the agent reaps its ranks and reads the other agents' keys (torchrun: 0.1 s)
-TERM_GRACE_S = 5.0
 REPLACE_MODES = ("template", "spawn", "none")
 
 
@@ -99,25 +98,18 @@ class AgentConfig:
                          node_rank=self.node_rank, nnodes=self.nnodes)
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
-
-
 @dataclass
 class _Attempt:
-    """One attempt's ranks on this node."""
+    """One attempt's ranks on this node (their processes: accelpact.run.workers, shared with the harness)."""
 
     number: int
-    procs: dict[int, Any] = field(default_factory=dict)  # global rank -> Popen or ForkedRank
-    retired: list[Any] = field(default_factory=list)  # dead processes a replacement took over from
-    noticed: set[int] = field(default_factory=set)  # (rank) death notices written for the current process
+    workers: Workers = field(default_factory=Workers)
     spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
     done_posted: bool = False
+
+    @property
+    def procs(self) -> dict[int, Any]:  # global rank -> Popen or ForkedRank
+        return self.workers.procs
 
 
 class Agent:
@@ -184,15 +176,8 @@ class Agent:
         return self.cfg.log_dir / f"rank{rank}.log"
 
     def _spawn(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> Any:
-        log_path = self._log(self.cfg.place(local_rank).rank)
-        log = open(log_path, "ab") if log_path is not None else None
-        try:
-            return subprocess.Popen(self._argv(), env=self._env(local_rank, attempt, replacement_of),
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT if log else None,
-                                    start_new_session=True)
-        finally:
-            if log is not None:
-                log.close()
+        return spawn(self._argv(), self._env(local_rank, attempt, replacement_of),
+                     self._log(self.cfg.place(local_rank).rank))
 
     def _start_spares(self, att: _Attempt) -> None:
         """``--hot-spares`` processes running the script, each blocked in ``accelpact.run.replacement()``."""
@@ -207,14 +192,7 @@ class Agent:
             log_path = self.cfg.log_dir / f"spare{i}.log" if self.cfg.log_dir is not None else None
             if log_path is not None:
                 self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-            log = open(log_path, "ab") if log_path is not None else None
-            try:
-                proc = subprocess.Popen(self._argv(), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT if log else None, start_new_session=True)
-            finally:
-                if log is not None:
-                    log.close()
-            att.spares.append((key, proc))
+            att.spares.append((key, spawn(self._argv(), env, log_path)))
 
     def _take_spare(self, att: _Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
         """An idle spare, assigned ``rank`` (its environment and log go over the store); None when none is left."""
@@ -224,7 +202,7 @@ class Agent:
             key, proc = att.spares.pop(0)
             if proc.poll() is not None:  # a spare that died idle: say so, try the next
                 self.say(f"hot spare pid {proc.pid} had exited ({describe_exit(proc.returncode)}); not used")
-                att.retired.append(proc)
+                att.workers.retired.append(proc)
                 continue
             log = self._log(rank)
             self.store.set(key, assignment(self._env(local, att.number, replacement_of), str(log) if log else None))
@@ -251,28 +229,18 @@ class Agent:
         """One new process for dead ``rank`` (forked from the template, else spawned)."""
         local = rank - self.cfg.node_rank * self.cfg.nproc_per_node
         dead = att.procs[rank]
-        att.retired.append(dead)
         self.replacements += 1
         t0 = time.time()
         replacement_of = (self.replacements, dead.pid, t0)
-        how, why = "spawn", ""
-        spare = self._take_spare(att, local, replacement_of, rank)
-        if spare is not None:
-            att.procs[rank] = spare
-            how = "hot spare"
-        elif self.template is not None:
-            log = self._log(rank)
-            try:
-                att.procs[rank] = self.template.fork({"env": self._env(local, att.number, replacement_of),
-                                                      "cwd": os.getcwd(), "netns": None,
-                                                      "log": str(log) if log else None, "entry": self._entry()})
-                how = "template"
-            except TemplateUnavailable as exc:
-                why = str(exc)
-                self.say(f"replacement template unusable ({why}): spawning a fresh process for rank {rank}")
-        if how == "spawn":
-            att.procs[rank] = self._spawn(local, att.number, replacement_of)
-        att.noticed.discard(rank)
+        log = self._log(rank)
+        template = self.template
+        fork = None if template is None else lambda: template.fork(
+            {"env": self._env(local, att.number, replacement_of), "cwd": os.getcwd(), "netns": None,
+             "log": str(log) if log else None, "entry": self._entry()})
+        proc, how, why = start_replacement(rank, lambda: self._take_spare(att, local, replacement_of, rank), fork,
+                                           lambda: self._spawn(local, att.number, replacement_of), self.say)
+        att.workers.replace(rank, proc)
+        how = "hot spare" if how == HOT_SPARE else how
         self.say(f"rank {rank} (pid {dead.pid}) exited with code {describe_exit(code)}: replacement "
                  f"{self.replacements} started ({how}, pid {att.procs[rank].pid}) while the survivors wait",
                  kind="replacement", rank=rank, dead_pid=dead.pid, pid=att.procs[rank].pid, start=how,
@@ -280,7 +248,8 @@ class Agent:
                  t_death_seen=t0, t_started=time.time())
 
     def _start(self, attempt: int) -> _Attempt:
-        att = _Attempt(attempt)
+        att = _Attempt(attempt, Workers(Notices(self.store.set, job_token(self.cfg.run_id, attempt),
+                                                by="accelpact.run agent (waitpid)"), say=self.say))
         for local in range(self.cfg.nproc_per_node):
             att.procs[self.cfg.place(local).rank] = self._spawn(local, attempt)
         self._start_template()
@@ -291,33 +260,12 @@ class Agent:
         return att
 
     def _stop(self, att: _Attempt) -> None:
-        """SIGTERM every live rank's process group, SIGKILL what is left after the grace; reap all."""
-        att.retired.extend(p for _, p in att.spares)  # idle spares end with the attempt
+        """Stop every rank and idle spare of the attempt (accelpact.run.workers.Workers.stop)."""
+        att.workers.spares.extend(p for _, p in att.spares)  # idle spares end with the attempt
         att.spares.clear()
-        live = [p for p in [*att.procs.values(), *att.retired] if p.poll() is None]
-        for p in live:
-            _killpg(p.pid, signal.SIGCONT)
-            _killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + TERM_GRACE_S
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in [*att.procs.values(), *att.retired]:
-            _killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        att.workers.stop()
 
     # -- deaths -------------------------------------------------------------------------------
-    def _publish_death(self, att: _Attempt, rank: int, code: int) -> None:
-        from accelpact.detection.liveness import publish_death
-
-        try:
-            publish_death(self.store, job_token(self.cfg.run_id, att.number), rank, by="accelpact.run agent (waitpid)",
-                          reason=f"rank {rank} exited with code {describe_exit(code)}", pid=att.procs[rank].pid)
-        except Exception as exc:  # noqa: BLE001 - an accelerator: survivors still find out by heartbeat
-            self.say(f"could not write the death notice of rank {rank}: {exc}")
-
     def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
         """None when ``rank`` is to be replaced; else why not (the survivors and the user read it)."""
         pid = att.procs[rank].pid
@@ -335,24 +283,16 @@ class Agent:
         return None
 
     def _handle_deaths(self, att: _Attempt) -> Optional[str]:
-        """Reap this node's ranks; replace the killed ones. The reason for a group restart, or None."""
-        from accelpact.recovery.heal_wait import publish_no_replacement
-
-        for rank, proc in sorted(att.procs.items()):
-            code = proc.poll()
-            if code in (None, 0) or rank in att.noticed:
-                continue
-            att.noticed.add(rank)
-            self._publish_death(att, rank, code)
+        """Reap this node's ranks (each death's notice written); replace the killed ones. The reason for a
+        group restart, or None."""
+        for rank, code in att.workers.reap().items():
             why = self._why_not_replaced(att, rank, code)
             if why is None:
                 self._replace(att, rank, code)
                 continue
-            try:
-                publish_no_replacement(self.store, job_token(self.cfg.run_id, att.number), rank, pid=proc.pid,
-                                       reason=why)
-            except Exception as exc:  # noqa: BLE001 - survivors still stop at their own timeout
-                self.say(f"could not tell the survivors that rank {rank} gets no replacement: {exc}")
+            err = att.workers.notices.no_replacement(rank, att.procs[rank].pid, why)
+            if err is not None:
+                self.say(err)
             return why
         return None
 
@@ -462,10 +402,3 @@ class _signals_raise:
     def __exit__(self, *exc: object) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -13,6 +13,11 @@
 A relaunch (``harness.parent.run``, following the strategy's policy) is ``kill_all`` + ``start_ranks(n+1)``.
 A heal (``replace_dead``: the strategy heals a lost rank in memory) is ``harness.parent.replacements``: one
 new process (or a hot spare) for the dead rank only, under the same job token, while the survivors wait.
+
+The rank processes themselves (start in a session, reap, death notices, replacement order, teardown) are
+``accelpact.run.workers``, the same code ``accelpact.run``'s agent runs users' scripts with; this module
+adds the harness's part: the control store of a benchmark run, network-namespace hosts, srun, parent-side
+fault hooks and the strategies' policies.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from accelpact.run.workers import Notices, Workers, describe_exit, spawn
 from harness.events import Step, events_path
 from harness.parent.progress import EventTailer, Progress
-from harness.parent.replacements import SparePool, describe_exit, replace_the_dead
+from harness.parent.replacements import SparePool, replace_the_dead
 from harness.parent.template import ReplacementTemplate
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
@@ -39,7 +45,6 @@ from harness.schema import RankLaunch, RunConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
 POLL_S = 0.05
-TERM_GRACE_S = 5.0
 
 
 class Interrupted(Exception):
@@ -112,7 +117,7 @@ class Launcher:
         self.python = python
         self.token = secrets.token_hex(16)
         self.store: Any = None
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.workers = Workers()  # this incarnation's rank processes (accelpact.run.workers)
         self.incarnation = 0
         self.step_hooks: list[Callable[[Step], None]] = []
         # Called on every poll (parent-side fault injection).
@@ -131,7 +136,6 @@ class Launcher:
         self.control = plan.control  # None: start_control_store() hosts one here
         # How to set a key on the control store when it is not hosted here (network namespaces).
         self.store_set_fn = plan.store_set
-        self._noticed: set[int] = set()  # ranks of this incarnation a death notice was written for
         self._first_failure: Optional[tuple[int, int]] = None
         # Heal in memory: (rank, exit code, every rank's exit code) -> start a replacement for that rank?
         # None: a failure ends the incarnation (the strategy's relaunch policy decides what follows).
@@ -142,7 +146,6 @@ class Launcher:
         self.on_replace = plan.on_replace  # parent-side event of each one
         self.replacements = 0  # replacement processes started in this run
         self.spares = SparePool(plan.hot_spares)  # hot spares (harness.parent.replacements)
-        self._retired: list[subprocess.Popen[bytes]] = []  # dead processes a replacement took over from
         # Replacements forked from a preloaded process (harness.parent.template): set template_wanted before
         # start_ranks; netns_of names a rank's network namespace (namespace hosts) for the forked child.
         self.template_wanted = plan.template_wanted
@@ -151,6 +154,16 @@ class Launcher:
         self.store_netns = plan.store_netns  # where a strategy hosts a server its namespaced ranks reach
         # Called with the incarnation before its ranks start (state a relaunched world must not share: NVRx's store).
         self.before_start: list[Callable[[int], None]] = []
+
+    @property
+    def procs(self) -> dict[int, Any]:
+        """rank -> its current process (a Popen, or a ForkedRank from the replacement template)."""
+        return self.workers.procs
+
+    def notices(self) -> Optional[Notices]:
+        """Where this incarnation's death notices go (None: no store to write them to)."""
+        fn = self.store.set if self.store is not None else self.store_set_fn
+        return None if fn is None else Notices(fn, self.token, by="harness parent (waitpid)")
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
@@ -223,7 +236,7 @@ class Launcher:
             self.token = secrets.token_hex(16)
         self.incarnation = incarnation
         self._first_failure = None
-        self._noticed = set()
+        self.workers = Workers(self.notices(), say=lambda msg: print(f"launcher: {msg}", file=sys.stderr, flush=True))
         for hook in self.before_start:
             hook(incarnation)
         (self.run_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
@@ -232,30 +245,20 @@ class Launcher:
             self._start_srun(incarnation, t_launch)
             return
         for rank in range(self.run.cluster.world_size):
-            self.spawn(rank, incarnation, t_launch)
+            self.procs[rank] = self.spawn(rank, incarnation, t_launch)
         self.spares.start(self, incarnation)
         if self.template_wanted and (self.template is None or not self.template.alive()):
             if self.template is not None:
                 self.template.close()
             self.template = ReplacementTemplate.start(self)
 
-    def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> None:
-        log = open(self.log_path(rank), "ab")
-        try:
-            argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
-            if self.wrap_fn is not None:
-                argv = self.wrap_fn(rank, argv)
-            self.procs[rank] = subprocess.Popen(
-                argv,
-                env=self.rank_environ(rank, incarnation, t_launch, replacement),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: killpg reaches its children too
-                cwd=os.getcwd(),
-            )
-        finally:
-            log.close()  # the child holds its own descriptor
+    def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> "subprocess.Popen[bytes]":
+        """A fresh ``harness.rank.worker`` process for ``rank`` in its own session (not yet in ``procs``)."""
+        argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
+        if self.wrap_fn is not None:
+            argv = self.wrap_fn(rank, argv)
+        return spawn(argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank),
+                     cwd=os.getcwd())
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -275,24 +278,16 @@ class Launcher:
         with open(self.run_dir / LOG_DIR / "srun.log", "ab") as log:  # srun's own messages
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=os.getcwd())
-        self.procs = {rank: proc for rank in range(self.run.cluster.world_size)}
+        self.procs.update({rank: proc for rank in range(self.run.cluster.world_size)})
 
     def log_path(self, rank: int) -> Path:
         return self.run_dir / LOG_DIR / f"rank{rank}.log"
 
     def poll(self) -> PollResult:
-        running, exited = [], {}
-        for rank, proc in self.procs.items():
-            code = proc.poll()
-            if code is None:
-                running.append(rank)
-            else:
-                exited[rank] = code
+        """Every rank's state now; each newly failed rank's death notice is written (Workers.reap)."""
+        running, exited = self.workers.poll()
+        self.workers.reap(exited)
         failed = {r: c for r, c in exited.items() if c != 0}
-        for rank, code in failed.items():
-            if rank not in self._noticed:
-                self._noticed.add(rank)
-                self._publish_death(rank, code)
         if failed and self._first_failure is None:
             # Several may die in one poll (a killed rank takes its peers down): prefer the one a
             # signal killed, then the lowest rank, as the origin.
@@ -300,49 +295,14 @@ class Launcher:
             self._first_failure = (rank, failed[rank])
         return PollResult(running, exited)
 
-    def _publish_death(self, rank: int, code: int) -> None:
-        """Tell the survivors (accelpact's gather watches ``{token}/dead/{rank}``) that ``rank`` is gone.
-
-        Best effort: without it the survivors still find out by heartbeat or at their deadline.
-        """
-        from accelpact.detection.liveness import publish_death
-
-        class _Setter:
-            def __init__(self, fn: Callable[[str, bytes], None]) -> None:
-                self.set = fn
-
-        fn = self.store.set if self.store is not None else self.store_set_fn
-        if fn is None:
-            return
-        try:
-            publish_death(_Setter(fn), self.token, rank, by="harness parent (waitpid)",
-                          reason=f"rank {rank} exited with code {describe_exit(code)}", pid=self.procs[rank].pid)
-        except Exception as exc:  # noqa: BLE001 - a notice is an accelerator, never a new failure
-            print(f"launcher: could not write the death notice of rank {rank}: {exc}", file=sys.stderr, flush=True)
-
     def signal_rank(self, rank: int, sig: int) -> None:
         """Send ``sig`` to rank ``rank``'s process group (parent-side faults: SIGSTOP, SIGKILL)."""
-        proc = self.procs[rank]
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
+        self.workers.signal(rank, sig)
 
-    def kill_all(self, grace_s: float = TERM_GRACE_S) -> None:
-        """SIGTERM every live rank's process group, SIGKILL what is left after ``grace_s``; reap all."""
-        live = [p for p in [*self.procs.values(), *self.spares.all_procs()] if p.poll() is None]
-        for proc in live:
-            _killpg(proc.pid, signal.SIGCONT)  # a SIGSTOPped rank cannot act on SIGTERM
-            _killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in live:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in [*self.procs.values(), *self._retired, *self.spares.all_procs()]:
-            # Also the group of ranks that exited: their children (if any) must not outlive them.
-            _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        self._retired = []
+    def kill_all(self) -> None:
+        """Stop every rank, retired process and hot spare (Workers.stop: SIGTERM, then SIGKILL; reaped)."""
+        self.workers.spares.extend(p for p in self.spares.all_procs() if p not in self.procs.values())
+        self.workers.stop()
         self.spares.clear()
 
     def last_log_lines(self, rank: int, n: int = 15) -> list[str]:
@@ -413,14 +373,7 @@ class Launcher:
             return Outcome("failed", reason, failed_rank=rank, exit_codes=self._codes(), log_tail=tail)
 
     def _codes(self) -> dict[int, Optional[int]]:
-        return {r: p.poll() for r, p in self.procs.items()}
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return self.workers.codes()
 
 
 class _signals_raise_interrupted:

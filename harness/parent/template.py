@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # The pipe client (fork requests, exit reports, readiness) is shared with accelpact.run.
 from accelpact.run.template import (  # noqa: F401 - re-exported for the harness and its tests
@@ -40,24 +40,19 @@ def wanted(run: Any) -> bool:
             and registry.get(run.fault.kind).kills_ranks and run.cluster.launch == RankLaunch.local)
 
 
-def start_replacement_process(launcher: Any, rank: int, replacement: int) -> tuple[str, str]:
-    """A new process for dead ``rank``, in ``launcher.procs[rank]``: forked from the template when there is
-    one, else spawned. Returns (how: "template" | "spawn", why the template was not used, "" if it was or
-    none was wanted)."""
+def fork_replacement(launcher: Any, rank: int, replacement: int) -> Optional[Callable[[], ForkedRank]]:
+    """How to fork a replacement for dead ``rank`` from the launcher's template (None: it has none); the
+    fork raises TemplateUnavailable with the reason, and the caller spawns (accelpact.run.workers)."""
     template: Optional[ReplacementTemplate] = launcher.template
-    if template is not None:
+    if template is None:
+        return None
+
+    def fork() -> ForkedRank:
         env = launcher.rank_environ(rank, launcher.incarnation, time.time(), replacement)
         netns = launcher.netns_of(rank) if launcher.netns_of is not None else None
-        try:
-            launcher.procs[rank] = template.fork(env, launcher.spec_path, launcher.log_path(rank), os.getcwd(), netns)
-            return "template", ""
-        except TemplateUnavailable as exc:
-            why = str(exc)
-            print(f"  replacement template unusable ({why}): spawning a fresh process for rank {rank}", flush=True)
-    else:
-        why = ""
-    launcher.spawn(rank, launcher.incarnation, time.time(), replacement=replacement)
-    return "spawn", why
+        return template.fork(env, launcher.spec_path, launcher.log_path(rank), os.getcwd(), netns)
+
+    return fork
 
 
 class ReplacementTemplate(TemplateClient):

@@ -12,6 +12,7 @@ from accelpact.control import ControlChannel  # noqa: F401 - the channel reads w
 from accelpact.control.launch_env import control_settings
 from accelpact.run import replacement
 from accelpact.run.agent import Agent, AgentConfig, _Attempt
+from accelpact.run.workers import Workers
 from accelpact.run.cli import config_from_args
 from accelpact.run.env import RankPlace, worker_env
 from accelpact.run.script_template import script_imports
@@ -111,7 +112,7 @@ class _Proc(SimpleNamespace):
 def test_which_deaths_get_a_replacement(code, mode, used, alive, healed):
     agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, replacement=mode, max_replacements=3))
     agent.replacements = used
-    att = _Attempt(0, procs={0: _Proc(pid=10, code=None if alive else -9), 1: _Proc(pid=11, code=code)})
+    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=None if alive else -9), 1: _Proc(pid=11, code=code)}))
     why = agent._why_not_replaced(att, 1, code)
     assert (why is None) == healed, why
     if why is not None:
