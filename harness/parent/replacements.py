@@ -9,8 +9,10 @@ Hot spares: pre-started rank processes that take the rank of the first death (``
 
 A replacement process spends seconds importing torch and transformers before it can heal; a spare has
 done that already and waits on the control store. When a rank dies the parent ASSIGNS a spare instead
-of starting a process: it writes ``{token}/spare/{i}`` = ``"<rank> <replacement number> <time>"``, and
-the spare (``harness.rank.spare``) becomes a replacement of that rank (accelpact.recovery.rejoin) at once.
+of starting a process. The protocol is ``accelpact.run``'s (accelpact.run.spare, the same a user's hot
+spare follows): the parent writes the spare's key ``{token}/spare/{i}`` with the rank's whole environment
+and its log; the spare (``harness.rank.spare``) takes both and becomes a replacement of that rank
+(accelpact.recovery.rejoin) at once.
 
 Spares run on the parent's host only: a rank in a network-namespace host runs inside that host's
 namespace, and a spare cannot know in advance which host will lose a rank (validation refuses
@@ -19,26 +21,17 @@ namespace, and a spare cannot know in advance which host will lose a rank (valid
 
 from __future__ import annotations
 
-import json
-import signal
+import os
 import subprocess
 import time
-from types import SimpleNamespace
 from typing import Any, Optional
 
-from harness.parent.template import start_replacement_process
+from accelpact.run import spare as spare_protocol
+from accelpact.run.workers import HOT_SPARE, describe_exit, spawn, start_replacement as start_process
+from harness.parent.template import fork_replacement
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
-
-
-SPARE_ENV = "HARNESS_SPARE"  # the spare's index; a worker with it waits for a rank before training
+SPARE_ENV = spare_protocol.SPARE_ENV  # set (to the spare's index + 1): the worker waits for a rank before training
 
 
 def spare_key(token: str, index: int) -> str:
@@ -58,16 +51,11 @@ class SparePool:
         for _ in range(self.wanted):
             index = self._next
             self._next += 1
-            log = open(launcher.run_dir / "logs" / f"spare{index}.log", "ab")
-            try:
-                env = launcher.rank_environ(0, incarnation, time.time())
-                env[SPARE_ENV] = str(index)
-                argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-            finally:
-                log.close()
-            self.idle.append((index, proc))
+            env = launcher.rank_environ(0, incarnation, time.time())
+            env.update({SPARE_ENV: str(index + 1), spare_protocol.SPARE_KEY_ENV: spare_key(launcher.token, index),
+                        "ACCELPACT_AGENT_PID": str(os.getpid())})  # an idle spare exits when the parent is gone
+            argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
+            self.idle.append((index, spawn(argv, env, launcher.run_dir / "logs" / f"spare{index}.log")))
 
     def take(self, launcher: Any, rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
         """A live idle spare, now told to become ``rank`` (None when none is left)."""
@@ -76,7 +64,9 @@ class SparePool:
             if proc.poll() is not None:
                 self.used.append(proc)
                 continue
-            value = json.dumps({"rank": rank, "replacement": replacement, "t": time.time()}).encode()
+            # The rank's environment (its launch time is now) and its log: the spare's output goes there.
+            value = spare_protocol.assignment(launcher.rank_environ(rank, launcher.incarnation, time.time(), replacement),
+                                              str(launcher.log_path(rank)))
             setter = launcher.store.set if launcher.store is not None else launcher.store_set_fn
             assert setter is not None, "a spare needs the control store"
             setter(spare_key(launcher.token, index), value)
@@ -110,9 +100,8 @@ def replace_the_dead(launcher: Any, state: Any) -> bool:
 def _no_replacement(launcher: Any, rank: int, code: int) -> None:
     """Tell survivors waiting to heal ``rank`` that no replacement comes, and why (once per dead process):
     they stop within a poll instead of at ``strategy.replacement_timeout_s``."""
-    from accelpact.recovery.heal_wait import publish_no_replacement
-
     pid = launcher.procs[rank].pid
+    notices = launcher.workers.notices
     told = getattr(launcher, "_told_no_replacement", set())
     launcher._told_no_replacement = told
     if pid in told:
@@ -127,33 +116,29 @@ def _no_replacement(launcher: Any, rank: int, code: int) -> None:
         why = (f"rank {rank} (pid {pid}) exited with code {describe_exit(code)}, and the harness replaces only a rank "
                "killed by a signal while another rank is alive and none has fallen back (a process that failed "
                f"on its own would fail again): see logs/rank{rank}.log")
-    fn = launcher.store.set if launcher.store is not None else launcher.store_set_fn
-    if fn is None:
-        return
-    try:
-        publish_no_replacement(SimpleNamespace(set=fn), launcher.token, rank, pid=pid, reason=why)
-    except Exception as exc:  # noqa: BLE001 - an accelerator, never a new failure (they still time out)
-        print(f"launcher: could not tell the survivors that rank {rank} gets no replacement: {exc}", flush=True)
+    err = notices.no_replacement(rank, pid, why) if notices is not None else None
+    if err is not None:  # an accelerator, never a new failure (they still time out)
+        print(f"launcher: {err}", flush=True)
 
 
 def start_replacement(launcher: Any, rank: int, code: int) -> None:
     """A new process, or a hot spare, for dead ``rank`` only; the parent-side ``replacement`` event."""
     t_death = time.time()
     dead = launcher.procs[rank]
-    launcher._retired.append(dead)
     launcher.replacements += 1
-    spare = launcher.spares.take(launcher, rank, launcher.replacements)
-    how, why = "hot_spare", ""
-    if spare is not None:  # a hot spare: already started and imported, it becomes the rank now
-        launcher.procs[rank] = spare
-    else:  # forked from the replacement template (harness.parent.template), else a fresh process
-        how, why = start_replacement_process(launcher, rank, launcher.replacements)
-    launcher._noticed.discard(rank)  # its replacement's own death must be noticed again
+    n = launcher.replacements
+    # A hot spare (already started and imported, it becomes the rank now), else a fork of the replacement
+    # template (harness.parent.template), else a fresh process: accelpact.run.workers' order, as for users.
+    proc, how, why = start_process(
+        rank, lambda: launcher.spares.take(launcher, rank, n), fork_replacement(launcher, rank, n),
+        lambda: launcher.spawn(rank, launcher.incarnation, time.time(), replacement=n),
+        lambda msg: print(f"  {msg}", flush=True))
+    launcher.workers.replace(rank, proc)
     if launcher._first_failure is not None and launcher._first_failure[0] == rank:
         launcher._first_failure = None
     if launcher.on_replace is not None:
         launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
-                             "pid": launcher.procs[rank].pid, "hot_spare": spare is not None,
+                             "pid": launcher.procs[rank].pid, "hot_spare": how == HOT_SPARE,
                              "start": how, "template_fallback": why,
                              # the template's own imports, paid once at launch (None: no ready template)
                              "template_import_s": (launcher.template.ready or {}).get("import_s")

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     if os.environ.get(SPARE_ENV):  # a hot spare: wait, fully imported, for the rank of the first death
         from harness.rank.spare import become_rank
 
-        env = become_rank(cfg, env, int(os.environ.pop(SPARE_ENV)))
+        env = become_rank(cfg, env)
     from harness.rank.train import train  # torch import after the cheap checks
 
     try:
