@@ -29,7 +29,9 @@ only heal from the buddy's replica. ``--pause-s S``: sleep after each step (a te
 ``--kill-at STEP``: rank ``--kill-rank`` SIGKILLs itself in that step, between forward and backward
 (first process of that rank only). ``--late-rank R --late-s S`` (with ``--kill-at``): rank R sleeps S s after
 its forward in that step, a straggling survivor that learns of the death only after the replacement is up
-(first process of that rank only). ``--out DIR``: each rank writes its shards, optimizer state and the
+(first process of that rank only). ``--reset-in-heal`` (with ``--kill-at``): every survivor resets its own data-plane
+connections (not the store's) right before the heal's first collective, once: a link fault inside the heal,
+which the survivors and the replacement retry in the next generation. ``--out DIR``: each rank writes its shards, optimizer state and the
 losses it committed to ``DIR/rank<r>.pt``, for a tensor-by-tensor comparison with a fault-free run, and
 prints one ``RESULT {json}`` line (pid, heals, where the state came from).
 """
@@ -43,6 +45,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one line per error, not a backtrace
 
@@ -80,7 +83,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--late-rank", type=int, default=None, help="with --kill-at: this rank sleeps --late-s after its "
                     "forward in that step, a straggler that learns of the death after the replacement is up")
     ap.add_argument("--late-s", type=float, default=0.0)
+    ap.add_argument("--reset-in-heal", action="store_true", help="with --kill-at: survivors reset their data-plane "
+                    "connections right before the heal's first collective, once")
     return ap.parse_args(argv)
+
+
+def reset_before_heal_collective(step: int, control: ControlChannel) -> Callable[[str, int], None]:
+    """A guard phase hook: at the heal of ``step``, once, reset this rank's TCP connections except the
+    store's (the data plane's links to its peers and to the replacement), as a flapping link would."""
+    fired = [False]
+
+    def hook(phase: str, at: int) -> None:
+        if phase == "recovery" and at == step and not fired[0]:
+            from accelpact.testing.inject import reset_own_gloo_sockets
+
+            fired[0] = True
+            n = reset_own_gloo_sockets(exclude_ports=[int(control.config.port)])
+            print(f"rank {control.rank}: reset {n} data-plane connection(s) before the heal's first collective",
+                  flush=True)
+    return hook
 
 
 def main(args: argparse.Namespace) -> dict:
@@ -146,6 +167,8 @@ def main(args: argparse.Namespace) -> dict:
     first_step = step
 
     killing = args.kill_at is not None and rank == args.kill_rank and me is None and snapshot.restart_count() == 0
+    if args.reset_in_heal and args.kill_at is not None and rank != args.kill_rank and me is None:
+        guard.phase_hooks.append(reset_before_heal_collective(args.kill_at, control))
     late = [args.kill_at is not None and rank == args.late_rank and me is None]  # once, in the first attempt
 
     def step_fn(tokens: torch.Tensor) -> torch.Tensor:
@@ -197,7 +220,8 @@ def main(args: argparse.Namespace) -> dict:
             "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "own_source": e.own_source,
                        "replayed": e.replayed_steps, "total_s": round(e.total_s, 3),
                        "replacement_start_s": round(e.replacement_start_s, 3), "heal_transfer_s": round(e.heal_transfer_s, 3),
-                       "bytes_read_from_disk": e.bytes_read_from_disk, "data_plane": e.data_plane}
+                       "bytes_read_from_disk": e.bytes_read_from_disk, "data_plane": e.data_plane,
+                       "rounds": e.rounds, "generation": e.generation, "lost_ranks": e.lost_ranks}
                       for e in guard.heal_events],
             "losses": losses}
 

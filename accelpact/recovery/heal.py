@@ -127,6 +127,9 @@ class Healer:
         watch.scan(dead - {g.rank}, "lost")  # the processes this heal is for
         rounds = 0
         roll_calls: dict[int, int] = {}  # generation -> roll calls held for it
+        # Every rank this heal replaces, for its event: a round retried after a link fault starts with no rank
+        # dead (its replacements are alive and beating) but still heals the ones lost before.
+        healing = set(dead) - {g.rank}
         while True:
             rounds += 1
             if rounds > self.policy.max_rounds:
@@ -167,8 +170,9 @@ class Healer:
                 _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
                           g.rank, rounds, sorted(gone))
                 continue
+            healing |= dead
             try:
-                return self._heal_round(step, generation, sorted(dead), rounds, t_detected, t_arrived, watch)
+                return self._heal_round(step, generation, sorted(healing), rounds, t_detected, t_arrived, watch)
             except RankLostError as again:
                 if again.detected_by == "heal":
                     raise
@@ -387,18 +391,46 @@ class Healer:
             extra = self.snapshots.restore(plan.step, source=path) or {}
         load_s = time.time() - t_load
         g.state.resume_at(plan.resume_step)
-        g.plane.prove(list(g.plane.groups))
+        resume_step, generation, rounds = plan.resume_step, ticket.generation, 1
+        try:
+            g.plane.prove(list(g.plane.groups))
+        except BaseException as failed:  # noqa: BLE001 - only a communication fault is retried, below
+            if not g.plane.is_comm_fault(failed):
+                raise
+            again = self._retry_after_link_fault(plan, failed)
+            del failed
+            resume_step, generation, rounds = again.resume_step, again.event.generation, 1 + again.event.rounds
+            extra = again.extra_state or extra  # a retry at the same step restores nothing: keep this restore's
         t_end = time.time()
         t_launch = ticket.t_launch or ticket.t_start
         event = HealEvent(
-            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=plan.resume_step, replayed_steps=0,
-            source=source, own_source=source, generation=ticket.generation,
+            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=resume_step, replayed_steps=0,
+            source=source, own_source=source, generation=generation,
             replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
-            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s,
+            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s, rounds=rounds,
             data_plane=dict(ticket.data_plane))
         _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
                   source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
-        return HealOutcome(plan.resume_step, extra, event)
+        return HealOutcome(resume_step, extra, event)
+
+    def _retry_after_link_fault(self, plan: ResumePlan, failed: BaseException) -> HealOutcome:
+        """The heal's first collective failed on a communication fault (a link reset between the replacement
+        and a survivor): every survivor whose collective failed too goes around its heal loop (``survive``),
+        finds no rank dead and holds the next generation's roll call; this process joins that round as one
+        of them, now holding the plan's step, live.
+
+        Before, the replacement raised here and exited with its own error code, so its launcher did not
+        replace it again and the job restarted from disk (a CI run: "Software caused connection abort" in
+        the replacement's first collective, from a link reset on its node). A survivor whose collective
+        got through while this one's failed is not in a heal round: the roll call then finds no answer
+        within the control deadline and this raises RankLostError, as a failed join did before."""
+        g = self.ctx
+        _log.info("rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
+                  g.rank, str(failed)[:200])
+        g.plane.abort()
+        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(),
+                             detected_by="heal")
+        return self.survive(lost, plan.resume_step, time.time())
 
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
         dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))

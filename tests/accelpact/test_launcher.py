@@ -1,10 +1,10 @@
 """``python -m accelpact.run`` on one node, 2 ranks, examples/train_heal.py: a SIGKILLed rank is healed in memory
 (and HSDP on a 2 x 2 mesh, 4 ranks: the last test).
 
-Six jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
+Seven jobs start at once (one start-up's cost): a fault-free reference, rank 1 SIGKILLed mid-step with
 its replacement forked from the template, the same with a spawned replacement, the same with an idle hot
 spare taking the rank (``--hot-spares 1``: accelpact.run.spare), the same with survivor 0 arriving 4 s late in the kill step (its
-peer's replacement already beats), and the same with
+peer's replacement already beats), the same with a link reset inside the heal (``--reset-in-heal``), and the same with
 ``--replacement none --max-restarts 1`` (no heal: the whole group restarts from its snapshots). Each
 healed run must end bit-identical to the reference (every parameter shard and optimizer tensor, and
 every loss), with the survivor's pid unchanged, the replacement started the way asked, and no byte
@@ -69,6 +69,7 @@ def runs(tmp_path_factory) -> Path:
     jobs = {"ref": ([], []), "template": ([], kill), "spawn": (["--replacement", "spawn"], kill),
             "hot_spare": (["--hot-spares", "1"], kill),
             "late_survivor": ([], [*kill, "--late-rank", "0", "--late-s", "4"]),
+            "heal_reset": ([], [*kill, "--reset-in-heal"]),
             "restart": (["--replacement", "none", "--max-restarts", "1"], kill)}
     procs = {n: launch(n, tmp, a, s) for n, (a, s) in jobs.items()}
     for name, p in procs.items():
@@ -134,6 +135,31 @@ def test_a_survivor_that_looks_after_the_replacement_beats_still_heals(runs):
     assert heal["role"] == "survivor" and heal["bytes_read_from_disk"] == 0 and survivor["restart"] == 0
     [replacement] = res[1]
     assert replacement["replacement"] == 1 and replacement["first_step"] == heal["resume_step"]
+
+
+def test_a_link_reset_inside_the_heal_is_retried_in_the_next_generation(runs):
+    """Survivor 0 resets its data-plane connections right before the heal's first collective: that collective
+    fails on both sides. The survivor goes around its heal loop; the replacement, which used to raise out of
+    attach and exit 1 (its agent then restarted the group, or failed the job), joins that next round, and the
+    heal completes in memory, bit-identically, with the same two processes (a CI run lost a cross-node job
+    this way to a link reset during the replacement's first collective)."""
+    run = runs / "heal_reset"
+    assert_bit_identical(runs / "ref", run)
+    agent = (run / "agent.log").read_text()
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    log0 = (run / "logs" / "rank0.log").read_text()
+    reset = re.search(r"rank 0: reset (\d+) data-plane connection\(s\) before the heal's first collective", log0)
+    assert reset and int(reset.group(1)) > 0, log0[-3000:]
+    res, pids = results(run), started_pids(run)
+    [survivor] = res[0]
+    assert survivor["pid"] == pids[0] and survivor["restart"] == 0
+    [heal] = survivor["heals"]
+    assert heal["rounds"] >= 2 and heal["lost_ranks"] == [1] and heal["bytes_read_from_disk"] == 0, heal
+    [replacement] = res[1]  # one replacement process: it was not replaced again
+    assert "replacement 2 started" not in agent, agent[-3000:]
+    [rheal] = replacement["heals"]
+    assert rheal["role"] == "replacement" and rheal["rounds"] >= 2 and rheal["generation"] == heal["generation"], rheal
+    assert replacement["first_step"] == heal["resume_step"] <= KILL_AT
 
 
 def test_without_a_heal_the_group_restarts_from_its_snapshots(runs):
