@@ -38,26 +38,36 @@ def git_sha(repo: Path = REPO_ROOT) -> tuple[str, bool]:
 
 
 def step_stats(events: Sequence[Mapping[str, Any] | ev.Event], world_size: int) -> dict[str, Any]:
-    """Throughput and loss figures from the ranks' step events (pure)."""
+    """Throughput and loss figures from the ranks' step events (pure).
+
+    ``steps_done`` is every step some rank committed: under torchft a replica group that was lost and came
+    back after the others finished the run ran no step of its own, and a count of rank 0's steps alone
+    reported 4 of 10 steps for a run that did all 10 (rank 0's group was the one restarted). The loss and
+    the step times are those of the rank that ran the most steps (the lowest such rank), rank 0 whenever it
+    ran them all."""
     typed = ev.typed(events)
     steps = ev.of_type(typed, ev.Step)
-    rank0 = sorted((e for e in steps if e.rank == 0), key=lambda e: e.t_end)
+    by_rank: dict[int, list[ev.Step]] = {}
+    for e in steps:
+        by_rank.setdefault(e.rank, []).append(e)
+    lead_rank = min(by_rank, key=lambda r: (-len({e.step for e in by_rank[r]}), r)) if by_rank else None
+    lead = sorted(by_rank.get(lead_rank, []), key=lambda e: e.t_end) if lead_rank is not None else []
     out: dict[str, Any] = {
-        "steps_done": len({e.step for e in rank0}),
+        "steps_done": len({e.step for e in steps}),
         "tokens": sum(e.tokens for e in steps),
-        "final_loss": rank0[-1].loss if rank0 else None,
+        "final_loss": lead[-1].loss if lead else None,
         "train_s": None,
         "tokens_per_s": None,
         "steps_per_s": None,
         "step_time_median_s": None,
     }
-    if rank0:
+    if lead:
         train_s = max(e.t_end for e in steps) - min(e.t_start for e in steps)
         out["train_s"] = train_s
-        out["step_time_median_s"] = statistics.median(e.t_end - e.t_start for e in rank0)
+        out["step_time_median_s"] = statistics.median(e.t_end - e.t_start for e in lead)
         if train_s > 0:
             out["tokens_per_s"] = out["tokens"] / train_s
-            out["steps_per_s"] = len(rank0) / train_s
+            out["steps_per_s"] = len(lead) / train_s
     ready = [e.t_ready - e.t_launch for e in ev.of_type(typed, ev.Restart) if e.t_launch]
     out["startup_s"] = max(ready) if ready else None
     return out
