@@ -160,9 +160,14 @@ class Launcher:
         """rank -> its current process (a Popen, or a ForkedRank from the replacement template)."""
         return self.workers.procs
 
+    def store_setter(self) -> Optional[Callable[[str, bytes], None]]:
+        """How to set a key on the control store: the hosted store's ``set``, or ``LaunchPlan.store_set``
+        for one hosted elsewhere (network namespaces); None when there is neither."""
+        return self.store.set if self.store is not None else self.store_set_fn
+
     def notices(self) -> Optional[Notices]:
         """Where this incarnation's death notices go (None: no store to write them to)."""
-        fn = self.store.set if self.store is not None else self.store_set_fn
+        fn = self.store_setter()
         return None if fn is None else Notices(fn, self.token, by="harness parent (waitpid)")
 
     # -- control channel ---------------------------------------------------------------------

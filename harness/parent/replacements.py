@@ -67,7 +67,7 @@ class SparePool:
             # The rank's environment (its launch time is now) and its log: the spare's output goes there.
             value = spare_protocol.assignment(launcher.rank_environ(rank, launcher.incarnation, time.time(), replacement),
                                               str(launcher.log_path(rank)))
-            setter = launcher.store.set if launcher.store is not None else launcher.store_set_fn
+            setter = launcher.store_setter()
             assert setter is not None, "a spare needs the control store"
             setter(spare_key(launcher.token, index), value)
             self.used.append(proc)

@@ -136,7 +136,7 @@ class TorchftJob:
         return True
 
     def _set(self, key: str, value: bytes) -> None:
-        fn = self.launcher.store.set if self.launcher.store is not None else self.launcher.store_set_fn
+        fn = self.launcher.store_setter()
         fn(key, value)
 
     def row_columns(self) -> dict[str, Any]:

@@ -102,6 +102,9 @@ class _StubLauncher:
     def signal_rank(self, rank: int, sig: int) -> None:
         self.signalled.append((rank, sig))
 
+    def store_setter(self):
+        return self.store.set
+
 
 def _job(world: int, group_size: int, max_restarts: int = 8):
     from harness.strategies.torchft_parent import TorchftJob
