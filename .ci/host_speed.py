@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LOOP_N = 3_000_000
+LOOP_N = 10_000_000
 TRIES = 3
 
 
