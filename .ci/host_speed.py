@@ -9,7 +9,7 @@ alike (test_heal's post_vote run: 54.6-63.8 s, then 33.8 s). A suite time alone 
 regression, so CI prints two probes next to it:
 
 - ``probe``: the best of 3 of two fixed workloads, before the suite. ``import torch`` in a fresh
-  interpreter is what every rank process of the suite pays first (about 1.3 s on a fast hour here);
+  interpreter is what every rank process of the suite pays first (1.9-2.5 s on a fast hour here);
   a pure-Python loop is the interpreter's speed.
 - ``share``: the CPU time the whole host spent between two ``/proc/stat`` samples, split into busy and
   steal (time the hypervisor gave another guest), as a share of both cores' wall time.
