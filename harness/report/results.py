@@ -50,8 +50,10 @@ def step_stats(events: Sequence[Mapping[str, Any] | ev.Event], world_size: int) 
     by_rank: dict[int, list[ev.Step]] = {}
     for e in steps:
         by_rank.setdefault(e.rank, []).append(e)
-    lead_rank = min(by_rank, key=lambda r: (-len({e.step for e in by_rank[r]}), r)) if by_rank else None
-    lead = sorted(by_rank.get(lead_rank, []), key=lambda e: e.t_end) if lead_rank is not None else []
+    lead: list[ev.Step] = []
+    if by_rank:
+        lead_rank = min(by_rank, key=lambda r: (-len({e.step for e in by_rank[r]}), r))
+        lead = sorted(by_rank[lead_rank], key=lambda e: e.t_end)
     out: dict[str, Any] = {
         "steps_done": len({e.step for e in steps}),
         "tokens": sum(e.tokens for e in steps),
