@@ -86,16 +86,16 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
     charges every run at the reference's pace, so it neither credits a faster step nor charges a slower one;
     the measured whole-run gain does both. Empty when no cell is like that."""
     odd = [c for c in cells if c.get("age") is not None and isinstance(c.get("step_drift"), (int, float))
-           and abs(c["step_drift"] - 1) > PACE_TOLERANCE and c.get("verdict") != c.get("measured_verdict")]
+           and abs(c["step_drift"] - 1) > PACE_TOLERANCE and c.get("verdict") != c.get("verdict_bp")]
     if not odd:
         return []
-    rows = "; ".join(f"{c['strategy']} {c.get('fault')} age {int(c['age'])}: step_drift {c['step_drift']:.2f}, badput-based "
-                     f"{c.get('gain_ci')} ({c.get('verdict')}), measured {c.get('measured_gain_ci')} "
-                     f"({c.get('measured_verdict')})" for c in odd)
-    return ["**Read these cells with the measured gain.** Their productive steps ran at another pace than the "
-            "reference's, and the two gains disagree. The badput-based gain counts every run's useful steps at the "
-            "reference's pace: it removes load noise, but it also removes a strategy's own faster or slower step; "
-            f"the measured whole-run gain keeps both. {rows}.", ""]
+    rows = "; ".join(f"{c['strategy']} {c.get('fault')} age {int(c['age'])}: step_drift {c['step_drift']:.2f}, measured "
+                     f"{c.get('gain_ci')} ({c.get('verdict')}), badput-based {c.get('gain_bp_ci')} "
+                     f"({c.get('verdict_bp')})" for c in odd)
+    return ["**Where the two gains disagree.** These cells' productive steps ran at another pace than the "
+            "reference's. The verdict is the measured whole-run gain, which keeps a strategy's own faster or slower "
+            "step; the badput-based diagnostic counts every run's useful steps at the reference's pace and so hides "
+            f"it. {rows}.", ""]
 
 
 def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False) -> None:

@@ -86,7 +86,7 @@ REGISTRY: tuple[Experiment, ...] = (
               "says when it was not. Where a peer's own step ran at another pace than the reference's (torchft), "
               "the measured gain disagrees with the badput-based one, and the table says so first.",
         plot="goodput_vs_age.png", digest_row=("torchft", "5", "kill"),
-        digest_columns=("strategy", "age", "fault", "gain_ci", "verdict", "measured_gain_ci")),
+        digest_columns=("strategy", "age", "fault", "gain_ci", "verdict", "gain_bp_ci")),
     Experiment(
         "peers_host_loss", "experiments.peers_host_loss",
         "AccelPact against the same peers when a whole host is lost (the peers matrix's third fault)", 20,
@@ -96,7 +96,7 @@ REGISTRY: tuple[Experiment, ...] = (
               "SIGKILLed, its shared memory deleted) at checkpoint ages 5 and 18; every strategy in each of 3 "
               "interleaved trials, each with its own fault-free reference.",
         plot="goodput_vs_age.png", digest_row=("torchft", "5"),
-        digest_columns=("strategy", "age", "gain_ci", "verdict", "measured_gain_ci")),
+        digest_columns=("strategy", "age", "gain_ci", "verdict", "gain_bp_ci")),
     Experiment(
         "rebind_scaling", "experiments.rebind_scaling",
         "reference-rebinding time 0.493-0.518 ms, constant from 4 to 16 ranks", 10,

@@ -218,6 +218,14 @@ class CompareConfig:
 
     trials: int = 1  # rounds; each runs the reference and every strategy once (harness.report.trials)
     trial: int = 0  # set by the sweeper on each run: the round it belongs to
+    # How each cell's interval is drawn (harness.report.intervals.METHODS) and the level it aims at; the
+    # table prints the coverage each interval really has.
+    interval: str = "order_statistic"
+    level: float = 0.95
+    # The verdict's minimum effect: "better" only when the whole interval of the measured gain lies above 1 + this.
+    min_effect: float = 0.02
+    # The strategy whose gain over the others the table reports (None: the in-memory strategy in the sweep).
+    ours: Optional[str] = None
 
 
 @dataclass

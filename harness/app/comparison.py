@@ -9,6 +9,7 @@ reads every run's row and hands them to the report (``harness.report.compare.tri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from hydra.experimental.callback import Callback
 from harness.faults import registry as faults
 from harness.report.compare import REFERENCE, is_fault_free, reference_config, trial_rows
 from harness.report.paper import PAPER_GAIN
+from harness.schema import CompareConfig
 
 
 # The sweep's reference directory, set by on_multirun_start; jobs that run in this process (Hydra's
@@ -88,11 +90,24 @@ class ComparisonCallback(Callback):
         title = (f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
                  f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
                  f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
-        finish_trials(sweep_dir, trial_rows(sweep_dir, entries), entries, title, PAPER_GAIN)
+        cmp = _compare_settings(config)
+        finish_trials(sweep_dir, trial_rows(sweep_dir, entries, cmp.ours), entries, title, PAPER_GAIN,
+                      method=cmp.interval, min_effect=cmp.min_effect, ours=cmp.ours, level=cmp.level)
         failed = [str(d.relative_to(sweep_dir)) for d, r in faulted if r.get("status") != "ok"]
         if failed:
             print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)
             sys.exit(1)
+
+
+def _compare_settings(config: Any) -> CompareConfig:
+    """The sweep's ``compare`` settings (the defaults where the config has none)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.select(config, "compare", default=None)
+    if raw is None:
+        return CompareConfig()
+    known = {f.name for f in dataclasses.fields(CompareConfig)}
+    return CompareConfig(**{k: v for k, v in OmegaConf.to_container(raw, resolve=True).items() if k in known})
 
 
 def _swept_keys(config: Any) -> set[str]:

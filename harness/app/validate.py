@@ -59,9 +59,32 @@ def check_names(run: RunConfig) -> None:
                           f"{', '.join(faults.kinds())}); try `fault=socket_reset`") from None
 
 
+def check_compare(run: RunConfig) -> None:
+    """The comparison's interval method, level, minimum effect and ``ours`` must make sense."""
+    from harness import strategies
+    from harness.report.intervals import METHODS
+
+    cmp = run.compare
+    if cmp.interval not in METHODS:
+        raise ConfigError(f"compare.interval={cmp.interval!r} is not a method ({', '.join(sorted(METHODS))}); "
+                          "try `compare.interval=order_statistic`")
+    if not 0.5 <= cmp.level < 1:
+        raise ConfigError(f"compare.level={cmp.level} must be at least 0.5 and below 1; try `compare.level=0.95`")
+    if cmp.min_effect < 0:
+        raise ConfigError(f"compare.min_effect={cmp.min_effect} must be 0 or more; try `compare.min_effect=0.02`")
+    if cmp.trials < 1:
+        raise ConfigError(f"compare.trials={cmp.trials} must be at least 1; try `compare.trials=5`")
+    if cmp.ours is not None:
+        ours = [s.name for s in strategies.specs() if s.recovers_in_memory]
+        if cmp.ours not in ours:
+            raise ConfigError(f"compare.ours={cmp.ours!r} is not a strategy under test ({', '.join(ours)}); "
+                              f"try `compare.ours={ours[0]}`")
+
+
 def check_values(run: RunConfig) -> None:
     """Checks that need neither the machine nor torch."""
     check_names(run)
+    check_compare(run)
     t, m, c = run.train, run.model, run.cluster
     if t.steps <= 0:
         raise ConfigError(f"train.steps={t.steps}: a run needs at least one step; try `train.steps=25`")

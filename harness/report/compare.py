@@ -78,11 +78,13 @@ def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path])
     )
 
 
-def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] = (),
+                ours: Optional[str] = None) -> list[dict[str, Any]]:
     """``goodput.comparison_table`` rows plus the paper's gain, the in-memory recovery total and the
-    run's status / fallback reason. ``rows`` (same order as ``summaries``) are the results rows."""
+    run's status / fallback reason. ``rows`` (same order as ``summaries``) are the results rows; ``ours``:
+    the strategy whose gain is reported (None: the in-memory strategy among the runs)."""
     by_id = {id(s): i for i, s in enumerate(summaries)}
-    table = comparison_table(summaries)
+    table = comparison_table(summaries, ours)
     # comparison_table sorts; match rows back by (strategy, age, fault): a sweep over faults has one run of
     # each strategy and age per fault.
     lookup = {(s.strategy, s.age, s.fault): (s, rows[by_id[id(s)]] if rows else {}) for s in summaries}
@@ -101,7 +103,8 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
     return table
 
 
-def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
+               ours: Optional[str] = None) -> list[dict[str, Any]]:
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
@@ -111,7 +114,8 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
     by_trial: dict[int, list[tuple[Path, dict[str, Any]]]] = {}
     for d, r in entries:
         by_trial.setdefault(trial_of(d.parent.name) if d.parent != sweep_dir else 0, []).append((d, r))
-    reference, ours = strategies.reference(), strategies.under_test().name
+    reference = strategies.reference()
+    ours = strategies.under_test({str(r.get("strategy")) for _, r in entries}, ours).name
     per_trial: dict[int, tuple[list[Any], list[dict[str, Any]]]] = {}
     for trial in sorted(by_trial):
         runs = by_trial[trial]
@@ -138,7 +142,7 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]]) 
         reports = {(s.strategy, s.age, s.fault): s.report for s in summaries}
         load = {(str(r.get("strategy")), None, None) if _is_reference(r) else
                 (str(r.get("strategy")), r.get("age"), r.get("fault")): r for r in rows}
-        for row in build_table(summaries, rows):
+        for row in build_table(summaries, rows, ours):
             key = ((reference.name, None, None) if row["strategy"] == reference.label
                    else (row["strategy"], row["age"], row.get("fault")))
             g = bp.get(key)

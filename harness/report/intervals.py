@@ -1,37 +1,51 @@
-"""A 95% interval around the median of a few trials' gains, and the verdict it supports. Pure (numpy).
+"""Intervals around the centre of a few trials' values, each with the coverage it really has, and the
+verdict a gain's interval supports under a stated minimum effect. Pure (numpy, scipy.stats).
 
-The interval is a percentile bootstrap of the median over trials: resample the trials with replacement,
-take each resample's median, and keep the 2.5th and 97.5th percentiles. With a handful of trials it
-cannot reach beyond the smallest and largest gain, which is the honest width for so few. The resampling
-uses a fixed seed, so the same gains always print the same interval.
+Two methods, chosen by name (``compare.interval``; ``METHODS`` is the registry):
+
+- ``order_statistic`` (default): the distribution-free interval for the median, ``[x(k), x(n+1-k)]`` of
+  the sorted values, with the largest ``k`` whose coverage ``1 - 2 * Binom(n, 1/2).cdf(k - 1)`` still
+  reaches the asked level. Its coverage is exact for any continuous distribution; with few values it
+  cannot reach 95% (5 values: ``[min, max]``, 93.75%), and the interval then says what it has.
+- ``t_log``: a Student-t interval on the logs of the values (for gains: paired per-trial ratios),
+  exponentiated: an interval for the geometric mean, at exactly the asked level when the logs are
+  roughly normal. Tighter than the order statistic at small n, but it rests on that assumption.
+
+docs/goodput.md says why the verdict reads the interval of the measured whole-run gain and what the
+minimum effect means.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 BETTER = "AccelPact better"
 WORSE = "AccelPact worse"
+SAME = "same within the minimum effect"
 NOISE = "within noise"
 ONE_TRIAL = "1 trial: no interval"
 NO_DATA = "no data"
-RESAMPLES = 4000
-SEED = 20
+LEVEL = 0.95
+MIN_EFFECT = 0.02  # "better" needs the whole interval above 1 + this (compare.min_effect)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """Median of ``n`` values and a ``level`` interval around it (NaN bounds when n < 2)."""
+    """The centre of ``n`` values and an interval around it whose true ``coverage`` is stated (NaN bounds
+    when n < 2). ``method``: the registry name of how it was drawn."""
 
     median: float
     lo: float
     hi: float
     n: int
-    level: float = 0.95
+    coverage: float = math.nan
+    method: str = ""
 
     def text(self, spec: str = ".3f") -> str:
         """``1.234 [1.101, 1.350] (n=5)``; ``1.234 (n=1)`` without an interval; ``-`` without data."""
@@ -42,31 +56,98 @@ class Interval:
         return f"{self.median:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}] (n={self.n})"
 
 
-def bootstrap_median(values: Sequence[float], level: float = 0.95, resamples: int = RESAMPLES,
-                     seed: int = SEED) -> Interval:
-    """The median of ``values`` (NaNs dropped) and its percentile-bootstrap ``level`` interval."""
-    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
-    if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, level)
+def _clean(values: Sequence[float | None]) -> np.ndarray:
+    return np.asarray(sorted(float(v) for v in values if v is not None and not math.isnan(float(v))), dtype=float)
+
+
+@functools.lru_cache(maxsize=None)
+def order_statistic_coverage(n: int, k: int) -> float:
+    """The probability that ``[x(k), x(n+1-k)]`` of ``n`` independent draws contains the true median."""
+    if n < 2 or not 1 <= k <= n // 2:
+        return math.nan
+    return float(1.0 - 2.0 * stats.binom.cdf(k - 1, n, 0.5))
+
+
+def order_statistic(values: Sequence[float | None], level: float = LEVEL) -> Interval:
+    """The median and its distribution-free order-statistic interval (module docstring)."""
+    x = _clean(values)
+    n = int(x.size)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan, "order_statistic")
     med = float(np.median(x))
-    if x.size == 1:
-        return Interval(med, math.nan, math.nan, 1, level)
-    rng = np.random.default_rng(seed)
-    meds = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
-    alpha = (1.0 - level) / 2
-    lo, hi = np.quantile(meds, [alpha, 1.0 - alpha])
-    return Interval(med, float(lo), float(hi), int(x.size), level)
+    if n == 1:
+        return Interval(med, math.nan, math.nan, 1, math.nan, "order_statistic")
+    k = 1
+    while k + 1 <= n // 2 and order_statistic_coverage(n, k + 1) >= level:
+        k += 1
+    return Interval(med, float(x[k - 1]), float(x[n - k]), n, order_statistic_coverage(n, k), "order_statistic")
 
 
-def verdict(gain: Interval, equal: float = 1.0) -> str:
-    """What the interval of AccelPact's gain (its goodput / the row's) supports: better when it lies
-    wholly above ``equal``, worse when wholly below, else within noise."""
+def t_log(values: Sequence[float | None], level: float = LEVEL) -> Interval:
+    """The geometric mean of positive ``values`` and its Student-t interval on the log scale."""
+    x = _clean(values)
+    if x.size and (x <= 0).any():
+        raise ValueError(f"t_log needs positive values (ratios); got {x.min():g}: use compare.interval=order_statistic")
+    n = int(x.size)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan, "t_log")
+    logs = np.log(x)
+    centre = float(np.exp(logs.mean()))
+    if n == 1:
+        return Interval(centre, math.nan, math.nan, 1, math.nan, "t_log")
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n))
+    return Interval(centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)), n, level, "t_log")
+
+
+METHODS: dict[str, Callable[[Sequence[float | None], float], Interval]] = {
+    "order_statistic": order_statistic,
+    "t_log": t_log,
+}
+DESCRIPTIONS: dict[str, str] = {
+    "order_statistic": "distribution-free order-statistic interval for the median (exact coverage, any "
+                       "continuous distribution)",
+    "t_log": "Student-t interval on the log of the paired per-trial values (a geometric mean; the coverage "
+             "assumes log-normal noise)",
+}
+DEFAULT_METHOD = "order_statistic"
+
+
+def interval(values: Sequence[float | None], method: str = DEFAULT_METHOD, level: float = LEVEL) -> Interval:
+    """``values``' interval by the registered ``method``; ValueError naming the methods for an unknown one."""
+    try:
+        fn = METHODS[method]
+    except KeyError:
+        raise ValueError(f"unknown interval method {method!r}; try compare.interval="
+                         f"{' or '.join(sorted(METHODS))}") from None
+    return fn(values, level)
+
+
+def coverage_text(ivs: Sequence[Interval]) -> str:
+    """What the intervals of a table cover, for its footer: ``93.8% at n=5`` (each distinct n once)."""
+    seen: dict[int, float] = {}
+    for iv in ivs:
+        if iv.n >= 2 and not math.isnan(iv.coverage):
+            seen.setdefault(iv.n, iv.coverage)
+    if not seen:
+        return "no interval (fewer than 2 trials)"
+    return ", ".join(f"{100 * c:.1f}% at n={n}" for n, c in sorted(seen.items()))
+
+
+def verdict(gain: Interval, min_effect: float = MIN_EFFECT) -> str:
+    """What the interval of AccelPact's gain (its goodput / the row's) supports, with a minimum effect
+    ``min_effect`` (δ): better when the whole interval lies above ``1 + δ``, worse when wholly below
+    ``1 / (1 + δ)``, the same when it lies wholly between those two, else within noise."""
+    if min_effect < 0:
+        raise ValueError(f"the minimum effect must be 0 or more, got {min_effect}; try compare.min_effect=0.02")
     if gain.n == 0:
         return NO_DATA
-    if gain.n == 1:
+    if gain.n == 1 or math.isnan(gain.lo):
         return ONE_TRIAL
-    if gain.lo > equal:
+    up, down = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+    if gain.lo > up:
         return BETTER
-    if gain.hi < equal:
+    if gain.hi < down:
         return WORSE
+    if min_effect > 0 and down <= gain.lo and gain.hi <= up:
+        return SAME
     return NOISE

@@ -1,9 +1,9 @@
 """Plots of a comparison with trials (PNG, matplotlib Agg), from the per-cell rows of
-``harness.report.verdict`` (medians and 95% intervals over trials).
+``harness.report.verdict`` (centres and intervals over trials, each interval with the coverage it has).
 
-- ``goodput_vs_age.png``: badput-based goodput per strategy against checkpoint age, and AccelPact's gain
-  over each baseline with its interval as an error bar on every point (the measured whole-run gain as a
-  hollow marker beside it), the paper's figures marked as stars.
+- ``goodput_vs_age.png``: measured whole-run goodput per strategy against checkpoint age, and AccelPact's
+  measured gain over each baseline with its interval as an error bar on every point (the verdict's
+  number; the badput-based gain, a diagnostic, as a hollow marker beside it), the paper's figures as stars.
 - ``badput_by_part.png``: per strategy and age, the median badput stacked by part (docs/goodput.md's names).
 - ``timeline.png`` and ``recovery_breakdown.png``: one trial's runs, as ``harness.report.plots_compare``.
 """
@@ -32,6 +32,18 @@ def _err(rows: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
     return [lo, hi]
 
 
+def _interval(row: dict[str, Any], key: str) -> Any:
+    """The ``Interval`` of ``key`` in a cell row (for its coverage)."""
+    from harness.report.intervals import Interval
+
+    def num(k: str) -> float:
+        v = row.get(k)
+        return float(v) if _ok(v) else math.nan
+
+    return Interval(num(key), num(f"{key}_lo"), num(f"{key}_hi"), int(row.get(f"{key}_n") or 0),
+                    num(f"{key}_coverage"), str(row.get("interval_method") or ""))
+
+
 def _footer(fig: Any, footer: Optional[str]) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
@@ -46,11 +58,11 @@ def _footer(fig: Any, footer: Optional[str]) -> None:
 def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
                         paper_gain: Optional[dict[tuple[str, int], float]] = None, footer: Optional[str] = None) -> Path:
     plt = _plt()
-    reference, ours = strategies.reference(), strategies.under_test().name
+    ours = next((r["ours"] for r in cells if r.get("ours")), strategies.under_test().name)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for r in cells:
-        if r["age"] is None and _ok(r.get("goodput_bp")):
-            ax.axhline(r["goodput_bp"], color="black", linestyle="--", label="fault-free reference")
+        if r["age"] is None and _ok(r.get("goodput")):
+            ax.axhline(r["goodput"], color="black", linestyle="--", label="fault-free reference")
     faults = list(dict.fromkeys(r.get("fault") for r in cells if r["age"] is not None))
     # One series per strategy, or per (strategy, fault) when the sweep varied the fault: points of two
     # faults at one age are different cells and must not share a line.
@@ -59,9 +71,9 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
         name = s if len(faults) < 2 else f"{s}, {f}"
         style = "-" if len(faults) < 2 else ("-", "--", ":", "-.")[faults.index(f) % 4]
         mine = [r for r in cells if r["strategy"] == s and r.get("fault") == f and r["age"] is not None]
-        pts = sorted((r for r in mine if _ok(r.get("goodput_bp"))), key=lambda r: r["age"])
+        pts = sorted((r for r in mine if _ok(r.get("goodput"))), key=lambda r: r["age"])
         if pts:
-            ax.errorbar([r["age"] for r in pts], [r["goodput_bp"] for r in pts], yerr=_err(pts, "goodput_bp"),
+            ax.errorbar([r["age"] for r in pts], [r["goodput"] for r in pts], yerr=_err(pts, "goodput"),
                         fmt="o" + style, capsize=3, color=_color(s), label=name)
         if s == ours:
             continue
@@ -71,19 +83,26 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
         dx = 0.15 * (i + 1)  # side by side, so intervals at the same age do not hide each other
         n = "/".join(sorted({str(r["trials"]) for r in gains}))
         ax2.errorbar([r["age"] + dx for r in gains], [r["gain"] for r in gains], yerr=_err(gains, "gain"),
-                     fmt="o" + style, capsize=4, color=_color(s), label=f"ours vs {name} (badput-based, n={n})")
-        meas = [r for r in gains if _ok(r.get("measured_gain"))]
-        ax2.errorbar([r["age"] + dx + 0.3 for r in meas], [r["measured_gain"] for r in meas],
-                     yerr=_err(meas, "measured_gain"), fmt="o", mfc="none", capsize=2, color=_color(s),
-                     alpha=0.6, label=f"ours vs {name} (measured whole-run)")
+                     fmt="o" + style, capsize=4, color=_color(s), label=f"ours vs {name} (measured whole-run, n={n})")
+        diag = [r for r in gains if _ok(r.get("gain_bp"))]
+        ax2.errorbar([r["age"] + dx + 0.3 for r in diag], [r["gain_bp"] for r in diag],
+                     yerr=_err(diag, "gain_bp"), fmt="o", mfc="none", capsize=2, color=_color(s),
+                     alpha=0.6, label=f"ours vs {name} (badput-based, diagnostic)")
     for (s, age), gain in (paper_gain or {}).items():
         ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
                  label=f"paper vs {s} (age {age}): {gain}x")
+    from harness.report.intervals import coverage_text
+
+    covered = coverage_text([_interval(r, "gain") for r in cells if r["age"] is not None and r["strategy"] != ours])
+    method = next((str(r["interval_method"]) for r in cells if r.get("interval_method")), "")
     ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)",
-           ylabel="badput-based goodput (tokens/s)", title="goodput (median, 95% interval over trials)")
+           ylabel="measured whole-run goodput (tokens/s)", title=f"goodput (median, {method} interval)")
     ax2.axhline(1.0, color="grey", linewidth=0.8)
+    delta = next((float(r["min_effect"]) for r in cells if _ok(r.get("min_effect"))), 0.0)
+    if delta > 0:
+        ax2.axhspan(1.0 / (1.0 + delta), 1.0 + delta, color="0.9", zorder=0, label=f"minimum effect ±{delta:.0%}")
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput",
-            title="AccelPact's gain (median, 95% interval)")
+            title=f"AccelPact's measured gain (coverage {covered})")
     ax.legend(fontsize=7)
     ax2.legend(fontsize=6)
     fig.tight_layout()

@@ -56,22 +56,24 @@ def _find(runs: Sequence[RunSummary], strategy: str, age: int | None, fault: str
     return None
 
 
-def comparison_table(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
+def comparison_table(runs: Sequence[RunSummary], ours: str | None = None) -> list[dict[str, Any]]:
     """One row per run, columns ``TABLE_COLUMNS``, sorted by age then strategy.
 
     - ``ratio_to_reference``: goodput / the fault-free ("none") run's goodput at the same age (else any
       reference in the list); NaN when the list has no reference.
     - ``accelpact_gain``: the AccelPact run's goodput (same age and fault) / this row's goodput. This is the
       paper's figure: 1.197x on the cold_restart row at age 5. NaN when there is no AccelPact run.
+      ``ours``: which strategy is AccelPact here (None: ``strategies.under_test`` of the runs present).
     - breakdown columns: whole-run badput in seconds (mean over ranks), summing to wall_s minus useful time.
     - ``fallback``: "; "-joined reasons accelpact fell back to checkpoint restore ("" when it did not).
     """
-    reference, under_test = strategies.reference().name, strategies.under_test().name
+    reference = strategies.reference().name
+    under_test = strategies.under_test({r.strategy for r in runs}, ours).name
     order = {s.name: s.order for s in strategies.specs()}
     rows: list[dict[str, Any]] = []
     for run in runs:
         ref = _find(runs, reference, run.age, run.fault)
-        ours = _find(runs, under_test, run.age, run.fault)
+        accelpact = _find(runs, under_test, run.age, run.fault)
         rep = run.report
         row: dict[str, Any] = {
             "strategy": run.strategy,
@@ -80,7 +82,7 @@ def comparison_table(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "goodput": rep.goodput,
             "ratio_to_reference": goodput_ratio(rep, ref.report) if ref else math.nan,
             "accelpact_gain": (
-                ours.report.goodput / rep.goodput if ours is not None and rep.goodput > 0 else math.nan
+                accelpact.report.goodput / rep.goodput if accelpact is not None and rep.goodput > 0 else math.nan
             ),
             "wall_s": rep.timeline.wall_s,
             "tokens": rep.tokens,

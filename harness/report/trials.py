@@ -13,7 +13,7 @@ import math
 from typing import Any, Hashable, Mapping, Sequence, TypeVar
 
 from harness.report.badput_goodput import PART_NAMES
-from harness.report.intervals import Interval, bootstrap_median, verdict
+from harness.report.intervals import DEFAULT_METHOD, LEVEL, MIN_EFFECT, interval, verdict
 
 T = TypeVar("T")
 TRIAL_DIR = "trial"  # runs of trial k go to <sweep>/trial<k>/
@@ -49,18 +49,23 @@ def _f(v: Any) -> float:
         return math.nan
 
 
-# Columns aggregated per cell: (output name, per-trial row key). Each gets <name> (median), <name>_lo,
-# <name>_hi and, for the gains, the interval's text.
+# Columns aggregated per cell: (output name, per-trial row key). Each gets <name> (the centre), <name>_lo,
+# <name>_hi, <name>_n, <name>_coverage and <name>_ci (the interval's text).
 INTERVAL_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("gain", "accelpact_gain_bp"),  # AccelPact's badput-based goodput / this row's: the verdict's number
-    ("measured_gain", "accelpact_gain"),  # the same with measured whole-run goodput
+    ("gain", "accelpact_gain"),  # AccelPact's measured whole-run goodput / this row's: the verdict's number
+    ("gain_bp", "accelpact_gain_bp"),  # the same with the badput-based goodput: where the time went
     ("goodput_bp", "goodput_bp"),
     ("goodput", "goodput"),
     ("ratio_to_reference_bp", "ratio_to_reference_bp"),
     ("step_drift", "step_drift"),
 )
+CI_COLUMNS: tuple[str, ...] = ("gain", "gain_bp", "step_drift")
 MEDIAN_COLUMNS: tuple[str, ...] = ("badput_s", "replayed_steps", "load_mean", "load_max", "steal_pct",
                                    *(f"{p}_s" for p in PART_NAMES))
+# A cell's productive steps this far from the reference's (either way) are named in its notes.
+DRIFT_NOTE = 0.10
+# A cell whose runs' mean load exceeded the cores they use by half is named in its notes (a load spike).
+LOAD_NOTE = 1.5
 
 
 def cell_key(row: Mapping[str, Any]) -> tuple[Hashable, Hashable, Hashable]:
@@ -68,12 +73,29 @@ def cell_key(row: Mapping[str, Any]) -> tuple[Hashable, Hashable, Hashable]:
     return (row.get("strategy"), row.get("age"), row.get("fault"))
 
 
-def summarize_cells(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def cell_notes(row: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str:
+    """What the verdict's reader must know about a cell: steps off the reference's pace, a load spike."""
+    notes = []
+    drift = row.get("step_drift")
+    if isinstance(drift, float) and not math.isnan(drift) and abs(drift - 1.0) > DRIFT_NOTE:
+        notes.append(f"steps {drift:.2f}x the reference's")
+    spikes = [r for r in runs if _f(r.get("load_mean")) > LOAD_NOTE * _f(r.get("cores_used"))]
+    if spikes:
+        worst = max(_f(r.get("load_max")) for r in spikes)
+        notes.append(f"load spike in {len(spikes)} of {len(runs)} trials (load up to {worst:.1f} on "
+                     f"{_f(spikes[0].get('cores_used')):.0f} cores)")
+    return "; ".join(notes)
+
+
+def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_METHOD,
+                    min_effect: float = MIN_EFFECT, level: float = LEVEL) -> list[dict[str, Any]]:
     """One row per cell (strategy, age, fault: ``cell_key``) over its trials' rows (in first-seen order).
 
-    Each output row: ``trials`` (trials whose run ended ok), the median and 95% interval of every
-    ``INTERVAL_COLUMNS`` value, the verdict from the interval of ``gain``, medians of ``MEDIAN_COLUMNS``,
-    ``bit_identical`` (True only if every trial's was), ``fallback`` (the distinct reasons)."""
+    Each output row: ``trials`` (trials whose run ended ok), the centre and ``method`` interval of every
+    ``INTERVAL_COLUMNS`` value (with its true coverage), the verdict from the interval of the measured
+    ``gain`` under the minimum effect ``min_effect``, the badput-based ``verdict_bp`` beside it (a
+    diagnostic), medians of ``MEDIAN_COLUMNS``, ``notes`` (``cell_notes``), ``bit_identical`` (True only
+    if every trial's was), ``fallback`` (the distinct reasons)."""
     groups: dict[tuple[Hashable, Hashable, Hashable], list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault(cell_key(r), []).append(r)
@@ -82,18 +104,20 @@ def summarize_cells(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         ok = [r for r in runs if r.get("status") in (None, "ok")]
         row: dict[str, Any] = {"strategy": strategy, "age": age, "fault": fault, "trials": len(ok),
                                "runs": len(runs)}
+        ivs = {}
         for name, key in INTERVAL_COLUMNS:
-            iv = bootstrap_median([_f(r.get(key)) for r in ok])
+            iv = ivs[name] = interval([_f(r.get(key)) for r in ok], method, level)
             row[name], row[f"{name}_lo"], row[f"{name}_hi"], row[f"{name}_n"] = iv.median, iv.lo, iv.hi, iv.n
-            if name in ("gain", "measured_gain"):
+            row[f"{name}_coverage"] = iv.coverage
+            if name in CI_COLUMNS:
                 row[f"{name}_ci"] = iv.text()
-        gain = Interval(row["gain"], row["gain_lo"], row["gain_hi"], row["gain_n"])
-        row["verdict"] = verdict(gain) if row["gain_n"] else "-"
-        row["measured_verdict"] = verdict(Interval(row["measured_gain"], row["measured_gain_lo"],
-                                                   row["measured_gain_hi"], row["measured_gain_n"]))
+        row["interval_method"], row["level"], row["min_effect"] = method, level, min_effect
+        row["verdict"] = verdict(ivs["gain"], min_effect) if ivs["gain"].n else "-"
+        row["verdict_bp"] = verdict(ivs["gain_bp"], min_effect) if ivs["gain_bp"].n else "-"
         for key in MEDIAN_COLUMNS:
             vals = sorted(v for v in (_f(r.get(key)) for r in ok) if not math.isnan(v))
             row[key] = _median(vals)
+        row["notes"] = cell_notes(row, ok)
         idents = [r.get("bit_identical") for r in ok]
         row["bit_identical"] = (None if not idents or any(i is None for i in idents) else all(bool(i) for i in idents))
         reasons = sorted({str(r.get("fallback")) for r in ok if r.get("fallback") not in (None, "", "no")})

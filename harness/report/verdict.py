@@ -1,10 +1,11 @@
-"""The comparison's verdict table: every run's goodputs per trial, then per cell the median over trials,
-the 95% interval of AccelPact's gain and the verdict, printed and written with the plots.
+"""The comparison's verdict table: every run's goodputs per trial, then per cell the centre over trials,
+the interval of AccelPact's measured gain (with the coverage it really has) and the verdict under the
+minimum effect, printed and written with the plots.
 
-Input is one row per run and trial (``harness.report.compare.trial_rows``: the badput-based goodput at
-the references' median productive step time, AccelPact's gain as that trial's AccelPact run over that
-trial's run of the row's strategy). Writes ``table.md`` and ``table.csv`` (one row per cell), ``runs.csv`` (one row
-per run and trial) and the plots.
+Input is one row per run and trial (``harness.report.compare.trial_rows``: the measured whole-run
+goodput, the badput-based one beside it, AccelPact's gain as that trial's AccelPact run over that trial's
+run of the row's strategy). Writes ``table.md`` and ``table.csv`` (one row per cell), ``runs.csv`` (one
+row per run and trial) and the plots.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from harness.report.intervals import DEFAULT_METHOD, DESCRIPTIONS, LEVEL, MIN_EFFECT, Interval, coverage_text
 from harness.report.table import format_table
 from harness.report.trials import summarize_cells, trial_of
 
 PRINT_COLUMNS: tuple[str, ...] = (
-    "strategy", "age", "trials", "goodput_bp", "gain_ci", "verdict", "measured_gain_ci", "paper_gain",
-    "step_drift", "badput_s", "replayed_steps", "load_max", "fallback", "bit_identical", "status",
+    "strategy", "age", "trials", "goodput", "gain_ci", "verdict", "gain_bp_ci", "step_drift_ci", "badput_s",
+    "replayed_steps", "paper_gain", "fallback", "bit_identical", "notes", "status",
 )
 
 
@@ -39,6 +41,31 @@ def _status(cell: dict[str, Any]) -> str:
     return "ok" if not failed else f"{failed} of {cell['runs']} failed"
 
 
+def footer(cells: Sequence[dict[str, Any]]) -> str:
+    """How to read the verdict table: the interval method, the coverage its intervals really have, the
+    minimum effect and what every column is."""
+    method = next((str(c["interval_method"]) for c in cells if c.get("interval_method")), DEFAULT_METHOD)
+    delta = next((float(c["min_effect"]) for c in cells if c.get("min_effect") is not None), MIN_EFFECT)
+    ours = next((str(c["ours"]) for c in cells if c.get("ours")), "AccelPact")
+    level = next((float(c["level"]) for c in cells if c.get("level") is not None), LEVEL)
+    gains = [Interval(c["gain"], c["gain_lo"], c["gain_hi"], int(c["gain_n"]), c.get("gain_coverage", math.nan),
+                      method) for c in cells if c.get("age") is not None and c.get("gain_n")]
+    n = sorted({c["trials"] for c in cells if c["age"] is not None})
+    return (f"trials per cell: {', '.join(map(str, n))} (each trial: the reference and every run, in a rotated "
+            f"order). gain_ci: {ours}'s measured whole-run goodput / this row's, paired by trial: centre "
+            f"[interval] (n trials); interval: {method}, the {DESCRIPTIONS.get(method, method)}; coverage "
+            f"{coverage_text(gains)} (asked: {level:.0%}). verdict: from gain_ci with a minimum effect of "
+            f"{delta:.0%}: better when the whole interval lies above {1 + delta:.2f}, worse when below "
+            f"{1 / (1 + delta):.3f}, the same when it lies between them, else within noise. goodput: measured "
+            "whole-run goodput (useful tokens / wall seconds, first step to last), median; every cost of the "
+            "strategy is in it. gain_bp_ci: the same gain on the badput-based goodput (useful steps x the "
+            "references' median productive step + the run's measured badput): a diagnostic of where the time "
+            "went, blind to a slower step (docs/goodput.md). step_drift_ci: the run's productive step / its "
+            "trial's reference's. badput_s: every measured badput second (mean over ranks), median; by part in "
+            "table.csv. notes: steps more than 10% off the reference's pace, a load spike (mean load above 1.5x "
+            "the cores used). Every run of every trial: runs.csv.")
+
+
 def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str, Any]], title: str) -> str:
     """``runs.csv``, ``table.csv`` and ``table.md``; returns the printed table."""
     import pandas as pd
@@ -47,19 +74,12 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
     pd.DataFrame(cells).to_csv(out_dir / "table.csv", index=False)
     columns = print_columns(cells)
     text = format_table(cells, columns)
-    n = sorted({c["trials"] for c in cells if c["age"] is not None})
     md = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     from harness.report.table import cell
 
     for r in cells:
         md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in columns) + " |")
-    md += ["", f"trials per cell: {', '.join(map(str, n))} (each trial: the reference and every run, in a rotated "
-           "order). goodput_bp: useful tokens / (useful steps x the references' median productive step + the "
-           "run's measured badput), median over trials (docs/goodput.md). gain_ci: AccelPact's goodput_bp / this "
-           "row's, median [95% bootstrap interval] (n trials); verdict from that interval. measured_gain_ci: the "
-           "same with measured whole-run goodput. step_drift: the run's productive step / its reference's. "
-           "badput_s: every measured badput second (mean over ranks), median; by part in table.csv. load_max: "
-           "the highest 1-min load average seen during the run. Every run of every trial: runs.csv.", ""]
+    md += ["", footer(cells), ""]
     (out_dir / "table.md").write_text("\n".join(md))
     return text
 
@@ -85,18 +105,22 @@ def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
 
 
 def finish_trials(out_dir: Path, runs: list[dict[str, Any]], entries: Sequence[tuple[Path, dict[str, Any]]],
-                  title: str, paper_gain: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+                  title: str, paper_gain: dict[tuple[str, int], float], method: str = DEFAULT_METHOD,
+                  min_effect: float = MIN_EFFECT, ours: Optional[str] = None, level: float = LEVEL) -> list[dict[str, Any]]:
     """Per-cell verdicts, files and plots of a finished comparison sweep from its per-run rows ``runs``
-    (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline."""
+    (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline.
+    ``method`` and ``min_effect``: the interval and the verdict's minimum effect (``compare.*``); ``ours``:
+    the strategy whose gain is reported (None: the in-memory strategy among the runs)."""
     from harness import strategies
 
     PAPER_GAIN = paper_gain
-    cells = summarize_cells(runs)
-    ours = strategies.under_test().name
+    cells = summarize_cells(runs, method, min_effect, level)
+    ours = strategies.under_test({str(c["strategy"]) for c in cells}, ours).name
     for c in cells:
         c["status"] = _status(c)
+        c["ours"] = ours
         if c["strategy"] == ours:  # its gain over itself is 1 by definition: no verdict to draw
-            c["verdict"] = c["measured_verdict"] = c["gain_ci"] = c["measured_gain_ci"] = "-"
+            c["verdict"] = c["verdict_bp"] = c["gain_ci"] = c["gain_bp_ci"] = "-"
         if c["paper_gain"] is None and c["age"] is not None:
             c["paper_gain"] = PAPER_GAIN.get((c["strategy"], c["age"]))
     text = write_tables(out_dir, runs, cells, title)

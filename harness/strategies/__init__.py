@@ -10,7 +10,7 @@ Nothing outside this package compares strategy names: ask the spec.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional
 
 from harness.registry import Registry
 from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
            "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
 
-_BUILTIN_MODULES = ("none", "accelpact", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
+_BUILTIN_MODULES = ("none", "accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
 _REGISTRY: Registry[StrategySpec] = Registry(
     "strategy", StrategySpec, lambda s: s.name,
     lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])
@@ -85,9 +85,15 @@ def reference() -> StrategySpec:
     return next(s for s in specs() if s.reference)
 
 
-def under_test() -> StrategySpec:
-    """The strategy whose gain over the others the comparison reports (AccelPact)."""
-    return next(s for s in specs() if s.recovers_in_memory)
+def under_test(present: Iterable[str] = (), preferred: Optional[str] = None) -> StrategySpec:
+    """The strategy whose gain over the others a comparison reports: ``preferred`` when given (it must be
+    registered: ``compare.ours``), else the first in-memory strategy (table order) among the ``present``
+    names, else the first in-memory strategy (AccelPact)."""
+    if preferred:
+        return get(preferred)
+    ours = [s for s in specs() if s.recovers_in_memory]
+    present = set(present)
+    return next((s for s in ours if s.name in present), ours[0])
 
 
 def rank_class(name: str) -> "type[Strategy]":

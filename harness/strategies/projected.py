@@ -1,8 +1,7 @@
 """Rows only the scale simulator has (no harness strategy of that name), one ``ProjectedStrategy`` each.
 
-They extend the simulator's comparison: AccelPact's heal of a lost process or host (built and measured in
-results/process_loss, where the harness runs it as ``accelpact``; the simulator keeps it as its own row
-beside the disk-fallback path), the same on torch 2.15's process-group reconfigure (measured in
+They extend the simulator's comparison (AccelPact's heal of a lost process or host is the harness
+strategy ``accelpact_heal``, measured in results/process_loss): the heal on torch 2.15's process-group reconfigure (measured in
 results/reconfigure), and torchft's replica group that drops out and rejoins by peer heal (the
 harness runs it as ``torchft``; its per-failure costs are measured, see harness.scale.torchft_measured).
 Two rows are designs, not built, and say so: the heal growing the communicator instead of rebuilding it,
@@ -15,9 +14,6 @@ from __future__ import annotations
 from harness.strategies.spec import ProjectedStrategy, Simulation
 
 PROJECTED: tuple[ProjectedStrategy, ...] = (
-    ProjectedStrategy("accelpact_heal", Simulation(
-        "harness.scale.outcomes:rebind_and_heal_in_memory",
-        "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True), color="tab:cyan"),
     ProjectedStrategy("accelpact_reconfigure", Simulation(
         "harness.scale.outcomes:reconfigure_and_heal_in_memory",
         "AccelPact on torch 2.15 reconfigure + in-memory heal (measured: results/process_loss heal x "

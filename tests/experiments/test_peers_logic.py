@@ -54,13 +54,13 @@ def test_table_md_has_the_verdict_the_reason_and_the_provenance(tmp_path):
 
 def test_a_strategy_at_another_pace_whose_gains_disagree_is_called_out():
     """torchft's replica groups stepped ~40% faster than the FSDP reference here: the badput-based gain (at the
-    reference's pace) said AccelPact better while the measured gain said torchft. table.md must say so."""
-    cells = [{"strategy": "torchft", "age": 5, "fault": "kill", "step_drift": 0.57, "gain_ci": "1.445 [1.443, 1.470]",
-              "verdict": "AccelPact better", "measured_gain_ci": "0.941 [0.892, 1.010]", "measured_verdict": "within noise"},
-             {"strategy": "cold_restart", "age": 5, "fault": "kill", "step_drift": 0.76, "gain_ci": "1.7",
-              "verdict": "AccelPact better", "measured_gain_ci": "1.5", "measured_verdict": "AccelPact better"},
-             {"strategy": "gemini", "age": 5, "fault": "kill", "step_drift": 1.02, "gain_ci": "1.9",
-              "verdict": "AccelPact better", "measured_gain_ci": "0.9", "measured_verdict": "AccelPact worse"},
+    reference's pace) said AccelPact better while the measured gain, the verdict, did not. table.md says so."""
+    cells = [{"strategy": "torchft", "age": 5, "fault": "kill", "step_drift": 0.57, "gain_bp_ci": "1.445 [1.443, 1.470]",
+              "verdict_bp": "AccelPact better", "gain_ci": "0.941 [0.892, 1.010]", "verdict": "within noise"},
+             {"strategy": "cold_restart", "age": 5, "fault": "kill", "step_drift": 0.76, "gain_bp_ci": "1.7",
+              "verdict_bp": "AccelPact better", "gain_ci": "1.5", "verdict": "AccelPact better"},
+             {"strategy": "gemini", "age": 5, "fault": "kill", "step_drift": 1.02, "gain_bp_ci": "1.9",
+              "verdict_bp": "AccelPact better", "gain_ci": "0.9", "verdict": "AccelPact worse"},
              {"strategy": "none (reference)", "age": None, "step_drift": 1.0}]
     text = "\n".join(peers.pace_caveat(cells))
     assert "torchft kill age 5: step_drift 0.57" in text and "measured 0.941 [0.892, 1.010] (within noise)" in text

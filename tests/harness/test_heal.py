@@ -70,7 +70,7 @@ def _heal(reference, name: str, *overrides: str, world_size: int = 2, env_extra:
     tmp, get_ref = reference
     ref_dir = get_ref(world_size) if ref_key is None else get_ref(world_size, ref_key)
     run_dir = tmp / name
-    args = [*base, f"cluster.world_size={world_size}", "strategy=accelpact", f"fault={fault}",
+    args = [*base, f"cluster.world_size={world_size}", "strategy=accelpact_heal", f"fault={fault}",
             f"fault.at_step={FAULT_STEP}", *overrides, f"hydra.run.dir={run_dir}"]
     if env_extra:
         import os
@@ -281,7 +281,7 @@ def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
 
     os.environ[DIE_BEFORE_JOIN] = "1:hang"
     try:
-        done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
                             "fault.phase=vote", "strategy.replacement_timeout_s=3", f"hydra.run.dir={run_dir}"], tmp,
                            timeout=400)
     finally:
@@ -299,7 +299,7 @@ def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
     run_dir = tmp / "no_budget"
     # max_restarts=0: the parent starts no replacement (and relaunches nothing) and says why: the survivor
     # stops at once with the parent's reason instead of at replacement_timeout_s (120 s).
-    done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+    done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
                         "fault.phase=vote", "strategy.max_restarts=0", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
     out = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode != 0 and "run failed" in out, out
@@ -323,7 +323,7 @@ def test_a_lost_host_without_replicas_falls_back_to_disk_and_says_so(reference):
     tmp, get_ref = reference
     run_dir = tmp / "host_loss_no_replicas"
     done = run_harness([*BASE, "cluster=local_hosts", "cluster.pg_timeout_s=60", "cluster.hosts=2",
-                        "cluster.world_size=4", "strategy=accelpact",
+                        "cluster.world_size=4", "strategy=accelpact_heal",
                         "strategy.snapshot.replicas=false", "fault=host_loss", f"fault.at_step={FAULT_STEP}",
                         "fault.ranks=[1]", "fault.phase=vote", f"hydra.run.dir={run_dir}"], tmp, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -376,7 +376,7 @@ def _fallback_run(reference, name: str, env_extra: dict[str, str],
     os.environ.update(env_extra)
     t0 = time.monotonic()
     try:
-        done = run_harness([*BASE, "strategy=accelpact", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
+        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
                             "fault.phase=vote", f"strategy.recovery_deadline_s={DEADLINE_S}",
                             f"hydra.run.dir={run_dir}", *extra], tmp, timeout=600)
     finally:

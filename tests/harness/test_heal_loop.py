@@ -80,7 +80,7 @@ def _heal_loop(reference, name: str, at_step: int, phase: str, *, ranks: str = "
     tmp, get_ref = reference
     ref_dir = get_ref(world_size)
     run_dir = tmp / name
-    args = [*LOOP, f"cluster.world_size={world_size}", "strategy=accelpact", "fault=kill", f"fault.at_step={at_step}",
+    args = [*LOOP, f"cluster.world_size={world_size}", "strategy=accelpact_heal", "fault=kill", f"fault.at_step={at_step}",
             f"fault.phase={phase}", f"fault.ranks={ranks}", f"hydra.run.dir={run_dir}"]
     with _env(env_extra):
         done = run_harness(args, tmp, timeout=900)

@@ -107,7 +107,7 @@ def test_a_template_with_a_second_thread_refuses_to_fork(tmp_path):
 
 
 def _start(tmp_path: Path, extra: list[str]) -> subprocess.Popen:
-    args = [*TINY, "strategy=accelpact", "fault=kill", "fault.ranks=[1]", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
+    args = [*TINY, "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
     return subprocess.Popen(harness_cmd(args, tmp_path), cwd=tmp_path, env=harness_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

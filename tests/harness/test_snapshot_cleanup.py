@@ -27,7 +27,7 @@ def _env(base: Path) -> dict[str, str]:
 
 
 def _start(tmp_path: Path, base: Path, extra: list[str]) -> subprocess.Popen:
-    args = [*TINY, "strategy=accelpact", "train.steps=400", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
+    args = [*TINY, "strategy=accelpact_heal", "train.steps=400", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
     from harness_test_helpers import harness_cmd
 
     return subprocess.Popen(harness_cmd(args, tmp_path), cwd=tmp_path, env=_env(base), stdout=subprocess.PIPE,
@@ -97,7 +97,7 @@ def test_a_killed_parent_leaves_snapshots_that_the_stale_cleanup_removes(tmp_pat
 def test_a_rank_kill_healed_in_memory_leaves_no_snapshots(tmp_path):
     base = tmp_path / "shm"
     run_dir = tmp_path / "kill"
-    args = [*TINY, "train.steps=10", "strategy=accelpact", "fault=kill", "fault.ranks=[1]", "fault.at_step=5",
+    args = [*TINY, "train.steps=10", "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", "fault.at_step=5",
             f"hydra.run.dir={run_dir}"]
     from harness_test_helpers import harness_cmd
 
@@ -126,7 +126,7 @@ def test_host_loss_heals_from_buddy_replicas_bit_identically_and_leaves_nothing(
     from harness_test_helpers import harness_cmd
 
     base = tmp_path / "shm"
-    common = [*TINY, "train.steps=10", "strategy=accelpact", "cluster=local_hosts", "cluster.world_size=4",
+    common = [*TINY, "train.steps=10", "strategy=accelpact_heal", "cluster=local_hosts", "cluster.world_size=4",
               "cluster.hosts=2"]
     rows = {}
     for name, fault in (("ref", ["fault=none"]),

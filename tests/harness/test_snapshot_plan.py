@@ -31,7 +31,7 @@ BIG = Machine(cpu_cores=8, mem_available=64 * GiB, shm_free=32 * GiB)
 
 
 def test_plan_states_two_own_slots_and_two_replicas_per_rank(catalogue):
-    run = _run("strategy=accelpact", "cluster.world_size=2")
+    run = _run("strategy=accelpact_heal", "cluster.world_size=2")
     assert run.strategy.snapshot.every == 1
     counts = catalogue.counts(run.model)
     p = plan(run, BIG, counts)
@@ -41,17 +41,17 @@ def test_plan_states_two_own_slots_and_two_replicas_per_rank(catalogue):
     assert rows["snapshots: 2 buddy replicas (shared memory)"] == 2 * slot
     assert p.snapshot_per_rank == 4 * slot
     assert "snapshots: 2 buddy replicas" in p.table()
-    off = plan(_run("strategy=accelpact", "strategy.snapshot.every=0"), BIG, counts)
+    off = plan(_run("strategy=accelpact_heal", "strategy.snapshot.every=0"), BIG, counts)
     assert off.snapshot_per_rank == 0 and off.per_host == p.per_host - 4 * slot * p.ranks_on_host
-    no_rep = plan(_run("strategy=accelpact", "strategy.snapshot.replicas=false"), BIG, counts)
+    no_rep = plan(_run("strategy=accelpact_heal", "strategy.snapshot.replicas=false"), BIG, counts)
     assert no_rep.snapshot_per_rank == 2 * slot
     assert plan(_run("strategy=cold_restart"), BIG, counts).snapshot_per_rank == 0
 
 
 def test_a_plan_that_snapshots_push_over_host_memory_is_refused_before_training(catalogue):
-    run = _run("strategy=accelpact", "model=mistral_small")
+    run = _run("strategy=accelpact_heal", "model=mistral_small")
     counts = catalogue.counts(run.model)
-    without = plan(_run("strategy=accelpact", "model=mistral_small", "strategy.snapshot.every=0"), BIG, counts)
+    without = plan(_run("strategy=accelpact_heal", "model=mistral_small", "strategy.snapshot.every=0"), BIG, counts)
     with_snap = plan(run, BIG, counts)
     # A host with room for the run but not for its snapshots.
     host = Machine(cpu_cores=8, mem_available=int((without.per_host + with_snap.per_host) / 2 / 0.85), shm_free=32 * GiB)
@@ -59,20 +59,20 @@ def test_a_plan_that_snapshots_push_over_host_memory_is_refused_before_training(
         run.strategy.snapshot, every=0))), host, counts).fits
     assert not plan(run, host, counts).fits
     with pytest.raises(ConfigError) as info:
-        validate(run, host, catalogue, ["strategy=accelpact", "model=mistral_small"])
+        validate(run, host, catalogue, ["strategy=accelpact_heal", "model=mistral_small"])
     assert "needs" in str(info.value) and "GiB of host memory" in str(info.value)
     assert info.value.memory_plan is not None and "snapshots: 2 own slots" in info.value.memory_plan.table()
 
 
 def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue):
-    run = _run("strategy=accelpact")
+    run = _run("strategy=accelpact_heal")
     tiny = Machine(cpu_cores=8, mem_available=64 * GiB, shm_free=1 << 20, shm_path="/dev/shm")
     with pytest.raises(ConfigError) as info:
         validate(run, tiny, catalogue)
     msg = str(info.value)
     assert msg.startswith("snapshots need ") and "in /dev/shm (2 rank(s) x " in msg
     assert "0.00 GiB free there: DOES NOT FIT" in msg and "`strategy.snapshot.every=0`" in msg
-    validate(_run("strategy=accelpact", "strategy.snapshot.every=0"), tiny, catalogue)  # off: no shm needed
+    validate(_run("strategy=accelpact_heal", "strategy.snapshot.every=0"), tiny, catalogue)  # off: no shm needed
     validate(run, dataclasses.replace(tiny, shm_free=None), catalogue)  # not probed: the plan alone decides
 
 
@@ -84,21 +84,21 @@ def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue
 ])
 def test_snapshot_settings_are_checked(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
-        check_values(_run("strategy=accelpact", override))
+        check_values(_run("strategy=accelpact_heal", override))
 
 
 def test_push_settings_need_replicas_and_default_to_every_snapshot():
-    run = _run("strategy=accelpact")
+    run = _run("strategy=accelpact_heal")
     assert (run.strategy.snapshot.push_every, run.strategy.snapshot.confirm_push) == (1, False)
     with pytest.raises(ConfigError, match=r"push_every=2 .* replicas are off; try `strategy\.snapshot\.replicas=true`"):
-        check_values(_run("strategy=accelpact", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false"))
-    check_values(_run("strategy=accelpact", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true"))
+        check_values(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false"))
+    check_values(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true"))
 
 
 def test_hot_spares_need_snapshots():
     with pytest.raises(ConfigError, match=r"hot_spares=1 .* snapshots are off; try `strategy\.snapshot\.every=1`"):
-        check_values(_run("strategy=accelpact", "strategy.hot_spares=1", "strategy.snapshot.every=0"))
-    check_values(_run("strategy=accelpact", "strategy.hot_spares=1"))
+        check_values(_run("strategy=accelpact_heal", "strategy.hot_spares=1", "strategy.snapshot.every=0"))
+    check_values(_run("strategy=accelpact_heal", "strategy.hot_spares=1"))
 
 
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); mounts a tmpfs; the plan's unit tests stay
@@ -110,13 +110,13 @@ def test_cli_refuses_a_real_tmpfs_too_small_for_the_snapshots(tmp_path):
     try:
         env = {**harness_env(), "ACCELPACT_SNAPSHOT_ROOT": str(shm / "accelpact")}
         assert snapshot_space.__doc__  # the probe walks up to the tmpfs mount from the missing root
-        done = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact",
+        done = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact_heal",
                                            "model=mistral_small"], tmp_path),
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, done.stdout + done.stderr
         line = done.stderr.strip().splitlines()[-1]
         assert f"in {shm / 'accelpact'} (2 rank(s) x" in line and "GiB free there: DOES NOT FIT" in line, line
-        ok = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact",
+        ok = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact_heal",
                                          "model=mistral_small", "strategy.snapshot.every=0"], tmp_path),
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert ok.returncode == 0, ok.stderr

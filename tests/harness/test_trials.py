@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.report.intervals import BETTER, NOISE, ONE_TRIAL, WORSE
+from harness.report.intervals import BETTER, NOISE, ONE_TRIAL, SAME, WORSE
 from harness.report.trials import interleave, round_order, summarize_cells, trial_of
 
 
@@ -44,24 +44,41 @@ def _row(strategy, age, gain, measured, trial, status="ok", identical=True, **ex
             "bit_identical": identical, "trial": trial, "program_startup_s": 2.0 + trial, **extra}
 
 
-def test_summary_per_cell_with_verdicts():
+def test_summary_per_cell_draws_the_verdict_from_the_measured_gain():
+    """The verdict reads the measured whole-run gain; the badput-based one is a diagnostic beside it."""
     rows = []
     for t, (g_cold, g_neg) in enumerate([(1.3, 0.8), (1.2, 0.7), (1.35, 0.75)]):
-        rows += [_row("cold_restart", 5, g_cold, 0.95 + 0.2 * t, t), _row("slow", 5, g_neg, 1.0, t),
-                 _row("noisy", 5, [0.9, 1.2, 1.1][t], 1.0, t)]
+        # cold_restart: the badput-based gain looks like a clear win, the measured one (0.95-1.35) does not
+        rows += [_row("cold_restart", 5, g_cold, 0.95 + 0.2 * t, t), _row("slow", 5, g_neg, g_neg, t),
+                 _row("noisy", 5, 1.3, [0.9, 1.2, 1.1][t], t)]
     rows.append(_row("cold_restart", 5, 5.0, 5.0, 3, status="failed"))  # a failed run is not a trial
     rows.append(_row("single", 18, 1.5, 1.5, 0))
     out = {(r["strategy"], r["age"]): r for r in summarize_cells(rows)}
     cold = out[("cold_restart", 5)]
     assert cold["trials"] == 3 and cold["runs"] == 4
-    assert cold["gain"] == pytest.approx(1.3) and cold["verdict"] == BETTER
-    assert 1.2 <= cold["gain_lo"] <= cold["gain_hi"] <= 1.35
-    assert cold["gain_ci"].endswith("(n=3)")
-    assert cold["measured_verdict"] == NOISE  # 0.95, 1.15, 1.35
+    assert cold["gain"] == pytest.approx(1.15) and (cold["gain_lo"], cold["gain_hi"]) == pytest.approx((0.95, 1.35))
+    assert cold["gain_coverage"] == pytest.approx(0.75) and cold["interval_method"] == "order_statistic"
+    assert cold["verdict"] == NOISE and cold["verdict_bp"] == BETTER
+    assert cold["gain_ci"].endswith("(n=3)") and cold["gain_bp_ci"].startswith("1.300 [1.200, 1.350]")
     assert cold["program_startup_s"] == pytest.approx(3.0) and cold["bit_identical"] is True
     assert out[("slow", 5)]["verdict"] == WORSE
-    assert out[("noisy", 5)]["verdict"] == NOISE
+    assert out[("noisy", 5)]["verdict"] == NOISE and out[("noisy", 5)]["verdict_bp"] == BETTER
     assert out[("single", 18)]["verdict"] == ONE_TRIAL
+
+
+def test_the_minimum_effect_keeps_a_tiny_gain_from_reading_as_better():
+    rows = [_row("torchft", 5, 1.004, g, t) for t, g in enumerate([1.002, 1.003, 1.006, 1.004, 1.005])]
+    assert summarize_cells(rows)[0]["verdict"] == SAME
+    assert summarize_cells(rows, min_effect=0.0)[0]["verdict"] == BETTER
+
+
+def test_notes_name_a_slow_step_and_a_load_spike():
+    rows = [_row("accelpact_heal", 5, 1.0, 1.0, t, step_drift=1.2, load_mean=load, load_max=load + 0.5,
+                 cores_used=2) for t, load in enumerate([2.1, 4.4, 2.0])]
+    notes = summarize_cells(rows)[0]["notes"]
+    assert "steps 1.20x the reference's" in notes and "load spike in 1 of 3 trials (load up to 4.9 on 2 cores)" in notes
+    quiet = [dict(r, step_drift=1.03, load_mean=2.1) for r in rows]
+    assert summarize_cells(quiet)[0]["notes"] == ""
 
 
 def test_a_sweep_over_faults_keeps_one_cell_per_fault():
@@ -71,8 +88,8 @@ def test_a_sweep_over_faults_keeps_one_cell_per_fault():
 
     rows = []
     for t in range(3):
-        rows += [_row("cold_restart", 5, [1.3, 1.25, 1.35][t], 1.2, t, fault="socket_reset"),
-                 _row("cold_restart", 5, [0.8, 0.7, 0.75][t], 0.8, t, fault="kill")]
+        rows += [_row("cold_restart", 5, 1.2, [1.3, 1.25, 1.35][t], t, fault="socket_reset"),
+                 _row("cold_restart", 5, 0.8, [0.8, 0.7, 0.75][t], t, fault="kill")]
     cells = summarize_cells(rows)
     out = {(r["strategy"], r["age"], r["fault"]): r for r in cells}
     assert set(out) == {("cold_restart", 5, "socket_reset"), ("cold_restart", 5, "kill")}
