@@ -139,6 +139,9 @@ class ClusterConfig:
     # world_size / nodes per node; master_addr "auto" is the allocation's first node (cluster=slurm).
     launch: RankLaunch = RankLaunch.local
     nodes: int = 1
+    # How a run's FIRST launch starts (harness.parent.launch_start): forked from a preloaded template (its
+    # start is outside every goodput), or spawned. A relaunch after a fault always spawns: it is timed.
+    first_launch: ReplacementStart = ReplacementStart.template
 
 
 @dataclass

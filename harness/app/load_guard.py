@@ -59,7 +59,7 @@ def overload_line(load: float, cores: int) -> Optional[str]:
     if math.isnan(load) or load <= cores:
         return None
     return (f"load: the 1-min load average is {load:.1f}, above the {cores} core(s) this run uses; other "
-            "processes slow its steps (its row records the load; the badput-based goodput is the one to compare)")
+            "processes slow its steps (its row records the load; a comparison's table names the cells it hit)")
 
 
 @dataclass

@@ -37,7 +37,8 @@ from accelpact.run.workers import Notices, Workers, describe_exit, spawn
 from harness.events import Step, events_path
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
-from harness.parent.template import ReplacementTemplate
+from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
+from harness.parent.template import ReplacementTemplate, TemplateUnavailable
 from harness.rank.env import RankEnv
 from harness.app.machine import usable_cores
 from harness.schema import RankLaunch, RunConfig
@@ -150,6 +151,9 @@ class Launcher:
         # start_ranks; netns_of names a rank's network namespace (namespace hosts) for the forked child.
         self.template_wanted = plan.template_wanted
         self.template: Optional[ReplacementTemplate] = None
+        # How the current launch's ranks started (harness.parent.launch_start), and why not from the template.
+        self.launched_by, self.launch_why = SPAWN, ""
+        self.first_launch = ""  # how incarnation 0 started (the results row's first_launch)
         self.netns_of = plan.netns_of
         self.store_netns = plan.store_netns  # where a strategy hosts a server its namespaced ranks reach
         # Called with the incarnation before its ranks start (state a relaunched world must not share: NVRx's store).
@@ -249,13 +253,31 @@ class Launcher:
         if self.run.cluster.launch == RankLaunch.srun:
             self._start_srun(incarnation, t_launch)
             return
+        how, self.launch_why = launch_method(incarnation, self.run.cluster.first_launch, self.run.cluster.launch,
+                                             self.wrap_fn is not None)
+        shared = shared_template(self) if how == TEMPLATE else None
         for rank in range(self.run.cluster.world_size):
-            self.procs[rank] = self.spawn(rank, incarnation, t_launch)
+            self.procs[rank] = self._start_rank(rank, incarnation, t_launch, shared)
+        self.launched_by = how if shared is not None and not self.launch_why else SPAWN
+        if incarnation == 0:
+            self.first_launch = self.launched_by
         self.spares.start(self, incarnation)
         if self.template_wanted and (self.template is None or not self.template.alive()):
-            if self.template is not None:
+            if self.template is not None and not is_shared(self.template):
                 self.template.close()
-            self.template = ReplacementTemplate.start(self)
+            # The run's shared template forks its replacements too; without one, a template of its own.
+            self.template = shared if shared is not None else ReplacementTemplate.start(self)
+
+    def _start_rank(self, rank: int, incarnation: int, t_launch: float, template: Optional[ReplacementTemplate]) -> Any:
+        """``rank``'s process of this launch: forked from ``template`` when given and usable, else spawned."""
+        if template is not None:
+            env = self.rank_environ(rank, incarnation, t_launch)
+            try:
+                return template.fork(env, self.spec_path, self.log_path(rank), os.getcwd(), None)
+            except TemplateUnavailable as exc:
+                self.launch_why = f"the template was unusable ({exc})"
+                print(f"launcher: {self.launch_why}: spawning rank {rank}", file=sys.stderr, flush=True)
+        return self.spawn(rank, incarnation, t_launch)
 
     def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> "subprocess.Popen[bytes]":
         """A fresh ``harness.rank.worker`` process for ``rank`` in its own session (not yet in ``procs``)."""
@@ -319,9 +341,9 @@ class Launcher:
 
     def close(self) -> None:
         self.kill_all()
-        if self.template is not None:  # after kill_all: it reports the exits of the replacements it forked
-            self.template.close()
-            self.template = None
+        if self.template is not None and not is_shared(self.template):
+            self.template.close()  # after kill_all: it reports the exits of the replacements it forked
+        self.template = None
         self.store = None  # the server thread stops when the last reference goes
 
     # -- the main loop -----------------------------------------------------------------------

@@ -42,6 +42,7 @@ class _Teardown:
     notes: list[str] = field(default_factory=list)  # appended to the outcome's reason
     driver: Any = None  # the fault driver: its errors go into the row
     setup: Any = None  # the strategy's parent-side set-up (closed last)
+    launcher: Any = None  # the run's Launcher, once started
 
 
 def run_one(
@@ -85,6 +86,7 @@ def run_one(
             stack.callback(lambda: torn.setup is not None and hasattr(torn.setup, "close") and torn.setup.close())
             parent_events = stack.enter_context(EventLog(run_dir, -1))
             launcher, store_host = _start(run, run_dir, spec, parent_events, stack, torn)
+            torn.launcher = launcher
             progress = Progress(run.train.steps, run.cluster.world_size, run.train.log_every, enabled=run.progress)
             stack.callback(progress.close)
             outcome = _follow(run, launcher, progress, parent_events, store_host, relaunches)
@@ -94,6 +96,7 @@ def run_one(
     finally:
         outcome.reason += "".join(torn.notes)
         extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
+                 "first_launch": getattr(torn.launcher, "first_launch", ""),
                  "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "", **load.stop()}
         if torn.setup is not None and hasattr(torn.setup, "row_columns"):  # a strategy's own columns (torchft's quorum)
             try:

@@ -76,7 +76,8 @@ def become_replacement(req: dict[str, Any]) -> int:
     os.environ.update(env)
     os.chdir(req["cwd"])
     sys.argv = [sys.argv[0], req["spec"]]
-    print(f"replacement forked from template {os.getppid()} (pid {os.getpid()})", flush=True)
+    what = "replacement" if req["env"].get("HARNESS_REPLACEMENT", "0") not in ("", "0") else "rank"
+    print(f"{what} forked from template {os.getppid()} (pid {os.getpid()})", flush=True)
     from harness.rank.worker import main
 
     return main([req["spec"]])

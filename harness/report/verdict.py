@@ -101,7 +101,8 @@ def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
         return None
     worst = max(r["load_max"] for r in over)
     return (f"load: {len(over)} of {len(runs)} runs ran with the load average above the cores they use (up to "
-            f"{worst:.1f}); their measured goodput is slowed, the badput-based one much less (docs/goodput.md)")
+            f"{worst:.1f}); their measured goodput is slowed: trials interleave so that it slows every strategy alike, "
+            "and the notes column names the cells a load spike hit (docs/goodput.md)")
 
 
 def finish_trials(out_dir: Path, runs: list[dict[str, Any]], entries: Sequence[tuple[Path, dict[str, Any]]],

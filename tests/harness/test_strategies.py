@@ -79,8 +79,14 @@ def test_strategy_recovers_from_a_socket_reset_bit_identically(comparison, strat
         restores = [e for e in events if e["kind"] == "restore"]
         assert {e["from_step"] for e in restores} == {3} and {e["rank"] for e in restores} == {0, 1}
         assert sorted(e["incarnation"] for e in restarts) == [0, 0, 1, 1]
+    # The first launch forks from the preloaded template (outside every goodput); a timed relaunch never does.
+    assert row["first_launch"] == "template"
+    forked = (sub / "logs" / "rank0.log").read_text().count("rank forked from template")
     if strategy == "cold_restart":
         assert row["relaunches"] == 1 and row["badput_restart_s"] > 0
+        assert forked == 1  # incarnation 1 is a fresh interpreter that imports torch, as a user's relaunch
+    else:
+        assert forked == 1
     if strategy == "checkpoint_restore":
         assert row["relaunches"] == 0  # NVRx restarted inside the same processes
         assert all(e.get("in_process") for e in restarts)
