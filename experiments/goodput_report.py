@@ -275,8 +275,8 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
 
 
 def verdict_intervals(verdict_csv: Path) -> dict[tuple[str, int], str]:
-    """Per (strategy, age): the comparison's badput-based gain with its interval and verdict, from its
-    table (verdict.csv, one row per cell); empty when the run kept none."""
+    """Per (strategy, age): the comparison's measured gain with its interval and verdict, from its table
+    (verdict.csv, one row per cell); empty when the run kept none."""
     import csv
 
     if not verdict_csv.exists():
@@ -334,7 +334,7 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
     redraw_verdict_plots(out, prov)
     text = table_md(data, ratios, fits, claim_rows, plan, provenance_markdown(prov), runtime_s)
     if (out / "verdict.md").exists():
-        text += ("\n## Verdict over trials (the comparison's own table: medians, 95% intervals)\n\n"
+        text += ("\n## Verdict over trials (the comparison's own table: measured gains, intervals with their coverage)\n\n"
                  + (out / "verdict.md").read_text().split("\n", 1)[1])
     (out / "table.md").write_text(text)
     print(paper_vs_ours_table(claim_rows))

@@ -2,7 +2,7 @@
 NVRx checkpoint restoration at age 5, 1.698x over restart at age 18; Mistral-7B on 16 GPUs), measured
 side by side at this machine's scale.
 
-    python -m experiments.goodput_vs_age            # full run: ages 0..30, 5 trials (~50 min on 2 quiet cores)
+    python -m experiments.goodput_vs_age            # full run: ages 0-18, 5 trials (the committed run took 38 min)
     python -m experiments.goodput_vs_age --quick    # ~4 min check: ages 5 and 18, 1 trial, into a temp dir
     python -m experiments.goodput_vs_age --trials 3 # fewer trials (each trial: ~10 min on 2 quiet cores)
     python -m experiments.goodput_vs_age --rederive # tables and plots again from results/<name>/data.csv
@@ -78,8 +78,8 @@ class Plan:
 
 
 # mistral_tiny's layers and widths, with seq 64 x batch 2 per rank (mistral_tiny's own 128 x 4 is ~4x the
-# step time: 22 runs of 64 steps would take ~40 min on the shared 2 cores, past the ~15 min budget).
-FULL = Plan(ages=(0, 1, 2, 5, 10, 18, 30), steps=64, interval=32, seq_len=64, batch_size=2, trials=5)
+# step time). The committed run's plan: ages 0-18 at the default comparison's cadence, 5 trials.
+FULL = Plan(ages=(0, 2, 5, 10, 18), steps=40, interval=20, seq_len=64, batch_size=2, trials=5)
 QUICK = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, trials=1)
 
 

@@ -96,13 +96,13 @@ def test_plan_refuses_ages_its_schedule_cannot_reach():
         Plan(ages=(5, 30), steps=64, interval=30, seq_len=64, batch_size=2)
     with pytest.raises(ValueError, match="--steps must be at least 63"):
         Plan(ages=(30,), steps=62, interval=32, seq_len=64, batch_size=2)
-    # The full plan reaches age 30: fault at step 32 + 30 = 62 < 64 steps.
-    assert max(FULL.ages) == 30 and FULL.interval + 30 < FULL.steps
+    # The full plan is the committed run's: ages 0-18, the fault at step 20 + 18 = 38 < 40 steps, 5 trials.
+    assert FULL.ages == (0, 2, 5, 10, 18) and FULL.interval + 18 < FULL.steps and FULL.trials == 5
 
 
 def test_overrides_carry_the_plan(tmp_path):
     ov = overrides(FULL, tmp_path)
-    assert "train.steps=64" in ov and "checkpoint.interval=32" in ov and "fault.ranks=[0]" in ov
+    assert "train.steps=40" in ov and "checkpoint.interval=20" in ov and "fault.ranks=[0]" in ov
     assert f"index_path={tmp_path / 'index.csv'}" in ov
 
 
@@ -174,28 +174,28 @@ def test_claims_compare_same_age_and_explain_with_measurements():
     by = {r.claim: r for r in rows}
     cold5 = by["whole-run goodput gain over cold restart, checkpoint age 5"]
     assert cold5.paper_value == 1.197 and cold5.ours_value == pytest.approx(1.6)
-    assert verdict(cold5).startswith("better than the paper")
+    # R/s decides the gain: with ~12.5 here against the paper's 0.11, "better than the paper" would mean nothing
+    assert verdict(cold5).startswith("not comparable")
     # R/s 12.5 against the paper's 0.11; model at our length (T/s 20): 1 + (12.5 + 5) / 20 = 1.875
     assert "is 12.5 here against the paper's implied 0.11" in cold5.reason
     assert "gives 1.88x for our R/s" in cold5.reason
     nvrx5 = by["whole-run goodput gain over NVRx checkpoint restoration, checkpoint age 5"]
     assert "the paper's implied 0.03" in nvrx5.reason  # (0.194 - 5 * 0.0385) / 0.0385 = 0.034
-    # 1.25 vs 1.194: +4.7%, inside the 10% tolerance
-    assert verdict(nvrx5).startswith("matches the paper")
+    assert verdict(nvrx5).startswith("not comparable")  # 1.25 vs 1.194 is no "match" either
     age18 = by["whole-run goodput gain over cold restart, checkpoint age 18"]
     assert age18.ours_value is None and verdict(age18).startswith("not measured")
     ratio_rows = [r for r in rows if r.claim.startswith("restart cost / step time")]
     assert len(ratio_rows) == 2 and all(verdict(r).startswith("not comparable") for r in ratio_rows)
 
 
-def test_claim_worse_than_paper_carries_its_reason():
+def test_a_gain_below_the_paper_carries_its_reason():
     data = _data()
     for r in data:
         if r["strategy"] == "cold_restart":
             r["accelpact_gain"] = 1.05
     row = next(c for c in claims(data, restart_cost_ratios(data)) if c.claim.endswith("cold restart, checkpoint age 5"))
     text = verdict(row)
-    assert text.startswith("worse than the paper") and "whole run is 20 steps" in text
+    assert text.startswith("not comparable") and "whole run is 20 steps" in text
     # the load difference is stated: AccelPact's steps 0.5 s vs the baseline's 0.4 s, 2.00x counted in steps
     assert "median step 0.500 s in the AccelPact run vs 0.400 s" in text and "gain is 2.00x" in text
 
@@ -238,7 +238,7 @@ def test_load_anomalies_flag_replays_slower_than_the_median_step():
 
 
 def test_a_claim_carries_the_comparisons_interval_over_trials(tmp_path):
-    """With trials, the headline row says the badput-based gain with its interval and verdict, read from
+    """With trials, the headline row says the measured gain with its interval and verdict, read from
     the comparison's own table (verdict.csv); without it, the row is as before."""
     from experiments.goodput_report import verdict_intervals
 
@@ -250,7 +250,7 @@ def test_a_claim_carries_the_comparisons_interval_over_trials(tmp_path):
     data = _data()
     by = {r.claim: r for r in claims(data, restart_cost_ratios(data), intervals)}
     cold5 = by["whole-run goodput gain over cold restart, checkpoint age 5"]
-    assert "badput-based 2.306 [2.251 2.360] (n=5), AccelPact better" in cold5.ours
+    assert "over trials 2.306 [2.251 2.360] (n=5), AccelPact better" in cold5.ours
     cold18 = by["whole-run goodput gain over cold restart, checkpoint age 18"]
-    assert "badput-based" not in cold18.ours
+    assert "over trials" not in cold18.ours
     assert verdict_intervals(tmp_path / "absent.csv") == {}
