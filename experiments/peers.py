@@ -9,7 +9,7 @@ restoration, cold restart), on the same faults, with trials and intervals.
 Runs the harness's ``experiment=peers`` (a Hydra multirun with the trials sweeper: each round runs the
 fault-free reference and every (strategy, fault, age) once, in a rotated order; conf/experiment/peers.yaml)
 into a scratch directory, then copies the comparison's verdict (per cell: the badput-based goodput's
-median, AccelPact's gain with its 95% bootstrap interval over trials, the verdict, the measured gain, the
+median, AccelPact's measured gain with its order-statistic interval over trials and the verdict, the badput-based gain, the
 load) into results/peers/, with its plots redrawn under a provenance footer.
 
 GEMINI's rows need lm-resiliency, the ``gemini`` extra (``pip install -e '.[gemini]'``; docs/peers.md says

@@ -9,7 +9,7 @@ users run instead of torchrun, SIGKILLs rank 1 mid-step, and measures the heal p
 
 The configurations are interleaved trial by trial (the host is shared and its load moves), and each healed
 run is compared tensor by tensor with a fault-free run of its layout. Reported per configuration: the
-median over trials with a 95% percentile-bootstrap interval (harness.report.intervals) of the survivors'
+median over trials with its order-statistic interval (harness.report.intervals; coverage stated) of the survivors'
 death-to-resumed time and its parts, and of the replacement's launch-to-ready time.
 
     python -m experiments.process_loss_launcher --trials 5
@@ -99,12 +99,12 @@ def heal_figures(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(trials: dict[str, list[dict[str, Any]]]) -> list[str]:
-    from harness.report.intervals import bootstrap_median
+    from harness.report.intervals import order_statistic
 
     lines = ["| configuration | " + " | ".join(METRICS) + " | bit-identical | bytes read from disk | data plane |",
              "|---|" + "---|" * (len(METRICS) + 3)]
     for name, runs in trials.items():
-        cells = [bootstrap_median([r[role][key] for r in runs]).text(".2f") for role, key in METRICS.values()]
+        cells = [order_statistic([r[role][key] for r in runs]).text(".2f") for role, key in METRICS.values()]
         same = sum(r["bit_identical"] for r in runs)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {same}/{len(runs)} | "
                      f"{max(r['bytes_read_from_disk'] for r in runs)} | {', '.join(sorted({r['data_plane'] for r in runs}))} |")
@@ -112,7 +112,7 @@ def table(trials: dict[str, list[dict[str, Any]]]) -> list[str]:
         pairs = [s["survivor"]["total_s"] / t["survivor"]["total_s"]
                  for t, s in zip(trials["template"], trials["spawn"])]
         lines += ["", "spawn / template, survivors' death to resumed, paired by trial: "
-                  f"{bootstrap_median(pairs).text('.2f')}."]
+                  f"{order_statistic(pairs).text('.2f')}."]
     return lines
 
 
@@ -151,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"`examples/train_heal.py` (FSDP2, TinyLM, AdamW with a linear-warm-up LR scheduler, {STEPS} steps) under "
              "the launcher; rank 1 SIGKILLs itself in step "
              f"{KILL_AT} between forward and backward. Per configuration, {args.trials} trials interleaved with the "
-             "others; each cell is the median over trials with its 95% percentile-bootstrap interval. Survivor figures "
+             "others; each cell is the median over trials with its order-statistic interval for the median ([min, max] of n "
+             "trials covers 1 - 2^(1-n)). Survivor figures "
              "are rank 0's heal event: from the death notice to training again (waiting for the replacement to arrive, "
              "then the heal after arrival: rebuild, agree, load, first collective). The replacement's figure runs from "
              "the agent starting it to its first step. Every healed run is compared with a fault-free run of its "

@@ -16,8 +16,8 @@ What is taken from the measurements and what the engine computes:
 With trials (a ``trial`` column: several runs per (strategy, age), each trial with its own reference), every
 run is still replayed with its own step and checkpoint write, so each trial's runs are calibrated against
 that trial's measured pace; the per-strategy costs are the medians over all trials' runs. The verdict is
-per (strategy, age) cell: the median over trials of the error (simulated / measured - 1) and its 95%
-bootstrap interval (``error_intervals``); a sweep of one trial has no interval. A file without a ``trial``
+per (strategy, age) cell: the median over trials of the error (simulated / measured - 1) and its order-statistic
+interval (``error_intervals``); a sweep of one trial has no interval. A file without a ``trial``
 column is one trial.
 """
 
@@ -207,7 +207,7 @@ def error_text(median: float, lo: float, hi: float, n: int) -> str:
 
 @dataclass(frozen=True)
 class CalibrationError:
-    """The simulator's error on one (strategy, age) cell over the trials of a sweep: median and 95% interval
+    """The simulator's error on one (strategy, age) cell over the trials of a sweep: median and order-statistic interval
     (NaN bounds with one trial), beside the cell's median measured and simulated goodput."""
 
     strategy: str
@@ -226,16 +226,16 @@ class CalibrationError:
 
 def error_intervals(rows: list[CalibrationRow]) -> list[CalibrationError]:
     """Per (strategy, age), in the order the cells first appear, the calibration error (simulated /
-    measured - 1) over the sweep's trials: its median and percentile-bootstrap 95% interval
+    measured - 1) over the sweep's trials: its median and distribution-free order-statistic interval (coverage 1 - 2^(1-n) for [min, max])
     (harness.report.intervals). A sweep of one trial gives n=1 and no interval."""
-    from harness.report.intervals import bootstrap_median
+    from harness.report.intervals import order_statistic
 
     groups: dict[tuple[str, int | None], list[CalibrationRow]] = {}
     for r in rows:
         groups.setdefault((r.strategy, r.age), []).append(r)
     out = []
     for (strategy, age), mine in groups.items():
-        iv = bootstrap_median([r.error for r in mine])
+        iv = order_statistic([r.error for r in mine])
         out.append(CalibrationError(strategy, age, iv.median, iv.lo, iv.hi, iv.n,
                                     statistics.median(r.measured for r in mine),
                                     statistics.median(r.simulated for r in mine),

@@ -22,7 +22,7 @@ the timeline's wall (``useful_s + badput_total_s``).
 With trials (a ``trial`` column, each trial with its own reference) every run is replayed with its own step
 and non-fault badput, and the medians above are over all trials' runs. The verdict is per (fault, strategy,
 age) cell: the medians over trials of the measured and simulated goodput, and the error's median with its
-95% bootstrap interval (``heal_error_intervals``; one trial: no interval).
+order-statistic interval (``heal_error_intervals``; one trial: no interval).
 
 The same medians feed the projection (``harness.scale.outcomes.rebind_and_heal_in_memory``): the parts
 measured at 2 ranks are the heal's size-independent cost; ``harness.scale.scaling`` adds what grows.
@@ -101,7 +101,7 @@ class HealCalibrationRow:
 @dataclass(frozen=True)
 class HealCalibrationCell:
     """One (fault, strategy, recovery, age) cell of results/process_loss over its trials: the medians of the
-    measured and simulated goodput, and the error's median with its 95% bootstrap interval (NaN bounds with
+    measured and simulated goodput, and the error's median with its order-statistic interval (NaN bounds with
     one trial)."""
 
     fault: str
@@ -219,16 +219,16 @@ def calibrate_heal(results_dir: str | Path = RESULTS, own: bool = False) -> list
 
 def heal_error_intervals(rows: list[HealCalibrationRow]) -> list[HealCalibrationCell]:
     """Per (fault, strategy, recovery, age), in the order the cells first appear: the medians over the
-    cell's trials and the error's median with its percentile-bootstrap 95% interval
+    cell's trials and the error's median with its distribution-free order-statistic interval (coverage 1 - 2^(1-n) for [min, max])
     (harness.report.intervals). One trial gives n=1 and no interval."""
-    from harness.report.intervals import bootstrap_median
+    from harness.report.intervals import order_statistic
 
     groups: dict[tuple[str, str, bool, int | None], list[HealCalibrationRow]] = {}
     for r in rows:
         groups.setdefault((r.fault, r.strategy, r.heals, r.age), []).append(r)
     out = []
     for (fault, strategy, heals, age), mine in groups.items():
-        iv = bootstrap_median([r.error for r in mine])
+        iv = order_statistic([r.error for r in mine])
         out.append(HealCalibrationCell(fault, strategy, heals, age, iv.n,
                                        statistics.median(r.measured for r in mine),
                                        statistics.median(r.simulated for r in mine),
