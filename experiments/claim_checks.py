@@ -100,7 +100,7 @@ def check_process_loss(results: Path) -> list[str]:
     """The heal replays nothing and stays bit-identical; snapshots cost +5.1% step time side by side."""
     problems = []
     for r in _rows(results / "data.csv"):
-        if r["strategy"] == "accelpact" and (r["status"] != "ok" or _num(r["replayed_steps"]) > 1
+        if r["strategy"] in ("accelpact", "accelpact_heal") and (r["status"] != "ok" or _num(r["replayed_steps"]) > 1
                                              or r["bit_identical"] != "True"):
             problems.append(f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
                             f"{r['replayed_steps']}, bit-identical {r['bit_identical']}")

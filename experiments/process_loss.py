@@ -1,7 +1,7 @@
 """Losing a process or a whole host: AccelPact's in-memory heal against cold restart and NVRx checkpoint
 restoration, at checkpoint ages 5 and 18, measured side by side on this machine.
 
-    python -m experiments.process_loss             # full run, 3 trials (~30 min on 2 cores at load 3-5; root)
+    python -m experiments.process_loss             # full run, 5 trials (~40 min on 2 cores; root)
     python -m experiments.process_loss --quick     # age 5 only, 24 steps, 1 trial, into a temp dir
     python -m experiments.process_loss --trials 1  # one trial per cell (~10 min)
     python -m experiments.process_loss --rederive  # table.md and plots again from results/<name>/data.csv
@@ -21,7 +21,7 @@ shared-memory bytes each rank's snapshots took (measured on the ranks, beside th
 
 With ``--trials N`` each fault's comparison runs N interleaved rounds (``compare.trials``), each with its
 own reference: data.csv has one row per run and trial (``trial``), the table and plot use the medians
-over trials, and each fault's verdict table from the comparison (median, 95% interval, verdict per cell)
+over trials, and each fault's verdict table from the comparison (measured gain, interval with its coverage, verdict per cell)
 is kept as verdict_<fault>.md.
 
 Writes results/<name>/: table.md, data.csv, overhead.csv, goodput.png, verdict_<fault>.md,
@@ -49,7 +49,7 @@ from harness import strategies
 NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
 # Row selection: the strategy under test and the two baselines whose restarts it is compared with.
-UNDER_TEST: str = strategies.under_test().name
+UNDER_TEST: str = strategies.get("accelpact_heal").name  # AccelPact with its heal: what a lost process needs
 STRATEGIES: tuple[str, ...] = (UNDER_TEST, "cold_restart", "checkpoint_restore")
 _ROOT = Path(__file__).resolve().parent.parent
 LOAD_FILE = "load.jsonl"  # in the scratch dir: the load average sampled every 5 s while the runs go
@@ -76,8 +76,8 @@ class Plan:
                              f"(got interval {self.interval}, steps {self.steps})")
 
 
-FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=2, overhead_steps=40,
-            trials=3)
+FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=5, overhead_steps=40,
+            trials=5)
 QUICK = Plan(ages=(5,), steps=24, interval=12, seq_len=64, batch_size=2, overhead_pairs=1, overhead_steps=24)
 
 
@@ -164,7 +164,7 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
 
 
 def keep_verdict(fault: str, run_dir: Path, out: Path) -> None:
-    """The comparison's own verdict table of ``fault`` (median, 95% interval, verdict per cell)."""
+    """The comparison's own verdict table of ``fault`` (measured gain, interval with its coverage, verdict per cell)."""
     if (run_dir / "table.md").exists():
         shutil.copyfile(run_dir / "table.md", out / f"verdict_{fault}.md")
 

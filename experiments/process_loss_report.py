@@ -20,7 +20,12 @@ __all__ = ["write_outputs", "read_rows", "table_md"]
 # The data's fault-free rows (one per fault block and trial) carry this in their strategy column.
 REFERENCE = "reference"
 REFERENCE_LABEL = "fault-free reference"
-UNDER_TEST = strategies.under_test().name  # the strategy whose gain over the others the table reports
+
+
+def under_test(data: Sequence[Mapping[str, Any]]) -> str:
+    """The strategy whose gain over the others the table reports: the in-memory one the data has runs of
+    (accelpact_heal; runs committed before it had its own name say accelpact)."""
+    return strategies.under_test({str(r.get("strategy")) for r in data}).name
 
 
 def label(strategy: str) -> str:
@@ -50,7 +55,7 @@ def compared(data: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def baselines(data: Sequence[Mapping[str, Any]]) -> list[str]:
     """The strategies AccelPact's gain is reported over: every other strategy in the data, in table order."""
-    return [s for s in compared(data) if s != UNDER_TEST]
+    return [s for s in compared(data) if s != under_test(data)]
 
 
 def _f(v: Any) -> float:
@@ -110,6 +115,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
             paces.setdefault(fault, []).append(u / n)
     pace_of = {fault: _median(sorted(v)) for fault, v in paces.items()}
     snap = 1 + overhead_pct / 100 if not math.isnan(overhead_pct) else math.nan
+    ours = under_test(data)
     for r in data:
         ref_row = refs.get((r["fault"], r.get("trial")), {})
         ref, step = _f(ref_row.get("step_median_s")), _f(r.get("step_median_s"))
@@ -117,7 +123,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
         useful, tokens = _f(r.get("useful_s")), _f(r.get("useful_tokens"))
         badput = _f(r.get("badput_total_s"))
         r["badput_s"] = badput
-        factor = snap if r.get("strategy") == UNDER_TEST else 1.0
+        factor = snap if r.get("strategy") == ours else 1.0
         steps, ref_pace = _f(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
         if steps > 0 and ref_pace > 0:
             r["goodput_at_ref_step"] = badput_goodput_from_row(
@@ -143,14 +149,15 @@ def best_rows(data: Sequence[Mapping[str, Any]], overhead_pct: float = math.nan)
     keys = sorted({(r["fault"], int(_f(r["age"]))) for r in data if r.get("strategy") != REFERENCE
                    and not math.isnan(_f(r.get("age")))})
     ref_of = {r["fault"]: r for r in data if r.get("strategy") == REFERENCE}
-    ours_label = label(UNDER_TEST)
+    mine = under_test(data)
+    ours_label = label(mine)
     for fault, age in keys:
         at = {r["strategy"]: r for r in data if r["fault"] == fault and _f(r.get("age")) == age}
         ok = {s: r for s, r in at.items() if r.get("status") == "ok" and not math.isnan(_f(r.get("goodput")))}
         if not ok:
             continue
         best = max(ok, key=lambda s: _f(ok[s]["goodput"]))
-        ours = ok.get(UNDER_TEST)
+        ours = ok.get(mine)
         row: dict[str, Any] = {"fault": fault, "age": age, "best": label(best)}
         for base in baselines(data):
             row[f"gain_{base}"] = (_f(ours["goodput"]) / _f(ok[base]["goodput"])
@@ -161,8 +168,8 @@ def best_rows(data: Sequence[Mapping[str, Any]], overhead_pct: float = math.nan)
         row["best_at_ref_step"] = (label(max(derived, key=lambda s: derived[s]))
                                    if derived and not any(math.isnan(v) for v in derived.values()) else "")
         if ours is None:
-            row["reason"] = f"{ours_label} did not finish ({at.get(UNDER_TEST, {}).get('status', 'no run')})"
-        elif best == UNDER_TEST:
+            row["reason"] = f"{ours_label} did not finish ({at.get(mine, {}).get('status', 'no run')})"
+        elif best == mine:
             row["reason"] = (f"best; healed from {ours.get('heal_source') or '?'}, "
                              f"{int(_f(ours.get('replayed_steps')) or 0)} step(s) replayed, parts: {_parts_text(ours)}")
         else:
@@ -257,10 +264,10 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
             _md(best_rows(data, _f(ov["overhead_pct"])),
                 [("fault", "fault", ""), ("age", "age", ".0f"), ("best", "best measured goodput", ""),
                  *[col for b in baselines(data) for col in (
-                     (f"gain_{b}", f"{label(UNDER_TEST)} / {label(b)} (goodput)", ".3f"),
-                     (f"badput_ratio_{b}", f"{label(UNDER_TEST)} / {label(b)} (badput)", ".3f"))],
+                     (f"gain_{b}", f"{label(under_test(data))} / {label(b)} (goodput)", ".3f"),
+                     (f"badput_ratio_{b}", f"{label(under_test(data))} / {label(b)} (badput)", ".3f"))],
                  ("best_at_ref_step", "best at reference's step time (derived)", ""),
-                 ("reason", f"{label(UNDER_TEST)}: measured reason", "")]), "",
+                 ("reason", f"{label(under_test(data))}: measured reason", "")]), "",
             "## Snapshot cost, side by side with snapshots off", "",
             _md([ov], [("step_off_s", "median step, snapshots off (s)", ".4f"),
                        ("load_off", "load avg, off runs", ".1f"), ("load_on", "load avg, on runs", ".1f"),

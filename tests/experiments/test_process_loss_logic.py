@@ -119,6 +119,6 @@ def test_overhead_is_median_on_over_off_and_the_table_round_trips(tmp_path):
 def test_the_sweep_runs_two_hosts_every_strategy_at_every_age(tmp_path):
     args = sweep_overrides(FULL, "host_loss", tmp_path / "host_loss")
     assert "fault=host_loss" in args and "cluster.hosts=2" in args and "fault.at_age=5,18" in args
-    assert "strategy=accelpact,cold_restart,checkpoint_restore" in args
+    assert "strategy=accelpact_heal,cold_restart,checkpoint_restore" in args
     with pytest.raises(ValueError, match="interval > max age"):
         Plan(ages=(18,), steps=30, interval=18, seq_len=8, batch_size=1, overhead_pairs=1, overhead_steps=5)
