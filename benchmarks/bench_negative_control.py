@@ -3,15 +3,16 @@ in every recovery (examples/negative_control.py, registered through HARNESS_PLUG
 
 Not a test. Runs ``python -m harness`` (the default comparison's setup) with strategies ``accelpact`` and
 ``accelpact_slow_recovery`` at one checkpoint age, ``--trials`` interleaved rounds each with its own
-fault-free reference, and reads the verdict on the control's row: AccelPact's gain over it, with its 95%
-interval over trials. Passes (exit 0) when the verdict is "AccelPact better", i.e. the interval lies
-wholly above 1: the control came out worse, and equality is excluded.
+fault-free reference, and reads the verdict on the control's row: AccelPact's measured whole-run gain over
+it, with its interval over trials (coverage stated). Passes (exit 0) when the verdict is "AccelPact better",
+i.e. the interval lies wholly above 1 + the minimum effect: the control came out worse, and equality is
+excluded.
 
-    .venv/bin/python benchmarks/bench_negative_control.py             # default comparison's size, 3 trials
-    .venv/bin/python benchmarks/bench_negative_control.py --quick     # 2-layer model, 10 steps, 3 trials
+    .venv/bin/python benchmarks/bench_negative_control.py             # default comparison's size, 5 trials
+    .venv/bin/python benchmarks/bench_negative_control.py --quick     # 2-layer model, 10 steps, 5 trials
 
 Writes ``--out`` (default results/negative_control/; --quick: nowhere): table.md (the verdict line, then
-the comparison's own table: medians, 95% intervals over trials, the load), table.csv and
+the comparison's own table: medians, intervals over trials with their coverage, the load), table.csv and
 provenance.json (+ .md: the command, git sha and machine).
 """
 
@@ -35,7 +36,7 @@ QUICK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "train.
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--age", type=int, default=None, help="checkpoint age of the fault (default 5; --quick 2)")
     ap.add_argument("--quick", action="store_true", help="2-layer model, 10 steps, age 2")
     ap.add_argument("--keep", default=None, help="keep the sweep in this directory")
