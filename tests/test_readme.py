@@ -166,3 +166,12 @@ def test_readme_quotes_no_commit_shas():
     """A sha in the front door is a changelog entry; provenance belongs in results/ and docs/."""
     shas = re.findall(r"`([0-9a-f]{7,40})`|\bat ([0-9a-f]{7,40})\b|\bcommit ([0-9a-f]{7,40})\b", README.read_text())
     assert not shas, f"README.md quotes commit shas: {shas}"
+
+
+def test_the_guided_tour_names_files_that_exist():
+    text = README.read_text()
+    start = text.index("## A guided tour")
+    tour = text[start:text.index("\n## ", start + 1)]
+    targets = LINK.findall(tour)
+    assert 6 <= len(targets) <= 10, f"the tour should name 6-8 files to read first; it names {len(targets)}"
+    assert all((ROOT / t).is_file() for t in targets), [t for t in targets if not (ROOT / t).is_file()]
