@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 from typing import Callable, Mapping
 
+from harness.report.trials import as_float
 from harness.report.intervals import BETTER, MIN_EFFECT, NOISE, WORSE, Interval, order_statistic_coverage, verdict
 
 Cell = tuple[str, int, str]  # (strategy, age, fault)
@@ -25,13 +27,6 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def _num(v: str | None) -> float:
-    try:
-        return float(v) if v not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
-
-
 def measured_verdicts(table_csv: Path, min_effect: float = MIN_EFFECT) -> dict[Cell, tuple[str, int]]:
     """Per baseline cell: (the verdict of the measured whole-run gain under ``min_effect``, trials)."""
     out: dict[Cell, tuple[str, int]] = {}
@@ -40,12 +35,12 @@ def measured_verdicts(table_csv: Path, min_effect: float = MIN_EFFECT) -> dict[C
             continue
         new = "interval_method" in r
         key = "gain" if new else "measured_gain"
-        n = 0 if math.isnan(_num(r.get(f"{key}_n"))) else int(_num(r.get(f"{key}_n")))
-        lo, hi = _num(r.get(f"{key}_lo")), _num(r.get(f"{key}_hi"))
+        n = 0 if math.isnan(as_float(r.get(f"{key}_n"))) else int(as_float(r.get(f"{key}_n")))
+        lo, hi = as_float(r.get(f"{key}_lo")), as_float(r.get(f"{key}_hi"))
         if n == 0 or r.get(f"{key}_ci") in (None, "", "-"):  # no data, or the strategy under test itself
             continue
-        iv = Interval(_num(r.get(key)), lo, hi, n, order_statistic_coverage(n, 1))
-        out[(r["strategy"], int(_num(r["age"])), r.get("fault") or "")] = (verdict(iv, min_effect), n)
+        iv = Interval(as_float(r.get(key)), lo, hi, n, order_statistic_coverage(n, 1))
+        out[(r["strategy"], int(as_float(r["age"])), r.get("fault") or "")] = (verdict(iv, min_effect), n)
     return out
 
 
@@ -100,14 +95,14 @@ def check_process_loss(results: Path) -> list[str]:
     """The heal replays nothing and stays bit-identical; snapshots cost +5.1% step time side by side."""
     problems = []
     for r in _rows(results / "data.csv"):
-        if r["strategy"] in ("accelpact", "accelpact_heal") and (r["status"] != "ok" or _num(r["replayed_steps"]) > 1
+        if r["strategy"] in ("accelpact", "accelpact_heal") and (r["status"] != "ok" or as_float(r["replayed_steps"]) > 1
                                              or r["bit_identical"] != "True"):
             problems.append(f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
                             f"{r['replayed_steps']}, bit-identical {r['bit_identical']}")
     steps = {"on": [], "off": []}
     for r in _rows(results / "overhead.csv"):
-        steps[r["snapshots"]].append(_num(r["step_median_s"]))
-    overhead = _median(steps["on"]) / _median(steps["off"]) - 1
+        steps[r["snapshots"]].append(as_float(r["step_median_s"]))
+    overhead = statistics.median(steps["on"]) / statistics.median(steps["off"]) - 1
     if abs(overhead - 0.051) > 0.0005:
         problems.append(f"snapshot overhead {overhead:+.2%}, the claim says +5.1%")
     return problems
@@ -115,7 +110,7 @@ def check_process_loss(results: Path) -> list[str]:
 
 def check_rebind_scaling(results: Path) -> list[str]:
     """Rebinding at worlds 4-16 and 32 layers: 11.3-17.0 us (median, slowest rank)."""
-    vals = [_num(r["rebind_median_us_max_rank"]) for r in _rows(results / "data.csv")
+    vals = [as_float(r["rebind_median_us_max_rank"]) for r in _rows(results / "data.csv")
             if int(r["world"]) >= 4 and int(r["depth"]) == 32]
     if not vals:
         return ["no rebinding rows at worlds 4-16, 32 layers"]
@@ -134,13 +129,13 @@ def check_compile(results: Path) -> list[str]:
     """No graph added and no recompile by the recoveries."""
     return [f"{r['backend']} rank {r['rank']}: {r['counter']} +{r['added_by_recoveries']} across recoveries"
             for r in _rows(results / "counters.csv")
-            if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and _num(r["added_by_recoveries"]) != 0]
+            if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and as_float(r["added_by_recoveries"]) != 0]
 
 
 def check_ckpt_overhead(results: Path) -> list[str]:
     """Per-update async DCP costs +45% step latency here (measured); the claim names that figure."""
     first = _rows(results / "claims.csv")[0]
-    return [] if abs(_num(first["ours_value"]) - 45.3) < 0.05 else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
+    return [] if abs(as_float(first["ours_value"]) - 45.3) < 0.05 else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
 
 
 def check_scale_projection(results: Path) -> list[str]:
@@ -148,7 +143,7 @@ def check_scale_projection(results: Path) -> list[str]:
     both intervals)."""
     rows = _rows(results / "best.csv")
     top = max(int(r["gpus"]) for r in rows)
-    at = {r["strategy"]: (_num(r["ettr"]), _num(r["ci95"])) for r in rows if int(r["gpus"]) == top}
+    at = {r["strategy"]: (as_float(r["ettr"]), as_float(r["ci95"])) for r in rows if int(r["gpus"]) == top}
     ours = max((v for k, v in at.items() if k.startswith("accelpact") and k not in ("accelpact_grow",
                                                                                      "accelpact_hsdp_continue")),
                key=lambda v: v[0])
@@ -156,9 +151,3 @@ def check_scale_projection(results: Path) -> list[str]:
     if ft is None:
         return ["no torchft_peer_heal row at the largest size"]
     return [] if ft[0] - ft[1] > ours[0] + ours[1] else [f"at {top} GPUs torchft {ft} vs AccelPact {ours}: not ahead"]
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(x for x in xs if not math.isnan(x))
-    n = len(xs)
-    return math.nan if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from harness.report.trials import as_float
 from harness import strategies
 from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP, paper_label
 from experiments.provenance import ClaimRow
@@ -104,14 +105,7 @@ def projected_gain(r_over_s: float, age: float, t_steps: float) -> float:
 
 
 # ---- pure: rows ------------------------------------------------------------------------------------
-def _f(v: Any) -> float:
-    """A number from a table/CSV cell; NaN for None, '' and text."""
-    if v is None or isinstance(v, bool):
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
+_f = as_float  # the harness's one reading of a number from a row or a CSV cell
 
 
 def run_name(strategy: str, age: Optional[int]) -> str:

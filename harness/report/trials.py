@@ -40,7 +40,8 @@ def trial_of(dirname: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def _f(v: Any) -> float:
+def as_float(v: Any) -> float:
+    """A number from a row or a CSV cell; NaN for None, a bool, '' and text."""
     if v is None or isinstance(v, bool):
         return math.nan
     try:
@@ -79,11 +80,11 @@ def cell_notes(row: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str
     drift = row.get("step_drift")
     if isinstance(drift, float) and not math.isnan(drift) and abs(drift - 1.0) > DRIFT_NOTE:
         notes.append(f"steps {drift:.2f}x the reference's")
-    spikes = [r for r in runs if _f(r.get("load_mean")) > LOAD_NOTE * _f(r.get("cores_used"))]
+    spikes = [r for r in runs if as_float(r.get("load_mean")) > LOAD_NOTE * as_float(r.get("cores_used"))]
     if spikes:
-        worst = max(_f(r.get("load_max")) for r in spikes)
+        worst = max(as_float(r.get("load_max")) for r in spikes)
         notes.append(f"load spike in {len(spikes)} of {len(runs)} trials (load up to {worst:.1f} on "
-                     f"{_f(spikes[0].get('cores_used')):.0f} cores)")
+                     f"{as_float(spikes[0].get('cores_used')):.0f} cores)")
     return "; ".join(notes)
 
 
@@ -106,7 +107,7 @@ def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_MET
                                "runs": len(runs)}
         ivs = {}
         for name, key in INTERVAL_COLUMNS:
-            iv = ivs[name] = interval([_f(r.get(key)) for r in ok], method, level)
+            iv = ivs[name] = interval([as_float(r.get(key)) for r in ok], method, level)
             row[name], row[f"{name}_lo"], row[f"{name}_hi"], row[f"{name}_n"] = iv.median, iv.lo, iv.hi, iv.n
             row[f"{name}_coverage"] = iv.coverage
             if name in CI_COLUMNS:
@@ -115,7 +116,7 @@ def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_MET
         row["verdict"] = verdict(ivs["gain"], min_effect) if ivs["gain"].n else "-"
         row["verdict_bp"] = verdict(ivs["gain_bp"], min_effect) if ivs["gain_bp"].n else "-"
         for key in MEDIAN_COLUMNS:
-            vals = sorted(v for v in (_f(r.get(key)) for r in ok) if not math.isnan(v))
+            vals = sorted(v for v in (as_float(r.get(key)) for r in ok) if not math.isnan(v))
             row[key] = _median(vals)
         row["notes"] = cell_notes(row, ok)
         idents = [r.get("bit_identical") for r in ok]
