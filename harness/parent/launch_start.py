@@ -3,7 +3,7 @@
 A run's goodput is measured from its first step to its last, so how its FIRST launch starts is in no
 goodput: forking it from a template that already imported torch, FSDP and the model's classes saves the
 seconds every fresh rank spends importing (most of a short run's wall time here) without touching what
-the comparison measures. A RELAUNCH after a fault (cold restart, NVRx's in-job restart) is badput the
+the comparison measures. A RELAUNCH of every rank after a fault (cold restart, a fallback) is badput the
 verdict times, so it always starts a fresh interpreter that imports everything, as users pay.
 
 One template per (strategy, model, environment) serves every run of a process that asks for it (a
