@@ -117,7 +117,7 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     rep.close(remove=True)
     guard.close()
     return {"times": times, "block_means": block_means, "cpu_means": cpu_means, "waits": waits, "pushes": pushes,
-            "replication": stats}
+            "replication": stats, "state_bytes": snap.nbytes}
 
 
 def overhead_rows(res: list[dict], ks: list[int]) -> list[str]:
