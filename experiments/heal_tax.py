@@ -12,8 +12,8 @@ Calibrates ``harness.advise.cost`` (the advisor's cost model of per-step protect
    snapshots without pushes, and snapshots with a confirmed buddy push every step; a trial's tax is a
    block's mean step over the same cycle's "off" block's, minus 1.
 
-Each cell's interval is the range over its trials, [min, max], which contains the median with probability
-1 - 2^(1-n) (n = 7: 98.4%). The model's prediction for a cell uses only the parts' rates (1), the cell's
+Each cell's interval is the order-statistic (sign-test) interval for the median of its trials, printed with
+its exact coverage (with n <= 8 trials that is the range, [min, max], coverage 1 - 2^(1-n); n = 7: 98.4%). The model's prediction for a cell uses only the parts' rates (1), the cell's
 state bytes and its median "off" step; ``tests/scale/test_heal_tax_calibration.py`` checks that it falls
 inside each cell's interval, from the committed file, without running anything.
 
@@ -123,15 +123,19 @@ def combine_parts(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from experiments.process_loss_push_every import cost_trials
-    from experiments.provenance import REPO_ROOT, collect, current_command, provenance_markdown
-    from harness.advise.calibration import cell_rows, table_lines
+    from experiments.provenance import REPO_ROOT, collect, current_command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=7, help="interleaved off/snapshot/push cycles per cell (>= 5)")
     ap.add_argument("--steps", type=int, default=8, help="steps per block")
     ap.add_argument("--cells", nargs="+", default=[c for c, _ in CELLS], choices=[c for c, _ in CELLS])
     ap.add_argument("--results", type=Path, default=REPO_ROOT / "results" / "heal_tax")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite calibration.md from the committed calibration.json (runs nothing)")
     args = ap.parse_args(argv)
+    if args.render_only:
+        print(write_report(json.loads((args.results / "calibration.json").read_text()), args.results))
+        return 0
     if args.trials < 2 or args.steps < 1:
         ap.error(f"--trials {args.trials} must be at least 2 (5 or more for the committed run) and --steps >= 1")
     prov = collect(current_command(argv, "experiments.heal_tax"),
@@ -167,18 +171,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loads": loads, "runtime_s": time.monotonic() - t0}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "calibration.json").write_text(json.dumps(data, indent=1, default=str))
+    (args.results / "provenance.json").write_text(json.dumps(prov.to_dict(), indent=1, default=str))
+    print(write_report(data, args.results))
+    return 0
+
+
+def write_report(data: dict[str, Any], results: Path) -> str:
+    """``calibration.md`` from the measurement (also ``--render-only``: from the committed json)."""
+    from experiments.provenance import Provenance, provenance_markdown
+    from harness.advise.calibration import cell_rows, table_lines
+
+    prov = Provenance.from_dict(data["provenance"])
+    extra = prov.extra
     rows = cell_rows(data)
+    loads = data["loads"]
     lines = ["# The heal's per-step tax: measured side by side, and the cost model's prediction", "",
-             f"2 gloo FSDP2 ranks (each its own simulated host) on this 2-core host, {args.trials} trials per cell; "
-             f"blocks of {args.steps} steps cycled: snapshots off / snapshots, no push / snapshots + a confirmed "
-             "buddy push every step. A trial's tax is its block's mean step over the same cycle's \"off\" block's, "
-             f"minus 1. Interval: the range over the trials (coverage of the median 1 - 2^(1-n)).", "",
+             f"2 gloo FSDP2 ranks (each its own simulated host) on this 2-core host, {extra['trials']} trials per cell; "
+             f"blocks of {extra['steps_per_block']} steps cycled: snapshots off / snapshots, no push / snapshots + a "
+             "confirmed buddy push every step. A trial's tax is its block's mean step over the same cycle's \"off\" block's, "
+             f"minus 1. Interval: the order-statistic interval for the median, with its exact coverage (the range when n <= 8). "
+             "CPU: the same ratio for rank 0's process CPU seconds per step (every thread).", "",
              *table_lines(data, rows), "",
              f"1-min load average before and after each cell: {', '.join(f'{x:.1f}' for x in loads)}. "
              f"Run time {data['runtime_s'] / 60:.1f} min.", "", provenance_markdown(prov)]
-    (args.results / "calibration.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    (results / "calibration.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

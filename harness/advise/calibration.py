@@ -9,6 +9,7 @@ bytes and its median unprotected step, and sets the prediction beside the cell's
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +36,20 @@ def platform_from(data: Mapping[str, Any]) -> Platform:
     return CPU_HERE.with_(copy_gbps=r["copy_gbps"], checksum_gbps=r["checksum_gbps"], push_gbps=r["push_gbps"])
 
 
-def order_interval(values: list[float]) -> tuple[float, float, float]:
-    """(min, max, coverage): the range of n trials contains their median with probability 1 - 2^(1-n)."""
-    return min(values), max(values), 1.0 - 2.0 ** (1 - len(values))
+def order_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(lo, hi, coverage): the order-statistic (sign-test) interval for the median of n trials, [x_(j),
+    x_(n+1-j)] with the largest j whose exact coverage 1 - 2 P(Binomial(n, 1/2) <= j - 1) is at least
+    ``level``; the range (j = 1, coverage 1 - 2^(1-n)) when no j reaches it (n <= 8 at 95%)."""
+    xs = sorted(values)
+    n = len(xs)
+
+    def coverage(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0 ** n
+
+    j = 1
+    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= level:
+        j += 1
+    return xs[j - 1], xs[n - j], coverage(j)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,9 @@ class CellRow:
     coverage: float
     n: int
     predicted: float
+    cpu_median: float = math.nan
+    cpu_lo: float = math.nan
+    cpu_hi: float = math.nan
 
     @property
     def inside(self) -> bool:
@@ -72,9 +87,11 @@ def cell_rows(data: Mapping[str, Any], platform: Platform | None = None) -> list
         for mode in MODES:
             xs = list(c["overhead"][mode])
             lo, hi, cov = order_interval(xs)
+            cpu = list(c.get("cpu_overhead", {}).get(mode, [])) or [math.nan]
+            clo, chi, _ = order_interval(cpu)
             rows.append(CellRow(name, mode, int(c["tokens_per_step"]), int(c["state_bytes"]), step,
                                 statistics.median(xs), lo, hi, cov, len(xs),
-                                predict(platform, c["state_bytes"], step, mode)))
+                                predict(platform, c["state_bytes"], step, mode), statistics.median(cpu), clo, chi))
     return rows
 
 
@@ -85,11 +102,13 @@ def table_lines(data: Mapping[str, Any], rows: list[CellRow]) -> list[str]:
            f"push send {r['push_send_gbps']:.2f} GB/s and receive {r['push_recv_gbps']:.2f} GB/s "
            f"({r['push_gbps']:.2f} GB/s per side; the model charges both sides, one host). Overlap 0: every core "
            "trains.", "",
-           "| cell | tokens per step | state per rank (MB) | step, off (s) | mode | measured tax, median [range] (n, coverage) "
-           "| model | inside |", "|---|---|---|---|---|---|---|---|"]
+           "| cell | tokens per step | state per rank (MB) | step, off (s) | mode | measured tax: step time, median "
+           "[interval] (n, coverage) | CPU per step, median [interval] | model | inside (step time) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mode = "snapshots, no push" if x.mode == "snap" else "+ push every step (confirmed)"
         out.append(f"| {x.cell} | {x.tokens} | {x.state_bytes / 1e6:.1f} | {x.off_step_s:.3f} | {mode} | "
                    f"{x.median * 100:+.1f}% [{x.lo * 100:+.1f}, {x.hi * 100:+.1f}] (n={x.n}, {x.coverage:.1%}) | "
+                   f"{x.cpu_median * 100:+.1f}% [{x.cpu_lo * 100:+.1f}, {x.cpu_hi * 100:+.1f}] | "
                    f"{x.predicted * 100:+.1f}% | {'yes' if x.inside else 'NO'} |")
     return out
