@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loads.append(os.getloadavg()[0])
             cells[name] = {"model": model, "tokens_per_step": model["seq"] * model["batch"],
                            "state_bytes": cost["state_bytes"], "off_step_s": cost["off_step_s"],
+                           "off_cpu_s": cost["off_cpu_s"],
                            "overhead": {"snap": cost["configs"]["snap"]["overhead"],
                                         "push": cost["configs"]["k1"]["overhead"]},
                            "cpu_overhead": {"snap": cost["configs"]["snap"]["cpu_overhead"],

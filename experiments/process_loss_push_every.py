@@ -79,7 +79,7 @@ def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int, model: di
         shutil.rmtree(root, ignore_errors=True)
     rank0 = res[0]
     out: dict[str, Any] = {"wall_s": s.wall_s, "off_step_s": rank0["block_means"]["off"], "configs": {},
-                           "state_bytes": rank0.get("state_bytes")}
+                           "state_bytes": rank0.get("state_bytes"), "off_cpu_s": rank0["cpu_means"]["off"]}
     for mode in ["snap", *[f"k{k}" for k in ks]]:
         out["configs"][mode] = {
             "step_s": rank0["block_means"][mode],
