@@ -19,16 +19,13 @@ import time
 from dataclasses import replace
 from typing import Mapping, NoReturn, Sequence
 
-from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
+from harness.advise.advice import advise, default_strategies
+from harness.advise.cadence import Choice
 from harness.advise.cost import PLATFORMS, Platform
-from harness.scale import analytic
-from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, ScaleConfigError
+from harness.scale.config import CLASSES, Cluster, FailureClass, ScaleConfigError
 from harness.scale.mixes import MIXES, mix_from_rates, mttf_h, named_mix
 
 EXIT_BAD_INPUT = 2
-# torchft's per-step quorum, measured here: median 8 ms a step (docs/scale.md); the simulator itself does
-# not charge it, the advisor does.
-TORCHFT_QUORUM_S = 0.008
 # The heal keeps 2 own slots and 2 buddy replicas of each GPU's state in host memory (docs/snapshots.md).
 SNAPSHOT_COPIES = 4
 
@@ -130,11 +127,10 @@ def _check_memory(args: argparse.Namespace) -> None:
 
 
 def _strategies(args: argparse.Namespace) -> tuple[str, ...]:
-    from harness.scale.outcomes import DESIGN_BUILDS
     from harness.strategies import simulated
 
     sims = simulated()
-    built = tuple(n for n, s in sims.items() if not s.fault_free and s.build not in DESIGN_BUILDS)
+    built = default_strategies()
     if not args.strategies:
         return built
     names = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
@@ -142,36 +138,6 @@ def _strategies(args: argparse.Namespace) -> tuple[str, ...]:
     if bad:
         raise BadInput(f"--strategies: {bad[0]!r} is unknown; use some of {','.join(built)}")
     return names
-
-
-def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
-              ) -> tuple[dict[str, Choice], dict, dict[str, float]]:
-    """For each heal strategy: its cadence choice, its outcome rows at that cadence, and its tax."""
-    from harness.scale.heal_measured import HEAL_BUILDS
-    from harness.scale.outcomes import outcome_table
-    from harness.strategies import simulated
-
-    sims = simulated()
-    heals = [s for s in strategies if sims[s].build in HEAL_BUILDS]
-    choices: dict[str, Choice] = {}
-    rows: dict = {}
-    taxes: dict[str, float] = {}
-    if not heals:
-        return choices, rows, taxes
-    rates = job_rates(mix, cluster)
-    cold = outcome_table(cluster, ("cold_restart",))["cold_restart"]
-    state_bytes = cluster.checkpoint_gb_per_gpu * 1e9
-    for s in heals:
-        base = outcome_table(cluster, (s,))[s]
-        lam = sum(rates[c] for c in CLASSES if base[c].rollback == ROLLBACK_CHECKPOINT)
-        interval = analytic.daly_interval(max(cluster.checkpoint_write_s, cluster.step_s), 1 / lam) if lam else \
-            cluster.horizon_s
-        fallback = {c: cold[c].downtime_s + interval / 2 for c in CLASSES}
-        choice = choose(platform, state_bytes, cluster.step_s, rates, fallback)
-        choices[s] = choice
-        rows[s] = heal_outcomes(base, cold, choice.cadence, platform, state_bytes, cluster.step_s, interval)
-        taxes[s] = choice.tax.fraction
-    return choices, rows, taxes
 
 
 def _pct(x: float) -> str:
@@ -258,13 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = text.replace(key, flag)
         print(f"error: {text}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    from harness.scale.project import project
-
     t0 = time.perf_counter()
-    choices, rows, taxes = heal_plan(cluster, mix, platform, strategies)
-    if "torchft_peer_heal" in strategies:
-        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / cluster.step_s
-    projections = project(cluster, mix, strategies, trials=args.trials, seed=args.seed, outcomes=rows, tax=taxes)
-    print(render(cluster, mix, args.mix, platform, projections, choices, taxes, args.trials, args.seed,
-                 time.perf_counter() - t0))
+    advice = advise(cluster, mix, platform, strategies, trials=args.trials, seed=args.seed)
+    print(render(cluster, mix, args.mix, platform, advice.projections, advice.choices, advice.taxes, args.trials,
+                 args.seed, time.perf_counter() - t0))
     return 0

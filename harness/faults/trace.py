@@ -100,6 +100,7 @@ class Trace:
     steps: int
     first_step: int
     p_per_step: float  # probability that a step (from first_step on) has a fault
+    world_size: int  # ranks the faults are drawn over
     gpus: int  # the cluster whose MTTF the trace compresses
     mttf_h: float  # that cluster's MTTF under the mix's unexpected classes
     events: tuple[TraceEvent, ...]
@@ -163,5 +164,5 @@ def draw_trace(mix: str = "llama3", *, steps: int = 300, faults: float = 10.0, s
     ranks = rng.integers(0, world_size, size=len(fault_steps))
     events = tuple(TraceEvent(int(s), keys[w][2], int(r), keys[w][0], keys[w][1])
                    for s, w, r in zip(fault_steps, which, ranks))
-    return Trace(mix, seed, steps, first_step, p, gpus, mttf_h(rates, gpus, unexpected_classes(rates)), events,
+    return Trace(mix, seed, steps, first_step, p, world_size, gpus, mttf_h(rates, gpus, unexpected_classes(rates)), events,
                  shares)

@@ -142,3 +142,28 @@ def test_bad_input_is_one_line_naming_the_fix(argv, match, capsys):
     assert cli.main(argv) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and match in err, err
+
+
+def test_settings_for_a_trace_run_grow_denser_with_more_faults():
+    """A harness run under a seeded trace: each strategy's disk interval in steps, and the heal's cadence, from
+    the trace's rate; a trace with more faults never gets sparser settings."""
+    from harness.advise.advice import advise_for_trace
+    from harness.faults.trace import draw_trace
+
+    platform = CPU_HERE
+    by_faults = {}
+    for faults in (2, 5, 10, 20, 40):
+        t = draw_trace(steps=300, faults=faults, seed=1)
+        by_faults[faults] = {r.strategy: r for r in advise_for_trace(t, 0.25, 32e6, 0.3, platform)}
+    seq = list(by_faults.values())
+    for lo, hi in zip(seq, seq[1:]):
+        for s, r in hi.items():
+            if r.checkpoint_every_steps is not None:
+                assert r.checkpoint_every_steps <= lo[s].checkpoint_every_steps, s
+            if r.cadence is not None:
+                assert r.cadence.every * r.cadence.push_every <= lo[s].cadence.every * lo[s].cadence.push_every, s
+    rows = by_faults[10]
+    assert rows["accelpact_heal"].cadence is not None and rows["cold_restart"].cadence is None
+    # a cold restart rolls back on every fault of the trace: its faults are 1 / p steps apart
+    assert rows["cold_restart"].mtbf_steps == pytest.approx(1 / draw_trace(steps=300, faults=10).p_per_step)
+    assert by_faults[40]["cold_restart"].checkpoint_every_steps < by_faults[2]["cold_restart"].checkpoint_every_steps
