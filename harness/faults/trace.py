@@ -135,6 +135,17 @@ class Trace:
         return [(c, cause, k, share, drawn.get((c, cause, k), 0), WHY.get(cause, _HARDWARE_WHY))
                 for (c, cause, k), share in sorted(self.shares.items(), key=lambda kv: -kv[1])]
 
+    def table_md(self, harness_step_s: float | None = None) -> str:
+        """The mix's source, the class-to-fault mapping with each share and this trace's count, and the rate
+        scale, as markdown for a run's table."""
+        lines = [f"Fault mix: {self.source()}. Seed {self.seed}: {len(self.events)} faults in {self.steps} steps.",
+                 f"Rate scale: {self.scale_text(harness_step_s)}.", "",
+                 "| simulator class | Table 5 cause | harness fault | share of faults | in this trace | why |",
+                 "|---|---|---|---|---|---|"]
+        lines += [f"| {c} | {cause} | `{k}` | {share:.1%} | {n} | {why} |"
+                  for c, cause, k, share, n, why in self.mapping_rows()]
+        return "\n".join(lines)
+
     def source(self) -> str:
         return f"{MIXES[self.mix].description} ({LLAMA3} for the class split)"
 

@@ -82,6 +82,8 @@ def test_scale_is_the_cluster_mttf_compressed():
     assert "MTTF 3.09 h" in t.scale_text() and "x" in t.scale_text(0.25)
     rows = t.mapping_rows()
     assert sum(r[3] for r in rows) == pytest.approx(1.0) and sum(r[4] for r in rows) == len(t.events)
+    md = t.table_md(0.25)
+    assert "Table 5" in md and "x1," in md and md.count("\n| gpu_host_loss | Faulty GPU | `host_loss` | 35.3% |") == 1
 
 
 @pytest.mark.parametrize("name, gpus, hours", [("rsc_1k", 1024, 7.9), ("rsc_16k", 16384, 1.8)])
