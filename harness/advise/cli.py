@@ -23,7 +23,7 @@ from harness.advise.advice import advise, default_strategies
 from harness.advise.cadence import Choice
 from harness.advise.cost import PLATFORMS, Platform
 from harness.scale.config import CLASSES, Cluster, FailureClass, ScaleConfigError
-from harness.scale.mixes import MIXES, mix_from_rates, mttf_h, named_mix
+from harness.scale.mixes import MIXES, mix_from_rates, mttf_h
 
 EXIT_BAD_INPUT = 2
 # The heal keeps 2 own slots and 2 buddy replicas of each GPU's state in host memory (docs/snapshots.md).
