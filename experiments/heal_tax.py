@@ -193,6 +193,11 @@ def write_report(data: dict[str, Any], results: Path) -> str:
              f"minus 1. Interval: the order-statistic interval for the median, with its exact coverage (the range when n <= 8). "
              "CPU: the same ratio for rank 0's process CPU seconds per step (every thread).", "",
              *table_lines(data, rows), "",
+             f"Interval widths: step time {min(r.hi - r.lo for r in rows) * 100:.0f}-"
+             f"{max(r.hi - r.lo for r in rows) * 100:.0f} points, CPU per step "
+             f"{min(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f}-{max(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f} "
+             f"points. The model is inside {sum(r.inside for r in rows)} of {len(rows)} step-time intervals and "
+             f"{sum(r.inside_cpu for r in rows)} of {len(rows)} CPU intervals.", "",
              f"1-min load average before and after each cell: {', '.join(f'{x:.1f}' for x in loads)}. "
              f"Run time {data['runtime_s'] / 60:.1f} min.", "", provenance_markdown(prov)]
     (results / "calibration.md").write_text("\n".join(lines) + "\n")

@@ -73,6 +73,10 @@ class CellRow:
     def inside(self) -> bool:
         return self.lo <= self.predicted <= self.hi
 
+    @property
+    def inside_cpu(self) -> bool:
+        return self.cpu_lo <= self.predicted <= self.cpu_hi
+
 
 def predict(platform: Platform, state_bytes: float, step_s: float, mode: str) -> float:
     p = platform if mode == "push" else platform.with_(push_gbps=_NO_PUSH)
@@ -105,12 +109,12 @@ def table_lines(data: Mapping[str, Any], rows: list[CellRow]) -> list[str]:
            f"({r['push_gbps']:.2f} GB/s per side; the model charges both sides, one host). Overlap 0: every core "
            "trains.", "",
            "| cell | tokens per step | state per rank (MB) | step, off: CPU s (the model's step) | mode | measured tax: step time, median "
-           "[interval] (n, coverage) | CPU per step, median [interval] | model | inside (step time) |",
+           "[interval] (n, coverage) | CPU per step, median [interval] | model | inside: step time / CPU |",
            "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mode = "snapshots, no push" if x.mode == "snap" else "+ push every step (confirmed)"
         out.append(f"| {x.cell} | {x.tokens} | {x.state_bytes / 1e6:.1f} | {x.off_step_s:.3f} | {mode} | "
                    f"{x.median * 100:+.1f}% [{x.lo * 100:+.1f}, {x.hi * 100:+.1f}] (n={x.n}, {x.coverage:.1%}) | "
                    f"{x.cpu_median * 100:+.1f}% [{x.cpu_lo * 100:+.1f}, {x.cpu_hi * 100:+.1f}] | "
-                   f"{x.predicted * 100:+.1f}% | {'yes' if x.inside else 'NO'} |")
+                   f"{x.predicted * 100:+.1f}% | {'yes' if x.inside else 'NO'} / {'yes' if x.inside_cpu else 'NO'} |")
     return out
