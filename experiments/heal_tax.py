@@ -18,6 +18,7 @@ state bytes and its median "off" step; ``tests/scale/test_heal_tax_calibration.p
 inside each cell's interval, from the committed file, without running anything.
 
     python -m experiments.heal_tax --trials 7
+    python -m experiments.heal_tax --trials 11 --steps 8 --advised 4x1 2x2   # cadences at the default model
 
 Writes ``results/heal_tax/calibration.md`` and ``calibration.json`` with the command, git sha and machine.
 """
@@ -121,6 +122,61 @@ def combine_parts(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     return med
 
 
+def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--advised``: the default model (tiny at 128 tokens) with snapshots off, snapshots alone, the heal's
+    default (a push every step) and each given cadence, interleaved; writes ``advised.md`` / ``advised.json``."""
+    from experiments.process_loss_push_every import cost_trials
+    from experiments.provenance import collect, current_command, provenance_markdown
+    from harness.advise.calibration import load, order_interval, platform_from
+    from harness.advise.cost import Cadence, tax
+
+    cadences = [tuple(int(x) for x in c.split("x")) for c in args.advised]
+    if any(len(c) != 2 or min(c) < 1 for c in cadences) or any(args.steps % (e * k) for e, k in cadences):
+        raise SystemExit(f"--advised {args.advised}: give EVERYxPUSH_EVERY pairs (e.g. 4x1 2x2) whose products "
+                         f"divide --steps {args.steps}")
+    name, model = CELLS[0]
+    prov = collect(current_command(argv, "experiments.heal_tax"),
+                   {"trials": args.trials, "steps_per_block": args.steps, "cell": name, "cadences": cadences,
+                    "confirm_push": True})
+    t0, loads = time.monotonic(), [os.getloadavg()[0]]
+    scratch = Path(tempfile.mkdtemp(prefix="accelpact-heal-tax-"))
+    try:
+        cost = cost_trials(scratch / name, [1], args.steps, args.trials, model=model, cadences=cadences)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    loads.append(os.getloadavg()[0])
+    platform = platform_from(load(args.results / "calibration.json"))
+    step = statistics.median(cost["off_cpu_s"])
+    modes = {"snap": None, "k1": (1, 1), **{f"e{e}k{k}": (e, k) for e, k in cadences}}
+    lines = ["# The heal's per-step tax at the advisor's cadences, side by side", "",
+             f"Default model ({name}: mistral_tiny-shaped, 4 layers, hidden 256, seq 64 x batch 2, "
+             f"{cost['state_bytes'] / 1e6:.1f} MB of state per rank) on 2 gloo FSDP2 ranks, {args.trials} trials; "
+             f"blocks of {args.steps} steps cycled through every configuration; a trial's tax is a block's mean "
+             "step (or rank 0's CPU per step) over the same cycle's \"off\" block's, minus 1. Intervals: "
+             "order-statistic interval for the median with its exact coverage. Model: harness.advise.cost with the "
+             f"rates of results/heal_tax/calibration.json, step {step:.3f} s (CPU, off).", "",
+             "| configuration | step time, median [interval] (coverage) | CPU per step, median [interval] | model |",
+             "|---|---|---|---|"]
+    for mode, cad in modes.items():
+        c = cost["configs"][mode]
+        lo, hi, cov = order_interval(c["overhead"])
+        clo, chi, _ = order_interval(c["cpu_overhead"])
+        what = ("snapshots every step, no push" if cad is None else "heal default: every=1, push_every=1"
+                if mode == "k1" else f"every={cad[0]}, push_every={cad[1]}")
+        pred = tax(platform if cad else platform.with_(push_gbps=1e12), cost["state_bytes"], step,
+                   Cadence(*(cad or (1, 1)), True)).fraction
+        lines.append(f"| {what} | {statistics.median(c['overhead']) * 100:+.1f}% [{lo * 100:+.1f}, {hi * 100:+.1f}] "
+                     f"({cov:.1%}) | {statistics.median(c['cpu_overhead']) * 100:+.1f}% [{clo * 100:+.1f}, "
+                     f"{chi * 100:+.1f}] | {pred * 100:+.1f}% |")
+    lines += ["", f"Load average before / after: {loads[0]:.1f} / {loads[1]:.1f}. Run time "
+              f"{(time.monotonic() - t0) / 60:.1f} min.", "", provenance_markdown(prov)]
+    (args.results / "advised.json").write_text(json.dumps({"provenance": prov.to_dict(), "cost": cost,
+                                                           "loads": loads}, indent=1, default=str))
+    (args.results / "advised.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from experiments.process_loss_push_every import cost_trials
     from experiments.provenance import REPO_ROOT, collect, current_command
@@ -132,7 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=REPO_ROOT / "results" / "heal_tax")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite calibration.md from the committed calibration.json (runs nothing)")
+    ap.add_argument("--advised", nargs="+", metavar="EVERYxPUSH_EVERY",
+                    help="measure these cadences (e.g. 4x1 2x2) beside the heal's default at the default model")
     args = ap.parse_args(argv)
+    if args.advised:
+        return advised(args, argv)
     if args.render_only:
         print(write_report(json.loads((args.results / "calibration.json").read_text()), args.results))
         return 0
