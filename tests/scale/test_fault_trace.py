@@ -69,6 +69,12 @@ def test_rate_and_kind_shares_hold_over_many_draws(mix):
     for kind, share in want.items():
         se_k = math.sqrt(share * (1 - share) / n)
         assert abs(by_kind[kind] / n - share) < 5 * se_k + 1e-12, (kind, by_kind[kind] / n, share)
+    by_class = Counter(e.cls for t in traces for e in t.events)
+    want_cls: dict[str, float] = {}
+    for (cls, _, _), share in traces[0].shares.items():
+        want_cls[cls] = want_cls.get(cls, 0.0) + share
+    for cls, share in want_cls.items():
+        assert abs(by_class[cls] / n - share) < 5 * math.sqrt(share * (1 - share) / n) + 1e-12, cls
     ranks = Counter(e.rank for t in traces for e in t.events)
     assert abs(ranks[0] / n - 0.5) < 5 * math.sqrt(0.25 / n)
 
