@@ -80,7 +80,8 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
                       job_token=token, confirm=sc["confirm"])
     guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s))
     step_fn = step_fn_for(model)
-    cycle = ["off", "snap", *[f"k{k}" for k in sc["ks"]]]
+    # "e{e}k{k}": a whole cadence (snapshot.every = e, push_every = k), e.g. the advisor's choice.
+    cycle = ["off", "snap", *[f"k{k}" for k in sc["ks"]], *[f"e{e}k{k}" for e, k in sc.get("cadences", [])]]
     blocks = cycle + [cycle[i % len(cycle)] for i in range(len(cycle) * sc["rounds"])]
     warm = len(cycle)  # the first cycle: lazy init, the slot files' first touch, the allocator
     times: dict[str, list[float]] = {b: [] for b in cycle}
@@ -91,9 +92,14 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     step = 0
     for i, mode in enumerate(blocks):
         guard.snapshots = None if mode == "off" else snap
-        snap.on_complete = rep.push if mode.startswith("k") else None
+        snap.on_complete = rep.push if mode.startswith(("k", "e")) else None
         if mode.startswith("k"):
             snap.config = dataclasses.replace(base, push_every=int(mode[1:]))
+        elif mode.startswith("e"):
+            e, k = mode[1:].split("k")
+            snap.config = dataclasses.replace(base, every=int(e), push_every=int(k))
+        else:
+            snap.config = base
         ctx.barrier(f"{sc['name']}/block{i}")
         t_block, c_block, pushed0 = time.perf_counter(), time.process_time(), rep.pushed + rep.skipped + rep.dropped
         for j in range(sc["steps"]):
@@ -117,7 +123,7 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     rep.close(remove=True)
     guard.close()
     return {"times": times, "block_means": block_means, "cpu_means": cpu_means, "waits": waits, "pushes": pushes,
-            "replication": stats}
+            "replication": stats, "state_bytes": snap.nbytes}
 
 
 def overhead_rows(res: list[dict], ks: list[int]) -> list[str]:

@@ -60,16 +60,20 @@ def bound(kill_at: int, k: int) -> tuple[int, set[int]]:
     return s, allowed
 
 
-def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int) -> dict[str, Any]:
-    """Part 1: the per-trial overheads of every configuration against its neighbouring "off" block."""
+def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int, model: dict | None = None,
+                cadences: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+    """Part 1: the per-trial overheads of every configuration against its neighbouring "off" block.
+    ``model``: the bench's model fields (default ``benchmarks.bench_push_every.MODEL``: mistral_tiny, seq 64 x 2).
+    ``cadences``: (every, push_every) pairs measured as whole cadences too (configs ``e{e}k{k}``)."""
     from accelpact.testing.session import run_session
     from benchmarks.bench_push_every import MODEL
 
+    model = MODEL if model is None else model
     root = Path(tempfile.mkdtemp(prefix="accelpact-pe-cost-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
-        sc = {"name": "push_every", "model": MODEL, "steps": steps, "rounds": trials, "root": str(root), "ks": ks,
-              "confirm": True}
-        total = steps * (2 + len(ks)) * (trials + 1)
+        sc = {"name": "push_every", "model": model, "steps": steps, "rounds": trials, "root": str(root), "ks": ks,
+              "confirm": True, "cadences": [list(c) for c in cadences]}
+        total = steps * (2 + len(ks) + len(cadences)) * (trials + 1)
         s = run_session(scratch / "cost", RUNNER, [{**sc, "steps_total": total}], world_size=2, barrier=True,
                         pg_timeout_s=900, control_deadline_s=900, timeout_s=300 + 10 * total,
                         pythonpath=[ROOT])
@@ -77,8 +81,9 @@ def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int) -> dict[s
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rank0 = res[0]
-    out: dict[str, Any] = {"wall_s": s.wall_s, "off_step_s": rank0["block_means"]["off"], "configs": {}}
-    for mode in ["snap", *[f"k{k}" for k in ks]]:
+    out: dict[str, Any] = {"wall_s": s.wall_s, "off_step_s": rank0["block_means"]["off"], "configs": {},
+                           "state_bytes": rank0.get("state_bytes"), "off_cpu_s": rank0["cpu_means"]["off"]}
+    for mode in ["snap", *[f"k{k}" for k in ks], *[f"e{e}k{k}" for e, k in cadences]]:
         out["configs"][mode] = {
             "step_s": rank0["block_means"][mode],
             "overhead": [b / a - 1 for a, b in zip(rank0["block_means"]["off"], rank0["block_means"][mode])],

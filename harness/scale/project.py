@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from harness.scale import analytic
-from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, check_mix
+from harness.scale.config import (CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, Outcome, check_mix,
+                                  check_number, check_outcomes)
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
 
@@ -63,26 +64,36 @@ def _grid(cluster: Cluster, rates: np.ndarray, rollback_ckpt: np.ndarray) -> tup
 
 
 def _driver(cluster: Cluster, strategy: str, badput: Mapping[str, float], table: Mapping) -> str:
-    parts = sorted(((v, k) for k, v in badput.items() if k != "checkpoint"), reverse=True)
+    parts = sorted(((v, k) for k, v in badput.items() if k not in ("checkpoint", "protection")), reverse=True)
+    tail = f"; per-step protection {badput['protection']:.1%}" if badput.get("protection") else ""
     if not parts or parts[0][0] <= 0:
-        return f"checkpoint writes {badput.get('checkpoint', 0):.1%}"
+        return f"checkpoint writes {badput.get('checkpoint', 0):.1%}{tail}"
     share, cls = parts[0]
     outcome = table[strategy][cls]
     top = sorted(outcome.parts.items(), key=lambda kv: -kv[1])[:2]
     how = " + ".join(f"{k} {v:.0f} s" for k, v in top if v >= 0.5) or "sub-second stop"
     roll = {"checkpoint": "replay to checkpoint", "step": "one step lost", "none": "no replay"}[outcome.rollback]
-    return (f"{cls} {share:.1%} ({how}; {roll}); checkpoint writes {badput.get('checkpoint', 0):.1%}")
+    return f"{cls} {share:.1%} ({how}; {roll}); checkpoint writes {badput.get('checkpoint', 0):.1%}{tail}"
 
 
 def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Sequence[str] | None = None,
-            trials: int = 16, seed: int = 0) -> list[Projection]:
+            trials: int = 16, seed: int = 0, outcomes: Mapping[str, Mapping[str, Outcome]] | None = None,
+            tax: Mapping[str, float] | None = None) -> list[Projection]:
     """Monte Carlo ETTR per strategy and checkpoint interval at ``cluster.gpus``; all lanes in one run.
-    ``strategies``: default every simulated strategy (``harness.strategies.simulated``)."""
+    ``strategies``: default every simulated strategy (``harness.strategies.simulated``).
+    ``outcomes``: rows that replace a strategy's outcome table (the advisor's heal at a given cadence).
+    ``tax``: a strategy's per-step protection cost as a fraction of the step: its steps take (1 + tax) x
+    ``cluster.step_s`` of wall for a step's work, so its ETTR is the engine's / (1 + tax), and the difference
+    is reported as badput ``protection``."""
     from harness.strategies import simulated
 
     sims = simulated()
     strategies = tuple(sims) if strategies is None else tuple(strategies)
     table = outcome_table(cluster, strategies)
+    if outcomes:
+        check_outcomes(outcomes, tuple(outcomes))
+        table.update({s: dict(rows) for s, rows in outcomes.items() if s in table})
+    tax = {s: check_number(f"tax.{s}", t) for s, t in (tax or {}).items()}
     rates = job_rates(mix, cluster.gpus)
     K = len(CLASSES)
     out: dict[str, Projection] = {}
@@ -106,7 +117,7 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
                                                                  for c in CLASSES]))
         blocks.append((s, grid, young, daly))
         n = len(grid) * trials
-        step_l.append(np.full(n, cluster.step_s))
+        step_l.append(np.full(n, cluster.step_s * (1 + tax.get(s, 0.0))))
         tau_l.append(np.repeat(grid, trials))
         c_l.append(np.full(n, cluster.checkpoint_write_s))
         d_l.append(np.tile(d, (n, 1)))
@@ -120,8 +131,9 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
         i = 0
         for s, grid, young, daly in blocks:
             means, cis = [], []
+            keep = 1.0 / (1.0 + tax.get(s, 0.0))
             for _ in grid:
-                m, ci = mean_ci(ettr[i:i + trials])
+                m, ci = mean_ci(ettr[i:i + trials] * keep)
                 means.append(m)
                 cis.append(ci)
                 i += trials
@@ -132,6 +144,8 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
             badput = {c: float((res.downtime_s[sl, k].sum() + res.lost_s[sl, k].sum()) / wall)
                       for k, c in enumerate(CLASSES)}
             badput["checkpoint"] = float(res.checkpoint_s[sl].sum() / wall)
+            if tax.get(s):
+                badput["protection"] = float(res.useful_s[sl].sum() / wall * (1 - keep))
             out[s] = Projection(s, cluster.gpus, True, intervals_s=tuple(map(float, grid)), ettr=tuple(means),
                                 ettr_ci=tuple(cis), best_interval_s=float(grid[b]), best_ettr=means[b],
                                 best_ci=cis[b], young_s=young, daly_s=daly, badput=badput,
