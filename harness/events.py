@@ -233,6 +233,7 @@ class Restart(Event):
     incarnation: int = 0
     replacement: bool = False  # a replacement of a lost rank (part of a heal, not a relaunch)
     in_process: bool = False  # an in-process restart (NVRx)
+    pid: int | None = None  # the rank's process (a rank forked from a template has the template's command line)
 
     def check(self) -> None:
         if self.t_launch is not None:

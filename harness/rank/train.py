@@ -200,7 +200,7 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
             events.emit(Restart, t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
-                        replacement=env.replacement)
+                        replacement=env.replacement, pid=os.getpid())
             try:
                 committed = run_loop(ctx, strategy)
             finally:

@@ -28,11 +28,13 @@ def _wait_for_step(events_file, step, proc, timeout=200):
     raise AssertionError("the run never reached the step")
 
 
-def _rank_pid(parent_pid, rank):
-    for child in psutil.Process(parent_pid).children():
-        if child.environ().get("RANK") == str(rank):
-            return child.pid
-    raise AssertionError(f"no rank {rank} child")
+def _rank_pid(run_dir, rank):
+    """The rank's process, from its restart event: a rank forked from the template is not the parent's
+    child, and its environ and command line are the template's."""
+    pids = [e["pid"] for e in map(json.loads, (run_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines())
+            if e.get("kind") == "restart"]
+    assert pids, f"no restart event of rank {rank}"
+    return pids[-1]
 
 
 def test_sigkill_a_rank_leaves_failed_row_and_no_processes(tmp_path):
@@ -40,7 +42,7 @@ def test_sigkill_a_rank_leaves_failed_row_and_no_processes(tmp_path):
     proc = start_harness([*TINY, "train.steps=500", f"hydra.run.dir={run_dir}"], tmp_path)
     try:
         _wait_for_step(run_dir / "events" / "rank1.jsonl", 1, proc)
-        psutil.Process(_rank_pid(proc.pid, 1)).send_signal(signal.SIGKILL)
+        psutil.Process(_rank_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
