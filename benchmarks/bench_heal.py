@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import strategies  # noqa: E402 - after the path: this checkout's harness
 
-STRATEGY = strategies.under_test().name  # the strategy whose heal this measures (AccelPact's)
+STRATEGY = strategies.healer().name  # the strategy whose heal this measures (AccelPact's)
 
 TINY = ["experiment=smoke", "model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false"]
 

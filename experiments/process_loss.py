@@ -49,7 +49,7 @@ from harness import strategies
 NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
 # Row selection: the strategy under test and the two baselines whose restarts it is compared with.
-UNDER_TEST: str = strategies.get("accelpact_heal").name  # AccelPact with its heal: what a lost process needs
+UNDER_TEST: str = strategies.healer().name  # AccelPact with its heal: what a lost process needs
 STRATEGIES: tuple[str, ...] = (UNDER_TEST, "cold_restart", "checkpoint_restore")
 _ROOT = Path(__file__).resolve().parent.parent
 LOAD_FILE = "load.jsonl"  # in the scratch dir: the load average sampled every 5 s while the runs go

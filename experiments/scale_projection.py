@@ -50,12 +50,10 @@ def per_step_charges(cluster: Cluster, mix: dict, names: Sequence[str]) -> tuple
     the cadence the advisor picks for this cluster (harness.advise's cost model on ``gpu_node``'s stated
     assumptions, calibrated on results/heal_tax), with its outcomes at that cadence, and torchft's
     measured per-step quorum. Returns (outcome rows, tax per strategy, the heal's cadence choices)."""
-    from harness.advise.advice import TORCHFT_QUORUM_S, heal_plan
+    from harness.advise.advice import protection_plan
     from harness.advise.cost import GPU_NODE
 
-    choices, rows, taxes = heal_plan(cluster, mix, GPU_NODE, names)
-    if "torchft_peer_heal" in names:
-        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / cluster.step_s
+    choices, rows, taxes = protection_plan(cluster, mix, GPU_NODE, names)
     return rows, taxes, choices
 
 

@@ -36,7 +36,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/registry.py", "accelpact"): "row selection: the results digest's row",
     ("experiments/registry.py", "torchft"): "row selection: the peers digest's row",
     ("benchmarks/bench_recovery.py", "accelpact"): "the runtime package's name (git archive of accelpact/)",
-    ("experiments/process_loss.py", "accelpact_heal"): "row selection: the heal is what the experiment measures",
     **{("experiments/claim_checks.py", name): "a registry claim names the strategies it is about"
        for name in ("accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "gemini", "torchft",
                     "accelpact_grow", "accelpact_hsdp_continue", "torchft_peer_heal")},

@@ -19,7 +19,7 @@ from harness.scale import analytic
 from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
 from harness.scale.project import Projection, project
 
-__all__ = ["TORCHFT_QUORUM_S", "AdviceRow", "Advice", "advise", "heal_plan", "default_strategies", "TraceAdviceRow",
+__all__ = ["TORCHFT_QUORUM_S", "AdviceRow", "Advice", "advise", "heal_plan", "protection_plan", "default_strategies", "TraceAdviceRow",
            "advise_for_trace"]
 
 # torchft's per-step quorum, measured here: median 8 ms a step (docs/scale.md); the simulator itself does
@@ -60,6 +60,16 @@ def default_strategies() -> tuple[str, ...]:
     return tuple(n for n, s in simulated().items() if not s.fault_free and s.build not in DESIGN_BUILDS)
 
 
+def protection_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform,
+                    strategies: Sequence[str]) -> tuple[dict[str, Choice], dict, dict[str, float]]:
+    """``heal_plan``, plus torchft's measured per-step quorum as its tax: every per-step cost the projection
+    charges."""
+    choices, rows, taxes = heal_plan(cluster, mix, platform, strategies)
+    if "torchft_peer_heal" in strategies:
+        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / cluster.step_s
+    return choices, rows, taxes
+
+
 def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
               ) -> tuple[dict[str, Choice], dict, dict[str, float]]:
     """For each heal strategy: its cadence choice, its outcome rows at that cadence, and its tax."""
@@ -93,9 +103,7 @@ def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platf
 def advise(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform,
            strategies: Sequence[str] | None = None, trials: int = 16, seed: int = 0) -> Advice:
     strategies = default_strategies() if strategies is None else tuple(strategies)
-    choices, rows, taxes = heal_plan(cluster, mix, platform, strategies)
-    if "torchft_peer_heal" in strategies:
-        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / cluster.step_s
+    choices, rows, taxes = protection_plan(cluster, mix, platform, strategies)
     projections = project(cluster, mix, strategies, trials=trials, seed=seed, outcomes=rows, tax=taxes)
     out = []
     for p in projections:
@@ -152,10 +160,8 @@ def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpo
                       read_gbps=bw)
     names = default_strategies() if strategies is None else tuple(strategies)
     table = outcome_table(cluster, names)
-    choices, _, taxes = heal_plan(cluster, {c: replace(mix[c], rate_per_hour=rates[c] * 3600 / (
+    choices, _, taxes = protection_plan(cluster, {c: replace(mix[c], rate_per_hour=rates[c] * 3600 / (
         world if mix[c].scope == "gpu" else 1)) for c in CLASSES}, platform, names)
-    if "torchft_peer_heal" in names:
-        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / step_s
     out = []
     for s in names:
         lam = sum(rates[c] for c in CLASSES if table[s][c].rollback == ROLLBACK_CHECKPOINT)

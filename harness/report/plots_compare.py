@@ -49,7 +49,8 @@ def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
                         paper_gain: Optional[dict[tuple[str, int], float]] = None) -> Path:
     """Goodput per strategy against checkpoint age, and AccelPact's gain with the paper's figures."""
     plt = _plt()
-    reference, ours = strategies.reference(), strategies.under_test().name
+    reference = strategies.reference()
+    ours = strategies.under_test({str(r["strategy"]) for r in table}).name
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in table:
         if r["strategy"] == reference.label and r["age"] is None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from harness.strategies.base import Strategy
 
 __all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
-           "specs", "reference", "under_test", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
+           "specs", "reference", "under_test", "healer", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
 
 _BUILTIN_MODULES = ("none", "accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
 _REGISTRY: Registry[StrategySpec] = Registry(
@@ -94,6 +94,12 @@ def under_test(present: Iterable[str] = (), preferred: Optional[str] = None) -> 
     ours = [s for s in specs() if s.recovers_in_memory]
     present = set(present)
     return next((s for s in ours if s.name in present), ours[0])
+
+
+def healer() -> StrategySpec:
+    """The strategy under test that heals a lost process or host in memory by default (AccelPact's heal):
+    what an experiment about losing a rank runs."""
+    return next(s for s in specs() if s.recovers_in_memory and s.heals_lost_ranks)
 
 
 def rank_class(name: str) -> "type[Strategy]":

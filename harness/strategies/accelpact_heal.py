@@ -23,4 +23,5 @@ SPEC = dataclasses.replace(
     simulation=Simulation("harness.scale.outcomes:rebind_and_heal_in_memory",
                           "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
     paper_gain={},
+    heals_lost_ranks=True,
 )

@@ -92,6 +92,7 @@ class StrategySpec:
     rejoin: Optional[str] = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
+    heals_lost_ranks: bool = False  # by default it heals a killed rank or a lost host in memory (AccelPact's heal)
     # The strategy's own bound on a stalled step, in seconds (torchft: its Manager's timeout), or None. A
     # network outage longer than it breaks the step whatever the PG timeout (harness.app.capabilities).
     step_timeout_s: Callable[["RunConfig"], Optional[float]] = lambda run: None
