@@ -53,7 +53,7 @@ def note_provenance(results: Path, rule: str) -> None:
     """Record in provenance.json/.md that the verdict was re-judged, by which rule and at which commit."""
     path = results / PROVENANCE_FILE
     data = json.loads(path.read_text())
-    sha, dirty = git_state()
+    sha, dirty = git_state(exclude=("results",))  # the re-judge rewrites results/ itself
     data.setdefault("extra", {})["verdict_rejudged"] = (f"at git {sha or 'unknown'}{' (uncommitted changes)' if dirty else ''}: "
                                                         f"{rule}")
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
