@@ -69,6 +69,8 @@ PhaseHook = Callable[[str, int], None]
 # Heals (accelpact.recovery.heal) happen only for ranks found dead, never for one that missed the deadline
 # (it may be alive and hung: a replacement would run beside it).
 _HEALABLE = ("notice", "heartbeat")
+# close() waits this long for the heartbeat's and the watchdog's threads: one store call (5 s timeout) at most.
+_THREAD_STOP_S = 6.0
 
 
 class Guard:
@@ -369,10 +371,21 @@ class Guard:
         return self._finished
 
     def close(self) -> None:
-        """Stop the heartbeat and the watchdog. After :meth:`finish`, also tell a replacement that may still
-        arrive that this rank ended the run: once every other rank did, its ``rejoin`` stops at once
-        instead of waiting ``timeout_s`` for a plan (accelpact.recovery.rejoin)."""
-        if self._finished and not self._closed and self._healer is not None:
+        """End the guard: the last step's snapshot completes, the heartbeat and the watchdog stop (their
+        threads ended when this returns, within their store timeout: accelpact.shutdown).
+
+        After :meth:`finish`, also write that this rank ended the run (``{token}/heal/closed/{rank}``): a
+        replacement that may still arrive stops at once once every other rank did, instead of waiting
+        ``timeout_s`` for a plan (accelpact.recovery.rejoin), and ``accelpact.run``'s agent never replaces a
+        rank that exits after this mark; it reports the exit instead."""
+        if self._closed:
+            return
+        if self.snapshots is not None:
+            try:
+                self.snapshots.flush()  # the newest committed step is the one a group restart resumes from
+            except Exception as exc:  # noqa: BLE001 - the previous snapshot remains; say so
+                _log.warning("rank %d: the snapshot of step %d failed at close: %s", self.rank, self.committed_step, exc)
+        if self._finished:
             from accelpact.recovery.heal_wait import closed_key
 
             try:
@@ -382,9 +395,9 @@ class Guard:
         self._closed = True
         self.phase_hooks.clear()
         if self._heartbeat is not None:
-            self._heartbeat.stop()
+            self._heartbeat.stop(wait_s=_THREAD_STOP_S)
         if self._watchdog is not None:
-            self._watchdog.stop()
+            self._watchdog.stop(wait_s=_THREAD_STOP_S)
 
     # -- the step ---------------------------------------------------------------------------------
 
