@@ -401,7 +401,8 @@ class Agent:
                                         f"allows no group restart: {why}")
                     self.say(f"a heal is impossible ({why}): restarting the whole worker group as attempt "
                              f"{attempt + 1} of at most {self.cfg.max_restarts + 1}; it resumes from the newest "
-                             "snapshot every rank holds", kind="group_restart", attempt=attempt + 1, reason=why)
+                             "snapshot every rank holds (a rank that finds none raises NoSnapshotToResumeError)",
+                             kind="group_restart", attempt=attempt + 1, reason=why)
                     self._barrier(f"stopped{attempt}", self.cfg.join_timeout_s)
                     attempt += 1
                 self._barrier("end", 60.0)  # node 0 keeps the store up until every agent has seen the end

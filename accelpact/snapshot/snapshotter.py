@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from accelpact import shutdown
 from accelpact.snapshot import layout as paths
+from accelpact.snapshot.launch import check_snapshot_token
 from accelpact.snapshot.load import load_slot, own_slots
 from accelpact.snapshot.push_rule import check_push_every, is_pushed, slot_to_overwrite
 from accelpact.snapshot.sizing import check_room, snapshot_nbytes
@@ -88,6 +89,7 @@ class Snapshotter:
         check_supported(model)
         self.model, self.optimizer = model, optimizer
         self.job_token, self.rank, self.world_size = paths.check_token(job_token), int(rank), int(world_size)
+        check_snapshot_token(self.job_token)  # a per-attempt token would leave a restarted group nothing to resume
         self.config = config or SnapshotConfig()
         self.extra_state = extra_state
         self.on_complete = on_complete
