@@ -469,11 +469,24 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.commit(step)  # no guarded region done after it yet
         self._finished = False
+        if not self._modules_recorded:
+            self._record_modules()
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
         self.plane.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
         if not self.plane.rescanned:
             self.plane.rescan()  # FSDP's lazily created holders exist now (DataPlane.rescan)
+
+    def _record_modules(self) -> None:
+        """Under accelpact.run: what this process imported by its first commit, for the template to preload
+        (accelpact.run.modules); never fails the step."""
+        from accelpact.run.modules import record
+
+        self._modules_recorded = True
+        try:
+            record(self.control)
+        except Exception as exc:  # noqa: BLE001 - a slower replacement at worst
+            _log.info("rank %d: could not record its modules for the template: %s", self.rank, exc)
 
     def _wait_for_snapshot(self) -> None:
         """Wait for the previous step's snapshot copy BEFORE the vote, not just before optimizer.step:

@@ -32,6 +32,7 @@ What an agent does (docs/launcher.md):
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -42,11 +43,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
-from accelpact.run.template import TemplateClient, start_script_template
+from accelpact.run.modules import MODULES_KEY_ENV
+from accelpact.run.template import TemplateClient, TemplateUnavailable, start_script_template
 from accelpact.run.workers import HOT_SPARE, Notices, Workers, describe_exit, spawn, start_replacement
 
 __all__ = ["AgentConfig", "Agent", "JobFailed"]
 
+# ACCELPACT_RUN_NO_MODULE_PRELOAD=1: the template preloads the script's top-level imports only (a baseline
+# for benchmarks/bench_heal_gpt2.py; the default also preloads what the ranks loaded: accelpact.run.modules).
+NO_MODULES_ENV = "ACCELPACT_RUN_NO_MODULE_PRELOAD"
 POLL_S = 0.05  # how often the agent reaps its ranks and reads the other agents' keys (torchrun: 0.1 s)
 REPLACE_MODES = ("template", "spawn", "none")
 
@@ -170,7 +175,11 @@ class Agent:
                          run_id=self.cfg.run_id, attempt=attempt, max_restarts=self.cfg.max_restarts,
                          snapshot_root=root, replacement_of=replacement_of)
         env["ACCELPACT_AGENT_PID"] = str(os.getpid())
+        env.pop(MODULES_KEY_ENV, None)
         return env
+
+    def _modules_key(self, attempt: int) -> str:
+        return self.key("modules", attempt, self.cfg.node_rank)
 
     def _argv(self) -> list[str]:
         head = [self.cfg.python, "-u"] + (["-m"] if self.cfg.module else [])
@@ -258,7 +267,10 @@ class Agent:
         att = _Attempt(attempt, Workers(Notices(self.store.set, job_token(self.cfg.run_id, attempt),
                                                 by="accelpact.run agent (waitpid)"), say=self.say))
         for local in range(self.cfg.nproc_per_node):
-            att.procs[self.cfg.place(local).rank] = self._spawn(local, attempt)
+            record = local == 0 and self.cfg.replacement == "template" and os.environ.get(NO_MODULES_ENV) != "1"
+            extra = {MODULES_KEY_ENV: self._modules_key(attempt)} if record else {}
+            att.procs[self.cfg.place(local).rank] = spawn(self._argv(), {**self._env(local, attempt), **extra},
+                                                          self._log(self.cfg.place(local).rank))
         self._start_template()
         self._start_spares(att)
         self.say(f"attempt {attempt}: started ranks {sorted(att.procs)} (pids "
@@ -271,6 +283,28 @@ class Agent:
         att.workers.spares.extend(p for _, p in att.spares)  # idle spares end with the attempt
         att.spares.clear()
         att.workers.stop()
+
+    def _preload_what_ranks_loaded(self, att: _Attempt) -> None:
+        """Once local rank 0 wrote what it loaded by its first step, the template imports it too
+        (accelpact.run.modules): the next replacement pays none of those imports."""
+        template = self.template
+        if template is None or not template.alive():
+            return
+        try:
+            if att.modules is None:
+                raw = self._peek(self._modules_key(att.number))
+                if raw is not None:
+                    att.modules = template.preload(json.loads(raw))
+            elif att.modules >= 0:
+                reply = template.reply(att.modules)
+                if reply is not None:
+                    att.modules = -1
+                    self.say(f"template preloaded {reply.get('preloaded', 0)} module(s) the ranks loaded by their "
+                             f"first step in {reply.get('import_s', 0):.2f} s ({reply.get('failed', 0)} failed, "
+                             f"{reply.get('threads')} thread(s))", kind="template_preload", **reply)
+        except TemplateUnavailable as exc:
+            att.modules = -1
+            self.say(f"the template could not preload the ranks' modules: {exc}")
 
     # -- deaths -------------------------------------------------------------------------------
     def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
@@ -340,6 +374,7 @@ class Agent:
                 if raw is not None:
                     return raw.decode()
                 why = self._handle_deaths(att)
+                self._preload_what_ranks_loaded(att)
                 if why is not None:
                     self.store.set(restart_key, why.encode())
                     return why
