@@ -153,3 +153,18 @@ def test_a_rank_that_closed_its_guard_after_finish_is_never_replaced(code, capsy
     replaced = []
     agent._replace = lambda att, rank, code: replaced.append(rank)
     assert agent._handle_deaths(att) is None and replaced == [0]
+
+
+def test_the_agent_removes_the_jobs_snapshots_under_either_token_style(tmp_path):
+    """The run's snapshot token (job_token_from_env) and each attempt's control token (control.job_token)."""
+    from accelpact.run.env import job_token, snapshot_token
+    from accelpact.snapshot.layout import job_dir
+
+    agent = Agent(AgentConfig(entry=("t.py",), run_id="r9", snapshot_root=str(tmp_path)))
+    mine = [job_dir(tmp_path, t) for t in (snapshot_token("r9"), job_token("r9", 0), job_token("r9", 1))]
+    other = job_dir(tmp_path, snapshot_token("another-run"))
+    for d in (*mine, other):
+        (d / "rank0" / "slot0").mkdir(parents=True)
+        (d / "rank0" / "slot0" / "payload.bin").write_bytes(b"x")
+    agent._remove_snapshots(attempts=2)
+    assert not any(d.exists() for d in mine) and other.exists()
