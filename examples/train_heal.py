@@ -191,7 +191,7 @@ def main(args: argparse.Namespace) -> dict:
             if step >= args.steps:
                 guard.finish()  # accelpact: every rank agrees the run ended (a rank lost after the last vote heals here)
                 break
-            losses[step] = guard.step(step_fn, batch_for(step, rank, device)).item()  # accelpact
+            losses[step] = guard.step(step_fn, batch_for(step, rank, device), step=step).item()  # accelpact
             scheduler.step()
         except accelpact.RolledBack as back:  # accelpact: a heal moved this rank back: run from there
             step = back.resume_step
@@ -200,7 +200,8 @@ def main(args: argparse.Namespace) -> dict:
         except accelpact.UnrecoverableError as exc:  # accelpact: the launcher restarts the group from snapshots
             print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
-            os._exit(EXIT_UNRECOVERABLE)
+            guard.close()
+            sys.exit(EXIT_UNRECOVERABLE)
         print(f"rank {rank} step {step} loss {losses[step]:.6f}", flush=True)
         step += 1
         if args.pause_s:
@@ -227,8 +228,6 @@ def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(parse_args())
-    print("RESULT " + json.dumps(result), flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see train_fsdp.py: no C++ static destructors racing gloo threads
+    print("RESULT " + json.dumps(main(parse_args())), flush=True)
+    # An ordinary exit: guard.close() and accelpact.shutdown end accelpact's threads before the interpreter
+    # finalizes (a thread inside a torch call then used to abort a finished rank: SIGABRT).

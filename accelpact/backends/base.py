@@ -174,10 +174,11 @@ class Backend(abc.ABC):
         """The device of this backend's collectives (the vote and the first collective)."""
 
     def vote_buffer(self) -> torch.Tensor:
-        """The commit vote's one-element buffer, on :attr:`device`."""
+        """The commit vote's one-element int64 buffer, on :attr:`device`: the count of voters and, folded
+        into the same number, each rank's position (accelpact.recovery.positions)."""
         import torch
 
-        return torch.zeros(1, device=self.device)
+        return torch.zeros(1, dtype=torch.int64, device=self.device)
 
     def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup, wait: Waiter | None = None) -> None:
         """The commit vote: all-reduce ``buf`` and return only once it has COMPLETED on this rank.

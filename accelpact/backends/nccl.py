@@ -147,8 +147,10 @@ class NcclBackend(Backend):
             work.wait()
         else:
             wait(work, "the commit vote", "vote")
+        from accelpact.recovery.positions import count_of
+
         value = buf.item()
-        if int(value) != pg.size():
+        if count_of(int(value), pg.size()) != pg.size():  # the low bits count the voters (the rest: positions)
             raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
                             f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
 

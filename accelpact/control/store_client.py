@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
+from accelpact import shutdown
+
 if TYPE_CHECKING:
     import torch.distributed
 
@@ -34,6 +36,7 @@ class _Worker:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        shutdown.register(self)  # a call returning while the interpreter finalizes would abort it
 
     def _loop(self) -> None:
         while True:
@@ -55,6 +58,11 @@ class _Worker:
 
     def stop(self) -> None:
         self._queue.put(None)
+
+    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+        """Stop (an idle worker exits at once; a busy one after its call) and wait until ``deadline``."""
+        self._queue.put(None)
+        return shutdown.join_until(self._thread, deadline)
 
 
 class _Connection:

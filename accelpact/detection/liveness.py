@@ -35,6 +35,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from accelpact import shutdown
 from accelpact.control import notice_auth
 from accelpact.control.store_loss import StoreLossReporter
 
@@ -242,7 +243,12 @@ class Heartbeat:
 
     def start(self) -> "Heartbeat":
         self._thread.start()
+        shutdown.register(self)  # a beat landing while the interpreter finalizes would abort it
         return self
+
+    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+        self._stop.set()
+        return shutdown.join_until(self._thread, deadline)
 
     def stop(self, wait_s: float = 0.0) -> None:
         """Stop beating; with ``wait_s``, also wait (up to that) for a beat being written to land."""

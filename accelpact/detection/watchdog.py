@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Collection
 
+from accelpact import shutdown
 from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
 
 __all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
@@ -145,10 +146,18 @@ class StallWatchdog:
 
     def start(self) -> "StallWatchdog":
         self._thread.start()
+        shutdown.register(self)  # a store read returning while the interpreter finalizes would abort it
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop watching; with ``wait_s``, also wait (up to that) for the thread to end."""
         self._stop.set()
+        if wait_s > 0:
+            shutdown.join_until(self._thread, time.monotonic() + wait_s)
+
+    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+        self._stop.set()
+        return shutdown.join_until(self._thread, deadline)
 
     def begin_attempt(self, generation: int) -> None:
         with self.state.lock:

@@ -51,6 +51,7 @@ from accelpact.events import HealEvent, RecoveryLog
 from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.dataplane.interruptible import CollectiveWaiter
 from accelpact.detection.liveness import LivenessConfig
+from accelpact.recovery import positions
 from accelpact.recovery.context import RecoveryContext, StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
 from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
@@ -69,6 +70,8 @@ PhaseHook = Callable[[str, int], None]
 # Heals (accelpact.recovery.heal) happen only for ranks found dead, never for one that missed the deadline
 # (it may be alive and hung: a replacement would run beside it).
 _HEALABLE = ("notice", "heartbeat")
+# close() waits this long for the heartbeat's and the watchdog's threads: one store call (5 s timeout) at most.
+_THREAD_STOP_S = 6.0
 
 
 class Guard:
@@ -129,6 +132,9 @@ class Guard:
             group_timeout=config.pg_timeout, verify_rebind=config.verify_rebind)
         _log.info("rank %d: data plane %s (%s)", self.rank, self.plane.last_path["path"], self.plane.last_path["why"])
         self._vote_buf = self.plane.backend.vote_buffer()
+        self._loop_step = positions.NO_LOOP_STEP  # the loop's own step, as last passed to step(step=...)
+        self._codec: positions.VoteCodec | None = None  # the vote's arithmetic for the vote group's size
+        self._modules_recorded = False  # what this process loaded, written once after its first commit
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
         self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
@@ -196,10 +202,17 @@ class Guard:
         """
         self.state.resume_at(step)
 
-    def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
-        """Run one committed step; recover in memory from comm faults. Returns step_fn's loss."""
+    def step(self, step_fn: Callable[[Any], torch.Tensor], batch: Any, step: int | None = None) -> torch.Tensor:
+        """Run one committed step; recover in memory from comm faults. Returns step_fn's loss.
+
+        ``step``: the loop's own step number. The vote carries it (and the guard's position) to every rank,
+        so a loop whose step differs from its peers' (one that ignored a :class:`accelpact.RolledBack`) is
+        stopped at this step's vote with :class:`accelpact.StateDivergedError` naming every rank's position
+        (accelpact.recovery.positions), before any rank applies it."""
         if self._closed:
             raise AccelPactError("guard is closed")
+        if step is not None:
+            self._loop_step = int(step)
         step = self.state.next_step
         state, plane = self.state, self.plane
         rng = torch.get_rng_state()  # a retried step must see the same random numbers
@@ -219,8 +232,7 @@ class Guard:
                 self._hook("vote", step)
                 self._wait_for_snapshot()
                 state.phase = Phase.IN_VOTE
-                self._vote_buf.fill_(1.0)
-                plane.backend.vote(self._vote_buf, plane.vote_group, wait=self._wait)
+                self._vote(0, step, state.region_done)
                 state.unchecked_since = time.time()
                 if self._watchdog is not None:
                     self._watchdog.end_attempt(completed=True)
@@ -312,8 +324,7 @@ class Guard:
                 try:
                     result = fn(*args, **kwargs)
                     state.region_phase = RegionPhase.IN_VOTE
-                    self._vote_buf.fill_(1.0)
-                    plane.backend.vote(self._vote_buf, plane.vote_group, wait=self._wait)
+                    self._vote(2 if fn is _nothing else 1, state.next_step, state.region_done + 1)
                     state.unchecked_since = time.time()
                     if self._watchdog is not None:
                         self._watchdog.end_attempt(completed=False)  # a region's length is not a step's
@@ -369,10 +380,21 @@ class Guard:
         return self._finished
 
     def close(self) -> None:
-        """Stop the heartbeat and the watchdog. After :meth:`finish`, also tell a replacement that may still
-        arrive that this rank ended the run: once every other rank did, its ``rejoin`` stops at once
-        instead of waiting ``timeout_s`` for a plan (accelpact.recovery.rejoin)."""
-        if self._finished and not self._closed and self._healer is not None:
+        """End the guard: the last step's snapshot completes, the heartbeat and the watchdog stop (their
+        threads ended when this returns, within their store timeout: accelpact.shutdown).
+
+        After :meth:`finish`, also write that this rank ended the run (``{token}/heal/closed/{rank}``): a
+        replacement that may still arrive stops at once once every other rank did, instead of waiting
+        ``timeout_s`` for a plan (accelpact.recovery.rejoin), and ``accelpact.run``'s agent never replaces a
+        rank that exits after this mark; it reports the exit instead."""
+        if self._closed:
+            return
+        if self.snapshots is not None:
+            try:
+                self.snapshots.flush()  # the newest committed step is the one a group restart resumes from
+            except Exception as exc:  # noqa: BLE001 - the previous snapshot remains; say so
+                _log.warning("rank %d: the snapshot of step %d failed at close: %s", self.rank, self.committed_step, exc)
+        if self._finished:
             from accelpact.recovery.heal_wait import closed_key
 
             try:
@@ -382,9 +404,9 @@ class Guard:
         self._closed = True
         self.phase_hooks.clear()
         if self._heartbeat is not None:
-            self._heartbeat.stop()
+            self._heartbeat.stop(wait_s=_THREAD_STOP_S)
         if self._watchdog is not None:
-            self._watchdog.stop()
+            self._watchdog.stop(wait_s=_THREAD_STOP_S)
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -398,6 +420,33 @@ class Guard:
             heal_hook(outcome.event)
         self.state.unchecked_since = time.time()
         return outcome
+
+    def _vote(self, kind: int, guard_step: int, region: int) -> None:
+        """The vote, carrying this rank's position (``kind``: 0 step, 1 region, 2 finish; positions.KINDS);
+        StateDivergedError when the ranks' positions differ."""
+        group, buf = self.plane.vote_group, self._vote_buf
+        codec = self._codec
+        if codec is None or codec.group is not group:  # a recovery may have replaced the group
+            codec = self._codec = positions.VoteCodec(group.size(), group)
+        buf.fill_(codec.encode(kind, guard_step, region, self._loop_step))
+        self.plane.backend.vote(buf, group, wait=self._wait)
+        if not codec.agreed(buf.item()):
+            raise self._diverged(positions.Position(positions.KINDS[kind], guard_step, region, self._loop_step))
+
+    def _diverged(self, position: positions.Position) -> StateDivergedError:
+        """Every rank's position (every rank found the disagreement in the same vote, so all gather)."""
+        group = self.plane.vote_group
+        mine = torch.tensor(position.values(), dtype=torch.int64, device=self._vote_buf.device)
+        seen = {self.rank: position}
+        try:
+            outs = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(outs, mine, group=group)
+            ranks = dist.get_process_group_ranks(group)
+            seen = {ranks[i]: positions.Position.from_values(t.tolist()) for i, t in enumerate(outs)}
+        except Exception as exc:  # noqa: BLE001 - the error is raised anyway, naming this rank's position only
+            _log.warning("rank %d: could not gather the other ranks' positions: %s", self.rank, exc)
+        return StateDivergedError(positions.describe(seen), ranks=tuple(sorted(seen)),
+                                  last_committed_step=self.committed_step)
 
     def _region_action(self, decision: Any) -> RegionAction:
         """After a recovery round inside a region: run fn again, or return its result (recovery.region_rule)."""
@@ -420,11 +469,24 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.commit(step)  # no guarded region done after it yet
         self._finished = False
+        if not self._modules_recorded:
+            self._record_modules()
         if self.snapshots is not None:
             self.snapshots.after_commit(step)  # copies in the background, overlapping the next step
         self.plane.forget_expired()  # abandoned generations past their PG timeout: their threads and fds
         if not self.plane.rescanned:
             self.plane.rescan()  # FSDP's lazily created holders exist now (DataPlane.rescan)
+
+    def _record_modules(self) -> None:
+        """Under accelpact.run: what this process imported by its first commit, for the template to preload
+        (accelpact.run.modules); never fails the step."""
+        from accelpact.run.modules import record
+
+        self._modules_recorded = True
+        try:
+            record(self.control)
+        except Exception as exc:  # noqa: BLE001 - a slower replacement at worst
+            _log.info("rank %d: could not record its modules for the template: %s", self.rank, exc)
 
     def _wait_for_snapshot(self) -> None:
         """Wait for the previous step's snapshot copy BEFORE the vote, not just before optimizer.step:

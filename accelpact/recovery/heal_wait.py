@@ -61,8 +61,14 @@ def rollcall_key(control: Any, generation: int, attempt: int, rank: int) -> str:
 
 
 def closed_key(control: Any, rank: int) -> str:
-    """Written by a rank's guard at close() after finish(): the run ended there (accelpact.recovery.rejoin reads it)."""
-    return control.key("heal", "closed", str(rank))
+    """Written by a rank's guard at close() after finish(): the run ended there (accelpact.recovery.rejoin and
+    accelpact.run's agent read it)."""
+    return closed_key_of(control.job_token, rank)
+
+
+def closed_key_of(job_token: str, rank: int) -> str:
+    """:func:`closed_key` from the job token alone (a launcher has no control channel)."""
+    return f"{job_token}/heal/closed/{rank}"
 
 
 def abandoned_key(job_token: str, rank: int) -> str:

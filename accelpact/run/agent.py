@@ -21,12 +21,18 @@ What an agent does (docs/launcher.md):
   with ``TORCHELASTIC_RESTART_COUNT=n+1`` and a new job token; the script restores the newest snapshot
   every rank holds (``accelpact.snapshot.restore_latest``). Within ``--max-restarts``, else the job fails
   with the reason.
-- **End.** The job succeeds when every rank of every node exited 0; node 0's agent keeps the store up
-  until every other agent has seen that.
+- **A rank that ended the run** (its guard wrote the closed mark: ``guard.finish()``, then ``close()``) is
+  never replaced, whatever its exit: an exit by a signal after the mark is reported and counts as done
+  (its training is complete); an exit code of its own after it fails the job without a restart (nothing
+  is left to train; the script failed after training).
+- **End.** The job succeeds when every rank of every node exited 0 or ended the run; node 0's agent keeps
+  the store up until every other agent has seen that. Each agent then removes every snapshot of the job on
+  its node, under the run's snapshot token and under each attempt's job token.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -37,11 +43,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
-from accelpact.run.template import TemplateClient, start_script_template
+from accelpact.run.modules import MODULES_KEY_ENV
+from accelpact.run.template import TemplateClient, TemplateUnavailable, start_script_template
 from accelpact.run.workers import HOT_SPARE, Notices, Workers, describe_exit, spawn, start_replacement
 
 __all__ = ["AgentConfig", "Agent", "JobFailed"]
 
+# ACCELPACT_RUN_NO_MODULE_PRELOAD=1: the template preloads the script's top-level imports only (a baseline
+# for benchmarks/bench_heal_gpt2.py; the default also preloads what the ranks loaded: accelpact.run.modules).
+NO_MODULES_ENV = "ACCELPACT_RUN_NO_MODULE_PRELOAD"
 POLL_S = 0.05  # how often the agent reaps its ranks and reads the other agents' keys (torchrun: 0.1 s)
 REPLACE_MODES = ("template", "spawn", "none")
 
@@ -106,6 +116,8 @@ class _Attempt:
     workers: Workers = field(default_factory=Workers)
     spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
     done_posted: bool = False
+    modules: Optional[int] = None  # the template's preload request of what the ranks loaded (its id), once sent
+    ended: dict[int, int] = field(default_factory=dict)  # rank -> exit code, of ranks that exited after ending the run
 
     @property
     def procs(self) -> dict[int, Any]:  # global rank -> Popen or ForkedRank
@@ -163,7 +175,11 @@ class Agent:
                          run_id=self.cfg.run_id, attempt=attempt, max_restarts=self.cfg.max_restarts,
                          snapshot_root=root, replacement_of=replacement_of)
         env["ACCELPACT_AGENT_PID"] = str(os.getpid())
+        env.pop(MODULES_KEY_ENV, None)
         return env
+
+    def _modules_key(self, attempt: int) -> str:
+        return self.key("modules", attempt, self.cfg.node_rank)
 
     def _argv(self) -> list[str]:
         head = [self.cfg.python, "-u"] + (["-m"] if self.cfg.module else [])
@@ -251,7 +267,10 @@ class Agent:
         att = _Attempt(attempt, Workers(Notices(self.store.set, job_token(self.cfg.run_id, attempt),
                                                 by="accelpact.run agent (waitpid)"), say=self.say))
         for local in range(self.cfg.nproc_per_node):
-            att.procs[self.cfg.place(local).rank] = self._spawn(local, attempt)
+            record = local == 0 and self.cfg.replacement == "template" and os.environ.get(NO_MODULES_ENV) != "1"
+            extra = {MODULES_KEY_ENV: self._modules_key(attempt)} if record else {}
+            att.procs[self.cfg.place(local).rank] = spawn(self._argv(), {**self._env(local, attempt), **extra},
+                                                          self._log(self.cfg.place(local).rank))
         self._start_template()
         self._start_spares(att)
         self.say(f"attempt {attempt}: started ranks {sorted(att.procs)} (pids "
@@ -264,6 +283,28 @@ class Agent:
         att.workers.spares.extend(p for _, p in att.spares)  # idle spares end with the attempt
         att.spares.clear()
         att.workers.stop()
+
+    def _preload_what_ranks_loaded(self, att: _Attempt) -> None:
+        """Once local rank 0 wrote what it loaded by its first step, the template imports it too
+        (accelpact.run.modules): the next replacement pays none of those imports."""
+        template = self.template
+        if template is None or not template.alive():
+            return
+        try:
+            if att.modules is None:
+                raw = self._peek(self._modules_key(att.number))
+                if raw is not None:
+                    att.modules = template.preload(json.loads(raw))
+            elif att.modules >= 0:
+                reply = template.reply(att.modules)
+                if reply is not None:
+                    att.modules = -1
+                    self.say(f"template preloaded {reply.get('preloaded', 0)} module(s) the ranks loaded by their "
+                             f"first step in {reply.get('import_s', 0):.2f} s ({reply.get('failed', 0)} failed, "
+                             f"{reply.get('threads')} thread(s))", kind="template_preload", **reply)
+        except TemplateUnavailable as exc:
+            att.modules = -1
+            self.say(f"the template could not preload the ranks' modules: {exc}")
 
     # -- deaths -------------------------------------------------------------------------------
     def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
@@ -282,10 +323,35 @@ class Agent:
             return f"every rank is dead (rank {rank} with {describe_exit(code)}): no survivor to heal from"
         return None
 
+    def _ended_run(self, att: _Attempt, rank: int) -> Optional[int]:
+        """The step at which ``rank`` ended the run (its guard's closed mark, this attempt), or None."""
+        from accelpact.recovery.heal_wait import closed_key_of
+
+        raw = self._peek(closed_key_of(job_token(self.cfg.run_id, att.number), rank))
+        return None if raw is None else int(raw.decode() or -1)
+
+    def _note_ended(self, att: _Attempt, exited: dict[int, int]) -> None:
+        """Ranks that exited non-zero after ending the run: reported, never replaced, no death notice."""
+        for rank, code in sorted(exited.items()):
+            if code == 0 or rank in att.ended or rank in att.workers.noticed:
+                continue
+            step = self._ended_run(att, rank)
+            if step is None:
+                continue
+            att.ended[rank] = code
+            att.workers.noticed.add(rank)  # reap() skips it: nothing is left to heal
+            pid = att.procs[rank].pid
+            after = "its training is complete" if code < 0 else "its script failed after training"
+            self.say(f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} after it ended the run at "
+                     f"step {step} (guard.finish, then close): not replaced; {after}", kind="exit_after_end",
+                     rank=rank, pid=pid, code=code, step=step, attempt=att.number)
+
     def _handle_deaths(self, att: _Attempt) -> Optional[str]:
         """Reap this node's ranks (each death's notice written); replace the killed ones. The reason for a
         group restart, or None."""
-        for rank, code in att.workers.reap().items():
+        _, exited = att.workers.poll()
+        self._note_ended(att, exited)
+        for rank, code in att.workers.reap(exited).items():
             why = self._why_not_replaced(att, rank, code)
             if why is None:
                 self._replace(att, rank, code)
@@ -308,10 +374,16 @@ class Agent:
                 if raw is not None:
                     return raw.decode()
                 why = self._handle_deaths(att)
+                self._preload_what_ranks_loaded(att)
                 if why is not None:
                     self.store.set(restart_key, why.encode())
                     return why
-                if not att.done_posted and all(p.poll() == 0 for p in att.procs.values()):
+                if not att.done_posted and all(p.poll() == 0 or r in att.ended for r, p in att.procs.items()):
+                    failed = {r: c for r, c in att.ended.items() if c > 0}
+                    if failed:  # training ended everywhere, the script failed after it: no restart can help
+                        raise JobFailed(f"rank(s) {sorted(failed)} ended the run (guard.finish, then close) and then "
+                                        f"exited with their own code(s) {failed}: training is complete, the script "
+                                        "failed after it; see their output")
                     att.done_posted = True
                     self.store.add(done_key, 1)
                     self.say(f"attempt {attempt}: every rank of this node finished", kind="node_done",
@@ -333,23 +405,27 @@ class Agent:
                                 f"({self._count(key)} of {self.cfg.nnodes}): an agent was lost")
             time.sleep(POLL_S)
 
-    def _remove_snapshots(self) -> None:
-        """A finished job's snapshots on this node are dead weight in shared memory: remove them."""
+    def _remove_snapshots(self, attempts: int) -> None:
+        """An ended job's snapshots on this node are dead weight in shared memory: remove them, under the
+        run's snapshot token and under the job token of each of its ``attempts`` (a script that named its
+        snapshots after ``control.job_token``)."""
         from accelpact.snapshot.layout import default_root, remove_job
 
         root = self._env(0, 0).get("ACCELPACT_SNAPSHOT_ROOT") or default_root()
-        try:
-            remove_job(root, snapshot_token(self.cfg.run_id))
-        except OSError as exc:
-            self.say(f"could not remove this job's snapshots under {root}: {exc}")
+        tokens = [snapshot_token(self.cfg.run_id), *(job_token(self.cfg.run_id, a) for a in range(attempts))]
+        for token in tokens:
+            try:
+                remove_job(root, token)
+            except OSError as exc:
+                self.say(f"could not remove this job's snapshots ({token}) under {root}: {exc}")
 
     def run(self) -> int:
         """Run the job; its exit code (0: every rank succeeded)."""
+        attempt = 0
         with _signals_raise():
             try:
                 self.connect()
                 self._barrier("start", self.cfg.join_timeout_s)
-                attempt = 0
                 while True:
                     why = self._run_attempt(attempt)
                     if why is None:
@@ -360,14 +436,16 @@ class Agent:
                                         f"allows no group restart: {why}")
                     self.say(f"a heal is impossible ({why}): restarting the whole worker group as attempt "
                              f"{attempt + 1} of at most {self.cfg.max_restarts + 1}; it resumes from the newest "
-                             "snapshot every rank holds", kind="group_restart", attempt=attempt + 1, reason=why)
+                             "snapshot every rank holds (a rank that finds none raises NoSnapshotToResumeError)",
+                             kind="group_restart", attempt=attempt + 1, reason=why)
                     self._barrier(f"stopped{attempt}", self.cfg.join_timeout_s)
                     attempt += 1
                 self._barrier("end", 60.0)  # node 0 keeps the store up until every agent has seen the end
-                self._remove_snapshots()
+                self._remove_snapshots(attempt + 1)
                 return 0
             except JobFailed as exc:
                 self.say(f"job failed: {exc}", kind="failed", reason=str(exc))
+                self._remove_snapshots(attempt + 1)  # no later attempt will read them
                 return 1
             except Exception as exc:  # noqa: BLE001 - e.g. node 0's store gone: say so, stop the ranks
                 self.say(f"job failed: the agent hit {type(exc).__name__}: {exc}", kind="failed", reason=str(exc))

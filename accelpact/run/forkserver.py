@@ -143,8 +143,12 @@ def reap(children: set[int]) -> list[dict[str, Any]]:
     return out
 
 
-def serve(read_fd: int, write: Any, become: Become) -> None:
-    """Answer fork requests on ``read_fd`` until EOF; report children's exits on ``write``."""
+def serve(read_fd: int, write: Any, become: Become,
+          preload: Callable[[list[str]], dict[str, Any]] | None = None) -> None:
+    """Answer fork requests on ``read_fd`` until EOF; report children's exits on ``write``.
+
+    A request ``{"id": k, "preload": [names]}`` imports those modules first (``preload(names)``, its reply
+    sent with the id; refused without ``preload``), so that the next fork's child has them."""
     children: set[int] = set()
     buf = b""
 
@@ -169,7 +173,12 @@ def serve(read_fd: int, write: Any, become: Become) -> None:
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            reply = fork_one(json.loads(line), write.fileno(), become, request_fd=read_fd)
+            req = json.loads(line)
+            if "preload" in req:
+                send({"id": req["id"], **(preload(req["preload"]) if preload is not None
+                                          else {"refused": "this template does not preload on request"})})
+                continue
+            reply = fork_one(req, write.fileno(), become, request_fd=read_fd)
             if "pid" in reply:
                 children.add(reply["pid"])
             send(reply)

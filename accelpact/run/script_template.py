@@ -56,6 +56,11 @@ def preload(entry: dict[str, Any]) -> list[str]:
         sys.path.insert(0, os.path.dirname(os.path.abspath(entry["script"])))  # as `python script.py` does
     names = [*BASE_PRELOAD, *(script_imports(entry["script"]) if entry.get("script") else []),
              *entry.get("preload", [])]
+    return _import_all(names)
+
+
+def _import_all(names: list[str]) -> list[str]:
+    """Import each of ``names``; the ones that failed."""
     failed = []
     for name in dict.fromkeys(names):
         try:
@@ -67,6 +72,15 @@ def preload(entry: dict[str, Any]) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - a module failing at import fails in the spawned rank too
             failed.append(f"{name} ({type(exc).__name__}: {exc})")
     return failed
+
+
+def preload_more(names: list[str]) -> dict[str, Any]:
+    """A preload request (the modules the ranks loaded by their first step: accelpact.run.modules)."""
+    t0 = time.perf_counter()
+    new = [n for n in names if n not in sys.modules]
+    failed = _import_all(new)
+    return {"preloaded": len(new) - len(failed), "failed": len(failed), "import_s": time.perf_counter() - t0,
+            "threads": thread_count()}
 
 
 def become(req: dict[str, Any]) -> int:
@@ -108,7 +122,7 @@ def main() -> int:
           f"thread(s){', could not import ' + ', '.join(failed) if failed else ''}", file=sys.stderr, flush=True)
     reply.write(json.dumps(ready) + "\n")
     reply.flush()
-    serve(0, reply, become)
+    serve(0, reply, become, preload_more)
     return 0
 
 

@@ -103,6 +103,24 @@ class TemplateClient:
             raise TemplateUnavailable(f"the template refused: {reply['refused']}")
         return ForkedRank(self, int(reply["pid"]))
 
+    def preload(self, names: list[str]) -> int:
+        """Ask the template to import ``names`` before its next fork (accelpact.run.modules); the request's id,
+        whose reply :meth:`reply` returns once it came. Never blocks on the imports."""
+        req_id = self._next_id
+        self._next_id += 1
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"preload": list(names), "id": req_id}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise TemplateUnavailable(f"the template's pipe is closed ({exc})") from exc
+        return req_id
+
+    def reply(self, req_id: int) -> Optional[dict[str, Any]]:
+        """The reply to request ``req_id`` if it came (taken), else None (never blocks)."""
+        self.pump()
+        return self._replies.pop(req_id, None)
+
     def _wait_ready(self) -> None:
         """Block until the template has imported everything (a death right after launch), or raise.
 

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from accelpact.errors import AccelPactError
 
-__all__ = ["job_token_from_env", "restart_count"]
+__all__ = ["job_token_from_env", "restart_count", "check_snapshot_token"]
 
 
 def job_token_from_env(env: Mapping[str, str] | None = None) -> str:
@@ -33,3 +33,16 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
     """How many times the launcher restarted this worker group (``TORCHELASTIC_RESTART_COUNT``; 0 elsewhere)."""
     env = os.environ if env is None else env
     return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def check_snapshot_token(job_token: str, env: Mapping[str, str] | None = None) -> None:
+    """AccelPactError when ``job_token`` is this attempt's control token (``ACCELPACT_JOB_TOKEN``) while the
+    launcher exported a snapshot token that survives restarts (``ACCELPACT_SNAPSHOT_TOKEN``, accelpact.run):
+    snapshots named after the former are never found by a restarted group."""
+    env = os.environ if env is None else env
+    snap, attempt = env.get("ACCELPACT_SNAPSHOT_TOKEN"), env.get("ACCELPACT_JOB_TOKEN")
+    if snap and attempt and job_token == attempt != snap:
+        raise AccelPactError(
+            f"snapshot job_token={job_token!r} is this attempt's control token (ACCELPACT_JOB_TOKEN), which changes "
+            "with every group restart: the restarted group would find none of these snapshots. Use "
+            f"accelpact.snapshot.job_token_from_env() ({snap!r} here, the same in every attempt)")

@@ -43,6 +43,26 @@ class SnapshotMissingError(SnapshotError):
         self.held = list(held)
 
 
+class NoSnapshotToResumeError(SnapshotError):
+    """A restarted group was to resume from its snapshots, and no rank holds one under its job token.
+
+    ``job_token`` and ``root``: where the ranks looked. Raised by ``restore_latest`` (accelpact.snapshot.restore)
+    instead of training again from step 0 without a word."""
+
+    def __init__(self, message: str, *, job_token: str, root: str) -> None:
+        super().__init__(message)
+        self.job_token, self.root = job_token, root
+
+
+class SnapshotsDisagreeError(SnapshotError):
+    """The ranks would resume at different steps: some hold snapshots and others none, or no step is held by
+    every rank. ``held``: each rank's valid steps."""
+
+    def __init__(self, message: str, *, held: dict[int, list[int]]) -> None:
+        super().__init__(message)
+        self.held = held
+
+
 @dataclass
 class Marker:
     """What ``marker.json`` says about its slot. ``files`` maps each payload file to its nbytes and crc32."""

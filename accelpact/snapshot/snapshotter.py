@@ -25,7 +25,9 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from accelpact import shutdown
 from accelpact.snapshot import layout as paths
+from accelpact.snapshot.launch import check_snapshot_token
 from accelpact.snapshot.load import load_slot, own_slots
 from accelpact.snapshot.push_rule import check_push_every, is_pushed, slot_to_overwrite
 from accelpact.snapshot.sizing import check_room, snapshot_nbytes
@@ -87,6 +89,7 @@ class Snapshotter:
         check_supported(model)
         self.model, self.optimizer = model, optimizer
         self.job_token, self.rank, self.world_size = paths.check_token(job_token), int(rank), int(world_size)
+        check_snapshot_token(self.job_token)  # a per-attempt token would leave a restarted group nothing to resume
         self.config = config or SnapshotConfig()
         self.extra_state = extra_state
         self.on_complete = on_complete
@@ -102,6 +105,7 @@ class Snapshotter:
         self._job: CopyJob | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        shutdown.register(self)  # a copy returning while the interpreter finalizes would abort it
         self._layout: tuple | None = None  # (signature, plan, index, nbytes, names, index json): see _entries
         # Seconds the training thread was blocked: the last before_update, and in total.
         self.last_wait_s = 0.0
@@ -132,6 +136,13 @@ class Snapshotter:
         self._thread = threading.Thread(target=job.run, args=(self._maps,), name=f"accelpact-snapshot-{step}",
                                         daemon=True)
         self._thread.start()
+
+    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+        """The copy in flight completes (a copy always ends; its marker makes the snapshot usable)."""
+        job, thread = self._job, self._thread
+        if job is not None:
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        return shutdown.join_until(thread, deadline)
 
     def before_update(self) -> None:
         """Wait until the previous step's snapshot is COMPLETE: copied, marker written, ``on_complete``

@@ -117,3 +117,54 @@ def test_which_deaths_get_a_replacement(code, mode, used, alive, healed):
     assert (why is None) == healed, why
     if why is not None:
         assert "rank 1" in why
+
+
+class _KeyStore:
+    """The agent's store reads (check, get) over a dict."""
+
+    def __init__(self, keys: dict[str, bytes]) -> None:
+        self.keys = keys
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+    def get(self, key):
+        return self.keys[key]
+
+
+@pytest.mark.parametrize("code", [-signal.SIGABRT, -signal.SIGKILL])
+def test_a_rank_that_closed_its_guard_after_finish_is_never_replaced(code, capsys):
+    """The closed mark (guard.finish, then close) makes any later exit a report, never a replacement."""
+    from accelpact.recovery.heal_wait import closed_key_of
+    from accelpact.run.env import job_token
+
+    agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, run_id="r1"))
+    agent.store = _KeyStore({closed_key_of(job_token("r1", 0), 0): b"7"})
+    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=0)}))
+    agent._replace = lambda *a: pytest.fail("a rank that ended the run was replaced")
+    assert agent._handle_deaths(att) is None  # no group restart either
+    assert att.ended == {0: code} and agent.replacements == 0
+    assert agent._handle_deaths(att) is None and att.ended == {0: code}  # reported once
+    err = capsys.readouterr().err
+    assert err.count("after it ended the run at step 7") == 1 and "not replaced; its training is complete" in err
+    # Without the mark the same exit is a killed rank: replaced (rank 1 still runs).
+    agent.store = _KeyStore({})
+    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=None)}))
+    replaced = []
+    agent._replace = lambda att, rank, code: replaced.append(rank)
+    assert agent._handle_deaths(att) is None and replaced == [0]
+
+
+def test_the_agent_removes_the_jobs_snapshots_under_either_token_style(tmp_path):
+    """The run's snapshot token (job_token_from_env) and each attempt's control token (control.job_token)."""
+    from accelpact.run.env import job_token, snapshot_token
+    from accelpact.snapshot.layout import job_dir
+
+    agent = Agent(AgentConfig(entry=("t.py",), run_id="r9", snapshot_root=str(tmp_path)))
+    mine = [job_dir(tmp_path, t) for t in (snapshot_token("r9"), job_token("r9", 0), job_token("r9", 1))]
+    other = job_dir(tmp_path, snapshot_token("another-run"))
+    for d in (*mine, other):
+        (d / "rank0" / "slot0").mkdir(parents=True)
+        (d / "rank0" / "slot0" / "payload.bin").write_bytes(b"x")
+    agent._remove_snapshots(attempts=2)
+    assert not any(d.exists() for d in mine) and other.exists()

@@ -69,3 +69,26 @@ def test_a_template_with_a_second_thread_refuses(tmp_path):
                            "entry": {"script": str(script), "module": None, "args": [str(tmp_path / "x.json")]}})
     finally:
         template.close()
+
+
+def test_a_preload_request_gives_the_next_fork_what_the_ranks_loaded(tmp_path):
+    """accelpact.run.modules: the modules named after the ranks' first step are in the forked child already."""
+    (tmp_path / "lazy_model.py").write_text("LOADED = True\n")  # as transformers' modeling module: never a top-level import
+    script = tmp_path / "train.py"
+    script.write_text("import json, sys\njson.dump({'lazy': 'lazy_model' in sys.modules}, open(sys.argv[1], 'w'))\n")
+    template = start_template(tmp_path, script, [])
+    try:
+        req = {"env": dict(os.environ, RANK="1"), "cwd": str(tmp_path), "netns": None, "log": None,
+               "entry": {"script": str(script), "module": None, "args": [str(tmp_path / "before.json")]}}
+        assert template.fork(req).wait(timeout=120) == 0
+        req_id = template.preload(["lazy_model", "json", "no_such_module_here"])
+        deadline = time.monotonic() + 120
+        while (reply := template.reply(req_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reply == {**reply, "id": req_id, "preloaded": 1, "failed": 1, "threads": 1}, reply
+        req["entry"]["args"] = [str(tmp_path / "after.json")]
+        assert template.fork(req).wait(timeout=120) == 0
+        assert json.loads((tmp_path / "before.json").read_text()) == {"lazy": False}
+        assert json.loads((tmp_path / "after.json").read_text()) == {"lazy": True}
+    finally:
+        template.close()
