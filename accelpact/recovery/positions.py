@@ -24,6 +24,7 @@ Pure logic, free of torch.distributed.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,9 +72,16 @@ class VoteCodec:
         if b < 1:
             raise ValueError(f"a one-element position vote holds at most 2**20 - 1 ranks, not {world_size}")
         self.world_size, self.c, self.b = world_size, c, b
-        self.group = group  # the vote group it was built for (the guard's cache key)
+        # The vote group it was built for (the guard's cache key), held weakly: a recovery's rebind must find
+        # no strong reference to a retired group anywhere (accelpact.dataplane.references).
+        self._group = weakref.ref(group) if group is not None else None
         self._mask_b, self._mask_c, self._mask_s1 = (1 << b) - 1, (1 << c) - 1, (1 << (c + b)) - 1
         self._shift2 = 2 * c + b
+
+    @property
+    def group(self) -> object:
+        """The group this codec was built for, or None once that group is gone."""
+        return self._group() if self._group is not None else None
 
     def fold(self, kind: int, guard_step: int, region: int, loop_step: int) -> int:
         """The position as a ``b``-bit number: two positions that differ in one field by less than 2**b never
