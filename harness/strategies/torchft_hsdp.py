@@ -455,6 +455,11 @@ def check_runnable(run: Any) -> None:
         raise ConfigError(f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
                           f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
                           f"try strategy.torchft.group_size={max(1, world // 2)}")
+    replicate = run.cluster.replicate
+    if replicate > 1 and st.group_size * replicate != world:
+        raise ConfigError(f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
+                          f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
+                          f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`")
     spec = faults.get(run.fault.kind)
     if spec.kills_ranks:
         lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
