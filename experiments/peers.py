@@ -100,10 +100,11 @@ UNEQUAL: dict[str, tuple[str, ...]] = {
         "NVRx's store is hosted by the parent, not by ft_launcher",
     ),
     "torchft": (
-        "a fault on a shard (intra-group) connection is not torchft's to retry: the group's ranks fail and the whole "
-        "group restarts (spawned, as torchrun --max-restarts does) and heals from the other group's memory",
-        "the other group trains alone meanwhile: those steps average half the gradients, so the run is not "
-        "bit-identical to the reference by design",
+        "a failed rank's whole replica group restarts (spawned, as torchrun --max-restarts does) and heals from the "
+        "other group's memory; a socket reset is such a failure too, since it breaks rank 1's shard (intra-group) "
+        "connections, which torchft does not retry",
+        "the other group trains alone meanwhile, on half the batch: those steps average half the gradients (not "
+        "bit-identical to the reference, by design) and count only the tokens that group trained on",
         "each replica group saves its own checkpoint copy (2 copies; the reference's DCP save writes one)",
         "a quorum with the Lighthouse on every step (asynchronous), and a max_retries of 10 the harness sets "
         "(torchft's default is unbounded) against a retry livelock",
