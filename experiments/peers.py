@@ -12,7 +12,7 @@ fault-free reference and every (strategy, fault, age) once, in a rotated order; 
 into a scratch directory, then copies the comparison's verdict (per cell: the measured whole-run gain of
 AccelPact with its heal, ``accelpact_heal``, with its interval over trials, the verdict, the badput-based
 diagnostic, the load) into results/peers/, with its plots redrawn under a provenance footer. table.md also
-lists, per strategy, what the runs could not make equal (``UNEQUAL``).
+lists, per strategy, what the runs could not make equal (``StrategySpec.unequal``).
 
 GEMINI's rows need lm-resiliency, the ``gemini`` extra (``pip install -e '.[gemini]'``; docs/peers.md says
 why ``make setup`` leaves it out). A strategy the harness refuses here (that one without its extra, for
@@ -79,46 +79,11 @@ def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: 
             *extra]
 
 
-# What the peers' runs leave unequal, per strategy: table.md lists it under the verdict (docs/peers.md, "Like
-# for like", says why each could not be equalised). Equal for every strategy: the 2x2 mesh, model, data, steps,
-# checkpoint cadence, fault, each strategy's own default heartbeat and timeouts, a fresh interpreter for every
-# process that replaces a lost one, and a first launch forked from a preloaded template (before the first step).
-UNEQUAL: dict[str, tuple[str, ...]] = {
-    "accelpact_heal": (
-        "per-step snapshot of each rank's shards into shared memory and a push to its buddy rank: a cost on every "
-        "productive step, which no checkpoint-based peer pays (GEMINI pays its own capture)",
-        "a lost rank's survivors learn of it from the parent's death notice (accelpact-run's launcher gives the same), "
-        "not from a heartbeat timeout",
-    ),
-    "cold_restart": (
-        "any fault ends every rank: all 4 are relaunched (fresh interpreters) and restore the newest DCP checkpoint; "
-        "the steps since it are replayed",
-    ),
-    "checkpoint_restore": (
-        "a socket reset is an in-process restart (processes kept, groups rebuilt, checkpoint restored); a kill needs "
-        "NVRx's ft_launcher in-job restart, which the harness's parent stands in for (every rank relaunched)",
-        "NVRx's store is hosted by the parent, not by ft_launcher",
-    ),
-    "torchft": (
-        "a failed rank's whole replica group restarts (spawned, as torchrun --max-restarts does) and heals from the "
-        "other group's memory; a socket reset is such a failure too, since it breaks rank 1's shard (intra-group) "
-        "connections, which torchft does not retry",
-        "the other group trains alone meanwhile, on half the batch: those steps average half the gradients (not "
-        "bit-identical to the reference, by design) and count only the tokens that group trained on",
-        "each replica group saves its own checkpoint copy (2 copies; the reference's DCP save writes one)",
-        "a quorum with the Lighthouse on every step (asynchronous), and a max_retries of 10 the harness sets "
-        "(torchft's default is unbounded) against a retry livelock",
-    ),
-    "gemini": (
-        "per-step in-memory capture of each rank's state, replicated to its paired rank (a per-step cost)",
-        "any fault restarts every rank (spawned; lm-resiliency's standby rendezvous does not register under "
-        "torch 2.13) from the newest capture every rank holds; survivors get 15 s to write their copies first",
-    ),
-}
-
-
 def unequal_lines(strategies: Sequence[str]) -> list[str]:
-    """table.md's list, per swept strategy, of what the runs could not make equal (``UNEQUAL``)."""
+    """table.md's list, per swept strategy, of what the runs could not make equal (each strategy's registry
+    entry says it: ``StrategySpec.unequal``). Equal for every strategy: the 2x2 mesh, model, data, steps,
+    checkpoint cadence, fault, each strategy's own default heartbeat and timeouts, a fresh interpreter for
+    every process that replaces a lost one, and a first launch forked from a preloaded template."""
     from harness import strategies as registry
 
     lines = ["**What differs that these runs could not equalise.** Equal for every strategy: HSDP 2x2 (2 replicas x "
@@ -127,9 +92,9 @@ def unequal_lines(strategies: Sequence[str]) -> list[str]:
              "every replacement a fresh interpreter (`strategy.replacement_start=spawn`), and every run's first launch "
              "forked from a preloaded template (before its first step, so in no goodput).", ""]
     for name in strategies:
-        items = UNEQUAL.get(name)
-        if items:
-            lines.append(f"- `{name}` ({registry.get(name).label}): " + "; ".join(items) + ".")
+        spec = registry.get(name)
+        if spec.unequal:
+            lines.append(f"- `{name}` ({spec.label}): " + "; ".join(spec.unequal) + ".")
     return [*lines, ""]
 
 
@@ -157,7 +122,7 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
 def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False,
                   swept: Sequence[str] = ()) -> None:
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md; ``swept``: the
-    strategies that ran (what differs is listed for each; empty: every strategy ``UNEQUAL`` knows)."""
+    strategies that ran (what differs is listed for each; empty: those peers.yaml sweeps)."""
     from harness.report import plots_trials
     from harness.report.compare import PAPER_GAIN
     from harness.report.verdict import read_cells
@@ -188,7 +153,7 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     lines += pace_caveat(cells)
-    lines += unequal_lines(swept or list(UNEQUAL))
+    lines += unequal_lines(swept or swept_strategies())
     lines += [verdict.strip(), "", *_driver.closing_lines(runtime_s, prov)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 

@@ -23,4 +23,10 @@ SPEC = dataclasses.replace(
     simulation=Simulation("harness.scale.outcomes:rebind_and_heal_in_memory",
                           "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
     paper_gain={},
+    unequal=(
+        "per-step snapshot of each rank's shards into shared memory and a push to its buddy rank: a cost on every "
+        "productive step, which no checkpoint-based peer pays (GEMINI pays its own capture)",
+        "a lost rank's survivors learn of it from the parent's death notice (accelpact-run's launcher gives the same), "
+        "not from a heartbeat timeout",
+    ),
 )

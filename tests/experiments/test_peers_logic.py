@@ -89,8 +89,8 @@ def test_every_strategy_runs_on_the_same_hsdp_mesh_with_torchfts_groups_as_its_r
 
 def test_table_md_lists_what_differs_for_each_swept_strategy(tmp_path):
     wanted = peers.swept_strategies()
-    missing = [s for s in wanted if s not in peers.UNEQUAL]
-    assert not missing, f"add what differs for {missing} to experiments.peers.UNEQUAL"
+    missing = [s for s in wanted if not strategies.get(s).unequal]
+    assert not missing, f"say what differs for {missing} in their StrategySpec.unequal"
     sweep, out = tmp_path / "sweep", tmp_path / "out"
     sweep.mkdir()
     (sweep / "table.md").write_text("# comparison\n\nverdict\n")
@@ -98,5 +98,5 @@ def test_table_md_lists_what_differs_for_each_swept_strategy(tmp_path):
     peers.write_outputs(out, sweep, {}, runtime_s=60.0, swept=["torchft", "gemini"])
     md = (out / "table.md").read_text()
     assert "could not equalise" in md and "HSDP 2x2" in md
-    assert "- `torchft` (torchft): " + "; ".join(peers.UNEQUAL["torchft"]) + "." in md
+    assert "- `torchft` (torchft): " + "; ".join(strategies.get("torchft").unequal) + "." in md
     assert "- `gemini`" in md and "- `cold_restart`" not in md  # only the strategies that ran
