@@ -5,8 +5,8 @@
 ``S .. 2S-1`` replica 1, and so on. FSDP2 shards every parameter over the shard dimension and all-reduces
 its gradient across the replicate dimension. R = 1 is a 1-D mesh over the world (plain FSDP).
 
-:func:`mesh_layout` is pure arithmetic (the parent, validation and the identity code use it without
-torch.distributed); :func:`build_mesh` makes the mesh in a rank.
+:func:`mesh_layout` is pure arithmetic, free of torch.distributed (torchft's identity record cuts its
+state with it as the reference's mesh does); :func:`build_mesh` makes the mesh in a rank.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Mistral-family decoders from numbers: transformers config + model, seeded init, never a download.
 
 The model is built on the meta device, sharded with FSDP2 (``fully_shard`` per decoder layer, then
-the root; on a 2-D mesh that is HSDP, harness.rank.mesh), and only then materialised: each rank allocates its shards only, never the full model, so
-Mistral-7B on 16 ranks does not need 16 full copies in host memory. Initial values are a pure
+the root; on a 2-D mesh that is HSDP, harness.rank.mesh), and only then materialised: each rank
+allocates its shards only, never the full model, so Mistral-7B on 16 ranks does not need 16 full
+copies in host memory. Initial values are a pure
 function of (seed, parameter name), generated one full parameter at a time and sliced to the local
 shard, so every rank agrees, and the initial model is the same whatever the world size.
 """
