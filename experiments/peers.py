@@ -1,16 +1,18 @@
 """AccelPact against the tools a user would pick today (torchft, GEMINI through lm-resiliency, NVRx checkpoint
-restoration, cold restart), on the same faults, with trials and intervals.
+restoration, cold restart), on the same faults and the same sharding (HSDP 2x2 at world 4), with trials and
+intervals.
 
-    python -m experiments.peers              # experiment=peers: 2 faults x 2 ages x 5 strategies, 3 trials
-    python -m experiments.peers --trials 5   # more trials
+    python -m experiments.peers              # experiment=peers: 2 faults x 2 ages x 5 strategies, 5 trials
+    python -m experiments.peers --trials 3   # fewer trials
     python -m experiments.peers --quick      # age 5, socket_reset only, 12 steps, 2 trials, into a temp dir
     python -m experiments.peers --host-loss  # the host_loss column: every rank of a host lost (root), into results/peers_host_loss/
 
 Runs the harness's ``experiment=peers`` (a Hydra multirun with the trials sweeper: each round runs the
 fault-free reference and every (strategy, fault, age) once, in a rotated order; conf/experiment/peers.yaml)
-into a scratch directory, then copies the comparison's verdict (per cell: the badput-based goodput's
-median, AccelPact's measured gain with its order-statistic interval over trials and the verdict, the badput-based gain, the
-load) into results/peers/, with its plots redrawn under a provenance footer.
+into a scratch directory, then copies the comparison's verdict (per cell: the measured whole-run gain of
+AccelPact with its heal, ``accelpact_heal``, with its interval over trials, the verdict, the badput-based
+diagnostic, the load) into results/peers/, with its plots redrawn under a provenance footer. table.md also
+lists, per strategy, what the runs could not make equal (``StrategySpec.unequal``).
 
 GEMINI's rows need lm-resiliency, the ``gemini`` extra (``pip install -e '.[gemini]'``; docs/peers.md says
 why ``make setup`` leaves it out). A strategy the harness refuses here (that one without its extra, for
@@ -22,7 +24,7 @@ goodput_vs_age.png, badput_by_part.png, provenance.json (+ .md).
 
 ``--host-loss`` runs the matrix's third fault apart, into results/peers_host_loss/: ``cluster=local_hosts``
 (two hosts, each in its own network namespace, so it needs root) and ``fault=host_loss``, which kills every
-rank of host 1 and deletes its shared memory. It is a sweep of its own because the other two faults run on
+rank of one host and deletes its shared memory. It is a sweep of its own because the other two faults run on
 ``cluster=local_cpu``, which has no host to lose.
 """
 
@@ -77,6 +79,25 @@ def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: 
             *extra]
 
 
+def unequal_lines(strategies: Sequence[str]) -> list[str]:
+    """table.md's list, per swept strategy, of what the runs could not make equal (each strategy's registry
+    entry says it: ``StrategySpec.unequal``). Equal for every strategy: the 2x2 mesh, model, data, steps,
+    checkpoint cadence, fault, each strategy's own default heartbeat and timeouts, a fresh interpreter for
+    every process that replaces a lost one, and a first launch forked from a preloaded template."""
+    from harness import strategies as registry
+
+    lines = ["**What differs that these runs could not equalise.** Equal for every strategy: HSDP 2x2 (2 replicas x "
+             "2 FSDP shards; torchft's replica groups are the replicate dimension), model, data, steps, checkpoint "
+             "cadence, the fault, each strategy's own default heartbeat and timeouts (torchft: 5000 ms, Manager 60 s), "
+             "every replacement a fresh interpreter (`strategy.replacement_start=spawn`), and every run's first launch "
+             "forked from a preloaded template (before its first step, so in no goodput).", ""]
+    for name in strategies:
+        spec = registry.get(name)
+        if spec.unequal:
+            lines.append(f"- `{name}` ({spec.label}): " + "; ".join(spec.unequal) + ".")
+    return [*lines, ""]
+
+
 PACE_TOLERANCE = 0.10  # a strategy whose productive steps ran this much faster or slower than the reference's
 
 
@@ -98,8 +119,10 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
             f"it. {rows}.", ""]
 
 
-def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False) -> None:
-    """The comparison's tables and plots (redrawn with the provenance footer), and table.md."""
+def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False,
+                  swept: Sequence[str] = ()) -> None:
+    """The comparison's tables and plots (redrawn with the provenance footer), and table.md; ``swept``: the
+    strategies that ran (what differs is listed for each; empty: those peers.yaml sweeps)."""
     from harness.report import plots_trials
     from harness.report.compare import PAPER_GAIN
     from harness.report.verdict import read_cells
@@ -117,12 +140,12 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
             print(f"warning: the plots failed: {type(exc).__name__}: {exc}")
     verdict = (sweep / "table.md").read_text().split("\n", 1)[-1] if (sweep / "table.md").exists() else \
         "The comparison wrote no table: see the run's output.\n"
-    what = ("2 gloo ranks on 2 hosts, each host its own network namespace (`cluster=local_hosts`), a sync DCP "
-            "checkpoint every 20 steps, host 1 lost (every rank on it SIGKILLed, its shared memory deleted: "
-            "`fault=host_loss`)" if host_loss else
-            "2 local gloo ranks, a sync DCP checkpoint every 20 steps, a socket reset or a SIGKILL of rank 1 (backward "
-            "reduce-scatter)")
-    lines = ["# AccelPact against the peers: torchft, GEMINI, NVRx, cold restart"
+    what = ("4 gloo ranks as HSDP 2x2 on 2 hosts, each host its own network namespace (`cluster=local_hosts`), a "
+            "sync DCP checkpoint every 20 steps, the host of rank 1 lost (every rank on it SIGKILLed, its shared "
+            "memory deleted: `fault=host_loss`)" if host_loss else
+            "4 local gloo ranks as HSDP 2x2 (`cluster.replicate=2`), a sync DCP checkpoint every 20 steps, a socket "
+            "reset or a SIGKILL of rank 1 (backward reduce-scatter)")
+    lines = ["# AccelPact against the peers on HSDP 2x2: torchft, GEMINI, NVRx, cold restart"
              + (": a lost host" if host_loss else ""), "",
              f"mistral_tiny (2 layers, seq 64 x batch 1), {what}, when the newest checkpoint is 5 or 18 steps old; "
              "each trial runs the fault-free reference and every cell once, in a rotated order (`experiment=peers`).",
@@ -130,20 +153,21 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     lines += pace_caveat(cells)
+    lines += unequal_lines(swept or swept_strategies())
     lines += [verdict.strip(), "", *_driver.closing_lines(runtime_s, prov)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "age 5, socket_reset only, 12 steps, 2 trials, written to a temp dir")
-    ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 3; --quick 2)")
+    ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 5; --quick 2)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--host-loss", action="store_true",
                     help="the host_loss column (cluster=local_hosts, root), into results/peers_host_loss/")
     args = ap.parse_args(argv)
     extra = HOST_LOSS if args.host_loss else ()
-    trials = args.trials or (2 if args.quick else 3)
+    trials = args.trials or (2 if args.quick else 5)
     if trials < 1:
         print(f"error: --trials must be 1 or more; got {trials}", file=sys.stderr)
         return 2
@@ -165,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)
-        write_outputs(out, sweep, missing, runtime, host_loss=args.host_loss)
+        write_outputs(out, sweep, missing, runtime, host_loss=args.host_loss, swept=runnable)
     finally:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)

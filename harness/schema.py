@@ -130,6 +130,10 @@ class ClusterConfig:
     backend: str = "gloo"
     device: Device = Device.cpu
     world_size: int = 2
+    # HSDP: the size of the device mesh's replicate dimension (harness.rank.mesh). The model is FSDP-sharded
+    # over world_size / replicate ranks inside each replica, its gradients all-reduced across the replicas.
+    # 1: plain FSDP over the whole world.
+    replicate: int = 1
     pg_timeout_s: float = 120.0
     master_addr: str = "127.0.0.1"
     # 0: every rank on this host, one network (local_cpu). N > 0: the ranks in N host network namespaces

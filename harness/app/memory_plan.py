@@ -1,6 +1,7 @@
 """Memory plan of a run, computed on the meta device before anything is allocated.
 
-Per rank: FSDP2-sharded parameters, gradients and AdamW state (1/world_size each), the unsharded
+Per rank: FSDP2-sharded parameters, gradients and AdamW state (1/world_size each; under HSDP 1/(world_size /
+cluster.replicate), the ranks of one replica), the unsharded
 working set (the root unit plus two decoder layers in flight: current + prefetched, params and
 grads), an activation estimate, checkpoint staging copies (async modes), accelpact's snapshots in
 shared memory (``strategy.snapshot.every > 0``: 2 own slots + 2 buddy replicas of the rank's
@@ -131,7 +132,7 @@ def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) ->
     counts = counts or param_counts(m)
     on_gpu = run.cluster.device == Device.cuda
     compute_bytes = 2 if run.train.mixed_precision == Precision.bf16 else FP32
-    shard = -(-counts.total // ws)  # ceil
+    shard = -(-counts.total // (ws // max(run.cluster.replicate, 1)))  # ceil; HSDP shards within a replica only
     unsharded_units = counts.root + 2 * counts.largest_layer
     rows = [
         ("parameters (fp32, sharded)", shard * FP32),

@@ -98,6 +98,11 @@ def check_values(run: RunConfig) -> None:
     check_between_steps_phase(run)
     if c.world_size < 1:
         raise ConfigError(f"cluster.world_size={c.world_size} must be at least 1; try `cluster.world_size=2`")
+    if c.replicate < 1 or c.world_size % c.replicate:
+        fit = max(r for r in range(1, min(max(c.replicate, 1), c.world_size) + 1) if c.world_size % r == 0)
+        raise ConfigError(
+            f"cluster.replicate={c.replicate} must be at least 1 and divide cluster.world_size={c.world_size} (HSDP's "
+            f"mesh is replicate x shard, world_size / replicate ranks per replica); try `cluster.replicate={fit}`")
     if c.hosts < 0 or (c.hosts and c.world_size % c.hosts):
         per = max(1, c.world_size // max(c.hosts, 1))
         raise ConfigError(

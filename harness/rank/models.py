@@ -1,8 +1,9 @@
 """Mistral-family decoders from numbers: transformers config + model, seeded init, never a download.
 
 The model is built on the meta device, sharded with FSDP2 (``fully_shard`` per decoder layer, then
-the root), and only then materialised: each rank allocates its shards only, never the full model, so
-Mistral-7B on 16 ranks does not need 16 full copies in host memory. Initial values are a pure
+the root; on a 2-D mesh that is HSDP, harness.rank.mesh), and only then materialised: each rank
+allocates its shards only, never the full model, so Mistral-7B on 16 ranks does not need 16 full
+copies in host memory. Initial values are a pure
 function of (seed, parameter name), generated one full parameter at a time and sliced to the local
 shard, so every rank agrees, and the initial model is the same whatever the world size.
 """
@@ -108,12 +109,16 @@ def _init_param(name: str, param: torch.Tensor, seed: int, device: torch.device)
     if local.shape == full.shape:
         local.copy_(full)
         return
-    # FSDP2 shards dim 0 like torch.chunk, padding missing chunks with empty tensors.
-    placement = param.placements[0]  # type: ignore[attr-defined]
+    # FSDP2 shards dim 0 like torch.chunk, padding missing chunks with empty tensors. Under HSDP the mesh
+    # is (replicate, shard): the parameter is Replicate() on the first dimension and Shard(0) on the second.
     mesh = param.device_mesh  # type: ignore[attr-defined]
-    chunks = list(torch.chunk(full, mesh.size(), dim=placement.dim))
-    coord = mesh.get_local_rank()
-    mine = chunks[coord] if coord < len(chunks) else full.new_empty((0, *full.shape[1:]))
+    mine = full
+    for mesh_dim, placement in enumerate(param.placements):  # type: ignore[attr-defined]
+        if not placement.is_shard():
+            continue
+        chunks = list(torch.chunk(mine, mesh.size(mesh_dim), dim=placement.dim))
+        coord = mesh.get_coordinate()[mesh_dim]
+        mine = chunks[coord] if coord < len(chunks) else mine.new_empty((0, *mine.shape[1:]))
     local.copy_(mine)
 
 

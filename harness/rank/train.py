@@ -20,6 +20,7 @@ from harness.rank import identity
 from harness import strategies
 from harness.rank.data import make_batch
 from harness.events import EventLog, Restart, Step
+from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
 from harness.rank.models import build_model
 from harness.rank.env import RankEnv
 from harness.schema import Device, Precision, RunConfig
@@ -83,11 +84,12 @@ def set_cpu_threads(world_size_on_host: int) -> None:
 
 
 def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any,
-                  rejoin: Any = None) -> TrainContext:
+                  rejoin: Any = None, layout: Optional[MeshLayout] = None) -> TrainContext:
+    """Model, optimizer and scheduler of this rank, sharded over ``layout`` (default: the run's mesh over
+    the default process group, ``cluster.replicate`` replicas of it; harness.rank.mesh)."""
     device = rank_device(cfg, env)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(device.type, (env.world_size,))
+    layout = layout or mesh_layout(env.world_size, cfg.cluster.replicate)
+    mesh = build_mesh(device.type, layout, rejoin)
     model = build_model(cfg.model, cfg.train.seed, mesh, device, mixed_precision_policy(cfg))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     scheduler = None

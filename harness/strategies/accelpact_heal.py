@@ -24,4 +24,10 @@ SPEC = dataclasses.replace(
                           "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
     paper_gain={},
     heals_lost_ranks=True,
+    unequal=(
+        "per-step snapshot of each rank's shards into shared memory and a push to its buddy rank: a cost on every "
+        "productive step, which no checkpoint-based peer pays (GEMINI pays its own capture)",
+        "a lost rank's survivors learn of it from the parent's death notice (accelpact-run's launcher gives the same), "
+        "not from a heartbeat timeout",
+    ),
 )

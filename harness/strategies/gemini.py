@@ -96,4 +96,9 @@ SPEC = StrategySpec(
     # The survivors write their copy and their peer's replica to disk after the collective error.
     settle_s=lambda run: 15.0,
     check=check_runnable,
+    unequal=(
+        "per-step in-memory capture of each rank's state, replicated to its paired rank (a per-step cost)",
+        "any fault restarts every rank (spawned; lm-resiliency's standby rendezvous does not register under "
+        "torch 2.13) from the newest capture every rank holds; survivors get 15 s to write their copies first",
+    ),
 )

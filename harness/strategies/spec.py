@@ -102,6 +102,10 @@ class StrategySpec:
     paper_gain: Mapping[int, float] = field(default_factory=dict, hash=False)
     # What the paper calls this strategy where it quotes ``paper_gain`` ("" : ``label``).
     paper_label: str = ""
+    # What a like-for-like comparison cannot make equal about this strategy, one item each: the same mesh,
+    # fault and data for every strategy, each at its own default heartbeat and timeouts, every replacement
+    # a fresh process (experiment=peers). experiments.peers lists them under its verdict.
+    unequal: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():

@@ -455,6 +455,11 @@ def check_runnable(run: Any) -> None:
         raise ConfigError(f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
                           f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
                           f"try strategy.torchft.group_size={max(1, world // 2)}")
+    replicate = run.cluster.replicate
+    if replicate > 1 and st.group_size * replicate != world:
+        raise ConfigError(f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
+                          f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
+                          f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`")
     spec = faults.get(run.fault.kind)
     if spec.kills_ranks:
         lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
@@ -482,4 +487,14 @@ SPEC = StrategySpec(
     rank_entry="harness.strategies.torchft_rank:train_replica",
     check=check_runnable,
     step_timeout_s=lambda run: run.strategy.torchft.timeout_s,  # the Manager drops a stalled step after it
+    unequal=(
+        "a failed rank's whole replica group restarts (spawned, as torchrun --max-restarts does) and heals from the "
+        "other group's memory; under HSDP a socket reset is such a failure too, since it breaks the rank's shard "
+        "(intra-group) connections, which torchft does not retry",
+        "the other groups train alone meanwhile, on part of the batch: those steps average fewer gradients (not "
+        "bit-identical to the reference, by design) and count only the tokens those groups trained on",
+        "each replica group saves its own checkpoint copy (the reference's DCP save writes one)",
+        "a quorum with the Lighthouse on every step (asynchronous), and a max_retries of 10 the harness sets "
+        "(torchft's default is unbounded) against a retry livelock",
+    ),
 )

@@ -1,11 +1,13 @@
 """Final-state identity of a torchft replica group, in the layout of the fault-free reference.
 
-The reference (``strategy=none``) shards every tensor with FSDP2 over the whole world, and its identity
-records hold each rank's shard hashes (``harness.rank.identity``). A torchft replica group holds a full
-replica (sharded over the group's own ranks only), so its shards are not those of the reference. To make
-the bit-for-bit comparison meaningful, each rank gathers the group's full tensors and hashes them cut
-the way FSDP2 cuts them over the world (``torch.chunk`` on dim 0, missing chunks empty), then writes
-the record of its global rank. The values compared are the same bits; only the cut is the reference's.
+The reference (``strategy=none``) shards every tensor with FSDP2 over its mesh: the whole world, or under
+HSDP (``cluster.replicate``) the ranks of one replica; its identity records hold each rank's shard hashes
+(``harness.rank.identity``). A torchft replica group holds a full replica (sharded over the group's own
+ranks only), so with another cut its shards are not those of the reference. To make the bit-for-bit
+comparison meaningful, each rank gathers the group's full tensors and hashes them cut the way FSDP2 cuts
+them on the reference's mesh (``torch.chunk`` on dim 0 over its shard dimension, missing chunks empty),
+then writes the record of its global rank. The values compared are the same bits; only the cut is the
+reference's.
 """
 
 from __future__ import annotations
@@ -27,20 +29,23 @@ def _full(t: Any) -> Any:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int, world: int) -> dict[str, Any]:
-    """Collective over the replica group's default process group. The record of global rank ``rank``."""
+def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int, reference: Any) -> dict[str, Any]:
+    """Collective over the replica group's default process group. The record of global rank ``rank``, cut as
+    the reference's mesh ``reference`` (a ``harness.rank.mesh.MeshLayout``) cuts it."""
     import hashlib
 
     import torch.distributed as dist
 
     from harness.rank.identity import full_state_hash, tensor_digest
 
+    world = reference.replicate * reference.shard
     per_rank: list[dict[str, str]] = [{} for _ in range(world)]
 
     def add(key: str, value: Any) -> None:
         if hasattr(value, "full_tensor"):  # sharded like a parameter: cut as the reference cuts it
-            for r, chunk in enumerate(world_chunks(_full(value), world)):
-                per_rank[r][key] = tensor_digest(chunk)
+            digests = [tensor_digest(chunk) for chunk in world_chunks(_full(value), reference.shard)]
+            for r in range(world):
+                per_rank[r][key] = digests[reference.shard_index(r)]
         elif hasattr(value, "shape"):  # a plain tensor (Adam's step): every rank holds the same one
             digest = tensor_digest(value)
             for shards in per_rank:

@@ -14,6 +14,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from harness.rank.mesh import mesh_layout
 from harness.strategies.torchft_hsdp import TorchftHsdp, _group_store, group_store_host
 from harness.strategies.torchft_parent import GroupLayout, gen_key
 
@@ -41,7 +42,9 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
         dist.init_process_group("gloo", store=dist.PrefixStore("harness/torchft/dp", store), rank=layout.local,
                                 world_size=layout.size, timeout=pg_timeout)
         try:
-            ctx = build_context(cfg, dataclasses.replace(env, world_size=layout.size), run_dir, events, control)
+            # FSDP over the group's own ranks: the replicate dimension is torchft's, across groups.
+            ctx = build_context(cfg, dataclasses.replace(env, world_size=layout.size), run_dir, events, control,
+                                layout=mesh_layout(layout.size))
             ctx.world_size = env.world_size
             strategy = TorchftHsdp(ctx, layout, control, store_addr, gen, env.token, env.t_launch)
             if not env.replacement:
@@ -60,7 +63,8 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
                     committed = strategy.heal_to_end()
                 else:
                     committed = run_loop(ctx, strategy)
-                record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank, env.world_size)
+                record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank,
+                                          mesh_layout(env.world_size, cfg.cluster.replicate))
                 identity.write_identity(run_dir, record)
                 strategy.wait_for_every_rank(committed)
             finally:

@@ -14,7 +14,7 @@ from harness import strategies
 def test_the_sweep_is_the_experiments_strategies_with_trials():
     wanted = peers.swept_strategies()
     assert set(wanted) <= set(strategies.names()), wanted
-    assert strategies.under_test().name in wanted and len(wanted) >= 3
+    assert "accelpact_heal" in wanted and len(wanted) >= 3
     args = peers.sweep_overrides(wanted[:2], 3, Path("/tmp/x/sweep"), quick=False)
     assert args[0] == "experiment=peers" and f"strategy={','.join(wanted[:2])}" in args
     assert "compare.trials=3" in args and "hydra.sweep.dir=/tmp/x/sweep" in args
@@ -67,3 +67,36 @@ def test_a_strategy_at_another_pace_whose_gains_disagree_is_called_out():
     assert "cold_restart" not in text  # both gains agree
     assert "gemini" not in text  # its pace is the reference's: the disagreement is not a pace effect
     assert peers.pace_caveat(cells[1:]) == []
+
+
+def test_every_strategy_runs_on_the_same_hsdp_mesh_with_torchfts_groups_as_its_replicate_dimension():
+    """experiment=peers composes to HSDP 2x2 for each swept strategy, torchft's groups of 2 are the replicate
+    dimension, torchft runs at its own default heartbeat and Manager timeout, every replacement spawns, and
+    AccelPact here is accelpact_heal."""
+    from harness.app.config import compose, to_run_config
+    from harness.app.validate import check_values
+
+    for name in peers.swept_strategies():
+        run = to_run_config(compose(["experiment=peers", f"strategy={name}", "fault.at_age=5"]))
+        check_values(run)
+        assert (run.cluster.world_size, run.cluster.replicate) == (4, 2), name
+        assert run.strategy.replacement_start.value == "spawn", name
+        assert run.compare.ours == "accelpact_heal" and run.compare.trials >= 5
+        if name == "torchft":
+            ft = run.strategy.torchft
+            assert (ft.group_size, ft.heartbeat_timeout_ms, ft.timeout_s) == (2, 5000, 60.0)
+
+
+def test_table_md_lists_what_differs_for_each_swept_strategy(tmp_path):
+    wanted = peers.swept_strategies()
+    missing = [s for s in wanted if not strategies.get(s).unequal]
+    assert not missing, f"say what differs for {missing} in their StrategySpec.unequal"
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    sweep.mkdir()
+    (sweep / "table.md").write_text("# comparison\n\nverdict\n")
+    write_provenance(out, "python -m experiments.peers", {"trials": 5})
+    peers.write_outputs(out, sweep, {}, runtime_s=60.0, swept=["torchft", "gemini"])
+    md = (out / "table.md").read_text()
+    assert "could not equalise" in md and "HSDP 2x2" in md
+    assert "- `torchft` (torchft): " + "; ".join(strategies.get("torchft").unequal) + "." in md
+    assert "- `gemini`" in md and "- `cold_restart`" not in md  # only the strategies that ran

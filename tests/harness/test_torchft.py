@@ -199,7 +199,7 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
 
 def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, ranks: tuple[int, ...] = (1,)):
     return SimpleNamespace(strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
-                           cluster=SimpleNamespace(world_size=world, hosts=hosts),
+                           cluster=SimpleNamespace(world_size=world, hosts=hosts, replicate=1),
                            fault=SimpleNamespace(kind=fault, ranks=list(ranks)))
 
 

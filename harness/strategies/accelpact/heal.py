@@ -60,6 +60,12 @@ class Rejoined:
     control: Any
     ticket: Any
 
+    def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
+                    mesh_dim_names: Optional[tuple[str, ...]] = None) -> Any:
+        """The survivors' mesh, built from the groups this replacement joined (harness.rank.mesh.build_mesh
+        calls it instead of ``init_device_mesh``, whose new groups the survivors would never join: HSDP)."""
+        return self.ticket.device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
+
 
 def control_deadline(cfg: "RunConfig") -> None:
     """The control channel's own deadline bounds how long survivors wait for a lost rank."""

@@ -135,4 +135,9 @@ SPEC = StrategySpec(
                           "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
     paper_gain={5: 1.194},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
     paper_label="NVRx checkpoint restoration",
+    unequal=(
+        "a socket reset is an in-process restart (processes kept, groups rebuilt, checkpoint restored); a kill needs "
+        "NVRx's ft_launcher in-job restart, which the harness's parent stands in for (every rank relaunched)",
+        "NVRx's store is hosted by the parent, not by ft_launcher",
+    ),
 )
