@@ -90,7 +90,9 @@ REGISTRY: tuple[Experiment, ...] = (
         "in every cell and than NVRx except after a socket reset at age 5; torchft ahead in 3 of 4 cells, its "
         "DDP steps against everyone's FSDP (not like for like)", 19,
         title="Against the peers: torchft, GEMINI, NVRx, cold restart",
-        intro="mistral_tiny (2 layers) on 2 gloo ranks, a socket reset or a SIGKILL of rank 1 at checkpoint ages 5 "
+        intro="The committed run predates the like-for-like setup: `python -m experiments.peers` now runs every "
+              "strategy on HSDP 2x2 at world 4, 5 trials (about 80 minutes here), not yet committed. Committed: "
+              "mistral_tiny (2 layers) on 2 gloo ranks, a socket reset or a SIGKILL of rank 1 at checkpoint ages 5 "
               "and 18; every strategy in each of 3 interleaved trials, each trial with its own fault-free "
               "reference (`experiment=peers`). AccelPact's gain over each peer per cell, with its 95% interval "
               "over trials and the verdict. GEMINI runs where its extra (lm-resiliency) is installed; the table "

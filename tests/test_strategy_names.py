@@ -36,6 +36,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/registry.py", "accelpact"): "row selection: the results digest's row",
     ("experiments/registry.py", "torchft"): "row selection: the peers digest's row",
     ("benchmarks/bench_recovery.py", "accelpact"): "the runtime package's name (git archive of accelpact/)",
+    ("benchmarks/bench_heal_gpt2.py", "accelpact"): "the runtime package's directory (git status of accelpact/)",
     **{("experiments/claim_checks.py", name): "a registry claim names the strategies it is about"
        for name in ("accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "gemini", "torchft",
                     "accelpact_grow", "accelpact_hsdp_continue", "torchft_peer_heal")},
