@@ -157,8 +157,9 @@ def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Pa
              timeline_run: Optional[Path] = None, paper_gain: Optional[dict[tuple[str, int], float]] = None,
              timeline_strategy: Optional[str] = None) -> list[Path]:
     """The three plots of a comparison; ``runs`` are (run_dir, results row). The timeline shows
-    ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run)."""
-    paths = [plot_goodput_vs_age(out, table, paper_gain)]
+    ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run). With no
+    ``table`` (a comparison with trials draws its own goodput plot) the goodput plot is left out."""
+    paths = [plot_goodput_vs_age(out, table, paper_gain)] if table else []
     faulted = [(d, r) for d, r in runs if r.get("fault") not in (None, faults.NO_FAULT)]
     if timeline_run is None and faulted:
         pick = sorted(faulted, key=lambda dr: (dr[1].get("strategy") != timeline_strategy, -(dr[1].get("age") or 0)))

@@ -147,8 +147,6 @@ def plot_all(out: Path, cells: Sequence[dict[str, Any]], one_trial: Sequence[tup
     from harness.report import plots_compare
 
     baseline = max(paper_gain, key=lambda k: k[1])[0] if paper_gain else None
-    # The timeline and the per-fault breakdown of one trial, as before trials; its goodput plot (of no
-    # table) is replaced by the one with intervals, drawn after it.
-    others = [p for p in plots_compare.plot_all(out, [], one_trial, timeline_strategy=baseline)
-              if p.name != GOODPUT_FILE]
+    # The timeline and the per-fault breakdown of one trial; the goodput plot is the one with intervals.
+    others = plots_compare.plot_all(out, [], one_trial, timeline_strategy=baseline)
     return [plot_goodput_vs_age(out, cells, paper_gain), plot_badput_by_part(out, cells), *others]
