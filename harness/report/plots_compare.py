@@ -41,6 +41,12 @@ def _plt() -> Any:
     return plt
 
 
+def _legend(ax: Any, **kwargs: Any) -> None:
+    """A legend where the axes have labelled artists (an empty one only makes matplotlib warn)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def _ok(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
@@ -70,8 +76,8 @@ def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
            title="whole-run goodput")
     ax2.axhline(1.0, color="grey", linewidth=0.8)
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's gain")
-    ax.legend(fontsize=7)
-    ax2.legend(fontsize=7)
+    _legend(ax, fontsize=7)
+    _legend(ax2, fontsize=7)
     fig.tight_layout()
     path = out / GOODPUT_FILE
     fig.savefig(path, dpi=110)
@@ -145,7 +151,7 @@ def plot_breakdown(out: Path, runs: Sequence[tuple[str, dict[str, float]]]) -> P
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set_xticks(range(len(runs)), [name for name, _ in runs], rotation=20, ha="right", fontsize=8)
     ax.set(ylabel="seconds lost to the fault (mean over ranks)", title="recovery time, broken down")
-    ax.legend(fontsize=7)
+    _legend(ax, fontsize=7)
     fig.tight_layout()
     path = out / BREAKDOWN_FILE
     fig.savefig(path, dpi=110)

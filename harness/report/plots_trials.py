@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from harness import strategies
 from harness.report.badput_goodput import PART_NAMES
-from harness.report.plots_compare import GOODPUT_FILE, _color, _plt
+from harness.report.plots_compare import GOODPUT_FILE, _color, _legend, _plt
 
 BADPUT_FILE = "badput_by_part.png"
 
@@ -103,8 +103,8 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
         ax2.axhspan(1.0 / (1.0 + delta), 1.0 + delta, color="0.9", zorder=0, label=f"minimum effect ±{delta:.0%}")
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput",
             title=f"AccelPact's measured gain (coverage {covered})")
-    ax.legend(fontsize=7)
-    ax2.legend(fontsize=6)
+    _legend(ax, fontsize=7)
+    _legend(ax2, fontsize=6)
     fig.tight_layout()
     _footer(fig, footer)
     path = out / GOODPUT_FILE
@@ -132,7 +132,7 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
               for r in bars]
     ax.set_xticks(range(len(bars)), labels, fontsize=7)
     ax.set(ylabel="badput, seconds (median over trials, mean over ranks)", title="badput by part")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     _footer(fig, footer)
     path = out / BADPUT_FILE
