@@ -61,9 +61,8 @@ class Experiment:
 REGISTRY: tuple[Experiment, ...] = (
     Experiment(
         "goodput_vs_age", "experiments.goodput_vs_age",
-        "measured whole-run gain over 5 trials with a 2% minimum effect: AccelPact better than cold restart at "
-        "every checkpoint age 0-18, better than NVRx at age 18 only and within noise at 0-10 (committed with "
-        "AccelPact's heal on, as accelpact_heal runs today)", 38,
+        "measured whole-run gain over 5 trials with a 2% minimum effect: AccelPact (rebinding, no per-step "
+        "snapshots) better than cold restart and than NVRx at every checkpoint age 0-18", 13,
         title="Whole-run goodput vs checkpoint age",
         intro="mistral_tiny on 2 gloo ranks, one socket reset on rank 0 during a backward reduce-scatter when "
               "the newest checkpoint is 0-18 steps old; AccelPact, cold restart and NVRx checkpoint restoration, "
