@@ -428,9 +428,8 @@ class Guard:
         codec = self._codec
         if codec is None or codec.group is not group:  # a recovery may have replaced the group
             codec = self._codec = positions.VoteCodec(group.size(), group)
-        buf.fill_(codec.encode(kind, guard_step, region, self._loop_step))
-        self.plane.backend.vote(buf, group, wait=self._wait)
-        if not codec.agreed(buf.item()):
+        buf.set(codec.encode(kind, guard_step, region, self._loop_step))
+        if not codec.agreed(self.plane.backend.vote(buf, group, wait=self._wait)):
             raise self._diverged(positions.Position(positions.KINDS[kind], guard_step, region, self._loop_step))
 
     def _diverged(self, position: positions.Position) -> StateDivergedError:
