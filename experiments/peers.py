@@ -30,6 +30,7 @@ rank of one host and deletes its shared memory. It is a sweep of its own because
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,29 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
             f"it. {rows}.", ""]
 
 
+def pace_reasons(cells: Sequence[dict[str, Any]]) -> list[str]:
+    """Lines for table.md naming, per strategy, the cells whose productive steps ran off the reference's pace
+    beyond ``PACE_TOLERANCE`` over their whole ``step_drift`` interval, and why (``StrategySpec.pace``; "not
+    explained by these runs" where the registry does not know). Empty when no cell is like that."""
+    from harness import strategies as registry
+
+    off: dict[str, list[str]] = {}
+    for c in cells:
+        lo, hi = c.get("step_drift_lo"), c.get("step_drift_hi")
+        if c.get("age") is None or not all(isinstance(v, (int, float)) and not math.isnan(v) for v in (lo, hi)):
+            continue
+        if lo > 1 + PACE_TOLERANCE or hi < 1 - PACE_TOLERANCE:
+            off.setdefault(c["strategy"], []).append(f"{c.get('fault')} age {int(c['age'])}: {c.get('step_drift_ci')}")
+    if not off:
+        return []
+    lines = [f"**Why the paces differ.** Cells whose productive steps ran outside {1 - PACE_TOLERANCE:.1f}-"
+             f"{1 + PACE_TOLERANCE:.1f}x the reference's over their whole step_drift interval, and why:", ""]
+    for name, where in off.items():
+        why = registry.get(name).pace if name in registry.names() else ""
+        lines.append(f"- `{name}` ({'; '.join(where)}): {why or 'not explained by these runs'}.")
+    return [*lines, ""]
+
+
 def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False,
                   swept: Sequence[str] = ()) -> None:
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md; ``swept``: the
@@ -153,6 +177,7 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     lines += pace_caveat(cells)
+    lines += pace_reasons(cells)
     lines += unequal_lines(swept or swept_strategies())
     lines += [verdict.strip(), "", *_driver.closing_lines(runtime_s, prov)]
     (out / "table.md").write_text("\n".join(lines) + "\n")

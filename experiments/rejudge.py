@@ -60,6 +60,22 @@ def note_provenance(results: Path, rule: str) -> None:
     (results / PROVENANCE_MD).write_text(provenance_markdown(load_provenance(results)))
 
 
+def _not_run(table_md: Path) -> dict[str, str]:
+    """The committed table's "Not run here:" list (strategy -> the harness's reason), kept through a re-judge."""
+    if not table_md.exists():
+        return {}
+    out, inside = {}, False
+    for line in table_md.read_text().splitlines():
+        if line.strip() == "Not run here:":
+            inside = True
+        elif inside and line.startswith("- `") and "`: " in line:
+            name, why = line[3:].split("`: ", 1)
+            out[name] = why
+        elif inside:
+            break
+    return out
+
+
 RULE = ("`python -m experiments.rejudge` from the committed runs.csv: the verdict on the measured whole-run gain "
         "(paired by trial), order-statistic interval for the median with its exact coverage, 2% minimum effect")
 
@@ -78,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rename = {"accelpact": "accelpact_heal"} if args.heal and results.name != "goodput_vs_age" else {}
     rule = RULE + ("; its AccelPact ran with per-step snapshots and buddy pushes (today's strategy=accelpact_heal)"
                    if args.heal else "")
+    kept_not_run = _not_run(results / f"{args.table}.md")
     sweep = rejudge_sweep(results, rename, args.table)
     try:
         for name in ("table.csv", "table.md", "runs.csv"):
@@ -87,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             from experiments import peers
 
             prov = load_provenance(results)
-            peers.write_outputs(results, sweep, {}, float(prov.extra.get("runtime_s", math.nan)),
-                                host_loss=results.name == "peers_host_loss")
+            swept = [x for x in str(prov.extra.get("strategies", "")).split(",") if x]
+            peers.write_outputs(results, sweep, kept_not_run, float(prov.extra.get("runtime_s", math.nan)),
+                                host_loss=results.name == "peers_host_loss", swept=swept)
         elif results.name == "goodput_vs_age":
             from experiments.goodput_report import read_data, write_outputs
 

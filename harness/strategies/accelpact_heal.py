@@ -30,4 +30,6 @@ SPEC = dataclasses.replace(
         "a lost rank's survivors learn of it from the parent's death notice (accelpact-run's launcher gives the same), "
         "not from a heartbeat timeout",
     ),
+    pace="its per-step snapshot (a copy and a CRC-32 of each rank's shards into shared memory) and buddy push run "
+         "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
 )
