@@ -172,6 +172,7 @@ def goodput_columns(
     }
     cols.update(detection_columns(events))
     cols.update(heal_columns(events, fallback=bool(fallback_reasons)))
+    cols.update(restore_columns(events))
     if reference_dir is not None:
         comparison = identity.compare_runs(reference_dir, run_dir)
         cols["bit_identical"] = comparison.equal
@@ -215,6 +216,20 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
     }
 
 
+def restore_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str, Any]:
+    """Where relaunched ranks resumed from (pure): ``restore_source`` is "snapshot" (shared memory,
+    accelpact_heal after a whole-job crash), "checkpoint" (the disk), another strategy's own source (gemini),
+    joined with "+" in the order they happened, or None (nothing was restored); ``restore_from_step``: the
+    step the last restore loaded; ``restore_disk_bytes``: the checkpoint bytes read from disk."""
+    restores = sorted(ev.of_type(ev.typed(events), ev.Restore), key=lambda e: e.t)
+    sources = [str(e.extra.get("source") or "checkpoint") for e in restores]
+    return {
+        "restore_source": "+".join(dict.fromkeys(sources)) or None,
+        "restore_from_step": restores[-1].from_step if restores else None,
+        "restore_disk_bytes": sum(e.bytes or 0 for e, s in zip(restores, sources) if s == "checkpoint"),
+    }
+
+
 def detection_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str, Any]:
     """How the first fault was detected and how late, on the slowest rank (pure).
 
@@ -226,7 +241,8 @@ def detection_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[st
     """
     typed = ev.typed(events)
     faults = sorted(ev.of_type(typed, ev.Fault), key=lambda e: e.t)
-    fallbacks = ev.of_type(typed, ev.Fallback)
+    # A relaunched rank's fallback (no agreeing snapshots: the disk) is no detection of the fault.
+    fallbacks = [e for e in ev.of_type(typed, ev.Fallback) if e.detected_by != "relaunch"]
     recoveries = ev.of_type(typed, ev.Recovery)
     if fallbacks and faults:
         t_fault = faults[0].t
