@@ -6,8 +6,9 @@
   parent SIGKILLs both ranks in step 5. accelpact_heal relaunches them and they resume from the newest
   snapshot both hold in shared memory: no checkpoint read, at most 1 step replayed, bit-identical to the
   fault-free reference (every parameter and optimizer shard, every step's loss). The same crash with rank
-  1's snapshots deleted by the parent (``HARNESS_KILL_ALL_LOSE_SNAPSHOTS``) leaves no complete, agreeing set:
-  the relaunch reads the checkpoint from disk, and a ``fallback`` event and the row say why.
+  1's snapshots deleted by the parent (``HARNESS_KILL_ALL_LOSE_SNAPSHOTS``; with replicas, its buddy's
+  replica of them too) leaves no complete, agreeing set: the relaunch reads the checkpoint from disk, ends
+  bit-identical too, and a ``fallback`` event, a log line and the row say why.
 """
 
 from __future__ import annotations
@@ -109,11 +110,12 @@ def _losses(run_dir: Path) -> dict[tuple[int, int], float]:
     return {k: v for k, (_, v) in final.items()}
 
 
-def _kill_all(reference, name: str, env_extra: dict[str, str] | None = None) -> tuple[Path, dict, list[dict]]:
+def _kill_all(reference, name: str, env_extra: dict[str, str] | None = None,
+              extra: tuple[str, ...] = ()) -> tuple[Path, dict, list[dict]]:
     tmp, ref_dir = reference
     run_dir = tmp / name
     args = [*BASE, "strategy=accelpact_heal", "fault=kill_all", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
-            f"hydra.run.dir={run_dir}"]
+            *extra, f"hydra.run.dir={run_dir}"]
     old = {k: os.environ.get(k) for k in (env_extra or {})}
     os.environ.update(env_extra or {})
     try:
@@ -158,10 +160,16 @@ def test_a_whole_job_crash_resumes_from_the_snapshots_without_reading_the_disk(r
 
 @pytest.mark.slow  # a run with a relaunch: ~1.5 min on the loaded 2-core host
 @pytest.mark.timeout(900)
-def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_and_says_why(reference):
+@pytest.mark.parametrize("replicas,error", [
+    ("true", "BuddyLostError"),  # rank 1's own snapshots and its buddy's replica of them are gone
+    ("false", "SnapshotsDisagreeError"),  # no replicas: rank 0 holds snapshots, rank 1 none
+])
+def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_and_says_why(reference, replicas,
+                                                                                              error):
     from harness.faults.kill_all import LOSE_SNAPSHOTS
 
-    run_dir, row, events = _kill_all(reference, "lost_snapshots", {LOSE_SNAPSHOTS: "1"})
+    run_dir, row, events = _kill_all(reference, f"lost_snapshots_replicas_{replicas}", {LOSE_SNAPSHOTS: "1"},
+                                     (f"strategy.snapshot.replicas={replicas}",))
     [fault] = [e for e in events if e["kind"] == "fault"]
     assert fault["lost_snapshots"] == [1]
     restores = [e for e in events if e["kind"] == "restore"]
@@ -169,9 +177,10 @@ def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_a
     assert {e["from_step"] for e in restores} == {INTERVAL - 1}  # the checkpoint
     fallbacks = [e for e in events if e["kind"] == "fallback"]
     assert {e["rank"] for e in fallbacks} == {0, 1} and {e["detected_by"] for e in fallbacks} == {"relaunch"}
-    for e in fallbacks:  # named: rank 1 holds nothing, neither its own snapshot nor its buddy's replica
+    for e in fallbacks:  # named: rank 1 holds nothing (and, with replicas, neither does its buddy for it)
         assert e["reason"].startswith("relaunch: no complete, agreeing set of snapshots"), e["reason"]
-        assert "BuddyLostError" in e["reason"] and "rank 1" in e["reason"], e["reason"]
+        assert e["error"] == error and f"{error}: " in e["reason"], e["reason"]
+        assert "1: []" in e["reason"], e["reason"]  # the steps each rank held: rank 1 none
     assert row["fallback"] is True and "no complete, agreeing set of snapshots" in row["fallback_reason"]
     assert row["restore_source"] == "checkpoint" and row["restore_disk_bytes"] > 0
     assert row["replayed_steps"] == FAULT_STEP - INTERVAL  # step 4, committed once, runs again
