@@ -30,15 +30,16 @@ __all__ = ["apply_kill_all", "ALL_DEAD_WITHIN_S", "LOSE_SNAPSHOTS"]
 # A SIGKILLed process is gone within milliseconds; a loaded host may take longer to reap it.
 ALL_DEAD_WITHIN_S = 10.0
 # Fault injection for tests: a comma list of ranks whose snapshots the parent deletes once every rank is
-# dead (their own slots, and the replicas their buddies held), so that the relaunch finds no complete,
-# agreeing set of snapshots and must restore the checkpoint from disk.
+# dead. "R": rank R's own slots and the replica its buddy held, so that the relaunch finds no complete,
+# agreeing set of snapshots and must restore the checkpoint from disk; "R:own": its own slots only (what a
+# lost host's shared memory takes), so that R resumes from its buddy's replica.
 LOSE_SNAPSHOTS = "HARNESS_KILL_ALL_LOSE_SNAPSHOTS"
 
 
 def apply_kill_all(driver: Any, req: dict) -> None:
     launcher = driver.launcher
     ranks = sorted(launcher.procs)
-    lose = [int(r) for r in os.environ.get(LOSE_SNAPSHOTS, "").split(",") if r.strip()]
+    lose = [item.strip() for item in os.environ.get(LOSE_SNAPSHOTS, "").split(",") if item.strip()]
     driver.record(req, killed_ranks=ranks, **({"lost_snapshots": lose} if lose else {}))
     for rank in ranks:
         driver.signal(rank, signal.SIGKILL)
@@ -49,13 +50,16 @@ def apply_kill_all(driver: Any, req: dict) -> None:
         _lose_snapshots(launcher, ranks, lose)
 
 
-def _lose_snapshots(launcher: Any, ranks: list[int], lose: list[int]) -> None:
-    """Delete the snapshots of ranks ``lose`` under the run's snapshot token, on every host root of the run."""
+def _lose_snapshots(launcher: Any, ranks: list[int], lose: list[str]) -> None:
+    """Delete the snapshots ``lose`` names (``LOSE_SNAPSHOTS``) under the run's snapshot token, on every host
+    root of the run."""
     from harness.faults.snapshot_roots import DEFAULT_BASE, ROOT_ENV
 
     roots = {launcher.rank_environ(r, launcher.incarnation, 0.0).get(ROOT_ENV) or DEFAULT_BASE for r in ranks}
     for root in roots:
         job = Path(root) / launcher.snapshot_token
-        for r in lose:
-            shutil.rmtree(job / f"rank{r}", ignore_errors=True)
-            shutil.rmtree(job / "replica" / f"rank{r}", ignore_errors=True)
+        for item in lose:
+            rank, _, only = item.partition(":")
+            shutil.rmtree(job / f"rank{int(rank)}", ignore_errors=True)
+            if only != "own":
+                shutil.rmtree(job / "replica" / f"rank{int(rank)}", ignore_errors=True)

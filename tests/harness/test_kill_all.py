@@ -6,9 +6,11 @@
   parent SIGKILLs both ranks in step 5. accelpact_heal relaunches them and they resume from the newest
   snapshot both hold in shared memory: no checkpoint read, at most 1 step replayed, bit-identical to the
   fault-free reference (every parameter and optimizer shard, every step's loss). The same crash with rank
-  1's snapshots deleted by the parent (``HARNESS_KILL_ALL_LOSE_SNAPSHOTS``; with replicas, its buddy's
-  replica of them too) leaves no complete, agreeing set: the relaunch reads the checkpoint from disk, ends
-  bit-identical too, and a ``fallback`` event, a log line and the row say why.
+  1's own snapshots deleted by the parent (``HARNESS_KILL_ALL_LOSE_SNAPSHOTS=1:own``, what a lost host's
+  shared memory would take) resumes rank 1 from its buddy's replica, still without the disk. With all its
+  snapshots deleted (with replicas, its buddy's replica of them too) no complete, agreeing set is left: the
+  relaunch reads the checkpoint from disk, ends bit-identical too, and a ``fallback`` event, a log line
+  and the row say why.
 """
 
 from __future__ import annotations
@@ -158,6 +160,24 @@ def test_a_whole_job_crash_resumes_from_the_snapshots_without_reading_the_disk(r
     assert replays == set(range(step + 1, FAULT_STEP)), replays
 
 
+@pytest.mark.slow  # a run with a relaunch: ~1 min on the loaded 2-core host
+@pytest.mark.timeout(900)
+def test_a_rank_whose_own_snapshots_are_gone_resumes_from_its_buddys_replica(reference):
+    from harness.faults.kill_all import LOSE_SNAPSHOTS
+
+    # Rank 1's own slots go (a lost host's shared memory would take them); the replica on rank 0 stays.
+    # Confirmed pushes: the replica of step 4 (or 3, while 4's push awaits its acknowledgement) is there.
+    run_dir, row, events = _kill_all(reference, "buddy_replica", {LOSE_SNAPSHOTS: "1:own"},
+                                     ("strategy.snapshot.confirm_push=true",))
+    restores = {e["rank"]: e for e in events if e["kind"] == "restore"}
+    assert set(restores) == {0, 1} and {e.get("source") for e in restores.values()} == {"snapshot"}, restores
+    assert restores[1]["slot"] == "buddy" and restores[0]["slot"] == "own", restores
+    [step] = {e["from_step"] for e in restores.values()}
+    assert row["replayed_steps"] <= 1 and row["replayed_steps"] == FAULT_STEP - 1 - step
+    assert row["restore_source"] == "snapshot" and row["restore_disk_bytes"] == 0
+    assert row["fallback"] is False, row["fallback_reason"]
+
+
 @pytest.mark.slow  # a run with a relaunch: ~1.5 min on the loaded 2-core host
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("replicas,error", [
@@ -171,7 +191,7 @@ def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_a
     run_dir, row, events = _kill_all(reference, f"lost_snapshots_replicas_{replicas}", {LOSE_SNAPSHOTS: "1"},
                                      (f"strategy.snapshot.replicas={replicas}",))
     [fault] = [e for e in events if e["kind"] == "fault"]
-    assert fault["lost_snapshots"] == [1]
+    assert fault["lost_snapshots"] == ["1"]
     restores = [e for e in events if e["kind"] == "restore"]
     assert {e["rank"] for e in restores} == {0, 1} and not [e for e in restores if e.get("source")]
     assert {e["from_step"] for e in restores} == {INTERVAL - 1}  # the checkpoint
