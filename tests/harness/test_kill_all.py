@@ -79,6 +79,17 @@ def test_the_row_says_where_the_relaunch_resumed_from():
     assert detection_columns([fault, fell]) == {"detected_by": None, "detection_latency_s": None}
 
 
+def test_no_replacement_template_is_started_when_nobody_is_left_to_heal_with():
+    from harness.app.config import compose, to_run_config
+    from harness.parent import template
+
+    def run(fault):
+        return to_run_config(compose(["experiment=smoke", "strategy=accelpact_heal", f"fault={fault}",
+                                      "fault.at_step=3"]))
+
+    assert template.wanted(run("kill")) and not template.wanted(run("kill_all"))
+
+
 def test_torchft_is_refused_for_a_whole_job_crash_with_the_fix():
     from harness.app.capabilities import check_runnable
     from harness.app.config import compose, to_run_config
@@ -141,7 +152,8 @@ def _kill_all(reference, name: str, env_extra: dict[str, str] | None = None,
     return run_dir, row, events
 
 
-@pytest.mark.slow  # a reference and a run with a relaunch: ~2 min on the loaded 2-core host
+# Default suite: the acceptance of a whole-job restart from the snapshots (a reference and a run with a
+# relaunch: ~1 min each at load 6 on the 2-core host; the reference is shared with the slow tests below).
 @pytest.mark.timeout(900)
 def test_a_whole_job_crash_resumes_from_the_snapshots_without_reading_the_disk(reference):
     run_dir, row, events = _kill_all(reference, "from_snapshots")
