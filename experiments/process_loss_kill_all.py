@@ -19,7 +19,8 @@ step the age names, the parent SIGKILLs both ranks at once. Every strategy relau
 Writes results/process_loss/kill_all.md (per strategy and age: goodput, replayed steps, where the relaunch
 resumed from, bytes read from disk, bit-identity; medians with their order-statistic intervals), kill_all.csv
 (one row per run and trial), verdict_kill_all.md (the comparison's own verdict table) and kill_all.json
-(provenance).
+(provenance). Exits 1 when a run failed or an accelpact_heal run broke the acceptance: a resume from the
+snapshots with no disk read, at most 1 step replayed, bit-identical (``acceptance_problems``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any, Sequence
 from experiments import _driver
 from experiments.process_loss import FULL, QUICK, STRATEGIES, Plan, collect_fault, keep_verdict, measure_fault
 
-__all__ = ["FAULT", "main", "table", "summarize"]
+__all__ = ["FAULT", "main", "table", "summarize", "acceptance_problems"]
 
 NAME = "process_loss"  # its rows belong to results/process_loss
 FAULT = "kill_all"
@@ -79,6 +80,27 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
                      f"{', '.join(map(str, c['replayed'])) or '-'} | {', '.join(c['sources']) or '-'} | {disk} | "
                      f"{c['identical']}/{c['ok']} | {'; '.join(c['fallbacks'])[:200] or 'no'} |")
     return lines
+
+
+def acceptance_problems(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What breaks the item's acceptance in the faulted accelpact_heal runs (pure): each must restart from the
+    shared-memory snapshots with no disk read, replay at most 1 step and end bit-identical."""
+    problems = []
+    for r in rows:
+        if r.get("strategy") != STRATEGIES[0] or r.get("status") == "not supported":
+            continue
+        where = f"{r.get('run')} (trial {r.get('trial')})"
+        if r.get("status") != "ok":
+            problems.append(f"{where}: {r.get('status')}: {str(r.get('reason'))[:200]}")
+            continue
+        if r.get("restore_source") != "snapshot" or float(r.get("restore_disk_bytes") or 0) > 0:
+            problems.append(f"{where}: resumed from {r.get('restore_source')}, {r.get('restore_disk_bytes')} bytes "
+                            f"read from disk ({r.get('fallback')})")
+        if r.get("replayed_steps") is None or int(r["replayed_steps"]) > 1:
+            problems.append(f"{where}: {r.get('replayed_steps')} steps replayed")
+        if r.get("bit_identical") is not True:
+            problems.append(f"{where}: bit_identical={r.get('bit_identical')}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [f"{r['strategy']}_age{r['age']}" for r in rows if r.get("status") not in (None, "ok", "not supported")]
     if failed:
         print(f"FAILED runs: {failed}", file=sys.stderr)
-    return 1 if failed else 0
+    problems = acceptance_problems(rows)
+    for p in problems:
+        print(f"acceptance: {p}", file=sys.stderr)
+    return 1 if failed or problems else 0
 
 
 if __name__ == "__main__":

@@ -40,3 +40,14 @@ def test_the_table_has_one_line_per_cell_and_names_a_refused_strategy():
     [heal] = [line for line in lines if line.startswith("| accelpact_heal | 5 |")]
     assert "| 5/5 | 92 [" in heal and "| snapshot | 0 | 5/5 | no |" in heal, heal
     assert any("not supported: no live group" in line for line in lines)
+
+
+def test_acceptance_names_every_heal_run_that_read_the_disk_replayed_more_or_differs():
+    assert kill_all.acceptance_problems(ROWS) == []  # the baselines may read the disk and replay
+    bad = [_row("accelpact_heal", 18, 80.0, 0, 5, "checkpoint", 1000, fallback="relaunch: no complete ..."),
+           _row("accelpact_heal", 18, 80.0, 1, 2, "snapshot", 0, identical=None)]
+    problems = kill_all.acceptance_problems(bad)
+    assert len(problems) == 4, problems
+    assert "resumed from checkpoint, 1000 bytes read from disk (relaunch: no complete ...)" in problems[0]
+    assert problems[1].endswith("5 steps replayed") and problems[2].endswith("2 steps replayed")
+    assert problems[3].endswith("bit_identical=None")
