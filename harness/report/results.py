@@ -185,7 +185,8 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
 
     ``heal_source``: where the lost ranks' state came from: "own" (the dead process's own snapshot in
     shared memory), "buddy" (a replica on another host), "disk" (a fallback to the checkpoint after a
-    rank was lost; ``fallback`` says why) or None (no rank was lost). Several heals: joined with "+".
+    rank was lost; ``fallback`` says why), "snapshot" (a fallback whose relaunch resumed from the snapshots
+    every rank held: accelpact_heal) or None (no rank was lost). Several heals: joined with "+".
     ``heal_total_s``: per heal, the slowest rank's caught-or-launched -> first collective; summed.
     ``heal_process_start_s``: the replacements' own start, launch (a fork from the template, or a spawn) ->
     arrival, summed.
@@ -203,7 +204,9 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
     # A rank was lost (its death seen by notice or heartbeat, or its heal failed) and the run fell back.
     lost = any(e.detected_by in ("notice", "heartbeat", "heal") for e in ev.of_type(typed, ev.Fallback))
     if fallback and lost:
-        sources.append("disk")
+        # The relaunch after the fallback: from the disk checkpoint, or (accelpact_heal) the snapshots every rank held.
+        restored = {str(e.extra.get("source") or "checkpoint") for e in ev.of_type(typed, ev.Restore)}
+        sources.append("snapshot" if restored == {"snapshot"} else "disk")
     return {
         "heals": len(by_generation),
         "heal_source": "+".join(sources) if sources else None,

@@ -55,15 +55,19 @@ def test_a_whole_job_crash_is_a_group_restart_for_accelpact_heal_and_a_fallback_
     assert heal.relaunch(everyone, 1).startswith("group restart: every rank ([0, 1]) was killed")
     # Without snapshots the same crash is a fallback to the checkpoint, as before.
     assert plain.relaunch(everyone, 1).startswith("fallback to checkpoint restore")
-    # A survivor that gave up: still the fallback's reason under accelpact_heal.
-    assert heal.relaunch({0: 75, 1: -9}, 1).startswith("fallback to checkpoint restore")
+    # A survivor that gave up: a fallback (the row says so), whose relaunch resumes from the snapshots first.
+    assert heal.relaunch({0: 75, 1: -9}, 1) == (
+        "fallback to a relaunch of every rank, resumed from the newest snapshot every rank holds (the checkpoint if "
+        "they hold no agreeing set): rank(s) [1] killed by a signal, rank(s) [0] could not recover in memory")
+    assert heal.relaunch({0: 75, 1: 3}, 1).startswith("fallback to a relaunch")
+    assert heal.relaunch({0: 1, 1: 3}, 1) is None  # failures of their own: no relaunch, as before
     assert heal.relaunch({0: 0, 1: 0}, None) is None
     for name in ("cold_restart", "checkpoint_restore"):
         assert strategies.get(name).relaunch(everyone, 1) is not None, name
 
 
 def test_the_row_says_where_the_relaunch_resumed_from():
-    from harness.report.results import detection_columns, restore_columns
+    from harness.report.results import detection_columns, heal_columns, restore_columns
 
     snap = {"kind": "restore", "t": 2.0, "rank": 0, "t_start": 1.0, "t_end": 2.0, "from_step": 4, "bytes": 100,
             "source": "snapshot"}
@@ -73,6 +77,11 @@ def test_the_row_says_where_the_relaunch_resumed_from():
     assert restore_columns([disk]) == {"restore_source": "checkpoint", "restore_from_step": 3,
                                        "restore_disk_bytes": 7000}
     assert restore_columns([])["restore_source"] is None
+    # After a heal that gave up, heal_source names where the relaunch resumed from.
+    lost = {"kind": "fallback", "t": 1.5, "rank": 0, "reason": "no replacement", "detected_by": "heal"}
+    assert heal_columns([lost, snap], fallback=True)["heal_source"] == "snapshot"
+    assert heal_columns([lost, disk], fallback=True)["heal_source"] == "disk"
+    assert heal_columns([lost], fallback=True)["heal_source"] == "disk"
     # A relaunched rank's fallback to the disk says why, but is no detection of the fault.
     fault = {"kind": "fault", "t": 1.0, "rank": -1, "fault": "kill_all", "step": 5, "ranks": [1]}
     fell = {"kind": "fallback", "t": 9.0, "rank": 0, "reason": "relaunch: ...", "detected_by": "relaunch"}
@@ -188,6 +197,36 @@ def test_a_rank_whose_own_snapshots_are_gone_resumes_from_its_buddys_replica(ref
     assert row["replayed_steps"] <= 1 and row["replayed_steps"] == FAULT_STEP - 1 - step
     assert row["restore_source"] == "snapshot" and row["restore_disk_bytes"] == 0
     assert row["fallback"] is False, row["fallback_reason"]
+
+
+@pytest.mark.slow  # a run with a failed heal and a relaunch: ~1.5 min on the loaded 2-core host
+@pytest.mark.timeout(900)
+def test_the_relaunch_after_a_heal_that_gave_up_resumes_from_the_snapshots_too(reference):
+    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+
+    # fault=kill: rank 1's replacement fails on its own before joining, so the survivor gives up on the heal
+    # and the parent relaunches every rank: they resume from the snapshots both ranks left, not from disk.
+    tmp, ref_dir = reference
+    run_dir = tmp / "heal_gave_up"
+    old = os.environ.get(DIE_BEFORE_JOIN)
+    os.environ[DIE_BEFORE_JOIN] = "1:exit"
+    try:
+        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", "fault.phase=vote",
+                            f"fault.at_step={FAULT_STEP}", f"hydra.run.dir={run_dir}"], tmp, timeout=600)
+    finally:
+        os.environ.pop(DIE_BEFORE_JOIN, None) if old is None else os.environ.__setitem__(DIE_BEFORE_JOIN, old)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row, events = read_row(run_dir), read_events(run_dir)
+    assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1, row
+    assert row["relaunch_reasons"].startswith("fallback to a relaunch of every rank"), row["relaunch_reasons"]
+    restores = [e for e in events if e["kind"] == "restore"]
+    assert {e["rank"] for e in restores} == {0, 1} and {e.get("source") for e in restores} == {"snapshot"}, restores
+    assert row["heal_source"] == "snapshot" and row["restore_disk_bytes"] == 0, row["heal_source"]
+    assert row["replayed_steps"] <= 1
+    result = compare_runs(ref_dir, run_dir)
+    assert result.equal, result.describe()
+    assert _losses(run_dir) == _losses(ref_dir)
+    assert worker_processes(str(tmp)) == []
 
 
 @pytest.mark.slow  # a run with a relaunch: ~1.5 min on the loaded 2-core host

@@ -283,6 +283,12 @@ def _stall_timeout(value: "float | None") -> "float | None | str":
 def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
     """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
     memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
+    why = _fallen(exit_codes)
+    return None if why is None else "fallback to checkpoint restore: " + why
+
+
+def _fallen(exit_codes: Mapping[int, Optional[int]]) -> Optional[str]:
+    """Which ranks were killed by a signal or gave up on in-memory recovery (None: neither, no relaunch)."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
     killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
@@ -293,19 +299,21 @@ def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure:
         parts.append(f"rank(s) {killed} killed by a signal")
     if fell_back:
         parts.append(f"rank(s) {fell_back} could not recover in memory")
-    return "fallback to checkpoint restore: " + ", ".join(parts)
+    return ", ".join(parts)
 
 
 def relaunch_from_snapshots(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
-    """``accelpact_heal``'s policy: :func:`relaunch_on_fallback`'s, except that a whole-job crash (every rank
-    killed by a signal, none gave up on its own) is a group restart, not a fallback: the relaunched ranks
-    resume from the snapshots they all hold (``AccelPactStep._resume_relaunched``), and a ``fallback`` event
-    says so if they must read the disk after all."""
+    """``accelpact_heal``'s policy: relaunch every rank when :func:`relaunch_on_fallback` would, and say where
+    the relaunched ranks resume: from the snapshots they all hold (``AccelPactStep._resume_relaunched``; a
+    ``fallback`` event says so if they must read the disk after all). A whole-job crash (every rank killed
+    by a signal, none gave up on its own) is a group restart, not a fallback."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
         return (f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
                 "from the newest snapshot every rank holds in shared memory")
-    return relaunch_on_fallback(exit_codes, first_failure)
+    why = _fallen(exit_codes)
+    return None if why is None else ("fallback to a relaunch of every rank, resumed from the newest snapshot every "
+                                     "rank holds (the checkpoint if they hold no agreeing set): " + why)
 
 
 SPEC = StrategySpec(
