@@ -205,6 +205,9 @@ def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]
                              "status": row.get("status"), "goodput": row.get("goodput"), "wall_s": row.get("wall_s"),
                              "step_median_s": row.get("step_time_median_s"), "startup_s": row.get("startup_s"),
                              "replayed_steps": row.get("replayed_steps"), "relaunches": row.get("relaunches"),
+                             # Where a relaunch resumed from (a whole-job crash: accelpact_heal's snapshots).
+                             "restore_source": row.get("restore_source"),
+                             "restore_disk_bytes": row.get("restore_disk_bytes"),
                              "reason": row.get("reason") or "",
                              # What the drift correction in the report needs: the time spent in useful steps
                              # and every measured badput second (checkpoints included), summing to goodput_wall_s.

@@ -7,6 +7,8 @@ time it acted (``driver.record``) and acks the rank (``driver.ack``) unless the 
 - ``hang``: SIGSTOP the rank's process group, ack (the rank reads it once continued), SIGCONT it
   ``fault.outage_s`` later from the poll loop.
 - ``kill``: SIGKILL the rank's process group; no ack.
+- ``kill_all``: SIGKILL every rank of the job at once and wait until all are gone (``harness.faults.kill_all``:
+  a whole-job crash); no ack.
 - ``host_loss``: SIGKILL every rank of the rank's host and delete the host's snapshot root
   (``harness.faults.host_loss``); no ack.
 - ``tcp_reset``: ``ss -K`` on the rank's data-plane sockets inside its namespace, then ack.
@@ -25,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from harness.faults.host_loss import apply_host_loss
+from harness.faults.kill_all import apply_kill_all
 from harness.faults.spec import FaultSpec
 
 
@@ -98,6 +101,9 @@ BUILTIN: tuple[FaultSpec, ...] = (
               parent_apply=apply_hang, outage=True),
     FaultSpec("kill", "SIGKILL the rank (accelpact heals it from its snapshot; others restart)", where="parent", parent_apply=apply_kill,
               kills_ranks=True),
+    FaultSpec("kill_all", "SIGKILL every rank at once, a whole-job crash (accelpact_heal resumes from its shared-memory "
+              "snapshots; the others from the checkpoint)", where="parent", parent_apply=apply_kill_all,
+              kills_ranks=True, kills_all=True),
     FaultSpec("host_loss", "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
               "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss,
               kills_ranks=True),

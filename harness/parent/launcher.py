@@ -2,7 +2,8 @@
 
 ``Launcher`` owns the processes of one run:
 - ``start_control_store()`` hosts the long-lived TCPStore (the out-of-band control channel; ranks
-  get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
+  get ``ACCELPACT_CONTROL_ADDR``, a random ``ACCELPACT_JOB_TOKEN`` per incarnation and one
+  ``ACCELPACT_SNAPSHOT_TOKEN`` for the whole run),
 - ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.rank.worker`` processes, each in
   its own session (process group) so it can be killed with everything it started,
 - ``poll()`` reports exits and writes a death notice (accelpact.detection.liveness) for each rank that failed, so
@@ -39,7 +40,7 @@ from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
 from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
 from harness.parent.template import ReplacementTemplate, TemplateUnavailable
-from harness.rank.env import RankEnv
+from harness.rank.env import SNAPSHOT_TOKEN, RankEnv
 from harness.app.machine import usable_cores
 from harness.schema import RankLaunch, RunConfig
 
@@ -117,6 +118,9 @@ class Launcher:
         self.spec_path = spec_path
         self.python = python
         self.token = secrets.token_hex(16)
+        # The snapshots' token: the same in every incarnation (the job token is not), so that relaunched ranks
+        # find the snapshots the previous incarnation left in shared memory (ACCELPACT_SNAPSHOT_TOKEN).
+        self.snapshot_token = f"snap-{secrets.token_hex(8)}"
         self.store: Any = None
         self.workers = Workers()  # this incarnation's rank processes (accelpact.run.workers)
         self.incarnation = 0
@@ -215,6 +219,7 @@ class Launcher:
                 replacement=replacement,
             ).to_environ()
         )
+        env[SNAPSHOT_TOKEN] = self.snapshot_token
         ranks_here = max(1, self.run.cluster.world_size // max(self.run.cluster.nodes, 1))
         threads = max(1, usable_cores() // ranks_here)
         env.update(

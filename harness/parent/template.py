@@ -30,14 +30,15 @@ from accelpact.run.template import (  # noqa: F401 - re-exported for the harness
 
 def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
-    a fault that kills ranks, ranks started by this parent (an srun step's ranks live on other nodes), and
+    a fault that kills ranks but not all of them (after ``kill_all`` nobody is left to heal with: every rank
+    is relaunched), ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
     from harness.schema import RankLaunch, ReplacementStart
     from harness.faults import registry
 
-    st = run.strategy
+    st, fault = run.strategy, registry.get(run.fault.kind)
     return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
-            and registry.get(run.fault.kind).kills_ranks and run.cluster.launch == RankLaunch.local)
+            and fault.kills_ranks and not fault.kills_all and run.cluster.launch == RankLaunch.local)
 
 
 def fork_replacement(launcher: Any, rank: int, replacement: int) -> Optional[Callable[[], ForkedRank]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.strategies.accelpact import SPEC as REBIND
+from harness.strategies.accelpact import SPEC as REBIND, relaunch_from_snapshots
 from harness.strategies.spec import Simulation
 
 SPEC = dataclasses.replace(
@@ -24,6 +24,8 @@ SPEC = dataclasses.replace(
                           "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
     paper_gain={},
     heals_lost_ranks=True,
+    # A whole-job crash (fault=kill_all) relaunches every rank; they resume from the snapshots, not from disk.
+    relaunch=relaunch_from_snapshots,
     unequal=(
         "per-step snapshot of each rank's shards into shared memory and a push to its buddy rank: a cost on every "
         "productive step, which no checkpoint-based peer pays (GEMINI pays its own capture)",

@@ -461,6 +461,12 @@ def check_runnable(run: Any) -> None:
                           f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
                           f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`")
     spec = faults.get(run.fault.kind)
+    if spec.kills_all:
+        raise ConfigError(
+            f"strategy=torchft with fault={run.fault.kind}: the fault kills every rank at once, and torchft heals a "
+            "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
+            "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
+            "strategy=accelpact_heal,cold_restart,checkpoint_restore")
     if spec.kills_ranks:
         lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
         if not groups_untouched(lost, world, st.group_size):

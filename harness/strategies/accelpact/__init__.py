@@ -11,8 +11,12 @@ newest step every rank holds, roll back from their own snapshot if they committe
 (accelpact.recovery.heal). Each rank writes a ``heal`` event; a survivor that rolled back re-runs the steps from
 the resume step (replays). When the heal is impossible (no copy of the lost rank survives, no
 replacement arrives), or snapshots are off, the rank writes a ``fallback`` event and exits with
-``EXIT_FALLBACK``; the parent then relaunches every rank from the checkpoint (the base class), and the
-results row names the fallback.
+``EXIT_FALLBACK``; the parent then relaunches every rank, and the results row names the fallback.
+
+A relaunched rank (after such a fallback, or a whole-job crash: ``fault=kill_all``) resumes from the newest
+snapshot every rank holds in shared memory when snapshots are on (``restore`` event, ``source="snapshot"``);
+it reads the newest checkpoint from disk only without snapshots, or when no complete, agreeing set of them
+exists (then a ``fallback`` event, ``detected_by="relaunch"``, names why).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from harness.strategies.accelpact.heal import (
     check_heal,
     die_at_heal_plan,
     restore_extra_state,
+    resume_from_snapshots,
     control_deadline,
     replace_on_kill,
     side_group,
@@ -39,10 +44,13 @@ from harness.strategies.spec import Simulation, StrategySpec
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AccelPactStep", "EXIT_FALLBACK", "relaunch_on_fallback", "SPEC"]
+__all__ = ["AccelPactStep", "EXIT_FALLBACK", "relaunch_on_fallback", "relaunch_from_snapshots", "SPEC"]
 
 
 class AccelPactStep(Strategy):
+    # A relaunched rank resumes from the snapshots every rank holds when it keeps them (_resume_relaunched).
+    restores_checkpoint_at_start = False
+
     def __init__(self, ctx: TrainContext) -> None:
         from accelpact.control import ControlChannel
         from accelpact.guard import attach
@@ -53,6 +61,8 @@ class AccelPactStep(Strategy):
         self.control = rejoined.control if rejoined is not None else ControlChannel.from_env()
         self.snapshots, heal, self.replication = snapshots_and_policy(
             ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler)
+        if ctx.incarnation > 0 and not ctx.replacement:
+            self._start = self._resume_relaunched()
         max_norm = ctx.cfg.train.max_grad_norm
         try:
             self.guard = attach(
@@ -89,6 +99,23 @@ class AccelPactStep(Strategy):
         else:
             # A resumed guard counts from the restored step, so its messages name the harness's step.
             self.guard.resume_at(self.first_step())
+
+    def _resume_relaunched(self) -> int:
+        """Where a relaunched rank resumes (every rank relaunched: a whole-job crash, or a fallback): the newest
+        snapshot every rank holds in shared memory, so at most the steps after it are replayed and nothing is
+        read from disk; the newest checkpoint only without snapshots (``strategy.snapshot.every=0``), or when no
+        complete, agreeing set of them exists: then a ``fallback`` event (detected_by "relaunch") says why."""
+        if self.snapshots is None:
+            return self.restore_checkpoint()
+        start, why = resume_from_snapshots(self.ctx, self.snapshots, self.replication)
+        if start is not None:
+            return start
+        reason = (f"relaunch: no complete, agreeing set of snapshots in shared memory ({why}); restoring the "
+                  "newest checkpoint from disk")
+        self.ctx.events.emit(events.Fallback, reason=reason[:500], error=why.split(":", 1)[0],
+                             detected_by="relaunch")
+        print(f"rank {self.ctx.rank}: {reason}", file=sys.stderr, flush=True)
+        return self.restore_checkpoint()
 
     def checkpoint_group(self) -> Any:
         ctx = self.ctx
@@ -256,6 +283,12 @@ def _stall_timeout(value: "float | None") -> "float | None | str":
 def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
     """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
     memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
+    why = _fallen(exit_codes)
+    return None if why is None else "fallback to checkpoint restore: " + why
+
+
+def _fallen(exit_codes: Mapping[int, Optional[int]]) -> Optional[str]:
+    """Which ranks were killed by a signal or gave up on in-memory recovery (None: neither, no relaunch)."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
     killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
@@ -266,7 +299,21 @@ def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure:
         parts.append(f"rank(s) {killed} killed by a signal")
     if fell_back:
         parts.append(f"rank(s) {fell_back} could not recover in memory")
-    return "fallback to checkpoint restore: " + ", ".join(parts)
+    return ", ".join(parts)
+
+
+def relaunch_from_snapshots(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+    """``accelpact_heal``'s policy: relaunch every rank when :func:`relaunch_on_fallback` would, and say where
+    the relaunched ranks resume: from the snapshots they all hold (``AccelPactStep._resume_relaunched``; a
+    ``fallback`` event says so if they must read the disk after all). A whole-job crash (every rank killed
+    by a signal, none gave up on its own) is a group restart, not a fallback."""
+    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
+    if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
+        return (f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
+                "from the newest snapshot every rank holds in shared memory")
+    why = _fallen(exit_codes)
+    return None if why is None else ("fallback to a relaunch of every rank, resumed from the newest snapshot every "
+                                     "rank holds (the checkpoint if they hold no agreeing set): " + why)
 
 
 SPEC = StrategySpec(
