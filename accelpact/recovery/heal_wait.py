@@ -49,7 +49,12 @@ def arrived_key(control: Any, rank: int) -> str:
 
 
 def plan_key(control: Any, rank: int, pid: int) -> str:
-    return control.key("heal", "plan", str(rank), str(pid))
+    return plan_key_of(control.job_token, rank, pid)
+
+
+def plan_key_of(job_token: str, rank: int, pid: int) -> str:
+    """:func:`plan_key` from the job token alone: the survivors' plan for replacement ``pid`` of ``rank``."""
+    return f"{job_token}/heal/plan/{rank}/{pid}"
 
 
 def joining_key(control: Any, rank: int, pid: int) -> str:

@@ -118,6 +118,7 @@ class _Attempt:
     done_posted: bool = False
     modules: Optional[int] = None  # the template's preload request of what the ranks loaded (its id), once sent
     ended: dict[int, int] = field(default_factory=dict)  # rank -> exit code, of ranks that exited after ending the run
+    replaced: dict[int, int] = field(default_factory=dict)  # rank -> pid of its replacement started in this attempt
 
     @property
     def procs(self) -> dict[int, Any]:  # global rank -> Popen or ForkedRank
@@ -256,6 +257,7 @@ class Agent:
         proc, how, why = start_replacement(rank, lambda: self._take_spare(att, local, replacement_of, rank), fork,
                                            lambda: self._spawn(local, att.number, replacement_of), self.say)
         att.workers.replace(rank, proc)
+        att.replaced[rank] = att.procs[rank].pid
         how = "hot spare" if how == HOT_SPARE else how
         self.say(f"rank {rank} (pid {dead.pid}) exited with code {describe_exit(code)}: replacement "
                  f"{self.replacements} started ({how}, pid {att.procs[rank].pid}) while the survivors wait",
@@ -319,9 +321,20 @@ class Agent:
             return (f"rank {rank} (pid {pid}) was killed ({describe_exit(code)}) but this agent already started "
                     f"{self.replacements} replacement(s) and --max-replacements={self.cfg.max_replacements} allows "
                     "no more")
-        if self.cfg.nnodes == 1 and all(p.poll() not in (None, 0) for p in att.procs.values()):
-            return f"every rank is dead (rank {rank} with {describe_exit(code)}): no survivor to heal from"
+        if self.cfg.nnodes == 1 and not self._survivors(att, rank):
+            return (f"every rank is dead or a replacement still waiting for survivors (rank {rank} with "
+                    f"{describe_exit(code)}): no survivor to heal from")
         return None
+
+    def _survivors(self, att: _Attempt, dead: int) -> list[int]:
+        """The ranks besides ``dead`` whose live process can heal it: a rank that trained, or a replacement the
+        survivors already sent a plan. A replacement still waiting for one would wait for its plan's timeout
+        when a whole job dies across two polls, so it does not count."""
+        from accelpact.recovery.heal_wait import plan_key_of
+
+        token = job_token(self.cfg.run_id, att.number)
+        return [r for r, p in att.procs.items() if r != dead and p.poll() is None
+                and (r not in att.replaced or self._peek(plan_key_of(token, r, att.replaced[r])) is not None)]
 
     def _ended_run(self, att: _Attempt, rank: int) -> Optional[int]:
         """The step at which ``rank`` ended the run (its guard's closed mark, this attempt), or None."""
