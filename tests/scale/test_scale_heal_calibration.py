@@ -54,7 +54,7 @@ def test_a_heal_that_replayed_to_the_checkpoint_misses(monkeypatch):
     no heal parts) miss by far more than 5% at age 18, so the check above can fail."""
     monkeypatch.setattr(heal, "_heals", lambda row: False)
     wrong = [c for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
-             if c.strategy == strategies.under_test().name and c.age == 18]
+             if c.strategy == strategies.healer().name and c.age == 18]
     assert wrong and all(abs(c.error_median) > 2 * TOLERANCE for c in wrong)
 
 
