@@ -65,6 +65,15 @@ def test_threshold_is_three_times_the_median_step_once_known(clock):
     assert big.threshold_s() == 10.0  # the configured timeout when it is the larger
 
 
+def _tick_until(dog: wd.StallWatchdog, store, clock: Clock, t0: float, until: float) -> str | None:
+    """The watchdog thread's looks, every tick_s from ``clock.t`` to ``t0 + until``: the last one's answer."""
+    why = None
+    while clock.t < t0 + until - 1e-9:
+        clock.t = min(clock.t + dog.tick_s, t0 + until)
+        why = dog._why(store, t0, 0)
+    return why
+
+
 @pytest.mark.filterwarnings("ignore:accelpact. stall_timeout_s")
 def test_a_stale_peer_fires_only_past_three_times_the_median(clock):
     dog = _dog(0.2)
@@ -72,9 +81,34 @@ def test_a_stale_peer_fires_only_past_three_times_the_median(clock):
     store = FrozenPeerStore()
     dog.begin_attempt(0)
     t0 = clock.t
-    assert dog._why(store, t0, 0) is None  # first sight of the beat
-    clock.t = t0 + 2.9  # the beat is stale (2 s), but the attempt is below 3x the 1 s median
     assert dog._why(store, t0, 0) is None
-    clock.t = t0 + 3.05
-    why = dog._why(store, t0, 0)
+    # the beat is stale (2 s) by 2.9 s, but the attempt is below 3x the 1 s median
+    assert _tick_until(dog, store, clock, t0, 2.9) is None
+    why = _tick_until(dog, store, clock, t0, 3.05)
     assert why is not None and "rank(s) [1] stopped beating" in why
+
+
+class CountingStore(FrozenPeerStore):
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def get(self, key):
+        self.reads += 1
+        return super().get(key)
+
+
+def test_far_from_the_threshold_no_evidence_is_gathered(clock):
+    """A normal step never pays for the stall evidence (a /proc scan, a store read per peer): only the last
+    lookback_s before the threshold does, which is long enough for a stale beat to show by then."""
+    scans = []
+    dog = wd.StallWatchdog("127.0.0.1", 1, "tok", 0, 2, stall_timeout_s=10.0, liveness=LivenessConfig(0.5, 4),
+                           abort=lambda: None, inodes=lambda: scans.append(1) or set())
+    _complete_steps(dog, clock, [0.2, 0.2, 0.2])
+    store = CountingStore()
+    dog.begin_attempt(0)
+    t0 = clock.t
+    assert _tick_until(dog, store, clock, t0, 10.0 - dog.lookback_s() - 0.01) is None
+    assert store.reads == 0 and scans == []
+    assert dog.lookback_s() >= dog.liveness.stale_after_s
+    why = _tick_until(dog, store, clock, t0, 10.05)
+    assert why is not None and "stopped beating" in why and store.reads > 0 and scans
