@@ -33,7 +33,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[harness,dev,baselines]"
+	$(BIN)/pip install -q -e ".[harness,dev,baselines,lint]"
 	$(BIN)/pip uninstall -q -y pynvml
 	$(BIN)/python -c "import pynvml" # nvidia-ml-py's module, still there for torch and NVRx
 	touch $(STAMP)
