@@ -37,7 +37,7 @@ from dataclasses import asdict
 # run as a script, this file's directory is on the path, not the repo root.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.ckpt_sweep import (  # noqa: E402
+from experiments.ckpt_sweep import (
     PAPER,
     WORLD,
     ModelSize,

@@ -44,8 +44,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def notice_latency(trials: int) -> list[float]:
     from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
-    from accelpact.errors import RankLostError
     from accelpact.detection.liveness import LivenessConfig, PeerJudge, PeerWatch, publish_death
+    from accelpact.errors import RankLostError
 
     server, port = start_control_server()
     out = []
@@ -55,8 +55,8 @@ def notice_latency(trials: int) -> list[float]:
         written: list[float] = []
 
         def write() -> None:
-            written.append(time.monotonic())
-            publish_death(server, token, 1, by="bench", reason="simulated waitpid")
+            written.append(time.monotonic())  # noqa: B023 - the timer fires within this trial
+            publish_death(server, token, 1, by="bench", reason="simulated waitpid")  # noqa: B023, F821 - ditto; del is after the loop
 
         threading.Timer(random.uniform(0.1, 0.3), write).start()
         watch = PeerWatch(token, 0, PeerJudge(LivenessConfig(), connection_dropped=False), generation=1)

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.age is None:
         args.age = 2 if args.quick else 5
     sys.path.insert(0, str(ROOT / "examples"))
-    import negative_control  # noqa: F401 - registers the control here too, for its name and label
+    import negative_control
+
     from harness import strategies
 
     ours = strategies.under_test().name
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _write(out: Path, cmd: Sequence[str], sweep: Path, summary: str, args: argparse.Namespace,
            sleep_s: float, elapsed_s: float) -> None:
     """The verdict line and the comparison's table, stamped with the command, git sha and machine."""
-    from experiments.provenance import provenance_markdown, load_provenance, write_provenance
+    from experiments.provenance import load_provenance, provenance_markdown, write_provenance
 
     command = "python benchmarks/bench_negative_control.py" + (f" --trials {args.trials}" if args.trials != 3 else "")
     write_provenance(out, command, {"trials": args.trials, "age": args.age, "harness_command":

@@ -61,7 +61,7 @@ MODEL = {"vocab": 4096, "hidden": 256, "inter": 768, "layers": 4, "heads": 8, "k
 
 # ---------------------------------------------------------------------------------------------- part 1
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Cycle blocks off / snap / k=... under one guard; time every step, and the process's CPU per block."""
     from datetime import timedelta
 

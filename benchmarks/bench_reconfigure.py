@@ -52,7 +52,7 @@ PARTS = ["agreement_s", "rebuild_s", "rebind_s", "first_collective_s", "total_s"
 # ----------------------------------------------------------------------------- rank side
 
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """One rank: "recovery" (faults through a guard on the given data-plane path) or "overhead"."""
     import torch
 
@@ -157,7 +157,7 @@ def _child(part: str, args: argparse.Namespace) -> None:
         r = one_trial(tmp, args.trial, "vote", 5, 8, "template")
         print(json.dumps({"torch": torch.__version__, **r}))
     else:
-        raise SystemExit(f"unknown --child {kind!r}")
+        raise SystemExit(f"unknown --child {part!r}")
 
 
 def _run_child(python: str, kind: str, args: argparse.Namespace, extra: list[str]) -> dict:
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 heal[name].append(_run_child(py, "heal", args, ["--trial", str(t)]))
         for name, rs in heal.items():
             raw[f"heal/{name}"] = rs
-            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731, B023 - used in this iteration
             lines.append(f"| {rs[0]['torch']} | {'reconfigure' if name == '2.15' else 'rebind'} | "
                          f"{med('death_to_resumed_s'):.2f} | {med('process_start_s'):.2f} | "
                          f"{med('after_arrival_s'):.2f} | {max(r['replayed_steps'] for r in rs)} |")

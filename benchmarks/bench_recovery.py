@@ -47,7 +47,7 @@ RUNNER = "benchmarks.bench_recovery:run_rank"
 # ----------------------------------------------------------------------------- rank side
 
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Scenario runner (accelpact.testing.rank): "rebind" is the shared rebinding job; "overhead"
     and "recovery" time an attached guard against a plain loop and through injected faults."""
     from harness.workloads import fsdp_scenarios

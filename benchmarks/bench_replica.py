@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server  # noqa: E402
-from accelpact.snapshot import _replica_wire as wire  # noqa: E402
-from accelpact.snapshot.replica import Replication  # noqa: E402
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.snapshot import _replica_wire as wire
+from accelpact.snapshot.replica import Replication
 
 HOLDER = """
 import sys, time
@@ -48,7 +48,7 @@ rep.close(remove=True)
 
 def _sendall_files(sock: socket.socket, slot: Path, files) -> None:
     """The copying sender: read each file into user space, then sendall."""
-    for name, size in files:
+    for name, _size in files:
         with open(slot / name, "rb") as f:
             while True:
                 chunk = f.read(8 << 20)

@@ -61,7 +61,7 @@ def schedule(world: int, per_cell: int, phases: tuple[str, ...], seed: int) -> l
     cells = [(p, m) for p in phases for m in MODES] * per_cell
     random.Random(seed + world).shuffle(cells)
     faults, one_count = [], 0
-    for i, (phase, mode) in enumerate(cells):
+    for _i, (phase, mode) in enumerate(cells):
         if mode == "one":
             ranks = [one_count % world]
             one_count += 1

@@ -54,7 +54,7 @@ SIZES = {
 }
 
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Alternate blocks with snapshots off and on under one guard; time every step."""
     from datetime import timedelta
 

@@ -31,7 +31,6 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
 
     from accelpact.backends import backend_for
     from accelpact.guard.core import Guard
-    from accelpact.recovery import positions
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))

@@ -58,7 +58,7 @@ def build(args, device):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def step(model, optimizer, args, i, device, snap=None) -> "object":
+def step(model, optimizer, args, i, device, snap=None) -> object:
     import torch
 
     x = torch.randn(32, args.hidden, generator=torch.Generator().manual_seed(i)).to(device)

@@ -27,21 +27,21 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d: one line per store error, not a C++ backtrace
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from train_fsdp import VOCAB, TinyLM, batch_for, local_state
 
-import accelpact  # noqa: E402
-import accelpact.run  # noqa: E402
-from accelpact import snapshot  # noqa: E402
-from accelpact.control import ControlChannel  # noqa: E402
-from train_fsdp import VOCAB, TinyLM, batch_for, local_state  # noqa: E402  (this directory's other example)
+import accelpact
+import accelpact.run
+from accelpact import snapshot
+from accelpact.control import ControlChannel
 
 PLACES = ("step", "eval", "save", "finish", "final_save")
 

@@ -18,7 +18,8 @@ import dataclasses
 import time
 
 from harness import strategies
-from harness.strategies.accelpact import SPEC as ACCELPACT, AccelPactStep
+from harness.strategies.accelpact import SPEC as ACCELPACT
+from harness.strategies.accelpact import AccelPactStep
 
 NAME = "accelpact_slow_recovery"
 SLEEP_S = 2.0

@@ -40,7 +40,7 @@ from pathlib import Path
 # TORCH_CPP_LOG_LEVEL=WARNING in the environment shows them again.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-import torch  # noqa: E402  (after the log level above)
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F

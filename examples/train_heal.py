@@ -44,22 +44,22 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one line per error, not a backtrace
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from train_fsdp import VOCAB, TinyLM, batch_for, local_state
 
-import accelpact  # noqa: E402  accelpact
-import accelpact.run  # noqa: E402  accelpact
-from accelpact import snapshot  # noqa: E402  accelpact
-from accelpact.control import ControlChannel  # noqa: E402  accelpact
-from train_fsdp import VOCAB, TinyLM, batch_for, local_state  # noqa: E402  (this directory's other example)
+import accelpact
+import accelpact.run
+from accelpact import snapshot
+from accelpact.control import ControlChannel
 
 EXIT_UNRECOVERABLE = 3
 

@@ -15,9 +15,10 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from experiments.provenance import current_command, load_provenance, provenance_markdown
 

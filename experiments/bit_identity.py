@@ -38,12 +38,17 @@ from pathlib import Path
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
-from experiments.bit_identity_soak import (SETTLE_S, json_lines, collect, default_soak_dir, load_progress, run_soak,
-                                          soak_lines, soak_provenance)
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
-from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
+from experiments.bit_identity_soak import (
+    SETTLE_S,
+    collect,
+    default_soak_dir,
+    json_lines,
+    load_progress,
+    run_soak,
+    soak_lines,
+    soak_provenance,
+)
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -51,6 +56,9 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
+from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
+from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
+from harness.workloads.fsdp_scenarios import RUNNER
 
 NAME = "bit_identity"
 

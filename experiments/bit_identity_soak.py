@@ -19,14 +19,15 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
-from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import fd_kind_lines, kinds_from_progress, only_store_connection
 from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
+from harness.workloads.fsdp_scenarios import RUNNER
 
 __all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
            "load_progress", "json_lines", "fit_slope", "growth", "soak_lines"]

@@ -9,11 +9,11 @@ checkpoint work (proportional to params) over step compute (proportional to para
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from experiments.ckpt_sweep import CKPT_BYTES_PER_PARAM, TRAIN_STATE_BYTES_PER_PARAM, ModelSize
-from harness.report.paper import PAPER_CKPT as PAPER
 from experiments.provenance import ClaimRow
+from harness.report.paper import PAPER_CKPT as PAPER
 
 GiB = 2**30
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from experiments import _driver, ckpt_sweep
 from experiments.ckpt_analysis import GiB, data_rows

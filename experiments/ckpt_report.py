@@ -7,16 +7,17 @@ rebuilds it all without training.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from experiments import _driver
 from experiments.ckpt_analysis import GiB, claims, extrapolate, paper_implied
 from experiments.ckpt_sweep import CKPT_BYTES_PER_PARAM, TRAIN_STATE_BYTES_PER_PARAM, ModelSize
-from harness.report.paper import PAPER_CKPT as PAPER
 from experiments.provenance import ClaimRow, load_provenance, paper_vs_ours_table, provenance_markdown, stamp_figure
+from harness.report.paper import PAPER_CKPT as PAPER
 
 PAPER_MODEL = "decoder1b2"  # the paper's 1.216B decoder (conf/model/decoder1b2.yaml)
 

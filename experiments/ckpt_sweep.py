@@ -54,7 +54,7 @@ class ModelSize:
     batch: int
 
     @classmethod
-    def from_model_config(cls, m: Any) -> "ModelSize":
+    def from_model_config(cls, m: Any) -> ModelSize:
         """From a ``harness.schema.ModelConfig`` (conf/model/*.yaml)."""
         return cls(m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
                    m.num_kv_heads, m.seq_len, m.batch_size)

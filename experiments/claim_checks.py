@@ -13,11 +13,11 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
-from harness.report.trials import as_float
 from harness.report.intervals import BETTER, MIN_EFFECT, NOISE, WORSE, Interval, order_statistic_coverage, verdict
+from harness.report.trials import as_float
 
 Cell = tuple[str, int, str]  # (strategy, age, fault)
 

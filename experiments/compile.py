@@ -31,7 +31,6 @@ from pathlib import Path
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -39,6 +38,7 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
+from harness.workloads.fsdp_scenarios import RUNNER
 
 NAME = "compile"
 FAULTS = [

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
-from harness.report.trials import as_float
+from experiments.provenance import ClaimRow
 from harness import strategies
 from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP, paper_label
-from experiments.provenance import ClaimRow
+from harness.report.trials import as_float
 
 # The rows this experiment compares: the baselines the paper published gains over (their specs'
 # paper_gain), in table order, and the strategy under test. Labels and colours are on the specs.
@@ -108,7 +109,7 @@ def projected_gain(r_over_s: float, age: float, t_steps: float) -> float:
 _f = as_float  # the harness's one reading of a number from a row or a CSV cell
 
 
-def run_name(strategy: str, age: Optional[int]) -> str:
+def run_name(strategy: str, age: int | None) -> str:
     """The comparison's subdirectory of a run (harness.report.compare.plan_runs)."""
     return REFERENCE if age is None else f"{strategy}_age{age}"
 
@@ -176,7 +177,7 @@ def restart_cost_ratios(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             continue
 
         def med(key: str) -> float:
-            vals = [_f(r[key]) for r in rows if not math.isnan(_f(r[key]))]
+            vals = [_f(r[key]) for r in rows if not math.isnan(_f(r[key]))]  # noqa: B023 - used in this iteration
             return statistics.median(vals) if vals else math.nan
 
         recovery = [sum(_f(r[f"fault_{p}_s"]) for p in ("detection", "agreement", "rebuild", "rebind")) for r in rows]
@@ -228,7 +229,7 @@ def _ratio(ratios: Sequence[Mapping[str, Any]], strategy: str) -> Mapping[str, A
     return next((r for r in ratios if r["strategy"] == strategy), {})
 
 
-def paper_r_over_s(baseline: str, paper: Optional[GainModel] = None) -> float:
+def paper_r_over_s(baseline: str, paper: GainModel | None = None) -> float:
     """The R/s the paper's figures imply for ``baseline`` (cold restart: two points; NVRx: its one point
     with the cold-restart s/T)."""
     paper = paper or implied_paper_model()

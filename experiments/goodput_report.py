@@ -7,10 +7,11 @@ Everything here derives from data.csv's rows (experiments.goodput_model does the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from experiments import _driver
 from experiments.goodput_model import (
@@ -34,8 +35,6 @@ from experiments.goodput_model import (
     projected_gain,
     restart_cost_ratios,
 )
-from harness import strategies
-from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -44,6 +43,8 @@ from experiments.provenance import (
     stamp_figure,
     verdict,
 )
+from harness import strategies
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 
 
 def md_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[tuple[str, str, str]]) -> str:

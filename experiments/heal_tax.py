@@ -35,8 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["CELLS", "measure_parts", "main"]
 
@@ -74,8 +75,8 @@ def measure_parts(nbytes: int = PART_BYTES, repeats: int = 7) -> dict[str, Any]:
         dst = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
         dst.copy_(src)  # first touch of the mapping, not timed (the writer keeps its mappings across steps)
         arr = dst.numpy()
-        copy = [_cpu(lambda: dst.copy_(src)) for _ in range(repeats)]
-        crc = [_cpu(lambda: crc32(arr)) for _ in range(repeats)]
+        copy = [_cpu(lambda: dst.copy_(src)) for _ in range(repeats)]  # noqa: F821 - run before the del below
+        crc = [_cpu(lambda: crc32(arr)) for _ in range(repeats)]  # noqa: F821 - ditto
 
         # A push: the wire's own sendfile out of the slot file, recv_into a kept mapping on the other side.
         dest = shm / "replica"

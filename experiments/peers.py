@@ -33,11 +33,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from experiments import _driver
-from experiments.provenance import footer_text, load_provenance, provenance_markdown, write_provenance
+from experiments.provenance import footer_text, load_provenance, write_provenance
 
 NAME = "peers"
 _ROOT = Path(__file__).resolve().parent.parent

@@ -35,10 +35,11 @@ import math
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import datetime
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
 from experiments import _driver
 from experiments._load_sampler import LoadSampler, mean_load, read_samples
@@ -244,9 +245,9 @@ def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
-    from harness.events import Snapshots, load_events, of_type
     from harness.app.machine import probe
     from harness.app.memory_plan import plan as memory_plan
+    from harness.events import Snapshots, load_events, of_type
 
     out = []
     samples = read_samples(scratch / LOAD_FILE)

@@ -8,8 +8,9 @@ how much and which measured badput parts made the difference.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from experiments import _driver
 from experiments.provenance import load_provenance, stamp_figure
@@ -102,7 +103,6 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
     this run's median step).
     """
     from harness.report.badput_goodput import badput_goodput_from_row
-
     from harness.report.trials import _median
 
     refs = {(r["fault"], r.get("trial")): r for r in data if r.get("strategy") == REFERENCE}

@@ -17,10 +17,11 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from harness.app.machine import usable_cores
 from harness.report.gitinfo import git_state
@@ -56,7 +57,7 @@ class Provenance:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Provenance":
+    def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
         return cls(**{k: data[k] for k in ("command", "git_sha", "git_dirty", "date", "machine")},
                    extra=dict(data.get("extra", {})))
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from experiments.provenance import load_provenance
 from experiments.registry import SECTIONS, Section

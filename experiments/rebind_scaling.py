@@ -23,14 +23,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Sequence
 
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from harness.workloads.fsdp_scenarios import RUNNER
-from harness.report.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -38,6 +36,8 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
+from harness.report.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
+from harness.workloads.fsdp_scenarios import RUNNER
 
 NAME = "rebind_scaling"
 FLAVOURS = ("fsdp2", "fsdp1")

@@ -18,12 +18,13 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from accelpact.testing.session import run_session
-from harness.workloads.memory_probe import RUNNER
 from experiments.bit_identity_soak import fit_slope
+from harness.workloads.memory_probe import RUNNER
 
 __all__ = ["VARIANTS", "run", "main"]
 

@@ -18,8 +18,8 @@ import importlib.util
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from experiments.registry import REGISTRY, Experiment
 

@@ -19,8 +19,9 @@ import csv
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from experiments.provenance import current_command, load_provenance, stamp_figure, write_provenance
 from harness import strategies
@@ -31,8 +32,8 @@ from harness.scale.config import CLASSES, Cluster, strategy_names
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchor_table_md, badput_table_md, strategy_legend_md
-from harness.scale.torchft_measured import measured_torchft
 from harness.scale.sources import ANCHORS, FTHSDP_STALL_S, FTHSDP_SYNC_STALL_S, RSC_MTTF_H, RSC_SOURCE, llama3_mix
+from harness.scale.torchft_measured import measured_torchft
 
 NAME = "scale_projection"
 ROOT = Path(__file__).resolve().parent.parent

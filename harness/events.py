@@ -42,9 +42,10 @@ import os
 import time
 import types
 import typing
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator, Mapping, TypeVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 EVENTS_DIR = "events"
 
@@ -473,7 +474,7 @@ class EventLog:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

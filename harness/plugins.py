@@ -21,7 +21,7 @@ class PluginError(ImportError):
     """A module named in HARNESS_PLUGINS could not be imported."""
 
 
-def load_plugins(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> list[str]:
+def load_plugins(environ: os._Environ[str] | dict[str, str] = os.environ) -> list[str]:
     """Import every module named in ``HARNESS_PLUGINS`` (comma-separated); returns their names."""
     names = [n.strip() for n in environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     for name in names:

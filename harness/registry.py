@@ -8,7 +8,8 @@ Plain Python: reading a registry imports neither torch nor Hydra.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -15,7 +15,6 @@ from enum import Enum
 from typing import Any, List, Optional, Type, TypeVar
 
 
-
 class ConfigError(ValueError):
     """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it.
 

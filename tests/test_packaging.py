@@ -17,14 +17,14 @@ find-links / local index for torch and setuptools, as ``make`` does.
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What setuptools packages (pyproject.toml [tool.setuptools.packages.find]) plus the metadata files.

@@ -18,10 +18,10 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

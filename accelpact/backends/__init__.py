@@ -8,7 +8,8 @@ backend's message fragments (backends/faults.py has the rule).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from accelpact.backends.base import Backend, backend_name
 from accelpact.backends.faults import GENERIC_FAULT_MARKERS, matches_comm_fault

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import abc
 import datetime
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from accelpact.backends import keepalive
 from accelpact.backends.faults import matches_comm_fault
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from accelpact.backends.reconfigure import ReconfigurePath
     from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["Backend", "backend_name"]

@@ -13,7 +13,8 @@ generations are exactly the sockets that appeared while the guard built them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 

@@ -30,8 +30,9 @@ import datetime
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +115,7 @@ def _name(pg: Any) -> str:
 _POLL_S = 0.005
 
 
-def _wait_for_handles(store: "dist.Store", keys: list[str], world_ranks: Sequence[int],
+def _wait_for_handles(store: dist.Store, keys: list[str], world_ranks: Sequence[int],
                       timeout: datetime.timedelta) -> None:
     """Until every one of ``keys`` is set; raises at once when a rank of ``world_ranks`` posted that it
     gave up (a replacement that could not create its groups never publishes a handle: without this the
@@ -133,7 +134,7 @@ def _wait_for_handles(store: "dist.Store", keys: list[str], world_ranks: Sequenc
         time.sleep(_POLL_S)
 
 
-def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int,
+def reconfigure_group(pg: Any, spec: GroupSpec, store: dist.Store, rank: int,
                       timeout: datetime.timedelta = DEFAULT_TIMEOUT, world_ranks: Sequence[int] = ()) -> float:
     """Exchange handles for ``pg`` on ``store`` and reconfigure it in place; returns the seconds it took.
 
@@ -167,7 +168,7 @@ class ReconfigurePath:
         self.disabled: str | None = None  # set once a round fell back: later rounds rebuild too
         self.last_reconfigure_s = 0.0
 
-    def reconfigure(self, groups: Sequence[Any], specs: Sequence["GroupSpec"], store: "dist.Store",
+    def reconfigure(self, groups: Sequence[Any], specs: Sequence[GroupSpec], store: dist.Store,
                     rank: int) -> list[Any]:
         """Reconfigure ``groups`` (the live ones, in ``specs`` order) in place and return them.
 
@@ -233,7 +234,7 @@ def group_store_address(pg: Any) -> dict[str, Any]:
     return {"host": base.host, "port": base.port, "prefix": group_prefix[: -len(own)]}
 
 
-def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> "dist.Store":
+def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> dist.Store:
     """A client of the store :func:`group_store_address` described, under the same key prefix."""
     import torch.distributed as dist
 
@@ -244,8 +245,8 @@ def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> "dist.Stor
     return dist.PrefixStore(prefix[:-1], store) if prefix else store
 
 
-def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
-                device_id: "torch.device | None" = None, *,
+def join_groups(specs: Sequence[GroupSpec], store: dist.Store, rank: int,
+                device_id: torch.device | None = None, *,
                 group_stores: Sequence[dict[str, Any]], timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Any]:
     """On a replacement process: create every group in the reconfigure regime under the survivors'
     names, each on the store ``group_stores[i]`` describes (the survivors' group's own store and prefix,
@@ -272,7 +273,7 @@ def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
     return ReconfigurePath(world, timeout).reconfigure(groups, specs, store, rank)
 
 
-def _create_in_regime(spec: "GroupSpec", store: "dist.Store", rank: int, device_id: Any) -> Any:
+def _create_in_regime(spec: GroupSpec, store: dist.Store, rank: int, device_id: Any) -> Any:
     """A group registered under ``spec.name`` on ``store`` (c10d adds ``<name>/`` as for the survivors),
     created with ``enable_reconfigure=True`` (no communicator yet)."""
     import torch.distributed.distributed_c10d as c10d

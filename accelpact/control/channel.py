@@ -37,24 +37,25 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import launch_env as _launch_env
+from accelpact.control.data_plane_store import DataPlaneStores
 from accelpact.control.store_client import (
     _Connection,
-    _StoreRefused,
     _dist,
     _first_line,
     _is_connection_error,
     _is_wait_timeout,
     _new_client,
+    _StoreRefused,
 )
-from accelpact.control.data_plane_store import DataPlaneStores
-from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.detection.liveness import Beat, PeerWatch, Verdict
+from accelpact.errors import ControlChannelError, RankLostError
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -119,7 +120,7 @@ class ControlChannel(DataPlaneStores):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def connect(cls, config: ControlConfig) -> "ControlChannel":
+    def connect(cls, config: ControlConfig) -> ControlChannel:
         """Connect to the control store; ControlChannelError if it is unreachable within connect_timeout_s."""
         chan = cls(config)
         chan._call(lambda s: s.check([chan.key("hello")]), time.monotonic() + config.connect_timeout_s,
@@ -127,7 +128,7 @@ class ControlChannel(DataPlaneStores):
         return chan
 
     @classmethod
-    def from_env(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+    def from_env(cls, rank: int | None = None, world_size: int | None = None) -> ControlChannel:
         """Connect using ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE.
 
         Under torchrun, a missing ACCELPACT_CONTROL_ADDR / ACCELPACT_JOB_TOKEN falls back to torchrun's
@@ -137,13 +138,13 @@ class ControlChannel(DataPlaneStores):
         return cls._from_settings(_launch_env.control_settings(), rank, world_size)
 
     @classmethod
-    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> ControlChannel:
         """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run
         id (docs/torchrun.md). AccelPactError when this process was not started by torchrun."""
         return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
 
     @classmethod
-    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> "ControlChannel":
+    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> ControlChannel:
         rank = _launch_env.launcher_int("RANK") if rank is None else rank
         world_size = _launch_env.launcher_int("WORLD_SIZE") if world_size is None else world_size
         return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
@@ -253,7 +254,7 @@ class ControlChannel(DataPlaneStores):
             conn = None
             try:
                 conn = self._connection(deadline)
-                return self._run(conn, lambda: fn(conn.store), deadline, what)
+                return self._run(conn, lambda: fn(conn.store), deadline, what)  # noqa: B023 - awaited in this iteration
             except ControlChannelError:
                 raise
             except Exception as exc:
@@ -312,7 +313,7 @@ class ControlChannel(DataPlaneStores):
         return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
 
     def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None,
-               watch: "PeerWatch | None" = None) -> dict[int, bytes]:
+               watch: PeerWatch | None = None) -> dict[int, bytes]:
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 
         Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
@@ -409,7 +410,7 @@ class ControlChannel(DataPlaneStores):
             if self._conn is not None:
                 self._discard(self._conn)
 
-    def __enter__(self) -> "ControlChannel":
+    def __enter__(self) -> ControlChannel:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -434,7 +435,7 @@ def _wait_then_get(store: Any, keys: list[str], deadline: float) -> list[bytes] 
     return store.multi_get(keys)
 
 
-def start_control_server(host: str = "127.0.0.1", port: int = 0) -> "tuple[torch.distributed.TCPStore, int]":
+def start_control_server(host: str = "127.0.0.1", port: int = 0) -> tuple[torch.distributed.TCPStore, int]:
     """Host the control store in this process (a long-lived one the data-plane faults do not touch).
 
     ``port=0`` binds a free port. Returns the server store (keep a reference: the server lives as

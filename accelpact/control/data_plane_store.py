@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 class DataPlaneStores:
     """Hands out one never-used data-plane store per generation (see the module docstring)."""
 
-    _spare: "tuple[Future, int] | None"
+    _spare: tuple[Future, int] | None
     _dp_generations: set[int]
 
-    def data_plane_store(self, generation: int) -> "torch.distributed.Store":
+    def data_plane_store(self, generation: int) -> torch.distributed.Store:
         """A never-used ``PrefixStore("{token}/dp/gen{generation}", <fresh client>)`` for that generation's group.
 
         A fresh client per generation, not the channel's own: gloo's rendezvous blocks on it without
@@ -68,7 +68,7 @@ class DataPlaneStores:
         conn.worker.stop()  # the worker exits once the connect returned: no idle thread is left
         self._spare = (fut, self.connects)
 
-    def _take_spare(self) -> "torch.distributed.TCPStore | None":
+    def _take_spare(self) -> torch.distributed.TCPStore | None:
         """The spare client if it connected and nothing suggests it is broken, else None."""
         with self._lock:
             spare, self._spare = self._spare, None
@@ -83,7 +83,7 @@ class DataPlaneStores:
         except Exception:  # noqa: BLE001 - any failure: connect afresh below, under the own deadline
             return None
 
-    def _connect_data_plane_client(self, generation: int) -> "torch.distributed.TCPStore":
+    def _connect_data_plane_client(self, generation: int) -> torch.distributed.TCPStore:
         timeout_s = max(self.config.connect_timeout_s, self.config.deadline_s)
         # Connected on a throwaway worker so that the own deadline holds and a failure here is not
         # mistaken for a broken control connection.

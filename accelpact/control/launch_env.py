@@ -16,7 +16,7 @@ of its own. ``RANK`` and ``WORLD_SIZE`` come from the launcher in both cases.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from accelpact.errors import AccelPactError
 

@@ -13,8 +13,9 @@ import datetime
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact import shutdown
 
@@ -59,7 +60,7 @@ class _Worker:
     def stop(self) -> None:
         self._queue.put(None)
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         """Stop (an idle worker exits at once; a busy one after its call) and wait until ``deadline``."""
         self._queue.put(None)
         return shutdown.join_until(self._thread, deadline)
@@ -70,7 +71,7 @@ class _Connection:
 
     def __init__(self, name: str):
         self.worker = _Worker(name)
-        self.store: "torch.distributed.TCPStore | None" = None
+        self.store: torch.distributed.TCPStore | None = None
 
 
 def _dist():
@@ -119,7 +120,7 @@ def _probe(host: str, port: int, timeout_s: float, *, first: bool) -> None:
 
 
 def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False,
-                first: bool = False) -> "torch.distributed.TCPStore":
+                first: bool = False) -> torch.distributed.TCPStore:
     """A TCPStore client; with ``probe``, a refused address raises _StoreRefused at once (see _probe)."""
     dist = _dist()
     if probe:

@@ -29,8 +29,9 @@ the collector does not track.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,7 @@ class BindingTable:
     @classmethod
     def build(
         cls, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, process_group: Any = None
-    ) -> "BindingTable":
+    ) -> BindingTable:
         """Walk model, FSDP state and optimizer state once and record every process-group slot.
 
         ``process_group`` (default: WORLD) is always included even if FSDP happens to hold it only

@@ -14,8 +14,9 @@ group is bound to, ...) lives in :mod:`accelpact.backends`.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Callable, Collection
+from typing import Any
 
 import torch
 import torch.distributed as dist

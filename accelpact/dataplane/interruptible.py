@@ -25,7 +25,8 @@ would make its destructor wait for the stuck operation.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from accelpact.errors import CollectiveAbandoned
 

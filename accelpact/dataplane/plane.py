@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import datetime
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -60,7 +61,7 @@ class DataPlane(abc.ABC):
     #: the name under which accelpact.dataplane.DATA_PLANES lists this implementation
     name: str = ""
 
-    def __init__(self, *, backend: "Backend", table: "BindingTable", specs: list["GroupSpec"], vote_index: int,
+    def __init__(self, *, backend: Backend, table: BindingTable, specs: list[GroupSpec], vote_index: int,
                  control: Any, rank: int, group_timeout: datetime.timedelta | None, verify_rebind: bool,
                  scan: Scan, peers: set[str]) -> None:
         self.backend = backend
@@ -83,9 +84,9 @@ class DataPlane(abc.ABC):
         self.last_path: dict[str, str] = {"path": self.name, "why": f"data_plane={self.name!r}"}
 
     @classmethod
-    def attach(cls, model: "nn.Module", optimizer: "torch.optim.Optimizer", control: Any, *,
+    def attach(cls, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                process_group: Any = None, group_timeout: datetime.timedelta | None = None,
-               verify_rebind: bool = False) -> "DataPlane":
+               verify_rebind: bool = False) -> DataPlane:
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""
         from accelpact.dataplane.bindings import BindingTable
 
@@ -173,7 +174,7 @@ class DataPlane(abc.ABC):
     # -- the next generation ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def rebuild(self, generation: int, clock: "RoundClock | None" = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
         """Make ``generation`` of every data-plane group live; returns (old groups, new groups).
 
         Called by every rank of the generation alike (and by the heal, with the replacement's groups

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch.distributed as dist
 

@@ -14,9 +14,9 @@ from typing import Any
 from accelpact.dataplane import generations
 from accelpact.dataplane.bindings import find_stale_references
 from accelpact.dataplane.plane import DataPlane
+from accelpact.detection.linkprobe import wait_reachable
 from accelpact.errors import AccelPactError
 from accelpact.events import RoundClock
-from accelpact.detection.linkprobe import wait_reachable
 
 __all__ = ["RebindPlane"]
 

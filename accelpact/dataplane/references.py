@@ -11,7 +11,8 @@ from __future__ import annotations
 import gc
 import sys
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["find_stale_references"]
 

@@ -32,8 +32,9 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from accelpact import shutdown
 from accelpact.control import notice_auth
@@ -91,7 +92,7 @@ class Beat:
         return f"{time.time():.6f} {pid} {progress}".encode()
 
     @classmethod
-    def parse(cls, raw: bytes | str) -> "Beat":
+    def parse(cls, raw: bytes | str) -> Beat:
         text = raw.decode() if isinstance(raw, bytes) else raw
         parts = text.split()
         t = float(parts[0])
@@ -115,7 +116,7 @@ class DeathNotice:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes | str) -> "DeathNotice":
+    def from_bytes(cls, raw: bytes | str) -> DeathNotice:
         d = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
         return cls(rank=int(d["rank"]), by=str(d.get("by", "?")), reason=str(d.get("reason", "")),
                    pid=d.get("pid"), t=float(d.get("t", 0.0)), generation=d.get("generation"))
@@ -241,12 +242,12 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"accelpact-heartbeat-r{rank}", daemon=True)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread.start()
         shutdown.register(self)  # a beat landing while the interpreter finalizes would abort it
         return self
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         self._stop.set()
         return shutdown.join_until(self._thread, deadline)
 

@@ -8,12 +8,13 @@ docs/detection.md explains the detectors.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from accelpact.recovery.consensus import RankReport
-from accelpact.errors import AccelPactError
 from accelpact.detection.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.detection.watchdog import StallWatchdog
+from accelpact.errors import AccelPactError
+from accelpact.recovery.consensus import RankReport
 
 __all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 

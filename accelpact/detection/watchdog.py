@@ -32,8 +32,9 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Callable, Collection
+from typing import Any
 
 from accelpact import shutdown
 from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
@@ -98,7 +99,7 @@ class SendQueueTracker:
         self._seen.clear()
 
 
-def resolve_stall_timeout(value: "float | None | str", pg_timeout_s: float) -> float | None:
+def resolve_stall_timeout(value: float | None | str, pg_timeout_s: float) -> float | None:
     """attach()'s ``stall_timeout_s``: "auto" is DEFAULT_STALL_TIMEOUT_S when the PG timeout is longer,
     else None (off); None stays off; seconds stay as given (checked against the PG timeout at start)."""
     if value == "auto":
@@ -144,7 +145,7 @@ class StallWatchdog:
 
     # -- the guard's side ------------------------------------------------------------------------
 
-    def start(self) -> "StallWatchdog":
+    def start(self) -> StallWatchdog:
         self._thread.start()
         shutdown.register(self)  # a store read returning while the interpreter finalizes would abort it
         return self
@@ -155,7 +156,7 @@ class StallWatchdog:
         if wait_s > 0:
             shutdown.join_until(self._thread, time.monotonic() + wait_s)
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         self._stop.set()
         return shutdown.join_until(self._thread, deadline)
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from accelpact.errors import AccelPactError
 from accelpact.dataplane.reset import fsdp_flavour
+from accelpact.errors import AccelPactError
 
 __all__: list[str] = []  # private to accelpact.guard
 
@@ -57,7 +57,7 @@ def check_members(control: Any) -> None:
         join()
 
 
-def check_heal_mesh(model: nn.Module, rejoined: "set[str] | None") -> None:
+def check_heal_mesh(model: nn.Module, rejoined: set[str] | None) -> None:
     """On a replacement (``rejoined``: the names of the groups :func:`accelpact.rejoin` built), an
     AccelPactError, with the fix, when a parameter's DeviceMesh uses a group the survivors do not have.
 

@@ -12,7 +12,8 @@ posted just as its rank's connection breaks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from accelpact.dataplane.reset import ResetConfig
 from accelpact.detection.liveness import LivenessConfig
 from accelpact.recovery.context import InjectionClock
-from accelpact.dataplane.reset import ResetConfig
 
 __all__ = ["GuardConfig", "InjectionClock"]
 

@@ -32,31 +32,32 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact.detection import start as detection
-from accelpact.guard import attach_checks as _attach_checks
-from accelpact.recovery import rounds as recovery
-from accelpact.guard.clipping import clip_gradients
-from accelpact.recovery.consensus import Phase
-from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
-from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.control.store_loss import store_lost_error
+from accelpact.dataplane.interruptible import CollectiveWaiter
 from accelpact.dataplane.plane import DataPlane
 from accelpact.dataplane.registry import attach_data_plane
-from accelpact.events import HealEvent, RecoveryLog
-from accelpact.guard.config import GuardConfig, InjectionClock
-from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.detection import start as detection
 from accelpact.detection.liveness import LivenessConfig
+from accelpact.detection.watchdog import resolve_stall_timeout
+from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
+from accelpact.events import HealEvent, RecoveryLog
+from accelpact.guard import attach_checks as _attach_checks
+from accelpact.guard.clipping import clip_gradients
+from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.recovery import positions
+from accelpact.recovery import rounds as recovery
+from accelpact.recovery.consensus import Phase
 from accelpact.recovery.context import RecoveryContext, StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
-from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
-from accelpact.control.store_loss import store_lost_error
-from accelpact.detection.watchdog import resolve_stall_timeout
 
 if TYPE_CHECKING:
     from accelpact.recovery.heal import HealPolicy
@@ -80,7 +81,7 @@ class Guard:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
                  process_group: Any = None, config: GuardConfig = GuardConfig(),
                  injection_clock: InjectionClock | None = None, snapshots: Any = None,
-                 heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> None:
+                 heal: HealPolicy | None = None, rejoin: RejoinTicket | None = None) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
         _attach_checks.check_model(model)
@@ -508,7 +509,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
            stall_timeout_s: float | None | str = "auto", snapshots: Any = None,
-           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None,
+           heal: HealPolicy | None = None, rejoin: RejoinTicket | None = None,
            data_plane: str = "auto") -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from accelpact.errors import RankLostError, StateDivergedError
 
@@ -104,7 +104,7 @@ class RankReport:
         return json.dumps(self.to_dict(), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "RankReport":
+    def from_bytes(cls, data: bytes) -> RankReport:
         """Inverse of :meth:`to_bytes`; raises StateDivergedError on a malformed payload."""
         try:
             d = json.loads(data.decode())

@@ -9,13 +9,14 @@ stand-in data plane and control channel, no process group needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from accelpact.recovery.consensus import Phase
-from accelpact.recovery.region_rule import RegionPhase, RegionState
 from accelpact.errors import AccelPactError
 from accelpact.events import RecoveryLog
+from accelpact.recovery.consensus import Phase
+from accelpact.recovery.region_rule import RegionPhase, RegionState
 
 if TYPE_CHECKING:
     from accelpact.dataplane import DataPlane
@@ -77,11 +78,11 @@ class RecoveryContext:
     rank: int
     world_size: int
     control: Any  # accelpact.control.ControlChannel (or a stand-in with its methods)
-    plane: "DataPlane"
+    plane: DataPlane
     state: StepState
     # Puts FSDP back into a clean between-steps state and drops its gradients (accelpact.dataplane.reset).
     reset_fsdp: Callable[[], None]
     # Called as hook(phase, step) ("recovery": the new generation exists, before its first collective).
     hook: Callable[[str, int], None]
-    liveness: "LivenessConfig | None" = None
+    liveness: LivenessConfig | None = None
     events: RecoveryLog = field(default_factory=RecoveryLog)

@@ -26,20 +26,37 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import notice_auth
+from accelpact.detection.liveness import (
+    DeathNotice,
+    LivenessConfig,
+    PeerJudge,
+    PeerWatch,
+    heartbeat_key,
+    notice_applies,
+    notice_key,
+    parse_beat,
+)
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.recovery.heal_groups import merge_group_posts
 from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
-from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
-                                 publish_no_replacement, request_key, rollcall_key)
+from accelpact.recovery.heal_wait import (
+    ReplacementWatch,
+    abandoned_key,
+    arrived_key,
+    joining_key,
+    plan_key,
+    publish_no_replacement,
+    request_key,
+    rollcall_key,
+)
 from accelpact.recovery.heal_wait import peek as _peek
-from accelpact.detection.liveness import (DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key,
-                                         notice_applies, notice_key, parse_beat)
 
 if TYPE_CHECKING:
     from accelpact.recovery.context import RecoveryContext
@@ -99,7 +116,7 @@ class Healer:
     It gets the guard's recovery context (the data plane, the step state, the control channel), never
     the guard itself."""
 
-    def __init__(self, ctx: "RecoveryContext", policy: HealPolicy, snapshots: Any) -> None:
+    def __init__(self, ctx: RecoveryContext, policy: HealPolicy, snapshots: Any) -> None:
         self.ctx = ctx
         self.policy = policy
         self.snapshots = snapshots
@@ -351,7 +368,7 @@ class Healer:
 
     # -- a replacement ----------------------------------------------------------------------------
 
-    def join(self, ticket: "RejoinTicket") -> HealOutcome:
+    def join(self, ticket: RejoinTicket) -> HealOutcome:
         """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
         g = self.ctx
         t0 = time.time()

@@ -19,7 +19,8 @@ accelpact.recovery.rejoin reads them).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accelpact.errors import StateDivergedError
 

@@ -17,8 +17,8 @@ most. (With ``snapshot.every=k``, up to k steps.)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from accelpact.errors import RankLostError, StateDivergedError
 
@@ -52,7 +52,7 @@ class HealReport:
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "HealReport":
+    def from_bytes(cls, raw: bytes) -> HealReport:
         try:
             d = json.loads(raw.decode())
             held = {int(k): str(v) for k, v in d["held"].items()}

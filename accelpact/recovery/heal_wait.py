@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from accelpact.control import notice_auth
-from accelpact.errors import RankLostError
 from accelpact.detection.liveness import notice_key
+from accelpact.errors import RankLostError
 
 __all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
            "publish_no_replacement",

@@ -25,8 +25,8 @@ Pure logic, free of torch.distributed.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["Position", "KINDS", "VoteCodec", "encode", "count_of", "agreed", "describe", "NO_LOOP_STEP"]
 
@@ -47,7 +47,7 @@ class Position:
         return KINDS.index(self.kind), self.guard_step, self.region, self.loop_step
 
     @classmethod
-    def from_values(cls, values: Sequence[int]) -> "Position":
+    def from_values(cls, values: Sequence[int]) -> Position:
         kind, guard_step, region, loop_step = (int(v) for v in values)
         return cls(KINDS[kind], guard_step, region, loop_step)
 

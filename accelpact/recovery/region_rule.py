@@ -25,8 +25,8 @@ run different collectives against each other.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from accelpact.errors import StateDivergedError
 
@@ -59,7 +59,7 @@ class RegionState:
                 "phase": None if self.phase is None else self.phase.value}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> "RegionState":
+    def from_dict(cls, d: Mapping[str, object]) -> RegionState:
         try:
             phase = d.get("phase")
             return cls(int(d["committed"]), int(d["done"]),  # type: ignore[arg-type]

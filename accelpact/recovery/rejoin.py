@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
 from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
-from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
 
 __all__ = ["RejoinTicket", "rejoin"]
 

@@ -15,7 +15,8 @@ dimension ``d`` a rank's group holds the ranks that differ from it only in coord
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from accelpact.errors import AccelPactError
 

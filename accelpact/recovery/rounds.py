@@ -15,12 +15,12 @@ import logging
 import time
 
 from accelpact.dataplane import heap
-from accelpact.detection import start as detection
 from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
 from accelpact.dataplane.tracebacks import where as _where
-from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
+from accelpact.detection import start as detection
 from accelpact.errors import RankLostError
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.recovery.context import InjectionClock, RecoveryContext
 from accelpact.recovery.region_rule import RegionState
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
 from accelpact.run.modules import MODULES_KEY_ENV
@@ -75,8 +75,8 @@ class AgentConfig:
     max_replacements: int = 3
     replacement: str = "template"
     module: bool = False
-    snapshot_root: Optional[str] = None  # "%n" is replaced by the node rank
-    log_dir: Optional[Path] = None
+    snapshot_root: str | None = None  # "%n" is replaced by the node rank
+    log_dir: Path | None = None
     preload: tuple[str, ...] = ()
     join_timeout_s: float = 300.0
     python: str = sys.executable
@@ -116,7 +116,7 @@ class _Attempt:
     workers: Workers = field(default_factory=Workers)
     spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
     done_posted: bool = False
-    modules: Optional[int] = None  # the template's preload request of what the ranks loaded (its id), once sent
+    modules: int | None = None  # the template's preload request of what the ranks loaded (its id), once sent
     ended: dict[int, int] = field(default_factory=dict)  # rank -> exit code, of ranks that exited after ending the run
 
     @property
@@ -131,7 +131,7 @@ class Agent:
         self.cfg = cfg
         self.store: Any = None
         self.port = cfg.master_port
-        self.template: Optional[TemplateClient] = None
+        self.template: TemplateClient | None = None
         self.replacements = 0
         self.events: list[dict[str, Any]] = []  # what the agent did, also printed
 
@@ -162,14 +162,14 @@ class Agent:
                                 f"{self.cfg.master_addr}:{self.cfg.master_port} within {self.cfg.join_timeout_s:g} s "
                                 f"({exc}); start node 0's agent, and check --master-addr/--master-port") from exc
 
-    def _peek(self, key: str) -> Optional[bytes]:
+    def _peek(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store.check([key]) else None
 
     def _count(self, key: str) -> int:
         return int(self.store.add(key, 0))
 
     # -- processes ----------------------------------------------------------------------------
-    def _env(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> dict[str, str]:
+    def _env(self, local_rank: int, attempt: int, replacement_of: tuple[int, int, float] | None = None) -> dict[str, str]:
         root = self.cfg.snapshot_root.replace("%n", str(self.cfg.node_rank)) if self.cfg.snapshot_root else None
         env = worker_env(self.cfg.place(local_rank), master_addr=self.cfg.master_addr, master_port=self.port,
                          run_id=self.cfg.run_id, attempt=attempt, max_restarts=self.cfg.max_restarts,
@@ -185,13 +185,13 @@ class Agent:
         head = [self.cfg.python, "-u"] + (["-m"] if self.cfg.module else [])
         return head + list(self.cfg.entry)
 
-    def _log(self, rank: int) -> Optional[Path]:
+    def _log(self, rank: int) -> Path | None:
         if self.cfg.log_dir is None:
             return None
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         return self.cfg.log_dir / f"rank{rank}.log"
 
-    def _spawn(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> Any:
+    def _spawn(self, local_rank: int, attempt: int, replacement_of: tuple[int, int, float] | None = None) -> Any:
         return spawn(self._argv(), self._env(local_rank, attempt, replacement_of),
                      self._log(self.cfg.place(local_rank).rank))
 
@@ -307,7 +307,7 @@ class Agent:
             self.say(f"the template could not preload the ranks' modules: {exc}")
 
     # -- deaths -------------------------------------------------------------------------------
-    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
+    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> str | None:
         """None when ``rank`` is to be replaced; else why not (the survivors and the user read it)."""
         pid = att.procs[rank].pid
         if self.cfg.replacement == "none":
@@ -323,7 +323,7 @@ class Agent:
             return f"every rank is dead (rank {rank} with {describe_exit(code)}): no survivor to heal from"
         return None
 
-    def _ended_run(self, att: _Attempt, rank: int) -> Optional[int]:
+    def _ended_run(self, att: _Attempt, rank: int) -> int | None:
         """The step at which ``rank`` ended the run (its guard's closed mark, this attempt), or None."""
         from accelpact.recovery.heal_wait import closed_key_of
 
@@ -346,7 +346,7 @@ class Agent:
                      f"step {step} (guard.finish, then close): not replaced; {after}", kind="exit_after_end",
                      rank=rank, pid=pid, code=code, step=step, attempt=att.number)
 
-    def _handle_deaths(self, att: _Attempt) -> Optional[str]:
+    def _handle_deaths(self, att: _Attempt) -> str | None:
         """Reap this node's ranks (each death's notice written); replace the killed ones. The reason for a
         group restart, or None."""
         _, exited = att.workers.poll()
@@ -363,7 +363,7 @@ class Agent:
         return None
 
     # -- attempts -----------------------------------------------------------------------------
-    def _run_attempt(self, attempt: int) -> Optional[str]:
+    def _run_attempt(self, attempt: int) -> str | None:
         """Run one attempt to its end: None when every rank of every node succeeded, else the restart reason."""
         att = self._start(attempt)
         restart_key = self.key("restart", attempt)

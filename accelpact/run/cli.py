@@ -88,7 +88,7 @@ def config_from_args(argv: list[str]) -> AgentConfig:
                            join_timeout_s=a.join_timeout, hot_spares=a.hot_spares)
     except ValueError as exc:
         ap.error(str(exc))
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable") from None
 
 
 def main(argv: list[str] | None = None) -> int:

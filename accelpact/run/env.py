@@ -21,8 +21,8 @@ assigns it a rank (accelpact.run.spare).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from accelpact.run import spare
 

@@ -37,7 +37,8 @@ import select
 import signal
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["thread_count", "enter_netns", "die_with_parent", "fork_one", "reap", "serve", "Become"]
 

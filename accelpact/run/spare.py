@@ -23,8 +23,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from accelpact.run.template import _exists  # is a pid still there (the template's own check)
 

@@ -19,7 +19,7 @@ import select
 import signal
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["TemplateClient", "TemplateUnavailable", "ForkedRank", "start_script_template", "FORK_REPLY_S",
            "READY_WAIT_S"]
@@ -41,7 +41,7 @@ class TemplateClient:
     def __init__(self, proc: subprocess.Popen[bytes], started: float) -> None:
         self.proc = proc
         self.started = started
-        self.ready: Optional[dict[str, Any]] = None  # the template's ready record
+        self.ready: dict[str, Any] | None = None  # the template's ready record
         self.exits: dict[int, int] = {}  # child pid -> exit code, as reported
         self._replies: dict[int, dict[str, Any]] = {}
         self._buf = b""
@@ -76,7 +76,7 @@ class TemplateClient:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, request: dict[str, Any]) -> "ForkedRank":
+    def fork(self, request: dict[str, Any]) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason).
 
         ``request``: what the template's ``become`` reads (``env``, ``cwd``, ``netns`` at least)."""
@@ -116,7 +116,7 @@ class TemplateClient:
             raise TemplateUnavailable(f"the template's pipe is closed ({exc})") from exc
         return req_id
 
-    def reply(self, req_id: int) -> Optional[dict[str, Any]]:
+    def reply(self, req_id: int) -> dict[str, Any] | None:
         """The reply to request ``req_id`` if it came (taken), else None (never blocks)."""
         self.pump()
         return self._replies.pop(req_id, None)
@@ -158,8 +158,8 @@ class TemplateClient:
             self.proc.stdout.close()
 
 
-def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str], *, stdout_fd: Optional[int] = None,
-                          stderr: Any = None, cwd: Optional[str] = None) -> TemplateClient:
+def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str], *, stdout_fd: int | None = None,
+                          stderr: Any = None, cwd: str | None = None) -> TemplateClient:
     """Start ``python -m accelpact.run.script_template`` for ``entry`` and return its client.
 
     ``entry``: what the template preloads and what its children run (``script`` or ``module``, ``args``,
@@ -188,10 +188,10 @@ class ForkedRank:
     def __init__(self, template: TemplateClient, pid: int) -> None:
         self.template = template
         self.pid = pid
-        self.returncode: Optional[int] = None
+        self.returncode: int | None = None
         self.args = ["(forked from the template)", str(pid)]
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         self.template.pump()
@@ -211,7 +211,7 @@ class ForkedRank:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:

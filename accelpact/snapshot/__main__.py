@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from accelpact.snapshot.layout import default_root, remove_job
 from accelpact.snapshot.sizing import gib, used_bytes

@@ -33,14 +33,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from accelpact.snapshot._replica_wire import (
     MARKER,
+    FileMaps,
     PeerClosed,
     WireError,
-    FileMaps,
     check_file_list,
     discard,
     payload_files,

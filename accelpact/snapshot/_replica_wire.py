@@ -24,8 +24,9 @@ import mmap
 import os
 import socket
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from accelpact.control.notice_auth import NoticeRejected, sign, verify
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["crc32", "IMPLEMENTATION", "describe"]
 

@@ -10,7 +10,7 @@ replacements).
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from accelpact.errors import AccelPactError
 

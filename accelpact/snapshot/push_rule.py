@@ -26,7 +26,8 @@ and fails loudly (a disk-checkpoint fallback), never resuming from mismatched st
 
 from __future__ import annotations
 
-from typing import Mapping, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 __all__ = ["check_push_every", "is_pushed", "pushed_steps", "replay_bound", "slot_to_overwrite"]
 

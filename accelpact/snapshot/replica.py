@@ -41,13 +41,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
-from accelpact.errors import RankLostError
 from accelpact.control.notice_auth import NoticeRejected, sign, verify
+from accelpact.errors import RankLostError
 from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
-from accelpact.snapshot.slots import SnapshotError
 from accelpact.snapshot._replica_wire import (
     MARKER,
     WireError,
@@ -59,6 +59,7 @@ from accelpact.snapshot._replica_wire import (
     send_frame,
     write_json_atomic,
 )
+from accelpact.snapshot.slots import SnapshotError
 
 __all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "check_replica", "Replication",
            "ReplicaServer", "BuddyLostError"]
@@ -210,7 +211,7 @@ class Replication:
             self.start()
 
     @classmethod
-    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> "Replication":
+    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> Replication:
         """For a rank with a connected ``accelpact.ControlChannel``: rank and world size from it, the
         root from ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm/accelpact), the bind address on the control
         network (:func:`control_bind_address`), hosts from ``LOCAL_WORLD_SIZE``."""

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from accelpact.snapshot import layout as paths
-from accelpact.snapshot.load import check_slot, load_slot, own_slots
 from accelpact.snapshot.launch import restart_count
+from accelpact.snapshot.load import check_slot, load_slot, own_slots
 from accelpact.snapshot.slots import Marker, NoSnapshotToResumeError, SnapshotsDisagreeError, invalidate
 from accelpact.snapshot.snapshotter import SnapshotConfig
 

@@ -16,9 +16,10 @@ import json
 import mmap
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from accelpact.errors import AccelPactError
 from accelpact.snapshot.checksum import crc32
@@ -82,7 +83,7 @@ class Marker:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Marker":
+    def from_dict(cls, d: dict[str, Any]) -> Marker:
         fields = {"job_token", "rank", "world_size", "step", "generation", "nbytes", "checksum", "files",
                   "written_at", "format"}
         missing = fields - set(d)

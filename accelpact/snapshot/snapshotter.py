@@ -18,9 +18,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -137,7 +138,7 @@ class Snapshotter:
                                         daemon=True)
         self._thread.start()
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         """The copy in flight completes (a copy always ends; its marker makes the snapshot usable)."""
         job, thread = self._job, self._thread
         if job is not None:

@@ -19,8 +19,9 @@ layout is not described by the parameter names this format keys on.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -52,7 +53,7 @@ class Entry:
                 "device_type": self.device_type}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Entry":
+    def from_dict(cls, d: dict[str, Any]) -> Entry:
         return cls(d["key"], d["dtype"], tuple(d["shape"]), int(d["offset"]), int(d["nbytes"]), bool(d["dtensor"]),
                    tuple(d["global_shape"]), d.get("device_type", "cpu"))
 
@@ -78,7 +79,7 @@ class Meta:
                 "optim_scalars": self.optim_scalars, "rng": self.rng, "extra_state": self.extra_state}
 
     @classmethod
-    def from_obj(cls, d: dict[str, Any]) -> "Meta":
+    def from_obj(cls, d: dict[str, Any]) -> Meta:
         index = json.loads(d["index"]) if isinstance(d["index"], str) else d["index"]
         return cls(d["step"], index, d["param_groups"], d.get("optim_scalars", {}), d.get("rng", {}),
                    d.get("extra_state"))

@@ -26,13 +26,22 @@ import io
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from accelpact.snapshot.slots import MARKER, Marker, SnapshotError, combined_checksum, crc32_bytes, invalidate, write_marker
+from accelpact.snapshot.slots import (
+    MARKER,
+    Marker,
+    SnapshotError,
+    combined_checksum,
+    crc32_bytes,
+    invalidate,
+    write_marker,
+)
 from accelpact.snapshot.state import Entry, Meta
 
 __all__ = ["CopyJob", "CopyPlan", "PayloadMaps", "PAYLOAD", "META"]
@@ -48,7 +57,7 @@ class PayloadMaps:
     def __init__(self) -> None:
         self._maps: dict[Path, torch.Tensor] = {}
         self._inodes: dict[Path, tuple[int, int]] = {}  # (st_dev, st_ino) of the file each mapping is of
-        self._views: dict[Path, tuple["CopyPlan", list[torch.Tensor]]] = {}
+        self._views: dict[Path, tuple[CopyPlan, list[torch.Tensor]]] = {}
 
     def get(self, slot: Path, nbytes: int) -> torch.Tensor:
         path = slot / PAYLOAD
@@ -82,7 +91,7 @@ class PayloadMaps:
         self._inodes[slot] = (st.st_dev, st.st_ino)
         return m
 
-    def views(self, slot: Path, payload: torch.Tensor, plan: "CopyPlan") -> list[torch.Tensor]:
+    def views(self, slot: Path, payload: torch.Tensor, plan: CopyPlan) -> list[torch.Tensor]:
         """``plan``'s destination views into ``payload`` (the mapping :meth:`get` returned for ``slot``)."""
         cached = self._views.get(slot)
         if cached is None or cached[0] is not plan:

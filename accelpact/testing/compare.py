@@ -44,7 +44,7 @@ def _compare_saved(rank: int, ref: dict[str, Any], got: dict[str, Any], diffs: l
                          f"{(a.double() - b.double()).abs().max().item():.3e})")
 
 
-def _failure(session: "Session", name: str, rank: int) -> str | None:
+def _failure(session: Session, name: str, rank: int) -> str | None:
     """Why rank ``rank`` has nothing to compare for scenario ``name`` (None when it finished cleanly)."""
     res = session.result(name, rank)
     if res is None:
@@ -56,7 +56,7 @@ def _failure(session: "Session", name: str, rank: int) -> str | None:
     return None
 
 
-def bit_differences(session: "Session", name: str, reference: str = "ref") -> tuple[list[str], dict[str, int]]:
+def bit_differences(session: Session, name: str, reference: str = "ref") -> tuple[list[str], dict[str, int]]:
     """Every mismatch between scenario ``name`` and ``reference`` on every rank ([] when bit-identical),
     and counts of what was compared (tensors, bytes, losses).
 
@@ -74,6 +74,6 @@ def bit_differences(session: "Session", name: str, reference: str = "ref") -> tu
     return diffs, counts
 
 
-def differences(session: "Session", name: str, reference: str = "ref") -> list[str]:
+def differences(session: Session, name: str, reference: str = "ref") -> list[str]:
     """The mismatches of :func:`bit_differences` alone ([] when bit-identical)."""
     return bit_differences(session, name, reference)[0]

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any
 
 # The socket helpers are production code (the gloo backend resets its own connections with them);
 # they are re-exported here because injecting a reset is what tests and the harness use them for.

@@ -20,10 +20,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __name__ == "__main__":
     # Run as a file: its own directory lands first on sys.path, where inject.py, session.py, ... would
@@ -31,10 +32,10 @@ if __name__ == "__main__":
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _here]
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from accelpact.control import ControlChannel, ControlConfig  # noqa: E402
+from accelpact.control import ControlChannel, ControlConfig
 
 __all__ = ["RankContext", "load_runner", "error_dict", "main"]
 

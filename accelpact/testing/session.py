@@ -27,9 +27,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from accelpact.run.template import TemplateUnavailable
 from accelpact.testing.rank_template import RankTemplate
@@ -92,7 +93,7 @@ class Session:
 
         return torch.load(self.out_dir / f"{scenario}.rank{rank}.pt", weights_only=True)
 
-    def check(self, allowed_to_fail: Sequence[int] = ()) -> "Session":
+    def check(self, allowed_to_fail: Sequence[int] = ()) -> Session:
         """Raise SessionError for the first rank (outside ``allowed_to_fail``) that exited non-zero."""
         for rank, code in enumerate(self.returncodes):
             if code != 0 and rank not in allowed_to_fail:

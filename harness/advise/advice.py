@@ -10,8 +10,8 @@ step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
 from harness.advise.cost import Cadence, Platform
@@ -124,7 +124,7 @@ class TraceAdviceRow:
     mtbf_steps: float  # steps between the trace's faults that roll this strategy back to its checkpoint
 
 
-def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpoint_write_s: float,
+def advise_for_trace(trace: object, step_s: float, state_bytes: float, checkpoint_write_s: float,
                      platform: Platform | None = None, strategies: Sequence[str] | None = None
                      ) -> list[TraceAdviceRow]:
     """Settings for a harness run under ``trace`` (``harness.faults.trace.Trace``): ``trace.world_size`` ranks,
@@ -147,9 +147,9 @@ def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpo
             platform = platform_from(load())
         except FileNotFoundError:
             platform = CPU_HERE
-    world = int(getattr(trace, "world_size"))
-    p = float(getattr(trace, "p_per_step"))
-    mix = named_mix(getattr(trace, "mix"))
+    world = int(trace.world_size)
+    p = float(trace.p_per_step)
+    mix = named_mix(trace.mix)
     unexpected = unexpected_classes(mix)
     total = sum(mix[c].rate_per_hour for c in unexpected)
     share = {c: (mix[c].rate_per_hour / total if c in unexpected else 0.0) for c in CLASSES}

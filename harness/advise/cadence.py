@@ -23,8 +23,8 @@ measures the chosen cadence's ETTR (``harness.scale.project`` with the rows of `
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from harness.advise.cost import Cadence, Platform, Tax, push_time_s, tax
 from harness.scale.config import CLASSES, ROLLBACK_NONE, Cluster, FailureClass, Outcome

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from harness.advise.cost import CPU_HERE, Cadence, Platform, tax
 

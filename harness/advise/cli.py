@@ -16,8 +16,9 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Mapping, NoReturn, Sequence
+from typing import NoReturn
 
 from harness.advise.advice import advise, default_strategies
 from harness.advise.cadence import Choice

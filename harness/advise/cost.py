@@ -57,7 +57,7 @@ class Platform:
         if self.block_s_per_gb < 0 or self.fixed_s < 0 or self.push_sides < 1:
             raise ValueError(f"{self.name}: block_s_per_gb and fixed_s must be >= 0, push_sides >= 1")
 
-    def with_(self, **kw: float) -> "Platform":
+    def with_(self, **kw: float) -> Platform:
         return replace(self, **kw)
 
 

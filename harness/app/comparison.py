@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 
@@ -22,14 +22,13 @@ from harness.report.compare import REFERENCE, is_fault_free, reference_config, t
 from harness.report.paper import PAPER_GAIN
 from harness.schema import CompareConfig
 
-
 # The sweep's reference directory, set by on_multirun_start; jobs that run in this process (Hydra's
 # local launcher) read it to compare themselves with the reference as they end. Jobs on other
 # machines (Slurm) see None, and the table compares them at the end instead.
 _sweep_reference: dict[str, Path] = {}
 
 
-def sweep_reference_dir() -> Optional[Path]:
+def sweep_reference_dir() -> Path | None:
     return _sweep_reference.get("dir")
 
 
@@ -40,7 +39,7 @@ def needs_reference(config: Any) -> bool:
     return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
 
 
-def run_reference(config: Any, out: Path, required: bool = True) -> Optional[Path]:
+def run_reference(config: Any, out: Path, required: bool = True) -> Path | None:
     """Run the fault-free reference of the multirun ``config`` into ``out``; the sweep's jobs compare
     themselves with it from then on. A failed reference raises when ``required``, else it is reported
     and the last good reference stays in use (a later trial's reference failing costs that trial only)."""

@@ -9,12 +9,13 @@ so an unknown key or a wrongly typed value fails at composition, naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness.app.validate import Catalogue
 from harness.schema import (
     CheckpointConfig,
     ClusterConfig,
@@ -23,7 +24,6 @@ from harness.schema import (
     RunConfig,
     StrategyConfig,
 )
-from harness.app.validate import Catalogue
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "config"

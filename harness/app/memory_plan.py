@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.app.machine import GiB, RANK_RUNTIME_BYTES, Machine
+from harness.app.machine import RANK_RUNTIME_BYTES, GiB, Machine
 from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from enum import Enum
-from typing import Sequence
 
 from harness.app import capabilities
 from harness.app.config import GROUPS, compose, default_option, group_options, load_catalogue, to_run_config
 from harness.app.machine import probe
 from harness.app.memory_plan import MemoryPlan
-from harness.schema import Device
 from harness.app.validate import Catalogue, ConfigError, validate
+from harness.schema import Device
 
 # Command-line switches after which there is nothing to run (help, printing the config, ...).
 _NO_RUN_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "version")

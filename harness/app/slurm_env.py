@@ -21,8 +21,8 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 AUTO = "auto"  # cluster.master_addr: the allocation's first node
 

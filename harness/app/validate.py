@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.schema import (ConfigError, ClusterConfig, Device, FaultPhase, LinkPlane, ModelConfig, Precision, RankLaunch,
-                            RunConfig)
-
+from harness.schema import (
+    ClusterConfig,
+    ConfigError,
+    Device,
+    FaultPhase,
+    LinkPlane,
+    ModelConfig,
+    Precision,
+    RankLaunch,
+    RunConfig,
+)
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
 # model.num_layers=10**12 (a fuzz draw) made validation run for ever.

@@ -29,10 +29,11 @@ Modes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -332,7 +333,7 @@ class Checkpointer:
                 dist.destroy_process_group(self._pg)
             self._pg = None
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc: object) -> None:

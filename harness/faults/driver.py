@@ -14,15 +14,16 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from harness.schema import RunConfig
 from harness.events import EventLog, Fault
 from harness.faults import registry
 from harness.faults.rank_side import ack_path
 from harness.faults.schedule import FAULTS_DIR
+from harness.schema import RunConfig
 
 
 @dataclass

@@ -22,7 +22,8 @@ import functools
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.faults.host_loss import apply_host_loss
 from harness.faults.spec import FaultSpec

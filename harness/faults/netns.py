@@ -35,13 +35,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from enum import Enum
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
-from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
+from harness.faults.addressing import (
+    CTL_BRIDGE,
+    CTL_IF,
+    DATA_BRIDGE,
+    DATA_IF,
+    Layout,
+    new_prefix,
+)
+from harness.faults.netns_host import (
     TAG_ENV,
     NetnsError,
     _ip_batch,
@@ -53,14 +62,6 @@ from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI 
     namespaces_available,
 )
 from harness.faults.snapshot_roots import ROOT_ENV, host_root, snapshot_base
-from harness.faults.addressing import (
-    CTL_BRIDGE,
-    CTL_IF,
-    DATA_BRIDGE,
-    DATA_IF,
-    Layout,
-    new_prefix,
-)
 
 __all__ = [
     "TAG_ENV",
@@ -113,7 +114,7 @@ class LinkFault:
     plane: str = "data"
 
 
-_LIVE: set["NetnsTopology"] = set()
+_LIVE: set[NetnsTopology] = set()
 _LIVE_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, object] = {}
 
@@ -185,7 +186,7 @@ class NetnsTopology:
         self._snapshot_base = snapshot_base()
 
     # -- lifecycle
-    def __enter__(self) -> "NetnsTopology":
+    def __enter__(self) -> NetnsTopology:
         self.up()
         return self
 
@@ -380,7 +381,7 @@ class NetnsTopology:
         self.faults.append(record)
         return record
 
-    def start(self, fault: Callable[..., LinkFault], *args: Any, **kwargs: Any) -> "Future[LinkFault]":
+    def start(self, fault: Callable[..., LinkFault], *args: Any, **kwargs: Any) -> Future[LinkFault]:
         """Run a blocking fault of this topology (``topo.blackhole``, ...) on a background thread; the future
         holds its record once healed."""
         future: Future[LinkFault] = Future()

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from harness.faults.addressing import PREFIX_RE, check_prefix, new_prefix
 from harness.faults.snapshot_roots import job_roots, remove_job_roots, root_prefixes

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from harness.schema import RunConfig
 from harness.faults import registry
+from harness.schema import RunConfig
 
 __all__ = ["StoreHome", "Placement", "placement", "unmet_need"]
 

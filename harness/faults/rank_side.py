@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection, Optional
+from typing import Any
 
 from harness.events import EventLog, Fault
+from harness.faults import registry
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
 from harness.schema import RunConfig
-from harness.faults import registry
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
 ACK_TIMEOUT_S = 60.0
@@ -77,7 +78,7 @@ class RankFaults:
 
     @classmethod
     def for_rank(cls, cfg: RunConfig, rank: int, run_dir: str, events: EventLog,
-                 exclude_ports: Collection[int]) -> Optional["RankFaults"]:
+                 exclude_ports: Collection[int]) -> RankFaults | None:
         """None when this run injects nothing (``fault=none``)."""
         if not registry.get(cfg.fault.kind).injects:
             return None

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.schema import FaultConfig, FaultSchedule
 from harness.faults import registry
+from harness.schema import FaultConfig, FaultSchedule
 
 FAULTS_DIR = "faults"
 

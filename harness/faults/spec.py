@@ -16,8 +16,9 @@ Its own module so that the built-in kinds (``harness.faults.kinds``) and the reg
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["FaultSpec", "NO_FAULT", "ParentApply"]
 
@@ -34,8 +35,8 @@ class FaultSpec:
     where: str  # "rank" | "parent" | "netns" | "none"
     # FaultInjector action: for where == "rank", the fault itself; for where == "parent", what the rank
     # does once the parent acted and acked (control_store_loss: the store dies, then a data-plane reset)
-    rank_action: Optional[str] = None
-    parent_apply: Optional[ParentApply] = None  # for where == "parent" / "netns"
+    rank_action: str | None = None
+    parent_apply: ParentApply | None = None  # for where == "parent" / "netns"
     # An outage (a stop or a silent link fault) breaks a collective only if it outlasts the process-
     # group timeout; shorter ones are absorbed by TCP retransmits and waiting.
     outage: bool = False

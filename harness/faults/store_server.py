@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_in_namespace(
     netns: str, host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
-) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     """Start this server inside ``netns`` listening on ``host`` (port chosen by the kernel); return the
     process (close its stdin to stop it) and the (host, port) it printed. NetnsError if it is not ready
     within ``timeout_s``."""
@@ -68,14 +68,14 @@ def start_in_namespace(
 
 
 def start_here(host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
-               ) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+               ) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     """Start this server as a child process in this namespace (a store the parent can kill:
     ``fault=control_store_loss``); like :func:`start_in_namespace`, RuntimeError if not ready in time."""
     return _start([], host, tag, python, timeout_s, RuntimeError, "")
 
 
 def _start(prefix: list[str], host: str, tag: str, python: str, timeout_s: float, error: type[Exception],
-           where: str) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+           where: str) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     from harness.faults.netns_host import TAG_ENV
 
     argv = [python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", tag]

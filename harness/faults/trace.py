@@ -23,8 +23,8 @@ and ``Trace.mapping_rows`` print both, for the run's table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any
 
 from accelpact.run import spare as spare_protocol
-from accelpact.run.workers import HOT_SPARE, describe_exit, spawn, start_replacement as start_process
+from accelpact.run.workers import HOT_SPARE, describe_exit, spawn
+from accelpact.run.workers import start_replacement as start_process
 from harness.parent.template import fork_replacement
-
 
 SPARE_ENV = spare_protocol.SPARE_ENV  # set (to the spare's index + 1): the worker waits for a rank before training
 
@@ -57,7 +57,7 @@ class SparePool:
             argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
             self.idle.append((index, spawn(argv, env, launcher.run_dir / "logs" / f"spare{index}.log")))
 
-    def take(self, launcher: Any, rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
+    def take(self, launcher: Any, rank: int, replacement: int) -> subprocess.Popen[bytes] | None:
         """A live idle spare, now told to become ``rank`` (None when none is left)."""
         while self.idle:
             index, proc = self.idle.pop(0)

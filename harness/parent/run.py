@@ -12,16 +12,18 @@ import contextlib
 import secrets
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from harness.app.memory_plan import MemoryPlan
-from harness.schema import RunConfig, to_dict
-from harness.parent.launcher import LOG_DIR, LaunchPlan, Launcher, Outcome
+from harness.parent.launcher import LOG_DIR, Launcher, LaunchPlan, Outcome
 from harness.parent.progress import Progress
 from harness.rank.worker import write_spec
 from harness.report import results
+from harness.schema import RunConfig, to_dict
+
 
 def new_run_id(run_dir: Path) -> str:
     return f"{run_dir.name}-{secrets.token_hex(3)}"
@@ -48,9 +50,9 @@ class _Teardown:
 def run_one(
     run: RunConfig,
     run_dir: Path,
-    memory_plan: Optional[MemoryPlan] = None,
+    memory_plan: MemoryPlan | None = None,
     overrides: Sequence[str] = (),
-    reference_dir: Optional[Path] = None,
+    reference_dir: Path | None = None,
     show_plan: bool = True,
 ) -> dict[str, Any]:
     """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
@@ -220,10 +222,10 @@ def _finish(
     run_id: str,
     outcome: Outcome,
     started: float,
-    memory_plan: Optional[MemoryPlan],
+    memory_plan: MemoryPlan | None,
     overrides: Sequence[str],
-    extra: Optional[dict[str, Any]] = None,
-    reference_dir: Optional[Path] = None,
+    extra: dict[str, Any] | None = None,
+    reference_dir: Path | None = None,
 ) -> dict[str, Any]:
     from harness.events import load_events
 
@@ -284,5 +286,5 @@ def _finish(
     return row
 
 
-def launcher_log(run_dir: Path, rank: Optional[int]) -> Path:
+def launcher_log(run_dir: Path, rank: int | None) -> Path:
     return Path(run_dir) / LOG_DIR / f"rank{rank}.log"

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 # The pipe client (fork requests, exit reports, readiness) is shared with accelpact.run.
 from accelpact.run.template import (  # noqa: F401 - re-exported for the harness and its tests
@@ -32,18 +33,18 @@ def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
     a fault that kills ranks, ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
-    from harness.schema import RankLaunch, ReplacementStart
     from harness.faults import registry
+    from harness.schema import RankLaunch, ReplacementStart
 
     st = run.strategy
     return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
             and registry.get(run.fault.kind).kills_ranks and run.cluster.launch == RankLaunch.local)
 
 
-def fork_replacement(launcher: Any, rank: int, replacement: int) -> Optional[Callable[[], ForkedRank]]:
+def fork_replacement(launcher: Any, rank: int, replacement: int) -> Callable[[], ForkedRank] | None:
     """How to fork a replacement for dead ``rank`` from the launcher's template (None: it has none); the
     fork raises TemplateUnavailable with the reason, and the caller spawns (accelpact.run.workers)."""
-    template: Optional[ReplacementTemplate] = launcher.template
+    template: ReplacementTemplate | None = launcher.template
     if template is None:
         return None
 
@@ -59,7 +60,7 @@ class ReplacementTemplate(TemplateClient):
     """The harness's template of one run (``python -m harness.rank.template``), on accelpact.run's client."""
 
     @classmethod
-    def start(cls, launcher: Any) -> "ReplacementTemplate":
+    def start(cls, launcher: Any) -> ReplacementTemplate:
         env = launcher.rank_environ(0, launcher.incarnation, time.time())
         # numpy's OpenBLAS starts its thread pool at import unless told one thread; a template with a
         # second thread could not fork (measured: 2 threads after `import numpy` with no setting). The
@@ -75,6 +76,6 @@ class ReplacementTemplate(TemplateClient):
         return cls(proc, time.time())
 
     def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
-             netns: Optional[str]) -> ForkedRank:
+             netns: str | None) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
         return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

@@ -46,7 +46,7 @@ def preload(spec_path: str) -> None:
 
     _, cfg = read_spec(spec_path)
     load_plugins()
-    import accelpact  # noqa: F401
+    import accelpact
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401

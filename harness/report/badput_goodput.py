@@ -26,8 +26,8 @@ Badput parts carry the names users of Google's ml-goodput-measurement know where
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from harness.report.goodput import Badput, GoodputReport
 

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
 from harness.faults import registry as faults
-from harness.report.goodput import load_report
-from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.rank.identity import compare_runs
+from harness.report.goodput import load_report
+from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
+from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.schema import RunConfig
 
 REFERENCE = "reference"
@@ -62,7 +63,7 @@ def _is_reference(row: dict[str, Any]) -> bool:
     return row.get("strategy") == strategies.reference().name and is_fault_free(row)
 
 
-def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path]) -> RunSummary:
+def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Path | None) -> RunSummary:
     """A RunSummary for the table from a finished run's directory and row."""
     identical = row.get("bit_identical")
     is_ref = _is_reference(row)
@@ -79,7 +80,7 @@ def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path])
 
 
 def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] = (),
-                ours: Optional[str] = None) -> list[dict[str, Any]]:
+                ours: str | None = None) -> list[dict[str, Any]]:
     """``goodput.comparison_table`` rows plus the paper's gain, the in-memory recovery total and the
     run's status / fallback reason. ``rows`` (same order as ``summaries``) are the results rows; ``ours``:
     the strategy whose gain is reported (None: the in-memory strategy among the runs)."""
@@ -104,7 +105,7 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
 
 
 def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
-               ours: Optional[str] = None) -> list[dict[str, Any]]:
+               ours: str | None = None) -> list[dict[str, Any]]:
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
@@ -120,7 +121,7 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
     for trial in sorted(by_trial):
         runs = by_trial[trial]
         refs = [d for d, r in runs if _is_reference(r) and r.get("status") == "ok"]
-        ref_dir: Optional[Path] = refs[0] if refs else None
+        ref_dir: Path | None = refs[0] if refs else None
         summaries, rows = [], []
         for d, r in runs:
             try:
@@ -182,7 +183,7 @@ def write_table(out_dir: Path, table: list[dict[str, Any]], title: str) -> str:
     return text
 
 
-def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], reference_dir: Optional[Path],
+def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], reference_dir: Path | None,
            title: str) -> list[dict[str, Any]]:
     """Table, files and plots over finished runs ``(run_dir, row)``."""
     summaries, rows, dirs = [], [], []

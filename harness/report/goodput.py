@@ -58,12 +58,12 @@ after it. What no fault claims stays in the run total only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from harness.report.goodput_records import StepRecord, parse_events
 from harness.report.goodput_sweep import _FAULT_LABELS, _NO_FAULT, _PRIORITY, _rank_pieces
-
 
 
 @dataclass(frozen=True)

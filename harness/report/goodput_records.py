@@ -7,10 +7,12 @@ say what a record holds; malformed records are skipped and counted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from harness import events as ev
+
 
 @dataclass(frozen=True)
 class StepRecord:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -60,7 +60,7 @@ def _clean(values: Sequence[float | None]) -> np.ndarray:
     return np.asarray(sorted(float(v) for v in values if v is not None and not math.isnan(float(v))), dtype=float)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def order_statistic_coverage(n: int, k: int) -> float:
     """The probability that ``[x(k), x(n+1-k)]`` of ``n`` independent draws contains the true median."""
     if n < 2 or not 1 <= k <= n // 2:

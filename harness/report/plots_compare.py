@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from harness import events as ev
 from harness import strategies
@@ -25,7 +26,7 @@ BREAKDOWN_FILE = "recovery_breakdown.png"
 _PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
 
 
-def _color(strategy: str) -> Optional[str]:
+def _color(strategy: str) -> str | None:
     try:
         return strategies.get(strategy).color
     except KeyError:  # a row of a strategy this checkout does not register: matplotlib picks
@@ -52,7 +53,7 @@ def _ok(v: Any) -> bool:
 
 
 def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
-                        paper_gain: Optional[dict[tuple[str, int], float]] = None) -> Path:
+                        paper_gain: dict[tuple[str, int], float] | None = None) -> Path:
     """Goodput per strategy against checkpoint age, and AccelPact's gain with the paper's figures."""
     plt = _plt()
     reference = strategies.reference()
@@ -118,7 +119,7 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
             ax.axvline(e.t - t0, color="magenta", linestyle=":")
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=c, label=l) for c, l in (
+    ax.legend(handles=[Patch(color=c, label=lbl) for c, lbl in (
         ("tab:green", "step"), ("tab:orange", "replayed step"), ("tab:blue", "checkpoint stall"),
         ("tab:gray", "restart (launch -> ready)"), ("tab:brown", "restore"), ("tab:purple", "in-memory recovery"),
         ("red", "fault"))], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -160,8 +161,8 @@ def plot_breakdown(out: Path, runs: Sequence[tuple[str, dict[str, float]]]) -> P
 
 
 def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Path, dict[str, Any]]],
-             timeline_run: Optional[Path] = None, paper_gain: Optional[dict[tuple[str, int], float]] = None,
-             timeline_strategy: Optional[str] = None) -> list[Path]:
+             timeline_run: Path | None = None, paper_gain: dict[tuple[str, int], float] | None = None,
+             timeline_strategy: str | None = None) -> list[Path]:
     """The three plots of a comparison; ``runs`` are (run_dir, results row). The timeline shows
     ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run). With no
     ``table`` (a comparison with trials draws its own goodput plot) the goodput plot is left out."""

@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from harness import strategies
 from harness.report.badput_goodput import PART_NAMES
@@ -44,7 +45,7 @@ def _interval(row: dict[str, Any], key: str) -> Any:
                     num(f"{key}_coverage"), str(row.get("interval_method") or ""))
 
 
-def _footer(fig: Any, footer: Optional[str]) -> None:
+def _footer(fig: Any, footer: str | None) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
         import textwrap
@@ -56,7 +57,7 @@ def _footer(fig: Any, footer: Optional[str]) -> None:
 
 
 def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
-                        paper_gain: Optional[dict[tuple[str, int], float]] = None, footer: Optional[str] = None) -> Path:
+                        paper_gain: dict[tuple[str, int], float] | None = None, footer: str | None = None) -> Path:
     plt = _plt()
     ours = next((r["ours"] for r in cells if r.get("ours")), strategies.under_test().name)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -113,7 +114,7 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
     return path
 
 
-def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Optional[str] = None) -> Path:
+def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: str | None = None) -> Path:
     """Stacked median badput by part, one bar per cell (strategy, age, fault), the reference first."""
     plt = _plt()
     bars = [r for r in cells if any(_ok(r.get(f"{p}_s")) for p in PART_NAMES)]
@@ -142,7 +143,7 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
 
 
 def plot_all(out: Path, cells: Sequence[dict[str, Any]], one_trial: Sequence[tuple[Path, dict[str, Any]]],
-             paper_gain: Optional[dict[tuple[str, int], float]] = None) -> list[Path]:
+             paper_gain: dict[tuple[str, int], float] | None = None) -> list[Path]:
     """The comparison's plots; ``one_trial``: (run_dir, row) of one trial, for its timeline and breakdown."""
     from harness.report import plots_compare
 

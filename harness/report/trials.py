@@ -10,7 +10,8 @@ host's load within a round (another process starting or ending) does not always 
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from harness.report.badput_goodput import PART_NAMES
 from harness.report.intervals import DEFAULT_METHOD, LEVEL, MIN_EFFECT, interval, verdict

@@ -11,8 +11,9 @@ row per run and trial) and the plots.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from harness.report.intervals import DEFAULT_METHOD, DESCRIPTIONS, LEVEL, MIN_EFFECT, Interval, coverage_text
 from harness.report.table import format_table
@@ -93,7 +94,7 @@ def read_cells(table_csv: Path) -> list[dict[str, Any]]:
             for r in pd.read_csv(table_csv).to_dict("records")]
 
 
-def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
+def load_warning(runs: Sequence[dict[str, Any]]) -> str | None:
     """One line when some runs ran with more load than cores, else None."""
     over = [r for r in runs if isinstance(r.get("load_max"), (int, float)) and isinstance(r.get("cores_used"), (int, float))
             and not math.isnan(r["load_max"]) and r["load_max"] > r["cores_used"]]
@@ -107,7 +108,7 @@ def load_warning(runs: Sequence[dict[str, Any]]) -> Optional[str]:
 
 def finish_trials(out_dir: Path, runs: list[dict[str, Any]], entries: Sequence[tuple[Path, dict[str, Any]]],
                   title: str, paper_gain: dict[tuple[str, int], float], method: str = DEFAULT_METHOD,
-                  min_effect: float = MIN_EFFECT, ours: Optional[str] = None, level: float = LEVEL) -> list[dict[str, Any]]:
+                  min_effect: float = MIN_EFFECT, ours: str | None = None, level: float = LEVEL) -> list[dict[str, Any]]:
     """Per-cell verdicts, files and plots of a finished comparison sweep from its per-run rows ``runs``
     (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline.
     ``method`` and ``min_effect``: the interval and the verdict's minimum effect (``compare.*``); ``ours``:

@@ -7,8 +7,8 @@ finite or missing, or a (strategy, failure class) pair with no recovery outcome.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 # The failure classes, in the order used by every array in the engine.
 CLASSES: tuple[str, ...] = (

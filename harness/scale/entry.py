@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import fields, replace
-from typing import Sequence
 
 import yaml
 

@@ -13,8 +13,8 @@ fault-trace generator (``harness.faults.trace``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
 
 from harness.scale.config import CLASSES, FailureClass, ScaleConfigError, check_number
 from harness.scale.sources import RSC_MTTF_H, RSC_SOURCE, llama3_mix

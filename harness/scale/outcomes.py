@@ -13,7 +13,7 @@ strategy registry's business (``StrategySpec.simulation``, ``harness.strategies.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from harness.scale import scaling as sc
 from harness.scale.config import (
@@ -27,6 +27,7 @@ from harness.scale.config import (
     check_outcomes,
 )
 from harness.strategies import simulated
+
 
 def _detect(cluster: Cluster, cls: str) -> float:
     """How long until recovery starts, for strategies that rely on the launcher and NCCL (cold, NVRx)."""

@@ -8,14 +8,22 @@ printed beside it as a cross-check). A strategy whose failures arrive faster tha
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from harness.scale import analytic
-from harness.scale.config import (CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, Outcome, check_mix,
-                                  check_number, check_outcomes)
+from harness.scale.config import (
+    CLASSES,
+    ROLLBACK_CHECKPOINT,
+    Cluster,
+    FailureClass,
+    Outcome,
+    check_mix,
+    check_number,
+    check_outcomes,
+)
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
 

@@ -5,7 +5,8 @@ replay the steps lost since it (``replay=True`` step events)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from harness.strategies.base import Strategy
 from harness.strategies.spec import Simulation, StrategySpec
@@ -15,11 +16,11 @@ if TYPE_CHECKING:
 
 
 class ColdRestart(Strategy):
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         return self.plain_step(step, tokens)
 
 
-def relaunch_after_any_failure(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_after_any_failure(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Relaunch every rank after any rank failed, as a cluster manager would."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     if not failed:

@@ -52,7 +52,7 @@ class Gemini(Strategy):
                             path=str(folder))
         self._start = max(self._start, resumed)
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         try:
             return self.plain_step(step, tokens)
         except Exception:

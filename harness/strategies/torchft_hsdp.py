@@ -44,17 +44,25 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
 from harness.strategies.spec import StrategySpec
-from harness.strategies.torchft_parent import (LIGHTHOUSE_ENV, GroupLayout, TorchftJob, gen_key, group_store_key,
-                                               groups_untouched, ports_key, ranks_lost)
+from harness.strategies.torchft_parent import (
+    LIGHTHOUSE_ENV,
+    GroupLayout,
+    TorchftJob,
+    group_store_key,
+    groups_untouched,
+    ports_key,
+    ranks_lost,
+)
 
 if TYPE_CHECKING:
     import torch
 
 from harness.strategies.torchft_report import TORCHFT_VERSION
+
 REPLICA_ID_PREFIX = "harness_replica_"  # torchft reads the group's index from the id's trailing digits
 
 
@@ -63,27 +71,27 @@ class Attempt:
     """One attempt at a step on this rank, as torchft's Manager went through it."""
 
     t_start: float
-    t_quorum_start: Optional[float] = None
-    t_quorum_end: Optional[float] = None
-    t_configured: Optional[float] = None
-    quorum_id: Optional[int] = None
-    replica_world_size: Optional[int] = None
+    t_quorum_start: float | None = None
+    t_quorum_end: float | None = None
+    t_configured: float | None = None
+    quorum_id: int | None = None
+    replica_world_size: int | None = None
     heal: bool = False
     recover_dst: tuple[int, ...] = ()
-    max_step: Optional[int] = None
-    t_error: Optional[float] = None
+    max_step: int | None = None
+    t_error: float | None = None
     error: str = ""
     quorum_wait_s: float = 0.0  # main thread blocked on the asynchronous quorum
     send_s: float = 0.0
     recv_s: float = 0.0
     should_commit_s: float = 0.0
-    t_end: Optional[float] = None
+    t_end: float | None = None
 
 
 class _TimedClient:
     """torchft's ManagerClient with the quorum timed (it runs on the Manager's quorum thread)."""
 
-    def __init__(self, client: Any, owner: "TorchftHsdp") -> None:
+    def __init__(self, client: Any, owner: TorchftHsdp) -> None:
         self._client = client
         self._owner = owner
 
@@ -112,7 +120,7 @@ class TorchftHsdp(Strategy):
         self.settings = ctx.cfg.strategy.torchft
         self.lighthouse = os.environ[LIGHTHOUSE_ENV]
         self.attempt = Attempt(t_start=time.time())
-        self._failed: Optional[Attempt] = None  # the last discarded attempt, until its retry's quorum
+        self._failed: Attempt | None = None  # the last discarded attempt, until its retry's quorum
         self._fields: dict[str, Any] = {}
         self._heals = 0
         super().__init__(ctx, exclude_ports=self._service_ports())
@@ -204,7 +212,7 @@ class TorchftHsdp(Strategy):
     def _hook_fsdp(self) -> None:
         from torch.distributed.fsdp import FSDPModule
 
-        def all_reduce_across_groups(grad: "torch.Tensor") -> None:
+        def all_reduce_across_groups(grad: torch.Tensor) -> None:
             self.manager.allreduce(grad).wait()
 
         hooked = 0
@@ -243,7 +251,7 @@ class TorchftHsdp(Strategy):
     def step_fields(self) -> dict[str, Any]:
         return self._fields
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         cfg = self.ctx.cfg
         attempts = 0
         while True:
@@ -446,8 +454,8 @@ def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: 
 def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
-    from harness.schema import ConfigError
     from harness.faults import registry as faults
+    from harness.schema import ConfigError
 
     st = run.strategy.torchft
     world = run.cluster.world_size

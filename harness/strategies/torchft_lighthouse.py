@@ -24,8 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from harness.parent.server_home import ServerHome
 
@@ -35,7 +35,7 @@ READY_TIMEOUT_S = 60.0
 class Lighthouse:
     """A Lighthouse process of one run; ``address`` is its ``http://host:port``."""
 
-    def __init__(self, proc: "subprocess.Popen[bytes]", address: str, log_path: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: Path) -> None:
         self.proc = proc
         self.address = address
         self.log_path = log_path
@@ -46,7 +46,7 @@ class Lighthouse:
 
     @classmethod
     def start(cls, log_path: Path, host: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-              heartbeat_timeout_ms: int, python: str = sys.executable, netns: Optional[str] = None) -> "Lighthouse":
+              heartbeat_timeout_ms: int, python: str = sys.executable, netns: str | None = None) -> Lighthouse:
         """The Lighthouse listening on ``host`` (port chosen by the kernel), in network namespace ``netns``
         (None: the parent's)."""
         argv = [python, "-m", "harness.strategies.torchft_lighthouse", "--bind", f"{host}:0",
@@ -78,7 +78,7 @@ class Lighthouse:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self, grace_s: float = 5.0) -> Optional[int]:
+    def close(self, grace_s: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s``; returns its exit code."""
         if self.proc.poll() is None:
             self.proc.terminate()

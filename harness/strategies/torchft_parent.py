@@ -20,9 +20,10 @@ Nothing here imports torch: the parent builds no process group for torchft.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from harness.parent.server_home import server_home
 from harness.strategies.torchft_lighthouse import Lighthouse
@@ -107,7 +108,7 @@ class TorchftJob:
         print(f"  torchft: Lighthouse {self.lighthouse.address} ({home.describe()}, pid {self.lighthouse.proc.pid}), "
               f"{run.cluster.world_size // st.group_size} replica group(s) of {st.group_size} rank(s)", flush=True)
 
-    def replace_dead(self, rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
+    def replace_dead(self, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
         """torchrun's per-group restart: restart ``rank``'s whole group (stop its live members first)."""
         if not self.lighthouse.alive():
             return False  # nothing to rejoin: the run ends with the failure

@@ -28,7 +28,13 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
 
     from harness.events import EventLog
     from harness.rank import identity
-    from harness.rank.train import TrainResult, build_context, connect_control_store, exit_without_static_destructors, run_loop
+    from harness.rank.train import (
+        TrainResult,
+        build_context,
+        connect_control_store,
+        exit_without_static_destructors,
+        run_loop,
+    )
     from harness.strategies.torchft_identity import replica_identity
 
     st = cfg.strategy.torchft

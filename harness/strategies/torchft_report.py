@@ -7,7 +7,8 @@ fewer gradients than the fault-free reference's, so the run is not bit-identical
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.events import Event, Heal, Recovery, Step, of_type, typed
 

@@ -8,7 +8,8 @@ means in the short run.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["PG_TIMEOUT_S", "RESOURCES", "ten_faults", "soak_faults", "hang_every", "armed", "fault_rows"]
 

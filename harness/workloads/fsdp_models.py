@@ -11,8 +11,9 @@ transformers, which the runtime must never depend on.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
 import torch
 

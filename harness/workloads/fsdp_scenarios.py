@@ -41,9 +41,8 @@ import torch.distributed as dist
 
 from accelpact import testing as fault_testing
 from accelpact.dataplane.bindings import BindingTable
-from accelpact.guard import attach, clip_gradients
 from accelpact.dataplane.reset import ResetConfig
-from harness.workloads.memory_probe import fd_kinds
+from accelpact.guard import attach, clip_gradients
 from harness.workloads.fsdp_models import (
     batch_for,
     build,
@@ -54,6 +53,7 @@ from harness.workloads.fsdp_models import (
     state_of,
     step_fn_for,
 )
+from harness.workloads.memory_probe import fd_kinds
 
 if TYPE_CHECKING:  # only for the hints: runners are also used with an accelpact that predates it
     from accelpact.testing.rank import RankContext
@@ -63,7 +63,7 @@ __all__ = ["RUNNER", "run", "train", "rebind"]
 RUNNER = f"{__name__}:run"  # what callers pass to run_session
 
 
-def run(sc: dict, ctx: "RankContext") -> dict:
+def run(sc: dict, ctx: RankContext) -> dict:
     """The scenario runner: dispatch on ``sc["kind"]`` (default "train")."""
     kinds = {"train": train, "rebind": rebind}
     kind = sc.get("kind", "train")
@@ -90,7 +90,7 @@ def _plain_step(model, optimizer, injector, step_fn, tokens: torch.Tensor, step:
     return loss
 
 
-def train(sc: dict, ctx: "RankContext") -> dict:
+def train(sc: dict, ctx: RankContext) -> dict:
     """Run one training scenario (see the module docstring for its keys)."""
     rank = ctx.rank
     m = model_config(sc.get("model"))
@@ -193,7 +193,7 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     return result
 
 
-def rebind(sc: dict, ctx: "RankContext") -> dict:
+def rebind(sc: dict, ctx: RankContext) -> dict:
     """Time ``sc["rebinds"]`` rebinds of the binding table at each depth in ``sc["depths"]``."""
     out: dict[str, Any] = {"by_depth": {}}
     for depth in sc["depths"]:

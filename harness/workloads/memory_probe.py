@@ -18,15 +18,16 @@ import socket
 import sys
 import time
 import tracemalloc
+from collections.abc import Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as fault_testing
 from accelpact.guard import attach
-from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
 from harness.workloads.fault_schedules import PG_TIMEOUT_S, armed, soak_faults
+from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
 
 if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext
@@ -118,7 +119,7 @@ def _c10d() -> dict[str, int]:
             "pg_default_device": len(getattr(w, "pg_default_device", {}) or {})}
 
 
-def probe(sc: dict, ctx: "RankContext") -> dict:
+def probe(sc: dict, ctx: RankContext) -> dict:
     """Run ``sc["faults"]`` recoveries; sample every ``sc["every"]`` recoveries (see module docstring)."""
     m = model_config(sc.get("model"))
     model, optimizer, root, middle = build("fsdp2", m, None)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext
 
 
-def run(sc: dict, ctx: "RankContext") -> dict:
+def run(sc: dict, ctx: RankContext) -> dict:
     rank = ctx.rank
     m = model_config(sc.get("model"))
     model, optimizer, root, middle = build("fsdp2", m, None)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
 from accelpact.snapshot import layout as paths
 from accelpact.snapshot._replica_server import read_marker

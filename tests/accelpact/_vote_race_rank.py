@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from accelpact.errors import CollectiveAbandoned
 from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.errors import CollectiveAbandoned
 from accelpact.testing.inject import reset_own_gloo_sockets
 from accelpact.testing.rank import RankContext
 
@@ -50,7 +50,7 @@ def run(sc: dict, ctx: RankContext) -> dict:
                 if sc["wait"] == "plain":
                     work.wait()
                 else:
-                    waiter = CollectiveWaiter(fired=None, superseded=lambda: ctx.store.check([moved]),
+                    waiter = CollectiveWaiter(fired=None, superseded=lambda: ctx.store.check([moved]),  # noqa: B023 - awaited here
                                               abandon=kept.append)
                     waiter(work, "the vote", "vote")
                 outcomes.append("completed")

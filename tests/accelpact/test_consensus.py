@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import RankLostError, StateDivergedError, UnrecoverableError
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 
-B, I, V, S = Phase.BEFORE_VOTE, Phase.IN_VOTE, Phase.VOTED, Phase.STEPPED
+B, I, V, S = Phase.BEFORE_VOTE, Phase.IN_VOTE, Phase.VOTED, Phase.STEPPED  # noqa: E741 - the phases' initials
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -403,7 +403,7 @@ def test_unrelated_errors_are_not_comm_faults():
         try:
             raise fault
         except RuntimeError:
-            raise ValueError("a bug in the handler")
+            raise ValueError("a bug in the handler")  # noqa: B904 - the implicit context is what is tested
     except ValueError as during:
         assert during.__context__ is not None and not is_comm_fault(during)
     explicit = KeyError("lookup")

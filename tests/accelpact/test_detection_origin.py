@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.detection.start import detection_origin
+from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.testing.session import run_session
 
 RUNNER = "harness.workloads.fsdp_scenarios:run"

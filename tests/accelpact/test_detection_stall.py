@@ -4,14 +4,14 @@ slow (5x the median step, asleep in step_fn) never triggers a recovery."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu_check import init_kwargs, judge, path_problem  # noqa: E402
+from benchmarks.gpu_check import init_kwargs, judge, path_problem
 
 
 def _rank(rank: int, path: str | None = "reconfigure", differ: list | None = None, error: str | None = None,

@@ -12,10 +12,10 @@ from accelpact.control import ControlChannel  # noqa: F401 - the channel reads w
 from accelpact.control.launch_env import control_settings
 from accelpact.run import replacement
 from accelpact.run.agent import Agent, AgentConfig, _Attempt
-from accelpact.run.workers import Workers
 from accelpact.run.cli import config_from_args
 from accelpact.run.env import RankPlace, worker_env
 from accelpact.run.script_template import script_imports
+from accelpact.run.workers import Workers
 from accelpact.snapshot.launch import job_token_from_env
 
 

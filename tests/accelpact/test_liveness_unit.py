@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.detection.liveness import (JOINING, Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key,
-                                         is_connection_drop, notice_key)
+from accelpact.detection.liveness import (
+    JOINING,
+    Beat,
+    DeathNotice,
+    LivenessConfig,
+    PeerJudge,
+    heartbeat_key,
+    is_connection_drop,
+    notice_key,
+)
 
 CFG = LivenessConfig(interval_s=0.5, missed_beats=4)  # stale after 2 s
 

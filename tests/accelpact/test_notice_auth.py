@@ -13,10 +13,9 @@ import warnings
 
 import pytest
 
-from accelpact.control import notice_auth
-from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
-from accelpact.errors import RankLostError
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, notice_auth, start_control_server
 from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, notice_key, publish_death
+from accelpact.errors import RankLostError
 
 
 def test_sign_verify_roundtrip_and_every_rejection():

@@ -103,7 +103,7 @@ def test_every_rank_reconfigures_the_same_groups_with_one_uuid_per_group(fake_ap
     for r in range(3):
         assert out[r] == groups[r] and all(a is b for a, b in zip(out[r], groups[r]))  # the SAME objects
     by_group: dict[str, set[int]] = {}
-    for r, name, uuid, handles in calls:
+    for _r, name, uuid, handles in calls:
         by_group.setdefault(name, set()).add(uuid)
         ranks = [s for s in specs if s.name == name][0].ranks
         assert handles == tuple(f"fake:{x}:{name}" for x in ranks)  # group-rank order

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.recovery.consensus import Action, Phase, RankReport
 from accelpact.backends import is_comm_fault
 from accelpact.errors import CommFault, RankLostError
 from accelpact.events import RecoveryLog
-from accelpact.recovery.rounds import MAX_ROUNDS, recover
+from accelpact.recovery.consensus import Action, Phase, RankReport
 from accelpact.recovery.context import RecoveryContext, StepState
+from accelpact.recovery.rounds import MAX_ROUNDS, recover
 
 
 class FakeControl:

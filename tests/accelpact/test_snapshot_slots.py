@@ -18,14 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelpact.snapshot import SnapshotConfig, SnapshotError, SnapshotMissingError, Snapshotter, remove_job, restore_latest
+from accelpact.snapshot import (
+    SnapshotConfig,
+    SnapshotError,
+    SnapshotMissingError,
+    Snapshotter,
+    remove_job,
+    restore_latest,
+)
 from accelpact.snapshot.layout import check_token, slot_dir
 from accelpact.snapshot.load import check_slot
 from accelpact.snapshot.slots import read_marker
 from accelpact.snapshot.state import check_supported
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _snapshot_child import build, train_step  # noqa: E402
+from _snapshot_child import build, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -135,5 +135,5 @@ def test_store_restarted_at_the_same_address_ranks_reregister_and_recover(tmp_pa
         assert [e["step"] for e in res["events"]] == [FAULT_AT], res["events"]
     diffs, _ = bit_differences(s, "faults", "ref")
     assert diffs == [], diffs[:5]
-    for r, log in enumerate(_logs(tmp_path)):
+    for _r, log in enumerate(_logs(tmp_path)):
         assert log.count(LOST_LINE) <= 1 and log.count("answers again") == log.count(LOST_LINE), log[-2000:]

@@ -7,8 +7,8 @@ import json
 import random
 from pathlib import Path
 
-from harness.workloads.fault_schedules import hang_every, soak_faults
 from experiments.bit_identity_soak import fit_slope, growth, load_progress, soak_lines, soak_timeout_s
+from harness.workloads.fault_schedules import hang_every, soak_faults
 
 
 def test_slope_and_interval_cover_the_true_slope_and_exclude_zero_when_it_grows():

@@ -7,8 +7,8 @@ import math
 import tempfile
 
 from experiments import _driver
-from harness.report.paper import PAPER_GAIN
 from experiments.registry import README_ORDER, REGISTRY, SECTIONS
+from harness.report.paper import PAPER_GAIN
 
 
 def test_quick_runs_never_write_into_results(tmp_path, monkeypatch):

@@ -23,8 +23,8 @@ from experiments.goodput_model import (
 )
 from experiments.goodput_report import _write_csv, read_data
 from experiments.goodput_vs_age import FULL, Plan, overrides
-from harness.report.paper import PAPER_GAIN
 from experiments.provenance import verdict
+from harness.report.paper import PAPER_GAIN
 
 
 # ---- the paper's implied model ------------------------------------------------------------------

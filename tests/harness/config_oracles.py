@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from harness.schema import RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import StoreHome, placement
+from harness.schema import RunConfig
 
 # Words or quoting by which an error line names its fix (an override in backticks, or a direction).
 FIX = re.compile(r"`[^`]+`|\b(try|e\.g\.|use|set|pick|choose|lower|raise|give|remove|drop|add)\b", re.I)

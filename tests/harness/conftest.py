@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import run_harness
 
 

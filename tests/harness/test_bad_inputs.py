@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import harness_cmd, harness_env, worker_processes
 
 CASES = {

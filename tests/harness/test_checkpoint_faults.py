@@ -35,10 +35,10 @@ JOIN_TIMEOUT_S = 300
 
 def _faulted_job(rank: int, root: str, mode: str, queue) -> None:
     """Train, save every 3 steps; rank 1 kills itself while writing step 8's shard."""
+    import test_checkpoint as tc
     import torch
     import torch.distributed.checkpoint.filesystem as fs
 
-    import test_checkpoint as tc
     from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
 
     if rank == 1:
@@ -76,6 +76,7 @@ def _faulted_job(rank: int, root: str, mode: str, queue) -> None:
 def _resume_job(rank: int, root: str, mode: str) -> dict:
     """The reference run (steps 0..10, no checkpoint), then a fresh model restored from disk + replay."""
     import test_checkpoint as tc
+
     from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
 
     model, optimizer = tc._build(seed=0)

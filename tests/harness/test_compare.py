@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.app.preflight import job_overrides
 from harness.app.comparison import ComparisonCallback
-from harness.report.compare import PAPER_GAIN, build_table, reference_config
 from harness.app.config import compose, to_run_config
-from harness.strategies import relaunch_reason
-from harness.strategies.accelpact import EXIT_FALLBACK
+from harness.app.preflight import job_overrides
+from harness.report.compare import PAPER_GAIN, build_table, reference_config
 from harness.report.goodput import compute_goodput
 from harness.report.table import RunSummary
+from harness.strategies import relaunch_reason
+from harness.strategies.accelpact import EXIT_FALLBACK
 
 
 def test_default_experiment_is_a_sweep_over_ages_and_strategies():
@@ -160,9 +160,8 @@ def test_multirun_callback_over_trials_gives_intervals_and_verdicts(tmp_path: Pa
     """Three trials, each with its own reference (1 s steps). The cold restart's measured badput is 3 s
     more than AccelPact's in every trial, while its productive steps run at a different speed each trial
     (1 s, 1.5 s, 0.8 s: load). The badput-based gain is the same 7/4 in every trial; the measured one moves."""
-    from omegaconf import OmegaConf
-
     import pandas as pd
+    from omegaconf import OmegaConf
 
     fault = {"kind": "fault", "t": 2.05, "rank": 0, "fault": "socket_reset", "step": 2, "ranks": [0]}
     for k, pace in enumerate((1.0, 1.5, 0.8)):

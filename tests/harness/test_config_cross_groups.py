@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from config_oracles import check_parent_can_run, check_refusal
+
 from harness.app import capabilities
 from harness.app.config import compose, load_catalogue, load_group, to_run_config
 from harness.app.machine import probe
-from harness.schema import RunConfig
 from harness.app.validate import ConfigError, validate
+from harness.schema import RunConfig
 
 GROUPS = ("fault", "cluster", "strategy", "checkpoint", "model")
 

@@ -25,14 +25,15 @@ from enum import Enum
 from pathlib import Path
 
 import pytest
+from config_oracles import check_parent_can_run, check_refusal
+from harness_test_helpers import harness_cmd, harness_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config_oracles import check_parent_can_run, check_refusal
 from harness import schema
 from harness.app import preflight
 from harness.app.config import GROUPS, compose, group_options, to_run_config
-from harness_test_helpers import harness_cmd, harness_env
+
 SECTIONS = {"model": schema.ModelConfig, "train": schema.TrainConfig, "cluster": schema.ClusterConfig,
             "strategy": schema.StrategyConfig, "fault": schema.FaultConfig, "checkpoint": schema.CheckpointConfig}
 HAZARDS = ["", "''", "null", "abc", "[1,2", "a=b", "${oc.env:NOPE}", "${nope}", "1e999", "-0", " ", "\u00e9t\u00e9",
@@ -54,7 +55,7 @@ def _values(tp: object) -> st.SearchStrategy[str]:
     if origin is typing.Union:  # Optional[X]
         inner = next(a for a in args if a is not type(None))
         return st.one_of(st.just("null"), _values(inner))
-    if origin in (list, typing.List):
+    if origin in (list, list):
         ranks = st.lists(st.integers(-2, 6), max_size=3).map(lambda xs: "[" + ",".join(map(str, xs)) + "]")
         return st.one_of(ranks, st.sampled_from(HAZARDS))
     if isinstance(tp, type) and issubclass(tp, Enum):

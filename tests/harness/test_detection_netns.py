@@ -10,10 +10,10 @@ Each run is compared with a fault-free reference of the same config.
 from __future__ import annotations
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness
 
 try:
     from harness.faults.netns import namespaces_available

@@ -11,12 +11,12 @@ stretch replay (``harness/report/goodput.py``); a roll-forward recovery throws n
 
 from __future__ import annotations
 
-import pytest
-
 import json
 
-from harness.events import read_events
+import pytest
 from harness_test_helpers import TINY, read_row, run_harness
+
+from harness.events import read_events
 
 FAULT_STEP = 3
 PARTS = ("agreement", "rebuild", "rebind", "first_collective")

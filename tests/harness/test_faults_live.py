@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 from harness.faults.schedule import FiredMarkers, ScheduleError, checkpoint_age, fault_steps, plan_faults
 from harness.schema import FaultConfig, FaultSchedule
-from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 
 # ----------------------------------------------------------------------------- schedules (pure) ----------

@@ -10,7 +10,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness
 
 pytest.importorskip("lm_resiliency")

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 STEPS = 8
 FAULT_STEP = 5

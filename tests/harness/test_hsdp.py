@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs, load_identity
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,20 @@ import math
 import numpy as np
 import pytest
 
-from harness.report.intervals import (BETTER, NOISE, ONE_TRIAL, SAME, WORSE, Interval, coverage_text, interval,
-                                      order_statistic, order_statistic_coverage, t_log, verdict)
+from harness.report.intervals import (
+    BETTER,
+    NOISE,
+    ONE_TRIAL,
+    SAME,
+    WORSE,
+    Interval,
+    coverage_text,
+    interval,
+    order_statistic,
+    order_statistic_coverage,
+    t_log,
+    verdict,
+)
 
 SIMULATIONS = 4000
 # Binomial standard error of a coverage near 0.95 over 4000 draws is 0.0035: 4 of them never flakes on a

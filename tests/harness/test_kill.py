@@ -9,7 +9,6 @@ import time
 import pandas as pd
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, read_row, start_harness, worker_processes
 
 

@@ -16,11 +16,11 @@ import sys
 import time
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness
 
-from harness.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
 from harness.app.validate import ConfigError, check_values
 from harness.faults.addressing import Layout, new_prefix
-from harness_test_helpers import TINY, read_row, run_harness
+from harness.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
 
 
 # ---- pure: runs everywhere ----------------------------------------------------------------------------

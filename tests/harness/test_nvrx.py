@@ -90,7 +90,11 @@ def _exhaust_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxRestartsExhausted, NvrxSettings, run_with_inprocess_restart
+    from harness.strategies.checkpoint_restore.nvrx_restart import (
+        NvrxRestartsExhausted,
+        NvrxSettings,
+        run_with_inprocess_restart,
+    )
 
     seen = []
 

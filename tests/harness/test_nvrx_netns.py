@@ -20,7 +20,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]

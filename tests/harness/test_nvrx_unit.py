@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
     from harness.strategies.checkpoint_restore import nvrx_restart
 
@@ -58,7 +59,7 @@ def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
         try:
             raise RuntimeError("Connection closed by peer")
         except RuntimeError:
-            raise KeyboardInterrupt("stand-in for NVRx's asynchronous RankShouldRestart")
+            raise KeyboardInterrupt("stand-in for NVRx's asynchronous RankShouldRestart")  # noqa: B904 - as NVRx raises it
     except BaseException as exc:  # noqa: BLE001
         rec.raised(exc, 2.0)
         rec.raised(exc, 3.0)  # only the first failure of an incarnation counts

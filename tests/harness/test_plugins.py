@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import torch.distributed as dist
+from harness_test_helpers import TINY, harness_env, read_row, run_harness
 
 from accelpact import backends
 from accelpact.backends import GlooBackend
@@ -34,7 +34,6 @@ from harness.faults.registry import FaultSpec
 from harness.scale.config import Cluster, Outcome
 from harness.strategies.base import Strategy, forward_backward
 from harness.strategies.spec import Simulation, StrategySpec
-from harness_test_helpers import TINY, harness_env, read_row, run_harness
 
 HERE = Path(__file__).resolve().parent
 
@@ -157,8 +156,8 @@ def test_plugin_strategy_runs_through_the_scale_simulator():
 
 
 def test_plugin_backend_is_validated_like_a_built_in_one():
-    from harness.app.validate import cluster_problem
     from harness.app.machine import probe
+    from harness.app.validate import cluster_problem
     from harness.schema import RunConfig
 
     run = RunConfig()

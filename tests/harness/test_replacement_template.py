@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_cmd, harness_env, worker_processes
 
 
 def _launcher(tmp_path: Path, extra_env: dict[str, str] | None = None):
-    from harness.schema import RunConfig
     from harness.parent.launcher import Launcher
     from harness.rank.worker import write_spec
+    from harness.schema import RunConfig
 
     run = RunConfig()
     run.strategy.name = "accelpact"

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_env, read_row, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from harness_test_helpers import read_row, run_harness, worker_processes
 
 from harness.rank.identity import compare_runs
-from harness_test_helpers import read_row, run_harness, worker_processes
 
 SHRINK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=10",
           "checkpoint.interval=4", "compare.trials=1"]

@@ -12,7 +12,6 @@ a stalled group is dropped and heals) and the run finishes with every rank agree
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, harness_env, read_row, run_harness, start_harness, worker_processes
 
 pytest.importorskip("torchft")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 pytest.importorskip("torchft")

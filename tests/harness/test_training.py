@@ -7,9 +7,9 @@ import sys
 
 import pandas as pd
 import pytest
+from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
 from harness.rank.identity import compare_runs, load_identity
-from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
 STEPS = 3
 

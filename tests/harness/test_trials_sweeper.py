@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from harness_test_helpers import run_harness
 
 TINY_COMPARE = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=8",

@@ -3,7 +3,6 @@ the measured winner, and each design changes only what it says it changes."""
 
 from __future__ import annotations
 
-
 from harness import strategies
 from harness.scale import scaling as sc
 from harness.scale.config import Cluster

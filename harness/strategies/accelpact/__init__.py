@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness import events
 from harness.strategies.accelpact.heal import (
     EXIT_FALLBACK,
     check_heal,
-    die_at_heal_plan,
-    restore_extra_state,
     control_deadline,
+    die_at_heal_plan,
     replace_on_kill,
+    restore_extra_state,
     side_group,
     snapshots_and_policy,
 )
@@ -96,7 +97,7 @@ class AccelPactStep(Strategy):
         return side_group(ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size,
                           ctx.cfg.cluster.pg_timeout_s)
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         from accelpact.errors import RolledBack, UnrecoverableError
 
         model = self.ctx.model
@@ -247,13 +248,13 @@ def _token() -> str:
     return os.environ["ACCELPACT_JOB_TOKEN"]
 
 
-def _stall_timeout(value: "float | None") -> "float | None | str":
+def _stall_timeout(value: float | None) -> float | None | str:
     if value is None:
         return "auto"
     return value or None
 
 
-def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_on_fallback(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
     memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}

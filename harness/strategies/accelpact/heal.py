@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.schema import RunConfig
     from harness.rank.env import RankEnv
+    from harness.schema import RunConfig
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
@@ -61,21 +62,21 @@ class Rejoined:
     ticket: Any
 
     def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
-                    mesh_dim_names: Optional[tuple[str, ...]] = None) -> Any:
+                    mesh_dim_names: tuple[str, ...] | None = None) -> Any:
         """The survivors' mesh, built from the groups this replacement joined (harness.rank.mesh.build_mesh
         calls it instead of ``init_device_mesh``, whose new groups the survivors would never join: HSDP)."""
         return self.ticket.device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
 
 
-def control_deadline(cfg: "RunConfig") -> None:
+def control_deadline(cfg: RunConfig) -> None:
     """The control channel's own deadline bounds how long survivors wait for a lost rank."""
     os.environ.setdefault("ACCELPACT_CONTROL_DEADLINE_S", str(cfg.strategy.recovery_deadline_s))
 
 
-def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
+def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
     import accelpact
-    import accelpact.snapshot  # noqa: F401 - imported before arriving: the survivors wait from then on
+    import accelpact.snapshot
     from accelpact.control import ControlChannel
     from harness.rank.models import meta_model
 
@@ -126,7 +127,7 @@ def _die(how: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _arrive_and_die(control: Any, env: "RankEnv") -> None:
+def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
     import json
     import time
@@ -153,7 +154,7 @@ def side_group(control_store: Any, token: str, tag: str, generation: int, rank: 
     return comm.rebuild_group(None, spec, store, rank)
 
 
-def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: Any,
+def snapshots_and_policy(cfg: RunConfig, model: Any, optimizer: Any, control: Any,
                          rank: int, world_size: int, scheduler: Any = None) -> tuple[Any, Any, Any]:
     """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off.
 
@@ -176,7 +177,7 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
     return snapshots, policy, replication
 
 
-def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int) -> Any:
+def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int) -> Any:
     """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
     its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
@@ -197,11 +198,11 @@ def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
     scheduler.step()
 
 
-def check_heal(run: "RunConfig") -> None:
+def check_heal(run: RunConfig) -> None:
     """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
     themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.schema import ConfigError
     from harness.faults import registry
+    from harness.schema import ConfigError
 
     st = run.strategy
     if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
@@ -210,7 +211,7 @@ def check_heal(run: "RunConfig") -> None:
                           "which host loses a rank. Use strategy.hot_spares=0 here")
 
 
-def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
+def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
     """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
     signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
     (then the disk fallback runs instead)."""

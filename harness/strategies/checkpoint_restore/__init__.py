@@ -22,7 +22,8 @@ their namespace again, on a fresh NVRx store, and restores the newest checkpoint
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from harness.strategies.base import Strategy
 from harness.strategies.spec import Simulation, StrategySpec
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 
 class CheckpointRestore(Strategy):
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         return self.plain_step(step, tokens)
 
     def abandon(self) -> None:
@@ -57,7 +58,7 @@ class _NvrxStore:
 
         self.launcher = launcher
         self.home = store_home(run, launcher)
-        self.addr: Optional[tuple[str, int]] = None
+        self.addr: tuple[str, int] | None = None
         launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
@@ -74,7 +75,7 @@ class _NvrxStore:
         self.home.close()
 
 
-def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_after_lost_process(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Relaunch every rank when the rank that failed first was killed by a signal: a lost process.
 
     NVRx's in-process restart recovers inside live processes; a process that is gone takes its state with
@@ -98,8 +99,8 @@ NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
-    from harness.schema import ConfigError, LinkPlane
     from harness.faults import registry as faults
+    from harness.schema import ConfigError, LinkPlane
     from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
     if faults.get(run.fault.kind).needs_netns:

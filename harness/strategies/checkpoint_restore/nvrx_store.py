@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from harness.parent.server_home import ServerHome, server_home
 
@@ -72,12 +72,12 @@ class NamespaceStores:
 
     def __init__(self, netns: str, host: str, python: str = sys.executable) -> None:
         self.netns, self.host, self.python = netns, host, python
-        self.proc: Optional[subprocess.Popen[str]] = None  # started by the first renew(), before incarnation 0
-        self._lines: "queue.Queue[str]" = queue.Queue()
+        self.proc: subprocess.Popen[str] | None = None  # started by the first renew(), before incarnation 0
+        self._lines: queue.Queue[str] = queue.Queue()
         # A file, not a pipe: nobody reads the server's stderr while it serves, and a full pipe would block it.
         self._err = tempfile.TemporaryFile(mode="w+")
 
-    def _start(self) -> "subprocess.Popen[str]":
+    def _start(self) -> subprocess.Popen[str]:
         root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
                "TORCH_CPP_LOG_LEVEL": "ERROR"}
@@ -88,7 +88,7 @@ class NamespaceStores:
         threading.Thread(target=self._read, args=(proc,), daemon=True, name="nvrx-store-out").start()
         return proc
 
-    def _read(self, proc: "subprocess.Popen[str]") -> None:
+    def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             self._lines.put(line.strip())

@@ -5,8 +5,9 @@ runs the wrapper itself. NVRx is imported lazily: this module is cheap to import
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import torch.distributed as dist
