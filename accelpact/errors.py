@@ -15,6 +15,8 @@ The split matters because the two families have opposite handling rules:
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AccelPactError",
     "CommFault",
@@ -116,7 +118,7 @@ class RolledBack(AccelPactError):
     the data position). A heal that needs no rollback never raises: the step is retried inside.
     """
 
-    def __init__(self, message: str, *, resume_step: int, extra_state: dict | None = None):
+    def __init__(self, message: str, *, resume_step: int, extra_state: dict[str, Any] | None = None):
         super().__init__(message)
         self.resume_step = resume_step
         self.extra_state = extra_state or {}

@@ -135,7 +135,7 @@ class HealEvent:
         return asdict(self)
 
 
-class RecoveryLog(list):
+class RecoveryLog(list[Any]):
     """``guard.events``: the newest ``keep`` RecoveryEvents, oldest first, and how many there were.
 
     A list, so that reading it is unchanged; bounded, because a week-long job recovers thousands of

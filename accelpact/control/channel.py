@@ -114,7 +114,7 @@ class ControlChannel(DataPlaneStores):
         self._lock = threading.RLock()
         self._conn: _Connection | None = None
         self._dp_generations: set[int] = set()
-        self._spare: tuple[Future, int] | None = None  # (connecting data-plane client, self.connects then)
+        self._spare: tuple[Future[torch.distributed.TCPStore], int] | None = None  # (connecting data-plane client, self.connects then)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -144,7 +144,7 @@ class ControlChannel(DataPlaneStores):
         return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
 
     @classmethod
-    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> ControlChannel:
+    def _from_settings(cls, settings: dict[str, Any], rank: int | None, world_size: int | None) -> ControlChannel:
         rank = _launch_env.launcher_int("RANK") if rank is None else rank
         world_size = _launch_env.launcher_int("WORLD_SIZE") if world_size is None else world_size
         return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
@@ -300,7 +300,8 @@ class ControlChannel(DataPlaneStores):
     def _wait_for(self, keys: list[str], deadline: float, what: str) -> list[bytes] | None:
         """Values of all keys, or None if some are still missing at the deadline."""
 
-        return self._call(lambda store: _wait_then_get(store, keys, deadline), deadline, what)
+        values: list[bytes] | None = self._call(lambda store: _wait_then_get(store, keys, deadline), deadline, what)
+        return values
 
     def _missing(self, keys: list[str], what: str) -> list[int]:
         """Indices of keys absent right now (a diagnosis after a deadline, given its own short one)."""
@@ -328,7 +329,7 @@ class ControlChannel(DataPlaneStores):
         posted = self.key(f"gen{generation}", "posted")
         what = f"gather {tag!r} of generation {generation}"
 
-        def attempt(store):
+        def attempt(store: Any) -> Any:  # list[bytes] | Verdict | None; Any: torch's Store stub lacks multi_set
             # Post, wait and read in ONE hand-off to the worker and three store round trips: during
             # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
             # after a reconnect: setting our own key again is idempotent.
@@ -417,7 +418,7 @@ class ControlChannel(DataPlaneStores):
         self.close()
 
 
-def _wait_then_get(store: Any, keys: list[str], deadline: float) -> list[bytes] | None:
+def _wait_then_get(store: torch.distributed.Store, keys: list[str], deadline: float) -> list[bytes] | None:
     """Values of all ``keys`` once present, or None if some are still missing at ``deadline`` (monotonic).
 
     One store wait and one read: a wait() on keys already there returns at once."""
@@ -442,7 +443,7 @@ def start_control_server(host: str = "127.0.0.1", port: int = 0) -> tuple[torch.
     long as it) and the bound port.
     """
     dist = _dist()
-    server = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    server: torch.distributed.TCPStore = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
     return server, server.port
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from accelpact.errors import AccelPactError
 
@@ -56,7 +57,7 @@ def _split_addr(addr: str, name: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: bool = False) -> dict:
+def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: bool = False) -> dict[str, Any]:
     """Keyword arguments for ControlConfig (all but rank and world size) from the environment.
 
     ``torchrun_only``: ignore the ACCELPACT_* variables and use torchrun's store and run id.

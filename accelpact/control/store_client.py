@@ -34,7 +34,7 @@ class _Worker:
     """
 
     def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         shutdown.register(self)  # a call returning while the interpreter finalizes would abort it
@@ -52,8 +52,8 @@ class _Worker:
             except BaseException as exc:  # handed to the caller, which decides
                 fut.set_exception(exc)
 
-    def submit(self, fn: Callable[[], Any]) -> Future:
-        fut: Future = Future()
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut
 
@@ -74,7 +74,8 @@ class _Connection:
         self.store: torch.distributed.TCPStore | None = None
 
 
-def _dist():
+def _dist() -> Any:
+    """The torch.distributed module."""
     import torch.distributed as dist  # lazily: importing torch costs seconds
 
     return dist
@@ -125,5 +126,6 @@ def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False,
     dist = _dist()
     if probe:
         _probe(host, port, timeout_s, first=first)
-    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    client: torch.distributed.TCPStore = dist.TCPStore(
+        host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return client

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from accelpact.errors import ControlChannelError, ControlStoreLostError
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["StoreLossReporter", "store_lost_error"]
 
@@ -53,7 +56,7 @@ class StoreLossReporter:
         self.lost_since = None
 
 
-def store_lost_error(err: ControlChannelError, *, control: Any, step: int,
+def store_lost_error(err: ControlChannelError, *, control: ControlClient, step: int,
                      committed_step: int) -> ControlStoreLostError:
     """The error a rank raises when the control store is lost during the recovery of a fault."""
     cfg = getattr(control, "config", None)

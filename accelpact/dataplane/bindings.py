@@ -81,8 +81,8 @@ class BindingTable:
     _scanned_modules: set[str] = field(default_factory=set, repr=False)
     _modules_seen: int = field(default=-1, repr=False)
     # rebind's fast form (see _compiled); rebuilt when slots change.
-    _buckets: dict[int, list[tuple[dict, Any]]] | None = field(default=None, repr=False)
-    _default_buckets: dict[int, list[tuple[Any, str, list]]] = field(default_factory=dict, repr=False)
+    _buckets: dict[int, list[tuple[dict[str, Any], Any]]] | None = field(default=None, repr=False)
+    _default_buckets: dict[int, list[tuple[Any, str, list[Any]]]] = field(default_factory=dict, repr=False)
     _buckets_n: tuple[int, int] = field(default=(-1, -1), repr=False)
 
     @classmethod
@@ -209,7 +209,7 @@ class BindingTable:
                             added += 1
         return added
 
-    def _compiled(self) -> tuple[dict[int, list[tuple[dict, Any]]], dict[int, list[tuple[Any, str, list]]]]:
+    def _compiled(self) -> tuple[dict[int, list[tuple[dict[str, Any], Any]]], dict[int, list[tuple[Any, str, list[Any]]]]]:
         """Slots and function defaults bucketed by the id of the group they hold, built once.
 
         An attribute slot is written through the holder's ``__dict__`` (where the scan found it),
@@ -219,15 +219,15 @@ class BindingTable:
         what keeps rebinding at a few microseconds.
         """
         if self._buckets is None or self._buckets_n != (len(self.slots), len(self.defaults)):
-            buckets: dict[int, list[tuple[dict, Any]]] = {}
+            buckets: dict[int, list[tuple[dict[str, Any], Any]]] = {}
             for slot in self.slots:
                 target = slot.holder if slot.is_item else _instance_dict(slot.holder, slot.key)
                 buckets.setdefault(id(slot.get()), []).append((target, slot.key))
-            default_buckets: dict[int, list[tuple[Any, str, list]]] = {}
+            default_buckets: dict[int, list[tuple[Any, str, list[Any]]]] = {}
             for fn, kind, _path in self.defaults:
                 held = getattr(fn, kind, None) or ()
                 items = held.items() if type(held) is dict else enumerate(held)
-                positions: dict[int, list] = {}
+                positions: dict[int, list[Any]] = {}
                 for pos, value in items:
                     # Any group, not only self.groups: the table may be recompiled after a
                     # partial rebind left some defaults on a group it no longer lists.
@@ -255,7 +255,7 @@ class BindingTable:
             else:
                 mapping = dict(mapping)
         n = 0
-        moved: list[tuple[int, list, list]] = []
+        moved: list[tuple[int, list[Any], list]] = []
         for old, new in mapping.items():
             bucket = buckets.pop(id(old), None)
             if bucket:
@@ -288,7 +288,7 @@ class BindingTable:
         return [s.path for s in self.slots] + [path for _fn, _kind, path in self.defaults]
 
 
-def _swap_defaults(bucket: list[tuple[Any, str, list]], old: Any, new: Any) -> int:
+def _swap_defaults(bucket: list[tuple[Any, str, list[Any]]], old: Any, new: Any) -> int:
     """Replace ``old`` with ``new`` at the recorded positions of each function's defaults."""
     n = 0
     for fn, kind, positions in bucket:
@@ -320,7 +320,7 @@ def _swap_defaults(bucket: list[tuple[Any, str, list]], old: Any, new: Any) -> i
     return n
 
 
-def _instance_dict(holder: Any, key: str) -> dict:
+def _instance_dict(holder: Any, key: str) -> dict[str, Any]:
     """The dict an attribute slot lives in; the scan only records attributes found in ``vars()``."""
     d = vars(holder)
     if key not in d:

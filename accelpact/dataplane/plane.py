@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from accelpact.backends import Backend
+    from accelpact.control.client import ControlClient
     from accelpact.dataplane.bindings import BindingTable
     from accelpact.dataplane.generations import GroupSpec
     from accelpact.events import RoundClock
@@ -62,7 +63,7 @@ class DataPlane(abc.ABC):
     name: str = ""
 
     def __init__(self, *, backend: Backend, table: BindingTable, specs: list[GroupSpec], vote_index: int,
-                 control: Any, rank: int, group_timeout: datetime.timedelta | None, verify_rebind: bool,
+                 control: ControlClient, rank: int, group_timeout: datetime.timedelta | None, verify_rebind: bool,
                  scan: Scan, peers: set[str]) -> None:
         self.backend = backend
         self.table = table
@@ -84,7 +85,7 @@ class DataPlane(abc.ABC):
         self.last_path: dict[str, str] = {"path": self.name, "why": f"data_plane={self.name!r}"}
 
     @classmethod
-    def attach(cls, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
+    def attach(cls, model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
                process_group: Any = None, group_timeout: datetime.timedelta | None = None,
                verify_rebind: bool = False) -> DataPlane:
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""

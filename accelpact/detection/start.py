@@ -9,22 +9,25 @@ docs/detection.md explains the detectors.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelpact.detection.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.detection.watchdog import StallWatchdog
 from accelpact.errors import AccelPactError
 from accelpact.recovery.consensus import RankReport
 
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
+
 __all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 
 
-def _store_config(control: Any) -> Any:
+def _store_config(control: ControlClient) -> Any:
     cfg = getattr(control, "config", None)
     return cfg if all(hasattr(cfg, a) for a in ("host", "port", "job_token")) else None
 
 
-def start_heartbeat(control: Any, rank: int, liveness: LivenessConfig | None,
+def start_heartbeat(control: ControlClient, rank: int, liveness: LivenessConfig | None,
                     progress: Callable[[], int]) -> Heartbeat | None:
     """This rank's heartbeat thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
@@ -33,7 +36,7 @@ def start_heartbeat(control: Any, rank: int, liveness: LivenessConfig | None,
     return Heartbeat(cfg.host, cfg.port, cfg.job_token, rank, config=liveness, progress=progress).start()
 
 
-def start_watchdog(control: Any, rank: int, world_size: int, stall_timeout_s: float | None, pg_timeout_s: float,
+def start_watchdog(control: ControlClient, rank: int, world_size: int, stall_timeout_s: float | None, pg_timeout_s: float,
                    liveness: LivenessConfig | None, backend: Any) -> StallWatchdog | None:
     """The stall watchdog thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
@@ -49,7 +52,7 @@ def start_watchdog(control: Any, rank: int, world_size: int, stall_timeout_s: fl
                          inodes=lambda: set(sockets.inodes) if sockets is not None else set()).start()
 
 
-def peer_watch(control: Any, rank: int, liveness: LivenessConfig | None, fault: dict[str, str],
+def peer_watch(control: ControlClient, rank: int, liveness: LivenessConfig | None, fault: dict[str, str],
                generation: int) -> PeerWatch | None:
     """What the report gather watches between its waits (None without a heartbeat or a real channel)."""
     token = getattr(control, "job_token", None)

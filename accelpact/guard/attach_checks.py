@@ -15,13 +15,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from accelpact.dataplane.reset import fsdp_flavour
 from accelpact.errors import AccelPactError
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__: list[str] = []  # private to accelpact.guard
 
@@ -50,7 +53,7 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             "optimizer = torch.optim.AdamW(model.parameters(), ...)")
 
 
-def check_members(control: Any) -> None:
+def check_members(control: ControlClient) -> None:
     """Wait for every rank under the job token (a control channel without ``join`` is not checked)."""
     join = getattr(control, "join", None)
     if callable(join):

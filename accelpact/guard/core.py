@@ -60,6 +60,7 @@ from accelpact.recovery.context import RecoveryContext, StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
 
 if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
     from accelpact.recovery.heal import HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
 
@@ -78,7 +79,7 @@ _THREAD_STOP_S = 6.0
 class Guard:
     """See module docstring. Build with :func:`attach`."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
                  process_group: Any = None, config: GuardConfig = GuardConfig(),
                  injection_clock: InjectionClock | None = None, snapshots: Any = None,
                  heal: HealPolicy | None = None, rejoin: RejoinTicket | None = None) -> None:
@@ -503,7 +504,7 @@ def _nothing() -> None:
     """finish()'s region: nothing but the region vote."""
 
 
-def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
            max_grad_norm: float | None = None, process_group: Any = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,

@@ -50,6 +50,7 @@ import enum
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from accelpact.errors import RankLostError, StateDivergedError
 
@@ -85,7 +86,7 @@ class RankReport:
     injected_at: float | None = None
     # Where the rank is among guarded regions (accelpact.recovery.region_rule: RegionState.to_dict()); never read
     # by decide(); left off the wire when unset, like ``fault``.
-    region: dict | None = None
+    region: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The wire form as a dict (JSON types only); ``fault`` and ``injected_at`` appear only when set."""

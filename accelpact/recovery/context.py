@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accelpact.errors import AccelPactError
 from accelpact.events import RecoveryLog
@@ -19,6 +19,7 @@ from accelpact.recovery.consensus import Phase
 from accelpact.recovery.region_rule import RegionPhase, RegionState
 
 if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
     from accelpact.dataplane import DataPlane
     from accelpact.detection.liveness import LivenessConfig
 
@@ -77,7 +78,7 @@ class RecoveryContext:
 
     rank: int
     world_size: int
-    control: Any  # accelpact.control.ControlChannel (or a stand-in with its methods)
+    control: ControlClient  # accelpact.control.ControlChannel (or a stand-in with its methods)
     plane: DataPlane
     state: StepState
     # Puts FSDP back into a clean between-steps state and drops its gradients (accelpact.dataplane.reset).

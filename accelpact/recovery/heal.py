@@ -72,7 +72,7 @@ ROLL_CALL_POLL_S = 0.02
 
 # A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
 # replica's marker (a dict with at least "step") or None when it holds none.
-FetchReplica = Callable[[int, Path, "int | None"], "dict | None"]
+FetchReplica = Callable[[int, Path, "int | None"], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class HealOutcome:
     """What the guard does after a heal: continue at ``resume_step`` (with ``extra_state`` restored)."""
 
     resume_step: int
-    extra_state: dict
+    extra_state: dict[str, Any]
     event: HealEvent
 
 
@@ -204,7 +204,7 @@ class Healer:
                 dead = set()  # who died is read from the notices at the top of the loop
             g.plane.abort()
 
-    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> tuple[set[int] | None, dict]:
+    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> tuple[set[int] | None, dict[str, Any]]:
         """Before any plan is written: every survivor is present, or noticed dead, and all plan for the same ranks.
 
         Each survivor posts the lost ranks it is about to plan for under ``{token}/heal/rollcall/{G}/{attempt}/
@@ -225,7 +225,7 @@ class Healer:
         deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", 30.0)
         deadline = time.monotonic() + deadline_s
         posted: dict[int, set[int]] = {}
-        groups: dict[int, dict] = {g.rank: mine}
+        groups: dict[int, dict[str, Any]] = {g.rank: mine}
         while True:
             noticed = self._dead_now() & others  # notices first: a post seen after a notice is not trusted
             for r in sorted(others - set(posted)):
@@ -248,7 +248,7 @@ class Healer:
                     "another heal round; restore from a checkpoint", ranks=tuple(missing), detected_by="heal")
             time.sleep(ROLL_CALL_POLL_S)
 
-    def _groups_post(self) -> dict:
+    def _groups_post(self) -> dict[str, Any]:
         """This survivor's part of the plan's groups: its data-plane groups and how a replacement joins them."""
         return {"groups": [_spec_to_dict(s) for s in self.ctx.plane.specs], **self.ctx.plane.join_plan()}
 
@@ -262,7 +262,7 @@ class Healer:
         plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held,
                                       resume_by=self._resume_by), generation)
         t_load = time.time()
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         replayed = plan.replayed(state.committed_step)
         if state.committed_step > plan.step:
             extra = self.snapshots.restore(plan.step) or {}
@@ -391,7 +391,7 @@ class Healer:
                 held.setdefault(newest[0] - max(int(gap), 1), "buddy")
         plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
         t_load = time.time()
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         source = plan.sources[g.rank]
         if source == "own":
             extra = self.snapshots.restore(plan.step) or {}
@@ -469,7 +469,7 @@ def _notice_pid(raw: bytes | None, token: str) -> int | None:
     return None if pid is None else int(pid)
 
 
-def _spec_to_dict(spec: Any) -> dict:
+def _spec_to_dict(spec: Any) -> dict[str, Any]:
     return {"name": spec.name, "backend": spec.backend, "ranks": list(spec.ranks), "is_default": spec.is_default,
             "tag": spec.tag, "desc": spec.desc,
             "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),

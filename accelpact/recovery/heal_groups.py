@@ -43,12 +43,12 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
     if not posts:
         raise ValueError("no survivor posted its groups")
     first_at: dict[str, tuple[int, str]] = {}
-    spec_of: dict[str, dict] = {}
+    spec_of: dict[str, dict[str, Any]] = {}
     store_of: dict[str, Any] = {}
     modes = set()
     for rank in sorted(posts):
         post = posts[rank]
-        groups: Sequence[dict] = post.get("groups", [])
+        groups: Sequence[dict[str, Any]] = post.get("groups", [])
         stores = post.get("group_stores")
         modes.add(post.get("data_plane", "rebind"))
         for i, spec in enumerate(groups):
@@ -74,5 +74,5 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
     return merged
 
 
-def _identity(spec: Mapping[str, Any]) -> tuple:
+def _identity(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     return (spec["name"], spec["backend"], tuple(spec["ranks"]), bool(spec["is_default"]))

@@ -26,11 +26,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import notice_auth
 from accelpact.detection.liveness import notice_key
 from accelpact.errors import RankLostError
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
            "publish_no_replacement",
@@ -41,27 +44,27 @@ __all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_ke
 NOTICE_POLL_S = 0.1
 
 
-def request_key(control: Any, rank: int) -> str:
+def request_key(control: ControlClient, rank: int) -> str:
     return control.key("heal", "request", str(rank))
 
 
-def arrived_key(control: Any, rank: int) -> str:
+def arrived_key(control: ControlClient, rank: int) -> str:
     return control.key("heal", "arrived", str(rank))
 
 
-def plan_key(control: Any, rank: int, pid: int) -> str:
+def plan_key(control: ControlClient, rank: int, pid: int) -> str:
     return control.key("heal", "plan", str(rank), str(pid))
 
 
-def joining_key(control: Any, rank: int, pid: int) -> str:
+def joining_key(control: ControlClient, rank: int, pid: int) -> str:
     return control.key("heal", "joining", str(rank), str(pid))
 
 
-def rollcall_key(control: Any, generation: int, attempt: int, rank: int) -> str:
+def rollcall_key(control: ControlClient, generation: int, attempt: int, rank: int) -> str:
     return control.key("heal", "rollcall", str(generation), str(attempt), str(rank))
 
 
-def closed_key(control: Any, rank: int) -> str:
+def closed_key(control: ControlClient, rank: int) -> str:
     """Written by a rank's guard at close() after finish(): the run ended there (accelpact.recovery.rejoin and
     accelpact.run's agent read it)."""
     return closed_key_of(control.job_token, rank)
@@ -86,12 +89,12 @@ def publish_no_replacement(store: Any, job_token: str, rank: int, *, pid: int | 
     store.set(abandoned_key(job_token, rank), json.dumps({"pid": pid, "reason": reason, "t": time.time()}).encode())
 
 
-def peek(control: Any, key: str) -> bytes | None:
+def peek(control: ControlClient, key: str) -> bytes | None:
     """The value of ``key`` now, or None (never waits)."""
     return control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}")
 
 
-def notice_of(control: Any, rank: int) -> dict | None:
+def notice_of(control: ControlClient, rank: int) -> dict[str, Any] | None:
     """The verified death notice of ``rank`` now (a dict), or None."""
     raw = peek(control, notice_key(control.job_token, rank))
     if raw is None:
@@ -110,12 +113,12 @@ class ReplacementWatch:
     lost on its way in (``lost``: what, when seen, how long after the launcher's notice).
     """
 
-    control: Any
+    control: ControlClient
     rank: int  # this survivor
     max_losses: int  # replacements lost per rank before giving up (HealPolicy.max_rounds)
     poll_s: float = 0.01
     dead_pids: dict[int, list[int]] = field(default_factory=dict)
-    lost: list[dict] = field(default_factory=list)
+    lost: list[dict[str, Any]] = field(default_factory=list)
     _last_scan: float = 0.0
 
     def scan(self, ranks: set[int], stage: str, arrived: dict[int, int] | None = None) -> set[int]:

@@ -29,11 +29,14 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
 from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -53,7 +56,7 @@ class RejoinTicket:
     t_launch: float | None = None  # when the launcher started this process (if it said)
     heartbeat: Heartbeat | None = None  # beating since arrival; attach() takes it over
     # How the groups were joined: {"path": "reconfigure" | "rebuild", "why": ...} (HealEvent.data_plane)
-    data_plane: dict = field(default_factory=dict)
+    data_plane: dict[str, Any] = field(default_factory=dict)
 
     # The groups rejoin() built, by c10d name (the survivors' names): what device_mesh() builds a mesh from.
     groups: dict[str, Any] = field(default_factory=dict)
@@ -76,7 +79,7 @@ class RejoinTicket:
             self.heartbeat = None
 
 
-def _wait_for_plan(control: Any, pid: int, timeout_s: float) -> bytes:
+def _wait_for_plan(control: ControlClient, pid: int, timeout_s: float) -> bytes:
     """The survivors' plan for this process; RankLostError at once when every other rank already ended the
     run (each wrote ``{token}/heal/closed/{rank}`` at ``guard.close()`` after ``guard.finish()``)."""
     deadline = time.monotonic() + timeout_s
@@ -96,7 +99,7 @@ def _wait_for_plan(control: Any, pid: int, timeout_s: float) -> bytes:
         time.sleep(PLAN_POLL_S)
 
 
-def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = None,
+def rejoin(control: ControlClient, *, timeout_s: float = 180.0, t_launch: float | None = None,
            liveness: LivenessConfig | None = LivenessConfig()) -> RejoinTicket:
     """Arrive as the replacement of ``control.rank`` and build the survivors' next generation of groups.
 

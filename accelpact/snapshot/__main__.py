@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from accelpact.snapshot.layout import default_root, remove_job
 from accelpact.snapshot.sizing import gib, used_bytes
@@ -21,7 +22,7 @@ from accelpact.snapshot.slots import MARKER, read_marker
 __all__ = ["jobs", "main"]
 
 
-def jobs(root: str | Path) -> list[dict]:
+def jobs(root: str | Path) -> list[dict[str, Any]]:
     """Every job directory under ``root``: token, ranks with slots, newest step, bytes, seconds idle."""
     out = []
     root = Path(root)

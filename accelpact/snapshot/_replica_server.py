@@ -58,10 +58,10 @@ SLOTS = ("slot0", "slot1")
 # A whole replica must arrive within this; a peer that stops sending is dropped (its thread ends).
 _IO_TIMEOUT_S = 60.0
 
-Validate = Callable[[Path, dict], bool]
+Validate = Callable[[Path, dict[str, Any]], bool]
 
 
-def read_marker(slot_dir: Path) -> dict | None:
+def read_marker(slot_dir: Path) -> dict[str, Any] | None:
     """The slot's marker, or None when it is missing or unreadable (then the slot does not exist)."""
     try:
         body = json.loads((slot_dir / MARKER).read_text())
@@ -153,7 +153,7 @@ class ReplicaServer:
     def source_dir(self, src: int) -> Path:
         return self.dir / f"rank{src}"
 
-    def held(self, src: int, step: int | None = None) -> list[tuple[int, Path, dict]]:
+    def held(self, src: int, step: int | None = None) -> list[tuple[int, Path, dict[str, Any]]]:
         """(step, slot_dir, marker) of the complete, valid replicas of ``src``, newest first."""
         out = []
         for name in SLOTS:
@@ -240,7 +240,7 @@ class ReplicaServer:
             except OSError:
                 pass  # the peer reset or vanished: a pusher retries, a half-received slot has no marker
 
-    def _put(self, conn: socket.socket, src: int, req: dict) -> None:
+    def _put(self, conn: socket.socket, src: int, req: dict[str, Any]) -> None:
         files = check_file_list(req.get("files"))
         marker, step = req.get("marker"), req.get("step")
         if not marker_matches(marker, self.job_token, src, step):
@@ -283,7 +283,7 @@ class ReplicaServer:
         finally:
             self._end_put(src, conn, put_lock)
 
-    def _get(self, conn: socket.socket, src: int, req: dict) -> None:
+    def _get(self, conn: socket.socket, src: int, req: dict[str, Any]) -> None:
         want = req.get("step")
         if want is not None and not isinstance(want, int):
             raise WireError(f"step {want!r} is not an integer")
@@ -305,7 +305,7 @@ class ReplicaServer:
         self.bytes_out += sum(size for _, size in files)
 
 
-def _header_mismatch(marker: dict, files: list[tuple[str, int]]) -> str | None:
+def _header_mismatch(marker: dict[str, Any], files: list[tuple[str, int]]) -> str | None:
     """Why the header's file list is not the marker's (names, sizes, total), or None."""
     listed = marker.get("files")
     if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):

@@ -37,27 +37,27 @@ def check_token(job_token: str) -> str:
     return job_token
 
 
-def job_dir(root: str | os.PathLike, job_token: str) -> Path:
+def job_dir(root: str | os.PathLike[str], job_token: str) -> Path:
     return Path(root) / check_token(job_token)
 
 
-def rank_dir(root: str | os.PathLike, job_token: str, rank: int) -> Path:
+def rank_dir(root: str | os.PathLike[str], job_token: str, rank: int) -> Path:
     return job_dir(root, job_token) / f"rank{int(rank)}"
 
 
-def slot_dir(root: str | os.PathLike, job_token: str, rank: int, slot: int) -> Path:
+def slot_dir(root: str | os.PathLike[str], job_token: str, rank: int, slot: int) -> Path:
     if slot not in SLOTS:
         raise ValueError(f"slot {slot!r}: a rank has slots {SLOTS}")
     return rank_dir(root, job_token, rank) / f"slot{slot}"
 
 
-def replica_dir(root: str | os.PathLike, job_token: str, src_rank: int, slot: int | None = None) -> Path:
+def replica_dir(root: str | os.PathLike[str], job_token: str, src_rank: int, slot: int | None = None) -> Path:
     """Where a buddy keeps rank ``src_rank``'s replicas (one slot of them when ``slot`` is given)."""
     base = job_dir(root, job_token) / "replica" / f"rank{int(src_rank)}"
     return base if slot is None else base / f"slot{slot}"
 
 
-def remove_job(root: str | os.PathLike, job_token: str) -> bool:
+def remove_job(root: str | os.PathLike[str], job_token: str) -> bool:
     """Delete every snapshot and replica of ``job_token`` under ``root``; True if there was anything."""
     path = job_dir(root, job_token)
     if not path.exists():
@@ -66,7 +66,7 @@ def remove_job(root: str | os.PathLike, job_token: str) -> bool:
     return True
 
 
-def remove_rank(root: str | os.PathLike, job_token: str, rank: int) -> bool:
+def remove_rank(root: str | os.PathLike[str], job_token: str, rank: int) -> bool:
     """Delete rank ``rank``'s own slots of ``job_token`` (a new job reusing a token: stale slots must go,
     or the double buffer would keep overwriting the new job's older slot next to a stale newer one)."""
     path = rank_dir(root, job_token, rank)

@@ -77,10 +77,10 @@ class BuddyLostError(RankLostError, SnapshotError):
     ``restore_latest`` raises when some rank holds no snapshot), so either ``except`` catches it."""
 
 
-def check_replica(job_token: str, world_size: int, *, checksums: bool = True) -> Callable[[Path, dict], bool]:
+def check_replica(job_token: str, world_size: int, *, checksums: bool = True) -> Callable[[Path, dict[str, Any]], bool]:
     """The snapshot reader's own check (marker fields, sizes, and with ``checksums`` the CRC-32s) as a
     replica validator."""
-    def ok(slot: Path, marker: dict) -> bool:
+    def ok(slot: Path, marker: dict[str, Any]) -> bool:
         from accelpact.snapshot.load import check_slot  # torch: only when a replica is checked
 
         _, why = check_slot(slot, job_token=job_token, rank=int(marker.get("rank", -1)), world_size=world_size,
@@ -177,9 +177,9 @@ class Replication:
     """
 
     def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
-                 topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
+                 topology: dict[str, Any] | None = None, validate: Callable[[Path, dict[str, Any]], bool] | None = None,
                  job_token: str | None = None, start: bool = True,
-                 receive_check: Callable[[Path, dict], bool] | None = None, confirm: bool = False) -> None:
+                 receive_check: Callable[[Path, dict[str, Any]], bool] | None = None, confirm: bool = False) -> None:
         self.store = store
         self.confirm = bool(confirm)
         # The snapshots' job token: it names their directories, is checked in every marker and keys
@@ -199,7 +199,7 @@ class Replication:
         self.push_s = 0.0
         self.last_error: str | None = None
         self._addr_cache: dict[int, tuple[str, int]] = {}
-        self._pending: tuple[Path, dict] | None = None
+        self._pending: tuple[Path, dict[str, Any]] | None = None
         self._busy = False
         # Sequence numbers of queued and finished (sent, dropped or superseded) slots: what confirm waits on.
         self._queued = self._finished = 0
@@ -249,7 +249,7 @@ class Replication:
 
     # ------------------------------------------------------------------ push (source side)
 
-    def push(self, slot_dir: Path, marker: dict) -> None:
+    def push(self, slot_dir: Path, marker: dict[str, Any]) -> None:
         """The snapshotter's ``on_complete`` hook: queue this slot for the buddy and return at once."""
         if self.buddy is None:
             return
@@ -293,7 +293,7 @@ class Replication:
                     self._finished = taken
                     self._cv.notify_all()
 
-    def _push_with_retries(self, slot_dir: Path, marker: dict) -> None:
+    def _push_with_retries(self, slot_dir: Path, marker: dict[str, Any]) -> None:
         assert self.buddy is not None
         if not marker_matches(marker, self.job_token, self.rank):
             self.last_error = (f"the slot's marker names job/rank {marker.get('job_token')!r}/{marker.get('rank')}, "
@@ -323,7 +323,7 @@ class Replication:
             return
         self._drop(marker)
 
-    def _drop(self, marker: dict) -> None:
+    def _drop(self, marker: dict[str, Any]) -> None:
         self.dropped += 1
         if not self._warned_drop:
             self._warned_drop = True
@@ -331,7 +331,7 @@ class Replication:
                   f"{self.buddy} ({self.last_error}); training goes on, the next snapshot tries again (failures are "
                   f"counted, logged once)", file=sys.stderr, flush=True)
 
-    def _push_once(self, slot_dir: Path, marker: dict, fresh: bool) -> int | None:
+    def _push_once(self, slot_dir: Path, marker: dict[str, Any], fresh: bool) -> int | None:
         files = payload_files(slot_dir)
         with self._connect(self.buddy, fresh) as sock:  # type: ignore[arg-type]
             send_frame(sock, {"op": "put", "src": self.rank, "step": marker.get("step"),
@@ -349,7 +349,7 @@ class Replication:
 
     # ------------------------------------------------------------------ fetch (replacement side)
 
-    def fetch(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+    def fetch(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any] | None:
         """Copy the newest valid replica of ``src_rank`` (or the one of ``step``) from its buddy into
         ``dest_dir`` (a slot directory, marker written last); its marker, or None when the buddy holds
         none or cannot be reached (``last_error`` says which)."""
@@ -369,7 +369,7 @@ class Replication:
                 self.last_error = f"buddy rank {holder}: {type(exc).__name__}: {exc}"
         return None
 
-    def _fetch_once(self, holder: int, src: int, dest: Path, step: int | None, fresh: bool) -> dict:
+    def _fetch_once(self, holder: int, src: int, dest: Path, step: int | None, fresh: bool) -> dict[str, Any]:
         tmp = dest.parent / f".fetch-{dest.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -390,7 +390,7 @@ class Replication:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any] | None:
         """:meth:`fetch`: the object is ``restore_latest``'s ``fetch`` callable."""
         return self.fetch(src_rank, dest_dir, step)
 
@@ -408,7 +408,7 @@ class Replication:
             f"{named}: no in-memory copy of rank(s) {list(ranks)}'s state survives, neither its own snapshot nor "
             f"its buddy's replica{seen}. Restore from a disk checkpoint.", ranks=involved)
 
-    def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict:
+    def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any]:
         """:meth:`fetch`, or BuddyLostError naming ``src_rank`` and its buddy: no copy survives."""
         marker = self.fetch(src_rank, dest_dir, step)
         if marker is None:

@@ -44,7 +44,7 @@ __all__ = ["SnapshotInfo", "restore_latest", "Fetch"]
 
 # fetch(src_rank, dest_dir, step=None) -> marker dict or None: copy the buddy's replica of src_rank
 # (its newest, or of ``step``) into dest_dir, marker last.
-Fetch = Callable[..., "dict | None"]
+Fetch = Callable[..., "dict[str, Any] | None"]
 
 
 @dataclass

@@ -85,7 +85,7 @@ class Snapshotter:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, job_token: str, rank: int,
                  world_size: int, config: SnapshotConfig | None = None,
                  extra_state: Callable[[], Any] | None = None,
-                 on_complete: Callable[[Path, dict], None] | None = None,
+                 on_complete: Callable[[Path, dict[str, Any]], None] | None = None,
                  generation: Callable[[], int] | None = None) -> None:
         check_supported(model)
         self.model, self.optimizer = model, optimizer
@@ -107,7 +107,7 @@ class Snapshotter:
         self._thread: threading.Thread | None = None
         self._closed = False
         shutdown.register(self)  # a copy returning while the interpreter finalizes would abort it
-        self._layout: tuple | None = None  # (signature, plan, index, nbytes, names, index json): see _entries
+        self._layout: tuple[Any, ...] | None = None  # (signature, plan, index, nbytes, names, index json): see _entries
         # Seconds the training thread was blocked: the last before_update, and in total.
         self.last_wait_s = 0.0
         self.wait_s = 0.0
@@ -226,7 +226,7 @@ class Snapshotter:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _entries(self) -> tuple[CopyPlan, list, int, dict[int, str], str]:
+    def _entries(self) -> tuple[CopyPlan, list[Any], int, dict[int, str], str]:
         """The shard's tensors and layout, rebuilt only when a tensor was replaced (7 ms -> 0.3 ms a step
         for the 4-layer test model: walking the modules each step was the training thread's main cost)."""
         sig = signature(self.optimizer)

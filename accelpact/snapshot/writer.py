@@ -145,7 +145,7 @@ class CopyJob:
     nbytes: int
     meta: Meta
     marker_fields: dict[str, Any]
-    on_complete: Callable[[Path, dict], None] | None = None
+    on_complete: Callable[[Path, dict[str, Any]], None] | None = None
     pause_mid_copy_s: float = 0.0  # fault-injection tests only: sleep halfway through the copy
     copied: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)

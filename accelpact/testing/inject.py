@@ -199,7 +199,7 @@ class FaultInjector:
 
         return hook
 
-    def _grad_hook_installer(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def _grad_hook_installer(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch
 
         if not torch.is_grad_enabled():

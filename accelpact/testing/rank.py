@@ -39,7 +39,7 @@ from accelpact.control import ControlChannel, ControlConfig
 
 __all__ = ["RankContext", "load_runner", "error_dict", "main"]
 
-Runner = Callable[[dict, "RankContext"], dict]
+Runner = Callable[[dict[str, Any], "RankContext"], dict]
 
 
 @dataclass
