@@ -151,7 +151,7 @@ class RecoveryLog(list[Any]):
         self.keep = keep
         self.total = 0  # events ever appended (dropped ones included)
 
-    def append(self, event: RecoveryEvent) -> None:  # type: ignore[override]
+    def append(self, event: RecoveryEvent) -> None:
         super().append(event)
         self.total += 1
         if len(self) > self.keep:

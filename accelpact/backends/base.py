@@ -134,6 +134,7 @@ class Backend(abc.ABC):
 
         if mode not in reconfigure.PATH_MODES:
             raise AccelPactError(f"data_plane={mode!r}: expected one of {', '.join(reconfigure.PATH_MODES)}")
+        why: str | None
         if mode == "rebuild":
             why = "data_plane='rebuild' was asked for"
         else:

@@ -80,7 +80,7 @@ def unsupported_reason(groups: Sequence[Any]) -> str | None:
                 "recovery rebuilds the groups and rebinds every cached reference")
     for pg in groups:
         try:
-            ok = bool(dist._supports_reconfigure(pg))
+            ok = bool(dist._supports_reconfigure(pg))  # type: ignore[attr-defined]  # torch >= 2.15
         except Exception as exc:  # noqa: BLE001 - a backend without the property: not supported, say why
             return f"group {_name(pg)!r} cannot say whether it supports reconfigure ({exc})"
         if not ok:
@@ -146,7 +146,7 @@ def reconfigure_group(pg: Any, spec: GroupSpec, store: dist.Store, rank: int,
 
     keys = _Keys(spec.name)
     group_rank = spec.ranks.index(rank)
-    handle = dist._get_reconfigure_handle(pg)
+    handle = dist._get_reconfigure_handle(pg)  # type: ignore[attr-defined]  # torch >= 2.15
     if group_rank == 0:
         store.set(keys.uuid, str(secrets.randbits(62)))
     store.set(keys.handle(group_rank), handle)
@@ -155,7 +155,7 @@ def reconfigure_group(pg: Any, spec: GroupSpec, store: dist.Store, rank: int,
     handles = [store.get(keys.handle(i)).decode() for i in range(len(spec.ranks))]
     t0 = time.perf_counter()
     bound = min(spec.timeout, timeout) if spec.timeout is not None else timeout
-    dist._reconfigure(uuid, handles, group=pg, timeout=bound).wait()
+    dist._reconfigure(uuid, handles, group=pg, timeout=bound).wait()  # type: ignore[attr-defined]  # torch >= 2.15
     return time.perf_counter() - t0
 
 
@@ -218,7 +218,7 @@ def group_store_address(pg: Any) -> dict[str, Any]:
     probe = f"accelpact-store-probe/{secrets.token_hex(8)}"
     full = None
     try:
-        group_store.set(probe, b"1")
+        group_store.set(probe, b"1")  # type: ignore[arg-type]  # the stub says str; bytes are stored as is
         full = next((k for k in base.list_keys() if k.endswith(probe)), None)
     except Exception as exc:  # noqa: BLE001 - a store that cannot list its keys: say so, and rebind
         raise Fallback(f"group {name!r}: could not read its store's key prefix: {type(exc).__name__}: {exc}") from exc
@@ -283,9 +283,9 @@ def _create_in_regime(spec: GroupSpec, store: dist.Store, rank: int, device_id: 
             c10d._cleanup_process_group_global_state(pg)
             if c10d._world.default_pg is pg:
                 c10d._update_default_pg(None)
-    new, _ = c10d._new_process_group_helper(
+    new, _ = c10d._new_process_group_helper(  # type: ignore[call-arg]  # enable_reconfigure: torch >= 2.15
         len(spec.ranks), spec.ranks.index(rank), [] if spec.is_default else list(spec.ranks), spec.backend,
-        store, spec.name,
+        store, spec.name,  # type: ignore[arg-type]  # torch types the name GroupName, a NewType of str
         timeout=spec.timeout or datetime.timedelta(minutes=30), pg_tag=spec.tag, group_desc=spec.desc,
         device_id=device_id, enable_reconfigure=True)
     if spec.is_default:

@@ -255,7 +255,7 @@ class BindingTable:
             else:
                 mapping = dict(mapping)
         n = 0
-        moved: list[tuple[int, list[Any], list]] = []
+        moved: list[tuple[int, list[Any], list[Any]]] = []
         for old, new in mapping.items():
             bucket = buckets.pop(id(old), None)
             if bucket:
@@ -322,7 +322,7 @@ def _swap_defaults(bucket: list[tuple[Any, str, list[Any]]], old: Any, new: Any)
 
 def _instance_dict(holder: Any, key: str) -> dict[str, Any]:
     """The dict an attribute slot lives in; the scan only records attributes found in ``vars()``."""
-    d = vars(holder)
+    d: dict[str, Any] = vars(holder)
     if key not in d:
         raise AssertionError(f"attribute {key!r} of {type(holder).__name__} is not in its __dict__")
     return d

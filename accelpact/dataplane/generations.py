@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -108,7 +108,7 @@ def rebuild_group(
         [] if spec.is_default else list(spec.ranks),
         spec.backend,
         store,
-        spec.name,
+        spec.name,  # type: ignore[arg-type]  # torch types it GroupName, a NewType of str
         timeout=timeout,
         pg_tag=spec.tag,
         group_desc=spec.desc,
@@ -119,7 +119,7 @@ def rebuild_group(
         c10d._world.pg_group_ranks[new] = {r: i for i, r in enumerate(spec.ranks)}
     else:
         c10d._world.pg_group_ranks[new] = {r: i for i, r in enumerate(spec.ranks)}
-    return new
+    return cast("dist.ProcessGroup", new)
 
 
 def retire_group(pg: dist.ProcessGroup) -> None:
@@ -130,6 +130,7 @@ def retire_group(pg: dist.ProcessGroup) -> None:
 def store_ports(extra: Collection[int] = ()) -> set[int]:
     """Ports of every TCPStore the process groups were built on, plus ``extra``: never reset these."""
     ports = set(extra)
+    store: Any
     for _backend, store in list(c10d._world.pg_map.values()):
         while store is not None:
             port = getattr(store, "port", None)

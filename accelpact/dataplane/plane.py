@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import datetime
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 
@@ -92,7 +92,7 @@ class DataPlane(abc.ABC):
         from accelpact.dataplane.bindings import BindingTable
 
         vote_pg = process_group if process_group is not None else dist.group.WORLD
-        backend = backend_for(vote_pg)
+        backend = backend_for(cast("dist.ProcessGroup", vote_pg))  # WORLD exists: the groups were built
         table = BindingTable.build(model, optimizer, process_group)
         # Check first: the user's groups were built with the environment as it is now (configuring
         # first would hide, e.g., NCCL error handling that kills the process on their groups).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import torch.distributed as dist
 
@@ -36,7 +37,7 @@ def init_process_group(backend: str, timeout: datetime.timedelta | None = None,
     ``timeout``: the process group's timeout (torch's default when None).
     """
     env = os.environ if env is None else env
-    extra = {} if timeout is None else {"timeout": timeout}
+    extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     restart = env.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None:
         dist.init_process_group(backend, **extra)

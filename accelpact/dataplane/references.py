@@ -55,7 +55,7 @@ def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool
     """
     gc.collect()
     skip = {id(o) for o in ignore}
-    frame = sys._getframe()
+    frame: types.FrameType | None = sys._getframe()
     while frame is not None:
         skip.add(id(frame))
         frame = frame.f_back

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -73,7 +74,7 @@ def _fsdp2_root(model: nn.Module) -> nn.Module:
 
 
 def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
-    root = _fsdp2_root(model)
+    root: Any = _fsdp2_root(model)  # Any: FSDP2's private state, untyped
     root_state = root._get_fsdp_state()
     if root_state._is_root is None:
         return  # never ran forward: nothing to reset (lazy init has not happened)
@@ -93,7 +94,7 @@ def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
     root.reset_iter_state()  # covers every FSDP state reachable from the root
 
 
-def _clear_accumulated_grad(fp: object) -> None:
+def _clear_accumulated_grad(fp: Any) -> None:
     """Clear FSDPParam's reduce-dtype gradient accumulator, wherever this torch keeps it.
 
     torch 2.13 keeps a separate buffer in the attribute ``unsharded_accumulated_grad`` (set to None
@@ -122,11 +123,11 @@ def _reset_fsdp1(model: nn.Module, config: ResetConfig) -> None:
     from torch.distributed.fsdp._flat_param import HandleTrainingState
 
     states = [m for m in model.modules() if isinstance(m, FSDP)]
-    root = next((s for s in states if s._is_root), None)
+    root: Any = next((s for s in states if s._is_root), None)  # Any: FSDP1's private state, untyped
     if root is None:
         return  # never ran forward
     for state in states:
-        handle = state._handle
+        handle: Any = state._handle
         if handle is not None:
             if config.reshard_fsdp1_handles and handle.uses_sharded_strategy:
                 handle.reshard(free_unsharded_flat_param=True)

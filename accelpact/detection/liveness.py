@@ -270,7 +270,7 @@ class Heartbeat:
             try:
                 if store is None:
                     store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s), probe=True)
-                store.set(self.key, Beat.format(pid, int(self.progress())))
+                store.set(self.key, Beat.format(pid, int(self.progress())))  # type: ignore[arg-type]  # bytes: fine
                 self.beats += 1
                 self.store_loss.answered()
             except Exception as exc:  # noqa: BLE001 - a broken client: build a new one at the next beat

@@ -34,7 +34,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from accelpact import shutdown
 from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
@@ -218,12 +218,12 @@ class StallWatchdog:
                     # plain-socket look first, c10d's client retried for the whole 5 s and printed a C++
                     # backtrace every tick the watchdog was armed (test_torchrun_store_loss caught it)
                     store = _new_client(self.host, self.port, 5.0, probe=True)
-                why = self._why(store, t0, gen)
+                why = self._why(store, cast(float, t0), gen)  # armed: t0 is set
             except Exception:  # noqa: BLE001 - a broken client: a new one next tick
                 store = None
                 continue
             if why is not None:
-                self._fire(why, t0, gen)
+                self._fire(why, cast(float, t0), gen)
 
     def _why(self, store: Any, t0: float, gen: int) -> str | None:
         posted = f"{self.token}/gen{gen + 1}/posted"

@@ -54,11 +54,13 @@ def _reduce_norm(total: Any, wait: Callable[[Any, str, str], None] | None) -> to
     partial = [p for p in total.placements if not isinstance(p, Replicate)]
     norm_type = getattr(partial[0], "norm_type", None) if len(partial) == 1 else None
     if mesh.ndim != 1 or norm_type is None or getattr(partial[0], "reduce_op", "sum") != "sum":
-        return total.full_tensor()  # HSDP meshes, other norms: DTensor's own reduction
+        full: torch.Tensor = total.full_tensor()  # HSDP meshes, other norms: DTensor's own reduction
+        return full
     local = total.to_local() ** norm_type
     work = dist.all_reduce(local, op=dist.ReduceOp.SUM, group=mesh.get_group(), async_op=True)
     if wait is None:
         work.wait()
     else:
         wait(work, "the gradient-norm all-reduce", "clip_allreduce")
-    return local ** (1.0 / norm_type)
+    norm: torch.Tensor = local ** (1.0 / norm_type)
+    return norm

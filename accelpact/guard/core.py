@@ -33,7 +33,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -414,7 +414,7 @@ class Guard:
 
     def _heal(self, lost: RankLostError, step: int, t_caught: float, resume_by: int | None = None) -> Any:
         """A survivor's heal of the ranks ``lost`` names (accelpact.recovery.heal); the outcome, hooks run."""
-        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)
+        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)  # type: ignore[union-attr]  # set: callers check
         self.state.region_done = 0  # every rank resumes at the top of a step
         self._finished = False
         self.heal_events.append(outcome.event)
@@ -432,7 +432,7 @@ class Guard:
             codec = self._codec = positions.VoteCodec(group.size(), group)
         buf.fill_(codec.encode(kind, guard_step, region, self._loop_step))
         self.plane.backend.vote(buf, group, wait=self._wait)
-        if not codec.agreed(buf.item()):
+        if not codec.agreed(cast(int, buf.item())):  # an int64 buffer: item() is an int
             raise self._diverged(positions.Position(positions.KINDS[kind], guard_step, region, self._loop_step))
 
     def _diverged(self, position: positions.Position) -> StateDivergedError:

@@ -20,7 +20,7 @@ from accelpact.recovery.region_rule import RegionPhase, RegionState
 
 if TYPE_CHECKING:
     from accelpact.control.client import ControlClient
-    from accelpact.dataplane import DataPlane
+    from accelpact.dataplane.plane import DataPlane
     from accelpact.detection.liveness import LivenessConfig
 
 __all__ = ["StepState", "RecoveryContext", "InjectionClock"]

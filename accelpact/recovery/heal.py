@@ -452,7 +452,7 @@ class Healer:
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
         dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))
         try:
-            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)
+            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)  # type: ignore[misc]  # None: the TypeError is a failed fetch, below
         except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
             _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
             return None

@@ -91,7 +91,9 @@ def publish_no_replacement(store: Any, job_token: str, rank: int, *, pid: int | 
 
 def peek(control: ControlClient, key: str) -> bytes | None:
     """The value of ``key`` now, or None (never waits)."""
-    return control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}")
+    value: bytes | None = control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None),
+                                        f"peek {key}")
+    return value
 
 
 def notice_of(control: ControlClient, rank: int) -> dict[str, Any] | None:

@@ -62,7 +62,7 @@ class RegionState:
     def from_dict(cls, d: Mapping[str, object]) -> RegionState:
         try:
             phase = d.get("phase")
-            return cls(int(d["committed"]), int(d["done"]),  # type: ignore[arg-type]
+            return cls(int(d["committed"]), int(d["done"]),  # type: ignore[call-overload]
                        None if phase is None else RegionPhase(phase))
         except (KeyError, ValueError, TypeError) as exc:
             raise StateDivergedError(f"malformed region report {dict(d)!r}: {exc}") from exc

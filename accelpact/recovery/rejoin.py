@@ -186,7 +186,7 @@ def rejoin(control: ControlClient, *, timeout_s: float = 180.0, t_launch: float 
     # As after init_process_group and the survivors' own new_group calls: a group created after the heal
     # without a name is named by this counter on every rank.
     c10d._world.group_count = max(c10d._world.group_count, int(plan.get("group_count", 1)), 1)
-    by_name = {name: pg for pg, name in c10d._world.pg_names.items()}
+    by_name: dict[str, dist.ProcessGroup] = {name: pg for pg, name in c10d._world.pg_names.items()}
     return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
                         t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane,
                         groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name})

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
 from accelpact.run.modules import MODULES_KEY_ENV
@@ -207,7 +207,7 @@ class Agent:
             env.update({SPARE_ENV: str(i + 1), SPARE_KEY_ENV: key})
             log_path = self.cfg.log_dir / f"spare{i}.log" if self.cfg.log_dir is not None else None
             if log_path is not None:
-                self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path.parent.mkdir(parents=True, exist_ok=True)
             att.spares.append((key, spawn(self._argv(), env, log_path)))
 
     def _take_spare(self, att: _Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
@@ -356,7 +356,8 @@ class Agent:
             if why is None:
                 self._replace(att, rank, code)
                 continue
-            err = att.workers.notices.no_replacement(rank, att.procs[rank].pid, why)
+            notices = cast(Notices, att.workers.notices)  # the agent's workers always have notices (_attempt)
+            err = notices.no_replacement(rank, att.procs[rank].pid, why)
             if err is not None:
                 self.say(err)
             return why

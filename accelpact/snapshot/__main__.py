@@ -24,7 +24,7 @@ __all__ = ["jobs", "main"]
 
 def jobs(root: str | Path) -> list[dict[str, Any]]:
     """Every job directory under ``root``: token, ranks with slots, newest step, bytes, seconds idle."""
-    out = []
+    out: list[dict[str, Any]] = []
     root = Path(root)
     if not root.is_dir():
         return out

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from accelpact.snapshot._replica_wire import (
     MARKER,
@@ -70,7 +70,7 @@ def read_marker(slot_dir: Path) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def marker_matches(marker: Any, job_token: str, rank: int, step: int | None = None) -> bool:
+def marker_matches(marker: Any, job_token: str, rank: int, step: int | None = None) -> TypeGuard[dict[str, Any]]:
     """The marker names this job and ``rank`` (and ``step`` when given): a slot of another job, of
     another rank, or of the wrong step is never served or loaded."""
     if not isinstance(marker, dict) or marker.get("job_token") != job_token:
@@ -174,13 +174,13 @@ class ReplicaServer:
         """The slot a replica of ``step`` overwrites: the one holding the same step (a retried push), else
         one without a valid marker, else the older. The newest complete replica is never the target."""
         base = self.source_dir(src)
-        steps = {}
+        steps: dict[str, int | None] = {}
         for name in SLOTS:
             m = read_marker(base / name)
             steps[name] = m["step"] if marker_matches(m, self.job_token, src) else None
         target = next((n for n in SLOTS if steps[n] == step), None) \
             or next((n for n in SLOTS if steps[n] is None), None) \
-            or min(SLOTS, key=lambda n: steps[n])
+            or min(SLOTS, key=lambda n: cast(int, steps[n]))  # every slot holds a valid step here
         return base / target
 
     def _begin_put(self, src: int, conn: socket.socket) -> threading.Lock:
@@ -257,7 +257,7 @@ class ReplicaServer:
         put_lock = self._begin_put(src, conn)
         try:
             with self._lock(src):
-                slot = self._target(src, step)
+                slot = self._target(src, cast(int, step))  # marker_matches: the marker's step
                 slot.mkdir(exist_ok=True)
                 _unlink(slot / MARKER)  # the slot stops existing before its first byte changes
                 keep = {name for name, _ in files}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -28,8 +28,8 @@ def check_slot(slot: Path, *, job_token: str, rank: int, world_size: int | None 
     """(marker, None) when ``slot`` may be loaded as described, else (marker or None, the reason)."""
     marker = read_marker(slot)
     why = validate(marker, job_token=job_token, rank=rank, world_size=world_size, step=step)
-    if why is None:
-        why = verify_files(slot, marker, checksums=verify)
+    if why is None:  # validate passed: there is a marker
+        why = verify_files(slot, cast("Marker", marker), checksums=verify)
     return marker, why
 
 
@@ -57,6 +57,7 @@ def load_slot(model: nn.Module, optimizer: torch.optim.Optimizer, slot: Path, *,
     except Exception as exc:  # noqa: BLE001 - an unreadable meta is a refused slot, with the reason
         raise SnapshotError(f"rank {rank}: {slot / META} does not load ({type(exc).__name__}: {exc}); the "
                             "extra_state must hold only tensors, numbers, strings and containers") from exc
+    marker = cast("Marker", marker)  # no reason: check_slot found a marker
     if meta.step != marker.step:
         raise SnapshotError(f"rank {rank}: {slot} says step {marker.step}, its meta step {meta.step}")
     nbytes = marker.files[PAYLOAD]["nbytes"]

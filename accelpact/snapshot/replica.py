@@ -147,7 +147,7 @@ def control_bind_address(control_host: str) -> str:
         return explicit
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((control_host, 9))
-        return s.getsockname()[0]
+        return str(s.getsockname()[0])
 
 
 # ---------------------------------------------------------------------------------------------- replication

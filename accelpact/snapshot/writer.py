@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -156,7 +156,7 @@ class CopyJob:
     cuda_event: Any = None  # the side stream's "copy finished" event (GPU only)
     _staging: torch.Tensor | None = None
 
-    def start_device_copy(self, staging_pool: dict[str, torch.Tensor]) -> None:
+    def start_device_copy(self, staging_pool: dict[str, Any]) -> None:
         """GPU: enqueue the shard's copy into pinned memory on a side stream (nothing on CPU)."""
         cuda = self.plan.cuda
         if not cuda:
@@ -167,12 +167,12 @@ class CopyJob:
             staging_pool["pinned"] = staging
         stream = staging_pool.get("stream")
         if stream is None:
-            stream = staging_pool["stream"] = torch.cuda.Stream(device=cuda[0][1].device)
+            stream = staging_pool["stream"] = torch.cuda.Stream(device=cuda[0][1].device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(cuda[0][1].device))  # after optimizer.step's kernels
         with torch.cuda.stream(stream):
             for e, t in cuda:
                 _view(staging, e).copy_(t, non_blocking=True)
-            self.cuda_event = torch.cuda.Event()
+            self.cuda_event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.cuda_event.record(stream)
         self._staging = staging
 
@@ -194,7 +194,7 @@ class CopyJob:
                 if self.cuda_event is not None:
                     self.cuda_event.synchronize()
                     for e, _t in self.plan.cuda:
-                        _view(payload, e).copy_(_view(self._staging, e))
+                        _view(payload, e).copy_(_view(cast(torch.Tensor, self._staging), e))  # set with the event
             self.copy_s = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - reported by the owner
             self.error = exc
@@ -206,7 +206,7 @@ class CopyJob:
                 self._seal(payload)
                 self.seal_s = time.perf_counter() - t1
                 if self.on_complete is not None:
-                    self.on_complete(self.slot, self.marker.to_dict())
+                    self.on_complete(self.slot, cast(Marker, self.marker).to_dict())  # _seal set it
             except BaseException as exc:  # noqa: BLE001
                 self.error = exc
         self.done.set()

@@ -208,7 +208,7 @@ class FaultInjector:
             return None  # only pay for the hook on the step it can fire
         for t in list(args) + list(kwargs.values()):
             if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.register_hook(self._grad_hook)
+                t.register_hook(self._grad_hook)  # type: ignore[no-untyped-call]
                 return None
         return None
 

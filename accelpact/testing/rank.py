@@ -39,7 +39,7 @@ from accelpact.control import ControlChannel, ControlConfig
 
 __all__ = ["RankContext", "load_runner", "error_dict", "main"]
 
-Runner = Callable[[dict[str, Any], "RankContext"], dict]
+Runner = Callable[[dict[str, Any], "RankContext"], dict[str, Any]]
 
 
 @dataclass
@@ -76,7 +76,8 @@ def load_runner(spec: str) -> Runner:
     fn = getattr(importlib.import_module(module), name, None)
     if not callable(fn):
         raise ValueError(f"runner {spec!r}: {module} has no function {name!r}")
-    return fn
+    runner: Runner = fn
+    return runner
 
 
 def error_dict(exc: BaseException, **extra: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from accelpact.run.template import TemplateUnavailable
 from accelpact.testing.rank_template import RankTemplate
@@ -91,7 +91,8 @@ class Session:
         """What rank ``rank`` saved for ``scenario`` (``{scenario}.rank{rank}.pt``)."""
         import torch  # lazily: a launcher that only reads JSON never pays for it
 
-        return torch.load(self.out_dir / f"{scenario}.rank{rank}.pt", weights_only=True)
+        saved: dict[str, Any] = torch.load(self.out_dir / f"{scenario}.rank{rank}.pt", weights_only=True)
+        return saved
 
     def check(self, allowed_to_fail: Sequence[int] = ()) -> Session:
         """Raise SessionError for the first rank (outside ``allowed_to_fail``) that exited non-zero."""
@@ -193,7 +194,8 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
             logs.append(log)
             if not why_spawn:
                 try:
-                    procs.append(_TEMPLATE.fork(env, here, cfg_path, out_dir / f"log.rank{rank}.txt"))
+                    template = cast(RankTemplate, _TEMPLATE)  # why_spawn is set when there is none
+                    procs.append(template.fork(env, here, cfg_path, out_dir / f"log.rank{rank}.txt"))
                     continue
                 except TemplateUnavailable as exc:
                     why_spawn = f"the template failed: {exc}"
