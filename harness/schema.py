@@ -46,7 +46,7 @@ class FaultSchedule(str, Enum):
 
 
 # Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
-CheckpointMode = Enum(  # type: ignore[misc]
+CheckpointMode = Enum(
     "CheckpointMode", {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"}, type=str
 )
 
@@ -213,7 +213,7 @@ class FaultConfig:
 @dataclass
 class CheckpointConfig:
     interval: int = 0  # optimizer steps between saves; 0 = never
-    mode: CheckpointMode = CheckpointMode.sync  # type: ignore[valid-type]
+    mode: CheckpointMode = CheckpointMode.sync
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     keep: int = 2
 
@@ -275,7 +275,7 @@ def from_dict(cls: Type[T], data: dict[str, Any]) -> T:
     for key, value in data.items():
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(tp, value)
+            kwargs[key] = from_dict(tp, value)  # type: ignore[arg-type]
         elif isinstance(tp, type) and issubclass(tp, Enum):
             kwargs[key] = tp(value)
         elif isinstance(value, list):

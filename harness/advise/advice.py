@@ -12,12 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
 from harness.advise.cost import Cadence, Platform
 from harness.scale import analytic
 from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
 from harness.scale.project import Projection, project
+
+if TYPE_CHECKING:
+    from harness.faults.trace import Trace
 
 __all__ = ["TORCHFT_QUORUM_S", "AdviceRow", "Advice", "advise", "heal_plan", "protection_plan", "default_strategies", "TraceAdviceRow",
            "advise_for_trace"]
@@ -124,7 +128,7 @@ class TraceAdviceRow:
     mtbf_steps: float  # steps between the trace's faults that roll this strategy back to its checkpoint
 
 
-def advise_for_trace(trace: object, step_s: float, state_bytes: float, checkpoint_write_s: float,
+def advise_for_trace(trace: Trace, step_s: float, state_bytes: float, checkpoint_write_s: float,
                      platform: Platform | None = None, strategies: Sequence[str] | None = None
                      ) -> list[TraceAdviceRow]:
     """Settings for a harness run under ``trace`` (``harness.faults.trace.Trace``): ``trace.world_size`` ranks,

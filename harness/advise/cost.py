@@ -58,7 +58,7 @@ class Platform:
             raise ValueError(f"{self.name}: block_s_per_gb and fixed_s must be >= 0, push_sides >= 1")
 
     def with_(self, **kw: float) -> Platform:
-        return replace(self, **kw)
+        return replace(self, **kw)  # type: ignore[arg-type]  # replace() is typed per field
 
 
 @dataclass(frozen=True, order=True)

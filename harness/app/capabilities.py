@@ -61,9 +61,9 @@ def check_runnable(run: RunConfig) -> None:
             f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
             f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
             f"try `fault=socket_reset`")
-    need = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
-    if need is not None:
-        raise ConfigError(need)
+    unmet = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
+    if unmet is not None:
+        raise ConfigError(unmet)
     if run.cluster.launch == RankLaunch.srun:
         import shutil
 

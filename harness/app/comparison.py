@@ -106,7 +106,7 @@ def _compare_settings(config: Any) -> CompareConfig:
     if raw is None:
         return CompareConfig()
     known = {f.name for f in dataclasses.fields(CompareConfig)}
-    return CompareConfig(**{k: v for k, v in OmegaConf.to_container(raw, resolve=True).items() if k in known})
+    return CompareConfig(**{k: v for k, v in OmegaConf.to_container(raw, resolve=True).items() if k in known})  # type: ignore[union-attr]
 
 
 def _swept_keys(config: Any) -> set[str]:

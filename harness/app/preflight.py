@@ -121,7 +121,7 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
         if "not in" in detail or type(cause).__name__ == "ConfigAttributeError":
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
             return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
-        example = _default_value(full_key.split("[")[0], overrides)
+        example = _default_value(full_key.split("[")[0], overrides)  # type: ignore[assignment]
         hint = (f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None
                 else "; give a value of the field's type (see `python -m harness --cfg job`)")
         return f"bad value in `{given}`: {detail}{hint}"
@@ -153,7 +153,7 @@ def _known_keys(parent: str, overrides: Sequence[str]) -> str:
         node = compose(others)
         for part in parent.split(".") if parent else []:
             node = node[part]
-        return f"valid keys{' of ' + parent if parent else ''}: {', '.join(k for k in node.keys())}"
+        return f"valid keys{' of ' + parent if parent else ''}: {', '.join(k for k in node.keys())}"  # type: ignore[misc]
     except Exception:
         return "check the spelling against conf/"
 

@@ -74,7 +74,7 @@ def rank_identity(env: Mapping[str, str] = os.environ) -> tuple[int, int, int] |
     return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0"))
 
 
-def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):  # type: ignore[no-untyped-def]
+def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):
     """``cluster`` (a ClusterConfig with launch=srun) with ``master_addr=auto`` resolved.
 
     Inside an allocation (SLURM_JOB_ID; the job submitit submits): its first node, after checking the
@@ -97,7 +97,7 @@ def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):  # type: igno
     return dataclasses.replace(cluster, master_addr=master)
 
 
-def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:  # type: ignore[no-untyped-def]
+def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:
     """One ``srun`` step that starts every rank: ``world_size`` tasks over ``nodes`` nodes.
 
     ``--overlap``: the step shares the CPUs of the step the parent itself runs in (submitit starts the

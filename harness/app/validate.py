@@ -380,6 +380,8 @@ def _largest_fitting_model(run: RunConfig, machine: Machine, catalogue: Catalogu
 def check_between_steps_phase(run: RunConfig) -> None:
     """A fault at a phase between steps needs that phase to run at the fault's step (else it never fires)."""
     phase, step = run.fault.phase, run.fault.at_step
+    if step is None:
+        return  # no fixed step (fault.at_age, fault.every): nothing to check here
     if phase is FaultPhase.eval and (run.train.eval_every <= 0 or (step + 1) % run.train.eval_every):
         raise ConfigError(f"fault.phase=eval at fault.at_step={step} needs an evaluation after that step: "
                           f"train.eval_every={run.train.eval_every} does not evaluate there; try "

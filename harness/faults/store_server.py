@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             parts = line.split()
             if len(parts) == 3 and parts[0] == b"SET":
                 try:
-                    store.set(parts[1].decode(), bytes.fromhex(parts[2].decode()))
+                    store.set(parts[1].decode(), bytes.fromhex(parts[2].decode()))  # type: ignore[arg-type]  # bytes: fine
                 except ValueError as exc:  # a malformed line must not take the job's store down
                     print(f"store_server: ignored a bad SET line: {exc}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:

@@ -110,6 +110,8 @@ class LaunchPlan:
 
 
 class Launcher:
+    replacements: int  # replacement processes started in this run (set in __init__)
+
     def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, plan: LaunchPlan | None = None,
                  python: str = sys.executable) -> None:
         plan = plan if plan is not None else LaunchPlan()

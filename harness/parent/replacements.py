@@ -102,7 +102,7 @@ def _no_replacement(launcher: Any, rank: int, code: int) -> None:
     they stop within a poll instead of at ``strategy.replacement_timeout_s``."""
     pid = launcher.procs[rank].pid
     notices = launcher.workers.notices
-    told = getattr(launcher, "_told_no_replacement", set())
+    told: set[int] = getattr(launcher, "_told_no_replacement", set())
     launcher._told_no_replacement = told
     if pid in told:
         return

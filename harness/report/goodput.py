@@ -60,9 +60,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.report.goodput_records import StepRecord, parse_events
+
+if TYPE_CHECKING:
+    from harness import events as ev
 from harness.report.goodput_sweep import _FAULT_LABELS, _NO_FAULT, _PRIORITY, _rank_pieces
 
 
@@ -148,7 +151,7 @@ def _badput(seconds: Mapping[str, float], n: int) -> Badput:
     return Badput(**{f"{label}_s": seconds.get(label, 0.0) / n for label in _PRIORITY[:-1] + ("other",)})
 
 
-def compute_goodput(events: Iterable[Mapping[str, Any]]) -> GoodputReport:
+def compute_goodput(events: Iterable[Mapping[str, Any] | ev.Event]) -> GoodputReport:
     """Whole-run goodput and badput breakdown from a run's events (see the module docstring)."""
     parsed = parse_events(events)
     steps_by_rank: dict[int, list[StepRecord]] = {}

@@ -69,7 +69,8 @@ def parse_events(events: Iterable[Mapping[str, Any] | ev.Event]) -> ParsedEvents
         elif isinstance(e, ev.Recovery):
             # Laid back to back, ending when the record was written; the first collective on the
             # new group is charged to rebind.
-            parts = (("detection", e.detection_s), ("agreement", e.agreement_s), ("rebuild", e.rebuild_s),
+            parts: tuple[tuple[str, float], ...] = (("detection", e.detection_s), ("agreement", e.agreement_s),
+                                                    ("rebuild", e.rebuild_s),
                      ("rebind", e.rebind_s + e.first_collective_s))
             start = e.t_begin
             if e.decision == "retry":

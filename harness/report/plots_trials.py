@@ -39,7 +39,7 @@ def _interval(row: dict[str, Any], key: str) -> Any:
 
     def num(k: str) -> float:
         v = row.get(k)
-        return float(v) if _ok(v) else math.nan
+        return float(v) if _ok(v) else math.nan  # type: ignore[arg-type]  # _ok: a number
 
     return Interval(num(key), num(f"{key}_lo"), num(f"{key}_hi"), int(row.get(f"{key}_n") or 0),
                     num(f"{key}_coverage"), str(row.get("interval_method") or ""))
@@ -122,7 +122,7 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: str 
     bottoms = [0.0] * len(bars)
     cmap = plt.get_cmap("tab20")
     for i, part in enumerate(PART_NAMES):
-        vals = [float(r.get(f"{part}_s")) if _ok(r.get(f"{part}_s")) else 0.0 for r in bars]
+        vals = [float(r.get(f"{part}_s")) if _ok(r.get(f"{part}_s")) else 0.0 for r in bars]  # type: ignore[arg-type]
         if not any(v > 0 for v in vals):
             continue
         ax.bar(range(len(bars)), vals, bottom=bottoms, label=part, color=cmap(i))

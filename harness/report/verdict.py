@@ -90,7 +90,7 @@ def read_cells(table_csv: Path) -> list[dict[str, Any]]:
     what the plots of ``harness.report.plots_trials`` take, for drawing them again elsewhere."""
     import pandas as pd
 
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}  # type: ignore[misc]
             for r in pd.read_csv(table_csv).to_dict("records")]
 
 

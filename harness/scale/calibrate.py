@@ -28,6 +28,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -166,7 +167,7 @@ def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts] | list[Me
     for i, r in enumerate(runs):
         if r.age is None:
             continue
-        cost = costs[i] if isinstance(costs, list) else costs[r.strategy]
+        cost = cast(MeasuredCosts, costs[i] if isinstance(costs, list) else costs[r.strategy])  # a run with an age has costs
         down[i, 0] = cost.downtime_s
         roll[i, 0] = ROLLBACK[r.strategy]
         # The fault hits `age` steps after the checkpoint (taken after step interval-1), once the destroyed

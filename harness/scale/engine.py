@@ -126,8 +126,8 @@ def simulate(lanes: Lanes, *, horizon_s: float = np.inf, work_s: float | np.ndar
         # The next failure: drawn (fresh gap, memoryless) or the lane's next scheduled one.
         if schedule is None:
             with np.errstate(divide="ignore"):
-                gap = np.where(rate_tot > 0, rng.exponential(1.0, L) / np.where(rate_tot > 0, rate_tot, 1.0), np.inf)
-            new_cls = (rng.random(L)[:, None] > cum).sum(axis=1).clip(0, K - 1)
+                gap = np.where(rate_tot > 0, rng.exponential(1.0, L) / np.where(rate_tot > 0, rate_tot, 1.0), np.inf)  # type: ignore[union-attr]  # rng: checked above
+            new_cls = (rng.random(L)[:, None] > cum).sum(axis=1).clip(0, K - 1)  # type: ignore[union-attr, index]
         else:
             idx = np.minimum(next_i, schedule.t_s.shape[1] - 1)
             nxt = np.where(next_i < schedule.t_s.shape[1], schedule.t_s[rows, idx], np.inf)

@@ -52,7 +52,7 @@ CLASS_CAUSES: dict[str, tuple[str, ...]] = {
 def _count(cls: str) -> float:
     total = 0.0
     for cause in CLASS_CAUSES[cls]:
-        n = LLAMA3_TABLE5[cause]
+        n: float = LLAMA3_TABLE5[cause]
         if cause == "Software Bug":
             n = n * (RECURRING_BUG_SHARE if cls == "software_bug" else 1 - RECURRING_BUG_SHARE)
         total += n

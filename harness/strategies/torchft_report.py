@@ -49,7 +49,7 @@ def torchft_columns(events: Sequence[Mapping[str, Any] | Event]) -> dict[str, An
 def _ranges(xs: list[int]) -> str:
     out: list[str] = []
     start = prev = xs[0]
-    for x in xs[1:] + [None]:  # type: ignore[list-item]
+    for x in xs[1:] + [None]:
         if x is not None and x == prev + 1:
             prev = x
             continue

@@ -87,9 +87,9 @@ def fault_rows(flavour: str, world: int, faults: Sequence[dict], per_rank: Seque
     res_at = [{x["step"]: x for x in r["resources"]} for r in per_rank]
     rows = []
     for i, f in enumerate(faults):
-        evs = [by_step.get(f["step"], by_step.get(f["step"] + 1)) for by_step in events]
+        evs: list[Any] = [by_step.get(f["step"], by_step.get(f["step"] + 1)) for by_step in events]
         fired = sum(1 for r in per_rank for x in r.get("fired", []) if x["step"] == f["step"])
-        res = [by_step.get(f["step"]) for by_step in res_at]
+        res: list[Any] = [by_step.get(f["step"]) for by_step in res_at]
         ok = all(e is not None for e in evs)
         rows.append({
             "flavour": flavour, "world": world, "fault": i + 1, "step": f["step"], "kind": f["kind"],

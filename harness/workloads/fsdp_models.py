@@ -70,7 +70,7 @@ def build(flavour: str, m: Mapping[str, int], compile_backend: str | None = None
 
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({MistralDecoderLayer}),
                      use_orig_params=(flavour == "fsdp1_orig"), device_id=torch.device("cpu"))
-        root, middle = model, model.module.model.layers[m["layers"] // 2]
+        root, middle = model, model.module.model.layers[m["layers"] // 2]  # type: ignore[union-attr, index]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
     return model, optimizer, root, middle
 

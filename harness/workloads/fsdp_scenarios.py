@@ -146,7 +146,7 @@ def train(sc: dict, ctx: RankContext) -> dict:
                     result["_logged"] = guard.events.total if guard else 0
                     line = {**result["resources"][-1], "loss": float(losses[-1]), "step_s": result["step_s"][-1],
                             "events": new}
-                    if step == 0 or (new and guard.events.total == len(new)):
+                    if step == 0 or (new and guard.events.total == len(new)):  # type: ignore[union-attr]  # new: a guard
                         # which fds the count is made of, before and after the first recovery: a
                         # constant difference is then named, not guessed
                         line["fd_kinds"] = fd_kinds(ctx.exclude_ports)

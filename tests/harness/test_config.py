@@ -169,3 +169,15 @@ def test_memory_plan_scales_with_world_size(catalogue):
 
 def test_preflight_accepts_the_default():
     assert check_overrides([]).fits
+
+
+def test_a_between_steps_phase_without_a_fixed_step_passes_the_phase_check():
+    """fault.phase=eval with fault.at_age (no fault.at_step): the phase check has no step to check, and
+    used to fail with TypeError (None + 1) instead of passing (found by mypy)."""
+    from harness.app.validate import check_between_steps_phase
+    from harness.schema import FaultPhase
+
+    run = RunConfig()
+    run = dataclasses.replace(run, fault=dataclasses.replace(run.fault, phase=FaultPhase.eval, at_step=None, at_age=2),
+                              train=dataclasses.replace(run.train, eval_every=2))
+    check_between_steps_phase(run)

@@ -83,7 +83,7 @@ class AccelPactStep(Strategy):
             # Joined the survivors at the resume step; the checkpoint group with them comes now (they
             # build theirs in the guard's heal hook, before training continues).
             self._start = self.guard.next_step
-            restore_extra_state(ctx.scheduler, self.guard.resumed.extra_state)  # e.g. the LR schedule
+            restore_extra_state(ctx.scheduler, self.guard.resumed.extra_state)  # type: ignore[union-attr]  # rejoined: resumed
             self._record_heals()
             if ctx.cfg.checkpoint.interval > 0:
                 self.ckpt = self.make_checkpointer(self.checkpoint_group())

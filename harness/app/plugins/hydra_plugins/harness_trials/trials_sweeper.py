@@ -60,7 +60,7 @@ class TrialsSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]  # type: ignore[index]
+        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]  # type: ignore[index, call-overload]
         with_reference = comparison.needs_reference(self.config)
         items: list[Any] = ([REFERENCE] if with_reference else []) + list(range(len(jobs)))
         plan = interleave(items, trials)
