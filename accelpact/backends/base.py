@@ -207,7 +207,7 @@ class Backend(abc.ABC):
 
         generations.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
 
-    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any, pg_timeout: datetime.timedelta) -> None:
         """Keep a generation whose first collective was abandoned alive until its PG timeout.
 
         The abandoned collective may still run in the backend, and a group's destructor can join

@@ -155,7 +155,7 @@ class NcclBackend(Backend):
             raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
                             f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
 
-    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any, pg_timeout: datetime.timedelta) -> None:
         # A hung NCCL kernel occupies the stream until its communicator is aborted: abort it now,
         # and still keep the objects until the timeout (their destructors may wait on the work).
         _abort_groups(groups)

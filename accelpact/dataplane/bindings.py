@@ -87,7 +87,7 @@ class BindingTable:
 
     @classmethod
     def build(
-        cls, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, process_group: Any = None
+        cls, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, process_group: dist.ProcessGroup | None = None
     ) -> BindingTable:
         """Walk model, FSDP state and optimizer state once and record every process-group slot.
 

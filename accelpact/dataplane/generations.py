@@ -166,7 +166,7 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
         raise RuntimeError(f"first collective on the new generation returned {t.item()}, expected {pg.size()}")
 
 
-def describe(pg: Any) -> str:
+def describe(pg: dist.ProcessGroup) -> str:
     """A short description of a process group for error messages (never raises)."""
     try:
         return f"ProcessGroup(name={pg.group_name!r}, size={pg.size()})"

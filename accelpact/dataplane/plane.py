@@ -86,7 +86,7 @@ class DataPlane(abc.ABC):
 
     @classmethod
     def attach(cls, model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
-               process_group: Any = None, group_timeout: datetime.timedelta | None = None,
+               process_group: dist.ProcessGroup | None = None, group_timeout: datetime.timedelta | None = None,
                verify_rebind: bool = False) -> DataPlane:
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""
         from accelpact.dataplane.bindings import BindingTable
@@ -126,12 +126,12 @@ class DataPlane(abc.ABC):
     # -- the live generation ----------------------------------------------------------------------
 
     @property
-    def groups(self) -> list[Any]:
+    def groups(self) -> list[dist.ProcessGroup]:
         """The live generation of every data-plane group (the table's list: rebinds update it)."""
         return self.table.groups
 
     @property
-    def vote_group(self) -> Any:
+    def vote_group(self) -> dist.ProcessGroup:
         return self.table.groups[self.vote_index]
 
     def abort(self) -> int:
@@ -145,7 +145,7 @@ class DataPlane(abc.ABC):
         """Let go of abandoned generations whose collectives have timed out (Backend.forget_expired)."""
         self.backend.forget_expired()
 
-    def abandon(self, groups: list[Any], work: Any) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any) -> None:
         """Keep a generation whose collective was abandoned alive until the PG timeout (Backend.abandon)."""
         self.backend.abandon(groups, work, self.pg_timeout)
 
@@ -175,7 +175,7 @@ class DataPlane(abc.ABC):
     # -- the next generation ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         """Make ``generation`` of every data-plane group live; returns (old groups, new groups).
 
         Called by every rank of the generation alike (and by the heal, with the replacement's groups
@@ -184,7 +184,7 @@ class DataPlane(abc.ABC):
         after the groups exist and once after they are bound where FSDP looks for them.
         """
 
-    def prove(self, new_groups: list[Any]) -> None:
+    def prove(self, new_groups: list[dist.ProcessGroup]) -> None:
         """The first collective on the new vote group; a peer's newer round abandons it."""
         try:
             self.backend.first_collective(new_groups[self.vote_index],

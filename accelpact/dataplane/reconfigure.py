@@ -19,11 +19,14 @@ event):
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelpact.backends import reconfigure
 from accelpact.dataplane.rebind import RebindPlane
 from accelpact.events import RoundClock
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["ReconfigurePlane"]
 
@@ -71,7 +74,7 @@ class ReconfigurePlane(RebindPlane):
             return rebind
         return {**super().join_plan(), "data_plane": "reconfigure", "group_stores": stores}
 
-    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         if self._path is None:
             return super().rebuild(generation, clock)
         self.wait_for_peers()

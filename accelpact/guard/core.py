@@ -80,7 +80,7 @@ class Guard:
     """See module docstring. Build with :func:`attach`."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
-                 process_group: Any = None, config: GuardConfig = GuardConfig(),
+                 process_group: dist.ProcessGroup | None = None, config: GuardConfig = GuardConfig(),
                  injection_clock: InjectionClock | None = None, snapshots: Any = None,
                  heal: HealPolicy | None = None, rejoin: RejoinTicket | None = None) -> None:
         if not dist.is_initialized():
@@ -505,7 +505,7 @@ def _nothing() -> None:
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
-           max_grad_norm: float | None = None, process_group: Any = None,
+           max_grad_norm: float | None = None, process_group: dist.ProcessGroup | None = None,
            pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
            reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
            heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accelpact.control.notice_auth import NoticeRejected, sign, verify
 from accelpact.errors import RankLostError
@@ -60,6 +60,9 @@ from accelpact.snapshot._replica_wire import (
     write_json_atomic,
 )
 from accelpact.snapshot.slots import SnapshotError
+
+if TYPE_CHECKING:
+    from accelpact.control.channel import ControlChannel
 
 __all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "check_replica", "Replication",
            "ReplicaServer", "BuddyLostError"]
@@ -211,7 +214,7 @@ class Replication:
             self.start()
 
     @classmethod
-    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> Replication:
+    def from_env(cls, chan: ControlChannel, root: Path | str | None = None, **kwargs: Any) -> Replication:
         """For a rank with a connected ``accelpact.ControlChannel``: rank and world size from it, the
         root from ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm/accelpact), the bind address on the control
         network (:func:`control_bind_address`), hosts from ``LOCAL_WORLD_SIZE``."""
