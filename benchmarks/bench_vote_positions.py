@@ -1,19 +1,23 @@
 """The commit vote with and without the ranks' positions, side by side (not a test).
 
-Before: the guard's vote was ``buf.fill_(1.0)`` and a one-element float all-reduce. After: ``Guard._vote``
-(accelpact.recovery.positions): the position folded into one int64, the all-reduce, the sum read back
-and checked. Two gloo ranks on loopback run both, interleaved block by block (A B A B ...)
-so that both see the same load, through the real backend's ``vote``. Prints each block's median vote
-time and the ratio after / before: the median over blocks with a 95 % bootstrap interval.
+Before: the guard's vote before positions, as that code ran: ``buf.fill_(1.0)`` on a one-element float
+tensor, then the backend's vote of then (an async all-reduce and its wait). After: ``Guard._vote`` (accelpact.recovery.positions): the position folded into one int64
+written through the backend's ``VoteBuffer``, the all-reduce, the sum read back and checked. Two gloo
+ranks on loopback alternate the two vote by vote (A B B A ...), so both see the same load to the
+microsecond, through the real backend's ``vote``. Also timed, as parts of the difference: the int64
+vote written and read through the tensor (``fill_``/``item``), the old path's cost.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_vote_positions.py --blocks 30 --votes 200
+Prints per variant the median vote time and its ratio to before: the median over blocks of the
+per-block ratio of medians, with the distribution-free order-statistic interval for that median
+(harness.report.intervals; its exact coverage printed).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_vote_positions.py --blocks 40 --votes 200
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import time
@@ -24,6 +28,8 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+VARIANTS = ("before", "after", "after_via_tensor")
+
 
 def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
     import torch
@@ -31,6 +37,7 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
 
     from accelpact.backends import backend_for
     from accelpact.guard.core import Guard
+    from accelpact.recovery import positions
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
@@ -38,27 +45,46 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
     pg = dist.group.WORLD
     backend = backend_for(pg)
     old_buf = torch.zeros(1)  # the vote before positions: a one-element float buffer
+    tensor_buf = torch.zeros(1, dtype=torch.int64)
+    codec = positions.VoteCodec(2, pg)
     guard = SimpleNamespace(_vote_buf=backend.vote_buffer(), rank=rank, _wait=None, _codec=None, _loop_step=0,
                             plane=SimpleNamespace(backend=backend, vote_group=pg))
 
+    def old_backend_vote(buf, pg, wait=None) -> None:  # Backend.vote before positions, verbatim
+        import torch.distributed as dist
+
+        work = dist.all_reduce(buf, group=pg, async_op=True)
+        if wait is None:
+            work.wait()
+        else:
+            wait(work, "the commit vote", "vote")
+
     def before(i: int) -> None:
         old_buf.fill_(1.0)
-        backend.vote(old_buf, pg, wait=None)
+        old_backend_vote(old_buf, pg, wait=None)
 
     def after(i: int) -> None:
         guard._loop_step = i
         Guard._vote(guard, 0, i, 0)
 
+    def after_via_tensor(i: int) -> None:  # the same vote, written with fill_ and read with item()
+        tensor_buf.fill_(codec.encode(0, i, 0, i))
+        dist.all_reduce(tensor_buf, group=pg, async_op=True).wait()
+        if not codec.agreed(tensor_buf.item()):
+            raise AssertionError("positions differ")
+
+    fns = [(name, {"before": before, "after": after, "after_via_tensor": after_via_tensor}[name])
+           for name in VARIANTS]
     rows = []
     for block in range(blocks):
-        for name, fn in (("before", before), ("after", after)) if block % 2 == 0 else (("after", after), ("before", before)):
-            dist.barrier()
-            times = []
-            for i in range(votes):
+        dist.barrier()
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for i in range(votes):
+            for name, fn in (fns if i % 2 == 0 else fns[::-1]):
                 t0 = time.perf_counter()
                 fn(i)
-                times.append(time.perf_counter() - t0)
-            rows.append((block, name, statistics.median(times)))
+                times[name].append(time.perf_counter() - t0)
+        rows += [(block, name, statistics.median(ts)) for name, ts in times.items()]
     if rank == 0:
         queue.put(rows)
     dist.destroy_process_group()
@@ -66,12 +92,14 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, default=30)
+    ap.add_argument("--blocks", type=int, default=40)
     ap.add_argument("--votes", type=int, default=200)
     args = ap.parse_args()
     import socket
 
     import torch.multiprocessing as mp
+
+    from harness.report.intervals import order_statistic
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,20 +113,17 @@ def main() -> None:
     rows = queue.get(timeout=1800)
     for p in procs:
         p.join()
-    per = {b: {} for b, _, _ in rows}
+    per: dict[int, dict[str, float]] = {}
     for b, name, t in rows:
-        per[b][name] = t
-    ratios = [per[b]["after"] / per[b]["before"] for b in sorted(per)]
-    rng = random.Random(0)
-    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        per.setdefault(b, {})[name] = t
+    print(f"vote, 2 gloo ranks on loopback, {args.blocks} blocks x {args.votes} votes, the variants alternated "
+          f"vote by vote (load {load0:.1f} -> {os.getloadavg()[0]:.1f}):")
     before = statistics.median(per[b]["before"] for b in per) * 1e6
-    after = statistics.median(per[b]["after"] for b in per) * 1e6
-    print(f"vote, 2 gloo ranks on loopback, {args.blocks} interleaved blocks x {args.votes} votes "
-          f"(load {load0:.1f} -> {os.getloadavg()[0]:.1f}):")
-    print(f"  before (1 float, fill_):            median {before:.1f} us per vote")
-    print(f"  after  (1 int64, positions checked): median {after:.1f} us per vote")
-    print(f"  after / before: {statistics.median(ratios):.3f} (95% bootstrap interval "
-          f"{boot[50]:.3f}-{boot[1949]:.3f}; difference {after - before:+.1f} us)")
+    for name in VARIANTS:
+        us = statistics.median(per[b][name] for b in per) * 1e6
+        iv = order_statistic([per[b][name] / per[b]["before"] for b in per])
+        print(f"  {name:17s} median {us:6.1f} us per vote, / before {iv.text()} "
+              f"({iv.coverage:.1%} order-statistic interval over blocks; {us - before:+.1f} us)")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from experiments import _driver
 from experiments.goodput_model import REFERENCE_STRATEGY, STRATEGIES, UNDER_TEST, data_rows
 from experiments.goodput_report import read_data, write_outputs
 from experiments.provenance import load_provenance, write_provenance
+from harness.report.goodput import fault_badput_parts
 
 NAME = "goodput_vs_age"
 _ROOT = Path(__file__).resolve().parent.parent  # where `python -m harness` finds conf/
@@ -101,17 +102,6 @@ def overrides(plan: Plan, scratch: Path) -> list[str]:
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
-def _fault_parts(run_dir: Path) -> dict[str, float]:
-    """Badput charged to the run's faults (summed over faults), part -> seconds."""
-    from harness.report.goodput import load_report
-
-    parts: dict[str, float] = {}
-    for f in load_report(str(run_dir)).faults:
-        for k, v in f.badput.as_dict().items():
-            parts[k.removesuffix("_s")] = parts.get(k.removesuffix("_s"), 0.0) + v
-    return parts
-
-
 def sweep_overrides(plan: Plan, run_dir: Path) -> list[str]:
     """The comparison as a Hydra multirun: every strategy at every age of ``plan``, into ``run_dir``."""
     return [*overrides(plan, scratch=run_dir.parent), f"hydra.sweep.dir={run_dir}",
@@ -174,7 +164,7 @@ def _collect_trial(run_dir: Path, ref_step: float) -> list[dict[str, Any]]:
         try:
             summaries.append(compare.summarize(sub, row, run_dir / compare.REFERENCE))
             summarized_rows.append(row)
-            parts[sub.name] = _fault_parts(sub)
+            parts[sub.name] = fault_badput_parts(str(sub))
         except Exception as exc:  # noqa: BLE001 - a run without events keeps its row, with no breakdown
             print(f"warning: {sub}: no fault breakdown ({exc})")
     table = compare.build_table(summaries, summarized_rows)

@@ -46,6 +46,7 @@ from experiments._load_sampler import LoadSampler, mean_load, read_samples
 from experiments.process_loss_report import read_rows, write_outputs
 from experiments.provenance import load_provenance, write_provenance
 from harness import strategies
+from harness.report.goodput import fault_badput_parts
 
 NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
@@ -107,16 +108,6 @@ def sweep_overrides(plan: Plan, fault: str, run_dir: Path) -> list[str]:
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
-def _fault_parts(run_dir: Path) -> dict[str, float]:
-    from harness.report.goodput import load_report
-
-    parts: dict[str, float] = {}
-    for f in load_report(str(run_dir)).faults:
-        for k, v in f.badput.as_dict().items():
-            parts[k.removesuffix("_s")] = parts.get(k.removesuffix("_s"), 0.0) + v
-    return parts
-
-
 def _heal_columns(run_dir: Path) -> dict[str, Any]:
     """Where the lost rank's state came from, and the heal's own timings (replacement side)."""
     from harness.events import Heal, load_events, of_type
@@ -226,7 +217,7 @@ def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
             d["bit_identical"] = summary.bit_identical
             d["useful_steps"] = summary.report.steps  # the badput-based goodput's useful steps
-            d.update({f"part_{k}_s": v for k, v in _fault_parts(sub).items()})
+            d.update({f"part_{k}_s": v for k, v in fault_badput_parts(str(sub)).items()})
         except Exception as exc:  # noqa: BLE001 - a run without events keeps its row, without a breakdown
             print(f"warning: {sub}: no comparison ({exc})")
             d["bit_identical"] = None

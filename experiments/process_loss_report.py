@@ -15,6 +15,7 @@ from typing import Any
 from experiments import _driver
 from experiments.provenance import load_provenance, stamp_figure
 from harness import strategies
+from harness.report.trials import as_float
 
 __all__ = ["write_outputs", "read_rows", "table_md"]
 
@@ -59,13 +60,6 @@ def baselines(data: Sequence[Mapping[str, Any]]) -> list[str]:
     return [s for s in compared(data) if s != under_test(data)]
 
 
-def _f(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _fmt(v: Any, spec: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
         return "-"
@@ -80,7 +74,7 @@ def _md(rows: Sequence[Mapping[str, Any]], cols: Sequence[tuple[str, str, str]])
 
 
 def _parts(r: Mapping[str, Any]) -> dict[str, float]:
-    return {k[5:-2]: _f(v) for k, v in r.items() if k.startswith("part_") and not math.isnan(_f(v))}
+    return {k[5:-2]: as_float(v) for k, v in r.items() if k.startswith("part_") and not math.isnan(as_float(v))}
 
 
 def _parts_text(r: Mapping[str, Any]) -> str:
@@ -110,7 +104,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
     # references of useful seconds per useful step.
     paces: dict[Any, list[float]] = {}
     for (fault, _), ref_row in refs.items():
-        u, n = _f(ref_row.get("useful_s")), _f(ref_row.get("useful_steps"))
+        u, n = as_float(ref_row.get("useful_s")), as_float(ref_row.get("useful_steps"))
         if u > 0 and n > 0:
             paces.setdefault(fault, []).append(u / n)
     pace_of = {fault: _median(sorted(v)) for fault, v in paces.items()}
@@ -118,13 +112,13 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
     ours = under_test(data)
     for r in data:
         ref_row = refs.get((r["fault"], r.get("trial")), {})
-        ref, step = _f(ref_row.get("step_median_s")), _f(r.get("step_median_s"))
+        ref, step = as_float(ref_row.get("step_median_s")), as_float(r.get("step_median_s"))
         r["drift"] = step / ref if ref > 0 and step > 0 else math.nan
-        useful, tokens = _f(r.get("useful_s")), _f(r.get("useful_tokens"))
-        badput = _f(r.get("badput_total_s"))
+        useful, tokens = as_float(r.get("useful_s")), as_float(r.get("useful_tokens"))
+        badput = as_float(r.get("badput_total_s"))
         r["badput_s"] = badput
         factor = snap if r.get("strategy") == ours else 1.0
-        steps, ref_pace = _f(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
+        steps, ref_pace = as_float(r.get("useful_steps")), pace_of.get(r["fault"], math.nan)
         if steps > 0 and ref_pace > 0:
             r["goodput_at_ref_step"] = badput_goodput_from_row(
                 {"tokens": tokens, "steps": steps, "badput_s": badput}, ref_pace, factor)
@@ -134,7 +128,7 @@ def add_drift(data: Sequence[dict[str, Any]], overhead_pct: float) -> None:
 
 
 def _load_text(r: Mapping[str, Any]) -> str:
-    load = _f(r.get("load_avg_run"))
+    load = as_float(r.get("load_avg_run"))
     return f", load {load:.1f}" if not math.isnan(load) else ""
 
 
@@ -146,46 +140,46 @@ def best_rows(data: Sequence[Mapping[str, Any]], overhead_pct: float = math.nan)
     data = [dict(r) for r in data]
     add_drift(data, overhead_pct)
     out = []
-    keys = sorted({(r["fault"], int(_f(r["age"]))) for r in data if r.get("strategy") != REFERENCE
-                   and not math.isnan(_f(r.get("age")))})
+    keys = sorted({(r["fault"], int(as_float(r["age"]))) for r in data if r.get("strategy") != REFERENCE
+                   and not math.isnan(as_float(r.get("age")))})
     ref_of = {r["fault"]: r for r in data if r.get("strategy") == REFERENCE}
     mine = under_test(data)
     ours_label = label(mine)
     for fault, age in keys:
-        at = {r["strategy"]: r for r in data if r["fault"] == fault and _f(r.get("age")) == age}
-        ok = {s: r for s, r in at.items() if r.get("status") == "ok" and not math.isnan(_f(r.get("goodput")))}
+        at = {r["strategy"]: r for r in data if r["fault"] == fault and as_float(r.get("age")) == age}
+        ok = {s: r for s, r in at.items() if r.get("status") == "ok" and not math.isnan(as_float(r.get("goodput")))}
         if not ok:
             continue
-        best = max(ok, key=lambda s: _f(ok[s]["goodput"]))
+        best = max(ok, key=lambda s: as_float(ok[s]["goodput"]))
         ours = ok.get(mine)
         row: dict[str, Any] = {"fault": fault, "age": age, "best": label(best)}
         for base in baselines(data):
-            row[f"gain_{base}"] = (_f(ours["goodput"]) / _f(ok[base]["goodput"])
-                                   if ours and base in ok and _f(ok[base]["goodput"]) > 0 else math.nan)
-            row[f"badput_ratio_{base}"] = (_f(ours["badput_s"]) / _f(ok[base]["badput_s"])
-                                           if ours and base in ok and _f(ok[base]["badput_s"]) > 0 else math.nan)
-        derived = {s: _f(r.get("goodput_at_ref_step")) for s, r in ok.items()}
+            row[f"gain_{base}"] = (as_float(ours["goodput"]) / as_float(ok[base]["goodput"])
+                                   if ours and base in ok and as_float(ok[base]["goodput"]) > 0 else math.nan)
+            row[f"badput_ratio_{base}"] = (as_float(ours["badput_s"]) / as_float(ok[base]["badput_s"])
+                                           if ours and base in ok and as_float(ok[base]["badput_s"]) > 0 else math.nan)
+        derived = {s: as_float(r.get("goodput_at_ref_step")) for s, r in ok.items()}
         row["best_at_ref_step"] = (label(max(derived, key=lambda s: derived[s]))
                                    if derived and not any(math.isnan(v) for v in derived.values()) else "")
         if ours is None:
             row["reason"] = f"{ours_label} did not finish ({at.get(mine, {}).get('status', 'no run')})"
         elif best == mine:
             row["reason"] = (f"best; healed from {ours.get('heal_source') or '?'}, "
-                             f"{int(_f(ours.get('replayed_steps')) or 0)} step(s) replayed, parts: {_parts_text(ours)}")
+                             f"{int(as_float(ours.get('replayed_steps')) or 0)} step(s) replayed, parts: {_parts_text(ours)}")
         else:
             b, ref = ok[best], ref_of.get(fault, {})
             name = label(best)
             row["reason"] = (
-                f"measured goodput {_f(ours['goodput']):.1f} vs {_f(b['goodput']):.1f} tok/s. "
-                f"(a) badput: {ours_label} {_f(ours['badput_s']):.1f} s ({_parts_text(ours)}) vs {name} "
-                f"{_f(b['badput_s']):.1f} s ({_parts_text(b)}). "
+                f"measured goodput {as_float(ours['goodput']):.1f} vs {as_float(b['goodput']):.1f} tok/s. "
+                f"(a) badput: {ours_label} {as_float(ours['badput_s']):.1f} s ({_parts_text(ours)}) vs {name} "
+                f"{as_float(b['badput_s']):.1f} s ({_parts_text(b)}). "
                 f"(b) snapshot overhead, side by side: {overhead_pct:+.1f} % per step. "
-                f"(c) step-time drift: median step {ours_label} {_f(ours.get('step_median_s')):.2f} s "
-                f"({_f(ours['drift']):.2f}x the reference's, which takes no snapshots{_load_text(ours)}), {name} "
-                f"{_f(b.get('step_median_s')):.2f} s ({_f(b['drift']):.2f}x{_load_text(b)}); reference "
-                f"{_f(ref.get('step_median_s')):.2f} s{_load_text(ref)}. "
-                f"Derived at the reference's step time: {_f(ours['goodput_at_ref_step']):.1f} vs "
-                f"{_f(b['goodput_at_ref_step']):.1f} tok/s")
+                f"(c) step-time drift: median step {ours_label} {as_float(ours.get('step_median_s')):.2f} s "
+                f"({as_float(ours['drift']):.2f}x the reference's, which takes no snapshots{_load_text(ours)}), {name} "
+                f"{as_float(b.get('step_median_s')):.2f} s ({as_float(b['drift']):.2f}x{_load_text(b)}); reference "
+                f"{as_float(ref.get('step_median_s')):.2f} s{_load_text(ref)}. "
+                f"Derived at the reference's step time: {as_float(ours['goodput_at_ref_step']):.1f} vs "
+                f"{as_float(b['goodput_at_ref_step']):.1f} tok/s")
         out.append(row)
     return out
 
@@ -201,25 +195,25 @@ def overhead_summary(overhead: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         xs = sorted(x for x in xs if not math.isnan(x))
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2 if xs else math.nan
 
-    off = med([_f(r["step_median_s"]) for r in overhead if r["snapshots"] == "off"])
-    on = med([_f(r["step_median_s"]) for r in overhead if r["snapshots"] == "on"])
+    off = med([as_float(r["step_median_s"]) for r in overhead if r["snapshots"] == "off"])
+    on = med([as_float(r["step_median_s"]) for r in overhead if r["snapshots"] == "on"])
     ons = [r for r in overhead if r["snapshots"] == "on"]
     return {"step_off_s": off, "step_on_s": on, "overhead_pct": (on / off - 1) * 100 if off > 0 else math.nan,
             "extra_ms": (on - off) * 1000,
-            "wait_s_per_rank": max((_f(r["wait_s_per_rank"]) for r in ons), default=math.nan),
-            "slot_mib": max((_f(r["slot_bytes"]) for r in ons), default=math.nan) / 2**20,
-            "own_mib": max((_f(r["own_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
-            "replica_mib": max((_f(r["replica_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
-            "planned_mib": max((_f(r["planned_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
-            "load_off": _mean([_f(r.get("load_avg_run")) for r in overhead if r["snapshots"] == "off"]),
-            "load_on": _mean([_f(r.get("load_avg_run")) for r in ons]),
-            "push_mb_s": max((_f(r["push_mb_s"]) for r in ons), default=math.nan),
+            "wait_s_per_rank": max((as_float(r["wait_s_per_rank"]) for r in ons), default=math.nan),
+            "slot_mib": max((as_float(r["slot_bytes"]) for r in ons), default=math.nan) / 2**20,
+            "own_mib": max((as_float(r["own_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
+            "replica_mib": max((as_float(r["replica_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
+            "planned_mib": max((as_float(r["planned_shm_bytes"]) for r in ons), default=math.nan) / 2**20,
+            "load_off": _mean([as_float(r.get("load_avg_run")) for r in overhead if r["snapshots"] == "off"]),
+            "load_on": _mean([as_float(r.get("load_avg_run")) for r in ons]),
+            "push_mb_s": max((as_float(r["push_mb_s"]) for r in ons), default=math.nan),
             "runs": len(overhead)}
 
 
 def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, Any]], runtime_s: float,
              prov: Any) -> str:
-    rows = sorted(data, key=lambda r: (r["fault"], _f(r.get("age")) if r.get("age") not in (None, "") else -1,
+    rows = sorted(data, key=lambda r: (r["fault"], as_float(r.get("age")) if r.get("age") not in (None, "") else -1,
                                        _order(r["strategy"])))
     for r in rows:
         r["label"] = label(r["strategy"])
@@ -230,7 +224,7 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
             if r.get("reason"):
                 r["status"] = f"{r['status']}: {r['reason']}"
     ov = overhead_summary(overhead)
-    add_drift(rows, _f(ov["overhead_pct"]))
+    add_drift(rows, as_float(ov["overhead_pct"]))
     text = ["# Losing a process or a host: heal in memory vs restart from disk", "",
             f"{prov.extra.get('model', 'mistral_tiny')} (seq 64 x batch 2 per rank) on two simulated hosts (network namespaces, one gloo rank "
             "each, each host its own snapshot root); a sync DCP checkpoint every interval; rank 1 is SIGKILLed "
@@ -261,7 +255,7 @@ def table_md(data: Sequence[Mapping[str, Any]], overhead: Sequence[Mapping[str, 
                        ("disk_bytes_read", "bytes read from disk (heal)", ".0f"), ("parts", "badput parts", ""),
                        ("bit_identical", "bit-identical", ""), ("status", "status", "")]), "",
             "## Best strategy per fault and age", "",
-            _md(best_rows(data, _f(ov["overhead_pct"])),
+            _md(best_rows(data, as_float(ov["overhead_pct"])),
                 [("fault", "fault", ""), ("age", "age", ".0f"), ("best", "best measured goodput", ""),
                  *[col for b in baselines(data) for col in (
                      (f"gain_{b}", f"{label(under_test(data))} / {label(b)} (goodput)", ".3f"),
@@ -299,13 +293,13 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], prov: Any) -> Path:
     names = compared(data)
     for ax, fault in zip(axes[0], faults):
         rows = [r for r in data if r["fault"] == fault]
-        ages = sorted({int(_f(r["age"])) for r in rows if not math.isnan(_f(r.get("age")))})
-        ref = next((_f(r.get("goodput")) for r in rows if r["strategy"] == REFERENCE), math.nan)
+        ages = sorted({int(as_float(r["age"])) for r in rows if not math.isnan(as_float(r.get("age")))})
+        ref = next((as_float(r.get("goodput")) for r in rows if r["strategy"] == REFERENCE), math.nan)
         width = 0.8 / len(names)
         for i, s in enumerate(names):
-            cells = [next((r for r in rows if r["strategy"] == s and _f(r.get("age")) == a), None) for a in ages]
+            cells = [next((r for r in rows if r["strategy"] == s and as_float(r.get("age")) == a), None) for a in ages]
             # A failed or refused run has no comparable goodput: no bar, its status written at the base.
-            ys = [_f(c.get("goodput")) if c and c.get("status") == "ok" else math.nan for c in cells]
+            ys = [as_float(c.get("goodput")) if c and c.get("status") == "ok" else math.nan for c in cells]
             for j, c in enumerate(cells):
                 if c and c.get("status") != "ok":
                     ax.text(j + (i - (len(names) - 1) / 2) * 0.8 / len(names), 2, str(c.get("status")).split(":")[0],

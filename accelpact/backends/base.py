@@ -27,8 +27,11 @@ import datetime
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch.distributed as dist
+
 from accelpact.backends import keepalive
 from accelpact.backends.faults import matches_comm_fault
+from accelpact.backends.vote_buffer import VoteBuffer
 from accelpact.errors import AccelPactError
 
 #: how the guard waits for its own collectives: wait(work, what, phase)
@@ -36,7 +39,6 @@ Waiter = Callable[[Any, str, str], None]
 
 if TYPE_CHECKING:
     import torch
-    import torch.distributed as dist
 
     from accelpact.backends.reconfigure import ReconfigurePath
     from accelpact.dataplane.generations import GroupSpec
@@ -176,15 +178,13 @@ class Backend(abc.ABC):
     def device(self) -> torch.device:
         """The device of this backend's collectives (the vote and the first collective)."""
 
-    def vote_buffer(self) -> torch.Tensor:
+    def vote_buffer(self) -> VoteBuffer:
         """The commit vote's one-element int64 buffer, on :attr:`device`: the count of voters and, folded
         into the same number, each rank's position (accelpact.recovery.positions)."""
-        import torch
+        return VoteBuffer(self.device)
 
-        return torch.zeros(1, dtype=torch.int64, device=self.device)
-
-    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup, wait: Waiter | None = None) -> None:
-        """The commit vote: all-reduce ``buf`` and return only once it has COMPLETED on this rank.
+    def vote(self, buf: VoteBuffer, pg: dist.ProcessGroup, wait: Waiter | None = None) -> int:
+        """The commit vote: all-reduce ``buf`` and return its sum only once it has COMPLETED on this rank.
 
         The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
         gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
@@ -192,13 +192,12 @@ class Backend(abc.ABC):
         guard's :class:`accelpact.dataplane.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
         may give it up; None: ``work.wait()``.
         """
-        import torch.distributed as dist
-
-        work = dist.all_reduce(buf, group=pg, async_op=True)
+        work = dist.all_reduce(buf.tensor, group=pg, async_op=True)
         if wait is None:
             work.wait()
         else:
             wait(work, "the commit vote", "vote")
+        return buf.get()
 
     def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
                          poll_s: float = 0.02) -> None:

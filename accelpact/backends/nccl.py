@@ -43,6 +43,7 @@ from accelpact.errors import AccelPactError, CommFault
 if TYPE_CHECKING:
     import torch.distributed as dist
 
+    from accelpact.backends.vote_buffer import VoteBuffer
     from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["NcclBackend", "ERROR_HANDLING_VARS", "RECOVERABLE_ERROR_HANDLING", "error_handling_problem"]
@@ -135,25 +136,19 @@ class NcclBackend(Backend):
     def abort(self) -> int:
         return _abort_groups(self.groups)
 
-    def vote(self, buf: torch.Tensor, pg: dist.ProcessGroup, wait: Waiter | None = None) -> None:
+    def vote(self, buf: VoteBuffer, pg: dist.ProcessGroup, wait: Waiter | None = None) -> int:
         # NCCL collectives are asynchronous to the CPU: without waiting for the device the guard
-        # would call optimizer.step() on a vote that may still fail. .item() waits for the kernel;
-        # after a watchdog abort the kernel ends without a result, so the sum is the proof: it is
-        # the world size exactly when every rank's 1 arrived, i.e. every rank entered the vote.
+        # would call optimizer.step() on a vote that may still fail. Reading the sum waits for the kernel;
+        # after a watchdog abort the kernel ends without a result, so the sum is the proof: its low bits
+        # count the voters exactly when every rank entered the vote.
         # (Work.is_success is not relied on: ProcessGroupNCCL has deprecated it.)
-        import torch.distributed as dist
-
-        work = dist.all_reduce(buf, group=pg, async_op=True)
-        if wait is None:
-            work.wait()
-        else:
-            wait(work, "the commit vote", "vote")
         from accelpact.recovery.positions import count_of
 
-        value = buf.item()
-        if count_of(int(value), pg.size()) != pg.size():  # the low bits count the voters (the rest: positions)
+        value = super().vote(buf, pg, wait)
+        if count_of(value, pg.size()) != pg.size():
             raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
                             f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
+        return value
 
     def abandon(self, groups: list[dist.ProcessGroup], work: Any, pg_timeout: datetime.timedelta) -> None:
         # A hung NCCL kernel occupies the stream until its communicator is aborted: abort it now,

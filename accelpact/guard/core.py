@@ -33,7 +33,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -430,9 +430,8 @@ class Guard:
         codec = self._codec
         if codec is None or codec.group is not group:  # a recovery may have replaced the group
             codec = self._codec = positions.VoteCodec(group.size(), group)
-        buf.fill_(codec.encode(kind, guard_step, region, self._loop_step))
-        self.plane.backend.vote(buf, group, wait=self._wait)
-        if not codec.agreed(cast(int, buf.item())):  # an int64 buffer: item() is an int
+        buf.set(codec.encode(kind, guard_step, region, self._loop_step))
+        if not codec.agreed(self.plane.backend.vote(buf, group, wait=self._wait)):
             raise self._diverged(positions.Position(positions.KINDS[kind], guard_step, region, self._loop_step))
 
     def _diverged(self, position: positions.Position) -> StateDivergedError:

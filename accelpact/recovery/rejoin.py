@@ -60,6 +60,10 @@ class RejoinTicket:
 
     # The groups rejoin() built, by c10d name (the survivors' names): what device_mesh() builds a mesh from.
     groups: dict[str, Any] = field(default_factory=dict)
+    # This generation's data-plane store and the plan's default-group entry: what a mesh row that no
+    # survivor holds is built with (``_orphan_group``).
+    store: Any = None
+    default_spec: dict[str, Any] = field(default_factory=dict)
 
     def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
                     mesh_dim_names: tuple[str, ...] | None = None) -> Any:
@@ -70,7 +74,31 @@ class RejoinTicket:
         which every rank must create together, and the survivors created theirs long ago."""
         from accelpact.recovery.rejoin_mesh import mesh_from_groups
 
-        return mesh_from_groups(self.groups, device_type, mesh_shape, mesh_dim_names)
+        return mesh_from_groups(self.groups, device_type, mesh_shape, mesh_dim_names, orphan=self._orphan_group)
+
+    def _orphan_group(self, ranks: tuple[int, ...]) -> Any:
+        """A mesh row none of whose members survived (a whole HSDP replica on a lost host): no survivor's
+        plan carries it, so its members, every one a replacement calling device_mesh with the same shape,
+        build it here, under a name only they use. None when a member survived: then the survivors' plan
+        should have held the row, and the caller names what is missing."""
+        import torch
+        import torch.distributed as dist
+
+        from accelpact.dataplane import generations
+
+        if self.store is None or not self.default_spec or not set(ranks) <= set(self.lost):
+            return None
+        name = f"accelpact_g{self.generation}_" + "_".join(map(str, ranks))
+        d = self.default_spec
+        device = torch.device("cuda", torch.cuda.current_device()) if d["bound"] and torch.cuda.is_available() else None
+        spec = generations.GroupSpec(
+            name=name, backend=d["backend"], ranks=tuple(ranks), is_default=False, tag=None,
+            desc=f"accelpact: mesh row {list(ranks)}, rebuilt by its replacements",
+            timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]), device_id=device)
+        pg = generations.rebuild_group(None, spec, dist.PrefixStore("orphan/", self.store), dist.get_rank(),
+                                       device_id=device)
+        self.groups[name] = pg
+        return pg
 
     def stop_heartbeat(self) -> None:
         """End the JOINING beats; a beat being written lands first (attach writes the guard's next)."""
@@ -189,4 +217,5 @@ def rejoin(control: ControlClient, *, timeout_s: float = 180.0, t_launch: float 
     by_name: dict[str, dist.ProcessGroup] = {name: pg for pg, name in c10d._world.pg_names.items()}
     return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
                         t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane,
-                        groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name})
+                        groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name},
+                        store=store, default_spec=next((d for d in plan["groups"] if d["is_default"]), {}))

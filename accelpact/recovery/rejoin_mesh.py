@@ -8,6 +8,10 @@ accelpact.recovery.heal_groups), so the mesh is assembled from them with ``Devic
 FSDP2 wrapping on top then talks to the survivors' groups, and a parameter's mesh on the replacement
 names the same groups as on every survivor.
 
+A row none of whose members survived (under HSDP, a whole replica lost with its host) is in no survivor's
+plan. Its members are all replacements, each building the same mesh, so they build that row themselves
+(``RejoinTicket._orphan_group``), under a name that only they use.
+
 The layout is ``init_device_mesh``'s: ranks ``0 .. N-1`` in row-major order over ``mesh_shape``; along
 dimension ``d`` a rank's group holds the ranks that differ from it only in coordinate ``d``, in order.
 """
@@ -15,7 +19,7 @@ dimension ``d`` a rank's group holds the ranks that differ from it only in coord
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from accelpact.errors import AccelPactError
@@ -32,12 +36,15 @@ def dim_ranks(rank: int, mesh_shape: tuple[int, ...], dim: int) -> tuple[int, ..
 
 
 def mesh_from_groups(groups: Mapping[str, Any], device_type: str, mesh_shape: tuple[int, ...],
-                     mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+                     mesh_dim_names: tuple[str, ...] | None = None,
+                     orphan: Callable[[tuple[int, ...]], Any] | None = None) -> Any:
     """``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)``'s mesh from already-built groups.
 
     ``groups``: c10d name -> ProcessGroup (a :class:`~accelpact.recovery.rejoin.RejoinTicket`'s). An
     AccelPactError names what is missing when the survivors' groups do not contain this rank's group of
-    some dimension (the survivors' mesh has another shape, or was not built with init_device_mesh)."""
+    some dimension (the survivors' mesh has another shape, or was not built with init_device_mesh).
+    ``orphan(ranks)``: builds a row that no survivor could carry because none of its members survived (a
+    whole replica lost with its host); None, or its None, leaves the error."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -58,6 +65,10 @@ def mesh_from_groups(groups: Mapping[str, Any], device_type: str, mesh_shape: tu
     for d in range(len(mesh_shape)):
         want = dim_ranks(rank, mesh_shape, d)
         found = sorted(name for name, r in ordered.items() if r == want)
+        built = orphan(want) if not found and orphan is not None else None
+        if built is not None:
+            dims.append(built)
+            continue
         if not found:
             raise AccelPactError(
                 f"rank {rank}: no group of the survivors holds ranks {list(want)} (dimension {d} of mesh "

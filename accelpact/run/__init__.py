@@ -13,5 +13,6 @@ time: the agent and the template import torch only where they need it.
 """
 
 from accelpact.run.env import Replacement, replacement
+from accelpact.run.forkserver import die_with_parent
 
-__all__ = ["Replacement", "replacement"]
+__all__ = ["Replacement", "replacement", "die_with_parent"]

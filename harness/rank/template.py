@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m harness.rank.template <run_dir>/worker_spec.json", file=sys.stderr)
         return 2
-    from harness.rank.worker import die_with_parent
+    from accelpact.run import die_with_parent
 
     die_with_parent(int(os.environ.get("HARNESS_PARENT_PID", "0") or 0))
     # The pipes: requests on fd 0, replies on fd 1. A child re-points 0/1/2 at /dev/null and its log.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
+from accelpact.run import die_with_parent
 from harness.rank.env import RankEnv
 from harness.schema import RunConfig, run_config_from_dict
 
@@ -32,21 +32,6 @@ def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
 def read_spec(path: str | Path) -> tuple[str, RunConfig]:
     data: dict[str, Any] = json.loads(Path(path).read_text())
     return data["run_dir"], run_config_from_dict(data["config"])
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this rank when the parent dies (no orphans if the parent is killed)."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    # The parent may already have died before prctl took effect.
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def main(argv: list[str]) -> int:

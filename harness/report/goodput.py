@@ -291,3 +291,14 @@ def load_report(run_dir: str) -> GoodputReport:
     report = compute_goodput(read_events(run_dir))
     save_report(run_dir, report)
     return report
+
+
+def fault_badput_parts(run_dir: str) -> dict[str, float]:
+    """The badput a run's faults cost, summed over its faults, per part (``detection``, ``replay`` ...,
+    without the ``_s`` suffix) in seconds."""
+    parts: dict[str, float] = {}
+    for fault in load_report(run_dir).faults:
+        for key, seconds in fault.badput.as_dict().items():
+            part = key.removesuffix("_s")
+            parts[part] = parts.get(part, 0.0) + seconds
+    return parts

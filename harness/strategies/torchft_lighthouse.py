@@ -92,15 +92,6 @@ class Lighthouse:
         return self.proc.returncode
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.strategies.torchft_lighthouse")
     parser.add_argument("--bind", required=True)
@@ -110,7 +101,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=5000)
     parser.add_argument("--parent_pid", type=int, default=0)
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    from accelpact.run import die_with_parent
+
+    die_with_parent(args.parent_pid)
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,

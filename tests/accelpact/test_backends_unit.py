@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from accelpact.backends import BACKENDS, GlooBackend, NcclBackend, all_fault_markers, backend_for, is_comm_fault
 from accelpact.backends.nccl import error_handling_problem
+from accelpact.backends.vote_buffer import VoteBuffer
 from accelpact.errors import AccelPactError, CommFault, RankLostError
 
 GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857"
@@ -174,15 +175,15 @@ def test_nccl_vote_raises_a_comm_fault_unless_every_rank_contributed(monkeypatch
     arrived = {"n": 4}
 
     def fake_all_reduce(buf, group=None, async_op=False):
-        buf.fill_(float(arrived["n"]))
+        buf.fill_(arrived["n"])
         return FakeWork()
 
     monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
     b = NcclBackend()
-    b.vote(torch.ones(1), FakePG())  # every rank's 1 arrived
+    assert b.vote(VoteBuffer("cpu"), FakePG()) == 4  # every rank's 1 arrived
     arrived["n"] = 3
     with pytest.raises(CommFault, match="did not complete") as ei:
-        b.vote(torch.ones(1), FakePG())
+        b.vote(VoteBuffer("cpu"), FakePG())
     assert b.is_comm_fault(ei.value)
 
 
@@ -207,7 +208,7 @@ class Recording(GlooBackend):
 
     def vote(self, buf, pg, wait=None):
         calls.append("vote")
-        super().vote(buf, pg, wait)
+        return super().vote(buf, pg, wait)
 
 class Refusing(GlooBackend):
     def check(self, pg):
@@ -305,3 +306,25 @@ def test_an_abandoned_generation_outlives_the_backend_that_abandoned_it(monkeypa
     now[0] += 20.1
     GlooBackend().forget_expired()  # any later guard's recovery or committed step lets it go
     assert ref() is None
+
+
+@pytest.mark.parametrize("value", [0, 1, 5, 2**62 + 12345, -(2**40)])
+def test_vote_buffer_writes_and_reads_the_tensor_the_vote_reduces(value):
+    """The numpy view and the tensor are one memory: what set() writes the all-reduce sends, and what the
+    all-reduce writes get() reads, at the full 63-bit width the position vote uses."""
+    buf = VoteBuffer("cpu")
+    buf.set(value)
+    assert buf.tensor.dtype == torch.int64 and buf.tensor.item() == value
+    buf.tensor.add_(3)  # as an all-reduce writes into it
+    assert buf.get() == value + 3
+
+
+def test_vote_buffer_without_numpy_goes_through_the_tensor(monkeypatch):
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    buf = VoteBuffer("cpu")
+    buf.set(2**61)
+    buf.tensor.add_(1)
+    assert buf.get() == 2**61 + 1

@@ -2,7 +2,8 @@
 
 Real runs (``python -m harness``, 4 gloo ranks, real faults), each compared bit for bit with one fault-free
 HSDP reference: a socket reset under accelpact, cold_restart and NVRx's checkpoint_restore; a kill under
-accelpact_heal (the heal's replacement builds its 2-D mesh from the survivors' groups) and GEMINI; and
+accelpact_heal (the heal's replacement builds its 2-D mesh from the survivors' groups) and GEMINI; a lost
+host holding a whole replica under accelpact_heal (root: network namespaces); and
 fault-free torchft with its replica groups as the replicate dimension.
 
 All ``slow``: 4 ranks on this 2-core machine take 60-120 s a run under the usual load. The option and its
@@ -83,6 +84,25 @@ def test_a_killed_rank_heals_in_memory_bit_identically(reference):
     healed = [e for e in events if e["kind"] == "heal"]
     assert {e["rank"] for e in healed} == {0, 1, 2, 3}
     assert {e["role"] for e in healed if e["rank"] == 1} == {"replacement"}
+
+
+def test_a_lost_host_holding_a_whole_replica_heals_in_memory_bit_identically(reference):
+    """Two hosts of two ranks: host 0 holds the replica [0, 1] whole, as HSDP across nodes usually places it.
+    Its shard group has no survivor, so no survivor's plan carries it: the two replacements build it
+    themselves (accelpact.recovery.rejoin_mesh) and heal from their buddies' replicas, with no disk read."""
+    from harness.faults.netns import namespaces_available
+
+    ok, why = namespaces_available()
+    if not ok:
+        pytest.skip(f"host loss needs network namespaces (root): {why}")
+    run_dir, row = _run(reference, "heal_host_loss", "strategy=accelpact_heal", "cluster=local_hosts",
+                        "fault=host_loss", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]")
+    events = read_events(run_dir)
+    assert row["relaunches"] == 0 and row["fallback"] is False, row["fallback_reason"]
+    assert not [e for e in events if e["kind"] == "restore"]
+    healed = [e for e in events if e["kind"] == "heal"]
+    assert {e["role"] for e in healed if e["rank"] in (0, 1)} == {"replacement"}
+    assert {e["rank"] for e in healed} == {0, 1, 2, 3}
 
 
 def test_gemini_restarts_every_rank_from_its_in_memory_capture_bit_identically(reference):
