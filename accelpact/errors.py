@@ -97,8 +97,15 @@ class RankLostError(UnrecoverableError):
     beating; "deadline": it did not report before the control deadline).
     """
 
-    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), last_committed_step: int | None = None,
-                 generation: int | None = None, detected_by: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: tuple[int, ...] = (),
+        last_committed_step: int | None = None,
+        generation: int | None = None,
+        detected_by: str | None = None,
+    ):
         super().__init__(message, ranks=ranks, last_committed_step=last_committed_step)
         self.generation = generation
         self.detected_by = detected_by
@@ -134,8 +141,9 @@ class ControlStoreLostError(UnrecoverableError):
 
     detected_by = "control store"
 
-    def __init__(self, message: str, *, last_committed_step: int | None = None, generation: int | None = None,
-                 address: str = ""):
+    def __init__(
+        self, message: str, *, last_committed_step: int | None = None, generation: int | None = None, address: str = ""
+    ):
         super().__init__(message, last_committed_step=last_committed_step)
         self.generation = generation
         self.address = address

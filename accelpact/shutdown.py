@@ -69,8 +69,12 @@ def stop_all(wait_s: float = EXIT_WAIT_S) -> list[str]:
         if thread is not None and thread.is_alive():
             left.append(thread.name)
     if left:
-        print(f"accelpact: thread(s) {left} still inside a call {wait_s:g} s after the interpreter began to exit; "
-              "the process may abort (SIGABRT) when such a call returns", file=sys.stderr, flush=True)
+        print(
+            f"accelpact: thread(s) {left} still inside a call {wait_s:g} s after the interpreter began to exit; "
+            "the process may abort (SIGABRT) when such a call returns",
+            file=sys.stderr,
+            flush=True,
+        )
     return left
 
 

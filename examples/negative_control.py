@@ -39,8 +39,15 @@ class SlowRecoveryStep(AccelPactStep):
 
 
 if NAME not in strategies.names():
-    strategies.register(dataclasses.replace(
-        ACCELPACT, name=NAME, rank_class=f"{__name__}:SlowRecoveryStep",
-        description=f"negative control: AccelPact + {SLEEP_S:g} s of sleep in every recovery",
-        label=f"AccelPact + {SLEEP_S:g} s", color="tab:red", order=60,
-        recovers_in_memory=False))  # AccelPact stays the strategy under test: the gain is over this one
+    strategies.register(
+        dataclasses.replace(
+            ACCELPACT,
+            name=NAME,
+            rank_class=f"{__name__}:SlowRecoveryStep",
+            description=f"negative control: AccelPact + {SLEEP_S:g} s of sleep in every recovery",
+            label=f"AccelPact + {SLEEP_S:g} s",
+            color="tab:red",
+            order=60,
+            recovers_in_memory=False,
+        )
+    )  # AccelPact stays the strategy under test: the gain is over this one

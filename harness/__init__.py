@@ -42,6 +42,7 @@ _missing = _missing_extra()
 if _missing:
     sys.excepthook = _one_line_excepthook(sys.excepthook)
     raise MissingExtraError(
-        f"the harness needs its extra: pip install 'accelpact[harness]' (missing: {', '.join(_missing)})")
+        f"the harness needs its extra: pip install 'accelpact[harness]' (missing: {', '.join(_missing)})"
+    )
 
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)

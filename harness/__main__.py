@@ -55,8 +55,14 @@ def hydra_main(cfg: DictConfig) -> float:
     from harness.app.comparison import sweep_reference_dir
     from harness.parent.run import run_one
 
-    row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None,
-                  show_plan=not multirun or hc.job.num == 0)
+    row = run_one(
+        run,
+        run_dir,
+        memory,
+        overrides,
+        reference_dir=sweep_reference_dir() if multirun else None,
+        show_plan=not multirun or hc.job.num == 0,
+    )
     if row["status"] != "ok":
         if multirun:
             return math.nan

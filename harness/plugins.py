@@ -30,5 +30,6 @@ def load_plugins(environ: os._Environ[str] | dict[str, str] = os.environ) -> lis
         except Exception as exc:
             raise PluginError(
                 f"{PLUGINS_ENV} names {name!r}, which failed to import ({type(exc).__name__}: {exc}); "
-                "check the module path and that it is on PYTHONPATH") from exc
+                "check the module path and that it is on PYTHONPATH"
+            ) from exc
     return names

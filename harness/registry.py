@@ -15,8 +15,9 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str, spec_type: type, name_of: Callable[[T], str],
-                 load_builtins: Callable[[], Iterable[T]]) -> None:
+    def __init__(
+        self, what: str, spec_type: type, name_of: Callable[[T], str], load_builtins: Callable[[], Iterable[T]]
+    ) -> None:
         self.what = what  # "strategy", "fault kind": for messages
         self._spec_type = spec_type
         self._name_of = name_of

@@ -25,6 +25,7 @@ class ConfigError(ValueError):
         super().__init__(message)
         self.memory_plan = memory_plan
 
+
 class FaultPhase(str, Enum):
     forward_allgather_first = "forward_allgather_first"
     forward_allgather_middle = "forward_allgather_middle"
@@ -47,7 +48,9 @@ class FaultSchedule(str, Enum):
 
 # Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
 CheckpointMode = Enum(
-    "CheckpointMode", {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"}, type=str
+    "CheckpointMode",
+    {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"},
+    type=str,
 )
 
 

@@ -77,7 +77,8 @@ class DataPlaneStores:
             if generation in self._dp_generations:
                 raise ValueError(
                     f"the data-plane store of generation {generation} was already handed out; a gloo group "
-                    f"must be built on a never-used prefix: call advance_generation() and use the new generation")
+                    f"must be built on a never-used prefix: call advance_generation() and use the new generation"
+                )
             self._dp_generations.add(generation)
         client = self._take_spare()
         if client is None:
@@ -125,15 +126,19 @@ class DataPlaneStores:
         # mistaken for a broken control connection.
         conn = _Connection(f"accelpact-dataplane-r{self.rank}")
         try:
-            client: torch.distributed.TCPStore = self._run(conn, lambda: _new_client(self.config.host, self.config.port, timeout_s),
-                               self._deadline(self.config.connect_timeout_s), "a data-plane connection")
+            client: torch.distributed.TCPStore = self._run(
+                conn,
+                lambda: _new_client(self.config.host, self.config.port, timeout_s),
+                self._deadline(self.config.connect_timeout_s),
+                "a data-plane connection",
+            )
         except Exception as exc:
             if not _is_connection_error(exc):
                 raise
             raise ControlChannelError(
                 f"could not open a data-plane connection to control store {self._addr} for generation "
-                f"{generation} ({_first_line(exc)}). Is the store host alive?") from exc
+                f"{generation} ({_first_line(exc)}). Is the store host alive?"
+            ) from exc
         finally:
             conn.worker.stop()
         return client
-

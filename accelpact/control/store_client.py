@@ -120,12 +120,14 @@ def _probe(host: str, port: int, timeout_s: float, *, first: bool) -> None:
         return
 
 
-def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False,
-                first: bool = False) -> torch.distributed.TCPStore:
+def _new_client(
+    host: str, port: int, timeout_s: float, *, probe: bool = False, first: bool = False
+) -> torch.distributed.TCPStore:
     """A TCPStore client; with ``probe``, a refused address raises _StoreRefused at once (see _probe)."""
     dist = _dist()
     if probe:
         _probe(host, port, timeout_s, first=first)
     client: torch.distributed.TCPStore = dist.TCPStore(
-        host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
     return client

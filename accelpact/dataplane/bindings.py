@@ -87,7 +87,10 @@ class BindingTable:
 
     @classmethod
     def build(
-        cls, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, process_group: dist.ProcessGroup | None = None
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        process_group: dist.ProcessGroup | None = None,
     ) -> BindingTable:
         """Walk model, FSDP state and optimizer state once and record every process-group slot.
 
@@ -203,13 +206,16 @@ class BindingTable:
                         held = getattr(fn, kind, None)
                         values = held.values() if isinstance(held, dict) else (held or ())
                         # Only the groups this table rebinds: others are not ours to replace.
-                        if any(v is g for v in values for g in self.groups) and \
-                                all(f is not fn or k != kind for f, k, _ in self.defaults):
+                        if any(v is g for v in values for g in self.groups) and all(
+                            f is not fn or k != kind for f, k, _ in self.defaults
+                        ):
                             self.defaults.append((fn, kind, f"{where}.{kind}"))
                             added += 1
         return added
 
-    def _compiled(self) -> tuple[dict[int, list[tuple[dict[str, Any], Any]]], dict[int, list[tuple[Any, str, list[Any]]]]]:
+    def _compiled(
+        self,
+    ) -> tuple[dict[int, list[tuple[dict[str, Any], Any]]], dict[int, list[tuple[Any, str, list[Any]]]]]:
         """Slots and function defaults bucketed by the id of the group they hold, built once.
 
         An attribute slot is written through the holder's ``__dict__`` (where the scan found it),
@@ -277,7 +283,7 @@ class BindingTable:
             default_buckets.setdefault(gid, []).extend(dbucket)
         groups = self.groups
         if len(groups) == 1 and len(mapping) == 1:  # the usual case: one data-plane group
-            (old, new), = mapping.items()
+            ((old, new),) = mapping.items()
             if groups[0] is old:
                 self.groups = [new]
         else:
@@ -305,7 +311,7 @@ def _swap_defaults(bucket: list[tuple[Any, str, list[Any]]], old: Any, new: Any)
         if len(positions) == 1:  # the usual case: one `group=` default; slicing beats a list copy
             i = positions[0]
             if i < len(held) and held[i] is old:
-                setattr(fn, kind, held[:i] + (new,) + held[i + 1:])
+                setattr(fn, kind, held[:i] + (new,) + held[i + 1 :])
                 n += 1
             continue
         values = list(held)

@@ -24,8 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from accelpact.errors import CollectiveAbandoned, GenerationSuperseded
 
-__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective",
-           "describe"]
+__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective", "describe"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,10 @@ def _forget(pg: dist.ProcessGroup) -> None:
 
 
 def rebuild_group(
-    old: dist.ProcessGroup | None, spec: GroupSpec, store: dist.Store, rank: int,
+    old: dist.ProcessGroup | None,
+    spec: GroupSpec,
+    store: dist.Store,
+    rank: int,
     device_id: torch.device | None = None,
 ) -> dist.ProcessGroup:
     """Build the next generation of ``spec`` on ``store`` (a never-used prefix) under the same name.
@@ -140,8 +142,12 @@ def store_ports(extra: Collection[int] = ()) -> set[int]:
     return ports
 
 
-def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
-                     superseded: Callable[[], bool] | None = None, poll_s: float = 0.02) -> None:
+def first_collective(
+    pg: dist.ProcessGroup,
+    device: torch.device | str = "cpu",
+    superseded: Callable[[], bool] | None = None,
+    poll_s: float = 0.02,
+) -> None:
     """One tiny all-reduce proving the new generation works before anything else uses it.
 
     With ``superseded`` (the control channel's ``generation_superseded``), the wait is polled: if a
@@ -156,12 +162,19 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
     else:
         work = dist.all_reduce(t, group=pg, async_op=True)
         try:
-            wait_interruptibly(work, lambda: "superseded" if superseded() else None,
-                               what=f"the first collective of {describe(pg)}", phase="recovery", poll_s=poll_s)
+            wait_interruptibly(
+                work,
+                lambda: "superseded" if superseded() else None,
+                what=f"the first collective of {describe(pg)}",
+                phase="recovery",
+                poll_s=poll_s,
+            )
         except CollectiveAbandoned:
             raise GenerationSuperseded(
                 f"a peer started a newer recovery round while this rank waited on the first collective "
-                f"of {describe(pg)}", work=work) from None
+                f"of {describe(pg)}",
+                work=work,
+            ) from None
     if int(t.item()) != pg.size():
         raise RuntimeError(f"first collective on the new generation returned {t.item()}, expected {pg.size()}")
 

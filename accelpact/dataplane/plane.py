@@ -62,9 +62,20 @@ class DataPlane(abc.ABC):
     #: the name under which accelpact.dataplane.DATA_PLANES lists this implementation
     name: str = ""
 
-    def __init__(self, *, backend: Backend, table: BindingTable, specs: list[GroupSpec], vote_index: int,
-                 control: ControlClient, rank: int, group_timeout: datetime.timedelta | None, verify_rebind: bool,
-                 scan: Scan, peers: set[str]) -> None:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        table: BindingTable,
+        specs: list[GroupSpec],
+        vote_index: int,
+        control: ControlClient,
+        rank: int,
+        group_timeout: datetime.timedelta | None,
+        verify_rebind: bool,
+        scan: Scan,
+        peers: set[str],
+    ) -> None:
         self.backend = backend
         self.table = table
         self.specs = specs
@@ -85,9 +96,16 @@ class DataPlane(abc.ABC):
         self.last_path: dict[str, str] = {"path": self.name, "why": f"data_plane={self.name!r}"}
 
     @classmethod
-    def attach(cls, model: nn.Module, optimizer: torch.optim.Optimizer, control: ControlClient, *,
-               process_group: dist.ProcessGroup | None = None, group_timeout: datetime.timedelta | None = None,
-               verify_rebind: bool = False) -> DataPlane:
+    def attach(
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        control: ControlClient,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        group_timeout: datetime.timedelta | None = None,
+        verify_rebind: bool = False,
+    ) -> DataPlane:
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""
         from accelpact.dataplane.bindings import BindingTable
 
@@ -105,9 +123,18 @@ class DataPlane(abc.ABC):
         backend.track(table.groups, generations.store_ports([control_port] if isinstance(control_port, int) else []))
         sockets = getattr(backend, "sockets", None)
         peers = peer_addresses(sockets.inodes) if sockets is not None else set()
-        return cls(backend=backend, table=table, specs=specs, vote_index=vote_index, control=control,
-                   rank=dist.get_rank(), group_timeout=group_timeout, verify_rebind=verify_rebind,
-                   scan=lambda vote: BindingTable.build(model, optimizer, vote), peers=peers)
+        return cls(
+            backend=backend,
+            table=table,
+            specs=specs,
+            vote_index=vote_index,
+            control=control,
+            rank=dist.get_rank(),
+            group_timeout=group_timeout,
+            verify_rebind=verify_rebind,
+            scan=lambda vote: BindingTable.build(model, optimizer, vote),
+            peers=peers,
+        )
 
     def join_mode(self) -> str:
         """What a heal's replacement must run with the survivors to join their next generation (the
@@ -175,7 +202,9 @@ class DataPlane(abc.ABC):
     # -- the next generation ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
+    def rebuild(
+        self, generation: int, clock: RoundClock | None = None
+    ) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         """Make ``generation`` of every data-plane group live; returns (old groups, new groups).
 
         Called by every rank of the generation alike (and by the heal, with the replacement's groups
@@ -187,8 +216,9 @@ class DataPlane(abc.ABC):
     def prove(self, new_groups: list[dist.ProcessGroup]) -> None:
         """The first collective on the new vote group; a peer's newer round abandons it."""
         try:
-            self.backend.first_collective(new_groups[self.vote_index],
-                                          superseded=getattr(self.control, "generation_superseded", None))
+            self.backend.first_collective(
+                new_groups[self.vote_index], superseded=getattr(self.control, "generation_superseded", None)
+            )
         except GenerationSuperseded as abandoned:
             # The abandoned collective may still run in the backend until the PG timeout; the
             # backend decides how to let go of it without blocking the next round.

@@ -38,7 +38,6 @@ def _functions_of(obj: Any, module: str, attr: str) -> list[tuple[types.Function
     return []
 
 
-
 def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool = False) -> list[str]:
     """Who still refers to ``old_pg``? An empty list proves the rebind was complete.
 
@@ -94,8 +93,10 @@ def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool
                     found.append(f"untracked {type(child).__name__} inside {_describe_owner(obj)}")
                     located += 1
         if not located:
-            found.append(f"{hidden} reference(s) from holders the garbage collector cannot see "
-                         "(C-level or untracked containers nested deeper)")
+            found.append(
+                f"{hidden} reference(s) from holders the garbage collector cannot see "
+                "(C-level or untracked containers nested deeper)"
+            )
     return found
 
 

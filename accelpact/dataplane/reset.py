@@ -50,9 +50,7 @@ def fsdp_flavour(model: nn.Module) -> str:
     return "none"
 
 
-def reset_after_fault(
-    model: nn.Module, optimizer: torch.optim.Optimizer, config: ResetConfig = ResetConfig()
-) -> None:
+def reset_after_fault(model: nn.Module, optimizer: torch.optim.Optimizer, config: ResetConfig = ResetConfig()) -> None:
     """Discard the failed step's partial state: FSDP iteration state, unsharded buffers, all grads."""
     flavour = fsdp_flavour(model)
     if flavour == "fsdp2":
@@ -112,7 +110,8 @@ def _clear_accumulated_grad(fp: Any) -> None:
             raise AccelPactError(
                 f"torch {torch.__version__}: FSDPParam.unsharded_accumulated_grad is read-only and still holds a "
                 "gradient after _unsharded_param.grad was cleared; this torch keeps FSDP2's accumulated gradient "
-                "somewhere accelpact/reset.py does not know. Supported: torch>=2.13,<2.16")
+                "somewhere accelpact/reset.py does not know. Supported: torch>=2.13,<2.16"
+            )
         return
     fp.unsharded_accumulated_grad = None  # torch 2.13/2.14: a plain attribute (or not created yet)
 

@@ -27,8 +27,9 @@ def _store_config(control: ControlClient) -> Any:
     return cfg if all(hasattr(cfg, a) for a in ("host", "port", "job_token")) else None
 
 
-def start_heartbeat(control: ControlClient, rank: int, liveness: LivenessConfig | None,
-                    progress: Callable[[], int]) -> Heartbeat | None:
+def start_heartbeat(
+    control: ControlClient, rank: int, liveness: LivenessConfig | None, progress: Callable[[], int]
+) -> Heartbeat | None:
     """This rank's heartbeat thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
     if liveness is None or cfg is None:
@@ -36,8 +37,15 @@ def start_heartbeat(control: ControlClient, rank: int, liveness: LivenessConfig 
     return Heartbeat(cfg.host, cfg.port, cfg.job_token, rank, config=liveness, progress=progress).start()
 
 
-def start_watchdog(control: ControlClient, rank: int, world_size: int, stall_timeout_s: float | None, pg_timeout_s: float,
-                   liveness: LivenessConfig | None, backend: Any) -> StallWatchdog | None:
+def start_watchdog(
+    control: ControlClient,
+    rank: int,
+    world_size: int,
+    stall_timeout_s: float | None,
+    pg_timeout_s: float,
+    liveness: LivenessConfig | None,
+    backend: Any,
+) -> StallWatchdog | None:
     """The stall watchdog thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
     if stall_timeout_s is None or cfg is None:
@@ -45,15 +53,25 @@ def start_watchdog(control: ControlClient, rank: int, world_size: int, stall_tim
     if stall_timeout_s >= pg_timeout_s:
         raise AccelPactError(
             f"stall_timeout_s={stall_timeout_s} must be below the PG timeout ({pg_timeout_s:.0f} s), or the "
-            "timeout fires first: lower stall_timeout_s or pass stall_timeout_s=None to turn the watchdog off")
+            "timeout fires first: lower stall_timeout_s or pass stall_timeout_s=None to turn the watchdog off"
+        )
     sockets = getattr(backend, "sockets", None)
-    return StallWatchdog(cfg.host, cfg.port, cfg.job_token, rank, world_size, stall_timeout_s=stall_timeout_s,
-                         liveness=liveness or LivenessConfig(), abort=backend.abort,
-                         inodes=lambda: set(sockets.inodes) if sockets is not None else set()).start()
+    return StallWatchdog(
+        cfg.host,
+        cfg.port,
+        cfg.job_token,
+        rank,
+        world_size,
+        stall_timeout_s=stall_timeout_s,
+        liveness=liveness or LivenessConfig(),
+        abort=backend.abort,
+        inodes=lambda: set(sockets.inodes) if sockets is not None else set(),
+    ).start()
 
 
-def peer_watch(control: ControlClient, rank: int, liveness: LivenessConfig | None, fault: dict[str, str],
-               generation: int) -> PeerWatch | None:
+def peer_watch(
+    control: ControlClient, rank: int, liveness: LivenessConfig | None, fault: dict[str, str], generation: int
+) -> PeerWatch | None:
     """What the report gather watches between its waits (None without a heartbeat or a real channel)."""
     token = getattr(control, "job_token", None)
     if liveness is None or not isinstance(token, str):

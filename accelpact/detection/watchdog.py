@@ -39,8 +39,14 @@ from typing import Any, cast
 from accelpact import shutdown
 from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
 
-__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
-           "resolve_stall_timeout"]
+__all__ = [
+    "StallWatchdog",
+    "WatchdogState",
+    "SendQueueTracker",
+    "send_queues",
+    "DEFAULT_STALL_TIMEOUT_S",
+    "resolve_stall_timeout",
+]
 
 # The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
 # timeouts in use (30 s to 30 min).
@@ -125,9 +131,19 @@ class StallWatchdog:
 
     tick_s: float = 0.05
 
-    def __init__(self, host: str, port: int, job_token: str, rank: int, world_size: int, *,
-                 stall_timeout_s: float, liveness: LivenessConfig, abort: Callable[[], Any],
-                 inodes: Callable[[], Collection[int]]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        job_token: str,
+        rank: int,
+        world_size: int,
+        *,
+        stall_timeout_s: float,
+        liveness: LivenessConfig,
+        abort: Callable[[], Any],
+        inodes: Callable[[], Collection[int]],
+    ) -> None:
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (None turns the watchdog off)")
         self.host, self.port, self.token, self.rank, self.world_size = host, port, job_token, rank, world_size
@@ -184,9 +200,13 @@ class StallWatchdog:
         if self._warned_slow or threshold <= self.stall_timeout_s:
             return
         self._warned_slow = True
-        warnings.warn(f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
-                      f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
-                      f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
+            f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
+            f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def fired_reason(self) -> str | None:
         """Why the watchdog aborted the attempt in progress, or None (read without consuming it)."""

@@ -21,8 +21,9 @@ import torch.nn as nn
 __all__ = ["clip_gradients"]
 
 
-def clip_gradients(model: nn.Module, max_norm: float,
-                   wait: Callable[[Any, str, str], None] | None = None) -> torch.Tensor:
+def clip_gradients(
+    model: nn.Module, max_norm: float, wait: Callable[[Any, str, str], None] | None = None
+) -> torch.Tensor:
     """Clip gradients by their global norm; the same math with or without a guard.
 
     FSDP2 grads are DTensors: the total norm is a partial DTensor whose ``full_tensor()`` is the

@@ -36,5 +36,3 @@ class GuardConfig:
     # else rebinds; "reconfigure" refuses at attach when it cannot; "rebind" builds new groups under the
     # old names and rebinds every cached reference (the path of every torch release).
     data_plane: str = "auto"
-
-

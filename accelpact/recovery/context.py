@@ -66,7 +66,8 @@ class StepState:
         if step <= self.committed_step:
             raise AccelPactError(
                 f"resume_at({step}) would move back past step {self.committed_step}, which this guard "
-                "already committed; build a new guard with attach() for a rolled-back run")
+                "already committed; build a new guard with attach() for a rolled-back run"
+            )
         self.next_step = step
         self.committed_step = step - 1
         self.region_done = 0

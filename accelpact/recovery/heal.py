@@ -64,8 +64,17 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key", "joining_key",
-           "abandoned_key", "publish_no_replacement"]
+__all__ = [
+    "HealPolicy",
+    "HealOutcome",
+    "Healer",
+    "arrived_key",
+    "plan_key",
+    "request_key",
+    "joining_key",
+    "abandoned_key",
+    "publish_no_replacement",
+]
 
 # How often a survivor at the roll call reads every rank's notice and the others' posts (store round trips).
 ROLL_CALL_POLL_S = 0.02
@@ -97,8 +106,10 @@ class HealPolicy:
 
     def __post_init__(self) -> None:
         if self.replacement_timeout_s <= 0 or self.max_rounds < 1:
-            raise ValueError(f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
-                             f"{self.max_rounds}): both must be positive")
+            raise ValueError(
+                f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
+                f"{self.max_rounds}): both must be positive"
+            )
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,7 @@ class Healer:
 
     # -- survivors --------------------------------------------------------------------------------
 
-    def survive(self, lost: RankLostError, step: int, t_detected: float,
-                resume_by: int | None = None) -> HealOutcome:
+    def survive(self, lost: RankLostError, step: int, t_detected: float, resume_by: int | None = None) -> HealOutcome:
         """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible.
 
         ``resume_by``: the latest step this rank can resume at (a guarded region passes its committed
@@ -153,14 +163,19 @@ class Healer:
                 raise RankLostError(
                     f"rank {g.rank}: {self.policy.max_rounds} heals in a row failed after losing rank(s) "
                     f"{sorted(dead)} at step {step} (a replacement was lost during each); restore from a "
-                    "checkpoint, or raise HealPolicy.max_rounds", ranks=tuple(sorted(dead)),
-                    last_committed_step=g.state.committed_step, detected_by="heal")
+                    "checkpoint, or raise HealPolicy.max_rounds",
+                    ranks=tuple(sorted(dead)),
+                    last_committed_step=g.state.committed_step,
+                    detected_by="heal",
+                )
             dead |= self._dead_now()
             dead.discard(g.rank)
             _log.info("rank %d: heal round %d for lost rank(s) %s at step %d", g.rank, rounds, sorted(dead), step)
             for r in dead:
-                self.control.set(request_key(self.control, r), json.dumps(
-                    {"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode())
+                self.control.set(
+                    request_key(self.control, r),
+                    json.dumps({"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode(),
+                )
             arrivals = self._wait_arrivals(dead, step, watch)
             t_arrived = time.time()
             generation = self.control.generation + 1
@@ -169,8 +184,14 @@ class Healer:
             roll_calls[generation] = attempt + 1
             more, groups = self._roll_call(generation, attempt, dead)
             if more is not None:
-                _log.info("rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
-                          g.rank, rounds, attempt, generation, sorted(more - dead))
+                _log.info(
+                    "rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
+                    g.rank,
+                    rounds,
+                    attempt,
+                    generation,
+                    sorted(more - dead),
+                )
                 dead |= more
                 watch.scan(more - {g.rank}, "lost")
                 continue
@@ -184,8 +205,12 @@ class Healer:
             # that would leave us in gloo's rendezvous until the control deadline (accelpact.recovery.heal_wait).
             gone = watch.wait_joining(arrivals, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
             if gone:
-                _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
-                          g.rank, rounds, sorted(gone))
+                _log.info(
+                    "rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
+                    g.rank,
+                    rounds,
+                    sorted(gone),
+                )
                 continue
             healing |= dead
             try:
@@ -245,22 +270,34 @@ class Healer:
                 raise RankLostError(
                     f"rank {g.rank}: heal roll call {attempt} of generation {generation}: rank(s) {missing} neither "
                     f"answered within {deadline_s:g} s (the control deadline) nor were noticed dead: hung, or on "
-                    "another heal round; restore from a checkpoint", ranks=tuple(missing), detected_by="heal")
+                    "another heal round; restore from a checkpoint",
+                    ranks=tuple(missing),
+                    detected_by="heal",
+                )
             time.sleep(ROLL_CALL_POLL_S)
 
     def _groups_post(self) -> dict[str, Any]:
         """This survivor's part of the plan's groups: its data-plane groups and how a replacement joins them."""
         return {"groups": [_spec_to_dict(s) for s in self.ctx.plane.specs], **self.ctx.plane.join_plan()}
 
-    def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
-                    t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
+    def _heal_round(
+        self,
+        step: int,
+        generation: int,
+        lost: list[int],
+        rounds: int,
+        t_detected: float,
+        t_arrived: float,
+        watch: ReplacementWatch,
+    ) -> HealOutcome:
         g, state = self.ctx, self.ctx.state
         old_groups, new_groups = g.plane.rebuild(generation)
         held = {state.committed_step: "live"}
         if self.snapshots is not None:
             held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
-        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held,
-                                      resume_by=self._resume_by), generation)
+        plan = self._agree(
+            HealReport(g.rank, "survivor", state.committed_step, held, resume_by=self._resume_by), generation
+        )
         t_load = time.time()
         extra: dict[str, Any] = {}
         replayed = plan.replayed(state.committed_step)
@@ -275,13 +312,27 @@ class Healer:
         del old_groups
         g.plane.prepare_next_generation()
         event = HealEvent(
-            role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
-            source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
-            replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
-            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s,
-            replacements_lost=list(watch.lost), data_plane=dict(g.plane.last_path))
-        _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
-                  plan.resume_step)
+            role="survivor",
+            lost_ranks=lost,
+            step=step,
+            resume_step=plan.resume_step,
+            replayed_steps=replayed,
+            source=plan.healed_from(),
+            own_source=plan.sources[g.rank],
+            generation=generation,
+            replacement_start_s=t_arrived - t_detected,
+            heal_transfer_s=t_end - t_arrived,
+            total_s=t_end - t_detected,
+            t=t_end,
+            t_detected=t_detected,
+            rounds=rounds,
+            load_s=load_s,
+            replacements_lost=list(watch.lost),
+            data_plane=dict(g.plane.last_path),
+        )
+        _log.info(
+            "rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source, plan.resume_step
+        )
         return HealOutcome(plan.resume_step, extra, event)
 
     def _dead_now(self) -> set[int]:
@@ -321,7 +372,8 @@ class Healer:
                     continue
                 pid = int(json.loads(raw.decode())["pid"])
                 if watch.is_dead(r, pid) or pid == _notice_pid(
-                        _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token):
+                    _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token
+                ):
                     continue  # an earlier replacement, itself lost since
                 found[r] = pid
             if set(found) >= lost:
@@ -341,7 +393,10 @@ class Healer:
                     f"{self.policy.replacement_timeout_s:g} (seen from rank {self.ctx.rank}, step {step}); the "
                     "launcher must start one per lost rank (harness: strategy=accelpact does), or raise "
                     "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
-                    ranks=tuple(missing), last_committed_step=self.ctx.state.committed_step, detected_by="heal")
+                    ranks=tuple(missing),
+                    last_committed_step=self.ctx.state.committed_step,
+                    detected_by="heal",
+                )
             if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
                 self._add_new_deaths(lost, watch)
                 next_scan = time.monotonic() + 0.5
@@ -359,11 +414,14 @@ class Healer:
         """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
         # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile, beating
         # as JOINING until its guard takes over, and the notice about its predecessor is not about it.
-        watch = PeerWatch(self.control.job_token, self.ctx.rank,
-                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False,
-                                    joining_is_dead=False))
-        raw = self.control.gather("heal", report.to_bytes(), generation,
-                                  deadline_s=self.policy.replacement_timeout_s, watch=watch)
+        watch = PeerWatch(
+            self.control.job_token,
+            self.ctx.rank,
+            PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False, joining_is_dead=False),
+        )
+        raw = self.control.gather(
+            "heal", report.to_bytes(), generation, deadline_s=self.policy.replacement_timeout_s, watch=watch
+        )
         return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.ctx.world_size)
 
     # -- a replacement ----------------------------------------------------------------------------
@@ -403,7 +461,9 @@ class Healer:
                     raise RankLostError(
                         f"rank {g.rank}: its buddy (rank {buddy}) no longer holds the replica of step {plan.step} "
                         "and no own snapshot slot survives: restore from a checkpoint",
-                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()), detected_by="heal")
+                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()),
+                        detected_by="heal",
+                    )
                 path = got[1]
             extra = self.snapshots.restore(plan.step, source=path) or {}
         load_s = time.time() - t_load
@@ -421,13 +481,31 @@ class Healer:
         t_end = time.time()
         t_launch = ticket.t_launch or ticket.t_start
         event = HealEvent(
-            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=resume_step, replayed_steps=0,
-            source=source, own_source=source, generation=generation,
-            replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
-            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s, rounds=rounds,
-            data_plane=dict(ticket.data_plane))
-        _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
-                  source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
+            role="replacement",
+            lost_ranks=[g.rank],
+            step=-1,
+            resume_step=resume_step,
+            replayed_steps=0,
+            source=source,
+            own_source=source,
+            generation=generation,
+            replacement_start_s=ticket.t_arrived - t_launch,
+            heal_transfer_s=t_end - ticket.t_arrived,
+            total_s=t_end - t_launch,
+            t=t_end,
+            t_detected=t_launch,
+            load_s=load_s,
+            rounds=rounds,
+            data_plane=dict(ticket.data_plane),
+        )
+        _log.info(
+            "rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s",
+            g.rank,
+            source,
+            plan.step,
+            t_end - ticket.t_arrived,
+            t0 - ticket.t_joined,
+        )
         return HealOutcome(resume_step, extra, event)
 
     def _retry_after_link_fault(self, plan: ResumePlan, failed: BaseException) -> HealOutcome:
@@ -442,11 +520,13 @@ class Healer:
         got through while this one's failed is not in a heal round: the roll call then finds no answer
         within the control deadline and this raises RankLostError, as a failed join did before."""
         g = self.ctx
-        _log.info("rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
-                  g.rank, str(failed)[:200])
+        _log.info(
+            "rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
+            g.rank,
+            str(failed)[:200],
+        )
         g.plane.abort()
-        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(),
-                             detected_by="heal")
+        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(), detected_by="heal")
         return self.survive(lost, plan.resume_step, time.time())
 
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
@@ -470,7 +550,13 @@ def _notice_pid(raw: bytes | None, token: str) -> int | None:
 
 
 def _spec_to_dict(spec: Any) -> dict[str, Any]:
-    return {"name": spec.name, "backend": spec.backend, "ranks": list(spec.ranks), "is_default": spec.is_default,
-            "tag": spec.tag, "desc": spec.desc,
-            "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
-            "bound": spec.device_id is not None}
+    return {
+        "name": spec.name,
+        "backend": spec.backend,
+        "ranks": list(spec.ranks),
+        "is_default": spec.is_default,
+        "tag": spec.tag,
+        "desc": spec.desc,
+        "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
+        "bound": spec.device_id is not None,
+    }

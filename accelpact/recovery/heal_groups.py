@@ -58,14 +58,17 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
                 raise StateDivergedError(
                     f"survivors describe process group {name!r} differently: {known} vs {spec} (rank {rank}); "
                     "every rank must create its groups in the same order (new_group / init_device_mesh), so that "
-                    "one name means one set of ranks")
+                    "one name means one set of ranks"
+                )
             spec_of.setdefault(name, spec)
             first_at[name] = min(first_at.get(name, (i, name)), (i, name))
             if stores is not None and i < len(stores):
                 store_of.setdefault(name, stores[i])
     names = sorted(spec_of, key=lambda n: first_at[n])
-    merged: dict[str, Any] = {"groups": [spec_of[n] for n in names],
-                              "group_count": max(int(p.get("group_count", 0)) for p in posts.values())}
+    merged: dict[str, Any] = {
+        "groups": [spec_of[n] for n in names],
+        "group_count": max(int(p.get("group_count", 0)) for p in posts.values()),
+    }
     if modes == {"reconfigure"} and all(n in store_of for n in names):
         merged["data_plane"] = "reconfigure"
         merged["group_stores"] = [store_of[n] for n in names]

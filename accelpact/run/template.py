@@ -21,8 +21,14 @@ import subprocess
 import time
 from typing import Any
 
-__all__ = ["TemplateClient", "TemplateUnavailable", "ForkedRank", "start_script_template", "FORK_REPLY_S",
-           "READY_WAIT_S"]
+__all__ = [
+    "TemplateClient",
+    "TemplateUnavailable",
+    "ForkedRank",
+    "start_script_template",
+    "FORK_REPLY_S",
+    "READY_WAIT_S",
+]
 
 # A ready template forks and answers in milliseconds; this only bounds a template that stopped
 # answering (it is then killed and the replacement spawned).
@@ -135,8 +141,9 @@ class TemplateClient:
             self.pump()
             raise TemplateUnavailable(f"the template exited with code {self.proc.returncode}")
         if self.ready is None:
-            raise TemplateUnavailable(f"the template was still importing {time.time() - self.started:.1f} s after "
-                                      "its start")
+            raise TemplateUnavailable(
+                f"the template was still importing {time.time() - self.started:.1f} s after its start"
+            )
 
     def close(self) -> None:
         """End the template (it SIGKILLs children still running on EOF) and reap it."""
@@ -158,8 +165,15 @@ class TemplateClient:
             self.proc.stdout.close()
 
 
-def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str], *, stdout_fd: int | None = None,
-                          stderr: Any = None, cwd: str | None = None) -> TemplateClient:
+def start_script_template(
+    python: str,
+    entry: dict[str, Any],
+    env: dict[str, str],
+    *,
+    stdout_fd: int | None = None,
+    stderr: Any = None,
+    cwd: str | None = None,
+) -> TemplateClient:
     """Start ``python -m accelpact.run.script_template`` for ``entry`` and return its client.
 
     ``entry``: what the template preloads and what its children run (``script`` or ``module``, ``args``,
@@ -176,9 +190,16 @@ def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if stdout_fd is not None:
         env[STDOUT_FD_ENV] = str(stdout_fd)
-    proc = subprocess.Popen([python, "-m", "accelpact.run.script_template"], env=env, cwd=cwd,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                            pass_fds=() if stdout_fd is None else (stdout_fd,), start_new_session=True)
+    proc = subprocess.Popen(
+        [python, "-m", "accelpact.run.script_template"],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        pass_fds=() if stdout_fd is None else (stdout_fd,),
+        start_new_session=True,
+    )
     return TemplateClient(proc, time.time())
 
 

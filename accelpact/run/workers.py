@@ -33,8 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe_exit", "killpg", "spawn", "Notices", "Workers", "start_replacement", "TERM_GRACE_S",
-           "HOT_SPARE", "TEMPLATE", "SPAWN"]
+__all__ = [
+    "describe_exit",
+    "killpg",
+    "spawn",
+    "Notices",
+    "Workers",
+    "start_replacement",
+    "TERM_GRACE_S",
+    "HOT_SPARE",
+    "TEMPLATE",
+    "SPAWN",
+]
 
 # After SIGTERM, how long a rank may take to exit before SIGKILL (an accelpact rank writes its events first).
 TERM_GRACE_S = 5.0
@@ -60,14 +70,22 @@ def killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def spawn(argv: Sequence[str], env: dict[str, str], log: Path | None, cwd: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: Sequence[str], env: dict[str, str], log: Path | None, cwd: str | None = None
+) -> subprocess.Popen[bytes]:
     """One rank process in its own session, stdin closed, stdout and stderr appended to ``log``
     (None: the launcher's own)."""
     out = open(log, "ab") if log is not None else None
     try:
-        return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT if out is not None else None,
-                                start_new_session=True, cwd=cwd)
+        return subprocess.Popen(
+            list(argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,
+            cwd=cwd,
+        )
     finally:
         if out is not None:
             out.close()  # the child holds its own descriptor
@@ -90,8 +108,14 @@ class Notices:
         from accelpact.detection.liveness import publish_death
 
         try:
-            publish_death(self, self.token, rank, by=self.by, reason=f"rank {rank} exited with code "
-                          f"{describe_exit(code)}", pid=pid)
+            publish_death(
+                self,
+                self.token,
+                rank,
+                by=self.by,
+                reason=f"rank {rank} exited with code {describe_exit(code)}",
+                pid=pid,
+            )
         except Exception as exc:  # noqa: BLE001 - a notice is an accelerator, never a new failure
             return f"could not write the death notice of rank {rank}: {exc}"
         return None
@@ -181,8 +205,13 @@ class Workers:
         self.retired, self.spares = [], []
 
 
-def start_replacement(rank: int, spare: Callable[[], Any], fork: Callable[[], Any] | None,
-                      spawn_one: Callable[[], Any], say: Callable[[str], None]) -> tuple[Any, str, str]:
+def start_replacement(
+    rank: int,
+    spare: Callable[[], Any],
+    fork: Callable[[], Any] | None,
+    spawn_one: Callable[[], Any],
+    say: Callable[[str], None],
+) -> tuple[Any, str, str]:
     """A process for dead ``rank``: an idle hot spare (``spare()``; None when none is left), else a fork of the
     preloaded template (``fork()``; None: no template), else a fresh process (``spawn_one()``).
 
@@ -202,4 +231,3 @@ def start_replacement(rank: int, spare: Callable[[], Any], fork: Callable[[], An
             why = str(exc)
             say(f"replacement template unusable ({why}): spawning a fresh process for rank {rank}")
     return spawn_one(), SPAWN, why
-

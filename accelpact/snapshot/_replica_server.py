@@ -90,8 +90,18 @@ class ReplicaServer:
     Counters: ``puts``, ``gets``, ``refused`` (bad or foreign requests), ``bytes_in``, ``bytes_out``.
     """
 
-    def __init__(self, *, job_token: str, rank: int, world_size: int, root: Path | str, host: str = "127.0.0.1",
-                 port: int = 0, validate: Validate | None = None, receive_check: Validate | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        job_token: str,
+        rank: int,
+        world_size: int,
+        root: Path | str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        validate: Validate | None = None,
+        receive_check: Validate | None = None,
+    ) -> None:
         self.job_token = job_token
         self.rank = rank
         self.world_size = world_size
@@ -178,9 +188,11 @@ class ReplicaServer:
         for name in SLOTS:
             m = read_marker(base / name)
             steps[name] = m["step"] if marker_matches(m, self.job_token, src) else None
-        target = next((n for n in SLOTS if steps[n] == step), None) \
-            or next((n for n in SLOTS if steps[n] is None), None) \
-            or min(SLOTS, key=lambda n: cast(int, steps[n]))  # every slot holds a valid step here
+        target = (
+            next((n for n in SLOTS if steps[n] == step), None)
+            or next((n for n in SLOTS if steps[n] is None), None)
+            or min(SLOTS, key=lambda n: cast(int, steps[n]))
+        )  # every slot holds a valid step here
         return base / target
 
     def _begin_put(self, src: int, conn: socket.socket) -> threading.Lock:
@@ -212,8 +224,9 @@ class ReplicaServer:
                     return
                 time.sleep(0.01)
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name=f"accelpact-replica-r{self.rank}-conn",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name=f"accelpact-replica-r{self.rank}-conn", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -235,8 +248,12 @@ class ReplicaServer:
                 self.refused += 1
                 if not self._warned:
                     self._warned = True
-                    print(f"[accelpact] replica server of rank {self.rank}: {why} (further refusals are counted, "
-                          f"not logged)", file=sys.stderr, flush=True)
+                    print(
+                        f"[accelpact] replica server of rank {self.rank}: {why} (further refusals are counted, "
+                        f"not logged)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             except OSError:
                 pass  # the peer reset or vanished: a pusher retries, a half-received slot has no marker
 
@@ -249,8 +266,9 @@ class ReplicaServer:
         if why is not None:  # refused before a byte is written: both replicas stay as they are
             discard(conn, sum(size for _, size in files))
             recv_frame(conn, self.job_token)
-            send_frame(conn, {"ok": False, "error": f"the replica failed its check (marker, sizes): {why}"},
-                       self.job_token)
+            send_frame(
+                conn, {"ok": False, "error": f"the replica failed its check (marker, sizes): {why}"}, self.job_token
+            )
             return
         base = self.source_dir(src)
         base.mkdir(parents=True, exist_ok=True)
@@ -268,8 +286,9 @@ class ReplicaServer:
             got = recv_files(conn, slot, files, self._maps)
             trailer = recv_frame(conn, self.job_token)
             if trailer.get("commit") is not True:
-                send_frame(conn, {"ok": False, "error": "the sender withdrew it (its slot changed mid-send)"},
-                           self.job_token)
+                send_frame(
+                    conn, {"ok": False, "error": "the sender withdrew it (its slot changed mid-send)"}, self.job_token
+                )
                 return
             with self._lock(src):
                 write_json_atomic(slot / MARKER, marker)  # marker last: only now is it a slot
@@ -291,15 +310,23 @@ class ReplicaServer:
             held = self.held(src, want)
             if not held:
                 have = [s for s, _, _ in self.held(src)]
-                send_frame(conn, {"ok": False, "held": have,
-                                  "error": f"rank {self.rank} holds no replica of rank {src}"
-                                           + (f" at step {want}" if want is not None else "")
-                                           + (f" (it holds steps {have})" if have else "")}, self.job_token)
+                send_frame(
+                    conn,
+                    {
+                        "ok": False,
+                        "held": have,
+                        "error": f"rank {self.rank} holds no replica of rank {src}"
+                        + (f" at step {want}" if want is not None else "")
+                        + (f" (it holds steps {have})" if have else ""),
+                    },
+                    self.job_token,
+                )
                 return
             step, slot, marker = held[0]
             files = payload_files(slot)
-            send_frame(conn, {"ok": True, "step": step, "files": [list(f) for f in files], "marker": marker},
-                       self.job_token)
+            send_frame(
+                conn, {"ok": True, "step": step, "files": [list(f) for f in files], "marker": marker}, self.job_token
+            )
             send_files(conn, slot, files)
         self.gets += 1
         self.bytes_out += sum(size for _, size in files)

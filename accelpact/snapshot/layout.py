@@ -14,8 +14,19 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["DEFAULT_ROOT", "ENV_ROOT", "default_root", "job_dir", "rank_dir", "slot_dir", "replica_dir",
-           "SLOTS", "check_token", "remove_job", "remove_rank"]
+__all__ = [
+    "DEFAULT_ROOT",
+    "ENV_ROOT",
+    "default_root",
+    "job_dir",
+    "rank_dir",
+    "slot_dir",
+    "replica_dir",
+    "SLOTS",
+    "check_token",
+    "remove_job",
+    "remove_rank",
+]
 
 ENV_ROOT = "ACCELPACT_SNAPSHOT_ROOT"
 DEFAULT_ROOT = "/dev/shm/accelpact"
@@ -32,8 +43,10 @@ def default_root() -> str:
 def check_token(job_token: str) -> str:
     """The token itself if it is usable as one path component; ValueError naming the rule otherwise."""
     if not isinstance(job_token, str) or not _TOKEN_RE.match(job_token):
-        raise ValueError(f"job_token {job_token!r} cannot name a snapshot directory: use 1-200 characters of "
-                         "letters, digits, '.', '_' or '-', not starting with a dot")
+        raise ValueError(
+            f"job_token {job_token!r} cannot name a snapshot directory: use 1-200 characters of "
+            "letters, digits, '.', '_' or '-', not starting with a dot"
+        )
     return job_token
 
 

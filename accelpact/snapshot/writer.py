@@ -80,9 +80,11 @@ class PayloadMaps:
                 try:
                     os.posix_fallocate(fd, 0, nbytes)
                 except OSError as exc:
-                    raise SnapshotError(f"cannot allocate {nbytes / 2**30:.2f} GiB for {path}: {exc}. Free space "
-                                        "where ACCELPACT_SNAPSHOT_ROOT points (a larger /dev/shm: docker "
-                                        "--shm-size) or snapshot fewer bytes per rank (more ranks)") from exc
+                    raise SnapshotError(
+                        f"cannot allocate {nbytes / 2**30:.2f} GiB for {path}: {exc}. Free space "
+                        "where ACCELPACT_SNAPSHOT_ROOT points (a larger /dev/shm: docker "
+                        "--shm-size) or snapshot fewer bytes per rank (more ranks)"
+                    ) from exc
             st = os.fstat(fd)
         finally:
             os.close(fd)
@@ -133,7 +135,9 @@ class CopyPlan:
         return self._src
 
     def destinations(self, payload: torch.Tensor) -> list[torch.Tensor]:
-        return [payload[e.offset:e.offset + e.nbytes] if t.is_contiguous() else _view(payload, e) for e, t in self.cpu]
+        return [
+            payload[e.offset : e.offset + e.nbytes] if t.is_contiguous() else _view(payload, e) for e, t in self.cpu
+        ]
 
 
 @dataclass
@@ -218,14 +222,17 @@ class CopyJob:
         meta_bytes = buf.getvalue()
         with open(self.slot / META, "wb") as f:
             f.write(meta_bytes)
-        files = {PAYLOAD: {"nbytes": self.nbytes, "crc32": crc},
-                 META: {"nbytes": len(meta_bytes), "crc32": crc32_bytes(meta_bytes)}}
-        self.marker = Marker(files=files, nbytes=self.nbytes + len(meta_bytes), checksum=combined_checksum(files),
-                             **self.marker_fields)
+        files = {
+            PAYLOAD: {"nbytes": self.nbytes, "crc32": crc},
+            META: {"nbytes": len(meta_bytes), "crc32": crc32_bytes(meta_bytes)},
+        }
+        self.marker = Marker(
+            files=files, nbytes=self.nbytes + len(meta_bytes), checksum=combined_checksum(files), **self.marker_fields
+        )
         write_marker(self.slot, self.marker)
         assert (self.slot / MARKER).exists()
 
 
 def _view(buf: torch.Tensor, e: Entry) -> torch.Tensor:
     dtype = getattr(torch, e.dtype)
-    return buf[e.offset:e.offset + e.nbytes].view(dtype).view(e.shape)
+    return buf[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape)

@@ -159,8 +159,7 @@ class FaultInjector:
             if spec.action == "reset_raise":
                 from accelpact.errors import CommFault
 
-                raise CommFault(f"injected connection reset at step {spec.step}, phase {spec.phase}",
-                                phase=spec.phase)
+                raise CommFault(f"injected connection reset at step {spec.step}, phase {spec.phase}", phase=spec.phase)
         elif spec.action == "stall":
             time.sleep(spec.stall_s)
         elif spec.action == "exit":
@@ -184,9 +183,7 @@ class FaultInjector:
         self._handles.append(
             middle_module.register_forward_pre_hook(self._make_pre("forward_allgather_middle"), prepend=True)
         )
-        self._handles.append(
-            middle_module.register_forward_pre_hook(self._grad_hook_installer, with_kwargs=True)
-        )
+        self._handles.append(middle_module.register_forward_pre_hook(self._grad_hook_installer, with_kwargs=True))
 
     def remove(self) -> None:
         for h in self._handles:

@@ -83,20 +83,36 @@ def load_runner(spec: str) -> Runner:
 def error_dict(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """How a rank reports an exception: type, message, the ranks / last committed step accelpact's
     errors carry, and the traceback (both trimmed: results files stay readable)."""
-    return {"type": type(exc).__name__, "message": str(exc)[:2000],
-            "ranks": list(getattr(exc, "ranks", ()) or ()),
-            "last_committed_step": getattr(exc, "last_committed_step", None),
-            "traceback": traceback.format_exc()[-4000:], **extra}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "ranks": list(getattr(exc, "ranks", ()) or ()),
+        "last_committed_step": getattr(exc, "last_committed_step", None),
+        "traceback": traceback.format_exc()[-4000:],
+        **extra,
+    }
 
 
 def _connect(cfg: dict[str, Any]) -> tuple[Any, ControlChannel]:
     rank, world = cfg["rank"], cfg["world_size"]
     client = dist.TCPStore(cfg["host"], cfg["port"], world, is_master=False, timeout=timedelta(seconds=300))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{cfg['job_token']}/init", client), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=cfg["pg_timeout_s"]))
-    control = ControlChannel.connect(ControlConfig(
-        host=cfg["host"], port=cfg["port"], rank=rank, world_size=world, job_token=cfg["job_token"],
-        deadline_s=cfg["control_deadline_s"]))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"{cfg['job_token']}/init", client),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=cfg["pg_timeout_s"]),
+    )
+    control = ControlChannel.connect(
+        ControlConfig(
+            host=cfg["host"],
+            port=cfg["port"],
+            rank=rank,
+            world_size=world,
+            job_token=cfg["job_token"],
+            deadline_s=cfg["control_deadline_s"],
+        )
+    )
     return client, control
 
 
@@ -113,9 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # every rank shares the host's few cores
     runner = load_runner(cfg["runner"])
     store, control = _connect(cfg)
-    ctx = RankContext(rank=cfg["rank"], world_size=cfg["world_size"], control=control, store=store,
-                      out_dir=Path(cfg["out_dir"]), exclude_ports=[cfg["port"]], pg_timeout_s=cfg["pg_timeout_s"],
-                      settings=cfg.get("settings", {}))
+    ctx = RankContext(
+        rank=cfg["rank"],
+        world_size=cfg["world_size"],
+        control=control,
+        store=store,
+        out_dir=Path(cfg["out_dir"]),
+        exclude_ports=[cfg["port"]],
+        pg_timeout_s=cfg["pg_timeout_s"],
+        settings=cfg.get("settings", {}),
+    )
     results: dict[str, Any] = {}
     out = ctx.out_dir / f"results.rank{ctx.rank}.json"
     for sc in cfg["scenarios"]:

@@ -63,8 +63,15 @@ class RankTemplate:
             self._start(env, cwd)
         assert self.client is not None
         try:
-            return self.client.fork({"env": dict(env), "cwd": cwd, "netns": None, "log": str(log_path),
-                                     "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]}})
+            return self.client.fork(
+                {
+                    "env": dict(env),
+                    "cwd": cwd,
+                    "netns": None,
+                    "log": str(log_path),
+                    "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]},
+                }
+            )
         except TemplateUnavailable as exc:
             self.broken = f"{exc} (its log: {self.log_path})"
             self.close()
@@ -75,8 +82,9 @@ class RankTemplate:
         fd, name = tempfile.mkstemp(prefix="accelpact-rank-template-", suffix=".log")
         self.log_path = Path(name)
         try:  # the template dies with this process (ACCELPACT_AGENT_PID), its ranks with the template
-            self.client = start_script_template(sys.executable, entry, dict(env, ACCELPACT_AGENT_PID=str(os.getpid())),
-                                                stderr=fd, cwd=cwd)
+            self.client = start_script_template(
+                sys.executable, entry, dict(env, ACCELPACT_AGENT_PID=str(os.getpid())), stderr=fd, cwd=cwd
+            )
         finally:
             os.close(fd)
         self.key = (env.get("PYTHONPATH", ""), cwd, sys.executable)

@@ -51,8 +51,10 @@ def run_reference(config: Any, out: Path, required: bool = True) -> Path | None:
     if row["status"] != "ok":
         if required:
             raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
-        print(f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are "
-              "left out", flush=True)
+        print(
+            f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are left out",
+            flush=True,
+        )
         return None
     _sweep_reference["dir"] = out
     return out
@@ -86,12 +88,23 @@ class ComparisonCallback(Callback):
         if not faulted:
             return
         base = faulted[0][1]
-        title = (f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
-                 f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
-                 f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
+        title = (
+            f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
+            f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
+            f"({base.get('checkpoint_mode')}), sweep {sweep_dir}"
+        )
         cmp = _compare_settings(config)
-        finish_trials(sweep_dir, trial_rows(sweep_dir, entries, cmp.ours), entries, title, PAPER_GAIN,
-                      method=cmp.interval, min_effect=cmp.min_effect, ours=cmp.ours, level=cmp.level)
+        finish_trials(
+            sweep_dir,
+            trial_rows(sweep_dir, entries, cmp.ours),
+            entries,
+            title,
+            PAPER_GAIN,
+            method=cmp.interval,
+            min_effect=cmp.min_effect,
+            ours=cmp.ours,
+            level=cmp.level,
+        )
         failed = [str(d.relative_to(sweep_dir)) for d, r in faulted if r.get("status") != "ok"]
         if failed:
             print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)

@@ -59,8 +59,10 @@ def overload_line(load: float, cores: int) -> str | None:
     """The one line printed when ``load`` exceeds ``cores``; None otherwise."""
     if math.isnan(load) or load <= cores:
         return None
-    return (f"load: the 1-min load average is {load:.1f}, above the {cores} core(s) this run uses; other "
-            "processes slow its steps (its row records the load; a comparison's table names the cells it hit)")
+    return (
+        f"load: the 1-min load average is {load:.1f}, above the {cores} core(s) this run uses; other "
+        "processes slow its steps (its row records the load; a comparison's table names the cells it hit)"
+    )
 
 
 @dataclass
@@ -104,10 +106,14 @@ class LoadGuard:
         if self._thread is not None:
             self._thread.join()
         seen = [self._before, *self.samples]
-        return {"load_before": round(self._before, 2),
-                "load_mean": round(sum(self.samples) / len(self.samples), 2) if self.samples else round(self._before, 2),
-                "load_max": round(max(seen), 2), "steal_pct": round(steal_share(self._stat0, self.stat()), 3),
-                "cores_used": self.cores, "load_overloaded": self._warned}
+        return {
+            "load_before": round(self._before, 2),
+            "load_mean": round(sum(self.samples) / len(self.samples), 2) if self.samples else round(self._before, 2),
+            "load_max": round(max(seen), 2),
+            "steal_pct": round(steal_share(self._stat0, self.stat()), 3),
+            "cores_used": self.cores,
+            "load_overloaded": self._warned,
+        }
 
 
 def for_run(run: Any) -> LoadGuard:

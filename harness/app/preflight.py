@@ -108,8 +108,10 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
         return unparsable
     if "interpolation" in text or "Interpolation" in type(exc).__name__:
         given = next((o for o in overrides if "${" in o), None)
-        return (f"cannot resolve {('`' + given + '`') if given else 'an interpolation'}: {_first_line(exc)}; "
-                "give a literal value instead (e.g. `cluster.world_size=2`)")
+        return (
+            f"cannot resolve {('`' + given + '`') if given else 'an interpolation'}: {_first_line(exc)}; "
+            "give a literal value instead (e.g. `cluster.world_size=2`)"
+        )
     no_match = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if no_match:
         return f"unknown config group '{no_match.group(1)}'; the groups are {', '.join(GROUPS)}"
@@ -122,12 +124,17 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
             return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
         example = _default_value(full_key.split("[")[0], overrides)  # type: ignore[assignment]
-        hint = (f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None
-                else "; give a value of the field's type (see `python -m harness --cfg job`)")
+        hint = (
+            f"; e.g. `{full_key.split('[')[0]}={example}`"
+            if example is not None
+            else "; give a value of the field's type (see `python -m harness --cfg job`)"
+        )
         return f"bad value in `{given}`: {detail}{hint}"
     line = _first_line(exc).replace("To append to your config use", "to add a new key use")
     # Anything else Hydra raises: still one line, and still a way forward.
-    return line if "`" in line or " use " in line else f"{line}; check the overrides against `python -m harness --cfg job`"
+    return (
+        line if "`" in line or " use " in line else f"{line}; check the overrides against `python -m harness --cfg job`"
+    )
 
 
 def _unparsable(exc: BaseException, overrides: Sequence[str]) -> str | None:
@@ -140,10 +147,14 @@ def _unparsable(exc: BaseException, overrides: Sequence[str]) -> str | None:
         except Exception as err:  # noqa: BLE001 - any grammar error, reported as one line
             detail = _first_line(err).replace("\n", " ")
             if "=" not in o:
-                return (f"cannot parse override `{o}`: give it a value as key=value (e.g. `{_key(o) or 'train.steps'}=...`) "
-                        "or remove it with ~key")
-            return (f"cannot parse override `{o}` ({detail}); quote a value with brackets, quotes, spaces or "
-                    f"other special characters, e.g. `{_key(o) or 'key'}='...'`, or use a plain value")
+                return (
+                    f"cannot parse override `{o}`: give it a value as key=value (e.g. `{_key(o) or 'train.steps'}=...`) "
+                    "or remove it with ~key"
+                )
+            return (
+                f"cannot parse override `{o}` ({detail}); quote a value with brackets, quotes, spaces or "
+                f"other special characters, e.g. `{_key(o) or 'key'}='...'`, or use a plain value"
+            )
     return None
 
 

@@ -82,8 +82,10 @@ def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):
     by the submitting process): this host's name, and srun makes an allocation of its own for the ranks,
     which then reach the control store here."""
     if shutil.which("srun") is None:
-        raise SlurmEnvError(f"cluster={cluster.name} starts its ranks with srun, which is not on PATH here: run it "
-                            "where Slurm's client commands are installed (this machine: `make slurm-up`)")
+        raise SlurmEnvError(
+            f"cluster={cluster.name} starts its ranks with srun, which is not on PATH here: run it "
+            "where Slurm's client commands are installed (this machine: `make slurm-up`)"
+        )
     if not in_allocation(env):
         master = socket.getfqdn() if cluster.master_addr == AUTO else cluster.master_addr
         return dataclasses.replace(cluster, master_addr=master)
@@ -92,7 +94,8 @@ def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):
     if len(hosts) < cluster.nodes:
         raise SlurmEnvError(
             f"cluster.nodes={cluster.nodes} but the allocation (SLURM_JOB_NODELIST={nodelist!r}) has {len(hosts)} "
-            f"node(s); submit with hydra.launcher.nodes={cluster.nodes} or set cluster.nodes={max(len(hosts), 1)}")
+            f"node(s); submit with hydra.launcher.nodes={cluster.nodes} or set cluster.nodes={max(len(hosts), 1)}"
+        )
     master = hosts[0] if cluster.master_addr == AUTO else cluster.master_addr
     return dataclasses.replace(cluster, master_addr=master)
 
@@ -106,7 +109,16 @@ def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:
     ``--output`` keeps one log per rank (``%t`` is the task id = rank), as the local launcher does."""
     per_node = cluster.world_size // cluster.nodes
     return [
-        "srun", "--overlap", f"--nodes={cluster.nodes}", f"--ntasks={cluster.world_size}",
-        f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=0", "--unbuffered", "--export=ALL", "--open-mode=append",
-        "--job-name=accelpact-ranks", f"--output={log_dir}/rank%t.log", *argv,
+        "srun",
+        "--overlap",
+        f"--nodes={cluster.nodes}",
+        f"--ntasks={cluster.world_size}",
+        f"--ntasks-per-node={per_node}",
+        "--kill-on-bad-exit=0",
+        "--unbuffered",
+        "--export=ALL",
+        "--open-mode=append",
+        "--job-name=accelpact-ranks",
+        f"--output={log_dir}/rank%t.log",
+        *argv,
     ]

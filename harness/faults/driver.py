@@ -65,8 +65,17 @@ class FaultDriver:
                 print(f"fault driver: could not inject {req.name}: {exc}", flush=True)
 
     def record(self, req: Mapping[str, Any], **extra: Any) -> None:
-        self.events.emit(Fault, fault=req["kind"], step=req["step"], phase=req["phase"], ranks=[req["rank"]],
-                         index=req["index"], age=req.get("age"), by="parent", **extra)
+        self.events.emit(
+            Fault,
+            fault=req["kind"],
+            step=req["step"],
+            phase=req["phase"],
+            ranks=[req["rank"]],
+            index=req["index"],
+            age=req.get("age"),
+            by="parent",
+            **extra,
+        )
 
     def ack(self, req: Mapping[str, Any]) -> None:
         ack_path(self.run_dir, req["index"], req["rank"]).write_text(str(time.time()))

@@ -99,7 +99,9 @@ def _link_down(lay: Layout, rank: int, inner: str, peer: str, on: bool) -> None:
 
 
 _CUTS: dict[LinkCut, Callable[[Layout, int, str, str, bool], None]] = {
-    LinkCut.BLACKHOLE: _blackhole, LinkCut.DOWN: _link_down}
+    LinkCut.BLACKHOLE: _blackhole,
+    LinkCut.DOWN: _link_down,
+}
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,11 @@ class NetnsTopology:
         br = lay.bridge_ns
         lines = ["link set lo up"]
         for bridge, addr in ((DATA_BRIDGE, lay.bridge_data_addr), (CTL_BRIDGE, lay.bridge_ctl_addr)):
-            lines += [f"link add name {bridge} type bridge", f"addr add {addr}/24 dev {bridge}", f"link set {bridge} up"]
+            lines += [
+                f"link add name {bridge} type bridge",
+                f"addr add {addr}/24 dev {bridge}",
+                f"link set {bridge} up",
+            ]
         heads = [lay.ranks_of_host(h)[0] for h in range(lay.n_hosts)]  # one rank names each host's links
         for r in heads:
             ns = lay.rank_ns(r)
@@ -248,7 +254,8 @@ class NetnsTopology:
         from harness.faults.store_server import start_in_namespace
 
         self._server, self._control_addr = start_in_namespace(
-            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s)
+            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s
+        )
 
     def teardown(self) -> list[str]:
         """Stop faults and the store server, kill every process in the namespaces, delete them.
@@ -400,7 +407,9 @@ class NetnsTopology:
         """Cut the link for ``outage_s`` seconds (less if the topology is torn down first), then heal. Blocks."""
         cut = LinkCut(cut)
         if outage_s <= 0:
-            raise ValueError(f"{cut.value} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)")
+            raise ValueError(
+                f"{cut.value} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)"
+            )
         with self.outage(cut, ranks, plane=plane):
             self._closed.wait(outage_s)  # returns early if the topology is torn down
         return self.faults[-1]

@@ -189,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX [PREFIX ...]``"""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.faults.netns", description="find and remove jobs' namespaces")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.faults.netns", description="find and remove jobs' namespaces"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="job prefixes that own namespaces now (live or stale)")
     sub.add_parser("leftovers", help="what a job left behind").add_argument("prefix")

@@ -29,8 +29,9 @@ SPAWN = "spawn"
 _shared: dict[tuple[str, ...], ReplacementTemplate] = {}
 
 
-def launch_method(incarnation: int, first_launch: ReplacementStart, launch: RankLaunch,
-                  namespaced: bool) -> tuple[str, str]:
+def launch_method(
+    incarnation: int, first_launch: ReplacementStart, launch: RankLaunch, namespaced: bool
+) -> tuple[str, str]:
     """(TEMPLATE or SPAWN, why not the template: '' when it is used) for the launch ``incarnation`` of a run.
 
     Only a run's first launch (incarnation 0) may be forked; a relaunch is timed and always spawns."""
@@ -48,8 +49,15 @@ def launch_method(incarnation: int, first_launch: ReplacementStart, launch: Rank
 def _key(launcher: Any) -> tuple[str, ...]:
     run = launcher.run
     env = os.environ
-    return (launcher.python, os.getcwd(), run.strategy.name, repr(run.model), env.get("HARNESS_PLUGINS", ""),
-            env.get("PYTHONPATH", ""), env.get("TORCH_CPP_LOG_LEVEL", ""))
+    return (
+        launcher.python,
+        os.getcwd(),
+        run.strategy.name,
+        repr(run.model),
+        env.get("HARNESS_PLUGINS", ""),
+        env.get("PYTHONPATH", ""),
+        env.get("TORCH_CPP_LOG_LEVEL", ""),
+    )
 
 
 def shared_template(launcher: Any) -> ReplacementTemplate:

@@ -37,8 +37,12 @@ def wanted(run: Any) -> bool:
     from harness.schema import RankLaunch, ReplacementStart
 
     st = run.strategy
-    return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
-            and registry.get(run.fault.kind).kills_ranks and run.cluster.launch == RankLaunch.local)
+    return (
+        st.replacement_start == ReplacementStart.template
+        and st.snapshot.every > 0
+        and registry.get(run.fault.kind).kills_ranks
+        and run.cluster.launch == RankLaunch.local
+    )
 
 
 def fork_replacement(launcher: Any, rank: int, replacement: int) -> Callable[[], ForkedRank] | None:
@@ -68,14 +72,26 @@ class ReplacementTemplate(TemplateClient):
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         log = open(Path(launcher.run_dir) / "logs" / "template.log", "ab")
         try:
-            proc = subprocess.Popen([launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
-                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                [launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         finally:
             log.close()
         return cls(proc, time.time())
 
-    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
-             netns: str | None) -> ForkedRank:
+    def fork(
+        self,
+        env: dict[str, str],
+        spec: Path,
+        log: Path,
+        cwd: str,  # type: ignore[override]
+        netns: str | None,
+    ) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
         return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

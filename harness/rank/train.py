@@ -82,8 +82,15 @@ def set_cpu_threads(world_size_on_host: int) -> None:
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
 
 
-def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any,
-                  rejoin: Any = None, layout: MeshLayout | None = None) -> TrainContext:
+def build_context(
+    cfg: RunConfig,
+    env: RankEnv,
+    run_dir: str,
+    events: EventLog,
+    control_store: Any,
+    rejoin: Any = None,
+    layout: MeshLayout | None = None,
+) -> TrainContext:
     """Model, optimizer and scheduler of this rank, sharded over ``layout`` (default: the run's mesh over
     the default process group, ``cluster.replicate`` replicas of it; harness.rank.mesh)."""
     device = rank_device(cfg, env)
@@ -112,9 +119,7 @@ def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, 
     )
 
 
-def run_loop(
-    ctx: TrainContext, strategy: Strategy, steps: int | None = None, start: int | None = None
-) -> int:
+def run_loop(ctx: TrainContext, strategy: Strategy, steps: int | None = None, start: int | None = None) -> int:
     """Steps ``start`` (default ``strategy.first_step()``) .. ``steps``-1, one ``step`` event each.
 
     Returns the index after the last committed step."""
@@ -200,8 +205,14 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
-            events.emit(Restart, t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
-                        replacement=env.replacement, pid=os.getpid())
+            events.emit(
+                Restart,
+                t_launch=env.t_launch,
+                t_ready=time.time(),
+                incarnation=env.incarnation,
+                replacement=env.replacement,
+                pid=os.getpid(),
+            )
             try:
                 committed = run_loop(ctx, strategy)
             finally:

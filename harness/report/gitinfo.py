@@ -30,6 +30,7 @@ def git_state(repo: Path = REPO_ROOT, exclude: Sequence[str] = ()) -> tuple[str 
     sha = _git(repo, "rev-parse", "HEAD")
     if sha is None:
         return None, None
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                  *(f":(exclude){p}" for p in exclude))
+    status = _git(
+        repo, "status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in exclude)
+    )
     return sha, None if status is None else bool(status)

@@ -209,8 +209,7 @@ def compute_goodput(events: Iterable[Mapping[str, Any] | ev.Event]) -> GoodputRe
         useful_s=totals.get("useful", 0.0) / n,
         badput=_badput(totals, n),
         faults=tuple(
-            FaultBadput(f.kind, f.step, f.phase, f.ranks, f.t, _badput(per_fault[i], n))
-            for i, f in enumerate(faults)
+            FaultBadput(f.kind, f.step, f.phase, f.ranks, f.t, _badput(per_fault[i], n)) for i, f in enumerate(faults)
         ),
         replayed_steps=replayed,
         fallbacks=tuple(parsed.fallbacks),
@@ -245,11 +244,25 @@ REPORT_FILE = "goodput.json"
 def report_to_dict(report: GoodputReport) -> dict[str, Any]:
     return {
         "timeline": {"t0": report.timeline.t0, "t1": report.timeline.t1},
-        "tokens": report.tokens, "steps": report.steps, "n_ranks": report.n_ranks, "useful_s": report.useful_s,
+        "tokens": report.tokens,
+        "steps": report.steps,
+        "n_ranks": report.n_ranks,
+        "useful_s": report.useful_s,
         "badput": report.badput.as_dict(),
-        "faults": [{"kind": f.kind, "step": f.step, "phase": f.phase, "ranks": list(f.ranks), "t": f.t,
-                    "badput": f.badput.as_dict()} for f in report.faults],
-        "replayed_steps": report.replayed_steps, "fallbacks": list(report.fallbacks), "skipped": report.skipped,
+        "faults": [
+            {
+                "kind": f.kind,
+                "step": f.step,
+                "phase": f.phase,
+                "ranks": list(f.ranks),
+                "t": f.t,
+                "badput": f.badput.as_dict(),
+            }
+            for f in report.faults
+        ],
+        "replayed_steps": report.replayed_steps,
+        "fallbacks": list(report.fallbacks),
+        "skipped": report.skipped,
         "goodput": report.goodput,  # derived; stored so a reader of the file needs no code
     }
 
@@ -257,11 +270,18 @@ def report_to_dict(report: GoodputReport) -> dict[str, Any]:
 def report_from_dict(d: Mapping[str, Any]) -> GoodputReport:
     return GoodputReport(
         timeline=Timeline(float(d["timeline"]["t0"]), float(d["timeline"]["t1"])),
-        tokens=int(d["tokens"]), steps=int(d["steps"]), n_ranks=int(d["n_ranks"]), useful_s=float(d["useful_s"]),
+        tokens=int(d["tokens"]),
+        steps=int(d["steps"]),
+        n_ranks=int(d["n_ranks"]),
+        useful_s=float(d["useful_s"]),
         badput=Badput(**d["badput"]),
-        faults=tuple(FaultBadput(f["kind"], f["step"], f["phase"], tuple(f["ranks"]), float(f["t"]),
-                                 Badput(**f["badput"])) for f in d["faults"]),
-        replayed_steps=int(d["replayed_steps"]), fallbacks=tuple(d["fallbacks"]), skipped=int(d["skipped"]),
+        faults=tuple(
+            FaultBadput(f["kind"], f["step"], f["phase"], tuple(f["ranks"]), float(f["t"]), Badput(**f["badput"]))
+            for f in d["faults"]
+        ),
+        replayed_steps=int(d["replayed_steps"]),
+        fallbacks=tuple(d["fallbacks"]),
+        skipped=int(d["skipped"]),
     )
 
 

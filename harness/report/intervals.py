@@ -105,9 +105,9 @@ METHODS: dict[str, Callable[[Sequence[float | None], float], Interval]] = {
 }
 DESCRIPTIONS: dict[str, str] = {
     "order_statistic": "distribution-free order-statistic interval for the median (exact coverage, any "
-                       "continuous distribution)",
+    "continuous distribution)",
     "t_log": "Student-t interval on the log of the paired per-trial values (a geometric mean; the coverage "
-             "assumes log-normal noise)",
+    "assumes log-normal noise)",
 }
 DEFAULT_METHOD = "order_statistic"
 
@@ -117,8 +117,9 @@ def interval(values: Sequence[float | None], method: str = DEFAULT_METHOD, level
     try:
         fn = METHODS[method]
     except KeyError:
-        raise ValueError(f"unknown interval method {method!r}; try compare.interval="
-                         f"{' or '.join(sorted(METHODS))}") from None
+        raise ValueError(
+            f"unknown interval method {method!r}; try compare.interval={' or '.join(sorted(METHODS))}"
+        ) from None
     return fn(values, level)
 
 

@@ -30,7 +30,9 @@ def per_step_series(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str,
     return {"step": steps, "loss": loss, "tokens_per_s": tps}
 
 
-def plot_run(run_dir: Path, title: str = "", events: Sequence[Mapping[str, Any] | ev.Event] | None = None) -> Path | None:
+def plot_run(
+    run_dir: Path, title: str = "", events: Sequence[Mapping[str, Any] | ev.Event] | None = None
+) -> Path | None:
     """Write ``loss_throughput.png`` (from ``events``, read here if not given); None when no steps."""
     import matplotlib
 

@@ -137,7 +137,10 @@ def build_row(
 
 
 def goodput_columns(
-    run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Path | None = None,
+    run: RunConfig,
+    run_dir: Path,
+    parent: dict[str, Any],
+    reference_dir: Path | None = None,
     events: Sequence[Mapping[str, Any] | ev.Event] | None = None,
 ) -> dict[str, Any]:
     """Whole-run goodput, the badput breakdown, replays, faults and fallback of a run (from its events),
@@ -211,8 +214,7 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
         "heal_process_start_s": sum(e.replacement_start_s for e in replacements) if replacements else None,
         "heal_replayed_steps": max((e.replayed_steps for e in heals), default=None),
         "heal_replacement_start": "+".join(e.how_started for e in started) or None,
-        "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started
-                                            if e.template_fallback) or None,
+        "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started if e.template_fallback) or None,
     }
 
 

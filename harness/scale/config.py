@@ -21,7 +21,6 @@ CLASSES: tuple[str, ...] = (
 )
 
 
-
 def strategy_names() -> tuple[str, ...]:
     """Every strategy the simulator models: the strategy registry's simulations (harness.strategies)."""
     from harness.strategies import simulated
@@ -52,8 +51,11 @@ def check_number(key: str, value: object, *, positive: bool = False) -> float:
         raise ScaleConfigError(f"{key}={value!r} is not finite: give a finite number >= 0")
     if v < 0 or (positive and v == 0):
         need = "> 0" if positive else ">= 0"
-        raise ScaleConfigError(f"{key}={value!r} is negative or zero: it must be {need}" if positive
-                               else f"{key}={value!r} is negative: it must be {need}")
+        raise ScaleConfigError(
+            f"{key}={value!r} is negative or zero: it must be {need}"
+            if positive
+            else f"{key}={value!r} is negative: it must be {need}"
+        )
     return v
 
 
@@ -91,7 +93,8 @@ class Cluster:
             raise ScaleConfigError(f"cluster.spare_available={self.spare_available!r}: give true or false")
         if self.gpus % self.gpus_per_host:
             raise ScaleConfigError(
-                f"cluster.gpus={self.gpus} is not a multiple of cluster.gpus_per_host={self.gpus_per_host}")
+                f"cluster.gpus={self.gpus} is not a multiple of cluster.gpus_per_host={self.gpus_per_host}"
+            )
 
     @property
     def hosts(self) -> int:

@@ -19,19 +19,49 @@ from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
 if TYPE_CHECKING:
     from harness.strategies.base import Strategy
 
-__all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
-           "specs", "reference", "under_test", "healer", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
+__all__ = [
+    "StrategySpec",
+    "Simulation",
+    "ProjectedStrategy",
+    "register",
+    "register_projected",
+    "get",
+    "names",
+    "specs",
+    "reference",
+    "under_test",
+    "healer",
+    "rank_class",
+    "relaunch_reason",
+    "simulated",
+    "projected_strategies",
+    "color",
+]
 
-_BUILTIN_MODULES = ("none", "accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
+_BUILTIN_MODULES = (
+    "none",
+    "accelpact",
+    "accelpact_heal",
+    "cold_restart",
+    "checkpoint_restore",
+    "torchft_hsdp",
+    "gemini",
+)
 _REGISTRY: Registry[StrategySpec] = Registry(
-    "strategy", StrategySpec, lambda s: s.name,
-    lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])
+    "strategy",
+    StrategySpec,
+    lambda s: s.name,
+    lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES],
+)
 
 
 # Strategies only the scale simulator knows (harness.strategies.projected, and plugins').
 _PROJECTED: Registry[ProjectedStrategy] = Registry(
-    "projected strategy", ProjectedStrategy, lambda p: p.name,
-    lambda: importlib.import_module("harness.strategies.projected").PROJECTED)
+    "projected strategy",
+    ProjectedStrategy,
+    lambda p: p.name,
+    lambda: importlib.import_module("harness.strategies.projected").PROJECTED,
+)
 
 
 def register_projected(strategy: ProjectedStrategy) -> ProjectedStrategy:
@@ -109,8 +139,14 @@ def rank_class(name: str) -> type[Strategy]:
     return getattr(importlib.import_module(module_name), cls_name)
 
 
-def relaunch_reason(name: str, exit_codes: Mapping[int, int | None], restarts: int, max_restarts: int,
-                    interrupted: bool, first_failure: int | None = None) -> str | None:
+def relaunch_reason(
+    name: str,
+    exit_codes: Mapping[int, int | None],
+    restarts: int,
+    max_restarts: int,
+    interrupted: bool,
+    first_failure: int | None = None,
+) -> str | None:
     """Why the parent should relaunch every rank of a ``name`` run now, or None to stop there.
 
     The strategy's own policy decides, within ``strategy.max_restarts`` and never after Ctrl-C.

@@ -20,8 +20,11 @@ SPEC = dataclasses.replace(
     description="in-memory recovery plus the heal of a lost process or host from per-step snapshots and a buddy replica",
     label="AccelPact + heal",
     color="tab:cyan",
-    simulation=Simulation("harness.scale.outcomes:rebind_and_heal_in_memory",
-                          "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
+    simulation=Simulation(
+        "harness.scale.outcomes:rebind_and_heal_in_memory",
+        "AccelPact rebinding + in-memory heal (measured: results/process_loss)",
+        synchronous=True,
+    ),
     paper_gain={},
     heals_lost_ranks=True,
     unequal=(

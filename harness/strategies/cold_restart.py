@@ -37,9 +37,15 @@ SPEC = StrategySpec(
     color="tab:red",
     order=2,
     relaunch=relaunch_after_any_failure,
-    simulation=Simulation("harness.scale.outcomes:relaunch_and_restore", "cold restart (torchrun + DCP)",
-                          synchronous=True, calibration_rollback="checkpoint"),
+    simulation=Simulation(
+        "harness.scale.outcomes:relaunch_and_restore",
+        "cold restart (torchrun + DCP)",
+        synchronous=True,
+        calibration_rollback="checkpoint",
+    ),
     paper_gain={5: 1.197, 18: 1.698},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
-    unequal=("any fault ends every rank: all are relaunched (fresh interpreters) and restore the newest DCP "
-             "checkpoint; the steps since it are replayed",),
+    unequal=(
+        "any fault ends every rank: all are relaunched (fresh interpreters) and restore the newest DCP "
+        "checkpoint; the steps since it are replayed",
+    ),
 )

@@ -65,9 +65,11 @@ def test_a_forged_or_stale_notice_is_ignored(server, forgery):
     store, port = server
     token = new_job_token()
     body = json.loads(DeathNotice(rank=1, by="attacker", reason="forged", pid=None, generation=2).to_bytes())
-    raw = {"unsigned": json.dumps(body).encode(),
-           "other_job_key": notice_auth.sign(body, new_job_token()),
-           "older_generation": notice_auth.sign({**body, "generation": 1}, token)}[forgery]
+    raw = {
+        "unsigned": json.dumps(body).encode(),
+        "other_job_key": notice_auth.sign(body, new_job_token()),
+        "older_generation": notice_auth.sign({**body, "generation": 1}, token),
+    }[forgery]
     store.set(notice_key(token, 1), raw)  # under THIS job's key: only the signature stops it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -25,7 +25,7 @@ def check_refusal(context: object, message: str) -> None:
     assert "Traceback" not in message, (context, message)
     fix = FIX.search(message)
     assert fix, f"{context}: the error names no fix: {message}"
-    reason = message[:fix.start()]
+    reason = message[: fix.start()]
     assert re.search(r"[A-Za-z]{3,}", reason), f"{context}: the error gives no reason before its fix: {message}"
 
 

@@ -39,9 +39,14 @@ def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
     import torch.distributed as dist
     from harness_test_helpers import harness_env
 
-    server = subprocess.Popen([sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=harness_env(),
-                              cwd=tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=harness_env(),
+        cwd=tmp_path,
+    )
     try:
         _, host, port = server.stdout.readline().split()
         value = b'{"rank": 1}'
@@ -56,8 +61,9 @@ def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
 
 
 def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_path):
-    done = run_harness([*TINY, "strategy=accelpact", "cluster.pg_timeout_s=30", "strategy.stall_timeout_s=30"],
-                       tmp_path, timeout=120)
+    done = run_harness(
+        [*TINY, "strategy=accelpact", "cluster.pg_timeout_s=30", "strategy.stall_timeout_s=30"], tmp_path, timeout=120
+    )
     assert done.returncode != 0
     err = [line for line in (done.stdout + done.stderr).splitlines() if "stall_timeout_s" in line]
     assert err and "strategy.stall_timeout_s=15" in err[0], done.stdout[-2000:] + done.stderr[-2000:]

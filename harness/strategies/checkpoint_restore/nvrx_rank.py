@@ -59,8 +59,12 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
             return TrainResult(steps_committed=committed, identity=record)
 
         run = run_with_inprocess_restart(
-            train_fn, settings, token=f"{env.token}-nvrx", exclude_ports=[env.control_port],
-            rank=env.rank, world_size=env.world_size,
+            train_fn,
+            settings,
+            token=f"{env.token}-nvrx",
+            exclude_ports=[env.control_port],
+            rank=env.rank,
+            world_size=env.world_size,
         )
     if run.value is None:
         raise RuntimeError("NVRx kept this rank inactive; the harness needs every rank to train")

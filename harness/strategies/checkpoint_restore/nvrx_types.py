@@ -107,8 +107,10 @@ class NvrxSettings:
         # where the parent hosts NVRx's store (harness.strategies.checkpoint_restore.nvrx_store).
         host = self.store_host or os.environ.get(STORE_HOST_ENV) or os.environ.get("MASTER_ADDR")
         if not host:
-            raise ValueError(f"NVRx's store host is unknown: set {STORE_HOST_ENV} (or MASTER_ADDR) or pass "
-                             "NvrxSettings(store_host=...)")
+            raise ValueError(
+                f"NVRx's store host is unknown: set {STORE_HOST_ENV} (or MASTER_ADDR) or pass "
+                "NvrxSettings(store_host=...)"
+            )
         return host
 
 
@@ -177,9 +179,7 @@ class RestartContext:
         """Build this incarnation's default process group on its own store prefix."""
         import torch.distributed as dist
 
-        dist.init_process_group(
-            backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout
-        )
+        dist.init_process_group(backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     def add_finalizer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` (last added first) if this incarnation is torn down by a restart, e.g. to stop
