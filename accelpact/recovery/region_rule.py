@@ -66,7 +66,7 @@ class RegionState:
         try:
             phase = d.get("phase")
             return cls(
-                int(d["committed"]),
+                int(d["committed"]),  # type: ignore[call-overload]
                 int(d["done"]),  # type: ignore[call-overload]
                 None if phase is None else RegionPhase(phase),
             )

@@ -355,9 +355,9 @@ def restore_tensors(
                     )
                 value: torch.Tensor = DTensor.from_local(
                     data,
-                    p.device_mesh,
-                    p.placements,
-                    run_check=False,  # type: ignore[attr-defined]
+                    p.device_mesh,  # type: ignore[attr-defined]  # a DTensor parameter
+                    p.placements,  # type: ignore[attr-defined]
+                    run_check=False,
                     shape=p.shape,
                     stride=p.stride(),
                 )
