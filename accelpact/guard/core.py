@@ -61,8 +61,10 @@ from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_reg
 
 if TYPE_CHECKING:
     from accelpact.control.client import ControlClient
+    from accelpact.recovery.consensus import Decision
     from accelpact.recovery.heal import HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
+    from accelpact.snapshot.snapshotter import Snapshotter
 
 _log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class Guard:
         process_group: dist.ProcessGroup | None = None,
         config: GuardConfig = GuardConfig(),
         injection_clock: InjectionClock | None = None,
-        snapshots: Any = None,
+        snapshots: Snapshotter | None = None,
         heal: HealPolicy | None = None,
         rejoin: RejoinTicket | None = None,
     ) -> None:
@@ -494,7 +496,7 @@ class Guard:
             positions.describe(seen), ranks=tuple(sorted(seen)), last_committed_step=self.committed_step
         )
 
-    def _region_action(self, decision: Any) -> RegionAction:
+    def _region_action(self, decision: Decision) -> RegionAction:
         """After a recovery round inside a region: run fn again, or return its result (recovery.region_rule)."""
         if decision.committed_step != self.committed_step or (self.rank in decision.apply_on):
             raise StateDivergedError(

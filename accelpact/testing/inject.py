@@ -18,11 +18,14 @@ import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The socket helpers are production code (the gloo backend resets its own connections with them);
 # they are re-exported here because injecting a reset is what tests and the harness use them for.
 from accelpact.backends._sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 __all__ = [
     "PHASES",
@@ -167,7 +170,7 @@ class FaultInjector:
 
     # -- module hooks for the forward / backward phases --
 
-    def install(self, first_module: Any, middle_module: Any) -> None:
+    def install(self, first_module: nn.Module, middle_module: nn.Module) -> None:
         """Install hooks on the root FSDP module (``first_module``) and a middle decoder block.
 
         - forward_allgather_first: a forward pre-hook prepended before the root's FSDP pre-forward,
