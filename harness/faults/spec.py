@@ -51,6 +51,9 @@ class FaultSpec:
     # The fault kills rank processes (a strategy that heals in memory then needs replacements: the parent
     # prepares a replacement template at launch, harness.parent.template).
     kills_ranks: bool = False
+    # It kills every rank of the job at once (``kill_all``: a whole-job crash): no rank survives to heal
+    # the others in memory, so every rank is relaunched.
+    kills_all: bool = False
 
     def __post_init__(self) -> None:
         if self.where not in _WHERE:
@@ -60,15 +63,14 @@ class FaultSpec:
         if self.where in ("parent", "netns") and self.parent_apply is None:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
         if self.store_in_child and self.where != "parent":
-            raise ValueError(
-                f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
-                "it hosts; use where='parent'"
-            )
+            raise ValueError(f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
+                             "it hosts; use where='parent'")
+        if self.kills_all and not self.kills_ranks:
+            raise ValueError(f"FaultSpec({self.kind}).kills_all: a fault that kills every rank kills ranks; set "
+                             "kills_ranks=True too")
         if self.nested and self.where != "rank":
-            raise ValueError(
-                f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
-                "inside the recovery; use where='rank'"
-            )
+            raise ValueError(f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
+                             "inside the recovery; use where='rank'")
 
     @property
     def injects(self) -> bool:

@@ -2,7 +2,8 @@
 
 ``Launcher`` owns the processes of one run:
 - ``start_control_store()`` hosts the long-lived TCPStore (the out-of-band control channel; ranks
-  get ``ACCELPACT_CONTROL_ADDR`` and a random per-job ``ACCELPACT_JOB_TOKEN``),
+  get ``ACCELPACT_CONTROL_ADDR``, a random ``ACCELPACT_JOB_TOKEN`` per incarnation and one
+  ``ACCELPACT_SNAPSHOT_TOKEN`` for the whole run),
 - ``start_ranks(incarnation)`` starts ``world_size`` ``python -m harness.rank.worker`` processes, each in
   its own session (process group) so it can be killed with everything it started,
 - ``poll()`` reports exits and writes a death notice (accelpact.detection.liveness) for each rank that failed, so
@@ -41,7 +42,7 @@ from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_metho
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
 from harness.parent.template import ReplacementTemplate, TemplateUnavailable
-from harness.rank.env import RankEnv
+from harness.rank.env import SNAPSHOT_TOKEN, RankEnv
 from harness.schema import RankLaunch, RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -112,20 +113,17 @@ class LaunchPlan:
 class Launcher:
     replacements: int  # replacement processes started in this run (set in __init__)
 
-    def __init__(
-        self,
-        run: RunConfig,
-        run_dir: Path,
-        spec_path: Path,
-        plan: LaunchPlan | None = None,
-        python: str = sys.executable,
-    ) -> None:
+    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, plan: LaunchPlan | None = None,
+                 python: str = sys.executable) -> None:
         plan = plan if plan is not None else LaunchPlan()
         self.run = run
         self.run_dir = Path(run_dir)
         self.spec_path = spec_path
         self.python = python
         self.token = secrets.token_hex(16)
+        # The snapshots' token: the same in every incarnation (the job token is not), so that relaunched ranks
+        # find the snapshots the previous incarnation left in shared memory (ACCELPACT_SNAPSHOT_TOKEN).
+        self.snapshot_token = f"snap-{secrets.token_hex(8)}"
         self.store: Any = None
         self.workers = Workers()  # this incarnation's rank processes (accelpact.run.workers)
         self.incarnation = 0
@@ -224,6 +222,7 @@ class Launcher:
                 replacement=replacement,
             ).to_environ()
         )
+        env[SNAPSHOT_TOKEN] = self.snapshot_token
         ranks_here = max(1, self.run.cluster.world_size // max(self.run.cluster.nodes, 1))
         threads = max(1, usable_cores() // ranks_here)
         env.update(
@@ -262,9 +261,8 @@ class Launcher:
         if self.run.cluster.launch == RankLaunch.srun:
             self._start_srun(incarnation, t_launch)
             return
-        how, self.launch_why = launch_method(
-            incarnation, self.run.cluster.first_launch, self.run.cluster.launch, self.wrap_fn is not None
-        )
+        how, self.launch_why = launch_method(incarnation, self.run.cluster.first_launch, self.run.cluster.launch,
+                                             self.wrap_fn is not None)
         shared = shared_template(self) if how == TEMPLATE else None
         for rank in range(self.run.cluster.world_size):
             self.procs[rank] = self._start_rank(rank, incarnation, t_launch, shared)
@@ -294,9 +292,8 @@ class Launcher:
         argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
         if self.wrap_fn is not None:
             argv = self.wrap_fn(rank, argv)
-        return spawn(
-            argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank), cwd=os.getcwd()
-        )
+        return spawn(argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank),
+                     cwd=os.getcwd())
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -311,19 +308,11 @@ class Launcher:
         # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HARNESS_PARENT_PID"):
             env.pop(key, None)
-        argv = srun_argv(
-            self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)], self.run_dir / LOG_DIR
-        )
+        argv = srun_argv(self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)],
+                         self.run_dir / LOG_DIR)
         with open(self.run_dir / LOG_DIR / "srun.log", "ab") as log:  # srun's own messages
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=os.getcwd(),
-            )
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=os.getcwd())
         self.procs.update({rank: proc for rank in range(self.run.cluster.world_size)})
 
     def log_path(self, rank: int) -> Path:

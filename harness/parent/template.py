@@ -31,18 +31,15 @@ from accelpact.run.template import (  # noqa: F401 - re-exported for the harness
 
 def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
-    a fault that kills ranks, ranks started by this parent (an srun step's ranks live on other nodes), and
+    a fault that kills ranks but not all of them (after ``kill_all`` nobody is left to heal with: every rank
+    is relaunched), ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
     from harness.faults import registry
     from harness.schema import RankLaunch, ReplacementStart
 
-    st = run.strategy
-    return (
-        st.replacement_start == ReplacementStart.template
-        and st.snapshot.every > 0
-        and registry.get(run.fault.kind).kills_ranks
-        and run.cluster.launch == RankLaunch.local
-    )
+    st, fault = run.strategy, registry.get(run.fault.kind)
+    return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
+            and fault.kills_ranks and not fault.kills_all and run.cluster.launch == RankLaunch.local)
 
 
 def fork_replacement(launcher: Any, rank: int, replacement: int) -> Callable[[], ForkedRank] | None:
@@ -72,26 +69,14 @@ class ReplacementTemplate(TemplateClient):
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         log = open(Path(launcher.run_dir) / "logs" / "template.log", "ab")
         try:
-            proc = subprocess.Popen(
-                [launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                cwd=os.getcwd(),
-            )
+            proc = subprocess.Popen([launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
+                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    start_new_session=True, cwd=os.getcwd())
         finally:
             log.close()
         return cls(proc, time.time())
 
-    def fork(  # type: ignore[override]
-        self,
-        env: dict[str, str],
-        spec: Path,
-        log: Path,
-        cwd: str,
-        netns: str | None,
-    ) -> ForkedRank:
+    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
+             netns: str | None) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
         return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 CONTROL_ADDR = "ACCELPACT_CONTROL_ADDR"
 JOB_TOKEN = "ACCELPACT_JOB_TOKEN"
+# The snapshots' token (accelpact.snapshot.job_token_from_env): one per run, unlike the job token, which is
+# new in each incarnation; a relaunched rank finds the previous incarnation's snapshots under it.
+SNAPSHOT_TOKEN = "ACCELPACT_SNAPSHOT_TOKEN"
 INCARNATION = "HARNESS_INCARNATION"
 T_LAUNCH = "HARNESS_T_LAUNCH"
 PARENT_PID = "HARNESS_PARENT_PID"

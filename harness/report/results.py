@@ -176,6 +176,7 @@ def goodput_columns(
     }
     cols.update(detection_columns(events))
     cols.update(heal_columns(events, fallback=bool(fallback_reasons)))
+    cols.update(restore_columns(events))
     if reference_dir is not None:
         comparison = identity.compare_runs(reference_dir, run_dir)
         cols["bit_identical"] = comparison.equal
@@ -188,7 +189,8 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
 
     ``heal_source``: where the lost ranks' state came from: "own" (the dead process's own snapshot in
     shared memory), "buddy" (a replica on another host), "disk" (a fallback to the checkpoint after a
-    rank was lost; ``fallback`` says why) or None (no rank was lost). Several heals: joined with "+".
+    rank was lost; ``fallback`` says why), "snapshot" (a fallback whose relaunch resumed from the snapshots
+    every rank held: accelpact_heal) or None (no rank was lost). Several heals: joined with "+".
     ``heal_total_s``: per heal, the slowest rank's caught-or-launched -> first collective; summed.
     ``heal_process_start_s``: the replacements' own start, launch (a fork from the template, or a spawn) ->
     arrival, summed.
@@ -206,7 +208,9 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
     # A rank was lost (its death seen by notice or heartbeat, or its heal failed) and the run fell back.
     lost = any(e.detected_by in ("notice", "heartbeat", "heal") for e in ev.of_type(typed, ev.Fallback))
     if fallback and lost:
-        sources.append("disk")
+        # The relaunch after the fallback: from the disk checkpoint, or (accelpact_heal) the snapshots every rank held.
+        restored = {str(e.extra.get("source") or "checkpoint") for e in ev.of_type(typed, ev.Restore)}
+        sources.append("snapshot" if restored == {"snapshot"} else "disk")
     return {
         "heals": len(by_generation),
         "heal_source": "+".join(sources) if sources else None,
@@ -215,6 +219,20 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
         "heal_replayed_steps": max((e.replayed_steps for e in heals), default=None),
         "heal_replacement_start": "+".join(e.how_started for e in started) or None,
         "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started if e.template_fallback) or None,
+    }
+
+
+def restore_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str, Any]:
+    """Where relaunched ranks resumed from (pure): ``restore_source`` is "snapshot" (shared memory,
+    accelpact_heal after a whole-job crash), "checkpoint" (the disk), another strategy's own source (gemini),
+    joined with "+" in the order they happened, or None (nothing was restored); ``restore_from_step``: the
+    step the last restore loaded; ``restore_disk_bytes``: the checkpoint bytes read from disk."""
+    restores = sorted(ev.of_type(ev.typed(events), ev.Restore), key=lambda e: e.t)
+    sources = [str(e.extra.get("source") or "checkpoint") for e in restores]
+    return {
+        "restore_source": "+".join(dict.fromkeys(sources)) or None,
+        "restore_from_step": restores[-1].from_step if restores else None,
+        "restore_disk_bytes": sum(e.bytes or 0 for e, s in zip(restores, sources) if s == "checkpoint"),
     }
 
 
@@ -229,7 +247,8 @@ def detection_columns(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[st
     """
     typed = ev.typed(events)
     faults = sorted(ev.of_type(typed, ev.Fault), key=lambda e: e.t)
-    fallbacks = ev.of_type(typed, ev.Fallback)
+    # A relaunched rank's fallback (no agreeing snapshots: the disk) is no detection of the fault.
+    fallbacks = [e for e in ev.of_type(typed, ev.Fallback) if e.detected_by != "relaunch"]
     recoveries = ev.of_type(typed, ev.Recovery)
     if fallbacks and faults:
         t_fault = faults[0].t

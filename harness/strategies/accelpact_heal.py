@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.strategies.accelpact import SPEC as REBIND
+from harness.strategies.accelpact import relaunch_from_snapshots
 from harness.strategies.spec import Simulation
 
 SPEC = dataclasses.replace(
@@ -27,10 +28,14 @@ SPEC = dataclasses.replace(
     ),
     paper_gain={},
     heals_lost_ranks=True,
+    # A whole-job crash (fault=kill_all) relaunches every rank; they resume from the snapshots, not from disk.
+    relaunch=relaunch_from_snapshots,
     unequal=(
         "per-step snapshot of each rank's shards into shared memory and a push to its buddy rank: a cost on every "
         "productive step, which no checkpoint-based peer pays (GEMINI pays its own capture)",
         "a lost rank's survivors learn of it from the parent's death notice (accelpact-run's launcher gives the same), "
         "not from a heartbeat timeout",
     ),
+    pace="its per-step snapshot (a copy and a CRC-32 of each rank's shards into shared memory) and buddy push run "
+         "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
 )

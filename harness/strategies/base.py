@@ -97,6 +97,11 @@ class FaultPointMissed(RuntimeError):
 class Strategy(ABC):
     """One rank's step policy; subclasses implement :meth:`run_step`."""
 
+    # A relaunched process (incarnation > 0) restores the newest checkpoint in the constructor. A strategy
+    # that resumes from somewhere else first (AccelPact's shared-memory snapshots) sets this False and calls
+    # :meth:`restore_checkpoint` itself when it has to fall back to the disk.
+    restores_checkpoint_at_start = True
+
     def __init__(self, ctx: TrainContext, exclude_ports: Collection[int] = ()) -> None:
         from harness.faults.rank_side import RankFaults
 
@@ -109,18 +114,25 @@ class Strategy(ABC):
             self.ckpt = self.make_checkpointer(self.checkpoint_group())
         self._start = 0
         # Decided by the incarnation (the same on every rank), because load_latest is collective.
-        if self.ckpt is not None and ctx.incarnation > 0 and not ctx.replacement:
-            loaded = self.ckpt.load_latest()
-            self._start = 0 if loaded is None else loaded.from_step + 1
-            if ctx.scheduler is not None:
-                # The checkpoint holds no scheduler: the warm-up is a function of the step, so step it there.
-                for _ in range(self._start):
-                    ctx.scheduler.step()
-        self.faults = RankFaults.for_rank(
-            ctx.cfg, ctx.rank, ctx.run_dir, ctx.events, exclude_ports or store_ports_of(ctx)
-        )
+        if ctx.incarnation > 0 and not ctx.replacement and self.restores_checkpoint_at_start:
+            self._start = self.restore_checkpoint()
+        self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
+                                          exclude_ports or store_ports_of(ctx))
         if self.faults is not None:
             self.faults.install(ctx.model)
+
+    def restore_checkpoint(self) -> int:
+        """Load the newest complete checkpoint (``restore`` event) on every rank; the step to resume at (0
+        without a checkpoint). Collective over the checkpoint group."""
+        if self.ckpt is None:
+            return 0
+        loaded = self.ckpt.load_latest()
+        start = 0 if loaded is None else loaded.from_step + 1
+        if self.ctx.scheduler is not None:
+            # The checkpoint holds no scheduler: the warm-up is a function of the step, so step it there.
+            for _ in range(start):
+                self.ctx.scheduler.step()
+        return start
 
     def checkpoint_group(self) -> Any:
         """The checkpointer's process group; None: the checkpointer creates one (dist.new_group)."""
@@ -130,17 +142,10 @@ class Strategy(ABC):
         from harness.checkpoint import Checkpointer, CheckpointSettings
 
         cc = self.ctx.cfg.checkpoint
-        settings = CheckpointSettings(
-            directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value, keep=cc.keep
-        )
-        return Checkpointer(
-            settings,
-            self.ctx.model,
-            self.ctx.optimizer,
-            process_group=process_group,
-            on_event=self.ctx.events.emit,
-            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s),
-        )
+        settings = CheckpointSettings(directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value,
+                                      keep=cc.keep)
+        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
+                            on_event=self.ctx.events.emit, timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
 
     # -- what the loop calls ------------------------------------------------------------------------
     def first_step(self) -> int:
@@ -166,8 +171,7 @@ class Strategy(ABC):
                 raise FaultPointMissed(
                     f"strategy {type(self).__name__} finished step {step} without reaching the fault point(s) "
                     f"{missed} armed for it: call self.plain_step(), or pass self.on_guard_phase to the guard's "
-                    "phase hooks, so the clip and vote points fire"
-                )
+                    "phase hooks, so the clip and vote points fire")
         return loss
 
     def after_step(self, step: int) -> None:

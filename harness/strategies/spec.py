@@ -107,6 +107,9 @@ class StrategySpec:
     # fault and data for every strategy, each at its own default heartbeat and timeouts, every replacement
     # a fresh process (experiment=peers). experiments.peers lists them under its verdict.
     unequal: tuple[str, ...] = ()
+    # Why this strategy's productive steps may run at another pace than the reference's, where known
+    # (experiments.peers prints it beside every cell whose step_drift interval lies outside 0.9-1.1).
+    pace: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():

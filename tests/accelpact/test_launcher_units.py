@@ -227,3 +227,24 @@ def test_the_agent_removes_the_jobs_snapshots_under_either_token_style(tmp_path)
         (d / "rank0" / "slot0" / "payload.bin").write_bytes(b"x")
     agent._remove_snapshots(attempts=2)
     assert not any(d.exists() for d in mine) and other.exists()
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_a_replacement_still_waiting_for_a_plan_is_no_survivor(planned):
+    """A whole job killed across two polls: rank 0's death was seen first and replaced; when rank 1's death
+    is seen, the only live process is that replacement. Without a plan from survivors it can heal nobody,
+    so the agent restarts the group at once instead of starting a second waiting replacement (which would
+    wait out its plan's timeout). Once the survivors sent its plan, the replacement is a survivor."""
+    from accelpact.recovery.heal_wait import plan_key_of
+    from accelpact.run.env import job_token
+
+    agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, replacement="template", max_replacements=3))
+    keys = {plan_key_of(job_token(agent.cfg.run_id, 0), 0, 20): b"{}"} if planned else {}
+    agent.store = _KeyStore(keys)
+    att = _Attempt(0, Workers(procs={0: _Proc(pid=20, code=None), 1: _Proc(pid=11, code=-signal.SIGKILL)}))
+    att.replaced[0] = 20
+    why = agent._why_not_replaced(att, 1, -signal.SIGKILL)
+    if planned:
+        assert why is None
+    else:
+        assert why is not None and "no survivor to heal from" in why and "rank 1" in why

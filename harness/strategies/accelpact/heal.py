@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,9 +62,8 @@ class Rejoined:
     control: Any
     ticket: Any
 
-    def device_mesh(
-        self, device_type: str, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None
-    ) -> Any:
+    def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
+                    mesh_dim_names: tuple[str, ...] | None = None) -> Any:
         """The survivors' mesh, built from the groups this replacement joined (harness.rank.mesh.build_mesh
         calls it instead of ``init_device_mesh``, whose new groups the survivors would never join: HSDP)."""
         return self.ticket.device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
@@ -136,38 +136,27 @@ def _arrive_and_die(control: Any, env: RankEnv) -> None:
     from accelpact.recovery.heal import arrived_key
 
     control.heartbeat()
-    control.set(
-        arrived_key(control, control.rank),
-        json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode(),
-    )
+    control.set(arrived_key(control, control.rank),
+                json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode())
     time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
     _die("import")
 
 
-def side_group(
-    control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int, timeout_s: float
-) -> Any:
+def side_group(control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int,
+               timeout_s: float) -> Any:
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
     import torch.distributed as dist
 
     from accelpact.dataplane import generations as comm
 
-    spec = comm.GroupSpec(
-        name=f"{tag}-g{generation}",
-        backend="gloo",
-        ranks=tuple(range(world_size)),
-        is_default=False,
-        tag=None,
-        desc=tag,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    spec = comm.GroupSpec(name=f"{tag}-g{generation}", backend="gloo", ranks=tuple(range(world_size)),
+                          is_default=False, tag=None, desc=tag, timeout=timedelta(seconds=timeout_s))
     store = dist.PrefixStore(f"{token}/side/{tag}/gen{generation}", control_store)
     return comm.rebuild_group(None, spec, store, rank)
 
 
-def snapshots_and_policy(
-    cfg: RunConfig, model: Any, optimizer: Any, control: Any, rank: int, world_size: int, scheduler: Any = None
-) -> tuple[Any, Any, Any]:
+def snapshots_and_policy(cfg: RunConfig, model: Any, optimizer: Any, control: Any,
+                         rank: int, world_size: int, scheduler: Any = None) -> tuple[Any, Any, Any]:
     """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off.
 
     ``scheduler``: the LR scheduler, saved in each snapshot's extra_state (restore_extra_state reads it)."""
@@ -175,39 +164,67 @@ def snapshots_and_policy(
     if every <= 0:
         return None, None, None
     from accelpact.recovery.heal import HealPolicy
-    from accelpact.snapshot import SnapshotConfig, Snapshotter
+    from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env
 
-    replication = _replication(cfg, control, rank, world_size)
-    snapshots = Snapshotter(
-        model,
-        optimizer,
-        job_token=control.job_token,
-        rank=rank,
-        world_size=world_size,
-        config=SnapshotConfig(
-            every=every,
-            push_every=cfg.strategy.snapshot.push_every,
-            pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s,
-        ),
-        on_complete=replication.push if replication is not None else None,
-        extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None,
-    )
-    policy = HealPolicy(
-        replacement_timeout_s=cfg.strategy.replacement_timeout_s,
-        fetch_replica=replication.fetch if replication is not None else None,
-        buddy_of=(lambda r: replication.buddy) if replication is not None else None,
-    )
+    # The snapshots' token outlives a relaunch (the parent exports ACCELPACT_SNAPSHOT_TOKEN, the same in every
+    # incarnation); the control channel's token is new in each, so a relaunched job would find nothing under it.
+    token = job_token_from_env()
+    replication = _replication(cfg, control, rank, world_size, token)
+    snapshots = Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world_size,
+                            config=SnapshotConfig(every=every, push_every=cfg.strategy.snapshot.push_every,
+                                                  pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
+                            on_complete=replication.push if replication is not None else None,
+                            extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None)
+    policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
+                        fetch_replica=replication.fetch if replication is not None else None,
+                        buddy_of=(lambda r: replication.buddy) if replication is not None else None)
     return snapshots, policy, replication
 
 
-def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int) -> Any:
+def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token: str) -> Any:
     """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
-    its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement."""
+    its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement (or to a
+    relaunched rank whose host lost its own). ``token``: the snapshots' token."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
     from accelpact.snapshot.replica import Replication
 
-    return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push)
+    return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push, job_token=token)
+
+
+def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[int | None, str]:
+    """A relaunched rank (every rank was relaunched: a whole-job crash, or a fallback): load the newest
+    snapshot every rank holds (accelpact.snapshot.restore_latest: each rank's own slot, or its buddy's replica
+    when its host lost it) and write a ``restore`` event with ``source="snapshot"``. Collective.
+
+    Returns (the step to resume at, "") or, when no complete, agreeing set of snapshots exists, (None, why):
+    the caller then restores the checkpoint from disk. Every rank decides the same: one rank that could not
+    load sends every rank to the disk (their own slots are dropped then, so no later restore mixes them in)."""
+    import torch.distributed as dist
+
+    from accelpact.errors import AccelPactError
+    from accelpact.snapshot.restore import restore_latest
+    from harness.events import Restore
+
+    t_start = time.time()
+    info, why = None, ""
+    try:
+        info = restore_latest(ctx.model, ctx.optimizer, job_token=snapshots.job_token, rank=ctx.rank,
+                              config=snapshots.config, fetch=replication, world_size=ctx.world_size, required=True)
+    except (AccelPactError, OSError) as exc:  # none held, the ranks disagree, a copy lost with its buddy, unreadable
+        why = f"{type(exc).__name__}: {exc}"
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, why)
+    failed = {r: w for r, w in enumerate(everyone) if w}
+    if failed:
+        snapshots.drop_newer_than(-1)  # this timeline is abandoned: its slots must not meet the new one's
+        return None, f"{next(iter(failed.values()))} (on rank(s) {sorted(failed)})"
+    assert info is not None
+    ctx.events.emit(Restore, t_start=t_start, t_end=time.time(), from_step=info.step, bytes=info.nbytes,
+                    source="snapshot", slot=info.source, load_s=info.load_s,
+                    held={str(r): s for r, s in (info.held or {}).items()})
+    restore_extra_state(ctx.scheduler, info.extra_state)
+    return info.step + 1, ""
 
 
 def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
@@ -229,11 +246,9 @@ def check_heal(run: RunConfig) -> None:
 
     st = run.strategy
     if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
-        raise ConfigError(
-            f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
-            "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
-            "which host loses a rank. Use strategy.hot_spares=0 here"
-        )
+        raise ConfigError(f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
+                          "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
+                          "which host loses a rank. Use strategy.hot_spares=0 here")
 
 
 def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
