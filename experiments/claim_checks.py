@@ -45,8 +45,7 @@ def measured_verdicts(table_csv: Path, min_effect: float = MIN_EFFECT) -> dict[C
     return out
 
 
-def _expect(verdicts: Mapping[Cell, tuple[str, int]], want: Callable[[Cell], str | None],
-            min_trials: int) -> list[str]:
+def _expect(verdicts: Mapping[Cell, tuple[str, int]], want: Callable[[Cell], str | None], min_trials: int) -> list[str]:
     problems = []
     for cell, (got, n) in sorted(verdicts.items()):
         expected = want(cell)
@@ -68,6 +67,7 @@ def check_goodput_vs_age(results: Path) -> list[str]:
 def check_peers(results: Path) -> list[str]:
     """HSDP 2x2 at world 4, 5 trials: better than cold restart everywhere and than NVRx but after a socket
     reset at age 5; against torchft within noise but after a kill at age 18, where torchft is ahead."""
+
     def want(c: Cell) -> str | None:
         s, age, fault = c
         if s == "cold_restart":
@@ -77,30 +77,36 @@ def check_peers(results: Path) -> list[str]:
         if s == "torchft":
             return WORSE if (age, fault) == (18, "kill") else NOISE
         return None
+
     return _hsdp(results) + _expect(measured_verdicts(results / "table.csv"), want, 5)
 
 
 def _hsdp(results: Path) -> list[str]:
     """The like-for-like setup: every strategy on HSDP 2x2 at world 4 (table.md's opening says so)."""
     setup = (results / "table.md").read_text().split("\n\n", 2)[1]
-    return [] if re.search(r"\b4 (local )?gloo ranks as HSDP 2x2", setup) else [
-        f"{results.name}: table.md does not say every strategy ran on HSDP 2x2 at world 4"]
+    return (
+        []
+        if re.search(r"\b4 (local )?gloo ranks as HSDP 2x2", setup)
+        else [f"{results.name}: table.md does not say every strategy ran on HSDP 2x2 at world 4"]
+    )
 
 
 def check_peers_host_loss(results: Path) -> list[str]:
     """Better than cold restart, NVRx and GEMINI at both ages; torchft ahead at both."""
-    return _expect(measured_verdicts(results / "table.csv"),
-                   lambda c: WORSE if c[0] == "torchft" else BETTER, 3)
+    return _expect(measured_verdicts(results / "table.csv"), lambda c: WORSE if c[0] == "torchft" else BETTER, 3)
 
 
 def check_process_loss(results: Path) -> list[str]:
     """The heal replays nothing and stays bit-identical; snapshots cost +5.1% step time side by side."""
     problems = []
     for r in _rows(results / "data.csv"):
-        if r["strategy"] in ("accelpact", "accelpact_heal") and (r["status"] != "ok" or as_float(r["replayed_steps"]) > 1
-                                             or r["bit_identical"] != "True"):
-            problems.append(f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
-                            f"{r['replayed_steps']}, bit-identical {r['bit_identical']}")
+        if r["strategy"] in ("accelpact", "accelpact_heal") and (
+            r["status"] != "ok" or as_float(r["replayed_steps"]) > 1 or r["bit_identical"] != "True"
+        ):
+            problems.append(
+                f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
+                f"{r['replayed_steps']}, bit-identical {r['bit_identical']}"
+            )
     steps = {"on": [], "off": []}
     for r in _rows(results / "overhead.csv"):
         steps[r["snapshots"]].append(as_float(r["step_median_s"]))
@@ -112,32 +118,48 @@ def check_process_loss(results: Path) -> list[str]:
 
 def check_rebind_scaling(results: Path) -> list[str]:
     """Rebinding at worlds 4-16 and 32 layers: 11.3-17.0 us (median, slowest rank)."""
-    vals = [as_float(r["rebind_median_us_max_rank"]) for r in _rows(results / "data.csv")
-            if int(r["world"]) >= 4 and int(r["depth"]) == 32]
+    vals = [
+        as_float(r["rebind_median_us_max_rank"])
+        for r in _rows(results / "data.csv")
+        if int(r["world"]) >= 4 and int(r["depth"]) == 32
+    ]
     if not vals:
         return ["no rebinding rows at worlds 4-16, 32 layers"]
     lo, hi = min(vals), max(vals)
-    return [] if round(lo, 1) >= 11.3 and round(hi, 1) <= 17.0 else [f"rebinding {lo:.1f}-{hi:.1f} us, the claim says 11.3-17.0"]
+    return (
+        []
+        if round(lo, 1) >= 11.3 and round(hi, 1) <= 17.0
+        else [f"rebinding {lo:.1f}-{hi:.1f} us, the claim says 11.3-17.0"]
+    )
 
 
 def check_bit_identity(results: Path) -> list[str]:
     """10 successive faults on FSDP2 (4 ranks) and FSDP1 (2): no mismatched tensor or loss."""
     rows = _rows(results / "identity.csv")
-    return [f"{r['flavour']}: {r['mismatches']} mismatches after {r['faults']} faults" for r in rows
-            if int(r["mismatches"]) != 0 or int(r["faults"]) < 10] or ([] if rows else ["no identity rows"])
+    return [
+        f"{r['flavour']}: {r['mismatches']} mismatches after {r['faults']} faults"
+        for r in rows
+        if int(r["mismatches"]) != 0 or int(r["faults"]) < 10
+    ] or ([] if rows else ["no identity rows"])
 
 
 def check_compile(results: Path) -> list[str]:
     """No graph added and no recompile by the recoveries."""
-    return [f"{r['backend']} rank {r['rank']}: {r['counter']} +{r['added_by_recoveries']} across recoveries"
-            for r in _rows(results / "counters.csv")
-            if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and as_float(r["added_by_recoveries"]) != 0]
+    return [
+        f"{r['backend']} rank {r['rank']}: {r['counter']} +{r['added_by_recoveries']} across recoveries"
+        for r in _rows(results / "counters.csv")
+        if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and as_float(r["added_by_recoveries"]) != 0
+    ]
 
 
 def check_ckpt_overhead(results: Path) -> list[str]:
     """Per-update async DCP costs +45% step latency here (measured); the claim names that figure."""
     first = _rows(results / "claims.csv")[0]
-    return [] if abs(as_float(first["ours_value"]) - 45.3) < 0.05 else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
+    return (
+        []
+        if abs(as_float(first["ours_value"]) - 45.3) < 0.05
+        else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
+    )
 
 
 def check_scale_projection(results: Path) -> list[str]:
@@ -146,9 +168,14 @@ def check_scale_projection(results: Path) -> list[str]:
     rows = _rows(results / "best.csv")
     top = max(int(r["gpus"]) for r in rows)
     at = {r["strategy"]: (as_float(r["ettr"]), as_float(r["ci95"])) for r in rows if int(r["gpus"]) == top}
-    ours = max((v for k, v in at.items() if k.startswith("accelpact") and k not in ("accelpact_grow",
-                                                                                     "accelpact_hsdp_continue")),
-               key=lambda v: v[0])
+    ours = max(
+        (
+            v
+            for k, v in at.items()
+            if k.startswith("accelpact") and k not in ("accelpact_grow", "accelpact_hsdp_continue")
+        ),
+        key=lambda v: v[0],
+    )
     ft = at.get("torchft_peer_heal")
     if ft is None:
         return ["no torchft_peer_heal row at the largest size"]

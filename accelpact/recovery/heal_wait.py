@@ -35,9 +35,17 @@ from accelpact.errors import RankLostError
 if TYPE_CHECKING:
     from accelpact.control.client import ControlClient
 
-__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
-           "publish_no_replacement",
-           "ReplacementWatch"]
+__all__ = [
+    "arrived_key",
+    "plan_key",
+    "request_key",
+    "joining_key",
+    "rollcall_key",
+    "closed_key",
+    "abandoned_key",
+    "publish_no_replacement",
+    "ReplacementWatch",
+]
 
 # How often a waiting survivor reads the lost ranks' death notices (a store round trip per rank): a
 # replacement's death is seen within this, far below the control deadline.
@@ -96,8 +104,9 @@ def publish_no_replacement(store: Any, job_token: str, rank: int, *, pid: int | 
 
 def peek(control: ControlClient, key: str) -> bytes | None:
     """The value of ``key`` now, or None (never waits)."""
-    value: bytes | None = control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None),
-                                        f"peek {key}")
+    value: bytes | None = control._call(
+        lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}"
+    )
     return value
 
 
@@ -149,8 +158,16 @@ class ReplacementWatch:
                 continue  # the process the heal is for
             now = time.time()
             where = stage if arrived is None or arrived.get(r) == pid else "before arriving"
-            self.lost.append({"rank": r, "pid": pid, "stage": where, "reason": str(notice.get("reason", "")),
-                              "t_seen": now, "seen_after_s": now - float(notice.get("t", now))})
+            self.lost.append(
+                {
+                    "rank": r,
+                    "pid": pid,
+                    "stage": where,
+                    "reason": str(notice.get("reason", "")),
+                    "t_seen": now,
+                    "seen_after_s": now - float(notice.get("t", now)),
+                }
+            )
             newly.add(r)
             self._check_budget(r)
         return newly
@@ -171,7 +188,9 @@ class ReplacementWatch:
             f"(pids {[e['pid'] for e in mine]}; the last: {mine[-1]['reason'] or 'no reason given'}, "
             f"{mine[-1]['stage']}); giving up at HealPolicy.max_rounds={self.max_losses}. Find why rank {r}'s "
             "replacement dies (its log), or raise HealPolicy.max_rounds; restore from a checkpoint.",
-            ranks=(r,), detected_by="heal")
+            ranks=(r,),
+            detected_by="heal",
+        )
 
     def check_abandoned(self, ranks: set[int]) -> None:
         """RankLostError with the launcher's reason when it will start no replacement for one of ``ranks``."""
@@ -187,10 +206,13 @@ class ReplacementWatch:
                 continue  # about a process whose death this heal has not seen (an earlier one)
             raise RankLostError(
                 f"rank {self.rank}: no replacement will come for lost rank {r}: {msg.get('reason', '?')}",
-                ranks=(r,), detected_by="heal")
+                ranks=(r,),
+                detected_by="heal",
+            )
 
-    def wait_joining(self, arrivals: dict[int, int], deadline_s: float,
-                     sleep: Callable[[float], None] = time.sleep) -> set[int]:
+    def wait_joining(
+        self, arrivals: dict[int, int], deadline_s: float, sleep: Callable[[float], None] = time.sleep
+    ) -> set[int]:
         """Wait for every arrived replacement's joining ack; the ranks whose replacement died first.
 
         Empty set: every replacement took its plan (the rendezvous may start). Non-empty: do not
@@ -215,6 +237,8 @@ class ReplacementWatch:
                     f"rank {self.rank}: the replacement(s) {missing} (rank: pid) arrived but did not take the heal "
                     f"plan within {deadline_s:g} s (the control deadline) and no death notice names them: hung, "
                     "or the control store is unreachable from them; restore from a checkpoint",
-                    ranks=tuple(sorted(missing)), detected_by="heal")
+                    ranks=tuple(sorted(missing)),
+                    detected_by="heal",
+                )
             sleep(self.poll_s)
         return lost

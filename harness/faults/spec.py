@@ -63,14 +63,19 @@ class FaultSpec:
         if self.where in ("parent", "netns") and self.parent_apply is None:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
         if self.store_in_child and self.where != "parent":
-            raise ValueError(f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
-                             "it hosts; use where='parent'")
+            raise ValueError(
+                f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
+                "it hosts; use where='parent'"
+            )
         if self.kills_all and not self.kills_ranks:
-            raise ValueError(f"FaultSpec({self.kind}).kills_all: a fault that kills every rank kills ranks; set "
-                             "kills_ranks=True too")
+            raise ValueError(
+                f"FaultSpec({self.kind}).kills_all: a fault that kills every rank kills ranks; set kills_ranks=True too"
+            )
         if self.nested and self.where != "rank":
-            raise ValueError(f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
-                             "inside the recovery; use where='rank'")
+            raise ValueError(
+                f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
+                "inside the recovery; use where='rank'"
+            )
 
     @property
     def injects(self) -> bool:

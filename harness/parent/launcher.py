@@ -113,8 +113,14 @@ class LaunchPlan:
 class Launcher:
     replacements: int  # replacement processes started in this run (set in __init__)
 
-    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, plan: LaunchPlan | None = None,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        run: RunConfig,
+        run_dir: Path,
+        spec_path: Path,
+        plan: LaunchPlan | None = None,
+        python: str = sys.executable,
+    ) -> None:
         plan = plan if plan is not None else LaunchPlan()
         self.run = run
         self.run_dir = Path(run_dir)
@@ -261,8 +267,9 @@ class Launcher:
         if self.run.cluster.launch == RankLaunch.srun:
             self._start_srun(incarnation, t_launch)
             return
-        how, self.launch_why = launch_method(incarnation, self.run.cluster.first_launch, self.run.cluster.launch,
-                                             self.wrap_fn is not None)
+        how, self.launch_why = launch_method(
+            incarnation, self.run.cluster.first_launch, self.run.cluster.launch, self.wrap_fn is not None
+        )
         shared = shared_template(self) if how == TEMPLATE else None
         for rank in range(self.run.cluster.world_size):
             self.procs[rank] = self._start_rank(rank, incarnation, t_launch, shared)
@@ -292,8 +299,9 @@ class Launcher:
         argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
         if self.wrap_fn is not None:
             argv = self.wrap_fn(rank, argv)
-        return spawn(argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank),
-                     cwd=os.getcwd())
+        return spawn(
+            argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank), cwd=os.getcwd()
+        )
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -308,11 +316,19 @@ class Launcher:
         # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HARNESS_PARENT_PID"):
             env.pop(key, None)
-        argv = srun_argv(self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)],
-                         self.run_dir / LOG_DIR)
+        argv = srun_argv(
+            self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)], self.run_dir / LOG_DIR
+        )
         with open(self.run_dir / LOG_DIR / "srun.log", "ab") as log:  # srun's own messages
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         self.procs.update({rank: proc for rank in range(self.run.cluster.world_size)})
 
     def log_path(self, rank: int) -> Path:

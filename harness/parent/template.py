@@ -38,8 +38,13 @@ def wanted(run: Any) -> bool:
     from harness.schema import RankLaunch, ReplacementStart
 
     st, fault = run.strategy, registry.get(run.fault.kind)
-    return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
-            and fault.kills_ranks and not fault.kills_all and run.cluster.launch == RankLaunch.local)
+    return (
+        st.replacement_start == ReplacementStart.template
+        and st.snapshot.every > 0
+        and fault.kills_ranks
+        and not fault.kills_all
+        and run.cluster.launch == RankLaunch.local
+    )
 
 
 def fork_replacement(launcher: Any, rank: int, replacement: int) -> Callable[[], ForkedRank] | None:
@@ -69,14 +74,26 @@ class ReplacementTemplate(TemplateClient):
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         log = open(Path(launcher.run_dir) / "logs" / "template.log", "ab")
         try:
-            proc = subprocess.Popen([launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
-                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                [launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         finally:
             log.close()
         return cls(proc, time.time())
 
-    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
-             netns: str | None) -> ForkedRank:
+    def fork(
+        self,
+        env: dict[str, str],
+        spec: Path,
+        log: Path,
+        cwd: str,  # type: ignore[override]
+        netns: str | None,
+    ) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
         return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

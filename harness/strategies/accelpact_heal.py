@@ -37,5 +37,5 @@ SPEC = dataclasses.replace(
         "not from a heartbeat timeout",
     ),
     pace="its per-step snapshot (a copy and a CRC-32 of each rank's shards into shared memory) and buddy push run "
-         "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
+    "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
 )

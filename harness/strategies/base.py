@@ -116,8 +116,9 @@ class Strategy(ABC):
         # Decided by the incarnation (the same on every rank), because load_latest is collective.
         if ctx.incarnation > 0 and not ctx.replacement and self.restores_checkpoint_at_start:
             self._start = self.restore_checkpoint()
-        self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
-                                          exclude_ports or store_ports_of(ctx))
+        self.faults = RankFaults.for_rank(
+            ctx.cfg, ctx.rank, ctx.run_dir, ctx.events, exclude_ports or store_ports_of(ctx)
+        )
         if self.faults is not None:
             self.faults.install(ctx.model)
 
@@ -142,10 +143,17 @@ class Strategy(ABC):
         from harness.checkpoint import Checkpointer, CheckpointSettings
 
         cc = self.ctx.cfg.checkpoint
-        settings = CheckpointSettings(directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value,
-                                      keep=cc.keep)
-        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
-                            on_event=self.ctx.events.emit, timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
+        settings = CheckpointSettings(
+            directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value, keep=cc.keep
+        )
+        return Checkpointer(
+            settings,
+            self.ctx.model,
+            self.ctx.optimizer,
+            process_group=process_group,
+            on_event=self.ctx.events.emit,
+            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s),
+        )
 
     # -- what the loop calls ------------------------------------------------------------------------
     def first_step(self) -> int:
@@ -171,7 +179,8 @@ class Strategy(ABC):
                 raise FaultPointMissed(
                     f"strategy {type(self).__name__} finished step {step} without reaching the fault point(s) "
                     f"{missed} armed for it: call self.plain_step(), or pass self.on_guard_phase to the guard's "
-                    "phase hooks, so the clip and vote points fire")
+                    "phase hooks, so the clip and vote points fire"
+                )
         return loss
 
     def after_step(self, step: int) -> None:

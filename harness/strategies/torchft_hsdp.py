@@ -538,7 +538,8 @@ def check_runnable(run: Any) -> None:
             f"strategy=torchft with fault={run.fault.kind}: the fault kills every rank at once, and torchft heals a "
             "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
             "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
-            "strategy=accelpact_heal,cold_restart,checkpoint_restore")
+            "strategy=accelpact_heal,cold_restart,checkpoint_restore"
+        )
     if spec.kills_ranks:
         lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
         if not groups_untouched(lost, world, st.group_size):
@@ -579,8 +580,8 @@ SPEC = StrategySpec(
         "(torchft's default is unbounded) against a retry livelock",
     ),
     pace="its cross-group gradient all-reduce is torchft's Manager.allreduce, hooked on every FSDP module, in place "
-         "of FSDP2's all-reduce over the replicate dimension, and while a group restarts the other trains alone, "
-         "with no cross-group all-reduce at all. Fault-free, its math is the reference's bit for bit "
-         "(tests/harness/test_hsdp.py), so the difference lies in how the reduction is scheduled; which part of it "
-         "makes torchft's steps faster on this host was not isolated",
+    "of FSDP2's all-reduce over the replicate dimension, and while a group restarts the other trains alone, "
+    "with no cross-group all-reduce at all. Fault-free, its math is the reference's bit for bit "
+    "(tests/harness/test_hsdp.py), so the difference lies in how the reduction is scheduled; which part of it "
+    "makes torchft's steps faster on this host was not isolated",
 )

@@ -136,12 +136,30 @@ def test_a_cell_off_pace_over_its_whole_interval_gets_its_strategys_reason():
     from experiments.peers import pace_reasons
 
     cells = [
-        {"strategy": "accelpact_heal", "age": 18, "fault": "kill", "step_drift_lo": 1.15, "step_drift_hi": 1.3,
-         "step_drift_ci": "1.2 [1.15, 1.30] (n=5)"},
-        {"strategy": "cold_restart", "age": 5, "fault": "kill", "step_drift_lo": 0.7, "step_drift_hi": 0.95,
-         "step_drift_ci": "0.8 [0.70, 0.95] (n=5)"},
-        {"strategy": "checkpoint_restore", "age": 5, "fault": "kill", "step_drift_lo": 0.6, "step_drift_hi": 0.8,
-         "step_drift_ci": "0.7 [0.60, 0.80] (n=5)"},
+        {
+            "strategy": "accelpact_heal",
+            "age": 18,
+            "fault": "kill",
+            "step_drift_lo": 1.15,
+            "step_drift_hi": 1.3,
+            "step_drift_ci": "1.2 [1.15, 1.30] (n=5)",
+        },
+        {
+            "strategy": "cold_restart",
+            "age": 5,
+            "fault": "kill",
+            "step_drift_lo": 0.7,
+            "step_drift_hi": 0.95,
+            "step_drift_ci": "0.8 [0.70, 0.95] (n=5)",
+        },
+        {
+            "strategy": "checkpoint_restore",
+            "age": 5,
+            "fault": "kill",
+            "step_drift_lo": 0.6,
+            "step_drift_hi": 0.8,
+            "step_drift_ci": "0.7 [0.60, 0.80] (n=5)",
+        },
     ]
     text = "\n".join(pace_reasons(cells))
     assert "`accelpact_heal` (kill age 18: 1.2 [1.15, 1.30] (n=5)): its per-step snapshot" in text

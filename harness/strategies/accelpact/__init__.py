@@ -61,20 +61,25 @@ class AccelPactStep(Strategy):
         rejoined = ctx.rejoin
         self.control = rejoined.control if rejoined is not None else ControlChannel.from_env()
         self.snapshots, heal, self.replication = snapshots_and_policy(
-            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler)
+            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler
+        )
         if ctx.incarnation > 0 and not ctx.replacement:
             self._start = self._resume_relaunched()
         max_norm = ctx.cfg.train.max_grad_norm
         try:
             self.guard = attach(
-                ctx.model, ctx.optimizer, self.control,
+                ctx.model,
+                ctx.optimizer,
+                self.control,
                 max_grad_norm=max_norm if max_norm > 0 else None,
                 pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
                 # Detection is measured from the injected fault, not from the failed attempt's start.
                 injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
                 # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
                 stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
-                snapshots=self.snapshots, heal=heal, rejoin=rejoined.ticket if rejoined is not None else None,
+                snapshots=self.snapshots,
+                heal=heal,
+                rejoin=rejoined.ticket if rejoined is not None else None,
             )
         except Exception as exc:  # a replacement that cannot heal (no copy survives): fall back
             from accelpact.errors import UnrecoverableError
@@ -111,18 +116,20 @@ class AccelPactStep(Strategy):
         start, why = resume_from_snapshots(self.ctx, self.snapshots, self.replication)
         if start is not None:
             return start
-        reason = (f"relaunch: no complete, agreeing set of snapshots in shared memory ({why}); restoring the "
-                  "newest checkpoint from disk")
-        self.ctx.events.emit(events.Fallback, reason=reason[:500], error=why.split(":", 1)[0],
-                             detected_by="relaunch")
+        reason = (
+            f"relaunch: no complete, agreeing set of snapshots in shared memory ({why}); restoring the "
+            "newest checkpoint from disk"
+        )
+        self.ctx.events.emit(events.Fallback, reason=reason[:500], error=why.split(":", 1)[0], detected_by="relaunch")
         print(f"rank {self.ctx.rank}: {reason}", file=sys.stderr, flush=True)
         return self.restore_checkpoint()
 
     def checkpoint_group(self) -> Any:
         ctx = self.ctx
         generation = getattr(getattr(self, "control", None), "generation", 0)
-        return side_group(ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size,
-                          ctx.cfg.cluster.pg_timeout_s)
+        return side_group(
+            ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size, ctx.cfg.cluster.pg_timeout_s
+        )
 
     def run_step(self, step: int, tokens: torch.Tensor) -> float:
         from accelpact.errors import RolledBack, UnrecoverableError
@@ -197,11 +204,20 @@ class AccelPactStep(Strategy):
     def _fall_back(self, step: int, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"
         # detected_by: how the loss was found ("notice", "heartbeat", "deadline", "heal"); the row reports it.
-        self.ctx.events.emit(events.Fallback, step=step, reason=reason[:500], error=type(exc).__name__,
-                             detected_by=getattr(exc, "detected_by", None),
-                             generation=getattr(exc, "generation", None))
-        print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
-              f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
+        self.ctx.events.emit(
+            events.Fallback,
+            step=step,
+            reason=reason[:500],
+            error=type(exc).__name__,
+            detected_by=getattr(exc, "detected_by", None),
+            generation=getattr(exc, "generation", None),
+        )
+        print(
+            f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
+            f"checkpoint restore: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
         # os._exit, not an exception: tearing down process groups a dead peer left half-open can
         # block, and the parent only needs the event (already flushed) and the exit status.
         sys.stdout.flush()
@@ -221,13 +237,18 @@ class AccelPactStep(Strategy):
             d.pop("reports", None)
             # t = when the recovery ended (goodput lays the durations back to back, ending there);
             # the record is written after the retried step, so t must be given explicitly.
-            self.ctx.events.emit(events.Recovery, decision=decision.get("action"), decision_detail=decision,
-                                 written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
+            self.ctx.events.emit(
+                events.Recovery,
+                decision=decision.get("action"),
+                decision_detail=decision,
+                written=time.time(),
+                **{**d, "t": ev.t_detected + ev.total_s},
+            )
         # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
         self._new_side_groups()
 
     def _record_heals(self) -> None:
-        for ev in self.guard.heal_events[self._heals_seen:]:
+        for ev in self.guard.heal_events[self._heals_seen :]:
             self.ctx.events.emit(events.Heal, written=time.time(), **ev.to_dict())
         self._heals_seen = len(self.guard.heal_events)
 
@@ -245,8 +266,11 @@ class AccelPactStep(Strategy):
             except Exception:  # noqa: BLE001 - a group c10d no longer knows: nothing to retire
                 pass
         if error is not None:
-            print(f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         try:
@@ -260,9 +284,15 @@ class AccelPactStep(Strategy):
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
-                self.ctx.events.emit(events.Snapshots, slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
-                                     wait_s=self.snapshots.wait_s, own_shm_bytes=used_bytes(self.snapshots.dir),
-                                     replica_shm_bytes=held, replication=rep)
+                self.ctx.events.emit(
+                    events.Snapshots,
+                    slot_bytes=self.snapshots.nbytes,
+                    count=self.snapshots.snapshots,
+                    wait_s=self.snapshots.wait_s,
+                    own_shm_bytes=used_bytes(self.snapshots.dir),
+                    replica_shm_bytes=held,
+                    replication=rep,
+                )
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
             if self.replication is not None:
                 self.replication.close(remove=True)
@@ -310,11 +340,19 @@ def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure:
     by a signal, none gave up on its own) is a group restart, not a fallback."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
-        return (f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
-                "from the newest snapshot every rank holds in shared memory")
+        return (
+            f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
+            "from the newest snapshot every rank holds in shared memory"
+        )
     why = _fallen(exit_codes)
-    return None if why is None else ("fallback to a relaunch of every rank, resumed from the newest snapshot every "
-                                     "rank holds (the checkpoint if they hold no agreeing set): " + why)
+    return (
+        None
+        if why is None
+        else (
+            "fallback to a relaunch of every rank, resumed from the newest snapshot every "
+            "rank holds (the checkpoint if they hold no agreeing set): " + why
+        )
+    )
 
 
 SPEC = StrategySpec(
@@ -333,6 +371,10 @@ SPEC = StrategySpec(
     # survivor still waiting then is killed, which the relaunch policy treats the same way.
     settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
-    simulation=Simulation("harness.scale.outcomes:rebind_or_fall_back_to_disk", "AccelPact rebinding, disk fallback",
-                          synchronous=True, calibration_rollback="step"),
+    simulation=Simulation(
+        "harness.scale.outcomes:rebind_or_fall_back_to_disk",
+        "AccelPact rebinding, disk fallback",
+        synchronous=True,
+        calibration_rollback="step",
+    ),
 )
