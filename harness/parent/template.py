@@ -87,12 +87,12 @@ class ReplacementTemplate(TemplateClient):
             log.close()
         return cls(proc, time.time())
 
-    def fork(
+    def fork(  # type: ignore[override]
         self,
         env: dict[str, str],
         spec: Path,
         log: Path,
-        cwd: str,  # type: ignore[override]
+        cwd: str,
         netns: str | None,
     ) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
