@@ -58,7 +58,7 @@ def test_a_heal_that_replayed_to_the_checkpoint_misses(monkeypatch):
     wrong = [
         c
         for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
-        if c.strategy == strategies.under_test().name and c.age == 18
+        if c.strategy == strategies.healer().name and c.age == 18
     ]
     assert wrong and all(abs(c.error_median) > 2 * TOLERANCE for c in wrong)
 
