@@ -119,8 +119,26 @@ def _hsdp(results: Path) -> list[str]:
 
 
 def check_peers_host_loss(results: Path) -> list[str]:
-    """Better than cold restart, NVRx and GEMINI at both ages; torchft ahead at both."""
-    return _expect(measured_verdicts(results / "table.csv"), lambda c: WORSE if c[0] == "torchft" else BETTER, 3)
+    """HSDP 2x2 on two hosts: better than cold restart and NVRx at both ages; against torchft within noise at
+    age 5 (4 trials: one torchft run failed) and worse at age 18."""
+
+    def want(c: Cell) -> str:
+        if c[0] == "torchft":
+            return NOISE if c[1] == 5 else WORSE
+        return BETTER
+
+    verdicts = measured_verdicts(results / "table.csv")
+    problems = _hsdp(results) + _expect(
+        {c: v for c, v in verdicts.items() if c != ("torchft", 5, "host_loss")}, want, 5
+    )
+    problems += _expect({c: v for c, v in verdicts.items() if c == ("torchft", 5, "host_loss")}, want, 4)
+    failed = [r for r in _rows(results / "runs.csv") if r["status"] != "ok"]
+    if [(r["strategy"], int(as_float(r["age"]))) for r in failed] != [("torchft", 5)]:
+        problems.append(
+            f"failed runs {[(r['strategy'], r['age'], r['trial']) for r in failed]}, the claim says one "
+            "torchft run at age 5"
+        )
+    return problems
 
 
 def check_process_loss(results: Path) -> list[str]:

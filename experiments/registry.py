@@ -128,14 +128,19 @@ REGISTRY: tuple[Experiment, ...] = (
     Experiment(
         "peers_host_loss",
         "experiments.peers_host_loss",
-        "a lost host, measured whole-run gain (3 trials, 2% minimum effect): AccelPact better than cold restart, "
-        "NVRx and GEMINI at ages 5 and 18; torchft ahead at both (DDP against FSDP)",
-        19,
+        "a lost host on HSDP 2x2 at world 4, measured whole-run gain (5 trials, 2% minimum effect): AccelPact with "
+        "its heal better than cold restart and NVRx at ages 5 and 18; against torchft within noise at age 5 (4 "
+        "trials: one torchft run failed) and worse at age 18",
+        27.5,
         title="Against the peers: a lost host",
-        intro="The peers matrix's third fault, run apart because it needs hosts: mistral_tiny (2 layers) on 2 gloo "
-        "ranks on 2 hosts, each its own network namespace (`cluster=local_hosts`, root), host 1 lost (its ranks "
-        "SIGKILLed, its shared memory deleted) at checkpoint ages 5 and 18; every strategy in each of 3 "
-        "interleaved trials, each with its own fault-free reference.",
+        intro="The peers matrix's third fault, run apart because it needs hosts: mistral_tiny (2 layers) on 4 gloo "
+        "ranks as HSDP 2x2 on 2 hosts, each its own network namespace (`cluster=local_hosts`, root), so each "
+        "host holds one whole replica; the host of rank 1 lost (its ranks SIGKILLed, its shared memory "
+        "deleted) at checkpoint ages 5 and 18; every strategy in each of 5 interleaved trials, each with its "
+        "own fault-free reference. AccelPact's replacements rebuild their replica's shard group and heal "
+        "from the buddies' replicas on the other host. One torchft run failed: after its lost group "
+        "restarted, the restarted ranks kept exiting with `aten.mm.default got mixed torch.Tensor and "
+        "DTensor`, and the run ended; the table counts it as failed and judges that cell on 4 trials.",
         plot="goodput_vs_age.png",
         digest_row=("torchft", "5"),
         digest_columns=("strategy", "age", "gain_ci", "verdict", "gain_bp_ci"),
