@@ -21,7 +21,8 @@ STAMP215 := $(VENV215)/.installed
 TORCH215_SPEC ?= torch==2.15.0
 PIP215_ENV ?= PIP_CONFIG_FILE=/dev/null
 
-.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down setup-torch215 test-torch215
+.PHONY: setup run test test-slow reproduce clean slurm-up slurm-down setup-torch215 test-torch215 \
+	lint lint-check lint-format lint-types
 
 setup: $(STAMP)
 
@@ -33,7 +34,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[harness,dev,baselines]"
+	$(BIN)/pip install -q -e ".[harness,dev,baselines,lint]"
 	$(BIN)/pip uninstall -q -y pynvml
 	$(BIN)/python -c "import pynvml" # nvidia-ml-py's module, still there for torch and NVRx
 	touch $(STAMP)
@@ -83,6 +84,24 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# Static checks (the `lint` extra; .ci/run runs them before the tests): ruff's lint rules, ruff's formatting
+# and mypy (strict for accelpact, harness checked too); the settings are in pyproject.toml. Every part runs,
+# and any finding fails the target. `$(BIN)/ruff format $(LINT_PATHS)` applies the formatting.
+LINT_PATHS ?= accelpact harness experiments benchmarks tests examples
+MYPY_PATHS ?= accelpact harness
+lint: $(STAMP)
+	rc=0; $(MAKE) --no-print-directory lint-check || rc=1; $(MAKE) --no-print-directory lint-format || rc=1; \
+	  $(MAKE) --no-print-directory lint-types || rc=1; exit $$rc
+
+lint-check: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
+
+lint-format: $(STAMP)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+
+lint-types: $(STAMP)
+	$(BIN)/mypy $(MYPY_PATHS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -42,8 +42,14 @@ from accelpact.recovery.rejoin import RejoinTicket, rejoin
 # The module paths launchers and scripts imported before the runtime had subpackages, e.g.
 # ``accelpact.liveness.publish_death`` (a launcher's death notice) or ``from accelpact.heal import
 # HealPolicy``: each is the same module object under its old name (nothing is copied).
-MOVED_MODULES = {"accelpact.comm": _generations, "accelpact.heal": _heal, "accelpact.heal_wait": _heal_wait,
-                 "accelpact.liveness": _liveness, "accelpact.notice_auth": _notice_auth, "accelpact.rejoin": _rejoin}
+MOVED_MODULES = {
+    "accelpact.comm": _generations,
+    "accelpact.heal": _heal,
+    "accelpact.heal_wait": _heal_wait,
+    "accelpact.liveness": _liveness,
+    "accelpact.notice_auth": _notice_auth,
+    "accelpact.rejoin": _rejoin,
+}
 for _old, _module in MOVED_MODULES.items():
     sys.modules.setdefault(_old, _module)
 comm, heal, liveness, notice_auth = _generations, _heal, _liveness, _notice_auth  # ``accelpact.heal.X`` after import

@@ -15,6 +15,8 @@ The split matters because the two families have opposite handling rules:
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AccelPactError",
     "CommFault",
@@ -95,8 +97,15 @@ class RankLostError(UnrecoverableError):
     beating; "deadline": it did not report before the control deadline).
     """
 
-    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), last_committed_step: int | None = None,
-                 generation: int | None = None, detected_by: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: tuple[int, ...] = (),
+        last_committed_step: int | None = None,
+        generation: int | None = None,
+        detected_by: str | None = None,
+    ):
         super().__init__(message, ranks=ranks, last_committed_step=last_committed_step)
         self.generation = generation
         self.detected_by = detected_by
@@ -116,7 +125,7 @@ class RolledBack(AccelPactError):
     the data position). A heal that needs no rollback never raises: the step is retried inside.
     """
 
-    def __init__(self, message: str, *, resume_step: int, extra_state: dict | None = None):
+    def __init__(self, message: str, *, resume_step: int, extra_state: dict[str, Any] | None = None):
         super().__init__(message)
         self.resume_step = resume_step
         self.extra_state = extra_state or {}
@@ -132,8 +141,9 @@ class ControlStoreLostError(UnrecoverableError):
 
     detected_by = "control store"
 
-    def __init__(self, message: str, *, last_committed_step: int | None = None, generation: int | None = None,
-                 address: str = ""):
+    def __init__(
+        self, message: str, *, last_committed_step: int | None = None, generation: int | None = None, address: str = ""
+    ):
         super().__init__(message, last_committed_step=last_committed_step)
         self.generation = generation
         self.address = address

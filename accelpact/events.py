@@ -135,7 +135,7 @@ class HealEvent:
         return asdict(self)
 
 
-class RecoveryLog(list):
+class RecoveryLog(list[Any]):
     """``guard.events``: the newest ``keep`` RecoveryEvents, oldest first, and how many there were.
 
     A list, so that reading it is unchanged; bounded, because a week-long job recovers thousands of
@@ -151,7 +151,7 @@ class RecoveryLog(list):
         self.keep = keep
         self.total = 0  # events ever appended (dropped ones included)
 
-    def append(self, event: RecoveryEvent) -> None:  # type: ignore[override]
+    def append(self, event: RecoveryEvent) -> None:
         super().append(event)
         self.total += 1
         if len(self) > self.keep:

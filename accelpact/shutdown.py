@@ -34,11 +34,11 @@ EXIT_WAIT_S = 15.0
 
 
 class Stoppable(Protocol):
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         """Stop the thread (wait for it until ``deadline``, monotonic); the thread if it still runs, else None."""
 
 
-_owners: "weakref.WeakSet[Stoppable]" = weakref.WeakSet()
+_owners: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _lock = threading.Lock()
 _hooked = False
 
@@ -69,12 +69,16 @@ def stop_all(wait_s: float = EXIT_WAIT_S) -> list[str]:
         if thread is not None and thread.is_alive():
             left.append(thread.name)
     if left:
-        print(f"accelpact: thread(s) {left} still inside a call {wait_s:g} s after the interpreter began to exit; "
-              "the process may abort (SIGABRT) when such a call returns", file=sys.stderr, flush=True)
+        print(
+            f"accelpact: thread(s) {left} still inside a call {wait_s:g} s after the interpreter began to exit; "
+            "the process may abort (SIGABRT) when such a call returns",
+            file=sys.stderr,
+            flush=True,
+        )
     return left
 
 
-def join_until(thread: "threading.Thread | None", deadline: float) -> "threading.Thread | None":
+def join_until(thread: threading.Thread | None, deadline: float) -> threading.Thread | None:
     """Wait for ``thread`` until ``deadline`` (monotonic); it, if it still runs, else None."""
     if thread is None or thread is threading.current_thread() or not thread.is_alive():
         return None

@@ -37,7 +37,7 @@ from dataclasses import asdict
 # run as a script, this file's directory is on the path, not the repo root.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.ckpt_sweep import (  # noqa: E402
+from experiments.ckpt_sweep import (
     PAPER,
     WORLD,
     ModelSize,
@@ -81,12 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         names.remove("async_pinned")
     ok, why = fits(size, names)
     if not ok:
-        print(f"preset {args.preset} ({size.params() / 1e9:.3f}B params) does not fit on this machine: {why}. "
-              "Run a smaller --preset; bytes and staging memory scale linearly with parameters (12 B/param).")
+        print(
+            f"preset {args.preset} ({size.params() / 1e9:.3f}B params) does not fit on this machine: {why}. "
+            "Run a smaller --preset; bytes and staging memory scale linearly with parameters (12 B/param)."
+        )
         return 2
     root = args.dir or tempfile.mkdtemp(prefix="bench_ckpt_")
-    print(f"preset {args.preset}: {size.params() / 1e6:.1f}M params, seq {size.seq} x batch {size.batch} per rank, "
-          f"{WORLD} gloo ranks, {args.steps} measured steps (+{args.warmup} warm-up), checkpoints in {root}")
+    print(
+        f"preset {args.preset}: {size.params() / 1e6:.1f}M params, seq {size.seq} x batch {size.batch} per rank, "
+        f"{WORLD} gloo ranks, {args.steps} measured steps (+{args.warmup} warm-up), checkpoints in {root}"
+    )
 
     try:
         cfgs = configs(args.k, names)
@@ -100,26 +104,36 @@ def main(argv: list[str] | None = None) -> int:
     rows = add_overheads([summarize(c, res, args.steps) for c in cfgs])
 
     print()
-    hdr = (f"{'config':<14}{'step s':>8}{'ovh %':>8}{'(med %)':>8}{'stall s':>9}{'stage s':>9}{'saves':>6}"
-           f"{'GB/ckpt':>9}{'TB/hour':>9}{'ckpt RSS MiB':>13}{'cpu s':>7}{'cpu ovh %':>10}")
+    hdr = (
+        f"{'config':<14}{'step s':>8}{'ovh %':>8}{'(med %)':>8}{'stall s':>9}{'stage s':>9}{'saves':>6}"
+        f"{'GB/ckpt':>9}{'TB/hour':>9}{'ckpt RSS MiB':>13}{'cpu s':>7}{'cpu ovh %':>10}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for x in rows:
         ovh, med, cpu_ovh = x["overhead_pct"], x["overhead_median_pct"], x["cpu_overhead_pct"]
-        print(f"{x['config']:<14}{x['step_mean_s']:>8.3f}{ovh:>8.1f}{med:>8.1f}{x['stall_mean_s']:>9.3f}"
-              f"{x['stage_mean_s']:>9.3f}{x['saves']:>6}{x['bytes_per_ckpt'] / 1e9:>9.3f}"
-              f"{x['bytes_per_hour'] / 1e12:>9.3f}{x['save_rss_peak_delta_sum'] / 2**20:>13.1f}"
-              f"{x['cpu_per_step_s']:>7.2f}{cpu_ovh:>10.1f}")
-    print(f"\ntraining peak RSS before any save: {rows[0]['train_rss_sum'] / 2**30:.2f} GiB (sum of ranks); "
-          f"whole-run peak: {rows[0]['maxrss_sum'] / 2**30:.2f} GiB. 'ckpt RSS' = largest RSS rise during one save "
-          "(start of save to end of its write), summed over ranks.")
+        print(
+            f"{x['config']:<14}{x['step_mean_s']:>8.3f}{ovh:>8.1f}{med:>8.1f}{x['stall_mean_s']:>9.3f}"
+            f"{x['stage_mean_s']:>9.3f}{x['saves']:>6}{x['bytes_per_ckpt'] / 1e9:>9.3f}"
+            f"{x['bytes_per_hour'] / 1e12:>9.3f}{x['save_rss_peak_delta_sum'] / 2**20:>13.1f}"
+            f"{x['cpu_per_step_s']:>7.2f}{cpu_ovh:>10.1f}"
+        )
+    print(
+        f"\ntraining peak RSS before any save: {rows[0]['train_rss_sum'] / 2**30:.2f} GiB (sum of ranks); "
+        f"whole-run peak: {rows[0]['maxrss_sum'] / 2**30:.2f} GiB. 'ckpt RSS' = largest RSS rise during one save "
+        "(start of save to end of its write), summed over ranks."
+    )
     scale = PAPER["params"] / size.params()
-    print(f"\npaper (1.216B decoder, per-update async): +{PAPER['overhead_pct']}% step latency, "
-          f"{PAPER['host_mem_gib']} GiB host memory, {PAPER['tb_per_hour']} TB/hour")
-    print(f"scaling to 1.216B (x{scale:.0f} params): bytes per checkpoint and staging memory scale linearly "
-          f"(12 B/param: fp32 weights + 2 AdamW moments -> {12 * PAPER['params'] / 1e9:.1f} GB per checkpoint); "
-          "stall of sync/staging scales linearly with bytes; step compute scales with params x tokens, so the "
-          "overhead % depends on the ratio of write bandwidth to compute throughput, not on size alone.")
+    print(
+        f"\npaper (1.216B decoder, per-update async): +{PAPER['overhead_pct']}% step latency, "
+        f"{PAPER['host_mem_gib']} GiB host memory, {PAPER['tb_per_hour']} TB/hour"
+    )
+    print(
+        f"scaling to 1.216B (x{scale:.0f} params): bytes per checkpoint and staging memory scale linearly "
+        f"(12 B/param: fp32 weights + 2 AdamW moments -> {12 * PAPER['params'] / 1e9:.1f} GB per checkpoint); "
+        "stall of sync/staging scales linearly with bytes; step compute scales with params x tokens, so the "
+        "overhead % depends on the ratio of write bandwidth to compute throughput, not on size alone."
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "size": asdict(size), "params": size.params(), "rows": rows}, f, indent=1)

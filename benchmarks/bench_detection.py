@@ -44,8 +44,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def notice_latency(trials: int) -> list[float]:
     from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
-    from accelpact.errors import RankLostError
     from accelpact.detection.liveness import LivenessConfig, PeerJudge, PeerWatch, publish_death
+    from accelpact.errors import RankLostError
 
     server, port = start_control_server()
     out = []
@@ -55,8 +55,8 @@ def notice_latency(trials: int) -> list[float]:
         written: list[float] = []
 
         def write() -> None:
-            written.append(time.monotonic())
-            publish_death(server, token, 1, by="bench", reason="simulated waitpid")
+            written.append(time.monotonic())  # noqa: B023 - the timer fires within this trial
+            publish_death(server, token, 1, by="bench", reason="simulated waitpid")  # noqa: B023, F821 - ditto; del is after the loop
 
         threading.Timer(random.uniform(0.1, 0.3), write).start()
         watch = PeerWatch(token, 0, PeerJudge(LivenessConfig(), connection_dropped=False), generation=1)
@@ -84,17 +84,26 @@ def run(sc: dict, ctx: Any) -> dict:
 
     m = model_config(None)
     model, optimizer, root, _m = build("fsdp2", m)
-    guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
-                   heartbeat_interval_s=sc.get("heartbeat_interval_s"), stall_timeout_s=None)
+    guard = attach(
+        model,
+        optimizer,
+        ctx.control,
+        max_grad_norm=1.0,
+        pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
+        heartbeat_interval_s=sc.get("heartbeat_interval_s"),
+        stall_timeout_s=None,
+    )
     inner = step_fn_for(model)
     ctx.barrier(f"built/{sc['name']}")
     times: list[float] = []
     if sc["kind"] == "die":
+
         def step_fn(batch):
             if ctx.rank == 1 and guard.next_step == 2:
                 (ctx.out_dir / f"{sc['name']}.died.json").write_text(json.dumps({"t": time.time()}))
                 os.kill(os.getpid(), 9)
             return inner(batch)
+
         try:
             for step in range(4):
                 guard.step(step_fn, batch_for(step, ctx.rank, m))
@@ -120,11 +129,20 @@ def run(sc: dict, ctx: Any) -> dict:
         times.append(time.perf_counter() - t)
     beat_cpu = None if beat is None else {"cpu_s": _thread_cpu_s(beat) - cpu0, "wall_s": time.perf_counter() - wall0}
     guard.close()
-    gap = [{"apply": marks[s]["applied"] - marks[s]["post_vote"],
+    gap = [
+        {
+            "apply": marks[s]["applied"] - marks[s]["post_vote"],
             "between": marks[s + 1]["step_start"] - marks[s]["applied"],
-            "to_first_collective": marks[s + 1]["first_collective"] - marks[s + 1]["step_start"]}
-           for s in range(3, sc["steps"] - 1)]
-    return {"step_s": times[3:], "post_vote_gap": gap, "beat_cpu": beat_cpu, "error": None}  # the first steps include lazy init
+            "to_first_collective": marks[s + 1]["first_collective"] - marks[s + 1]["step_start"],
+        }
+        for s in range(3, sc["steps"] - 1)
+    ]
+    return {
+        "step_s": times[3:],
+        "post_vote_gap": gap,
+        "beat_cpu": beat_cpu,
+        "error": None,
+    }  # the first steps include lazy init
 
 
 def main() -> None:
@@ -132,8 +150,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--worlds", type=int, nargs="*", default=[2, 4], help="reset detection: world sizes (none: skip)")
-    parser.add_argument("--per-cell", type=int, default=10, help="reset detection: faults per (phase, one/all) at world 2")
+    parser.add_argument(
+        "--worlds", type=int, nargs="*", default=[2, 4], help="reset detection: world sizes (none: skip)"
+    )
+    parser.add_argument(
+        "--per-cell", type=int, default=10, help="reset detection: faults per (phase, one/all) at world 2"
+    )
     parser.add_argument("--per-cell-w4", type=int, default=6, help="reset detection: faults per cell above world 2")
     parser.add_argument("--sessions", type=int, default=2, help="reset detection: sessions per world")
     parser.add_argument("--out", type=Path, default=None)
@@ -146,28 +168,42 @@ def main() -> None:
 
     t0 = time.time()
     load_before = load_average()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     notices = notice_latency(args.trials)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_detection_"))
     runner = "benchmarks.bench_detection:run"
     scenarios: list[dict] = []
     for i in range(args.rounds):
-        scenarios += [{"name": f"on{i}", "kind": "steps", "steps": args.steps, "heartbeat_interval_s": 0.5},
-                      {"name": f"off{i}", "kind": "steps", "steps": args.steps, "heartbeat_interval_s": None}]
+        scenarios += [
+            {"name": f"on{i}", "kind": "steps", "steps": args.steps, "heartbeat_interval_s": 0.5},
+            {"name": f"off{i}", "kind": "steps", "steps": args.steps, "heartbeat_interval_s": None},
+        ]
     s = run_session(out / "cost", runner, scenarios, control_deadline_s=60.0)
     on = [t for i in range(args.rounds) for r in (0, 1) for t in s.result(f"on{i}", r)["step_s"]]
     off = [t for i in range(args.rounds) for r in (0, 1) for t in s.result(f"off{i}", r)["step_s"]]
     hb_latency = []
     for i in range(args.rounds):
-        d = run_session(out / f"die{i}", runner, [{"name": "die", "kind": "die", "heartbeat_interval_s": 0.5}],
-                        control_deadline_s=60.0, allowed_to_fail=[1])
+        d = run_session(
+            out / f"die{i}",
+            runner,
+            [{"name": "die", "kind": "die", "heartbeat_interval_s": 0.5}],
+            control_deadline_s=60.0,
+            allowed_to_fail=[1],
+        )
         died = json.loads((out / f"die{i}" / "die.died.json").read_text())["t"]
         res = d.result("die", 0)
         if res and res.get("t_raised"):
             hb_latency.append(res["t_raised"] - died)
     beats = [s.result(f"on{i}", r)["beat_cpu"] for i in range(args.rounds) for r in (0, 1)]
-    gaps = [g for i in range(args.rounds) for n in (f"on{i}", f"off{i}") for r in (0, 1)
-            for g in s.result(n, r)["post_vote_gap"]]
+    gaps = [
+        g
+        for i in range(args.rounds)
+        for n in (f"on{i}", f"off{i}")
+        for r in (0, 1)
+        for g in s.result(n, r)["post_vote_gap"]
+    ]
     reset_samples: list[dict] = []
     for w in args.worlds:
         n = args.per_cell if w <= 2 else args.per_cell_w4
@@ -175,30 +211,55 @@ def main() -> None:
         reset_samples += samples
     cells = resets.summarise(reset_samples, args.worlds, resets.PHASES) if args.worlds else []
     med_on, med_off = statistics.median(on), statistics.median(off)
-    print(f"\nbench_detection at {sha}, {os.cpu_count()} cores, load average {load_before} before, "
-          f"{load_average()} after, {time.time() - t0:.0f} s")
+    print(
+        f"\nbench_detection at {sha}, {os.cpu_count()} cores, load average {load_before} before, "
+        f"{load_average()} after, {time.time() - t0:.0f} s"
+    )
     if cells:
         print(resets.table(cells))
         print()
-    print(f"dead-rank notice -> RankLostError  (n={len(notices)}): p50 {_pct(notices, .5) * 1e3:.0f} ms, "
-          f"p99 {_pct(notices, .99) * 1e3:.0f} ms, max {max(notices) * 1e3:.0f} ms")
+    print(
+        f"dead-rank notice -> RankLostError  (n={len(notices)}): p50 {_pct(notices, 0.5) * 1e3:.0f} ms, "
+        f"p99 {_pct(notices, 0.99) * 1e3:.0f} ms, max {max(notices) * 1e3:.0f} ms"
+    )
     if hb_latency:
-        print(f"SIGKILL -> RankLostError, heartbeat rule, no launcher notice (n={len(hb_latency)}): "
-              f"{', '.join(f'{x:.2f}' for x in hb_latency)} s")
+        print(
+            f"SIGKILL -> RankLostError, heartbeat rule, no launcher notice (n={len(hb_latency)}): "
+            f"{', '.join(f'{x:.2f}' for x in hb_latency)} s"
+        )
     print(f"step time, heartbeat on  (n={len(on)}): median {med_on * 1e3:.1f} ms")
     print(f"step time, heartbeat off (n={len(off)}): median {med_off * 1e3:.1f} ms")
     print(f"heartbeat cost: {(med_on - med_off) / med_off * 100:+.2f} % of the median step (on vs off)")
     beat_cpu, beat_wall = sum(b["cpu_s"] for b in beats), sum(b["wall_s"] for b in beats)
-    print(f"heartbeat thread CPU: {beat_cpu * 1e3:.1f} ms over {beat_wall:.0f} s of training per rank summed "
-          f"({beat_cpu / beat_wall * 100:.3f} % of one core; at most that share of each step, whatever the load)")
+    print(
+        f"heartbeat thread CPU: {beat_cpu * 1e3:.1f} ms over {beat_wall:.0f} s of training per rank summed "
+        f"({beat_cpu / beat_wall * 100:.3f} % of one core; at most that share of each step, whatever the load)"
+    )
     parts = {k: statistics.median(g[k] for g in gaps) * 1e3 for k in ("apply", "between", "to_first_collective")}
-    print(f"data plane idle after the vote (n={len(gaps)}, medians): optimizer.step + zero_grad {parts['apply']:.1f} ms, "
-          f"between steps {parts['between']:.1f} ms, step start -> first all-gather {parts['to_first_collective']:.1f} ms; "
-          f"total {statistics.median(sum(g.values()) for g in gaps) * 1e3:.1f} ms (a post_vote reset is met at its end)")
-    (out / "results.json").write_text(json.dumps({
-        "argv": sys.argv, "sha": sha, "load_before": load_before, "load_after": load_average(),
-        "notice_s": notices, "heartbeat_rule_s": hb_latency, "step_s_on": on, "step_s_off": off, "beat_cpu": beats,
-        "post_vote_gap": gaps, "reset_cells": cells, "reset_samples": reset_samples}, indent=1))
+    print(
+        f"data plane idle after the vote (n={len(gaps)}, medians): optimizer.step + zero_grad {parts['apply']:.1f} ms, "
+        f"between steps {parts['between']:.1f} ms, step start -> first all-gather {parts['to_first_collective']:.1f} ms; "
+        f"total {statistics.median(sum(g.values()) for g in gaps) * 1e3:.1f} ms (a post_vote reset is met at its end)"
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "argv": sys.argv,
+                "sha": sha,
+                "load_before": load_before,
+                "load_after": load_average(),
+                "notice_s": notices,
+                "heartbeat_rule_s": hb_latency,
+                "step_s_on": on,
+                "step_s_off": off,
+                "beat_cpu": beats,
+                "post_vote_gap": gaps,
+                "reset_cells": cells,
+                "reset_samples": reset_samples,
+            },
+            indent=1,
+        )
+    )
     print(f"raw figures -> {out / 'results.json'}")
 
 

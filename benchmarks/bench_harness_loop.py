@@ -31,20 +31,20 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from harness.rank.data import make_batch
     from harness.events import EventLog
+    from harness.rank.data import make_batch
     from harness.rank.models import build_model
+    from harness.rank.train import run_loop, set_cpu_threads
     from harness.schema import RunConfig
     from harness.strategies.base import TrainContext
     from harness.strategies.none import PlainStep
-    from harness.rank.train import run_loop, set_cpu_threads
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     set_cpu_threads(world)
-    store = dist.TCPStore("127.0.0.1", int(os.environ["BENCH_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=300))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
+    store = dist.TCPStore(
+        "127.0.0.1", int(os.environ["BENCH_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=300)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     cfg = RunConfig()
     cfg.train.steps = 10**9
     m = cfg.model
@@ -59,8 +59,9 @@ def rank_main(args: argparse.Namespace) -> None:
     b_model, b_opt = new_pair()
     run_dir = os.environ["BENCH_DIR"]
     events = EventLog(run_dir, rank)
-    ctx = TrainContext(cfg=cfg, rank=rank, world_size=world, device=cpu, model=h_model, optimizer=h_opt,
-                       events=events, run_dir=run_dir)
+    ctx = TrainContext(
+        cfg=cfg, rank=rank, world_size=world, device=cpu, model=h_model, optimizer=h_opt, events=events, run_dir=run_dir
+    )
     strategy = PlainStep(ctx)
 
     def minimal(start: int, n: int) -> None:
@@ -86,8 +87,8 @@ def rank_main(args: argparse.Namespace) -> None:
     h_times, m_times = [], []
     step = 2
     for i in range(args.steps):
-        h = lambda: run_loop(ctx, strategy, steps=step + 1, start=step)  # noqa: E731
-        b = lambda: minimal(step, 1)  # noqa: E731
+        h = lambda: run_loop(ctx, strategy, steps=step + 1, start=step)  # noqa: E731, B023 - timed at once
+        b = lambda: minimal(step, 1)  # noqa: E731, B023 - timed at once
         if i % 2:  # alternate who goes first
             m_times.append(timed(b))
             h_times.append(timed(h))
@@ -98,10 +99,15 @@ def rank_main(args: argparse.Namespace) -> None:
     ratio = statistics.median(m_times) / statistics.median(h_times)  # (h steps/s) / (m steps/s)
     ratio_mean = sum(m_times) / sum(h_times)
     if rank == 0:
-        print(f"harness: median {statistics.median(h_times) * 1e3:.1f} ms/step, minimal: median "
-              f"{statistics.median(m_times) * 1e3:.1f} ms/step ({args.steps} steps each, interleaved)")
-        print(f"RATIO harness/minimal steps/s: {ratio:.4f} (medians), {ratio_mean:.4f} (totals); "
-              f"{world} gloo ranks, mistral_tiny, seq {m.seq_len} x batch {m.batch_size} per rank", flush=True)
+        print(
+            f"harness: median {statistics.median(h_times) * 1e3:.1f} ms/step, minimal: median "
+            f"{statistics.median(m_times) * 1e3:.1f} ms/step ({args.steps} steps each, interleaved)"
+        )
+        print(
+            f"RATIO harness/minimal steps/s: {ratio:.4f} (medians), {ratio_mean:.4f} (totals); "
+            f"{world} gloo ranks, mistral_tiny, seq {m.seq_len} x batch {m.batch_size} per rank",
+            flush=True,
+        )
     events.close()
     dist.destroy_process_group()
 
@@ -117,15 +123,21 @@ def main() -> None:
         return
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=300),
-                          wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=300), wait_for_workers=False)
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         for rank in range(args.world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), BENCH_PORT=str(store.port),
-                       BENCH_DIR=tmp, HF_HUB_OFFLINE="1")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-process",
-                                           "--steps", str(args.steps)], env=env))
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(args.world),
+                BENCH_PORT=str(store.port),
+                BENCH_DIR=tmp,
+                HF_HUB_OFFLINE="1",
+            )
+            procs.append(
+                subprocess.Popen([sys.executable, __file__, "--rank-process", "--steps", str(args.steps)], env=env)
+            )
         codes = [p.wait() for p in procs]
     sys.exit(max(abs(c) for c in codes))
 

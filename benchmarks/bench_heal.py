@@ -51,11 +51,16 @@ TINY = ["experiment=smoke", "model.num_layers=2", "model.seq_len=32", "model.bat
 # The process starts measured side by side: a bare Python + torch (the issue's yardstick), and Python +
 # torch + the transformers model class the harness trains (``import transformers`` alone is lazy and
 # imports almost nothing: a spawned replacement pays for the model class).
-STARTS = {"python + torch": "import torch",
-          "python + torch + MistralForCausalLM": "import torch, torch.distributed; "
-                                                 "from transformers import MistralForCausalLM"}
-MODES = {"template": ["strategy.replacement_start=template"], "spawn": ["strategy.replacement_start=spawn"],
-         "hot spare": ["strategy.hot_spares=1"]}
+STARTS = {
+    "python + torch": "import torch",
+    "python + torch + MistralForCausalLM": "import torch, torch.distributed; "
+    "from transformers import MistralForCausalLM",
+}
+MODES = {
+    "template": ["strategy.replacement_start=template"],
+    "spawn": ["strategy.replacement_start=spawn"],
+    "hot spare": ["strategy.hot_spares=1"],
+}
 
 # A spawned replacement's start, step by step (what the template does once at launch instead).
 PARTS = """
@@ -81,8 +86,11 @@ def process_start(n: int) -> dict[str, list[float]]:
     for _ in range(n):
         for name, code in STARTS.items():
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True,
-                           env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+            subprocess.run(
+                [sys.executable, "-c", code],
+                check=True,
+                env={**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+            )
             out[name].append(time.perf_counter() - t0)
     return out
 
@@ -92,9 +100,19 @@ def start_parts(n: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for _ in range(n):
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", PARTS], check=True, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_OFFLINE": "1",
-                                   "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            [sys.executable, "-c", PARTS],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "TRANSFORMERS_OFFLINE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1",
+            },
+        )
         total = time.perf_counter() - t0
         parts = json.loads(done.stdout.strip().splitlines()[-1])
         out.setdefault("python interpreter (exec -> first line)", []).append(total - sum(v for _, v in parts))
@@ -107,9 +125,21 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -
     from harness.events import Fault, Heal, Replacement, Restore, Step, load_events, of_type
 
     run_dir = tmp / f"trial{i}-{mode.replace(' ', '_')}"
-    cmd = [sys.executable, "-m", "harness", f"index_path={tmp / 'index.csv'}", *TINY, f"train.steps={steps}",
-           f"strategy={STRATEGY}", "fault=kill", "fault.ranks=[1]", f"fault.at_step={step}", f"fault.phase={phase}",
-           *MODES[mode], f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        f"index_path={tmp / 'index.csv'}",
+        *TINY,
+        f"train.steps={steps}",
+        f"strategy={STRATEGY}",
+        "fault=kill",
+        "fault.ranks=[1]",
+        f"fault.at_step={step}",
+        f"fault.phase={phase}",
+        *MODES[mode],
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -120,8 +150,9 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -
     [rep] = [e for e in heals if e.role == "replacement"]
     [started] = of_type(events, Replacement)
     if started.start != mode.replace(" ", "_"):
-        raise RuntimeError(f"trial {i} {mode}: the replacement started as {started.start} "
-                           f"({started.template_fallback})")
+        raise RuntimeError(
+            f"trial {i} {mode}: the replacement started as {started.start} ({started.template_fallback})"
+        )
     resumed = max(e.t for e in heals)
     t_arrived = rep.t_detected + rep.replacement_start_s
     steps_seen: dict[tuple[int, int], int] = {}
@@ -160,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parts = start_parts(args.starts)
     with tempfile.TemporaryDirectory(prefix="bench_heal_") as tmp:
         # Interleaved, so that the load of the shared host hits every mode alike.
-        trials = [one_trial(Path(tmp), i, args.phase, args.step, args.steps, mode)
-                  for i in range(args.trials) for mode in MODES]
+        trials = [
+            one_trial(Path(tmp), i, args.phase, args.step, args.steps, mode)
+            for i in range(args.trials)
+            for mode in MODES
+        ]
     for name, values in process_start(args.starts).items():  # before and after: the load moves during the run
         starts[name] += values
     keys = ("death_to_resumed_s", "death_to_spawn_s", "process_start_s", "after_arrival_s", "load_s")
@@ -183,24 +217,35 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, t in enumerate(trials):
-        lines.append(f"| {i // len(MODES)} | {t['mode']} | {t['death_to_resumed_s']:.2f} | {t['death_to_spawn_s']:.3f} "
-                     f"| {t['process_start_s']:.2f} | {t['after_arrival_s']:.2f} | {t['load_s']:.3f} | {t['source']} "
-                     f"| {t['replayed_steps']} | {t['disk_bytes']} |")
+        lines.append(
+            f"| {i // len(MODES)} | {t['mode']} | {t['death_to_resumed_s']:.2f} | {t['death_to_spawn_s']:.3f} "
+            f"| {t['process_start_s']:.2f} | {t['after_arrival_s']:.2f} | {t['load_s']:.3f} | {t['source']} "
+            f"| {t['replayed_steps']} | {t['disk_bytes']} |"
+        )
     target = ref_start + 1.0
     for mode, m in med.items():
-        lines.append(f"| median | {mode} | {m['death_to_resumed_s']:.2f} | {m['death_to_spawn_s']:.3f} "
-                     f"| {m['process_start_s']:.2f} | {m['after_arrival_s']:.2f} | {m['load_s']:.3f} | | | |")
+        lines.append(
+            f"| median | {mode} | {m['death_to_resumed_s']:.2f} | {m['death_to_spawn_s']:.3f} "
+            f"| {m['process_start_s']:.2f} | {m['after_arrival_s']:.2f} | {m['load_s']:.3f} | | | |"
+        )
     tpl, spawn, spare = med["template"], med["spawn"], med["hot spare"]
     lines += [
         "",
         "Reference process starts, side by side in this run (a fresh `python -c ...`, median of "
-        f"{2 * args.starts}): " + "; ".join(f"{name}: {statistics.median(v):.2f} s (min {min(v):.2f}, max "
-                                             f"{max(v):.2f})" for name, v in starts.items()) + ".",
+        f"{2 * args.starts}): "
+        + "; ".join(
+            f"{name}: {statistics.median(v):.2f} s (min {min(v):.2f}, max {max(v):.2f})" for name, v in starts.items()
+        )
+        + ".",
         "",
         f"Where a spawned replacement's start goes (a fresh Python doing its steps, median of {args.starts}): "
         + "; ".join(f"{name} {statistics.median(v):.2f} s" for name, v in parts.items())
-        + (f". The template pays these once, at launch: its imports took {statistics.median(imports):.2f} s "
-           f"(median over the template trials), while the ranks started." if imports else "."),
+        + (
+            f". The template pays these once, at launch: its imports took {statistics.median(imports):.2f} s "
+            f"(median over the template trials), while the ranks started."
+            if imports
+            else "."
+        ),
         "",
         f"Target, a new process: death -> every rank resumed <= one bare Python + torch start + 1 s = {target:.2f} s.",
         f"- template (forked from the preloaded process): "
@@ -224,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_heal.md").write_text(text)
-        (args.out / "bench_heal.json").write_text(json.dumps({"trials": trials, "process_starts": starts,
-                                                                  "spawn_start_parts": parts}, indent=1))
+        (args.out / "bench_heal.json").write_text(
+            json.dumps({"trials": trials, "process_starts": starts, "spawn_start_parts": parts}, indent=1)
+        )
     return 0
 
 

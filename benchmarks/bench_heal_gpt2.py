@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,10 +47,33 @@ def run_job(scratch: Path, name: str, agent_args: list[str], extra_env: dict[str
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra_env)
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"bench{os.getpid()}{name}",
-           "--log-dir", str(job / "logs"), "--snapshot-root", str(job / "shm"), *agent_args,
-           str(ROOT / "examples" / "heal_loop.py"), "--model", "gpt2", "--steps", "10", "--every", "100",
-           "--pause-s", "1", "--kill-in", "step", "--kill-at", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        f"bench{os.getpid()}{name}",
+        "--log-dir",
+        str(job / "logs"),
+        "--snapshot-root",
+        str(job / "shm"),
+        *agent_args,
+        str(ROOT / "examples" / "heal_loop.py"),
+        "--model",
+        "gpt2",
+        "--steps",
+        "10",
+        "--every",
+        "100",
+        "--pause-s",
+        "1",
+        "--kill-in",
+        "step",
+        "--kill-at",
+        "8",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     logs = {r: (job / "logs" / f"rank{r}.log").read_text() for r in (0, 1)}
     killed = [float(line.split()[1]) for line in logs[1].splitlines() if line.startswith("KILLED_AT ")]
@@ -61,8 +83,13 @@ def run_job(scratch: Path, name: str, agent_args: list[str], extra_env: dict[str
             if line.startswith("RESULT "):
                 ends += [h["t"] for h in json.loads(line[7:])["heals"]]
     ok = p.returncode == 0 and len(killed) == 1 and len(ends) == 2
-    return {"ok": ok, "rc": p.returncode, "kill_to_resumed_s": max(ends) - killed[0] if ok else None,
-            "agent_tail": "" if ok else (p.stdout + p.stderr)[-2000:], "load": os.getloadavg()[0]}
+    return {
+        "ok": ok,
+        "rc": p.returncode,
+        "kill_to_resumed_s": max(ends) - killed[0] if ok else None,
+        "agent_tail": "" if ok else (p.stdout + p.stderr)[-2000:],
+        "load": os.getloadavg()[0],
+    }
 
 
 def interval(values: list[float], rng: random.Random) -> tuple[float, float, float]:
@@ -79,8 +106,14 @@ def main() -> None:
     names = args.configs.split(",")
     rng = random.Random(0)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "accelpact", "examples", "benchmarks"],
-                                capture_output=True, text=True, cwd=ROOT).stdout.strip())
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--", "accelpact", "examples", "benchmarks"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+    )
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load0 = os.getloadavg()
     rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -92,46 +125,59 @@ def main() -> None:
                 agent_args, extra_env = CONFIGS[name]
                 r = run_job(Path(tmp) / f"t{trial}", name, agent_args, extra_env)
                 rows[name].append(r)
-                print(f"trial {trial} {name}: {r['kill_to_resumed_s'] if r['ok'] else 'FAILED rc=' + str(r['rc'])} "
-                      f"(load {r['load']:.1f})", flush=True)
+                print(
+                    f"trial {trial} {name}: {r['kill_to_resumed_s'] if r['ok'] else 'FAILED rc=' + str(r['rc'])} "
+                    f"(load {r['load']:.1f})",
+                    flush=True,
+                )
                 if not r["ok"]:
                     print(r["agent_tail"], flush=True)
-    lines = ["| replacement start | kill -> every rank resumed, median [95% CI] (s) | / template, paired [95% CI] | ok |",
-             "|---|---|---|---|"]
+    lines = [
+        "| replacement start | kill -> every rank resumed, median [95% CI] (s) | / template, paired [95% CI] | ok |",
+        "|---|---|---|---|",
+    ]
     summary: dict[str, Any] = {}
     base = [r["kill_to_resumed_s"] for r in rows.get("template", [])]
     for name in names:
         vals = [r["kill_to_resumed_s"] for r in rows[name] if r["ok"]]
         med, lo, hi = interval(vals, rng) if vals else (float("nan"),) * 3
-        pairs = [v / b for v, b in zip((r["kill_to_resumed_s"] for r in rows[name]), base)
-                 if v is not None and b is not None]
+        pairs = [
+            v / b for v, b in zip((r["kill_to_resumed_s"] for r in rows[name]), base) if v is not None and b is not None
+        ]
         rmed, rlo, rhi = interval(pairs, rng) if pairs and name != "template" else (1.0, 1.0, 1.0)
         summary[name] = {"values": vals, "median": med, "ci": [lo, hi], "ratio": [rmed, rlo, rhi]}
-        lines.append(f"| {name} | {med:.2f} [{lo:.2f}, {hi:.2f}] (n={len(vals)}) | "
-                     f"{'-' if name == 'template' else f'{rmed:.2f} [{rlo:.2f}, {rhi:.2f}]'} | {len(vals)}/{len(rows[name])} |")
+        lines.append(
+            f"| {name} | {med:.2f} [{lo:.2f}, {hi:.2f}] (n={len(vals)}) | "
+            f"{'-' if name == 'template' else f'{rmed:.2f} [{rlo:.2f}, {rhi:.2f}]'} | {len(vals)}/{len(rows[name])} |"
+        )
     loads = [r["load"] for rs in rows.values() for r in rs]
-    prov = [f"- command: `PYTHONPATH=. {Path(sys.executable).name} benchmarks/bench_heal_gpt2.py --trials {args.trials}`",
-            f"- code: git `{sha}`{' (with uncommitted changes under accelpact/, examples/ or benchmarks/)' if dirty else ''}",
-            f"- date: {started}",
-            f"- machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), python "
-            f"{platform.python_version()}, torch {__import__('torch').__version__}, no GPU used; load average "
-            f"{load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f} at the start, 1-min load after each job "
-            f"min {min(loads):.1f} max {max(loads):.1f}",
-            f"- trials: {args.trials} per configuration, configurations shuffled within each trial"]
+    prov = [
+        f"- command: `PYTHONPATH=. {Path(sys.executable).name} benchmarks/bench_heal_gpt2.py --trials {args.trials}`",
+        f"- code: git `{sha}`{' (with uncommitted changes under accelpact/, examples/ or benchmarks/)' if dirty else ''}",
+        f"- date: {started}",
+        f"- machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), python "
+        f"{platform.python_version()}, torch {__import__('torch').__version__}, no GPU used; load average "
+        f"{load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f} at the start, 1-min load after each job "
+        f"min {min(loads):.1f} max {max(loads):.1f}",
+        f"- trials: {args.trials} per configuration, configurations shuffled within each trial",
+    ]
     text = "\n".join(lines + ["", "### Provenance", ""] + prov) + "\n"
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        header = ("# Kill -> every rank resumed under `accelpact-run`, GPT-2 (transformers), world 2\n\n"
-                  "benchmarks/bench_heal_gpt2.py: examples/heal_loop.py `--model gpt2` (transformers imports GPT-2's "
-                  "modeling module at the model's first build), steps of about 1 s, rank 1 SIGKILLed in step 8 and "
-                  "healed; from the "
-                  "killed rank's last line to the last rank's heal ending (its first collective on the healed "
-                  "groups). `template` is the default flags; `template_top_level_only` the template without the "
-                  "modules the ranks loaded by their first step (accelpact.run.modules), as before.\n\n")
+        header = (
+            "# Kill -> every rank resumed under `accelpact-run`, GPT-2 (transformers), world 2\n\n"
+            "benchmarks/bench_heal_gpt2.py: examples/heal_loop.py `--model gpt2` (transformers imports GPT-2's "
+            "modeling module at the model's first build), steps of about 1 s, rank 1 SIGKILLed in step 8 and "
+            "healed; from the "
+            "killed rank's last line to the last rank's heal ending (its first collective on the healed "
+            "groups). `template` is the default flags; `template_top_level_only` the template without the "
+            "modules the ranks loaded by their first step (accelpact.run.modules), as before.\n\n"
+        )
         (args.out / "heal_gpt2.md").write_text(header + text)
-        (args.out / "heal_gpt2.json").write_text(json.dumps({"summary": summary, "rows": rows, "provenance": prov},
-                                                            indent=1))
+        (args.out / "heal_gpt2.json").write_text(
+            json.dumps({"summary": summary, "rows": rows, "provenance": prov}, indent=1)
+        )
 
 
 if __name__ == "__main__":

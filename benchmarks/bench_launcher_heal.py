@@ -30,8 +30,24 @@ def start(mode: str, work: Path, trial: int) -> subprocess.Popen:
     run = work / f"{mode}{trial}"
     run.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--replacement", mode, "--log-dir",
-           str(run / "logs"), "--snapshot-root", str(work / "shm"), str(EXAMPLE), "--steps", "6", "--kill-at", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--replacement",
+        mode,
+        "--log-dir",
+        str(run / "logs"),
+        "--snapshot-root",
+        str(work / "shm"),
+        str(EXAMPLE),
+        "--steps",
+        "6",
+        "--kill-at",
+        "3",
+    ]
     return subprocess.Popen(cmd, stdout=(run / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
@@ -53,7 +69,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     rows: dict[str, list[dict]] = {"template": [], "spawn": []}
     bare = []
     with tempfile.TemporaryDirectory(prefix="bench_launcher_") as tmp:
@@ -68,16 +86,24 @@ def main() -> int:
             bare.append(bare_torch_s())
             print(f"trial {trial}: " + ", ".join(f"{m} {rows[m][-1]['total_s']:.2f} s" for m in rows), flush=True)
     load = os.getloadavg()
-    print(f"\naccelpact.run heal, caught -> healed on the survivor (git {sha}, {os.cpu_count()} cores, load "
-          f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end, {args.trials} trials each, medians)")
+    print(
+        f"\naccelpact.run heal, caught -> healed on the survivor (git {sha}, {os.cpu_count()} cores, load "
+        f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end, {args.trials} trials each, medians)"
+    )
     print("| replacement | caught -> healed | caught -> replacement arrived | the rest |")
     print("|---|---|---|---|")
-    med = {m: {k: statistics.median(r[k] for r in rows[m]) for k in ("total_s", "replacement_start_s", "heal_transfer_s")}
-           for m in rows}
+    med = {
+        m: {k: statistics.median(r[k] for r in rows[m]) for k in ("total_s", "replacement_start_s", "heal_transfer_s")}
+        for m in rows
+    }
     for m in rows:
-        print(f"| {m} | {med[m]['total_s']:.2f} s | {med[m]['replacement_start_s']:.2f} s | {med[m]['heal_transfer_s']:.2f} s |")
-    print(f"\nspawn / template: {med['spawn']['total_s'] / med['template']['total_s']:.2f}x; "
-          f"bare `python -c 'import torch'` in the same run: {statistics.median(bare):.2f} s (median)")
+        print(
+            f"| {m} | {med[m]['total_s']:.2f} s | {med[m]['replacement_start_s']:.2f} s | {med[m]['heal_transfer_s']:.2f} s |"
+        )
+    print(
+        f"\nspawn / template: {med['spawn']['total_s'] / med['template']['total_s']:.2f}x; "
+        f"bare `python -c 'import torch'` in the same run: {statistics.median(bare):.2f} s (median)"
+    )
     return 0
 
 

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.age is None:
         args.age = 2 if args.quick else 5
     sys.path.insert(0, str(ROOT / "examples"))
-    import negative_control  # noqa: F401 - registers the control here too, for its name and label
+    import negative_control
+
     from harness import strategies
 
     ours = strategies.under_test().name
@@ -54,12 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.report.intervals import BETTER
 
     sweep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="negative_control_"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
-           "HARNESS_PLUGINS": "negative_control"}
-    cmd = [sys.executable, "-m", "harness", f"strategy={ours},{negative_control.NAME}",
-           f"fault.at_age={args.age}", f"compare.trials={args.trials}",
-           "progress=false", f"hydra.sweep.dir={sweep}", f"index_path={sweep / 'index.csv'}",
-           *(QUICK if args.quick else [])]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+        "HARNESS_PLUGINS": "negative_control",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        f"strategy={ours},{negative_control.NAME}",
+        f"fault.at_age={args.age}",
+        f"compare.trials={args.trials}",
+        "progress=false",
+        f"hydra.sweep.dir={sweep}",
+        f"index_path={sweep / 'index.csv'}",
+        *(QUICK if args.quick else []),
+    ]
     print("$ HARNESS_PLUGINS=negative_control " + " ".join(cmd[1:]), flush=True)
     t0 = time.time()
     done = subprocess.run(cmd, cwd=ROOT, env=env)
@@ -71,17 +83,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cells = pd.read_csv(table)
     row = cells[cells["strategy"] == negative_control.NAME].iloc[0]
-    summary = (f"AccelPact's measured whole-run gain over the control: {row['gain_ci']} -> {row['verdict']}; "
-               f"badput-based (diagnostic): {row['gain_bp_ci']} -> {row['verdict_bp']}; "
-               f"badput {row['badput_s']:.2f} s (control, median) vs "
-               f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s (AccelPact)")
+    summary = (
+        f"AccelPact's measured whole-run gain over the control: {row['gain_ci']} -> {row['verdict']}; "
+        f"badput-based (diagnostic): {row['gain_bp_ci']} -> {row['verdict_bp']}; "
+        f"badput {row['badput_s']:.2f} s (control, median) vs "
+        f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s (AccelPact)"
+    )
     if out is not None:
         _write(out, cmd, sweep, summary, args, negative_control.SLEEP_S, elapsed_s=time.time() - t0)
-    print(f"\nnegative control ({negative_control.SLEEP_S:g} s of sleep per recovery), {(time.time() - t0) / 60:.1f} min:"
-          f"\n  AccelPact's measured whole-run gain over it: {row['gain_ci']} -> {row['verdict']}"
-          f"\n  badput-based (diagnostic): {row['gain_bp_ci']} -> {row['verdict_bp']}"
-          f"\n  its badput {row['badput_s']:.2f} s (median) vs AccelPact's "
-          f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s")
+    print(
+        f"\nnegative control ({negative_control.SLEEP_S:g} s of sleep per recovery), {(time.time() - t0) / 60:.1f} min:"
+        f"\n  AccelPact's measured whole-run gain over it: {row['gain_ci']} -> {row['verdict']}"
+        f"\n  badput-based (diagnostic): {row['gain_bp_ci']} -> {row['verdict_bp']}"
+        f"\n  its badput {row['badput_s']:.2f} s (median) vs AccelPact's "
+        f"{cells[cells['strategy'] == ours].iloc[0]['badput_s']:.2f} s"
+    )
     if not args.keep:
         shutil.rmtree(sweep, ignore_errors=True)
     ok = row["verdict"] == BETTER
@@ -89,21 +105,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok and done.returncode == 0 else 1
 
 
-def _write(out: Path, cmd: Sequence[str], sweep: Path, summary: str, args: argparse.Namespace,
-           sleep_s: float, elapsed_s: float) -> None:
+def _write(
+    out: Path, cmd: Sequence[str], sweep: Path, summary: str, args: argparse.Namespace, sleep_s: float, elapsed_s: float
+) -> None:
     """The verdict line and the comparison's table, stamped with the command, git sha and machine."""
-    from experiments.provenance import provenance_markdown, load_provenance, write_provenance
+    from experiments.provenance import load_provenance, provenance_markdown, write_provenance
 
     command = "python benchmarks/bench_negative_control.py" + (f" --trials {args.trials}" if args.trials != 3 else "")
-    write_provenance(out, command, {"trials": args.trials, "age": args.age, "harness_command":
-                                    "HARNESS_PLUGINS=negative_control " + " ".join(cmd[1:]),
-                                    "runtime_s": round(elapsed_s, 1)})
+    write_provenance(
+        out,
+        command,
+        {
+            "trials": args.trials,
+            "age": args.age,
+            "harness_command": "HARNESS_PLUGINS=negative_control " + " ".join(cmd[1:]),
+            "runtime_s": round(elapsed_s, 1),
+        },
+    )
     shutil.copyfile(sweep / "table.csv", out / "table.csv")
     table = (sweep / "table.md").read_text() if (sweep / "table.md").exists() else ""
     (out / "table.md").write_text(
         f"# Negative control: AccelPact against itself plus {sleep_s:g} s of sleep per recovery\n\n"
         f"{summary}\n\nThe comparison's table ({args.trials} interleaved trials, each with its own fault-free "
-        f"reference):\n\n{table}\n{provenance_markdown(load_provenance(out))}")
+        f"reference):\n\n{table}\n{provenance_markdown(load_provenance(out))}"
+    )
 
 
 if __name__ == "__main__":

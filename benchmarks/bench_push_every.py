@@ -61,7 +61,8 @@ MODEL = {"vocab": 4096, "hidden": 256, "inter": 768, "layers": 4, "heads": 8, "k
 
 # ---------------------------------------------------------------------------------------------- part 1
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Cycle blocks off / snap / k=... under one guard; time every step, and the process's CPU per block."""
     from datetime import timedelta
 
@@ -76,8 +77,15 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     root = Path(sc["root"]) / f"host{ctx.rank}"  # each rank a host: the ward's replicas land on another root
     base = SnapshotConfig(root=str(root), ranks_sharing_root=1)
     snap = Snapshotter(model, optimizer, job_token=token, rank=ctx.rank, world_size=ctx.world_size, config=base)
-    rep = Replication(ctx.control, rank=ctx.rank, world_size=ctx.world_size, root=root, bind_host="127.0.0.1",
-                      job_token=token, confirm=sc["confirm"])
+    rep = Replication(
+        ctx.control,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        root=root,
+        bind_host="127.0.0.1",
+        job_token=token,
+        confirm=sc["confirm"],
+    )
     guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s))
     step_fn = step_fn_for(model)
     # "e{e}k{k}": a whole cadence (snapshot.every = e, push_every = k), e.g. the advisor's choice.
@@ -122,8 +130,15 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     snap.close(remove=True)
     rep.close(remove=True)
     guard.close()
-    return {"times": times, "block_means": block_means, "cpu_means": cpu_means, "waits": waits, "pushes": pushes,
-            "replication": stats, "state_bytes": snap.nbytes}
+    return {
+        "times": times,
+        "block_means": block_means,
+        "cpu_means": cpu_means,
+        "waits": waits,
+        "pushes": pushes,
+        "replication": stats,
+        "state_bytes": snap.nbytes,
+    }
 
 
 def overhead_rows(res: list[dict], ks: list[int]) -> list[str]:
@@ -142,16 +157,19 @@ def overhead_rows(res: list[dict], ks: list[int]) -> list[str]:
             f"{(statistics.mean(on) / statistics.mean(off) - 1) * 100:+.1f} % | "
             f"{statistics.median(pairs) * 100:+.1f} % ({', '.join(f'{x * 100:+.0f}' for x in pairs)}) | "
             f"{cpu_off:.3f} / {cpu_on:.3f} s: {(cpu_on / cpu_off - 1) * 100:+.1f} % | "
-            f"{max(waits) * 1e3:.1f} | {res[0]['pushes'][mode]} |")
+            f"{max(waits) * 1e3:.1f} | {res[0]['pushes'][mode]} |"
+        )
     return rows
 
 
 # ---------------------------------------------------------------------------------------------- part 2
 
+
 def launch_pair(run: Path, port: int, script_args: list[str], timeout_s: float) -> None:
     """Two agents (node 0 hosts the store), one rank each, each node its own snapshot root."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1"
+    )
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
     run.mkdir(parents=True)
@@ -159,16 +177,42 @@ def launch_pair(run: Path, port: int, script_args: list[str], timeout_s: float) 
     procs = []
     try:
         for node in (0, 1):
-            cmd = [sys.executable, "-m", "accelpact.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-                   str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-id",
-                   f"pe{os.getpid()}{run.name}", "--log-dir", str(run / "logs"), "--snapshot-root", str(shm / "node%n"),
-                   str(EXAMPLE), "--out", str(run / "out"), *script_args]
-            procs.append(subprocess.Popen(cmd, stdout=(run / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT,
-                                          env=env, cwd=ROOT))
+            cmd = [
+                sys.executable,
+                "-m",
+                "accelpact.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--rdzv-id",
+                f"pe{os.getpid()}{run.name}",
+                "--log-dir",
+                str(run / "logs"),
+                "--snapshot-root",
+                str(shm / "node%n"),
+                str(EXAMPLE),
+                "--out",
+                str(run / "out"),
+                *script_args,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd, stdout=(run / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT
+                )
+            )
         for node, p in enumerate(procs):
             rc = p.wait(timeout=timeout_s)
             if rc != 0:
-                raise RuntimeError(f"{run.name}: agent {node} exited {rc}:\n{(run / f'agent{node}.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"{run.name}: agent {node} exited {rc}:\n{(run / f'agent{node}.log').read_text()[-3000:]}"
+                )
     finally:
         for p in procs:
             if p.poll() is None:
@@ -199,12 +243,19 @@ def heal_row(ref: Path, run: Path, k: int, kill_at: int) -> dict:
     [survivor] = results(run, 0)
     heals = [h for h in survivor["heals"] if h["role"] == "survivor"]
     repl = results(run, 1)[-1]
-    return {"k": k, "kill_at": kill_at, "replayed": [h["replayed"] for h in heals],
-            "resume_step": [h["resume_step"] for h in heals], "source": [h["source"] for h in repl["heals"]],
-            "restart": repl["restart"], "identical": bit_identical(ref, run)}
+    return {
+        "k": k,
+        "kill_at": kill_at,
+        "replayed": [h["replayed"] for h in heals],
+        "resume_step": [h["resume_step"] for h in heals],
+        "source": [h["source"] for h in repl["heals"]],
+        "restart": repl["restart"],
+        "identical": bit_identical(ref, run),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- main
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -213,34 +264,66 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="cycles of blocks after the warm-up cycle")
     ap.add_argument("--confirm-push", action="store_true", help="Replication(confirm=True) in both parts")
     ap.add_argument("--heal-steps", type=int, default=12, help="steps of each host-loss run (0: skip part 2)")
-    ap.add_argument("--kill-at", type=int, nargs="+", default=[8, 9],
-                    help="rank 1's host is lost in this step (one run per value and k; the survivor committed the step before)")
+    ap.add_argument(
+        "--kill-at",
+        type=int,
+        nargs="+",
+        default=[8, 9],
+        help="rank 1's host is lost in this step (one run per value and k; the survivor committed the step before)",
+    )
     ap.add_argument("--heal-rounds", type=int, default=1, help="host-loss runs per k (interleaved)")
     args = ap.parse_args(argv)
     if any(args.steps % k for k in args.k):
-        ap.error(f"--steps {args.steps} is not a multiple of every --k {args.k}: blocks would push unequal shares; "
-                 f"try --steps {math.lcm(*args.k)}")
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/bench_push_every.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        ap.error(
+            f"--steps {args.steps} is not a multiple of every --k {args.k}: blocks would push unequal shares; "
+            f"try --steps {math.lcm(*args.k)}"
+        )
+    command = "PYTHONPATH=. .venv/bin/python benchmarks/bench_push_every.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
     load_before, t0 = load_average(), time.time()
     sha = os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()
-    lines = [f"bench_push_every at {sha}, {os.cpu_count()} cores, load average {load_before} before", f"command: `{command}`"]
+    lines = [
+        f"bench_push_every at {sha}, {os.cpu_count()} cores, load average {load_before} before",
+        f"command: `{command}`",
+    ]
     root = tempfile.mkdtemp(prefix="accelpact-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             name = "push_every"
-            sc = {"name": name, "model": MODEL, "steps": args.steps, "rounds": args.rounds, "root": root,
-                  "ks": args.k, "confirm": args.confirm_push}
+            sc = {
+                "name": name,
+                "model": MODEL,
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "root": root,
+                "ks": args.k,
+                "confirm": args.confirm_push,
+            }
             total = args.steps * (2 + len(args.k)) * (args.rounds + 1)
-            s = run_session(Path(tmp) / name, RUNNER, [{**sc, "steps_total": total}], world_size=2, barrier=True,
-                            pg_timeout_s=900, control_deadline_s=900, timeout_s=300 + 10 * total)
+            s = run_session(
+                Path(tmp) / name,
+                RUNNER,
+                [{**sc, "steps_total": total}],
+                world_size=2,
+                barrier=True,
+                pg_timeout_s=900,
+                control_deadline_s=900,
+                timeout_s=300 + 10 * total,
+            )
             res = s.job(name)
-            lines += ["", f"Part 1: step time, mistral_tiny seq {MODEL['seq']} x batch {MODEL['batch']}, 2 gloo ranks "
-                      f"(each its own snapshot root), blocks of {args.steps} steps, {args.rounds} rounds, "
-                      f"confirm={args.confirm_push}; {s.wall_s:.0f} s, load {load_average()} after", "",
-                      "| blocks | steps off / on | median step ms off / on | overhead median / mean | per-round pairs, "
-                      "median (each) | CPU s per step off / on | before_update blocked max ms | pushes (rank 0) |",
-                      "|---|---|---|---|---|---|---|---|", *overhead_rows(res, args.k)]
-            print("\n".join(lines[-len(args.k) - 1:]), flush=True)  # progress; the whole table is printed at the end
+            lines += [
+                "",
+                f"Part 1: step time, mistral_tiny seq {MODEL['seq']} x batch {MODEL['batch']}, 2 gloo ranks "
+                f"(each its own snapshot root), blocks of {args.steps} steps, {args.rounds} rounds, "
+                f"confirm={args.confirm_push}; {s.wall_s:.0f} s, load {load_average()} after",
+                "",
+                "| blocks | steps off / on | median step ms off / on | overhead median / mean | per-round pairs, "
+                "median (each) | CPU s per step off / on | before_update blocked max ms | pushes (rank 0) |",
+                "|---|---|---|---|---|---|---|---|",
+                *overhead_rows(res, args.k),
+            ]
+            print("\n".join(lines[-len(args.k) - 1 :]), flush=True)  # progress; the whole table is printed at the end
             if args.heal_steps:
                 heal = Path(tmp) / "heal"
                 port = random.randint(20000, 29000)
@@ -252,22 +335,43 @@ def main(argv: list[str] | None = None) -> int:
                         port += 1
                         run = heal / f"k{k}x{kill_at}r{rnd}"
                         extra = ["--confirm-push"] if args.confirm_push else []
-                        launch_pair(run, port, ["--steps", str(args.heal_steps), "--replicas", "--push-every", str(k),
-                                                "--lose-host", "--kill-at", str(kill_at), "--kill-rank", "1", *extra],
-                                    timeout)
+                        launch_pair(
+                            run,
+                            port,
+                            [
+                                "--steps",
+                                str(args.heal_steps),
+                                "--replicas",
+                                "--push-every",
+                                str(k),
+                                "--lose-host",
+                                "--kill-at",
+                                str(kill_at),
+                                "--kill-rank",
+                                "1",
+                                *extra,
+                            ],
+                            timeout,
+                        )
                         rows.append(heal_row(heal / "ref", run, k, kill_at))
                         print(f"  {rows[-1]}", flush=True)
-                lines += ["", f"Part 2: host loss of rank 1 in step X of {args.heal_steps} (examples/train_heal.py, "
-                          f"2 agents x 1 rank, --lose-host), confirm={args.confirm_push}; load {load_average()} after", "",
-                          "| push_every | X (survivor committed c = X - 1) | newest pushed step s <= c | replayed if the push "
-                          "of s had landed: c - s | bound (steps) | survivor's replayed steps | resume step | replacement "
-                          "healed from | group restart | bit-identical to the fault-free run |",
-                          "|---|---|---|---|---|---|---|---|---|---|"]
+                lines += [
+                    "",
+                    f"Part 2: host loss of rank 1 in step X of {args.heal_steps} (examples/train_heal.py, "
+                    f"2 agents x 1 rank, --lose-host), confirm={args.confirm_push}; load {load_average()} after",
+                    "",
+                    "| push_every | X (survivor committed c = X - 1) | newest pushed step s <= c | replayed if the push "
+                    "of s had landed: c - s | bound (steps) | survivor's replayed steps | resume step | replacement "
+                    "healed from | group restart | bit-identical to the fault-free run |",
+                    "|---|---|---|---|---|---|---|---|---|---|",
+                ]
                 for r in rows:
                     c = r["kill_at"] - 1
                     s_ = c - c % r["k"]
-                    lines.append(f"| {r['k']} | {r['kill_at']} | {s_} | {c - s_} | {r['k']} | {r['replayed']} | "
-                                 f"{r['resume_step']} | {r['source']} | {r['restart']} | {r['identical']} |")
+                    lines.append(
+                        f"| {r['k']} | {r['kill_at']} | {s_} | {c - s_} | {r['k']} | {r['replayed']} | "
+                        f"{r['resume_step']} | {r['source']} | {r['restart']} | {r['identical']} |"
+                    )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     lines += ["", f"total {time.time() - t0:.0f} s, load average {load_average()} after"]

@@ -52,7 +52,7 @@ PARTS = ["agreement_s", "rebuild_s", "rebind_s", "first_collective_s", "total_s"
 # ----------------------------------------------------------------------------- rank side
 
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """One rank: "recovery" (faults through a guard on the given data-plane path) or "overhead"."""
     import torch
 
@@ -69,8 +69,15 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
     opt.zero_grad(set_to_none=True)
     inj = ft.FaultInjector(exclude_ports=ctx.exclude_ports)
     kwargs = {"data_plane": sc["data_plane"]} if sc.get("data_plane") else {}
-    guard = attach(model, opt, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=120),
-                   injection_clock=inj.consume_injection_time, **kwargs)
+    guard = attach(
+        model,
+        opt,
+        ctx.control,
+        max_grad_norm=1.0,
+        pg_timeout=timedelta(seconds=120),
+        injection_clock=inj.consume_injection_time,
+        **kwargs,
+    )
     out: dict = {"torch": torch.__version__, "path": guard.plane.last_path}
     step = 1
     if sc["kind"] == "overhead":
@@ -111,8 +118,9 @@ def _session(world: int, scenario: dict) -> list[dict]:
     from accelpact.testing.session import run_session
 
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_reconf_w{world}_"))
-    s = run_session(tmp, RUNNER, [{"name": scenario["kind"], **scenario}], world_size=world,
-                    pythonpath=[ROOT], timeout_s=1800)
+    s = run_session(
+        tmp, RUNNER, [{"name": scenario["kind"], **scenario}], world_size=world, pythonpath=[ROOT], timeout_s=1800
+    )
     return s.job(scenario["kind"])
 
 
@@ -146,10 +154,19 @@ def _child(part: str, args: argparse.Namespace) -> None:
     import torch
 
     if part == "overhead":
-        outs = _session(2, {"kind": "overhead", "layers": args.layers, "blocks": args.blocks,
-                            "block_steps": args.block_steps})
-        print(json.dumps({"torch": torch.__version__, "plain_s": outs[0]["plain_s"],
-                          "guarded_s": outs[0]["guarded_s"], "path": outs[0]["path"]}))
+        outs = _session(
+            2, {"kind": "overhead", "layers": args.layers, "blocks": args.blocks, "block_steps": args.block_steps}
+        )
+        print(
+            json.dumps(
+                {
+                    "torch": torch.__version__,
+                    "plain_s": outs[0]["plain_s"],
+                    "guarded_s": outs[0]["guarded_s"],
+                    "path": outs[0]["path"],
+                }
+            )
+        )
     elif part == "heal":
         from benchmarks.bench_heal import one_trial
 
@@ -157,13 +174,24 @@ def _child(part: str, args: argparse.Namespace) -> None:
         r = one_trial(tmp, args.trial, "vote", 5, 8, "template")
         print(json.dumps({"torch": torch.__version__, **r}))
     else:
-        raise SystemExit(f"unknown --child {kind!r}")
+        raise SystemExit(f"unknown --child {part!r}")
 
 
 def _run_child(python: str, kind: str, args: argparse.Namespace, extra: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [python, str(Path(__file__).resolve()), "--child", kind, "--layers", str(args.layers),
-           "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), *extra]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--child",
+        kind,
+        "--layers",
+        str(args.layers),
+        "--blocks",
+        str(args.blocks),
+        "--block-steps",
+        str(args.block_steps),
+        *extra,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -176,8 +204,11 @@ def _ms(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--python213", default=str(ROOT / ".venv" / "bin" / "python"),
-                    help="the torch 2.13 interpreter for parts 2 and 3")
+    ap.add_argument(
+        "--python213",
+        default=str(ROOT / ".venv" / "bin" / "python"),
+        help="the torch 2.13 interpreter for parts 2 and 3",
+    )
     ap.add_argument("--faults", type=int, default=4, help="faults per recovery session")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds per path and world")
     ap.add_argument("--worlds", default="2,4")
@@ -198,14 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.__version__.startswith("2.15"):
-        raise SystemExit(f"run this with the torch 2.15 interpreter (this one has {torch.__version__}); "
-                         "e.g. `make setup-torch215` then .venv-torch215/bin/python")
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    cmd = " ".join(["PYTHONPATH=.", os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT))
-                    else sys.executable, "benchmarks/bench_reconfigure.py", *(argv if argv is not None else sys.argv[1:])])
+        raise SystemExit(
+            f"run this with the torch 2.15 interpreter (this one has {torch.__version__}); "
+            "e.g. `make setup-torch215` then .venv-torch215/bin/python"
+        )
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout.strip()
+    cmd = " ".join(
+        [
+            "PYTHONPATH=.",
+            os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
+            "benchmarks/bench_reconfigure.py",
+            *(argv if argv is not None else sys.argv[1:]),
+        ]
+    )
     lines = [
         "# Reconfigure vs rebuild-and-rebind (torch 2.15), and torch 2.13 vs 2.15, side by side in one run",
         "",
@@ -224,60 +265,85 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
 
     if "1" in args.parts:
-        lines += [f"## 1. Recovery after detection: rebuild + rebind vs reconfigure (torch {torch.__version__})", "",
-                  f"{args.layers}-layer decoder (hidden 256), FSDP2 per block + root, gloo on 127.0.0.1; "
-                  f"{args.repeats} x {args.faults} socket resets per cell at mixed phases ({', '.join(PHASES)}), "
-                  "rounds interleaved rebuild/reconfigure. Per fault, the slowest rank's figure; median [max] in ms. "
-                  "`rebuild` is the new groups' rendezvous (rebuild path) or the handle exchange + "
-                  "`_reconfigure` (reconfigure path); `first collective` is the first all-reduce on the "
-                  "recovered groups; `total` is detection -> ready to continue.", "",
-                  f"load at start: {_load()}", "",
-                  "| world | path (events say) | agreement | rebuild / reconfigure | rebind | first collective | total |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## 1. Recovery after detection: rebuild + rebind vs reconfigure (torch {torch.__version__})",
+            "",
+            f"{args.layers}-layer decoder (hidden 256), FSDP2 per block + root, gloo on 127.0.0.1; "
+            f"{args.repeats} x {args.faults} socket resets per cell at mixed phases ({', '.join(PHASES)}), "
+            "rounds interleaved rebuild/reconfigure. Per fault, the slowest rank's figure; median [max] in ms. "
+            "`rebuild` is the new groups' rendezvous (rebuild path) or the handle exchange + "
+            "`_reconfigure` (reconfigure path); `first collective` is the first all-reduce on the "
+            "recovered groups; `total` is detection -> ready to continue.",
+            "",
+            f"load at start: {_load()}",
+            "",
+            "| world | path (events say) | agreement | rebuild / reconfigure | rebind | first collective | total |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for world in [int(w) for w in args.worlds.split(",")]:
             cells: dict[str, dict[str, list]] = {"rebind": {}, "reconfigure": {}}
             for _ in range(args.repeats):
                 for path in cells:
-                    got = _per_fault(_session(world, {"kind": "recovery", "layers": args.layers,
-                                                      "faults": args.faults, "data_plane": path}))
+                    got = _per_fault(
+                        _session(
+                            world,
+                            {"kind": "recovery", "layers": args.layers, "faults": args.faults, "data_plane": path},
+                        )
+                    )
                     for k, v in got.items():
                         cells[path].setdefault(k, []).extend(v)
             for path, c in cells.items():
                 seen = sorted({p for ps in c["paths"] for p in ps})
                 raw[f"recovery/w{world}/{path}"] = c
-                lines.append(f"| {world} | {path} ({', '.join(seen)}; {len(c['total_s'])} faults) | "
-                             + " | ".join(_ms(c[k]) for k in PARTS) + " |")
+                lines.append(
+                    f"| {world} | {path} ({', '.join(seen)}; {len(c['total_s'])} faults) | "
+                    + " | ".join(_ms(c[k]) for k in PARTS)
+                    + " |"
+                )
                 print(lines[-1], flush=True)
         lines += ["", f"load at end: {_load()}", ""]
 
     if "2" in args.parts:
-        lines += ["## 2. Heal of a SIGKILLed rank: death -> every rank resumed", "",
-                  f"One harness run per trial (`strategy={_heal_strategy()} fault=kill`, 2 gloo ranks, the small decoder, kill "
-                  "at step 5's vote, replacement forked from the preloaded template), under each torch, "
-                  "interleaved. Seconds.", "", f"load at start: {_load()}", "",
-                  "| torch | data-plane path | death -> resumed | process start | after arrival | replayed steps |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## 2. Heal of a SIGKILLed rank: death -> every rank resumed",
+            "",
+            f"One harness run per trial (`strategy={_heal_strategy()} fault=kill`, 2 gloo ranks, the small decoder, kill "
+            "at step 5's vote, replacement forked from the preloaded template), under each torch, "
+            "interleaved. Seconds.",
+            "",
+            f"load at start: {_load()}",
+            "",
+            "| torch | data-plane path | death -> resumed | process start | after arrival | replayed steps |",
+            "|---|---|---|---|---|---|",
+        ]
         heal: dict[str, list[dict]] = {"2.13": [], "2.15": []}
         for t in range(args.heal_trials):
             for name, py in (("2.13", args.python213), ("2.15", sys.executable)):
                 heal[name].append(_run_child(py, "heal", args, ["--trial", str(t)]))
         for name, rs in heal.items():
             raw[f"heal/{name}"] = rs
-            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-            lines.append(f"| {rs[0]['torch']} | {'reconfigure' if name == '2.15' else 'rebind'} | "
-                         f"{med('death_to_resumed_s'):.2f} | {med('process_start_s'):.2f} | "
-                         f"{med('after_arrival_s'):.2f} | {max(r['replayed_steps'] for r in rs)} |")
+            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731, B023 - used in this iteration
+            lines.append(
+                f"| {rs[0]['torch']} | {'reconfigure' if name == '2.15' else 'rebind'} | "
+                f"{med('death_to_resumed_s'):.2f} | {med('process_start_s'):.2f} | "
+                f"{med('after_arrival_s'):.2f} | {max(r['replayed_steps'] for r in rs)} |"
+            )
             print(lines[-1], flush=True)
         lines += ["", f"load at end: {_load()}", ""]
 
     if "3" in args.parts:
-        lines += ["## 3. Steady-state cost of the guard: torch 2.13 vs 2.15", "",
-                  f"World 2, {args.layers}-layer decoder; plain FSDP2 steps and guarded steps in interleaved blocks "
-                  f"({args.blocks} x {args.block_steps} steps each) inside one session per torch; the two torch "
-                  f"sessions run one after the other, {args.alternations} time(s) each, alternating. Median step, ms.", "",
-                  f"load at start: {_load()}", "",
-                  "| torch | data-plane path | plain step | guarded step | guarded / plain step time |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "## 3. Steady-state cost of the guard: torch 2.13 vs 2.15",
+            "",
+            f"World 2, {args.layers}-layer decoder; plain FSDP2 steps and guarded steps in interleaved blocks "
+            f"({args.blocks} x {args.block_steps} steps each) inside one session per torch; the two torch "
+            f"sessions run one after the other, {args.alternations} time(s) each, alternating. Median step, ms.",
+            "",
+            f"load at start: {_load()}",
+            "",
+            "| torch | data-plane path | plain step | guarded step | guarded / plain step time |",
+            "|---|---|---|---|---|",
+        ]
         over: dict[str, list[dict]] = {"2.13": [], "2.15": []}
         for _ in range(args.alternations):
             for name, py in (("2.13", args.python213), ("2.15", sys.executable)):
@@ -286,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             raw[f"overhead/{name}"] = rs
             plain = statistics.median(x for r in rs for x in r["plain_s"])
             guarded = statistics.median(x for r in rs for x in r["guarded_s"])
-            lines.append(f"| {rs[0]['torch']} | {rs[0]['path']['path']} | {plain * 1e3:.1f} | {guarded * 1e3:.1f} | "
-                         f"{(guarded / plain - 1) * 100:+.2f}% |")
+            lines.append(
+                f"| {rs[0]['torch']} | {rs[0]['path']['path']} | {plain * 1e3:.1f} | {guarded * 1e3:.1f} | "
+                f"{(guarded / plain - 1) * 100:+.2f}% |"
+            )
             print(lines[-1], flush=True)
         lines += ["", f"load at end: {_load()}", ""]
 

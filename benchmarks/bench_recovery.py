@@ -47,7 +47,7 @@ RUNNER = "benchmarks.bench_recovery:run_rank"
 # ----------------------------------------------------------------------------- rank side
 
 
-def run_rank(sc: dict, ctx: "RankContext") -> dict:
+def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Scenario runner (accelpact.testing.rank): "rebind" is the shared rebinding job; "overhead"
     and "recovery" time an attached guard against a plain loop and through injected faults."""
     from harness.workloads import fsdp_scenarios
@@ -112,8 +112,9 @@ def run_rank(sc: dict, ctx: "RankContext") -> dict:
 def _export(rev: str) -> Path:
     """accelpact as committed at ``rev``, in a temp dir (git archive: the checkout is not touched)."""
     dest = Path(tempfile.mkdtemp(prefix="bench_before_"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "accelpact"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "accelpact"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
@@ -121,15 +122,25 @@ def _export(rev: str) -> Path:
 def _run(world: int, args, code: Path, scenario: dict) -> list[dict]:
     """One world of rank processes importing accelpact from ``code``; returns each rank's output."""
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_w{world}_"))
-    s = run_session(tmp, RUNNER, [{"name": scenario["kind"], "layers": args.layers, **scenario}], world_size=world,
-                    pythonpath=[code], timeout_s=1800)
+    s = run_session(
+        tmp,
+        RUNNER,
+        [{"name": scenario["kind"], "layers": args.layers, **scenario}],
+        world_size=world,
+        pythonpath=[code],
+        timeout_s=1800,
+    )
     return s.job(scenario["kind"])
 
 
 def _rebind(world: int, args, code: Path) -> list[dict]:
     """Figure 1's cell: every rank's rebinding median, slots and table build time at ``world``."""
-    outs = _run(world, args, code, {"kind": "rebind", "flavour": "fsdp2", "depths": [args.layers],
-                                    "rebinds": args.rebinds, "model": MODEL})
+    outs = _run(
+        world,
+        args,
+        code,
+        {"kind": "rebind", "flavour": "fsdp2", "depths": [args.layers], "rebinds": args.rebinds, "model": MODEL},
+    )
     return [o["by_depth"][str(args.layers)] for o in outs]
 
 
@@ -176,8 +187,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--block-steps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=LAYERS)
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="figure 2: interleaved rounds per code version, --faults faults each")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="figure 2: interleaved rounds per code version, --faults faults each"
+    )
     ap.add_argument("--parts", default="123", help="which figures to measure: any of 1, 2, 3")
     ap.add_argument("--before", metavar="REV", help="also measure accelpact as committed at REV (e.g. HEAD)")
     ap.add_argument("--json", metavar="PATH", help="write every raw figure here")
@@ -188,14 +200,18 @@ def main() -> None:
     if args.before:
         codes = {f"before ({args.before})": _export(args.before), "now": ROOT}
     load = os.getloadavg()
-    print(f"accelpact recovery benchmark: {args.layers}-layer Mistral, hidden {HIDDEN}, FSDP2 per block + root, "
-          f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(
+        f"accelpact recovery benchmark: {args.layers}-layer Mistral, hidden {HIDDEN}, FSDP2 per block + root, "
+        f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
     raw: dict = {"load_start": load, "args": vars(args)}
     cols = "".join(f"{name:>22s}" for name in codes)
 
     if "1" in args.parts:
-        print(f"\n1. rebinding time, median of {args.rebinds} on rank 0 [max over ranks]; "
-              "target <= 20 us and flat; paper 493-518 us")
+        print(
+            f"\n1. rebinding time, median of {args.rebinds} on rank 0 [max over ranks]; "
+            "target <= 20 us and flat; paper 493-518 us"
+        )
         print(f"   {'':10s}{cols}")
         for world in (2, 4, 8):
             row = []
@@ -204,14 +220,18 @@ def main() -> None:
                 meds = [o["median_s"] for o in outs]
                 raw[f"rebind/{name}/w{world}"] = meds
                 row.append(f"{meds[0] * 1e6:7.1f} [{max(meds) * 1e6:5.1f}] us")
-            print(f"   world {world:<4d}{''.join(f'{c:>22s}' for c in row)}   slots {outs[0]['slots']}, "
-                  f"table build {_ms(outs[0]['table_build_s'])}")
+            print(
+                f"   world {world:<4d}{''.join(f'{c:>22s}' for c in row)}   slots {outs[0]['slots']}, "
+                f"table build {_ms(outs[0]['table_build_s'])}"
+            )
 
     if "2" in args.parts:
-        print(f"\n2. end-to-end recovery after detection, world 4, {args.repeats} x {args.faults} socket resets at "
-              "mixed phases; "
-              "median over faults [max], each phase on its slowest rank; target total <= 50 ms; "
-              "paper: not reported")
+        print(
+            f"\n2. end-to-end recovery after detection, world 4, {args.repeats} x {args.faults} socket resets at "
+            "mixed phases; "
+            "median over faults [max], each phase on its slowest rank; target total <= 50 ms; "
+            "paper: not reported"
+        )
         # Interleaved rounds (before, now, before, now, ...): machine load drifts by the minute on a
         # shared host, so each code's faults are spread over the same stretch of time.
         sums: dict[str, dict[str, list[float]]] = {name: {} for name in codes}
@@ -223,25 +243,33 @@ def main() -> None:
             raw[f"recovery/{name}"] = sums[name]
         print(f"   {'':18s}{cols}")
         for k in RECOVERY_KEYS + EXTRA_KEYS:
-            cells = [f"{statistics.median(v[k]) * 1e3:7.2f} [{max(v[k]) * 1e3:6.1f}] ms" if v[k] else "n/a"
-                     for v in sums.values()]
+            cells = [
+                f"{statistics.median(v[k]) * 1e3:7.2f} [{max(v[k]) * 1e3:6.1f}] ms" if v[k] else "n/a"
+                for v in sums.values()
+            ]
             print(f"   {k[:-2]:18s}{''.join(f'{c:>22s}' for c in cells)}")
-        print("   total = a rank's detection -> first good collective on the new generation (slowest rank);\n"
-              "   retire = old group destructor, after; after_last_detect = last rank caught it -> all ready;\n"
-              "   detect_all = injection -> last rank caught it (ranks busy computing notice at their next\n"
-              "   collective);"
-              "   all_ready = injection -> last rank ready")
+        print(
+            "   total = a rank's detection -> first good collective on the new generation (slowest rank);\n"
+            "   retire = old group destructor, after; after_last_detect = last rank caught it -> all ready;\n"
+            "   detect_all = injection -> last rank caught it (ranks busy computing notice at their next\n"
+            "   collective);"
+            "   all_ready = injection -> last rank ready"
+        )
 
     if "3" in args.parts:
-        print("\n3. steady-state cost of an attached guard vs a plain FSDP2 loop, world 2, interleaved blocks "
-              f"({args.blocks} x {args.block_steps} steps each); target <= 1% lower throughput; paper: not reported")
+        print(
+            "\n3. steady-state cost of an attached guard vs a plain FSDP2 loop, world 2, interleaved blocks "
+            f"({args.blocks} x {args.block_steps} steps each); target <= 1% lower throughput; paper: not reported"
+        )
         for name, code in codes.items():
             outs = _run(2, args, code, {"kind": "overhead", "blocks": args.blocks, "block_steps": args.block_steps})
             plain = statistics.median(outs[0]["plain_s"])
             guarded = statistics.median(outs[0]["guarded_s"])
             raw[f"overhead/{name}"] = {"plain_s": outs[0]["plain_s"], "guarded_s": outs[0]["guarded_s"]}
-            print(f"   {name:14s} plain step {_ms(plain)}   guarded step {_ms(guarded)}   throughput "
-                  f"guarded/plain = {plain / guarded:.4f} ({(guarded / plain - 1) * 100:+.2f}% step time)")
+            print(
+                f"   {name:14s} plain step {_ms(plain)}   guarded step {_ms(guarded)}   throughput "
+                f"guarded/plain = {plain / guarded:.4f} ({(guarded / plain - 1) * 100:+.2f}% step time)"
+            )
     raw["load_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server  # noqa: E402
-from accelpact.snapshot import _replica_wire as wire  # noqa: E402
-from accelpact.snapshot.replica import Replication  # noqa: E402
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.snapshot import _replica_wire as wire
+from accelpact.snapshot.replica import Replication
 
 HOLDER = """
 import sys, time
@@ -48,7 +48,7 @@ rep.close(remove=True)
 
 def _sendall_files(sock: socket.socket, slot: Path, files) -> None:
     """The copying sender: read each file into user space, then sendall."""
-    for name, size in files:
+    for name, _size in files:
         with open(slot / name, "rb") as f:
             while True:
                 chunk = f.read(8 << 20)
@@ -61,8 +61,11 @@ def put(rep: Replication, slot: Path, marker: dict, sender, holder: int = 1) -> 
     files = wire.payload_files(slot)
     t0 = time.perf_counter()
     with socket.create_connection(rep._resolve(holder), timeout=60) as sock:
-        wire.send_frame(sock, {"op": "put", "src": 0, "step": marker["step"], "files": [list(f) for f in files],
-                               "marker": marker}, rep.job_token)
+        wire.send_frame(
+            sock,
+            {"op": "put", "src": 0, "step": marker["step"], "files": [list(f) for f in files], "marker": marker},
+            rep.job_token,
+        )
         sender(sock, slot, files)
         wire.send_frame(sock, {"commit": True}, rep.job_token)
         ack = wire.recv_frame(sock, rep.job_token)
@@ -80,11 +83,17 @@ def main() -> int:
 
     server, port = start_control_server()
     token = new_job_token()
-    with tempfile.TemporaryDirectory(prefix="bench_replica_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench_replica_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    ) as tmp:
         root = Path(tmp)
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        holders = [subprocess.Popen([sys.executable, "-c", HOLDER, str(port), token, str(root / f"holder{r}"), str(r)],
-                                    env=env) for r in (1, 2)]
+        holders = [
+            subprocess.Popen(
+                [sys.executable, "-c", HOLDER, str(port), token, str(root / f"holder{r}"), str(r)], env=env
+            )
+            for r in (1, 2)
+        ]
         chan = ControlChannel.connect(ControlConfig(host="127.0.0.1", port=port, rank=0, world_size=3, job_token=token))
         rep = Replication(chan, rank=0, world_size=3, root=root / "src", bind_host="127.0.0.1")
         try:
@@ -98,8 +107,10 @@ def main() -> int:
                 times["sendfile"].append(put(rep, slot, marker, wire.send_files))
                 times["sendall"].append(put(rep, slot, marker, _sendall_files))
             med = {k: statistics.median(v) for k, v in times.items()}
-            print(f"one slot of {nbytes / 2**20:.0f} MiB, {args.rounds} rounds each, interleaved; load "
-                  f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+            print(
+                f"one slot of {nbytes / 2**20:.0f} MiB, {args.rounds} rounds each, interleaved; load "
+                f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+            )
             for k, v in med.items():
                 print(f"  {k:9s} median {v * 1000:8.1f} ms  {nbytes / v / 1e6:8.0f} MB/s")
             print(f"  sendall / sendfile time: {med['sendall'] / med['sendfile']:.2f}x")

@@ -31,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,14 +41,27 @@ sys.path.insert(0, str(ROOT))
 NAME = "verdict_under_load"
 # --quick: the same comparison on a 2-layer model, short sequences, 10 steps, one age (2: a checkpoint
 # every 4 steps, the fault in step 6). Narrow it further with overrides, e.g. strategy=accelpact,cold_restart.
-QUICK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "train.steps=10", "checkpoint.interval=4",
-         "fault.at_age=2"]
+QUICK = [
+    "model.num_layers=2",
+    "model.seq_len=32",
+    "model.batch_size=2",
+    "train.steps=10",
+    "checkpoint.interval=4",
+    "fault.at_age=2",
+]
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
     """``n`` CPU-bound Python processes (each keeps one core busy until killed)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
 
 
 def stop(procs: Sequence[subprocess.Popen]) -> list[float]:
@@ -67,8 +81,17 @@ def stop(procs: Sequence[subprocess.Popen]) -> list[float]:
 
 def comparison(args: argparse.Namespace, sweep_dir: Path) -> tuple[int, float]:
     """Run the default comparison into ``sweep_dir``; (exit code, minutes)."""
-    cmd = [sys.executable, "-m", "harness", f"hydra.sweep.dir={sweep_dir}", f"index_path={sweep_dir.parent / 'index.csv'}",
-           "progress=false", f"compare.trials={args.trials}", *(QUICK if args.quick else []), *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        f"hydra.sweep.dir={sweep_dir}",
+        f"index_path={sweep_dir.parent / 'index.csv'}",
+        "progress=false",
+        f"compare.trials={args.trials}",
+        *(QUICK if args.quick else []),
+        *args.overrides,
+    ]
     if args.steps:
         cmd.append(f"train.steps={args.steps}")
     print("$ " + " ".join(cmd[1:]), flush=True)
@@ -88,16 +111,26 @@ def verdicts(cells: Sequence[dict[str, Any]]) -> dict[tuple[str, int], tuple[str
     from harness import strategies
 
     ref = strategies.reference().label
-    return {(str(c["strategy"]), int(c["age"])): (str(c.get("verdict")), str(c.get("gain_ci")))
-            for c in cells if c.get("age") is not None and c["strategy"] != ref and c.get("strategy") != c.get("ours")}
+    return {
+        (str(c["strategy"]), int(c["age"])): (str(c.get("verdict")), str(c.get("gain_ci")))
+        for c in cells
+        if c.get("age") is not None and c["strategy"] != ref and c.get("strategy") != c.get("ours")
+    }
 
 
-def agreement(quiet: dict[tuple[str, int], tuple[str, str]],
-              busy: dict[tuple[str, int], tuple[str, str]]) -> list[tuple[str, int, bool, str]]:
+def agreement(
+    quiet: dict[tuple[str, int], tuple[str, str]], busy: dict[tuple[str, int], tuple[str, str]]
+) -> list[tuple[str, int, bool, str]]:
     """Per cell of the quiet run: (strategy, age, busy's verdict is quiet's, both verdicts as text)."""
-    return [(s, a, busy.get((s, a), ("missing", ""))[0] == v,
-             f"quiet {v} {g}; busy {busy.get((s, a), ('missing', '-'))[0]} {busy.get((s, a), ('', '-'))[1]}")
-            for (s, a), (v, g) in quiet.items()]
+    return [
+        (
+            s,
+            a,
+            busy.get((s, a), ("missing", ""))[0] == v,
+            f"quiet {v} {g}; busy {busy.get((s, a), ('missing', '-'))[0]} {busy.get((s, a), ('', '-'))[1]}",
+        )
+        for (s, a), (v, g) in quiet.items()
+    ]
 
 
 def _copy_outputs(src: Path, dst: Path, footer: str) -> None:
@@ -121,10 +154,16 @@ def _paper() -> dict[tuple[str, int], float]:
 
 def report(out: Path, results: dict[str, dict[str, Any]], prov_md: str) -> str:
     """table.md: per (strategy, age), the gain and verdict of each comparison side by side."""
-    lines = [f"# The default comparison's verdict, quiet and beside {results.get('busy', {}).get('busy', 0)} busy loops",
-             "", "| strategy | age | " + " | ".join(f"{k}: measured gain [interval] (n) | {k}: verdict | "
-                                                 f"{k}: badput-based gain (diagnostic)" for k in results) + " |",
-             "|---|---|" + "---|---|---|" * len(results)]
+    lines = [
+        f"# The default comparison's verdict, quiet and beside {results.get('busy', {}).get('busy', 0)} busy loops",
+        "",
+        "| strategy | age | "
+        + " | ".join(
+            f"{k}: measured gain [interval] (n) | {k}: verdict | {k}: badput-based gain (diagnostic)" for k in results
+        )
+        + " |",
+        "|---|---|" + "---|---|---|" * len(results),
+    ]
     keys = []
     for res in results.values():
         for c in res["cells"]:
@@ -138,16 +177,25 @@ def report(out: Path, results: dict[str, dict[str, Any]], prov_md: str) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for label, res in results.items():
-        passed = [f"{s} age {a}: {'same verdict' if ok else 'DIFFERENT verdict'} ({text})"
-                  for s, a, ok, text in res.get("acceptance", [])]
-        lines += [f"- {label}: {res['minutes']:.1f} min, exit {res['rc']}, busy loops {res['busy']} "
-                  f"(CPU s each: {', '.join(f'{u:.0f}' for u in res['busy_cpu_s']) or '-'}), runs' load "
-                  f"(1-min average) median {res['load_median']:.1f}, max {res['load_max']:.1f}; "
-                  + (("verdicts against the quiet run's: " + "; ".join(passed)) if passed else "")]
-    lines += ["", "measured gain: AccelPact's measured whole-run goodput over the row's, paired by trial, with the "
-              "interval and minimum effect each comparison's table.md states (method and true coverage); the "
-              "badput-based gain is a diagnostic. Each comparison's own table, every run (runs.csv) and its plots "
-              "are in quiet/ and busy/.", "", prov_md]
+        passed = [
+            f"{s} age {a}: {'same verdict' if ok else 'DIFFERENT verdict'} ({text})"
+            for s, a, ok, text in res.get("acceptance", [])
+        ]
+        lines += [
+            f"- {label}: {res['minutes']:.1f} min, exit {res['rc']}, busy loops {res['busy']} "
+            f"(CPU s each: {', '.join(f'{u:.0f}' for u in res['busy_cpu_s']) or '-'}), runs' load "
+            f"(1-min average) median {res['load_median']:.1f}, max {res['load_max']:.1f}; "
+            + (("verdicts against the quiet run's: " + "; ".join(passed)) if passed else "")
+        ]
+    lines += [
+        "",
+        "measured gain: AccelPact's measured whole-run goodput over the row's, paired by trial, with the "
+        "interval and minimum effect each comparison's table.md states (method and true coverage); the "
+        "badput-based gain is a diagnostic. Each comparison's own table, every run (runs.csv) and its plots "
+        "are in quiet/ and busy/.",
+        "",
+        prov_md,
+    ]
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     return text
@@ -180,13 +228,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.trials = 2 if args.quick else _default_trials()
     from experiments.provenance import footer_text, load_provenance, provenance_markdown, write_provenance
 
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix=f"{NAME}_")) if args.quick
-                                           else ROOT / "results" / NAME)
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path(tempfile.mkdtemp(prefix=f"{NAME}_")) if args.quick else ROOT / "results" / NAME)
+    )
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"{NAME}_runs_"))
     command = "python benchmarks/bench_verdict_under_load.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    write_provenance(out, command, {"trials": args.trials, "busy_loops": args.busy, "quick": args.quick,
-                                    "steps": args.steps or "experiment default", "overrides": " ".join(args.overrides)})
+    write_provenance(
+        out,
+        command,
+        {
+            "trials": args.trials,
+            "busy_loops": args.busy,
+            "quick": args.quick,
+            "steps": args.steps or "experiment default",
+            "overrides": " ".join(args.overrides),
+        },
+    )
     prov = load_provenance(out)
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -202,8 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             _copy_outputs(src, out / label, footer_text(prov))
             cells = _cells(src / "table.csv") if (src / "table.csv").exists() else []
             load_median, load_max = _load_stats(src / "runs.csv")
-            results[label] = {"rc": rc, "minutes": minutes, "busy": busy, "busy_cpu_s": used, "cells": cells,
-                              "verdicts": verdicts(cells), "load_median": load_median, "load_max": load_max}
+            results[label] = {
+                "rc": rc,
+                "minutes": minutes,
+                "busy": busy,
+                "busy_cpu_s": used,
+                "cells": cells,
+                "verdicts": verdicts(cells),
+                "load_median": load_median,
+                "load_max": load_max,
+            }
         if "quiet" in results and "busy" in results:
             results["busy"]["acceptance"] = agreement(results["quiet"]["verdicts"], results["busy"]["verdicts"])
     finally:
@@ -212,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(out, results, provenance_markdown(prov)))
     print(f"wrote {out}/")
     busy = results.get("busy", {})
-    ok = (busy.get("rc") == 0 and results.get("quiet", {}).get("rc", 0) == 0 and busy.get("acceptance")
-          and all(a[2] for a in busy["acceptance"]))
+    ok = (
+        busy.get("rc") == 0
+        and results.get("quiet", {}).get("rc", 0) == 0
+        and busy.get("acceptance")
+        and all(a[2] for a in busy["acceptance"])
+    )
     return 0 if ok else 1
 
 

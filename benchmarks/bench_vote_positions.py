@@ -47,8 +47,14 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
     old_buf = torch.zeros(1)  # the vote before positions: a one-element float buffer
     tensor_buf = torch.zeros(1, dtype=torch.int64)
     codec = positions.VoteCodec(2, pg)
-    guard = SimpleNamespace(_vote_buf=backend.vote_buffer(), rank=rank, _wait=None, _codec=None, _loop_step=0,
-                            plane=SimpleNamespace(backend=backend, vote_group=pg))
+    guard = SimpleNamespace(
+        _vote_buf=backend.vote_buffer(),
+        rank=rank,
+        _wait=None,
+        _codec=None,
+        _loop_step=0,
+        plane=SimpleNamespace(backend=backend, vote_group=pg),
+    )
 
     def old_backend_vote(buf, pg, wait=None) -> None:  # Backend.vote before positions, verbatim
         import torch.distributed as dist
@@ -73,14 +79,13 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
         if not codec.agreed(tensor_buf.item()):
             raise AssertionError("positions differ")
 
-    fns = [(name, {"before": before, "after": after, "after_via_tensor": after_via_tensor}[name])
-           for name in VARIANTS]
+    fns = [(name, {"before": before, "after": after, "after_via_tensor": after_via_tensor}[name]) for name in VARIANTS]
     rows = []
     for block in range(blocks):
         dist.barrier()
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for i in range(votes):
-            for name, fn in (fns if i % 2 == 0 else fns[::-1]):
+            for name, fn in fns if i % 2 == 0 else fns[::-1]:
                 t0 = time.perf_counter()
                 fn(i)
                 times[name].append(time.perf_counter() - t0)
@@ -116,14 +121,18 @@ def main() -> None:
     per: dict[int, dict[str, float]] = {}
     for b, name, t in rows:
         per.setdefault(b, {})[name] = t
-    print(f"vote, 2 gloo ranks on loopback, {args.blocks} blocks x {args.votes} votes, the variants alternated "
-          f"vote by vote (load {load0:.1f} -> {os.getloadavg()[0]:.1f}):")
+    print(
+        f"vote, 2 gloo ranks on loopback, {args.blocks} blocks x {args.votes} votes, the variants alternated "
+        f"vote by vote (load {load0:.1f} -> {os.getloadavg()[0]:.1f}):"
+    )
     before = statistics.median(per[b]["before"] for b in per) * 1e6
     for name in VARIANTS:
         us = statistics.median(per[b][name] for b in per) * 1e6
         iv = order_statistic([per[b][name] / per[b]["before"] for b in per])
-        print(f"  {name:17s} median {us:6.1f} us per vote, / before {iv.text()} "
-              f"({iv.coverage:.1%} order-statistic interval over blocks; {us - before:+.1f} us)")
+        print(
+            f"  {name:17s} median {us:6.1f} us per vote, / before {iv.text()} "
+            f"({iv.coverage:.1%} order-statistic interval over blocks; {us - before:+.1f} us)"
+        )
 
 
 if __name__ == "__main__":

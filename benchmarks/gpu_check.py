@@ -50,19 +50,28 @@ sys.path.insert(0, str(ROOT))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nproc", type=int, default=0, help="ranks, one per GPU (default: all visible GPUs, >= 2)")
     p.add_argument("--steps", type=int, default=6, help="training steps per run (default 6)")
     p.add_argument("--fault-step", type=int, default=2, help="step whose backward is hit (default 2)")
     p.add_argument("--fault-rank", type=int, default=1, help="rank whose communicator is aborted (default 1)")
     p.add_argument("--layers", type=int, default=8, help="MLP blocks, one FSDP2 unit each (default 8)")
     p.add_argument("--hidden", type=int, default=1024, help="block width (default 1024)")
-    p.add_argument("--pg-timeout-s", type=float, default=30.0,
-                   help="NCCL collective timeout: the latest a peer notices the fault (default 30)")
+    p.add_argument(
+        "--pg-timeout-s",
+        type=float,
+        default=30.0,
+        help="NCCL collective timeout: the latest a peer notices the fault (default 30)",
+    )
     p.add_argument("--timeout-s", type=float, default=540.0, help="give up on the ranks after this (default 540)")
-    p.add_argument("--data-plane", choices=("rebind", "reconfigure"), default="rebind",
-                   help="the recovery path the guard must take (reconfigure: torch >= 2.15; default rebind)")
+    p.add_argument(
+        "--data-plane",
+        choices=("rebind", "reconfigure"),
+        default="rebind",
+        help="the recovery path the guard must take (reconfigure: torch >= 2.15; default rebind)",
+    )
     p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--token", default=None, help=argparse.SUPPRESS)
@@ -126,8 +135,9 @@ def rank_main(args) -> None:
     timeout = datetime.timedelta(seconds=args.pg_timeout_s)
     store = dist.TCPStore("127.0.0.1", args.port, world, is_master=False, timeout=datetime.timedelta(seconds=120))
     init_store = dist.PrefixStore(f"{args.token}/init", store)
-    dist.init_process_group("nccl", store=init_store, rank=rank, world_size=world, timeout=timeout,
-                            **init_kwargs(args.data_plane, device))
+    dist.init_process_group(
+        "nccl", store=init_store, rank=rank, world_size=world, timeout=timeout, **init_kwargs(args.data_plane, device)
+    )
     if args.data_plane == "reconfigure":
         connect_in_place(dist.group.WORLD, dist.PrefixStore("connect", init_store), rank)
 
@@ -136,6 +146,7 @@ def rank_main(args) -> None:
             loss = F.mse_loss(model(b[0]), b[1])
             loss.backward()
             return loss.detach()
+
         return step_fn
 
     # 1. Fault-free reference: the same math as guard.step.
@@ -151,10 +162,12 @@ def rank_main(args) -> None:
 
     # 2. Guarded run with one communicator abort mid-backward on the fault rank.
     model, optimizer, middle = _build(args, device)
-    control = ControlChannel.connect(ControlConfig("127.0.0.1", args.port, rank, world, args.token,
-                                                   deadline_s=args.pg_timeout_s * 3 + 60))
-    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, pg_timeout=timeout,
-                             data_plane=args.data_plane)
+    control = ControlChannel.connect(
+        ControlConfig("127.0.0.1", args.port, rank, world, args.token, deadline_s=args.pg_timeout_s * 3 + 60)
+    )
+    guard = accelpact.attach(
+        model, optimizer, control, max_grad_norm=1.0, pg_timeout=timeout, data_plane=args.data_plane
+    )
     state = {"step": -1, "armed": rank == args.fault_rank, "fired_at": None}
 
     def on_phase(phase: str, step: int) -> None:
@@ -185,9 +198,15 @@ def rank_main(args) -> None:
             guard.step(step_fn_for(model), _batch(args, step, rank, device))
     except BaseException as exc:  # noqa: BLE001 - reported in the table
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    result = {"rank": rank, "error": error, "committed_step": guard.committed_step, "torch": torch.__version__,
-              "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-              "events": [e.to_dict() for e in guard.events], "fired": state["fired_at"] is not None}
+    result = {
+        "rank": rank,
+        "error": error,
+        "committed_step": guard.committed_step,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "events": [e.to_dict() for e in guard.events],
+        "fired": state["fired_at"] is not None,
+    }
     if error is None:
         got = _shards(model, optimizer)
         result["shards"] = len(reference)
@@ -207,8 +226,8 @@ def init_kwargs(data_plane: str, device) -> dict:
 def connect_in_place(pg, store, rank: int) -> float:
     """A group created in the reconfigure regime has no communicator yet: the first reconfigure makes it
     (the same handle exchange a recovery uses, accelpact.backends.reconfigure)."""
-    from accelpact.dataplane import generations as comm
     from accelpact.backends.reconfigure import reconfigure_group
+    from accelpact.dataplane import generations as comm
 
     return reconfigure_group(pg, comm.group_spec(pg), store, rank)
 
@@ -216,14 +235,20 @@ def connect_in_place(pg, store, rank: int) -> float:
 def path_problem(data_plane: str, api: bool, cuda: bool, devices: int, nproc: int) -> str | None:
     """Why this check cannot run as asked (None: it can). Pure: the parent's refusal, unit-tested."""
     if not cuda:
-        return ("no CUDA device visible (torch.cuda.is_available() is False). This check needs a machine with >= 2 "
-                "GPUs and a CUDA build of torch; nothing was run.")
+        return (
+            "no CUDA device visible (torch.cuda.is_available() is False). This check needs a machine with >= 2 "
+            "GPUs and a CUDA build of torch; nothing was run."
+        )
     if nproc < 2 or nproc > devices:
-        return (f"needs 2 <= --nproc <= visible GPUs ({devices}), got {nproc}. NCCL refuses two ranks on one GPU, "
-                "so a single-GPU machine cannot run this check.")
+        return (
+            f"needs 2 <= --nproc <= visible GPUs ({devices}), got {nproc}. NCCL refuses two ranks on one GPU, "
+            "so a single-GPU machine cannot run this check."
+        )
     if data_plane == "reconfigure" and not api:
-        return ("--data-plane reconfigure needs torch >= 2.15 (dist._reconfigure); this torch has no reconfigure "
-                "API. Run with --data-plane rebind, or install torch 2.15 (make setup-torch215)")
+        return (
+            "--data-plane reconfigure needs torch >= 2.15 (dist._reconfigure); this torch has no reconfigure "
+            "API. Run with --data-plane rebind, or install torch 2.15 (make setup-torch215)"
+        )
     return None
 
 
@@ -242,10 +267,15 @@ def judge(results: list[dict], data_plane: str) -> tuple[bool, list[str]]:
         detect = f"{ev[0]['detection_s'] * 1e3:.1f}" if ev else "-"
         recover = f"{ev[0]['total_s'] * 1e3:.1f}" if ev else "-"
         path = ",".join(paths) or "-"
-        why = "" if paths in ([data_plane], []) else f" path {path}: " + "; ".join(
-            e.get("data_plane", {}).get("why", "") for e in ev)
-        lines.append(f"{r['rank']:>4} {('yes' if ev else 'no'):>9} {action:>12} {path:>11} {detect:>9} {recover:>10} "
-                     f"{r.get('committed_step', '-'):>9} {identical:>12}  {r.get('error') or ''}{why}")
+        why = (
+            ""
+            if paths in ([data_plane], [])
+            else f" path {path}: " + "; ".join(e.get("data_plane", {}).get("why", "") for e in ev)
+        )
+        lines.append(
+            f"{r['rank']:>4} {('yes' if ev else 'no'):>9} {action:>12} {path:>11} {detect:>9} {recover:>10} "
+            f"{r.get('committed_step', '-'):>9} {identical:>12}  {r.get('error') or ''}{why}"
+        )
         if differ:
             lines.append(f"      first differing shards: {differ[:5]}")
     return ok, lines
@@ -276,10 +306,30 @@ def main(argv: list[str] | None = None) -> int:
 
     server, port = start_control_server()
     token = new_job_token()
-    base = [sys.executable, __file__, "--nproc", str(n), "--port", str(port), "--token", token,
-            "--steps", str(args.steps), "--fault-step", str(args.fault_step), "--fault-rank", str(args.fault_rank),
-            "--layers", str(args.layers), "--hidden", str(args.hidden), "--pg-timeout-s", str(args.pg_timeout_s),
-            "--data-plane", args.data_plane]
+    base = [
+        sys.executable,
+        __file__,
+        "--nproc",
+        str(n),
+        "--port",
+        str(port),
+        "--token",
+        token,
+        "--steps",
+        str(args.steps),
+        "--fault-step",
+        str(args.fault_step),
+        "--fault-rank",
+        str(args.fault_rank),
+        "--layers",
+        str(args.layers),
+        "--hidden",
+        str(args.hidden),
+        "--pg-timeout-s",
+        str(args.pg_timeout_s),
+        "--data-plane",
+        args.data_plane,
+    ]
     t0 = time.time()
     procs = [subprocess.Popen(base + ["--rank", str(r)], stdout=subprocess.PIPE, text=True) for r in range(n)]
     results = []
@@ -293,15 +343,21 @@ def main(argv: list[str] | None = None) -> int:
         results.append(json.loads(lines[-1]) if lines else {"rank": r, "error": f"no result (exit {p.returncode})"})
     del server
     versions = sorted({f"torch {r.get('torch')}, NCCL {r.get('nccl')}" for r in results if r.get("torch")})
-    print(f"\nNCCL recovery check ({'; '.join(versions) or 'versions unknown'}): {n} ranks, data plane "
-          f"{args.data_plane}, fault (communicator abort) on rank {args.fault_rank} in the backward "
-          f"of step {args.fault_step}, {args.steps} steps, {time.time() - t0:.0f} s\n")
-    print(f"{'rank':>4} {'recovered':>9} {'decision':>12} {'path':>11} {'detect ms':>9} {'recover ms':>10} "
-          f"{'committed':>9} {'identical':>12}  error")
+    print(
+        f"\nNCCL recovery check ({'; '.join(versions) or 'versions unknown'}): {n} ranks, data plane "
+        f"{args.data_plane}, fault (communicator abort) on rank {args.fault_rank} in the backward "
+        f"of step {args.fault_step}, {args.steps} steps, {time.time() - t0:.0f} s\n"
+    )
+    print(
+        f"{'rank':>4} {'recovered':>9} {'decision':>12} {'path':>11} {'detect ms':>9} {'recover ms':>10} "
+        f"{'committed':>9} {'identical':>12}  error"
+    )
     ok, lines = judge(results, args.data_plane)
     print("\n".join(lines))
-    print(f"\nverdict: {'PASS' if ok else 'FAIL'} (every rank recovered through the {args.data_plane} path and is bit-identical "
-          "to the fault-free run)")
+    print(
+        f"\nverdict: {'PASS' if ok else 'FAIL'} (every rank recovered through the {args.data_plane} path and is bit-identical "
+        "to the fault-free run)"
+    )
     return 0 if ok else 1
 
 

@@ -50,7 +50,9 @@ def build(args, device):
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(1234)
-    blocks = [nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.GELU(), nn.Dropout(0.1)) for _ in range(args.layers)]
+    blocks = [
+        nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.GELU(), nn.Dropout(0.1)) for _ in range(args.layers)
+    ]
     model = nn.Sequential(*blocks, nn.Linear(args.hidden, 16)).to(device)
     for block in blocks:
         fully_shard(block)
@@ -58,7 +60,7 @@ def build(args, device):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def step(model, optimizer, args, i, device, snap=None) -> "object":
+def step(model, optimizer, args, i, device, snap=None) -> object:
     import torch
 
     x = torch.randn(32, args.hidden, generator=torch.Generator().manual_seed(i)).to(device)
@@ -120,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         snap.flush()
         diff = same(ref, shards(model, opt))
         lost = [i for i, (a, b) in enumerate(zip(ref_losses, losses)) if not torch.equal(a, b)]
-        print(f"1. snapshots every step vs none: {'bit-identical' if not diff and not lost else 'DIFFERENT'} "
-              f"({len(ref)} tensors; differing: {diff[:3]}, losses {lost}); held {snap.held_steps(verify=True)}")
+        print(
+            f"1. snapshots every step vs none: {'bit-identical' if not diff and not lost else 'DIFFERENT'} "
+            f"({len(ref)} tensors; differing: {diff[:3]}, losses {lost}); held {snap.held_steps(verify=True)}"
+        )
         ok &= not diff and not lost
         # 2. The slot of restore_step kept? Only the newest two are: redo up to it, then restore fresh.
         model, opt = build(args, device)
@@ -136,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         fsnap.restore(args.restore_step)
         tail = [step(fresh, fopt, args, i, device) for i in range(args.restore_step + 1, args.steps)]
         diff = same(ref, shards(fresh, fopt))
-        lost = [i for i, (a, b) in enumerate(zip(ref_losses[args.restore_step + 1:], tail)) if not torch.equal(a, b)]
-        print(f"2. fresh model restored from step {args.restore_step}, then trained on: "
-              f"{'bit-identical' if not diff and not lost else 'DIFFERENT'} (differing: {diff[:3]}, losses {lost})")
+        lost = [i for i, (a, b) in enumerate(zip(ref_losses[args.restore_step + 1 :], tail)) if not torch.equal(a, b)]
+        print(
+            f"2. fresh model restored from step {args.restore_step}, then trained on: "
+            f"{'bit-identical' if not diff and not lost else 'DIFFERENT'} (differing: {diff[:3]}, losses {lost})"
+        )
         ok &= not diff and not lost
         # 3. Timing, interleaved.
         times = {"off": [], "on": []}
@@ -157,9 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                 i += 1
             snap.flush()
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
-        print(f"3. step median off {off * 1e3:.1f} ms, on {on * 1e3:.1f} ms: overhead {(on / off - 1) * 100:+.1f} % "
-              f"(target <= 3 %); host blocked in before_update {snap.wait_s * 1e3:.1f} ms in total; "
-              f"slot {snap.nbytes / 2**20:.0f} MiB, last copy {snap.last_copy_s * 1e3:.1f} ms")
+        print(
+            f"3. step median off {off * 1e3:.1f} ms, on {on * 1e3:.1f} ms: overhead {(on / off - 1) * 100:+.1f} % "
+            f"(target <= 3 %); host blocked in before_update {snap.wait_s * 1e3:.1f} ms in total; "
+            f"slot {snap.nbytes / 2**20:.0f} MiB, last copy {snap.last_copy_s * 1e3:.1f} ms"
+        )
         snap.close(remove=True)
         fsnap.close(remove=True)
     finally:

@@ -46,13 +46,30 @@ def one_run(nproc: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                               __file__, "--worker", str(out)], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(nproc),
+                __file__,
+                "--worker",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         death = float((out / "death").read_text())
-        delays = {r: float((out / f"term{r}").read_text()) - death
-                  for r in range(nproc) if (out / f"term{r}").exists()}
-        return {"torchrun_exit": proc.returncode, "sigterm_after_death_s": {str(k): round(v, 3) for k, v in delays.items()},
-                "survivors_signalled": len(delays), "survivors": nproc - 1, "wall_s": round(time.time() - t0, 1)}
+        delays = {r: float((out / f"term{r}").read_text()) - death for r in range(nproc) if (out / f"term{r}").exists()}
+        return {
+            "torchrun_exit": proc.returncode,
+            "sigterm_after_death_s": {str(k): round(v, 3) for k, v in delays.items()},
+            "survivors_signalled": len(delays),
+            "survivors": nproc - 1,
+            "wall_s": round(time.time() - t0, 1),
+        }
 
 
 def main() -> int:
@@ -64,8 +81,9 @@ def main() -> int:
     if args.worker is not None:
         worker(args.worker)
         return 0
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent
+    ).stdout.strip()
     print(f"# torchrun rank death: git {sha}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     delays = []
     for i in range(args.runs):
@@ -74,8 +92,10 @@ def main() -> int:
         print(json.dumps({"run": i, **res}), flush=True)
     if delays:
         delays.sort()
-        print(f"survivor SIGTERM after a rank death: median {delays[len(delays) // 2]:.2f} s, "
-              f"min {delays[0]:.2f} s, max {delays[-1]:.2f} s over {len(delays)} survivors")
+        print(
+            f"survivor SIGTERM after a rank death: median {delays[len(delays) // 2]:.2f} s, "
+            f"min {delays[0]:.2f} s, max {delays[-1]:.2f} s over {len(delays)} survivors"
+        )
     return 0
 
 

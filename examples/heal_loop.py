@@ -27,21 +27,21 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d: one line per store error, not a C++ backtrace
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from train_fsdp import VOCAB, TinyLM, batch_for, local_state
 
-import accelpact  # noqa: E402
-import accelpact.run  # noqa: E402
-from accelpact import snapshot  # noqa: E402
-from accelpact.control import ControlChannel  # noqa: E402
-from train_fsdp import VOCAB, TinyLM, batch_for, local_state  # noqa: E402  (this directory's other example)
+import accelpact
+import accelpact.run
+from accelpact import snapshot
+from accelpact.control import ControlChannel
 
 PLACES = ("step", "eval", "save", "finish", "final_save")
 
@@ -53,8 +53,16 @@ def build_model(name: str) -> tuple[torch.nn.Module, list[torch.nn.Module], Call
         return model, list(model.layers), model
     import transformers  # transformers loads GPT-2's modeling module only here, at the class's first use
 
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=128, n_layer=4, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=128,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     return model, list(model.transformer.h), lambda tokens: model(tokens).logits
 
@@ -67,17 +75,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kill-in", choices=PLACES, default=None)
     ap.add_argument("--kill-at", type=int, default=3, help="the step whose step, evaluation or save is killed")
     ap.add_argument("--kill-rank", type=int, default=1)
-    ap.add_argument("--lose-snapshots", action="store_true", help="with --kill-in: the killed rank first deletes "
-                    "the job's snapshots on its node (a restarted group must say it has nothing to resume from)")
-    ap.add_argument("--ignore-rolled-back", action="store_true", help="a bug under test: the survivor's loop "
-                    "keeps its own step after a heal instead of back.resume_step (the guard names it at the next vote)")
-    ap.add_argument("--abort-at-exit", type=int, default=None, metavar="RANK",
-                    help="this rank aborts (SIGABRT) at interpreter exit, after it ended the run: what a C++ thread "
-                    "alive at exit did before accelpact.shutdown; the agent must not replace it")
-    ap.add_argument("--model", choices=("tiny", "gpt2"), default="tiny", help="tiny: train_fsdp.py's TinyLM; gpt2: a "
-                    "small transformers GPT-2 built from its config (its modeling module loads at first use)")
-    ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (a longer step: room for the "
-                    "template to preload what the ranks loaded before a kill)")
+    ap.add_argument(
+        "--lose-snapshots",
+        action="store_true",
+        help="with --kill-in: the killed rank first deletes "
+        "the job's snapshots on its node (a restarted group must say it has nothing to resume from)",
+    )
+    ap.add_argument(
+        "--ignore-rolled-back",
+        action="store_true",
+        help="a bug under test: the survivor's loop "
+        "keeps its own step after a heal instead of back.resume_step (the guard names it at the next vote)",
+    )
+    ap.add_argument(
+        "--abort-at-exit",
+        type=int,
+        default=None,
+        metavar="RANK",
+        help="this rank aborts (SIGABRT) at interpreter exit, after it ended the run: what a C++ thread "
+        "alive at exit did before accelpact.shutdown; the agent must not replace it",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("tiny", "gpt2"),
+        default="tiny",
+        help="tiny: train_fsdp.py's TinyLM; gpt2: a "
+        "small transformers GPT-2 built from its config (its modeling module loads at first use)",
+    )
+    ap.add_argument(
+        "--pause-s",
+        type=float,
+        default=0.0,
+        help="sleep after each step (a longer step: room for the "
+        "template to preload what the ranks loaded before a kill)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -94,8 +125,12 @@ def main(args: argparse.Namespace) -> dict:
     first_process = me is None and snapshot.restart_count() == 0
 
     def maybe_die(place: str, step: int) -> None:
-        if first_process and rank == args.kill_rank and args.kill_in == place and (
-                step == args.kill_at or place in ("finish", "final_save")):
+        if (
+            first_process
+            and rank == args.kill_rank
+            and args.kill_in == place
+            and (step == args.kill_at or place in ("finish", "final_save"))
+        ):
             if args.lose_snapshots:
                 snap.flush()
                 snapshot.remove_job(config.root, token)
@@ -120,8 +155,15 @@ def main(args: argparse.Namespace) -> dict:
         restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
     elif me is None:
         snapshot.remove_rank(config.root, token, rank)  # a new job: nothing of an earlier one is resumed
-    snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
-                                extra_state=lambda: {"scheduler": scheduler.state_dict()})
+    snap = snapshot.Snapshotter(
+        model,
+        optimizer,
+        job_token=token,
+        rank=rank,
+        world_size=world,
+        config=config,
+        extra_state=lambda: {"scheduler": scheduler.state_dict()},
+    )
     guard = accelpact.attach(model, optimizer, control, snapshots=snap, heal=accelpact.HealPolicy(), rejoin=ticket)
 
     def resume(back: accelpact.RolledBack) -> int:  # a survivor's RolledBack, a replacement's guard.resumed
@@ -133,8 +175,7 @@ def main(args: argparse.Namespace) -> dict:
     if ticket is not None:
         step = resume(guard.resumed)
     elif restored is not None:
-        step = resume(accelpact.RolledBack("restored", resume_step=restored.step + 1,
-                                           extra_state=restored.extra_state))
+        step = resume(accelpact.RolledBack("restored", resume_step=restored.step + 1, extra_state=restored.extra_state))
         guard.resume_at(step)
     else:
         step = 0
@@ -202,13 +243,30 @@ def main(args: argparse.Namespace) -> dict:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({"state": local_state(model, optimizer)}, args.out / f"rank{rank}.pt")
-    return {"rank": rank, "pid": os.getpid(), "replacement": None if me is None else me.number,
-            "restart": snapshot.restart_count(), "first_step": first_step, "committed_step": guard.committed_step,
-            "restored": None if restored is None else restored.step,
-            "held": None if restored is None else {str(r): s for r, s in (restored.held or {}).items()},
-            "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "t": e.t, "total_s": e.total_s,
-                       "replacement_start_s": e.replacement_start_s} for e in guard.heal_events],
-            "losses": losses, "evals": evals, "lr": scheduler.get_last_lr()[0]}
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "replacement": None if me is None else me.number,
+        "restart": snapshot.restart_count(),
+        "first_step": first_step,
+        "committed_step": guard.committed_step,
+        "restored": None if restored is None else restored.step,
+        "held": None if restored is None else {str(r): s for r, s in (restored.held or {}).items()},
+        "heals": [
+            {
+                "role": e.role,
+                "resume_step": e.resume_step,
+                "source": e.source,
+                "t": e.t,
+                "total_s": e.total_s,
+                "replacement_start_s": e.replacement_start_s,
+            }
+            for e in guard.heal_events
+        ],
+        "losses": losses,
+        "evals": evals,
+        "lr": scheduler.get_last_lr()[0],
+    }
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ import dataclasses
 import time
 
 from harness import strategies
-from harness.strategies.accelpact import SPEC as ACCELPACT, AccelPactStep
+from harness.strategies.accelpact import SPEC as ACCELPACT
+from harness.strategies.accelpact import AccelPactStep
 
 NAME = "accelpact_slow_recovery"
 SLEEP_S = 2.0
@@ -38,8 +39,15 @@ class SlowRecoveryStep(AccelPactStep):
 
 
 if NAME not in strategies.names():
-    strategies.register(dataclasses.replace(
-        ACCELPACT, name=NAME, rank_class=f"{__name__}:SlowRecoveryStep",
-        description=f"negative control: AccelPact + {SLEEP_S:g} s of sleep in every recovery",
-        label=f"AccelPact + {SLEEP_S:g} s", color="tab:red", order=60,
-        recovers_in_memory=False))  # AccelPact stays the strategy under test: the gain is over this one
+    strategies.register(
+        dataclasses.replace(
+            ACCELPACT,
+            name=NAME,
+            rank_class=f"{__name__}:SlowRecoveryStep",
+            description=f"negative control: AccelPact + {SLEEP_S:g} s of sleep in every recovery",
+            label=f"AccelPact + {SLEEP_S:g} s",
+            color="tab:red",
+            order=60,
+            recovers_in_memory=False,
+        )
+    )  # AccelPact stays the strategy under test: the gain is over this one

@@ -69,14 +69,16 @@ def rank_main(rank: int, port: int, token: str) -> None:
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE, is_master=False, timeout=TIMEOUT)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{token}/init", store), rank=rank,
-                            world_size=WORLD_SIZE, timeout=TIMEOUT)
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(f"{token}/init", store), rank=rank, world_size=WORLD_SIZE, timeout=TIMEOUT
+    )
 
     def forward_backward(model):
         def step_fn(b):
             loss = F.mse_loss(model(b[0]), b[1])
             loss.backward()
             return loss.detach()
+
         return step_fn
 
     # 1. The fault-free reference: the same math as guard.step (clip, optimizer step, zero grads).
@@ -95,23 +97,42 @@ def rank_main(rank: int, port: int, token: str) -> None:
     injector = FaultInjector(exclude_ports=[port])  # never reset the store's connections
     if rank == 1:
         injector.arm(FAULT_STEP, "vote", "reset")
-    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, pg_timeout=TIMEOUT,
-                             injection_clock=injector.consume_injection_time)
+    guard = accelpact.attach(
+        model,
+        optimizer,
+        control,
+        max_grad_norm=1.0,
+        pg_timeout=TIMEOUT,
+        injection_clock=injector.consume_injection_time,
+    )
     guard.phase_hooks.append(injector.on_phase)
     for step in range(STEPS):
         guard.step(forward_backward(model), batch(step, rank))
 
     # 3. Compare with the reference.
     identical = all(torch.equal(a, b) for a, b in zip(full_state(model, optimizer), reference, strict=True))
-    print(json.dumps({"rank": rank, "committed_step": guard.committed_step, "identical": identical,
-                      "events": [e.to_dict() for e in guard.events]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "committed_step": guard.committed_step,
+                "identical": identical,
+                "events": [e.to_dict() for e in guard.events],
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> int:
     server, port = start_control_server()  # lives as long as `server`, in this fault-free process
     token = new_job_token()
-    ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(port), token],
-                              stdout=subprocess.PIPE, text=True) for r in range(WORLD_SIZE)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(r), str(port), token], stdout=subprocess.PIPE, text=True
+        )
+        for r in range(WORLD_SIZE)
+    ]
     results = []
     for p in ranks:
         out, _ = p.communicate(timeout=300)
@@ -125,16 +146,20 @@ def main() -> int:
         for e in r["events"]:
             message = e["fault"]["message"].splitlines()[0].split("] ", 1)[-1][:60]  # drop gloo's [file:line]
             path = e.get("data_plane", {}).get("path", "rebind")
-            print(f"rank {r['rank']}: recovered step {e['step']} ({e['fault']['type']}: {message}) -> "
-                  f"{e['decision']['action']}, data plane {path} "
-                  f"({'same groups, no rebind' if path == 'reconfigure' else 'new groups, rebound'}), "
-                  f"generation {e['generation']}, detection {e['detection_s'] * 1e3:.1f} ms, "
-                  f"recovery {e['total_s'] * 1e3:.1f} ms")
+            print(
+                f"rank {r['rank']}: recovered step {e['step']} ({e['fault']['type']}: {message}) -> "
+                f"{e['decision']['action']}, data plane {path} "
+                f"({'same groups, no rebind' if path == 'reconfigure' else 'new groups, rebound'}), "
+                f"generation {e['generation']}, detection {e['detection_s'] * 1e3:.1f} ms, "
+                f"recovery {e['total_s'] * 1e3:.1f} ms"
+            )
     recovered = all(len(r["events"]) >= 1 for r in results)
     identical = all(r["identical"] for r in results)
     agree = len({r["committed_step"] for r in results}) == 1
-    print(f"recovered: {recovered}; bit-identical to the fault-free run: {identical}; "
-          f"committed step {results[0]['committed_step']} on every rank: {agree}")
+    print(
+        f"recovered: {recovered}; bit-identical to the fault-free run: {identical}; "
+        f"committed step {results[0]['committed_step']} on every rank: {agree}"
+    )
     return 0 if recovered and identical and agree else 1
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 # TORCH_CPP_LOG_LEVEL=WARNING in the environment shows them again.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-import torch  # noqa: E402  (after the log level above)
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -109,8 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault", default=None, help="STEP:PHASE:ACTION, e.g. 3:vote:reset (one injected fault)")
     ap.add_argument("--fault-rank", type=int, default=1, help="the rank that injects --fault")
     ap.add_argument("--out", type=Path, default=None, help="write rank{r}.pt (state and losses) here")
-    ap.add_argument("--snapshots", action="store_true", help="per-step shared-memory snapshots; restore after a restart")
-    ap.add_argument("--kill-at", type=int, default=None, help="rank --fault-rank SIGKILLs itself in this step (first attempt)")
+    ap.add_argument(
+        "--snapshots", action="store_true", help="per-step shared-memory snapshots; restore after a restart"
+    )
+    ap.add_argument(
+        "--kill-at", type=int, default=None, help="rank --fault-rank SIGKILLs itself in this step (first attempt)"
+    )
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
     return ap.parse_args(argv)
 
@@ -149,10 +153,15 @@ def main(args: argparse.Namespace) -> dict:
         else:
             # A new job: whatever this rank's directory holds is from an earlier job with this run id.
             snapshot.remove_rank(config.root, token, rank)
-        snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=dist.get_world_size(),
-                                    config=config,
-                                    extra_state=lambda: {"scheduler": scheduler.state_dict(),
-                                                         "losses": [*losses, current["loss"]]})
+        snap = snapshot.Snapshotter(
+            model,
+            optimizer,
+            job_token=token,
+            rank=rank,
+            world_size=dist.get_world_size(),
+            config=config,
+            extra_state=lambda: {"scheduler": scheduler.state_dict(), "losses": [*losses, current["loss"]]},
+        )
         if restored is not None:
             scheduler.load_state_dict(restored.extra_state["scheduler"])
             losses = list(restored.extra_state["losses"])
@@ -187,17 +196,25 @@ def main(args: argparse.Namespace) -> dict:
         current["loss"] = loss.detach()
         return loss.detach()
 
-    killing = (args.kill_at is not None and rank == args.fault_rank
-               and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0)
+    killing = (
+        args.kill_at is not None
+        and rank == args.fault_rank
+        and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    )
     for step in range(start, args.steps):
         try:
-            losses.append(guard.step(step_fn, batch_for(step, rank, device)))  # accelpact: was step_fn + optimizer.step()
+            losses.append(
+                guard.step(step_fn, batch_for(step, rank, device))
+            )  # accelpact: was step_fn + optimizer.step()
         except accelpact.UnrecoverableError as exc:  # accelpact: a rank or the control store is gone
             # Not recoverable in memory (the message names what was lost and the last committed step):
             # a real job restores its newest checkpoint (or, with --snapshots under torchrun
             # --max-restarts, its snapshot after the restart); this example stops.
-            print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(EXIT_UNRECOVERABLE)
         scheduler.step()  # after guard.step: the step has been committed on every rank
         if rank == 0:
@@ -209,17 +226,30 @@ def main(args: argparse.Namespace) -> dict:
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({"losses": [x.cpu() for x in losses], "state": local_state(model, optimizer)},
-                   args.out / f"rank{rank}.pt")
-    return {"rank": rank, "committed_step": guard.committed_step, "token": control.job_token,
-            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            "restored": None if restored is None else {"step": restored.step, "source": restored.source,
-                                                       "nbytes": restored.nbytes, "load_s": round(restored.load_s, 4),
-                                                       "held": restored.held},
-            "snapshot_wait_s": None if snap is None else round(snap.wait_s, 4),
-            "control": f"{control.config.host}:{control.config.port}",
-            "events": [{"step": e.step, "action": e.decision["action"], "total_ms": round(e.total_s * 1e3, 1)}
-                       for e in guard.events]}
+        torch.save(
+            {"losses": [x.cpu() for x in losses], "state": local_state(model, optimizer)}, args.out / f"rank{rank}.pt"
+        )
+    return {
+        "rank": rank,
+        "committed_step": guard.committed_step,
+        "token": control.job_token,
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "restored": None
+        if restored is None
+        else {
+            "step": restored.step,
+            "source": restored.source,
+            "nbytes": restored.nbytes,
+            "load_s": round(restored.load_s, 4),
+            "held": restored.held,
+        },
+        "snapshot_wait_s": None if snap is None else round(snap.wait_s, 4),
+        "control": f"{control.config.host}:{control.config.port}",
+        "events": [
+            {"step": e.step, "action": e.decision["action"], "total_ms": round(e.total_s * 1e3, 1)}
+            for e in guard.events
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -44,22 +44,22 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # see train_fsdp.py: one line per error, not a backtrace
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from train_fsdp import VOCAB, TinyLM, batch_for, local_state
 
-import accelpact  # noqa: E402  accelpact
-import accelpact.run  # noqa: E402  accelpact
-from accelpact import snapshot  # noqa: E402  accelpact
-from accelpact.control import ControlChannel  # noqa: E402  accelpact
-from train_fsdp import VOCAB, TinyLM, batch_for, local_state  # noqa: E402  (this directory's other example)
+import accelpact
+import accelpact.run
+from accelpact import snapshot
+from accelpact.control import ControlChannel
 
 EXIT_UNRECOVERABLE = 3
 
@@ -72,19 +72,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kill-at", type=int, default=None, help="rank --kill-rank SIGKILLs itself in this step")
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--replicas", action="store_true", help="push each snapshot to a buddy rank on the next node")
-    ap.add_argument("--lose-host", action="store_true", help="with --kill-at: the killed rank's node also loses "
-                    "this job's shared memory (its own snapshots and the replicas it held), as a lost host would")
+    ap.add_argument(
+        "--lose-host",
+        action="store_true",
+        help="with --kill-at: the killed rank's node also loses "
+        "this job's shared memory (its own snapshots and the replicas it held), as a lost host would",
+    )
     ap.add_argument("--push-every", type=int, default=1, help="with --replicas: push only every k-th snapshot")
     ap.add_argument("--confirm-push", action="store_true", help="with --replicas: a push completes its snapshot")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--hsdp", type=int, default=None, metavar="REPLICAS",
-                    help="HSDP: shard over a (REPLICAS, world // REPLICAS) mesh (replicate, shard) instead of 1-D")
+    ap.add_argument(
+        "--hsdp",
+        type=int,
+        default=None,
+        metavar="REPLICAS",
+        help="HSDP: shard over a (REPLICAS, world // REPLICAS) mesh (replicate, shard) instead of 1-D",
+    )
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep after each step (room for a test to act)")
-    ap.add_argument("--late-rank", type=int, default=None, help="with --kill-at: this rank sleeps --late-s after its "
-                    "forward in that step, a straggler that learns of the death after the replacement is up")
+    ap.add_argument(
+        "--late-rank",
+        type=int,
+        default=None,
+        help="with --kill-at: this rank sleeps --late-s after its "
+        "forward in that step, a straggler that learns of the death after the replacement is up",
+    )
     ap.add_argument("--late-s", type=float, default=0.0)
-    ap.add_argument("--reset-in-heal", action="store_true", help="with --kill-at: survivors reset their data-plane "
-                    "connections right before the heal's first collective, once")
+    ap.add_argument(
+        "--reset-in-heal",
+        action="store_true",
+        help="with --kill-at: survivors reset their data-plane "
+        "connections right before the heal's first collective, once",
+    )
     return ap.parse_args(argv)
 
 
@@ -99,8 +117,11 @@ def reset_before_heal_collective(step: int, control: ControlChannel) -> Callable
 
             fired[0] = True
             n = reset_own_gloo_sockets(exclude_ports=[int(control.config.port)])
-            print(f"rank {control.rank}: reset {n} data-plane connection(s) before the heal's first collective",
-                  flush=True)
+            print(
+                f"rank {control.rank}: reset {n} data-plane connection(s) before the heal's first collective",
+                flush=True,
+            )
+
     return hook
 
 
@@ -121,8 +142,11 @@ def main(args: argparse.Namespace) -> dict:
             raise SystemExit(f"--hsdp {args.hsdp} must divide the world size {world}")
         shape, names = (args.hsdp, world // args.hsdp), ("replicate", "shard")
         # accelpact: a replacement builds the mesh from the survivors' groups (init_device_mesh would make new ones)
-        mesh = (init_device_mesh("cpu", shape, mesh_dim_names=names) if ticket is None
-                else ticket.device_mesh("cpu", shape, mesh_dim_names=names))
+        mesh = (
+            init_device_mesh("cpu", shape, mesh_dim_names=names)
+            if ticket is None
+            else ticket.device_mesh("cpu", shape, mesh_dim_names=names)
+        )
     torch.manual_seed(0)  # the same initial weights on every rank and in every run
     model = TinyLM().to(device)
     for layer in model.layers:
@@ -148,13 +172,23 @@ def main(args: argparse.Namespace) -> dict:
         from accelpact.snapshot.replica import Replication
 
         replication = Replication.from_env(control, job_token=token, confirm=args.confirm_push)
-    snap = snapshot.Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world, config=config,
-                                on_complete=replication.push if replication is not None else None,
-                                extra_state=lambda: {"scheduler": scheduler.state_dict()})  # accelpact
-    policy = accelpact.HealPolicy(fetch_replica=replication.fetch if replication is not None else None,
-                                  buddy_of=(lambda r: replication.buddy) if replication is not None else None)
-    guard = accelpact.attach(model, optimizer, control, max_grad_norm=1.0, snapshots=snap,
-                             heal=policy, rejoin=ticket)  # accelpact
+    snap = snapshot.Snapshotter(
+        model,
+        optimizer,
+        job_token=token,
+        rank=rank,
+        world_size=world,
+        config=config,
+        on_complete=replication.push if replication is not None else None,
+        extra_state=lambda: {"scheduler": scheduler.state_dict()},
+    )  # accelpact
+    policy = accelpact.HealPolicy(
+        fetch_replica=replication.fetch if replication is not None else None,
+        buddy_of=(lambda r: replication.buddy) if replication is not None else None,
+    )
+    guard = accelpact.attach(
+        model, optimizer, control, max_grad_norm=1.0, snapshots=snap, heal=policy, rejoin=ticket
+    )  # accelpact
     if ticket is not None:
         step = guard.resumed.resume_step  # accelpact: the resume step the heal agreed on
         resume(guard.resumed.extra_state)  # accelpact: the LR schedule as the loaded snapshot saved it
@@ -198,8 +232,11 @@ def main(args: argparse.Namespace) -> dict:
             resume(back.extra_state)
             continue
         except accelpact.UnrecoverableError as exc:  # accelpact: the launcher restarts the group from snapshots
-            print(f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rank {rank}: in-memory recovery impossible at step {step}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             guard.close()
             sys.exit(EXIT_UNRECOVERABLE)
         print(f"rank {rank} step {step} loss {losses[step]:.6f}", flush=True)
@@ -214,17 +251,35 @@ def main(args: argparse.Namespace) -> dict:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({"state": local_state(model, optimizer)}, args.out / f"rank{rank}.pt")
-    return {"rank": rank, "pid": os.getpid(), "replacement": None if me is None else me.number,
-            "restart": snapshot.restart_count(), "first_step": first_step, "committed_step": guard.committed_step,
-            "restored": None if restored is None else {"step": restored.step, "source": restored.source},
-            "recoveries": guard.events.total,
-            "heals": [{"role": e.role, "resume_step": e.resume_step, "source": e.source, "own_source": e.own_source,
-                       "replayed": e.replayed_steps, "total_s": round(e.total_s, 3),
-                       "replacement_start_s": round(e.replacement_start_s, 3), "heal_transfer_s": round(e.heal_transfer_s, 3),
-                       "bytes_read_from_disk": e.bytes_read_from_disk, "data_plane": e.data_plane,
-                       "rounds": e.rounds, "generation": e.generation, "lost_ranks": e.lost_ranks}
-                      for e in guard.heal_events],
-            "losses": losses}
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "replacement": None if me is None else me.number,
+        "restart": snapshot.restart_count(),
+        "first_step": first_step,
+        "committed_step": guard.committed_step,
+        "restored": None if restored is None else {"step": restored.step, "source": restored.source},
+        "recoveries": guard.events.total,
+        "heals": [
+            {
+                "role": e.role,
+                "resume_step": e.resume_step,
+                "source": e.source,
+                "own_source": e.own_source,
+                "replayed": e.replayed_steps,
+                "total_s": round(e.total_s, 3),
+                "replacement_start_s": round(e.replacement_start_s, 3),
+                "heal_transfer_s": round(e.heal_transfer_s, 3),
+                "bytes_read_from_disk": e.bytes_read_from_disk,
+                "data_plane": e.data_plane,
+                "rounds": e.rounds,
+                "generation": e.generation,
+                "lost_ranks": e.lost_ranks,
+            }
+            for e in guard.heal_events
+        ],
+        "losses": losses,
+    }
 
 
 if __name__ == "__main__":

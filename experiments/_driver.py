@@ -15,14 +15,27 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from experiments.provenance import current_command, load_provenance, provenance_markdown
 
-__all__ = ["RESULTS_ROOT", "results_dir", "parser", "output_dir", "command", "load_average_text", "Timing",
-           "record_runtime", "add_end_load", "write_csv", "number", "read_csv"]
+__all__ = [
+    "RESULTS_ROOT",
+    "results_dir",
+    "parser",
+    "output_dir",
+    "command",
+    "load_average_text",
+    "Timing",
+    "record_runtime",
+    "add_end_load",
+    "write_csv",
+    "number",
+    "read_csv",
+]
 
 RESULTS_ROOT = Path(__file__).resolve().parent.parent / "results"
 
@@ -86,8 +99,11 @@ class Timing:
 
     def extra(self) -> dict[str, Any]:
         """Provenance extras of a finished run: load at start and end, run time in whole seconds."""
-        return {"load_avg_start": self.load_start, "load_avg_end": load_average_text(),
-                "runtime_s": round(self.elapsed_s)}
+        return {
+            "load_avg_start": self.load_start,
+            "load_avg_end": load_average_text(),
+            "runtime_s": round(self.elapsed_s),
+        }
 
 
 def _update_extra(out: Path, **values: Any) -> None:

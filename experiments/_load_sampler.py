@@ -13,8 +13,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["LoadSampler", "read_samples", "mean_load"]
 
@@ -35,7 +35,7 @@ class LoadSampler:
                 if self._stop.wait(self.every_s):
                     return
 
-    def __enter__(self) -> "LoadSampler":
+    def __enter__(self) -> LoadSampler:
         self._thread.start()
         return self
 

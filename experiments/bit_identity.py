@@ -38,12 +38,17 @@ from pathlib import Path
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
-from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
-from experiments.bit_identity_soak import (SETTLE_S, json_lines, collect, default_soak_dir, load_progress, run_soak,
-                                          soak_lines, soak_provenance)
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
-from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
+from experiments.bit_identity_soak import (
+    SETTLE_S,
+    collect,
+    default_soak_dir,
+    json_lines,
+    load_progress,
+    run_soak,
+    soak_lines,
+    soak_provenance,
+)
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -51,6 +56,9 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
+from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
+from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
+from harness.workloads.fsdp_scenarios import RUNNER
 
 NAME = "bit_identity"
 
@@ -58,11 +66,30 @@ NAME = "bit_identity"
 def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers: int) -> dict:
     steps = max(f["step"] for f in faults) + 2
     model = {"layers": layers}
-    jobs = [{"name": "ref", "kind": "train", "flavour": flavour, "guard": False, "steps": steps, "model": model},
-            {"name": "faults", "kind": "train", "flavour": flavour, "steps": steps, "model": model,
-             "faults": armed(faults), "track_resources": True, "settle_s": SETTLE_S, "progress": True}]
-    s = run_session(tmp / flavour, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S,
-                    control_deadline_s=120.0, timeout_s=1500.0, barrier=True)
+    jobs = [
+        {"name": "ref", "kind": "train", "flavour": flavour, "guard": False, "steps": steps, "model": model},
+        {
+            "name": "faults",
+            "kind": "train",
+            "flavour": flavour,
+            "steps": steps,
+            "model": model,
+            "faults": armed(faults),
+            "track_resources": True,
+            "settle_s": SETTLE_S,
+            "progress": True,
+        },
+    ]
+    s = run_session(
+        tmp / flavour,
+        RUNNER,
+        jobs,
+        world_size=world,
+        pg_timeout_s=PG_TIMEOUT_S,
+        control_deadline_s=120.0,
+        timeout_s=1500.0,
+        barrier=True,
+    )
     per_rank = s.job("faults")
     s.job("ref")
     diffs, counts = bit_differences(s, "faults", "ref")
@@ -76,11 +103,22 @@ def run_flavour(tmp: Path, flavour: str, world: int, faults: list[dict], layers:
     leak_settled = _worst_change(baseline, settled) if all(settled) else None
     # fds by kind per rank (the progress lines): what a settled difference from the baseline is made of
     kinds = [kinds_from_progress(json_lines(tmp / flavour / f"progress.faults.rank{r}.jsonl")) for r in range(world)]
-    return {"flavour": flavour, "world": world, "rows": rows, "diffs": diffs, "counts": counts, "leak": leak,
-            "leak_settled": leak_settled, "fd_kinds": kinds,
-            "baseline": baseline, "resources": [r["resources"] for r in per_rank],
-            "events": [len(r["events"]) for r in per_rank], "steps": steps, "wall_s": s.wall_s,
-            "losses_equal": not any("loss" in d for d in diffs)}
+    return {
+        "flavour": flavour,
+        "world": world,
+        "rows": rows,
+        "diffs": diffs,
+        "counts": counts,
+        "leak": leak,
+        "leak_settled": leak_settled,
+        "fd_kinds": kinds,
+        "baseline": baseline,
+        "resources": [r["resources"] for r in per_rank],
+        "events": [len(r["events"]) for r in per_rank],
+        "steps": steps,
+        "wall_s": s.wall_s,
+        "losses_equal": not any("loss" in d for d in diffs),
+    }
 
 
 def _worst_change(baseline: list[dict], samples: list[dict]) -> dict[str, float]:
@@ -102,12 +140,18 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
             for rank, series in enumerate(res["resources"]):
                 xs = [x["recoveries"] for x in series]
                 base = series[0][key]
-                ax.plot(xs, [x[key] - base for x in series], linewidth=1, alpha=0.8,
-                        label=f"{res['flavour']} rank {rank}" if key == "threads" else None)
+                ax.plot(
+                    xs,
+                    [x[key] - base for x in series],
+                    linewidth=1,
+                    alpha=0.8,
+                    label=f"{res['flavour']} rank {rank}" if key == "threads" else None,
+                )
         if key != "rss_mib":
             ax.axhline(2, color="tab:red", linestyle="--", linewidth=1)
-        ax.set_title(f"{key}: change from before the first fault" + (" (limit +2)" if key != "rss_mib" else " (MiB)"),
-                     fontsize=9)
+        ax.set_title(
+            f"{key}: change from before the first fault" + (" (limit +2)" if key != "rss_mib" else " (MiB)"), fontsize=9
+        )
     for ax in axes[-1]:
         ax.set_xlabel("recoveries so far")
     axes.flat[0].legend(fontsize=6, ncol=2)
@@ -119,8 +163,12 @@ def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:
 
 
 def per_step_resources(results: list[dict]) -> list[dict]:
-    return [{"flavour": res["flavour"], "world": res["world"], "rank": rank, **x}
-            for res in results for rank, series in enumerate(res["resources"]) for x in series]
+    return [
+        {"flavour": res["flavour"], "world": res["world"], "rank": rank, **x}
+        for res in results
+        for rank, series in enumerate(res["resources"])
+        for x in series
+    ]
 
 
 # The figures' precision in this experiment's CSVs.
@@ -132,25 +180,47 @@ def claims(results: list[dict]) -> list[ClaimRow]:
     for res in results:
         n = len(res["rows"])
         ok = not res["diffs"]
-        rows.append(ClaimRow(
-            claim=f"state after {n} successive faults, {res['flavour']}, {res['world']} ranks",
-            paper=f"bit-identical across {PAPER_BIT_IDENTITY_RANKS} ranks", comparable=False,
-            ours=(f"bit-identical to the fault-free run on every rank: {res['counts']['tensors']} tensors "
-                  f"({res['counts']['bytes'] / 2**20:.1f} MiB) by torch.equal + sha256, {res['counts']['losses']} losses"
-                  if ok else f"{len(res['diffs'])} MISMATCHES: {res['diffs'][:3]}"),
-            reason=("ours compares with a run that never failed (stronger than ranks agreeing with each other); "
-                    f"{res['world']} ranks on 2 CPU cores vs the paper's {PAPER_RANKS} GPUs")))
+        rows.append(
+            ClaimRow(
+                claim=f"state after {n} successive faults, {res['flavour']}, {res['world']} ranks",
+                paper=f"bit-identical across {PAPER_BIT_IDENTITY_RANKS} ranks",
+                comparable=False,
+                ours=(
+                    f"bit-identical to the fault-free run on every rank: {res['counts']['tensors']} tensors "
+                    f"({res['counts']['bytes'] / 2**20:.1f} MiB) by torch.equal + sha256, {res['counts']['losses']} losses"
+                    if ok
+                    else f"{len(res['diffs'])} MISMATCHES: {res['diffs'][:3]}"
+                ),
+                reason=(
+                    "ours compares with a run that never failed (stronger than ranks agreeing with each other); "
+                    f"{res['world']} ranks on 2 CPU cores vs the paper's {PAPER_RANKS} GPUs"
+                ),
+            )
+        )
         after = _leak_text(res["leak"])
         settled = res.get("leak_settled")
-        rows.append(ClaimRow(
-            claim=f"leak over {n} faults, {res['flavour']} (threads / fds / TCP sockets / RSS MiB, worst rank)",
-            paper="", ours=(f"{_leak_text(settled)} settled ({SETTLE_S:.0f} s after the last step); "
-                            f"{after} right after the last fault" if settled else after),
-            reason=("target: threads, fds, sockets within +2 of the pre-fault baseline once settled (abandoned "
+        rows.append(
+            ClaimRow(
+                claim=f"leak over {n} faults, {res['flavour']} (threads / fds / TCP sockets / RSS MiB, worst rank)",
+                paper="",
+                ours=(
+                    f"{_leak_text(settled)} settled ({SETTLE_S:.0f} s after the last step); "
+                    f"{after} right after the last fault"
+                    if settled
+                    else after
+                ),
+                reason=(
+                    "target: threads, fds, sockets within +2 of the pre-fault baseline once settled (abandoned "
                     f"generations' collectives time out after {PG_TIMEOUT_S:.0f} s)"
-                    + ("; on every rank the settled fds are, kind by kind, those after the first recovery: a "
-                       "constant, not growth (fds by kind below the run's table)" if constant_after_first_recovery(res)
-                       else ""))))
+                    + (
+                        "; on every rank the settled fds are, kind by kind, those after the first recovery: a "
+                        "constant, not growth (fds by kind below the run's table)"
+                        if constant_after_first_recovery(res)
+                        else ""
+                    )
+                ),
+            )
+        )
     return rows
 
 
@@ -161,34 +231,50 @@ def _leak_text(leak: dict) -> str:
 def table_md(results: list[dict], prov, runtime: float, soak: dict | None) -> str:
     lines = ["# Bit-identity after successive faults", "", paper_vs_ours_table(claims(results)), ""]
     for res in results:
-        lines += [f"## {res['flavour']}, {res['world']} ranks, {res['steps']} steps, "
-                  f"{len(res['rows'])} faults ({res['wall_s']:.0f} s)", "",
-                  "| # | step | kind | phase | ranks | decision | rounds | total ms | threads | fds | tcp | RSS MiB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {res['flavour']}, {res['world']} ranks, {res['steps']} steps, "
+            f"{len(res['rows'])} faults ({res['wall_s']:.0f} s)",
+            "",
+            "| # | step | kind | phase | ranks | decision | rounds | total ms | threads | fds | tcp | RSS MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in res["rows"]:
-            lines.append(f"| {r['fault']} | {r['step']} | {r['kind']} | {r['phase']} | {r['ranks']} | {r['decision']}"
-                         f"{' on ' + r['apply_on'] if r['apply_on'] else ''} | {r['rounds']} | {r['total_ms_max']:.0f} | "
-                         f"{r['threads_max']:.0f} | {r['fds_max']:.0f} | {r['tcp_max']:.0f} | {r['rss_mib_max']:.0f} |")
+            lines.append(
+                f"| {r['fault']} | {r['step']} | {r['kind']} | {r['phase']} | {r['ranks']} | {r['decision']}"
+                f"{' on ' + r['apply_on'] if r['apply_on'] else ''} | {r['rounds']} | {r['total_ms_max']:.0f} | "
+                f"{r['threads_max']:.0f} | {r['fds_max']:.0f} | {r['tcp_max']:.0f} | {r['rss_mib_max']:.0f} |"
+            )
         base = res["baseline"][0]
-        lines += ["", f"Baseline before the first fault (rank 0): threads {base['threads']}, fds {base['fds']}, "
-                  f"tcp {base['tcp']}, RSS {base['rss_mib']:.0f} MiB. Worst-rank change after the last fault: "
-                  + ", ".join(f"{k} {res['leak'][k]:+.1f}" for k in RESOURCES) + "."
-                  + (f" Settled, {SETTLE_S:.0f} s after the last step: "
-                     + ", ".join(f"{k} {res['leak_settled'][k]:+.1f}" for k in RESOURCES) + "."
-                     if res.get("leak_settled") else ""),
-                  *fd_kind_lines(res),
-                  "",
-                  "Mismatches against the reference: " + ("none." if not res["diffs"] else "; ".join(res["diffs"][:10])),
-                  ""]
+        lines += [
+            "",
+            f"Baseline before the first fault (rank 0): threads {base['threads']}, fds {base['fds']}, "
+            f"tcp {base['tcp']}, RSS {base['rss_mib']:.0f} MiB. Worst-rank change after the last fault: "
+            + ", ".join(f"{k} {res['leak'][k]:+.1f}" for k in RESOURCES)
+            + "."
+            + (
+                f" Settled, {SETTLE_S:.0f} s after the last step: "
+                + ", ".join(f"{k} {res['leak_settled'][k]:+.1f}" for k in RESOURCES)
+                + "."
+                if res.get("leak_settled")
+                else ""
+            ),
+            *fd_kind_lines(res),
+            "",
+            "Mismatches against the reference: " + ("none." if not res["diffs"] else "; ".join(res["diffs"][:10])),
+            "",
+        ]
     if soak:
         lines += soak_lines(soak)
-    lines += ["## How to read it", "",
-              "- total ms: a rank's detection to its first good collective on the new generation, slowest rank "
-              "(the hang's includes nothing of the timeout: detection is separate).",
-              "- decision: retry (no rank committed: every rank re-runs the step from the same batch and RNG "
-              "state) or roll_forward (the vote completed on some ranks: the others apply the step from the "
-              "reduced gradients they hold). Either way no step is lost, none is applied twice.",
-              *_driver.closing_lines(runtime, prov)]
+    lines += [
+        "## How to read it",
+        "",
+        "- total ms: a rank's detection to its first good collective on the new generation, slowest rank "
+        "(the hang's includes nothing of the timeout: detection is separate).",
+        "- decision: retry (no rank committed: every rank re-runs the step from the same batch and RNG "
+        "state) or roll_forward (the vote completed on some ranks: the others apply the step from the "
+        "reduced gradients they hold). Either way no step is lost, none is applied twice.",
+        *_driver.closing_lines(runtime, prov),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -201,8 +287,12 @@ def soak_only(out: Path, kept: Path, argv: list[str] | None) -> int:
     write_csv(out / "soak_faults.csv", soak["rows"])
     write_csv(out / "soak_resources.csv", per_step_resources([soak]))
     leak_plot(out / "soak_leaks.png", [soak], prov, f"Soak: resources over {len(soak['rows'])} recoveries")
-    section = "\n".join(soak_lines(soak)) + "\n" + (out / "soak" / "provenance.md").read_text().replace(
-        "### Provenance", "### Provenance of the soak section") + "\n"
+    section = (
+        "\n".join(soak_lines(soak))
+        + "\n"
+        + (out / "soak" / "provenance.md").read_text().replace("### Provenance", "### Provenance of the soak section")
+        + "\n"
+    )
     table = (out / "table.md").read_text().replace("issue bar:", "target:")
     head, sep, tail = table.partition("## How to read it")
     head = head.split("## Soak")[0]
@@ -225,36 +315,62 @@ def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "FSDP2 on 2 ranks, the first 5 faults, into a temp dir")
     ap.add_argument("--soak", action="store_true", help="also a 100-fault soak on 2 ranks (slow; not in CI)")
     ap.add_argument("--soak-faults", type=int, default=100, help="faults in the soak (default 100; 1000 is ~1 h)")
-    ap.add_argument("--soak-timeout-s", type=float, default=None,
-                    help="the soak's session budget (default: scales with --soak-faults, see bit_identity_soak)")
-    ap.add_argument("--soak-dir", default=None,
-                    help="where the soak's ranks write as they go, kept afterwards "
-                         "(default outputs/bit_identity_soak/<UTC time>/)")
-    ap.add_argument("--soak-from", default=None, metavar="DIR",
-                    help="with --soak: table the soak already run into DIR (python -m experiments.bit_identity_soak "
-                         "--faults N --dir DIR) instead of running one")
-    ap.add_argument("--soak-report", default=None, metavar="DIR",
-                    help="only print the soak section for a kept (possibly killed) soak dir, and write its "
-                         "soak_faults.csv and soak_resources.csv there")
+    ap.add_argument(
+        "--soak-timeout-s",
+        type=float,
+        default=None,
+        help="the soak's session budget (default: scales with --soak-faults, see bit_identity_soak)",
+    )
+    ap.add_argument(
+        "--soak-dir",
+        default=None,
+        help="where the soak's ranks write as they go, kept afterwards (default outputs/bit_identity_soak/<UTC time>/)",
+    )
+    ap.add_argument(
+        "--soak-from",
+        default=None,
+        metavar="DIR",
+        help="with --soak: table the soak already run into DIR (python -m experiments.bit_identity_soak "
+        "--faults N --dir DIR) instead of running one",
+    )
+    ap.add_argument(
+        "--soak-report",
+        default=None,
+        metavar="DIR",
+        help="only print the soak section for a kept (possibly killed) soak dir, and write its "
+        "soak_faults.csv and soak_resources.csv there",
+    )
     ap.add_argument("--world", type=int, default=4, help="ranks for the FSDP2 run (default 4)")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--soak-layers", type=int, default=None,
-                    help="decoder layers in the soak (default --layers); fewer make a 1000-fault soak fit a "
-                         "loaded host: what it measures is per recovery, not per parameter")
-    ap.add_argument("--soak-only", action="store_true",
-                    help="with --soak-from DIR: replace only the soak section of an existing table.md (the short "
-                         "runs' sections and provenance stay as they are); the soak's provenance goes to soak/")
-    ap.add_argument("--short-only", action="store_true",
-                    help="rerun only the 10-fault runs and replace their sections of an existing table.md; its soak "
-                         "section, soak_* files and soak/ provenance stay as they are (the soak takes ~1 h)")
+    ap.add_argument(
+        "--soak-layers",
+        type=int,
+        default=None,
+        help="decoder layers in the soak (default --layers); fewer make a 1000-fault soak fit a "
+        "loaded host: what it measures is per recovery, not per parameter",
+    )
+    ap.add_argument(
+        "--soak-only",
+        action="store_true",
+        help="with --soak-from DIR: replace only the soak section of an existing table.md (the short "
+        "runs' sections and provenance stay as they are); the soak's provenance goes to soak/",
+    )
+    ap.add_argument(
+        "--short-only",
+        action="store_true",
+        help="rerun only the 10-fault runs and replace their sections of an existing table.md; its soak "
+        "section, soak_* files and soak/ provenance stay as they are (the soak takes ~1 h)",
+    )
     args = ap.parse_args(argv)
     if args.short_only and (args.soak or args.quick):
         print("--short-only reruns the full 10-fault runs alone: drop --soak / --quick", file=sys.stderr)
         return 2
     if args.soak_only:
         if not args.soak_from:
-            print("--soak-only needs --soak-from DIR (a soak run with python -m experiments.bit_identity_soak)",
-                  file=sys.stderr)
+            print(
+                "--soak-only needs --soak-from DIR (a soak run with python -m experiments.bit_identity_soak)",
+                file=sys.stderr,
+            )
             return 2
         return soak_only(_driver.output_dir(args, NAME), Path(args.soak_from), argv)
     if args.soak_report:
@@ -273,14 +389,23 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         # table.md and provenance are rewritten on every run: without the soak they would describe
         # a run that never made the soak files beside them.
-        print(f"{out} holds a soak from an earlier run ({', '.join(stale)}); rerun with --soak to regenerate "
-              f"it too, or write elsewhere with --out DIR", file=sys.stderr)
+        print(
+            f"{out} holds a soak from an earlier run ({', '.join(stale)}); rerun with --soak to regenerate "
+            f"it too, or write elsewhere with --out DIR",
+            file=sys.stderr,
+        )
         return 2
     timing = _driver.Timing()
-    plan = [("fsdp2", 2, ten_faults(2)[:5])] if args.quick else \
-        [("fsdp2", args.world, ten_faults(args.world)), ("fsdp1", 2, ten_faults(2))]
-    print(f"{NAME}: {[(f, w, len(fl)) for f, w, fl in plan]} (flavour, ranks, faults)"
-          + (f" + soak of {args.soak_faults}" if args.soak else "") + f" -> {out}")
+    plan = (
+        [("fsdp2", 2, ten_faults(2)[:5])]
+        if args.quick
+        else [("fsdp2", args.world, ten_faults(args.world)), ("fsdp1", 2, ten_faults(2))]
+    )
+    print(
+        f"{NAME}: {[(f, w, len(fl)) for f, w, fl in plan]} (flavour, ranks, faults)"
+        + (f" + soak of {args.soak_faults}" if args.soak else "")
+        + f" -> {out}"
+    )
     results = []
     soak = None
     # Not a TemporaryDirectory: a run that fails keeps its rank logs (deleted below on success).
@@ -288,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     for flavour, world, faults in plan:
         t = time.time()
         results.append(run_flavour(Path(tmp), flavour, world, faults, args.layers))
-        print(f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
-              f"leak {results[-1]['leak']} (load {load_average()})")
+        print(
+            f"  {flavour} x{world}: {time.time() - t:.0f}s, mismatches {len(results[-1]['diffs'])}, "
+            f"leak {results[-1]['leak']} (load {load_average()})"
+        )
     if args.soak and args.soak_from:
         soak = collect(Path(args.soak_from))
         print(f"  soak from {args.soak_from}: {len(soak['rows'])} faults, mismatches {len(soak['diffs'])}")
@@ -302,17 +429,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  soak: {time.time() - t:.0f}s, mismatches {len(soak['diffs'])}, leak {soak['leak']}")
     shutil.rmtree(tmp, ignore_errors=True)
     runtime = timing.elapsed_s
-    write_provenance(out, _driver.command(argv, NAME), {
-        "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan), "pg_timeout_s": PG_TIMEOUT_S,
-        "layers": args.layers, "soak": bool(args.soak) or ("kept from an earlier run: soak/provenance.md"
-                                                            if args.short_only else False),
-        **(soak_provenance(soak) if soak else {}), **timing.extra()})
+    write_provenance(
+        out,
+        _driver.command(argv, NAME),
+        {
+            "runs": ", ".join(f"{f} x{w}: {len(fl)} faults" for f, w, fl in plan),
+            "pg_timeout_s": PG_TIMEOUT_S,
+            "layers": args.layers,
+            "soak": bool(args.soak) or ("kept from an earlier run: soak/provenance.md" if args.short_only else False),
+            **(soak_provenance(soak) if soak else {}),
+            **timing.extra(),
+        },
+    )
     prov = load_provenance(out)
     write_csv(out / "faults.csv", [r for res in results for r in res["rows"]])
     write_csv(out / "resources.csv", per_step_resources(results))
-    write_csv(out / "identity.csv", [{"flavour": r["flavour"], "world": r["world"], "faults": len(r["rows"]),
-                                      "steps": r["steps"], **r["counts"], "mismatches": len(r["diffs"]),
-                                      **{f"leak_{k}": r["leak"][k] for k in RESOURCES}} for r in results])
+    write_csv(
+        out / "identity.csv",
+        [
+            {
+                "flavour": r["flavour"],
+                "world": r["world"],
+                "faults": len(r["rows"]),
+                "steps": r["steps"],
+                **r["counts"],
+                "mismatches": len(r["diffs"]),
+                **{f"leak_{k}": r["leak"][k] for k in RESOURCES},
+            }
+            for r in results
+        ],
+    )
     leak_plot(out / "leaks.png", results, prov, "Resources per recovery (10 successive faults)")
     if soak:
         write_csv(out / "soak_faults.csv", soak["rows"])

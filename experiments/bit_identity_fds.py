@@ -22,17 +22,20 @@ def kinds_from_progress(lines: list[dict]) -> dict[str, dict | None]:
     """One rank's fds by kind from its progress lines: before the first fault, after the first recovery,
     settled (the lines that carry ``fd_kinds``; older runs have none, then every entry is None)."""
     steps = [x for x in lines if "step" in x]
-    return {"baseline": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"] == 0), None),
-            "first_recovery": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"]), None),
-            "settled": next((x["fd_kinds"] for x in lines if "settled" in x and "fd_kinds" in x), None)}
+    return {
+        "baseline": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"] == 0), None),
+        "first_recovery": next((x["fd_kinds"] for x in steps if "fd_kinds" in x and x["recoveries"]), None),
+        "settled": next((x["fd_kinds"] for x in lines if "settled" in x and "fd_kinds" in x), None),
+    }
 
 
 def constant_after_first_recovery(run: dict) -> bool:
     """True when, on every rank, the fds settled are exactly those after the first recovery: whatever
     differs from the baseline was there from the first recovery on (a constant), none of it grew."""
     kinds = run.get("fd_kinds") or []
-    return bool(kinds) and all(k.get("first_recovery") is not None and k.get("first_recovery") == k.get("settled")
-                               for k in kinds)
+    return bool(kinds) and all(
+        k.get("first_recovery") is not None and k.get("first_recovery") == k.get("settled") for k in kinds
+    )
 
 
 def only_store_connection(soak: dict, settled_change: int) -> bool:
@@ -52,8 +55,10 @@ def fd_kind_lines(soak: dict) -> list[str]:
         if not k.get("baseline"):
             continue
         first, settled = _kind_diff(k["baseline"], k.get("first_recovery")), _kind_diff(k["baseline"], k.get("settled"))
-        out.append(f"fds by kind, rank {rank}: after the first recovery {_fmt_kinds(first)}; settled "
-                   f"{_fmt_kinds(settled)} (before the first fault: {_fmt_kinds(k['baseline'], sign=False)}).")
+        out.append(
+            f"fds by kind, rank {rank}: after the first recovery {_fmt_kinds(first)}; settled "
+            f"{_fmt_kinds(settled)} (before the first fault: {_fmt_kinds(k['baseline'], sign=False)})."
+        )
     return ["", *out] if out else []
 
 

@@ -19,17 +19,29 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
-from harness.workloads.fsdp_scenarios import RUNNER
 from experiments.bit_identity_fds import fd_kind_lines, kinds_from_progress, only_store_connection
 from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
+from harness.workloads.fsdp_scenarios import RUNNER
 
-__all__ = ["WARMUP_FAULTS", "RSS_TARGET_MIB_PER_FAULT", "soak_timeout_s", "default_soak_dir", "run_soak", "run_reference",
-           "load_progress", "json_lines", "fit_slope", "growth", "soak_lines"]
+__all__ = [
+    "WARMUP_FAULTS",
+    "RSS_TARGET_MIB_PER_FAULT",
+    "soak_timeout_s",
+    "default_soak_dir",
+    "run_soak",
+    "run_reference",
+    "load_progress",
+    "json_lines",
+    "fit_slope",
+    "growth",
+    "soak_lines",
+]
 
 WARMUP_FAULTS = 50
 RSS_TARGET_MIB_PER_FAULT = 0.05
@@ -64,15 +76,33 @@ def run_reference(out: Path, world: int, n: int, layers: int, model: dict[str, i
     steps = max(f["step"] for f in soak_faults(world, n)) + 2  # exactly the soak's step count
     # Per-step progress lines (losses) without a control-store barrier: a soak cut short can still
     # compare its losses step by step with the reference's.
-    job = {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps,
-           "model": {**(model or {}), "layers": layers}, "track_resources": True, "progress": True,
-           "resources_barrier": False}
-    run_session(out / "ref_run", RUNNER, [job], world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
-                timeout_s=soak_timeout_s(n), barrier=True, check=True)
+    job = {
+        "name": "ref",
+        "kind": "train",
+        "flavour": "fsdp2",
+        "guard": False,
+        "steps": steps,
+        "model": {**(model or {}), "layers": layers},
+        "track_resources": True,
+        "progress": True,
+        "resources_barrier": False,
+    }
+    run_session(
+        out / "ref_run",
+        RUNNER,
+        [job],
+        world_size=world,
+        pg_timeout_s=PG_TIMEOUT_S,
+        control_deadline_s=120.0,
+        timeout_s=soak_timeout_s(n),
+        barrier=True,
+        check=True,
+    )
 
 
-def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None = None,
-             model: dict[str, int] | None = None) -> dict:
+def run_soak(
+    out: Path, world: int, n: int, layers: int, timeout_s: float | None = None, model: dict[str, int] | None = None
+) -> dict:
     """Run the soak into ``out`` (kept), then read it back with :func:`load_progress` plus the
     bit comparison when both runs finished."""
     faults = soak_faults(world, n)
@@ -80,29 +110,53 @@ def run_soak(out: Path, world: int, n: int, layers: int, timeout_s: float | None
     model = {**(model or {}), "layers": layers}
     # The faulted run first: a soak cut short (killed, out of time) keeps its per-fault data from
     # the first minute on; the fault-free reference only matters once the faulted run has finished.
-    jobs = [{"name": "faults", "kind": "train", "flavour": "fsdp2", "steps": steps, "model": model,
-             "faults": armed(faults), "track_resources": True, "progress": True, "settle_s": SETTLE_S,
-             "heartbeat_misses": HEARTBEAT_MISSES},
-            {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps, "model": model}]
+    jobs = [
+        {
+            "name": "faults",
+            "kind": "train",
+            "flavour": "fsdp2",
+            "steps": steps,
+            "model": model,
+            "faults": armed(faults),
+            "track_resources": True,
+            "progress": True,
+            "settle_s": SETTLE_S,
+            "heartbeat_misses": HEARTBEAT_MISSES,
+        },
+        {"name": "ref", "kind": "train", "flavour": "fsdp2", "guard": False, "steps": steps, "model": model},
+    ]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "schedule.json").write_text(json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers,
-                                                   "model": model}))
+    (out / "schedule.json").write_text(
+        json.dumps({"world": world, "faults": faults, "steps": steps, "layers": layers, "model": model})
+    )
     budget = timeout_s if timeout_s is not None else soak_timeout_s(n)
-    s = run_session(out, RUNNER, jobs, world_size=world, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=120.0,
-                    timeout_s=budget, barrier=True, check=False)
+    s = run_session(
+        out,
+        RUNNER,
+        jobs,
+        world_size=world,
+        pg_timeout_s=PG_TIMEOUT_S,
+        control_deadline_s=120.0,
+        timeout_s=budget,
+        barrier=True,
+        check=False,
+    )
     soak = load_progress(out)
     soak.update(wall_s=s.wall_s, timeout_s=budget, timed_out=s.timed_out, returncodes=s.returncodes)
-    finished = all(s.result(name, r) and not s.result(name, r).get("error") for name in ("ref", "faults")
-                   for r in range(world))
+    finished = all(
+        s.result(name, r) and not s.result(name, r).get("error") for name in ("ref", "faults") for r in range(world)
+    )
     if finished:
         soak["diffs"], soak["counts"] = bit_differences(s, "faults", "ref")
         soak["settled"] = [s.result("faults", r).get("resources_settled") for r in range(world)]
     else:
         errs = [s.result("faults", r).get("error") for r in range(world) if s.result("faults", r)]
-        soak["diffs"] = [f"the soak did not finish (exit codes {s.returncodes}, "
-                         f"{'killed at the ' + format(budget, '.0f') + ' s budget' if s.timed_out else 'failed'}"
-                         f"{': ' + errs[0]['type'] + ': ' + errs[0]['message'] if errs and errs[0] else ''}); "
-                         f"{len(soak['rows'])} faults kept in {out}"]
+        soak["diffs"] = [
+            f"the soak did not finish (exit codes {s.returncodes}, "
+            f"{'killed at the ' + format(budget, '.0f') + ' s budget' if s.timed_out else 'failed'}"
+            f"{': ' + errs[0]['type'] + ': ' + errs[0]['message'] if errs and errs[0] else ''}); "
+            f"{len(soak['rows'])} faults kept in {out}"
+        ]
         soak["counts"] = {}
     return soak
 
@@ -118,8 +172,12 @@ def load_progress(out: Path) -> dict:
         path = out / f"progress.faults.rank{rank}.jsonl"
         lines = json_lines(path)
         steps = [x for x in lines if "step" in x]
-        per_rank.append({"events": [e for x in steps for e in x["events"]],
-                         "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps]})
+        per_rank.append(
+            {
+                "events": [e for x in steps for e in x["events"]],
+                "resources": [{k: x[k] for k in ("step", "recoveries", *RESOURCES)} for x in steps],
+            }
+        )
         settled.append(next((x["settled"] for x in lines if "settled" in x), None))
         # fds by kind (progress lines of newer soaks): names what a constant difference is made of
         kinds.append(kinds_from_progress(lines))
@@ -127,12 +185,26 @@ def load_progress(out: Path) -> dict:
     reached = [f for f in faults if f["step"] < done]
     baseline = [r["resources"][0] if r["resources"] else None for r in per_rank]
     final = [r["resources"][done - 1] if done else None for r in per_rank]
-    leak = ({k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES} if done
-            else {k: float("nan") for k in RESOURCES})
-    return {"flavour": "fsdp2", "world": world, "faults_planned": len(faults), "steps": sched["steps"],
-            "layers": sched.get("layers"), "model": sched.get("model"),
-            "rows": fault_rows("fsdp2", world, reached, per_rank), "baseline": baseline, "leak": leak,
-            "resources": [r["resources"] for r in per_rank], "settled": settled, "fd_kinds": kinds, "dir": str(out)}
+    leak = (
+        {k: max(fin[k] - base[k] for base, fin in zip(baseline, final)) for k in RESOURCES}
+        if done
+        else {k: float("nan") for k in RESOURCES}
+    )
+    return {
+        "flavour": "fsdp2",
+        "world": world,
+        "faults_planned": len(faults),
+        "steps": sched["steps"],
+        "layers": sched.get("layers"),
+        "model": sched.get("model"),
+        "rows": fault_rows("fsdp2", world, reached, per_rank),
+        "baseline": baseline,
+        "leak": leak,
+        "resources": [r["resources"] for r in per_rank],
+        "settled": settled,
+        "fd_kinds": kinds,
+        "dir": str(out),
+    }
 
 
 def json_lines(path: Path) -> list[dict]:
@@ -189,10 +261,14 @@ def growth(soak: dict, warmup: int = WARMUP_FAULTS) -> dict[str, dict[str, float
         for series in soak["resources"]:
             pts = [(p["recoveries"], p[key]) for p in series if p["recoveries"] >= warmup]
             fits.append(fit_slope([a for a, _ in pts], [b for _, b in pts]))
-        worst = max(fits, key=lambda f: (f[2] if not math.isnan(f[2]) else -math.inf))
+        worst = max(fits, key=lambda f: f[2] if not math.isnan(f[2]) else -math.inf)
         settled = [s[key] - b[key] for s, b in zip(soak.get("settled") or [], soak["baseline"]) if s and b]
-        out[key] = {"slope": worst[0], "low": worst[1], "high": worst[2],
-                    "settled": max(settled) if settled else float("nan")}
+        out[key] = {
+            "slope": worst[0],
+            "low": worst[1],
+            "high": worst[2],
+            "settled": max(settled) if settled else float("nan"),
+        }
     return out
 
 
@@ -202,23 +278,43 @@ def soak_lines(soak: dict) -> list[str]:
     unit = {"rss_mib": "MiB", "threads": "threads", "fds": "fds", "tcp": "sockets"}
     ok_bits = not soak["diffs"]
     lc = soak.get("loss_check") or {}
-    partial = ([f"Losses step by step against the fault-free reference, over the {lc['steps']} steps both runs "
-                "reached: " + ("bit-identical on every rank." if not lc["n_mismatches"]
-                              else f"{lc['n_mismatches']} MISMATCHES (rank, step): {lc['mismatches'][:5]}."), ""]
-               if lc.get("steps") and soak["diffs"] else [])
-    lines = [f"## Soak: {len(soak['rows'])} of {soak['faults_planned']} faults, {soak['flavour']}, "
-             f"{soak['world']} ranks, {soak['steps']} steps planned, model {soak.get('model')} "
-             f"({soak.get('wall_s', float('nan')):.0f} s)", "",
-             "Bit-identical to the fault-free run: " + (
-                 f"yes, {soak['counts']['tensors']} tensors ({soak['counts']['bytes'] / 2**20:.1f} MiB) by "
-                 f"torch.equal + sha256 and {soak['counts']['losses']} losses" if ok_bits
-                 else f"NO: {'; '.join(soak['diffs'][:3])}") + ".", "", *partial,
-             f"Growth after a warm-up of {WARMUP_FAULTS} faults: least-squares slope per fault of the worst "
-             "rank, 95% interval from Newey-West standard errors (successive samples are autocorrelated). "
-             f"Settled: change from before the first fault to {SETTLE_S:.0f} s after the last step "
-             f"(abandoned generations' collectives time out after {PG_TIMEOUT_S:.0f} s), worst rank.", "",
-             "| resource | slope per fault | 95% interval | settled change | target | verdict |",
-             "|---|---|---|---|---|---|"]
+    partial = (
+        [
+            f"Losses step by step against the fault-free reference, over the {lc['steps']} steps both runs "
+            "reached: "
+            + (
+                "bit-identical on every rank."
+                if not lc["n_mismatches"]
+                else f"{lc['n_mismatches']} MISMATCHES (rank, step): {lc['mismatches'][:5]}."
+            ),
+            "",
+        ]
+        if lc.get("steps") and soak["diffs"]
+        else []
+    )
+    lines = [
+        f"## Soak: {len(soak['rows'])} of {soak['faults_planned']} faults, {soak['flavour']}, "
+        f"{soak['world']} ranks, {soak['steps']} steps planned, model {soak.get('model')} "
+        f"({soak.get('wall_s', float('nan')):.0f} s)",
+        "",
+        "Bit-identical to the fault-free run: "
+        + (
+            f"yes, {soak['counts']['tensors']} tensors ({soak['counts']['bytes'] / 2**20:.1f} MiB) by "
+            f"torch.equal + sha256 and {soak['counts']['losses']} losses"
+            if ok_bits
+            else f"NO: {'; '.join(soak['diffs'][:3])}"
+        )
+        + ".",
+        "",
+        *partial,
+        f"Growth after a warm-up of {WARMUP_FAULTS} faults: least-squares slope per fault of the worst "
+        "rank, 95% interval from Newey-West standard errors (successive samples are autocorrelated). "
+        f"Settled: change from before the first fault to {SETTLE_S:.0f} s after the last step "
+        f"(abandoned generations' collectives time out after {PG_TIMEOUT_S:.0f} s), worst rank.",
+        "",
+        "| resource | slope per fault | 95% interval | settled change | target | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for key in RESOURCES:
         r = g[key]
         if key == "rss_mib":
@@ -232,25 +328,37 @@ def soak_lines(soak: dict) -> list[str]:
             if key == "fds" and verdict == "OVER" and only_store_connection(soak, int(r["settled"])):
                 target += "; the live generation's store connection is a constant +1"
                 verdict = "within (+1: the live generation's store connection)"
-        lines.append(f"| {key} | {r['slope']:+.4f} {unit[key]} | [{r['low']:+.4f}, {r['high']:+.4f}] | "
-                     f"{r['settled']:+.1f} | {target} | {verdict} |")
+        lines.append(
+            f"| {key} | {r['slope']:+.4f} {unit[key]} | [{r['low']:+.4f}, {r['high']:+.4f}] | "
+            f"{r['settled']:+.1f} | {target} | {verdict} |"
+        )
     later = [(w, growth(soak, w)["rss_mib"]) for w in (200, 500) if w < len(soak["rows"]) - 50]
     if later:  # is it warm-up that has not ended yet, or growth per recovery?
-        lines += ["", "RSS slope after longer warm-ups: " + "; ".join(
-            f"{w} faults {r['slope']:+.4f} MiB/fault [{r['low']:+.4f}, {r['high']:+.4f}]" for w, r in later) + "."]
+        lines += [
+            "",
+            "RSS slope after longer warm-ups: "
+            + "; ".join(f"{w} faults {r['slope']:+.4f} MiB/fault [{r['low']:+.4f}, {r['high']:+.4f}]" for w, r in later)
+            + ".",
+        ]
     lines += fd_kind_lines(soak)
     rounds = sum(1 for r in soak["rows"] if r["rounds"] > 1)
     missing = [r["fault"] for r in soak["rows"] if r["decision"] == "no recovery event"]
     decisions: dict[str, int] = {}
     for r in soak["rows"]:
         decisions[r["decision"]] = decisions.get(r["decision"], 0) + 1
-    lines += ["", "Faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(_count(soak["rows"], "kind").items()))
-              + ". Decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(decisions.items()))
-              + f". Recoveries that needed more than one round: {rounds}."
-              + (f" Faults with no recovery event: {missing[:20]}." if missing else ""),
-              "Worst-rank change after the last fault, before settling: "
-              + ", ".join(f"{k} {soak['leak'][k]:+.1f}" for k in RESOURCES)
-              + ". Per-fault rows: soak_faults.csv; per step and rank: soak_resources.csv; soak_leaks.png.", ""]
+    lines += [
+        "",
+        "Faults by kind: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(_count(soak["rows"], "kind").items()))
+        + ". Decisions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(decisions.items()))
+        + f". Recoveries that needed more than one round: {rounds}."
+        + (f" Faults with no recovery event: {missing[:20]}." if missing else ""),
+        "Worst-rank change after the last fault, before settling: "
+        + ", ".join(f"{k} {soak['leak'][k]:+.1f}" for k in RESOURCES)
+        + ". Per-fault rows: soak_faults.csv; per step and rank: soak_resources.csv; soak_leaks.png.",
+        "",
+    ]
     return lines
 
 
@@ -264,9 +372,14 @@ def _count(rows: Sequence[dict], key: str) -> dict[str, int]:
 def soak_provenance(soak: dict) -> dict[str, Any]:
     """What the soak's own run recorded (its command, code, load), for the table's provenance."""
     keys = ("command", "git", "started", "load_avg_start", "load_avg_end")
-    return {"soak_faults": soak["faults_planned"], "soak_model": soak.get("model"), "soak_timeout_s": soak["timeout_s"],
-            "soak_wall_s": _whole(soak.get("wall_s")), "soak_dir": soak["dir"],
-            **{f"soak_{k}": soak["meta"][k] for k in keys if k in soak.get("meta", {})}}
+    return {
+        "soak_faults": soak["faults_planned"],
+        "soak_model": soak.get("model"),
+        "soak_timeout_s": soak["timeout_s"],
+        "soak_wall_s": _whole(soak.get("wall_s")),
+        "soak_dir": soak["dir"],
+        **{f"soak_{k}": soak["meta"][k] for k in keys if k in soak.get("meta", {})},
+    }
 
 
 def _whole(x: float | None) -> int | None:
@@ -280,8 +393,7 @@ def collect(out: Path) -> dict:
 
     soak = load_progress(out)
     world = soak["world"]
-    results = [json.loads(p.read_text()) if (p := out / f"results.rank{r}.json").exists() else {}
-               for r in range(world)]
+    results = [json.loads(p.read_text()) if (p := out / f"results.rank{r}.json").exists() else {} for r in range(world)]
     ref_run = out / "ref_run"
     for r in range(world):  # a reference run beside the soak (run_reference) stands in for its own
         if "ref" not in results[r] and (ref_run / f"results.rank{r}.json").exists():
@@ -290,8 +402,9 @@ def collect(out: Path) -> dict:
                 (out / f"ref.rank{r}.pt").symlink_to((ref_run / f"ref.rank{r}.pt").resolve())
     meta = json.loads((out / "session.json").read_text()) if (out / "session.json").exists() else {}
     s = Session(out, world, results, meta.get("returncodes", [0] * world), [], meta.get("wall_s", float("nan")))
-    soak.update(wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"),
-                meta=meta)
+    soak.update(
+        wall_s=s.wall_s, timeout_s=meta.get("timeout_s", float("nan")), timed_out=meta.get("timed_out"), meta=meta
+    )
     if all(s.result(n, r) and not s.result(n, r).get("error") for n in ("ref", "faults") for r in range(world)):
         soak["diffs"], soak["counts"] = bit_differences(s, "faults", "ref")
         soak["settled"] = [s.result("faults", r).get("resources_settled") for r in range(world)]
@@ -304,8 +417,10 @@ def collect(out: Path) -> dict:
 def _compare_losses(out: Path, world: int) -> dict[str, Any]:
     """Step-by-step losses of the faulted run against the reference's, over the steps both reached
     (from the progress lines: meaningful even when neither run finished)."""
+
     def losses(path: Path) -> dict[int, float]:
         return {x["step"]: x["loss"] for x in json_lines(path) if "step" in x and "loss" in x}
+
     compared, mismatched = 0, []
     for r in range(world):
         got = losses(out / f"progress.faults.rank{r}.jsonl")
@@ -324,13 +439,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=None,
-                    help="model width (default the experiment's 256); a narrower model makes each step cheap "
-                         "so that recoveries, what a soak measures, dominate its time on a loaded host")
+    ap.add_argument(
+        "--hidden",
+        type=int,
+        default=None,
+        help="model width (default the experiment's 256); a narrower model makes each step cheap "
+        "so that recoveries, what a soak measures, dominate its time on a loaded host",
+    )
     ap.add_argument("--dir", required=True)
     ap.add_argument("--timeout-s", type=float, default=None)
-    ap.add_argument("--reference-only", action="store_true",
-                    help="only the fault-free reference, into DIR/ref_run (beside a running soak in DIR)")
+    ap.add_argument(
+        "--reference-only",
+        action="store_true",
+        help="only the fault-free reference, into DIR/ref_run (beside a running soak in DIR)",
+    )
     args = ap.parse_args(argv)
     if args.reference_only:
         model = {"hidden": args.hidden, "inter": 3 * args.hidden} if args.hidden else None
@@ -343,19 +465,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     t = time.time()
     here = Path(__file__).resolve().parents[1]
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True).stdout.strip()
-    meta = {"command": "python -m experiments.bit_identity_soak " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "git": git + (" (working tree had uncommitted changes)" if dirty else ""),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True
+    ).stdout.strip()
+    meta = {
+        "command": "python -m experiments.bit_identity_soak " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git": git + (" (working tree had uncommitted changes)" if dirty else ""),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_avg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
     model = {"hidden": args.hidden, "inter": 3 * args.hidden} if args.hidden else None
     soak = run_soak(out, 2, args.faults, args.layers, args.timeout_s, model)
     meta["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    (out / "session.json").write_text(json.dumps({**meta, **{k: soak[k] for k in ("wall_s", "timeout_s", "timed_out",
-                                                                                  "returncodes")}}))
-    print(f"soak of {args.faults} faults: {time.time() - t:.0f} s, {len(soak['rows'])} faults reached, "
-          f"mismatches {len(soak['diffs'])}, leak {soak['leak']}")
+    (out / "session.json").write_text(
+        json.dumps({**meta, **{k: soak[k] for k in ("wall_s", "timeout_s", "timed_out", "returncodes")}})
+    )
+    print(
+        f"soak of {args.faults} faults: {time.time() - t:.0f} s, {len(soak['rows'])} faults reached, "
+        f"mismatches {len(soak['diffs'])}, leak {soak['leak']}"
+    )
     print("\n".join(soak_lines(soak)))
     return 1 if soak["diffs"] else 0
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from experiments import _driver, ckpt_sweep
 from experiments.ckpt_analysis import GiB, data_rows
@@ -59,19 +60,34 @@ def memory_plans() -> dict[str, Any]:
     models, machine = load_group("model"), probe(with_gpus=False)
     out = {}
     for name in (PAPER_MODEL, "mistral_small"):
-        run = RunConfig(model=models[name], cluster=ClusterConfig(world_size=ckpt_sweep.WORLD),
-                        checkpoint=CheckpointConfig(interval=1, mode=CheckpointMode("async")))
+        run = RunConfig(
+            model=models[name],
+            cluster=ClusterConfig(world_size=ckpt_sweep.WORLD),
+            checkpoint=CheckpointConfig(interval=1, mode=CheckpointMode("async")),
+        )
         p = plan(run, machine)
-        out[name] = {"fits": p.fits, "per_host_gib": p.per_host / GiB, "usable_gib": p.host_budget / GiB,
-                     "params": p.n_params, "table": p.table()}
+        out[name] = {
+            "fits": p.fits,
+            "per_host_gib": p.per_host / GiB,
+            "usable_gib": p.host_budget / GiB,
+            "params": p.n_params,
+            "table": p.table(),
+        }
     return out
 
 
 # ---- pure: rows, extrapolation, claims -----------------------------------------------------------
 
 
-def measure(names: Sequence[str], cfg_names: Sequence[str], k: int, steps: int, rounds: int, warmup: int,
-            all_sizes: dict[str, ModelSize]) -> list[dict]:
+def measure(
+    names: Sequence[str],
+    cfg_names: Sequence[str],
+    k: int,
+    steps: int,
+    rounds: int,
+    warmup: int,
+    all_sizes: dict[str, ModelSize],
+) -> list[dict]:
     data: list[dict] = []
     for name in names:
         size = all_sizes[name]
@@ -79,8 +95,10 @@ def measure(names: Sequence[str], cfg_names: Sequence[str], k: int, steps: int, 
         if not ok:
             raise SystemExit(f"{name} does not fit here: {why}; drop it from --sizes")
         cfgs = ckpt_sweep.configs(k, list(cfg_names))
-        print(f"{name}: {size.params() / 1e6:.1f}M params, {len(cfgs)} configs x {rounds} rounds x {steps} steps ...",
-              flush=True)
+        print(
+            f"{name}: {size.params() / 1e6:.1f}M params, {len(cfgs)} configs x {rounds} rounds x {steps} steps ...",
+            flush=True,
+        )
         t0 = time.time()
         root = tempfile.mkdtemp(prefix="ckpt_overhead_")
         res = ckpt_sweep.run(size, cfgs, root, warmup, steps, rounds)
@@ -92,21 +110,33 @@ def measure(names: Sequence[str], cfg_names: Sequence[str], k: int, steps: int, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "~1 min check on mistral_tiny, written to a temp dir")
-    ap.add_argument("--sizes", default=None, help="comma list from mistral_tiny, mid, mistral_small "
-                    "(default: mistral_tiny,mid; --quick: mistral_tiny)")
+    ap.add_argument(
+        "--sizes",
+        default=None,
+        help="comma list from mistral_tiny, mid, mistral_small (default: mistral_tiny,mid; --quick: mistral_tiny)",
+    )
     ap.add_argument("--steps", type=int, default=4, help="steps per block (every-k uses k = steps)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; --quick 1)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--rederive", action="store_true",
-                    help="rebuild table.md, CSVs and plots from OUT/data.csv without measuring (after a change to "
-                         "the analysis; provenance is kept, since the measurement is unchanged)")
+    ap.add_argument(
+        "--rederive",
+        action="store_true",
+        help="rebuild table.md, CSVs and plots from OUT/data.csv without measuring (after a change to "
+        "the analysis; provenance is kept, since the measurement is unchanged)",
+    )
     args = ap.parse_args(argv)
     if args.rederive:
         # Re-derive tables, extrapolation and plots from the committed measurements (no training).
         out = _driver.output_dir(args, NAME, rederive=True)
         prov = load_provenance(out)
-        write_outputs(out, read_data(out / "data.csv"), memory_plans(), prov.extra.get("tuned_baseline", "async_cached"),
-                      sizes(), float(prov.extra.get("runtime_s", float("nan"))))
+        write_outputs(
+            out,
+            read_data(out / "data.csv"),
+            memory_plans(),
+            prov.extra.get("tuned_baseline", "async_cached"),
+            sizes(),
+            float(prov.extra.get("runtime_s", float("nan"))),
+        )
         return 0
 
     import torch
@@ -127,9 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"-> {PAPER_MODEL} {'fits' if plans[PAPER_MODEL]['fits'] else 'does NOT fit'} here; measuring {names}")
     timing = _driver.Timing()
     # Provenance first: its load average is the one at the start of the measurement.
-    write_provenance(out, _driver.command(argv, NAME), {"sizes": ",".join(names), "configs": ",".join(cfg_names), "steps_per_block": args.steps,
-                                    "rounds": rounds, "k": args.steps, "tuned_baseline": tuned,
-                                    "paper_model_fits": plans[PAPER_MODEL]["fits"]})
+    write_provenance(
+        out,
+        _driver.command(argv, NAME),
+        {
+            "sizes": ",".join(names),
+            "configs": ",".join(cfg_names),
+            "steps_per_block": args.steps,
+            "rounds": rounds,
+            "k": args.steps,
+            "tuned_baseline": tuned,
+            "paper_model_fits": plans[PAPER_MODEL]["fits"],
+        },
+    )
     data = measure(names, cfg_names, args.steps, args.steps, rounds, args.warmup, all_sizes)
     runtime = timing.elapsed_s
     _driver.record_runtime(out, runtime)

@@ -54,10 +54,18 @@ class ModelSize:
     batch: int
 
     @classmethod
-    def from_model_config(cls, m: Any) -> "ModelSize":
+    def from_model_config(cls, m: Any) -> ModelSize:
         """From a ``harness.schema.ModelConfig`` (conf/model/*.yaml)."""
-        return cls(m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
-                   m.num_kv_heads, m.seq_len, m.batch_size)
+        return cls(
+            m.vocab_size,
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.seq_len,
+            m.batch_size,
+        )
 
     def params(self) -> int:
         """Parameter count of MistralForCausalLM with untied embeddings (exact, no biases)."""
@@ -110,11 +118,20 @@ def _build(size: ModelSize):
 
     # harness.rank.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
     # probes the hub for attention kernels). Full init then shard: fine at the sizes that fit here.
-    cfg = hf_config(ModelConfig(
-        name="ckpt_sweep", vocab_size=size.vocab, hidden_size=size.hidden, intermediate_size=size.intermediate,
-        num_layers=size.layers, num_heads=size.heads, num_kv_heads=size.kv_heads,
-        max_position=max(size.seq, 128), seq_len=size.seq, batch_size=size.batch,
-    ))
+    cfg = hf_config(
+        ModelConfig(
+            name="ckpt_sweep",
+            vocab_size=size.vocab,
+            hidden_size=size.hidden,
+            intermediate_size=size.intermediate,
+            num_layers=size.layers,
+            num_heads=size.heads,
+            num_kv_heads=size.kv_heads,
+            max_position=max(size.seq, 128),
+            seq_len=size.seq,
+            batch_size=size.batch,
+        )
+    )
     torch.manual_seed(0)
     model = MistralForCausalLM(cfg)
     for layer in model.model.layers:
@@ -137,8 +154,9 @@ def _return_freed_memory() -> None:
         pass
 
 
-def _rank(rank: int, port: int, size: ModelSize, cfgs: list[Config], root: str, warmup: int, steps: int,
-          rounds: int, queue) -> None:
+def _rank(
+    rank: int, port: int, size: ModelSize, cfgs: list[Config], root: str, warmup: int, steps: int, rounds: int, queue
+) -> None:
     """One rank. Runs `rounds` x (one block of `steps` steps per config), configs interleaved so that
     load from other processes on the host hits every config alike. A block ends with the config's
     in-flight save drained (its time is charged to that block)."""
@@ -157,17 +175,32 @@ def _rank(rank: int, port: int, size: ModelSize, cfgs: list[Config], root: str, 
         model, optimizer = _build(size)
 
         def checkpointer(c: Config) -> Checkpointer:
-            return Checkpointer(CheckpointSettings(os.path.join(root, c.name), c.interval, c.mode, keep=1), model, optimizer)
+            return Checkpointer(
+                CheckpointSettings(os.path.join(root, c.name), c.interval, c.mode, keep=1), model, optimizer
+            )
 
         # Cached-staging modes hold their host buffers for the Checkpointer's life. Built once, they
         # would sit in RSS during every other config's blocks too, so each such config gets a
         # Checkpointer per block, warmed by one untimed save (its steady state: buffers allocated).
         per_block = {c.name for c in cfgs if c.mode in _CACHED_MODES}
         ckpts = {c.name: checkpointer(c) if c.mode is not None and c.name not in per_block else None for c in cfgs}
-        out = {c.name: {"step_s": [], "cpu_s": [], "stalls": [], "stage_s": [], "write_s": [], "block_s": [],
-                        "drain_s": [], "bytes_total": [], "bytes_rank": [], "rss_peak_delta": [], "saves": 0,
-                        "windows": []}
-               for c in cfgs}
+        out = {
+            c.name: {
+                "step_s": [],
+                "cpu_s": [],
+                "stalls": [],
+                "stage_s": [],
+                "write_s": [],
+                "block_s": [],
+                "drain_s": [],
+                "bytes_total": [],
+                "bytes_rank": [],
+                "rss_peak_delta": [],
+                "saves": 0,
+                "windows": [],
+            }
+            for c in cfgs
+        }
         step = 0
 
         def one_step() -> None:
@@ -282,7 +315,9 @@ def run(size: ModelSize, cfgs: list[Config], root: str, warmup: int, steps: int,
     queue = ctx.Queue()
     port = _free_port()
     shutil.rmtree(root, ignore_errors=True)
-    procs = [ctx.Process(target=_rank, args=(r, port, size, cfgs, root, warmup, steps, rounds, queue)) for r in range(WORLD)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, port, size, cfgs, root, warmup, steps, rounds, queue)) for r in range(WORLD)
+    ]
     for p in procs:
         p.start()
     sampler = HostRssSampler([p.pid for p in procs])

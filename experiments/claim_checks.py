@@ -13,12 +13,11 @@ from __future__ import annotations
 import csv
 import math
 import re
-import statistics
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
-from harness.report.trials import as_float
 from harness.report.intervals import BETTER, MIN_EFFECT, NOISE, WORSE, Interval, order_statistic_coverage, verdict
+from harness.report.trials import as_float
 
 Cell = tuple[str, int, str]  # (strategy, age, fault)
 
@@ -55,12 +54,16 @@ def paired_gains(data_csv: Path, ours: str) -> dict[Cell, Interval]:
         if r.get("status") == "ok" and r.get("age") not in (None, "", "nan"):
             goodput[(r["strategy"], int(as_float(r["age"])), r["fault"], r["trial"])] = as_float(r["goodput"])
     out: dict[Cell, Interval] = {}
-    for (s, age, fault, trial) in sorted(goodput):
+    for s, age, fault, _trial in sorted(goodput):
         if s == ours or (s, age, fault) in out:
             continue
-        out[(s, age, fault)] = order_statistic([goodput[(ours, age, fault, t)] / goodput[(s, age, fault, t)]
-                                                for (s2, a2, f2, t) in goodput
-                                                if (s2, a2, f2) == (s, age, fault) and (ours, age, fault, t) in goodput])
+        out[(s, age, fault)] = order_statistic(
+            [
+                goodput[(ours, age, fault, t)] / goodput[(s, age, fault, t)]
+                for (s2, a2, f2, t) in goodput
+                if (s2, a2, f2) == (s, age, fault) and (ours, age, fault, t) in goodput
+            ]
+        )
     return out
 
 
@@ -69,8 +72,7 @@ def paired_verdicts(data_csv: Path, ours: str, min_effect: float = MIN_EFFECT) -
     return {c: (verdict(iv, min_effect), iv.n) for c, iv in paired_gains(data_csv, ours).items()}
 
 
-def _expect(verdicts: Mapping[Cell, tuple[str, int]], want: Callable[[Cell], str | None],
-            min_trials: int) -> list[str]:
+def _expect(verdicts: Mapping[Cell, tuple[str, int]], want: Callable[[Cell], str | None], min_trials: int) -> list[str]:
     problems = []
     for cell, (got, n) in sorted(verdicts.items()):
         expected = want(cell)
@@ -92,6 +94,7 @@ def check_goodput_vs_age(results: Path) -> list[str]:
 def check_peers(results: Path) -> list[str]:
     """HSDP 2x2 at world 4, 5 trials: better than cold restart everywhere and than NVRx but after a socket
     reset at age 5; against torchft within noise but after a kill at age 18, where torchft is ahead."""
+
     def want(c: Cell) -> str | None:
         s, age, fault = c
         if s == "cold_restart":
@@ -101,30 +104,40 @@ def check_peers(results: Path) -> list[str]:
         if s == "torchft":
             return WORSE if (age, fault) == (18, "kill") else NOISE
         return None
+
     return _hsdp(results) + _expect(measured_verdicts(results / "table.csv"), want, 5)
 
 
 def _hsdp(results: Path) -> list[str]:
     """The like-for-like setup: every strategy on HSDP 2x2 at world 4 (table.md's opening says so)."""
     setup = (results / "table.md").read_text().split("\n\n", 2)[1]
-    return [] if re.search(r"\b4 (local )?gloo ranks as HSDP 2x2", setup) else [
-        f"{results.name}: table.md does not say every strategy ran on HSDP 2x2 at world 4"]
+    return (
+        []
+        if re.search(r"\b4 (local )?gloo ranks as HSDP 2x2", setup)
+        else [f"{results.name}: table.md does not say every strategy ran on HSDP 2x2 at world 4"]
+    )
 
 
 def check_peers_host_loss(results: Path) -> list[str]:
     """HSDP 2x2 on two hosts: better than cold restart and NVRx at both ages; against torchft within noise at
     age 5 (4 trials: one torchft run failed) and worse at age 18."""
+
     def want(c: Cell) -> str:
         if c[0] == "torchft":
             return NOISE if c[1] == 5 else WORSE
         return BETTER
+
     verdicts = measured_verdicts(results / "table.csv")
-    problems = _hsdp(results) + _expect({c: v for c, v in verdicts.items() if c != ("torchft", 5, "host_loss")}, want, 5)
+    problems = _hsdp(results) + _expect(
+        {c: v for c, v in verdicts.items() if c != ("torchft", 5, "host_loss")}, want, 5
+    )
     problems += _expect({c: v for c, v in verdicts.items() if c == ("torchft", 5, "host_loss")}, want, 4)
     failed = [r for r in _rows(results / "runs.csv") if r["status"] != "ok"]
     if [(r["strategy"], int(as_float(r["age"]))) for r in failed] != [("torchft", 5)]:
-        problems.append(f"failed runs {[(r['strategy'], r['age'], r['trial']) for r in failed]}, the claim says one "
-                        "torchft run at age 5")
+        problems.append(
+            f"failed runs {[(r['strategy'], r['age'], r['trial']) for r in failed]}, the claim says one "
+            "torchft run at age 5"
+        )
     return problems
 
 
@@ -137,10 +150,15 @@ def check_process_loss(results: Path) -> list[str]:
     problems = []
     for r in _rows(results / "data.csv"):
         if r["strategy"] == "accelpact_heal" and (
-                r["status"] != "ok" or as_float(r["replayed_steps"]) > 1 or r["bit_identical"] != "True"
-                or as_float(r.get("disk_bytes_read")) > 0):
-            problems.append(f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
-                            f"{r['replayed_steps']}, bit-identical {r['bit_identical']}, disk {r.get('disk_bytes_read')}")
+            r["status"] != "ok"
+            or as_float(r["replayed_steps"]) > 1
+            or r["bit_identical"] != "True"
+            or as_float(r.get("disk_bytes_read")) > 0
+        ):
+            problems.append(
+                f"heal run {r['run']} (trial {r['trial']}): status {r['status']}, replayed "
+                f"{r['replayed_steps']}, bit-identical {r['bit_identical']}, disk {r.get('disk_bytes_read')}"
+            )
     problems += _expect(paired_verdicts(results / "data.csv", "accelpact_heal"), lambda c: BETTER, 5)
     gains = paired_gains(results / "data.csv", "accelpact_heal")
     for base, claimed in (("cold_restart", (1.51, 1.84)), ("checkpoint_restore", (1.54, 1.86))):
@@ -158,32 +176,48 @@ def check_process_loss(results: Path) -> list[str]:
 
 def check_rebind_scaling(results: Path) -> list[str]:
     """Rebinding at worlds 4-16 and 32 layers: 11.3-17.0 us (median, slowest rank)."""
-    vals = [as_float(r["rebind_median_us_max_rank"]) for r in _rows(results / "data.csv")
-            if int(r["world"]) >= 4 and int(r["depth"]) == 32]
+    vals = [
+        as_float(r["rebind_median_us_max_rank"])
+        for r in _rows(results / "data.csv")
+        if int(r["world"]) >= 4 and int(r["depth"]) == 32
+    ]
     if not vals:
         return ["no rebinding rows at worlds 4-16, 32 layers"]
     lo, hi = min(vals), max(vals)
-    return [] if round(lo, 1) >= 11.3 and round(hi, 1) <= 17.0 else [f"rebinding {lo:.1f}-{hi:.1f} us, the claim says 11.3-17.0"]
+    return (
+        []
+        if round(lo, 1) >= 11.3 and round(hi, 1) <= 17.0
+        else [f"rebinding {lo:.1f}-{hi:.1f} us, the claim says 11.3-17.0"]
+    )
 
 
 def check_bit_identity(results: Path) -> list[str]:
     """10 successive faults on FSDP2 (4 ranks) and FSDP1 (2): no mismatched tensor or loss."""
     rows = _rows(results / "identity.csv")
-    return [f"{r['flavour']}: {r['mismatches']} mismatches after {r['faults']} faults" for r in rows
-            if int(r["mismatches"]) != 0 or int(r["faults"]) < 10] or ([] if rows else ["no identity rows"])
+    return [
+        f"{r['flavour']}: {r['mismatches']} mismatches after {r['faults']} faults"
+        for r in rows
+        if int(r["mismatches"]) != 0 or int(r["faults"]) < 10
+    ] or ([] if rows else ["no identity rows"])
 
 
 def check_compile(results: Path) -> list[str]:
     """No graph added and no recompile by the recoveries."""
-    return [f"{r['backend']} rank {r['rank']}: {r['counter']} +{r['added_by_recoveries']} across recoveries"
-            for r in _rows(results / "counters.csv")
-            if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and as_float(r["added_by_recoveries"]) != 0]
+    return [
+        f"{r['backend']} rank {r['rank']}: {r['counter']} +{r['added_by_recoveries']} across recoveries"
+        for r in _rows(results / "counters.csv")
+        if r["counter"].startswith(("stats/unique_graphs", "recompiles")) and as_float(r["added_by_recoveries"]) != 0
+    ]
 
 
 def check_ckpt_overhead(results: Path) -> list[str]:
     """Per-update async DCP costs +45% step latency here (measured); the claim names that figure."""
     first = _rows(results / "claims.csv")[0]
-    return [] if abs(as_float(first["ours_value"]) - 45.3) < 0.05 else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
+    return (
+        []
+        if abs(as_float(first["ours_value"]) - 45.3) < 0.05
+        else [f"overhead {first['ours_value']}%, the claim says +45.3%"]
+    )
 
 
 def check_scale_projection(results: Path) -> list[str]:
@@ -192,9 +226,14 @@ def check_scale_projection(results: Path) -> list[str]:
     rows = _rows(results / "best.csv")
     top = max(int(r["gpus"]) for r in rows)
     at = {r["strategy"]: (as_float(r["ettr"]), as_float(r["ci95"])) for r in rows if int(r["gpus"]) == top}
-    ours = max((v for k, v in at.items() if k.startswith("accelpact") and k not in ("accelpact_grow",
-                                                                                     "accelpact_hsdp_continue")),
-               key=lambda v: v[0])
+    ours = max(
+        (
+            v
+            for k, v in at.items()
+            if k.startswith("accelpact") and k not in ("accelpact_grow", "accelpact_hsdp_continue")
+        ),
+        key=lambda v: v[0],
+    )
     ft = at.get("torchft_peer_heal")
     if ft is None:
         return ["no torchft_peer_heal row at the largest size"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
-from harness.report.trials import as_float
+from experiments.provenance import ClaimRow
 from harness import strategies
 from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP, paper_label
-from experiments.provenance import ClaimRow
+from harness.report.trials import as_float
 
 # The rows this experiment compares: the baselines the paper published gains over (their specs'
 # paper_gain), in table order, and the strategy under test. Labels and colours are on the specs.
@@ -64,8 +65,9 @@ def _published(baseline: str) -> list[tuple[int, float]]:
 (_A, _GAIN_A), (_B, _GAIN_B) = _published(PAPER_MODEL_BASELINE)[:2]
 
 
-def implied_paper_model(gain_a: float = _GAIN_A, age_a: int = _A,
-                        gain_b: float = _GAIN_B, age_b: int = _B) -> GainModel:
+def implied_paper_model(
+    gain_a: float = _GAIN_A, age_a: int = _A, gain_b: float = _GAIN_B, age_b: int = _B
+) -> GainModel:
     """The gain model through the paper's two cold-restart figures (exact, two points, two unknowns).
 
     s/T = (g_b - g_a) / (a_b - a_a) = 0.501 / 13; R/T = (g_a - 1) - a_a * s/T. With the paper's numbers
@@ -86,8 +88,9 @@ def fit_gain_model(ages: Sequence[float], gains: Sequence[float]) -> GainModel:
     """Least-squares fit of ``gain - 1 = R/T + a * s/T`` to measured gains (NaNs dropped)."""
     pts = [(float(a), float(g)) for a, g in zip(ages, gains) if g is not None and not math.isnan(g)]
     if len({a for a, _ in pts}) < 2:
-        raise ValueError(f"fitting the gain model needs gains at two or more different ages; got {pts}: "
-                         "run more ages (--ages)")
+        raise ValueError(
+            f"fitting the gain model needs gains at two or more different ages; got {pts}: run more ages (--ages)"
+        )
     n = len(pts)
     mean_a = sum(a for a, _ in pts) / n
     mean_y = sum(g - 1.0 for _, g in pts) / n
@@ -108,13 +111,16 @@ def projected_gain(r_over_s: float, age: float, t_steps: float) -> float:
 _f = as_float  # the harness's one reading of a number from a row or a CSV cell
 
 
-def run_name(strategy: str, age: Optional[int]) -> str:
+def run_name(strategy: str, age: int | None) -> str:
     """The comparison's subdirectory of a run (harness.report.compare.plan_runs)."""
     return REFERENCE if age is None else f"{strategy}_age{age}"
 
 
-def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping[str, Any]],
-              fault_parts: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+def data_rows(
+    table: Sequence[Mapping[str, Any]],
+    run_rows: Mapping[str, Mapping[str, Any]],
+    fault_parts: Mapping[str, Mapping[str, float]],
+) -> list[dict[str, Any]]:
     """One flat row per run: the comparison table's row (harness.report.compare.build_table), the run's results
     row (``run_rows[run_name]``: step_time_median_s, relaunches, startup_s), the badput charged to its
     fault (``fault_parts[run_name]``: part -> seconds), and derived ratios:
@@ -135,17 +141,33 @@ def data_rows(table: Sequence[Mapping[str, Any]], run_rows: Mapping[str, Mapping
         step = _f(row.get("step_time_median_s"))
         wall = _f(r.get("wall_s"))
         d: dict[str, Any] = {
-            "run": name, "strategy": strategy, "age": age, "status": r.get("status") or row.get("status"),
-            "goodput": _f(r.get("goodput")), "ratio_to_reference": _f(r.get("ratio_to_reference")),
+            "run": name,
+            "strategy": strategy,
+            "age": age,
+            "status": r.get("status") or row.get("status"),
+            "goodput": _f(r.get("goodput")),
+            "ratio_to_reference": _f(r.get("ratio_to_reference")),
             "accelpact_gain": _f(r.get("accelpact_gain")) if strategy in STRATEGIES else math.nan,
             "paper_gain": PAPER_GAIN.get((strategy, age), math.nan) if age is not None else math.nan,
-            "wall_s": wall, "tokens": int(_f(r.get("tokens"))) if not math.isnan(_f(r.get("tokens"))) else 0,
-            "step_median_s": step, "replayed_steps": int(_f(r.get("replayed_steps")) or 0),
+            "wall_s": wall,
+            "tokens": int(_f(r.get("tokens"))) if not math.isnan(_f(r.get("tokens"))) else 0,
+            "step_median_s": step,
+            "replayed_steps": int(_f(r.get("replayed_steps")) or 0),
             "relaunches": int(_f(row.get("relaunches")) or 0) if not math.isnan(_f(row.get("relaunches"))) else 0,
             "startup_s": _f(row.get("startup_s")),
         }
-        for k in ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
-                  "checkpoint_s", "other_s", "recovery_s"):
+        for k in (
+            "detection_s",
+            "agreement_s",
+            "rebuild_s",
+            "rebind_s",
+            "restart_s",
+            "restore_s",
+            "replay_s",
+            "checkpoint_s",
+            "other_s",
+            "recovery_s",
+        ):
             d[k] = _f(r.get(k))
         for p in FAULT_PARTS:
             d[f"fault_{p}_s"] = float(parts.get(p, 0.0)) if name != REFERENCE else 0.0
@@ -176,41 +198,72 @@ def restart_cost_ratios(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             continue
 
         def med(key: str) -> float:
-            vals = [_f(r[key]) for r in rows if not math.isnan(_f(r[key]))]
+            vals = [_f(r[key]) for r in rows if not math.isnan(_f(r[key]))]  # noqa: B023 - used in this iteration
             return statistics.median(vals) if vals else math.nan
 
         recovery = [sum(_f(r[f"fault_{p}_s"]) for p in ("detection", "agreement", "rebuild", "rebind")) for r in rows]
-        out.append({
-            "strategy": strategy, "runs": len(rows), "step_s": med("step_median_s"),
-            "restart_s": med("fault_restart_s"), "restore_s": med("fault_restore_s"),
-            "in_memory_recovery_s": statistics.median(recovery),
-            "other_s": med("fault_other_s"),
-            "restart_over_step": med("restart_over_step"), "restore_over_step": med("restore_over_step"),
-            "cost_over_step": med("cost_over_step"), "t_steps": med("t_steps"),
-        })
+        out.append(
+            {
+                "strategy": strategy,
+                "runs": len(rows),
+                "step_s": med("step_median_s"),
+                "restart_s": med("fault_restart_s"),
+                "restore_s": med("fault_restore_s"),
+                "in_memory_recovery_s": statistics.median(recovery),
+                "other_s": med("fault_other_s"),
+                "restart_over_step": med("restart_over_step"),
+                "restore_over_step": med("restore_over_step"),
+                "cost_over_step": med("cost_over_step"),
+                "t_steps": med("t_steps"),
+            }
+        )
     return out
 
 
-def gains_by_age(data: Sequence[Mapping[str, Any]], baseline: str, key: str = "accelpact_gain") -> list[tuple[int, float]]:
-    return sorted((int(r["age"]), _f(r[key])) for r in data
-                  if r["strategy"] == baseline and r["age"] is not None and not math.isnan(_f(r[key])))
+def gains_by_age(
+    data: Sequence[Mapping[str, Any]], baseline: str, key: str = "accelpact_gain"
+) -> list[tuple[int, float]]:
+    return sorted(
+        (int(r["age"]), _f(r[key]))
+        for r in data
+        if r["strategy"] == baseline and r["age"] is not None and not math.isnan(_f(r[key]))
+    )
 
 
 def model_fits(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The gain model fitted to our gains, per baseline, on the measured and on the load-normalized gains;
     beside it the paper's implied model (cold restart, two points) and its NVRx figure's R/s."""
     paper = implied_paper_model()
-    out = [{"source": "paper (implied, 2 points)", "baseline": PAPER_MODEL_BASELINE, "gains": "published",
-            "n": 2, "r_over_t": paper.r_over_t, "s_over_t": paper.s_over_t, "r_over_s": paper.r_over_s,
-            "t_steps": paper.t_steps, "rmse": 0.0}]
+    out = [
+        {
+            "source": "paper (implied, 2 points)",
+            "baseline": PAPER_MODEL_BASELINE,
+            "gains": "published",
+            "n": 2,
+            "r_over_t": paper.r_over_t,
+            "s_over_t": paper.s_over_t,
+            "r_over_s": paper.r_over_s,
+            "t_steps": paper.t_steps,
+            "rmse": 0.0,
+        }
+    ]
     for baseline in BASELINES:
         if baseline == PAPER_MODEL_BASELINE:
             continue
         age, gain = _published(baseline)[0]
-        out.append({"source": "paper (implied, 1 point + cold-restart s/T)", "baseline": baseline,
-                    "gains": "published", "n": 1, "r_over_t": gain - 1 - age * paper.s_over_t,
-                    "s_over_t": paper.s_over_t, "r_over_s": implied_r_over_s(gain, age, paper.s_over_t),
-                    "t_steps": paper.t_steps, "rmse": 0.0})
+        out.append(
+            {
+                "source": "paper (implied, 1 point + cold-restart s/T)",
+                "baseline": baseline,
+                "gains": "published",
+                "n": 1,
+                "r_over_t": gain - 1 - age * paper.s_over_t,
+                "s_over_t": paper.s_over_t,
+                "r_over_s": implied_r_over_s(gain, age, paper.s_over_t),
+                "t_steps": paper.t_steps,
+                "rmse": 0.0,
+            }
+        )
     for baseline in BASELINES:
         for key, label in (("accelpact_gain", "measured"), ("accelpact_gain_norm", "load-normalized")):
             pts = gains_by_age(data, baseline, key)
@@ -218,9 +271,19 @@ def model_fits(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 m = fit_gain_model([a for a, _ in pts], [g for _, g in pts])
             except ValueError:
                 continue
-            out.append({"source": "ours (fit)", "baseline": baseline, "gains": label, "n": m.n,
-                        "r_over_t": m.r_over_t, "s_over_t": m.s_over_t, "r_over_s": m.r_over_s,
-                        "t_steps": m.t_steps, "rmse": m.rmse})
+            out.append(
+                {
+                    "source": "ours (fit)",
+                    "baseline": baseline,
+                    "gains": label,
+                    "n": m.n,
+                    "r_over_t": m.r_over_t,
+                    "s_over_t": m.s_over_t,
+                    "r_over_s": m.r_over_s,
+                    "t_steps": m.t_steps,
+                    "rmse": m.rmse,
+                }
+            )
     return out
 
 
@@ -228,7 +291,7 @@ def _ratio(ratios: Sequence[Mapping[str, Any]], strategy: str) -> Mapping[str, A
     return next((r for r in ratios if r["strategy"] == strategy), {})
 
 
-def paper_r_over_s(baseline: str, paper: Optional[GainModel] = None) -> float:
+def paper_r_over_s(baseline: str, paper: GainModel | None = None) -> float:
     """The R/s the paper's figures imply for ``baseline`` (cold restart: two points; NVRx: its one point
     with the cold-restart s/T)."""
     paper = paper or implied_paper_model()
@@ -244,17 +307,22 @@ def claim_reason(hit: Mapping[str, Any], ours: Mapping[str, Any], paper: GainMod
     between the AccelPact run and the baseline run (their median steps, and the gain counted in steps)."""
     age = int(hit["age"])
     ros, t_acc = _f(hit["cost_over_step"]), _f(ours["t_steps"])
-    return (f"R/s (restart {_f(hit['fault_restart_s']):.2f} s + restore {_f(hit['fault_restore_s']):.2f} s over a "
-            f"{_f(hit['step_median_s']):.3f} s step) is {ros:.1f} here against the paper's implied "
-            f"{paper_r_over_s(hit['strategy'], paper):.2f}; the whole run is {t_acc:.0f} steps against the paper's implied "
-            f"{paper.t_steps:.0f}; the model 1 + (R/s + a)/(T/s) gives {projected_gain(ros, age, t_acc):.2f}x for "
-            f"our R/s and run length, {projected_gain(ros, age, paper.t_steps):.2f}x at the paper's length. Load: "
-            f"median step {_f(ours['step_median_s']):.3f} s in the AccelPact run vs {_f(hit['step_median_s']):.3f} s "
-            f"in the baseline's; counted in each run's own steps the gain is {_f(hit['accelpact_gain_norm']):.2f}x")
+    return (
+        f"R/s (restart {_f(hit['fault_restart_s']):.2f} s + restore {_f(hit['fault_restore_s']):.2f} s over a "
+        f"{_f(hit['step_median_s']):.3f} s step) is {ros:.1f} here against the paper's implied "
+        f"{paper_r_over_s(hit['strategy'], paper):.2f}; the whole run is {t_acc:.0f} steps against the paper's implied "
+        f"{paper.t_steps:.0f}; the model 1 + (R/s + a)/(T/s) gives {projected_gain(ros, age, t_acc):.2f}x for "
+        f"our R/s and run length, {projected_gain(ros, age, paper.t_steps):.2f}x at the paper's length. Load: "
+        f"median step {_f(ours['step_median_s']):.3f} s in the AccelPact run vs {_f(hit['step_median_s']):.3f} s "
+        f"in the baseline's; counted in each run's own steps the gain is {_f(hit['accelpact_gain_norm']):.2f}x"
+    )
 
 
-def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]],
-           intervals: Mapping[tuple[str, int], str] | None = None) -> list[ClaimRow]:
+def claims(
+    data: Sequence[Mapping[str, Any]],
+    ratios: Sequence[Mapping[str, Any]],
+    intervals: Mapping[tuple[str, int], str] | None = None,
+) -> list[ClaimRow]:
     """The paper's three gains beside ours at the same age, then R/s beside the paper's implied R/s.
 
     The verdict's reason is built from the measurements: our R/s and run length against the paper's
@@ -270,34 +338,57 @@ def claims(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]
         ours = next((r for r in data if r["strategy"] == UNDER_TEST and r["age"] == age), None)
         label = f"whole-run goodput gain over {paper_label(baseline)}, checkpoint age {age}"
         if hit is None or ours is None or math.isnan(_f(hit["accelpact_gain"])):
-            rows.append(ClaimRow(label, f"{pg}x", "not run", pg, None, "higher",
-                                 f"age {age} was not in this run's ages (run the full experiment)"))
+            rows.append(
+                ClaimRow(
+                    label,
+                    f"{pg}x",
+                    "not run",
+                    pg,
+                    None,
+                    "higher",
+                    f"age {age} was not in this run's ages (run the full experiment)",
+                )
+            )
             continue
         g, gn = _f(hit["accelpact_gain"]), _f(hit["accelpact_gain_norm"])
         ident = {True: "yes", False: "NO"}.get(hit.get("bit_identical"), "not checked")
         over_trials = (intervals or {}).get((baseline, age))
-        rows.append(ClaimRow(label, f"{pg}x ({PAPER_GAIN_SETUP})",
-                             f"{g:.3f}x measured, {gn:.3f}x load-normalized"
-                             + (f"; over trials {over_trials}" if over_trials else "")
-                             + f" (mistral_tiny, 2 CPU ranks); bit-identical: {ident}", pg, g, "higher",
-                             claim_reason(hit, ours, paper), comparable=False))
+        rows.append(
+            ClaimRow(
+                label,
+                f"{pg}x ({PAPER_GAIN_SETUP})",
+                f"{g:.3f}x measured, {gn:.3f}x load-normalized"
+                + (f"; over trials {over_trials}" if over_trials else "")
+                + f" (mistral_tiny, 2 CPU ranks); bit-identical: {ident}",
+                pg,
+                g,
+                "higher",
+                claim_reason(hit, ours, paper),
+                comparable=False,
+            )
+        )
     for baseline in BASELINES:
         rat = _ratio(ratios, baseline)
         if not rat:
             continue
         implied = paper_r_over_s(baseline, paper)
-        rows.append(ClaimRow(
-            f"restart cost / step time, {paper_label(baseline)} (R/s; IMPLIED by the paper's figures under "
-            "the stated model)", f"~{implied:.2f} (implied)",
-            f"{rat['cost_over_step']:.1f} (restart {rat['restart_over_step']:.1f} + restore "
-            f"{rat['restore_over_step']:.2f} steps; step {rat['step_s']:.3f} s)",
-            implied, rat["cost_over_step"], None,
-            "a setting, not a result: our step is a ~5M-parameter decoder on 2 CPU cores (tens of ms to a "
-            "second) while a restart relaunches Python + torch + gloo (seconds), so R/s is large here; the "
-            "paper's Mistral-7B step on GPUs is long next to its restart",
-            comparable=False))
+        rows.append(
+            ClaimRow(
+                f"restart cost / step time, {paper_label(baseline)} (R/s; IMPLIED by the paper's figures under "
+                "the stated model)",
+                f"~{implied:.2f} (implied)",
+                f"{rat['cost_over_step']:.1f} (restart {rat['restart_over_step']:.1f} + restore "
+                f"{rat['restore_over_step']:.2f} steps; step {rat['step_s']:.3f} s)",
+                implied,
+                rat["cost_over_step"],
+                None,
+                "a setting, not a result: our step is a ~5M-parameter decoder on 2 CPU cores (tens of ms to a "
+                "second) while a restart relaunches Python + torch + gloo (seconds), so R/s is large here; the "
+                "paper's Mistral-7B step on GPUs is long next to its restart",
+                comparable=False,
+            )
+        )
     return rows
-
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -323,9 +414,11 @@ def load_anomalies(data: Sequence[Mapping[str, Any]], factor: float = 3.0) -> li
             continue
         per = _f(r.get("fault_replay_s")) / n
         if per > factor * step:
-            out.append(f"{r['run']}: its {n} replayed steps took {per:.2f} s each against a median step of "
-                       f"{step:.3f} s ({per / step:.1f}x): a load spike (or restart warm-up), so its gain and any fit "
-                       "through it overstate AccelPact's advantage")
+            out.append(
+                f"{r['run']}: its {n} replayed steps took {per:.2f} s each against a median step of "
+                f"{step:.3f} s ({per / step:.1f}x): a load spike (or restart warm-up), so its gain and any fit "
+                "through it overstate AccelPact's advantage"
+            )
     return out
 
 
@@ -343,10 +436,11 @@ def gain_table(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             row[f"{b}_gain_norm"] = _f(r.get("accelpact_gain_norm"))
             row[f"{b}_paper"] = PAPER_GAIN.get((b, age), math.nan)
         idents = [at[s].get("bit_identical") for s in STRATEGIES if s in at]
-        row["bit_identical"] = ("all 3 yes" if idents and all(i is True for i in idents) else
-                                ", ".join(f"{s}: {_fmt(at[s].get('bit_identical'), '')}" for s in STRATEGIES if s in at))
+        row["bit_identical"] = (
+            "all 3 yes"
+            if idents and all(i is True for i in idents)
+            else ", ".join(f"{s}: {_fmt(at[s].get('bit_identical'), '')}" for s in STRATEGIES if s in at)
+        )
         row["accelpact_fallback"] = at.get(UNDER_TEST, {}).get("fallback", "-")
         out.append(row)
     return out
-
-

@@ -7,10 +7,11 @@ Everything here derives from data.csv's rows (experiments.goodput_model does the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from experiments import _driver
 from experiments.goodput_model import (
@@ -34,8 +35,6 @@ from experiments.goodput_model import (
     projected_gain,
     restart_cost_ratios,
 )
-from harness import strategies
-from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 from experiments.provenance import (
     ClaimRow,
     load_provenance,
@@ -44,6 +43,8 @@ from experiments.provenance import (
     stamp_figure,
     verdict,
 )
+from harness import strategies
+from harness.report.paper import PAPER_GAIN, PAPER_GAIN_SETUP
 
 
 def md_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[tuple[str, str, str]]) -> str:
@@ -52,17 +53,26 @@ def md_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[tuple[str, str, s
     return head + "".join("| " + " | ".join(_fmt(r.get(c[0]), c[2]) for c in cols) + " |\n" for r in rows)
 
 
-
 def _anomaly_text(data: Sequence[Mapping[str, Any]]) -> str:
     found = load_anomalies(data)
     if not found:
         return "No run's replayed steps ran more than 3x slower than its median step.\n\n"
-    return "**Load spikes seen** (replayed steps more than 3x slower than the run's median step):\n\n" + \
-        "".join(f"- {a}\n" for a in found) + "\n"
+    return (
+        "**Load spikes seen** (replayed steps more than 3x slower than the run's median step):\n\n"
+        + "".join(f"- {a}\n" for a in found)
+        + "\n"
+    )
 
 
-def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[str, Any]],
-             claim_rows: Sequence[ClaimRow], plan: Mapping[str, Any], prov_md: str, runtime_s: float) -> str:
+def table_md(
+    data: Sequence[Mapping[str, Any]],
+    ratios: Sequence[Mapping[str, Any]],
+    fits: Sequence[Mapping[str, Any]],
+    claim_rows: Sequence[ClaimRow],
+    plan: Mapping[str, Any],
+    prov_md: str,
+    runtime_s: float,
+) -> str:
     paper = implied_paper_model()
     # The baseline with one published gain (NVRx), read with the two-point baseline's s/T.
     nvrx = next(b for b in BASELINES if b != PAPER_MODEL_BASELINE)
@@ -71,24 +81,55 @@ def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, An
     ref = next((r for r in data if r["strategy"] == REFERENCE_STRATEGY), {})
     gain_cols = [("age", "age", "d")]
     for b in BASELINES:
-        gain_cols += [(f"{b}_gain", f"vs {strategies.get(b).label}: ours", ".3f"), (f"{b}_gain_norm", "(load-norm.)", ".3f"),
-                      (f"{b}_paper", "paper", ".3f")]
-    gain_cols += [("bit_identical", "bit-identical to reference", ""), ("accelpact_fallback", "accelpact fell back", "")]
-    run_cols = [("strategy", "strategy", ""), ("age", "age", "d"), ("status", "status", ""),
-                ("goodput", "goodput tok/s", ".0f"), ("ratio_to_reference", "/ reference", ".3f"),
-                ("step_median_s", "step s (median)", ".3f"), ("t_steps", "wall in steps", ".1f"),
-                ("fault_restart_s", "restart s", ".2f"), ("fault_restore_s", "restore s", ".3f"),
-                ("fault_replay_s", "replay s", ".2f"), ("fault_other_s", "lost/other s", ".2f"),
-                ("recovery_s", "in-memory recovery s", ".4f"), ("replayed_steps", "replayed", "d"),
-                ("relaunches", "relaunches", "d"), ("bit_identical", "bit-identical", "")]
-    ratio_cols = [("strategy", "strategy", ""), ("runs", "runs", "d"), ("step_s", "step s", ".3f"),
-                  ("restart_s", "restart s", ".2f"), ("restore_s", "restore s", ".3f"),
-                  ("in_memory_recovery_s", "in-memory recovery s", ".4f"),
-                  ("restart_over_step", "restart / step", ".2f"), ("restore_over_step", "restore / step", ".2f"),
-                  ("cost_over_step", "R/s", ".2f"), ("t_steps", "run length T/s", ".1f")]
-    fit_cols = [("source", "source", ""), ("baseline", "baseline", ""), ("gains", "gains", ""), ("n", "points", "d"),
-                ("r_over_t", "R/T", ".4f"), ("s_over_t", "s/T", ".4f"), ("r_over_s", "R/s", ".2f"),
-                ("t_steps", "T/s (steps)", ".1f"), ("rmse", "rmse", ".3f")]
+        gain_cols += [
+            (f"{b}_gain", f"vs {strategies.get(b).label}: ours", ".3f"),
+            (f"{b}_gain_norm", "(load-norm.)", ".3f"),
+            (f"{b}_paper", "paper", ".3f"),
+        ]
+    gain_cols += [
+        ("bit_identical", "bit-identical to reference", ""),
+        ("accelpact_fallback", "accelpact fell back", ""),
+    ]
+    run_cols = [
+        ("strategy", "strategy", ""),
+        ("age", "age", "d"),
+        ("status", "status", ""),
+        ("goodput", "goodput tok/s", ".0f"),
+        ("ratio_to_reference", "/ reference", ".3f"),
+        ("step_median_s", "step s (median)", ".3f"),
+        ("t_steps", "wall in steps", ".1f"),
+        ("fault_restart_s", "restart s", ".2f"),
+        ("fault_restore_s", "restore s", ".3f"),
+        ("fault_replay_s", "replay s", ".2f"),
+        ("fault_other_s", "lost/other s", ".2f"),
+        ("recovery_s", "in-memory recovery s", ".4f"),
+        ("replayed_steps", "replayed", "d"),
+        ("relaunches", "relaunches", "d"),
+        ("bit_identical", "bit-identical", ""),
+    ]
+    ratio_cols = [
+        ("strategy", "strategy", ""),
+        ("runs", "runs", "d"),
+        ("step_s", "step s", ".3f"),
+        ("restart_s", "restart s", ".2f"),
+        ("restore_s", "restore s", ".3f"),
+        ("in_memory_recovery_s", "in-memory recovery s", ".4f"),
+        ("restart_over_step", "restart / step", ".2f"),
+        ("restore_over_step", "restore / step", ".2f"),
+        ("cost_over_step", "R/s", ".2f"),
+        ("t_steps", "run length T/s", ".1f"),
+    ]
+    fit_cols = [
+        ("source", "source", ""),
+        ("baseline", "baseline", ""),
+        ("gains", "gains", ""),
+        ("n", "points", "d"),
+        ("r_over_t", "R/T", ".4f"),
+        ("s_over_t", "s/T", ".4f"),
+        ("r_over_s", "R/s", ".2f"),
+        ("t_steps", "T/s (steps)", ".1f"),
+        ("rmse", "rmse", ".3f"),
+    ]
     cold = _ratio(ratios, PAPER_MODEL_BASELINE)
     acc = _ratio(ratios, UNDER_TEST)
     proj = []
@@ -96,23 +137,33 @@ def table_md(data: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, An
         r = _ratio(ratios, b)
         if r:
             for age in (5, 18):
-                proj.append({"baseline": b, "age": age, "ours_r_over_s": r["cost_over_step"],
-                             "at_our_length": projected_gain(r["cost_over_step"], age, _f(acc.get("t_steps"))),
-                             "at_paper_length": projected_gain(r["cost_over_step"], age, paper.t_steps),
-                             "paper": PAPER_GAIN.get((b, age), math.nan)})
-    proj_cols = [("baseline", "baseline", ""), ("age", "age", "d"), ("ours_r_over_s", "our R/s", ".1f"),
-                 ("at_our_length", f"model gain, our T/s = {_f(acc.get('t_steps')):.0f}", ".3f"),
-                 ("at_paper_length", f"model gain, paper's T/s = {paper.t_steps:.0f}", ".3f"),
-                 ("paper", "paper", ".3f")]
+                proj.append(
+                    {
+                        "baseline": b,
+                        "age": age,
+                        "ours_r_over_s": r["cost_over_step"],
+                        "at_our_length": projected_gain(r["cost_over_step"], age, _f(acc.get("t_steps"))),
+                        "at_paper_length": projected_gain(r["cost_over_step"], age, paper.t_steps),
+                        "paper": PAPER_GAIN.get((b, age), math.nan),
+                    }
+                )
+    proj_cols = [
+        ("baseline", "baseline", ""),
+        ("age", "age", "d"),
+        ("ours_r_over_s", "our R/s", ".1f"),
+        ("at_our_length", f"model gain, our T/s = {_f(acc.get('t_steps')):.0f}", ".3f"),
+        ("at_paper_length", f"model gain, paper's T/s = {paper.t_steps:.0f}", ".3f"),
+        ("paper", "paper", ".3f"),
+    ]
     return f"""# Whole-run goodput vs checkpoint age: the paper's gains beside ours
 
-Setting here: `{plan.get('model', 'mistral_tiny')}` (Mistral-family decoder, hidden 256, seq {plan.get('seq_len')} x
-batch {plan.get('batch_size')} per rank) on 2 gloo ranks on CPU, {plan.get('steps')} steps, a sync DCP checkpoint every
-{plan.get('interval')} steps, one socket reset on rank 0 during the backward reduce-scatter of step
+Setting here: `{plan.get("model", "mistral_tiny")}` (Mistral-family decoder, hidden 256, seq {plan.get("seq_len")} x
+batch {plan.get("batch_size")} per rank) on 2 gloo ranks on CPU, {plan.get("steps")} steps, a sync DCP checkpoint every
+{plan.get("interval")} steps, one socket reset on rank 0 during the backward reduce-scatter of step
 interval + age (so exactly `age` steps have committed since the newest checkpoint). Strategies: accelpact
 (in-memory recovery), cold_restart (every process killed and relaunched, newest checkpoint loaded, lost
 steps replayed), checkpoint_restore (NVRx 0.4.1 in-process restart + restore + replay), and a fault-free
-reference; {plan.get('trials', 1)} interleaved trial(s), each running the reference and every (strategy, age)
+reference; {plan.get("trials", 1)} interleaved trial(s), each running the reference and every (strategy, age)
 once in a rotated order; the tables below use the medians over trials, the verdict table at the end the
 intervals. Whole experiment: {runtime_s / 60:.1f} min.
 Paper: full-parameter Mistral-7B on 16 RTX 5880 GPUs.
@@ -131,7 +182,7 @@ during that run (to first order); the measured figure is the harness's own (toke
 ## Every run
 
 {md_table(data, run_cols)}
-{_anomaly_text(data)}Fault-free reference: goodput {_fmt(_f(ref.get('goodput')), '.0f')} tokens/s, median step {_fmt(_f(ref.get('step_median_s')), '.3f')} s.
+{_anomaly_text(data)}Fault-free reference: goodput {_fmt(_f(ref.get("goodput")), ".0f")} tokens/s, median step {_fmt(_f(ref.get("step_median_s")), ".3f")} s.
 restart / restore / replay / lost: badput charged to the fault (mean over ranks; `lost/other` is the
 destroyed in-flight step and gaps). In-memory recovery = detection + agreement + communicator rebuild + rebind.
 
@@ -162,10 +213,10 @@ What the model gives for OUR measured R/s, at our run length and at the paper's 
 
 {md_table(proj, proj_cols)}
 Reading: at a given age the gain grows with R/s and shrinks with the run's length in steps. Our whole run
-has to reach age {max((r['age'] for r in data if r['age'] is not None), default=0)} (checkpoint interval {plan.get('interval')}): about {_f(acc.get('t_steps')):.0f} steps against the paper's
-implied ~{paper.t_steps:.0f}, which {"dilutes" if _f(acc.get('t_steps')) > paper.t_steps else "does not dilute"} each step of replay; our cold-restart R/s
-({_f(cold.get('cost_over_step')):.1f}: a Python + torch relaunch, gloo rendezvous and DCP load against a small
-CPU step) is {"far above" if _f(cold.get('cost_over_step')) > 10 * paper.r_over_s else "near"} the paper's {paper.r_over_s:.2f}.
+has to reach age {max((r["age"] for r in data if r["age"] is not None), default=0)} (checkpoint interval {plan.get("interval")}): about {_f(acc.get("t_steps")):.0f} steps against the paper's
+implied ~{paper.t_steps:.0f}, which {"dilutes" if _f(acc.get("t_steps")) > paper.t_steps else "does not dilute"} each step of replay; our cold-restart R/s
+({_f(cold.get("cost_over_step")):.1f}: a Python + torch relaunch, gloo rendezvous and DCP load against a small
+CPU step) is {"far above" if _f(cold.get("cost_over_step")) > 10 * paper.r_over_s else "near"} the paper's {paper.r_over_s:.2f}.
 R/s here counts restart + restore only; the destroyed in-flight step and gaps (`lost/other`) are extra
 badput that the fitted R/T absorbs.
 
@@ -197,8 +248,16 @@ def read_data(path: Path) -> list[dict[str, Any]]:
     return _driver.read_csv(path, cell)
 
 
-_PART_COLORS = {"detection": "#1b9e77", "agreement": "#66a61e", "rebuild": "#a6d854", "rebind": "#006d2c",
-                "restart": "#d62728", "restore": "#8c564b", "replay": "#ff7f0e", "other": "#7f7f7f"}
+_PART_COLORS = {
+    "detection": "#1b9e77",
+    "agreement": "#66a61e",
+    "rebuild": "#a6d854",
+    "rebind": "#006d2c",
+    "restart": "#d62728",
+    "restore": "#8c564b",
+    "replay": "#ff7f0e",
+    "other": "#7f7f7f",
+}
 
 
 def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[str, Any]], prov: Any) -> list[Path]:
@@ -217,8 +276,11 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
         pts = sorted((r["age"], r["goodput"]) for r in data if r["strategy"] == s and r["age"] is not None)
         if pts:
             ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=strategies.get(s).color, label=s)
-    ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)", ylabel="whole-run goodput (tokens/s)",
-           title="goodput per strategy (measured)")
+    ax.set(
+        xlabel="checkpoint age (steps committed since the newest checkpoint)",
+        ylabel="whole-run goodput (tokens/s)",
+        title="goodput per strategy (measured)",
+    )
     ax.legend(fontsize=7.5)
     xs = [0, max(ages, default=30)]
     for b in BASELINES:
@@ -226,30 +288,59 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
         meas = gains_by_age(data, b)
         norm = gains_by_age(data, b, "accelpact_gain_norm")
         ax2.plot([a for a, _ in meas], [g for _, g in meas], "o-", color=color, label=f"ours vs {b} (measured)")
-        ax2.plot([a for a, _ in norm], [g for _, g in norm], "o--", mfc="none", color=color, alpha=0.7,
-                 label=f"ours vs {b} (load-normalized)")
-        fit = next((f for f in fits if f["source"] == "ours (fit)" and f["baseline"] == b and f["gains"] == "measured"), None)
+        ax2.plot(
+            [a for a, _ in norm],
+            [g for _, g in norm],
+            "o--",
+            mfc="none",
+            color=color,
+            alpha=0.7,
+            label=f"ours vs {b} (load-normalized)",
+        )
+        fit = next(
+            (f for f in fits if f["source"] == "ours (fit)" and f["baseline"] == b and f["gains"] == "measured"), None
+        )
         if fit:
             m = GainModel(fit["r_over_t"], fit["s_over_t"])
-            ax2.plot(xs, [m.gain(x) for x in xs], ":", color=color, lw=1,
-                     label=f"model fit vs {b}: R/s={fit['r_over_s']:.1f}, T/s={fit['t_steps']:.0f}")
-    ax2.plot(xs, [paper.gain(x) for x in xs], "-", color="0.4", lw=0.8,
-             label=f"paper's implied model (cold restart): R/s={paper.r_over_s:.2f}, T/s={paper.t_steps:.0f}")
+            ax2.plot(
+                xs,
+                [m.gain(x) for x in xs],
+                ":",
+                color=color,
+                lw=1,
+                label=f"model fit vs {b}: R/s={fit['r_over_s']:.1f}, T/s={fit['t_steps']:.0f}",
+            )
+    ax2.plot(
+        xs,
+        [paper.gain(x) for x in xs],
+        "-",
+        color="0.4",
+        lw=0.8,
+        label=f"paper's implied model (cold restart): R/s={paper.r_over_s:.2f}, T/s={paper.t_steps:.0f}",
+    )
     for (b, age), g in PAPER_GAIN.items():
-        ax2.plot([age], [g], "*", ms=14, color=strategies.get(b).color, mec="black", label=f"paper vs {b}, age {age}: {g}x")
+        ax2.plot(
+            [age], [g], "*", ms=14, color=strategies.get(b).color, mec="black", label=f"paper vs {b}, age {age}: {g}x"
+        )
     ax2.axhline(1.0, color="0.6", lw=0.8)
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's whole-run gain")
     ax2.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    fig.suptitle("Whole-run goodput vs checkpoint age: mistral_tiny, 2 gloo ranks on CPU, socket reset on rank 0 "
-                 f"(paper: {PAPER_GAIN_SETUP})", fontsize=9.5)
+    fig.suptitle(
+        "Whole-run goodput vs checkpoint age: mistral_tiny, 2 gloo ranks on CPU, socket reset on rank 0 "
+        f"(paper: {PAPER_GAIN_SETUP})",
+        fontsize=9.5,
+    )
     fig.subplots_adjust(top=0.88, wspace=0.22, left=0.06, right=0.72)
     stamp_figure(fig, prov)
     p1 = out / "goodput_vs_age.png"
     fig.savefig(p1, dpi=110)
     plt.close(fig)
 
-    runs = [r for s in STRATEGIES for r in sorted((r for r in data if r["strategy"] == s and r["age"] is not None),
-                                                    key=lambda r: r["age"])]
+    runs = [
+        r
+        for s in STRATEGIES
+        for r in sorted((r for r in data if r["strategy"] == s and r["age"] is not None), key=lambda r: r["age"])
+    ]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.42 * len(runs) + 2), 7.2), sharex=True)
     x = list(range(len(runs)))
     for ax, unit in ((axes[0], "s"), (axes[1], "steps")):
@@ -264,8 +355,9 @@ def plot(out: Path, data: Sequence[Mapping[str, Any]], fits: Sequence[Mapping[st
     axes[0].legend(fontsize=7, ncol=4)
     axes[0].set_title("Time lost to one socket reset, by part (mean over ranks); paper: not reported", fontsize=9)
     axes[1].set_xticks(x)
-    axes[1].set_xticklabels([f"{r['strategy'].replace('checkpoint_', 'ckpt_')}\nage {r['age']}"
-                             for r in runs], fontsize=6.5, rotation=90)
+    axes[1].set_xticklabels(
+        [f"{r['strategy'].replace('checkpoint_', 'ckpt_')}\nage {r['age']}" for r in runs], fontsize=6.5, rotation=90
+    )
     fig.subplots_adjust(bottom=0.2, top=0.95, hspace=0.08)
     stamp_figure(fig, prov)
     p2 = out / "recovery_breakdown.png"
@@ -303,9 +395,13 @@ def redraw_verdict_plots(out: Path, prov: Any) -> list[Path]:
         return []
     cells = read_cells(out / "verdict.csv")
     with tempfile.TemporaryDirectory() as tmp:
-        drawn = [(plots_trials.plot_goodput_vs_age(Path(tmp), cells, dict(PAPER_GAIN), footer=footer_text(prov)),
-                  out / "gain_intervals.png"),
-                 (plots_trials.plot_badput_by_part(Path(tmp), cells, footer=footer_text(prov)), out / "badput_by_part.png")]
+        drawn = [
+            (
+                plots_trials.plot_goodput_vs_age(Path(tmp), cells, dict(PAPER_GAIN), footer=footer_text(prov)),
+                out / "gain_intervals.png",
+            ),
+            (plots_trials.plot_badput_by_part(Path(tmp), cells, footer=footer_text(prov)), out / "badput_by_part.png"),
+        ]
         for src, dst in drawn:
             shutil.move(str(src), dst)
     return [dst for _, dst in drawn]
@@ -328,17 +424,28 @@ def write_outputs(out: Path, data: list[dict[str, Any]], runtime_s: float) -> No
     _write_csv(out / "ratios.csv", ratios)
     _write_csv(out / "fits.csv", fits)
     keep = ("claim", "paper", "ours", "paper_value", "ours_value")
-    _write_csv(out / "claims.csv", [{**{k: v for k, v in asdict(c).items() if k in keep}, "verdict": verdict(c)}
-                                    for c in claim_rows])
+    _write_csv(
+        out / "claims.csv",
+        [{**{k: v for k, v in asdict(c).items() if k in keep}, "verdict": verdict(c)} for c in claim_rows],
+    )
     plot(out, data, fits, prov)
     redraw_verdict_plots(out, prov)
     text = table_md(data, ratios, fits, claim_rows, plan, provenance_markdown(prov), runtime_s)
     if (out / "verdict.md").exists():
-        text += ("\n## Verdict over trials (the comparison's own table: measured gains, intervals with their coverage)\n\n"
-                 + (out / "verdict.md").read_text().split("\n", 1)[1])
+        text += (
+            "\n## Verdict over trials (the comparison's own table: measured gains, intervals with their coverage)\n\n"
+            + (out / "verdict.md").read_text().split("\n", 1)[1]
+        )
     (out / "table.md").write_text(text)
     print(paper_vs_ours_table(claim_rows))
-    print(md_table(gain_table(data), [("age", "age", "d"), ("cold_restart_gain", "vs cold", ".3f"),
-                                      ("checkpoint_restore_gain", "vs NVRx", ".3f"), ("bit_identical", "bit-identical", "")]))
-
-
+    print(
+        md_table(
+            gain_table(data),
+            [
+                ("age", "age", "d"),
+                ("cold_restart_gain", "vs cold", ".3f"),
+                ("checkpoint_restore_gain", "vs NVRx", ".3f"),
+                ("bit_identical", "bit-identical", ""),
+            ],
+        )
+    )

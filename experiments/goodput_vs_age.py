@@ -70,12 +70,16 @@ class Plan:
         if not self.ages:
             raise ValueError("Plan.ages is empty: give at least one checkpoint age (--ages 5,18)")
         if max(self.ages) >= self.interval:
-            raise ValueError(f"age {max(self.ages)} needs a checkpoint interval above it (--interval "
-                             f"{max(self.ages) + 1} or more); got {self.interval}")
+            raise ValueError(
+                f"age {max(self.ages)} needs a checkpoint interval above it (--interval "
+                f"{max(self.ages) + 1} or more); got {self.interval}"
+            )
         if self.interval + max(self.ages) >= self.steps:
-            raise ValueError(f"age {max(self.ages)} with interval {self.interval} faults step "
-                             f"{self.interval + max(self.ages)}: --steps must be at least "
-                             f"{self.interval + max(self.ages) + 1}")
+            raise ValueError(
+                f"age {max(self.ages)} with interval {self.interval} faults step "
+                f"{self.interval + max(self.ages)}: --steps must be at least "
+                f"{self.interval + max(self.ages) + 1}"
+            )
 
 
 # mistral_tiny's layers and widths, with seq 64 x batch 2 per rank (mistral_tiny's own 128 x 4 is ~4x the
@@ -92,20 +96,32 @@ NUM_LAYERS = 2
 def overrides(plan: Plan, scratch: Path) -> list[str]:
     """Hydra overrides of the comparison (conf/experiment/compare.yaml) for ``plan``."""
     return [
-        "experiment=compare", "model=mistral_tiny", f"model.num_layers={NUM_LAYERS}", "fault=socket_reset",
+        "experiment=compare",
+        "model=mistral_tiny",
+        f"model.num_layers={NUM_LAYERS}",
+        "fault=socket_reset",
         "fault.ranks=[0]",
-        "fault.phase=backward_reduce_scatter", "checkpoint=sync",
-        f"train.steps={plan.steps}", f"checkpoint.interval={plan.interval}",
-        f"model.seq_len={plan.seq_len}", f"model.batch_size={plan.batch_size}", f"compare.trials={plan.trials}",
-        "progress=false", f"index_path={scratch / 'index.csv'}",
+        "fault.phase=backward_reduce_scatter",
+        "checkpoint=sync",
+        f"train.steps={plan.steps}",
+        f"checkpoint.interval={plan.interval}",
+        f"model.seq_len={plan.seq_len}",
+        f"model.batch_size={plan.batch_size}",
+        f"compare.trials={plan.trials}",
+        "progress=false",
+        f"index_path={scratch / 'index.csv'}",
     ]
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
 def sweep_overrides(plan: Plan, run_dir: Path) -> list[str]:
     """The comparison as a Hydra multirun: every strategy at every age of ``plan``, into ``run_dir``."""
-    return [*overrides(plan, scratch=run_dir.parent), f"hydra.sweep.dir={run_dir}",
-            f"fault.at_age={','.join(map(str, plan.ages))}", f"strategy={','.join(STRATEGIES)}"]
+    return [
+        *overrides(plan, scratch=run_dir.parent),
+        f"hydra.sweep.dir={run_dir}",
+        f"fault.at_age={','.join(map(str, plan.ages))}",
+        f"strategy={','.join(STRATEGIES)}",
+    ]
 
 
 def measure(plan: Plan, scratch: Path) -> tuple[list[dict[str, Any]], Path]:
@@ -120,8 +136,11 @@ def measure(plan: Plan, scratch: Path) -> tuple[list[dict[str, Any]], Path]:
     from harness.app.config import compose, to_run_config
 
     for strategy in STRATEGIES:  # e.g. NVRx missing: refuse before anything starts
-        check_runnable(to_run_config(compose([*overrides(plan, scratch), f"strategy={strategy}",
-                                              f"fault.at_age={max(plan.ages)}"])))
+        check_runnable(
+            to_run_config(
+                compose([*overrides(plan, scratch), f"strategy={strategy}", f"fault.at_age={max(plan.ages)}"])
+            )
+        )
     run_dir = scratch / "comparison"
     done = subprocess.run([sys.executable, "-m", "harness", *sweep_overrides(plan, run_dir)], cwd=_ROOT)
     if done.returncode != 0:
@@ -140,8 +159,13 @@ def collect(run_dir: Path) -> list[dict[str, Any]]:
 
     trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name)) or [run_dir]
     # One reference pace for every trial (as the comparison's table): the references' median productive step.
-    ref_step = reference_step_s([load_report(str(t / compare.REFERENCE)) for t in trial_dirs
-                                 if (t / compare.REFERENCE / "summary.json").exists()])
+    ref_step = reference_step_s(
+        [
+            load_report(str(t / compare.REFERENCE))
+            for t in trial_dirs
+            if (t / compare.REFERENCE / "summary.json").exists()
+        ]
+    )
     data: list[dict[str, Any]] = []
     for tdir in trial_dirs:
         rows = _collect_trial(tdir, ref_step)
@@ -179,13 +203,21 @@ def _collect_trial(run_dir: Path, ref_step: float) -> list[dict[str, Any]]:
     for d in data:
         d["goodput_bp"] = bp.get(d["run"], math.nan)
         mine = d["goodput_bp"]
-        d["accelpact_gain_bp"] = (ours.get(d["age"], math.nan) / mine
-                                  if d["age"] is not None and d["strategy"] != REFERENCE_STRATEGY and mine > 0 else math.nan)
+        d["accelpact_gain_bp"] = (
+            ours.get(d["age"], math.nan) / mine
+            if d["age"] is not None and d["strategy"] != REFERENCE_STRATEGY and mine > 0
+            else math.nan
+        )
     return data
 
 
-VERDICT_FILES = {"table.md": "verdict.md", "table.csv": "verdict.csv", "runs.csv": "runs.csv",
-                 "goodput_vs_age.png": "gain_intervals.png", "badput_by_part.png": "badput_by_part.png"}
+VERDICT_FILES = {
+    "table.md": "verdict.md",
+    "table.csv": "verdict.csv",
+    "runs.csv": "runs.csv",
+    "goodput_vs_age.png": "gain_intervals.png",
+    "badput_by_part.png": "badput_by_part.png",
+}
 
 
 def keep_verdict(run_dir: Path, out: Path) -> None:
@@ -198,14 +230,19 @@ def keep_verdict(run_dir: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = _driver.parser(__doc__, NAME, "ages 5 and 18 only, 40 steps, written to a temp dir")
-    ap.add_argument("--ages", default=None, help="comma list of checkpoint ages (default 0,1,2,5,10,18,30; --quick 5,18)")
+    ap.add_argument(
+        "--ages", default=None, help="comma list of checkpoint ages (default 0,1,2,5,10,18,30; --quick 5,18)"
+    )
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 5; --quick 1)")
     ap.add_argument("--interval", type=int, default=None, help="checkpoint interval (must exceed the largest age)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
-    ap.add_argument("--rederive", action="store_true",
-                    help="rebuild table.md, CSVs and plots from OUT/data.csv without running (provenance kept)")
+    ap.add_argument(
+        "--rederive",
+        action="store_true",
+        help="rebuild table.md, CSVs and plots from OUT/data.csv without running (provenance kept)",
+    )
     args = ap.parse_args(argv)
     if args.rederive:
         out = _driver.output_dir(args, NAME, rederive=True)
@@ -215,22 +252,41 @@ def main(argv: list[str] | None = None) -> int:
 
     base = QUICK if args.quick else FULL
     try:
-        plan = Plan(ages=tuple(int(a) for a in args.ages.split(",")) if args.ages else base.ages,
-                    steps=args.steps or base.steps, interval=args.interval or base.interval,
-                    seq_len=base.seq_len, batch_size=base.batch_size, trials=args.trials or base.trials)
+        plan = Plan(
+            ages=tuple(int(a) for a in args.ages.split(",")) if args.ages else base.ages,
+            steps=args.steps or base.steps,
+            interval=args.interval or base.interval,
+            seq_len=base.seq_len,
+            batch_size=base.batch_size,
+            trials=args.trials or base.trials,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = _driver.output_dir(args, NAME)
     scratch = _driver.scratch_dir(args, NAME)
-    print(f"{NAME}: {(len(plan.ages) * len(STRATEGIES) + 1) * plan.trials} runs ({plan}); runs in {scratch}, "
-          f"results in {out}", flush=True)
+    print(
+        f"{NAME}: {(len(plan.ages) * len(STRATEGIES) + 1) * plan.trials} runs ({plan}); runs in {scratch}, "
+        f"results in {out}",
+        flush=True,
+    )
     timing = _driver.Timing()
     # Provenance first: its load average is the one at the start of the measurement.
-    write_provenance(out, _driver.command(argv, NAME), {
-        "ages": ",".join(map(str, plan.ages)), "steps": plan.steps, "interval": plan.interval,
-        "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": f"mistral_tiny ({NUM_LAYERS} layers)", "world_size": 2,
-        "trials": plan.trials, "fault": "socket_reset rank 0 backward_reduce_scatter"})
+    write_provenance(
+        out,
+        _driver.command(argv, NAME),
+        {
+            "ages": ",".join(map(str, plan.ages)),
+            "steps": plan.steps,
+            "interval": plan.interval,
+            "seq_len": plan.seq_len,
+            "batch_size": plan.batch_size,
+            "model": f"mistral_tiny ({NUM_LAYERS} layers)",
+            "world_size": 2,
+            "trials": plan.trials,
+            "fault": "socket_reset rank 0 backward_reduce_scatter",
+        },
+    )
     try:
         data, run_dir = measure(plan, scratch)
         runtime = timing.elapsed_s

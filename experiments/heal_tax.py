@@ -35,8 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["CELLS", "measure_parts", "main"]
 
@@ -74,8 +75,8 @@ def measure_parts(nbytes: int = PART_BYTES, repeats: int = 7) -> dict[str, Any]:
         dst = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
         dst.copy_(src)  # first touch of the mapping, not timed (the writer keeps its mappings across steps)
         arr = dst.numpy()
-        copy = [_cpu(lambda: dst.copy_(src)) for _ in range(repeats)]
-        crc = [_cpu(lambda: crc32(arr)) for _ in range(repeats)]
+        copy = [_cpu(lambda: dst.copy_(src)) for _ in range(repeats)]  # noqa: F821 - run before the del below
+        crc = [_cpu(lambda: crc32(arr)) for _ in range(repeats)]  # noqa: F821 - ditto
 
         # A push: the wire's own sendfile out of the slot file, recv_into a kept mapping on the other side.
         dest = shm / "replica"
@@ -107,17 +108,24 @@ def measure_parts(nbytes: int = PART_BYTES, repeats: int = 7) -> dict[str, Any]:
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     gb = nbytes / 1e9
-    return {"bytes": nbytes, "crc": IMPLEMENTATION,
-            "copy_gbps": gb / statistics.median(copy), "checksum_gbps": gb / statistics.median(crc),
-            "push_send_gbps": gb / statistics.median(send_cpu[1:]), "push_recv_gbps": gb / statistics.median(recv_cpu[1:]),
-            "raw_s": {"copy": copy, "checksum": crc, "send": send_cpu[1:], "recv": recv_cpu[1:]}}
+    return {
+        "bytes": nbytes,
+        "crc": IMPLEMENTATION,
+        "copy_gbps": gb / statistics.median(copy),
+        "checksum_gbps": gb / statistics.median(crc),
+        "push_send_gbps": gb / statistics.median(send_cpu[1:]),
+        "push_recv_gbps": gb / statistics.median(recv_cpu[1:]),
+        "raw_s": {"copy": copy, "checksum": crc, "send": send_cpu[1:], "recv": recv_cpu[1:]},
+    }
 
 
 def combine_parts(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """The rates the model uses: medians over the part measurements; a push costs both sides, so its rate per
     side is 2 / (1/send + 1/recv)."""
-    med = {k: statistics.median(r[k] for r in runs) for k in ("copy_gbps", "checksum_gbps", "push_send_gbps",
-                                                               "push_recv_gbps")}
+    med = {
+        k: statistics.median(r[k] for r in runs)
+        for k in ("copy_gbps", "checksum_gbps", "push_send_gbps", "push_recv_gbps")
+    }
     med["push_gbps"] = 2.0 / (1.0 / med["push_send_gbps"] + 1.0 / med["push_recv_gbps"])
     return med
 
@@ -132,12 +140,21 @@ def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
     cadences = [tuple(int(x) for x in c.split("x")) for c in args.advised]
     if any(len(c) != 2 or min(c) < 1 for c in cadences) or any(args.steps % (e * k) for e, k in cadences):
-        raise SystemExit(f"--advised {args.advised}: give EVERYxPUSH_EVERY pairs (e.g. 4x1 2x2) whose products "
-                         f"divide --steps {args.steps}")
+        raise SystemExit(
+            f"--advised {args.advised}: give EVERYxPUSH_EVERY pairs (e.g. 4x1 2x2) whose products "
+            f"divide --steps {args.steps}"
+        )
     name, model = CELLS[0]
-    prov = collect(current_command(argv, "experiments.heal_tax"),
-                   {"trials": args.trials, "steps_per_block": args.steps, "cell": name, "cadences": cadences,
-                    "confirm_push": True})
+    prov = collect(
+        current_command(argv, "experiments.heal_tax"),
+        {
+            "trials": args.trials,
+            "steps_per_block": args.steps,
+            "cell": name,
+            "cadences": cadences,
+            "confirm_push": True,
+        },
+    )
     t0, loads = time.monotonic(), [os.getloadavg()[0]]
     scratch = Path(tempfile.mkdtemp(prefix="accelpact-heal-tax-"))
     try:
@@ -148,30 +165,51 @@ def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     platform = platform_from(load(args.results / "calibration.json"))
     step = statistics.median(cost["off_cpu_s"])
     modes = {"snap": None, "k1": (1, 1), **{f"e{e}k{k}": (e, k) for e, k in cadences}}
-    lines = ["# The heal's per-step tax at the advisor's cadences, side by side", "",
-             f"Default model ({name}: mistral_tiny-shaped, 4 layers, hidden 256, seq 64 x batch 2, "
-             f"{cost['state_bytes'] / 1e6:.1f} MB of state per rank) on 2 gloo FSDP2 ranks, {args.trials} trials; "
-             f"blocks of {args.steps} steps cycled through every configuration; a trial's tax is a block's mean "
-             "step (or rank 0's CPU per step) over the same cycle's \"off\" block's, minus 1. Intervals: "
-             "order-statistic interval for the median with its exact coverage. Model: harness.advise.cost with the "
-             f"rates of results/heal_tax/calibration.json, step {step:.3f} s (CPU, off).", "",
-             "| configuration | step time, median [interval] (coverage) | CPU per step, median [interval] | model |",
-             "|---|---|---|---|"]
+    lines = [
+        "# The heal's per-step tax at the advisor's cadences, side by side",
+        "",
+        f"Default model ({name}: mistral_tiny-shaped, 4 layers, hidden 256, seq 64 x batch 2, "
+        f"{cost['state_bytes'] / 1e6:.1f} MB of state per rank) on 2 gloo FSDP2 ranks, {args.trials} trials; "
+        f"blocks of {args.steps} steps cycled through every configuration; a trial's tax is a block's mean "
+        "step (or rank 0's CPU per step) over the same cycle's \"off\" block's, minus 1. Intervals: "
+        "order-statistic interval for the median with its exact coverage. Model: harness.advise.cost with the "
+        f"rates of results/heal_tax/calibration.json, step {step:.3f} s (CPU, off).",
+        "",
+        "| configuration | step time, median [interval] (coverage) | CPU per step, median [interval] | model |",
+        "|---|---|---|---|",
+    ]
     for mode, cad in modes.items():
         c = cost["configs"][mode]
         lo, hi, cov = order_interval(c["overhead"])
         clo, chi, _ = order_interval(c["cpu_overhead"])
-        what = ("snapshots every step, no push" if cad is None else "heal default: every=1, push_every=1"
-                if mode == "k1" else f"every={cad[0]}, push_every={cad[1]}")
-        pred = tax(platform if cad else platform.with_(push_gbps=1e12), cost["state_bytes"], step,
-                   Cadence(*(cad or (1, 1)), True)).fraction
-        lines.append(f"| {what} | {statistics.median(c['overhead']) * 100:+.1f}% [{lo * 100:+.1f}, {hi * 100:+.1f}] "
-                     f"({cov:.1%}) | {statistics.median(c['cpu_overhead']) * 100:+.1f}% [{clo * 100:+.1f}, "
-                     f"{chi * 100:+.1f}] | {pred * 100:+.1f}% |")
-    lines += ["", f"Load average before / after: {loads[0]:.1f} / {loads[1]:.1f}. Run time "
-              f"{(time.monotonic() - t0) / 60:.1f} min.", "", provenance_markdown(prov)]
-    (args.results / "advised.json").write_text(json.dumps({"provenance": prov.to_dict(), "cost": cost,
-                                                           "loads": loads}, indent=1, default=str))
+        what = (
+            "snapshots every step, no push"
+            if cad is None
+            else "heal default: every=1, push_every=1"
+            if mode == "k1"
+            else f"every={cad[0]}, push_every={cad[1]}"
+        )
+        pred = tax(
+            platform if cad else platform.with_(push_gbps=1e12),
+            cost["state_bytes"],
+            step,
+            Cadence(*(cad or (1, 1)), True),
+        ).fraction
+        lines.append(
+            f"| {what} | {statistics.median(c['overhead']) * 100:+.1f}% [{lo * 100:+.1f}, {hi * 100:+.1f}] "
+            f"({cov:.1%}) | {statistics.median(c['cpu_overhead']) * 100:+.1f}% [{clo * 100:+.1f}, "
+            f"{chi * 100:+.1f}] | {pred * 100:+.1f}% |"
+        )
+    lines += [
+        "",
+        f"Load average before / after: {loads[0]:.1f} / {loads[1]:.1f}. Run time "
+        f"{(time.monotonic() - t0) / 60:.1f} min.",
+        "",
+        provenance_markdown(prov),
+    ]
+    (args.results / "advised.json").write_text(
+        json.dumps({"provenance": prov.to_dict(), "cost": cost, "loads": loads}, indent=1, default=str)
+    )
     (args.results / "advised.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
@@ -186,10 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="steps per block")
     ap.add_argument("--cells", nargs="+", default=[c for c, _ in CELLS], choices=[c for c, _ in CELLS])
     ap.add_argument("--results", type=Path, default=REPO_ROOT / "results" / "heal_tax")
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite calibration.md from the committed calibration.json (runs nothing)")
-    ap.add_argument("--advised", nargs="+", metavar="EVERYxPUSH_EVERY",
-                    help="measure these cadences (e.g. 4x1 2x2) beside the heal's default at the default model")
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite calibration.md from the committed calibration.json (runs nothing)",
+    )
+    ap.add_argument(
+        "--advised",
+        nargs="+",
+        metavar="EVERYxPUSH_EVERY",
+        help="measure these cadences (e.g. 4x1 2x2) beside the heal's default at the default model",
+    )
     args = ap.parse_args(argv)
     if args.advised:
         return advised(args, argv)
@@ -198,11 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.trials < 2 or args.steps < 1:
         ap.error(f"--trials {args.trials} must be at least 2 (5 or more for the committed run) and --steps >= 1")
-    prov = collect(current_command(argv, "experiments.heal_tax"),
-                   {"trials": args.trials, "steps_per_block": args.steps, "cells": args.cells, "confirm_push": True})
+    prov = collect(
+        current_command(argv, "experiments.heal_tax"),
+        {"trials": args.trials, "steps_per_block": args.steps, "cells": args.cells, "confirm_push": True},
+    )
     t0 = time.monotonic()
     parts = [measure_parts()]
-    print(f"parts before: {({k: round(v, 2) for k, v in parts[0].items() if k.endswith('gbps')})}", flush=True)
+    print(f"parts before: { ({k: round(v, 2) for k, v in parts[0].items() if k.endswith('gbps')}) }", flush=True)
     cells: dict[str, Any] = {}
     loads = [os.getloadavg()[0]]
     scratch = Path(tempfile.mkdtemp(prefix="accelpact-heal-tax-"))
@@ -212,24 +259,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             cost = cost_trials(scratch / name, [1], args.steps, args.trials, model=model)
             loads.append(os.getloadavg()[0])
-            cells[name] = {"model": model, "tokens_per_step": model["seq"] * model["batch"],
-                           "state_bytes": cost["state_bytes"], "off_step_s": cost["off_step_s"],
-                           "off_cpu_s": cost["off_cpu_s"],
-                           "overhead": {"snap": cost["configs"]["snap"]["overhead"],
-                                        "push": cost["configs"]["k1"]["overhead"]},
-                           "cpu_overhead": {"snap": cost["configs"]["snap"]["cpu_overhead"],
-                                            "push": cost["configs"]["k1"]["cpu_overhead"]},
-                           "blocked_max_s": {"snap": cost["configs"]["snap"]["blocked_max_s"],
-                                             "push": cost["configs"]["k1"]["blocked_max_s"]},
-                           "wall_s": cost["wall_s"]}
-            print(f"{name}: {cost['wall_s']:.0f} s; off {statistics.median(cost['off_step_s']):.3f} s; "
-                  f"snap {[round(x * 100, 1) for x in cells[name]['overhead']['snap']]}; "
-                  f"push {[round(x * 100, 1) for x in cells[name]['overhead']['push']]}", flush=True)
+            cells[name] = {
+                "model": model,
+                "tokens_per_step": model["seq"] * model["batch"],
+                "state_bytes": cost["state_bytes"],
+                "off_step_s": cost["off_step_s"],
+                "off_cpu_s": cost["off_cpu_s"],
+                "overhead": {"snap": cost["configs"]["snap"]["overhead"], "push": cost["configs"]["k1"]["overhead"]},
+                "cpu_overhead": {
+                    "snap": cost["configs"]["snap"]["cpu_overhead"],
+                    "push": cost["configs"]["k1"]["cpu_overhead"],
+                },
+                "blocked_max_s": {
+                    "snap": cost["configs"]["snap"]["blocked_max_s"],
+                    "push": cost["configs"]["k1"]["blocked_max_s"],
+                },
+                "wall_s": cost["wall_s"],
+            }
+            print(
+                f"{name}: {cost['wall_s']:.0f} s; off {statistics.median(cost['off_step_s']):.3f} s; "
+                f"snap {[round(x * 100, 1) for x in cells[name]['overhead']['snap']]}; "
+                f"push {[round(x * 100, 1) for x in cells[name]['overhead']['push']]}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     parts.append(measure_parts())
-    data = {"provenance": prov.to_dict(), "parts": parts, "rates": combine_parts(parts), "cells": cells,
-            "loads": loads, "runtime_s": time.monotonic() - t0}
+    data = {
+        "provenance": prov.to_dict(),
+        "parts": parts,
+        "rates": combine_parts(parts),
+        "cells": cells,
+        "loads": loads,
+        "runtime_s": time.monotonic() - t0,
+    }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "calibration.json").write_text(json.dumps(data, indent=1, default=str))
     (args.results / "provenance.json").write_text(json.dumps(prov.to_dict(), indent=1, default=str))
@@ -246,20 +309,28 @@ def write_report(data: dict[str, Any], results: Path) -> str:
     extra = prov.extra
     rows = cell_rows(data)
     loads = data["loads"]
-    lines = ["# The heal's per-step tax: measured side by side, and the cost model's prediction", "",
-             f"2 gloo FSDP2 ranks (each its own simulated host) on this 2-core host, {extra['trials']} trials per cell; "
-             f"blocks of {extra['steps_per_block']} steps cycled: snapshots off / snapshots, no push / snapshots + a "
-             "confirmed buddy push every step. A trial's tax is its block's mean step over the same cycle's \"off\" block's, "
-             f"minus 1. Interval: the order-statistic interval for the median, with its exact coverage (the range when n <= 8). "
-             "CPU: the same ratio for rank 0's process CPU seconds per step (every thread).", "",
-             *table_lines(data, rows), "",
-             f"Interval widths: step time {min(r.hi - r.lo for r in rows) * 100:.0f}-"
-             f"{max(r.hi - r.lo for r in rows) * 100:.0f} points, CPU per step "
-             f"{min(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f}-{max(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f} "
-             f"points. The model is inside {sum(r.inside for r in rows)} of {len(rows)} step-time intervals and "
-             f"{sum(r.inside_cpu for r in rows)} of {len(rows)} CPU intervals.", "",
-             f"1-min load average before and after each cell: {', '.join(f'{x:.1f}' for x in loads)}. "
-             f"Run time {data['runtime_s'] / 60:.1f} min.", "", provenance_markdown(prov)]
+    lines = [
+        "# The heal's per-step tax: measured side by side, and the cost model's prediction",
+        "",
+        f"2 gloo FSDP2 ranks (each its own simulated host) on this 2-core host, {extra['trials']} trials per cell; "
+        f"blocks of {extra['steps_per_block']} steps cycled: snapshots off / snapshots, no push / snapshots + a "
+        "confirmed buddy push every step. A trial's tax is its block's mean step over the same cycle's \"off\" block's, "
+        f"minus 1. Interval: the order-statistic interval for the median, with its exact coverage (the range when n <= 8). "
+        "CPU: the same ratio for rank 0's process CPU seconds per step (every thread).",
+        "",
+        *table_lines(data, rows),
+        "",
+        f"Interval widths: step time {min(r.hi - r.lo for r in rows) * 100:.0f}-"
+        f"{max(r.hi - r.lo for r in rows) * 100:.0f} points, CPU per step "
+        f"{min(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f}-{max(r.cpu_hi - r.cpu_lo for r in rows) * 100:.0f} "
+        f"points. The model is inside {sum(r.inside for r in rows)} of {len(rows)} step-time intervals and "
+        f"{sum(r.inside_cpu for r in rows)} of {len(rows)} CPU intervals.",
+        "",
+        f"1-min load average before and after each cell: {', '.join(f'{x:.1f}' for x in loads)}. "
+        f"Run time {data['runtime_s'] / 60:.1f} min.",
+        "",
+        provenance_markdown(prov),
+    ]
     (results / "calibration.md").write_text("\n".join(lines) + "\n")
     return "\n".join(lines)
 

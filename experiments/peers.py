@@ -34,11 +34,12 @@ import math
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from experiments import _driver
-from experiments.provenance import footer_text, load_provenance, provenance_markdown, write_provenance
+from experiments.provenance import footer_text, load_provenance, write_provenance
 
 NAME = "peers"
 _ROOT = Path(__file__).resolve().parent.parent
@@ -66,18 +67,37 @@ def refused(strategies: Sequence[str], quick: bool, extra: Sequence[str] = ()) -
     out = {}
     for strategy in strategies:
         try:
-            check_runnable(to_run_config(compose(["experiment=peers", f"strategy={strategy}", "fault.at_age=5",
-                                                  *(QUICK if quick else ()), *extra])))
+            check_runnable(
+                to_run_config(
+                    compose(
+                        [
+                            "experiment=peers",
+                            f"strategy={strategy}",
+                            "fault.at_age=5",
+                            *(QUICK if quick else ()),
+                            *extra,
+                        ]
+                    )
+                )
+            )
         except ConfigError as exc:
             out[strategy] = str(exc).splitlines()[0]
     return out
 
 
-def sweep_overrides(strategies: Sequence[str], trials: int, sweep: Path, quick: bool,
-                    extra: Sequence[str] = ()) -> list[str]:
-    return ["experiment=peers", f"strategy={','.join(strategies)}", f"compare.trials={trials}", "progress=false",
-            f"hydra.sweep.dir={sweep}", f"index_path={sweep.parent / 'index.csv'}", *(QUICK if quick else ()),
-            *extra]
+def sweep_overrides(
+    strategies: Sequence[str], trials: int, sweep: Path, quick: bool, extra: Sequence[str] = ()
+) -> list[str]:
+    return [
+        "experiment=peers",
+        f"strategy={','.join(strategies)}",
+        f"compare.trials={trials}",
+        "progress=false",
+        f"hydra.sweep.dir={sweep}",
+        f"index_path={sweep.parent / 'index.csv'}",
+        *(QUICK if quick else ()),
+        *extra,
+    ]
 
 
 def unequal_lines(strategies: Sequence[str]) -> list[str]:
@@ -87,11 +107,14 @@ def unequal_lines(strategies: Sequence[str]) -> list[str]:
     every process that replaces a lost one, and a first launch forked from a preloaded template."""
     from harness import strategies as registry
 
-    lines = ["**What differs that these runs could not equalise.** Equal for every strategy: HSDP 2x2 (2 replicas x "
-             "2 FSDP shards; torchft's replica groups are the replicate dimension), model, data, steps, checkpoint "
-             "cadence, the fault, each strategy's own default heartbeat and timeouts (torchft: 5000 ms, Manager 60 s), "
-             "every replacement a fresh interpreter (`strategy.replacement_start=spawn`), and every run's first launch "
-             "forked from a preloaded template (before its first step, so in no goodput).", ""]
+    lines = [
+        "**What differs that these runs could not equalise.** Equal for every strategy: HSDP 2x2 (2 replicas x "
+        "2 FSDP shards; torchft's replica groups are the replicate dimension), model, data, steps, checkpoint "
+        "cadence, the fault, each strategy's own default heartbeat and timeouts (torchft: 5000 ms, Manager 60 s), "
+        "every replacement a fresh interpreter (`strategy.replacement_start=spawn`), and every run's first launch "
+        "forked from a preloaded template (before its first step, so in no goodput).",
+        "",
+    ]
     for name in strategies:
         spec = registry.get(name)
         if spec.unequal:
@@ -107,17 +130,29 @@ def pace_caveat(cells: Sequence[dict[str, Any]]) -> list[str]:
     (``step_drift`` off 1 by more than ``PACE_TOLERANCE``) and the two gains disagree: the badput-based gain
     charges every run at the reference's pace, so it neither credits a faster step nor charges a slower one;
     the measured whole-run gain does both. Empty when no cell is like that."""
-    odd = [c for c in cells if c.get("age") is not None and isinstance(c.get("step_drift"), (int, float))
-           and abs(c["step_drift"] - 1) > PACE_TOLERANCE and c.get("verdict") != c.get("verdict_bp")]
+    odd = [
+        c
+        for c in cells
+        if c.get("age") is not None
+        and isinstance(c.get("step_drift"), (int, float))
+        and abs(c["step_drift"] - 1) > PACE_TOLERANCE
+        and c.get("verdict") != c.get("verdict_bp")
+    ]
     if not odd:
         return []
-    rows = "; ".join(f"{c['strategy']} {c.get('fault')} age {int(c['age'])}: step_drift {c['step_drift']:.2f}, measured "
-                     f"{c.get('gain_ci')} ({c.get('verdict')}), badput-based {c.get('gain_bp_ci')} "
-                     f"({c.get('verdict_bp')})" for c in odd)
-    return ["**Where the two gains disagree.** These cells' productive steps ran at another pace than the "
-            "reference's. The verdict is the measured whole-run gain, which keeps a strategy's own faster or slower "
-            "step; the badput-based diagnostic counts every run's useful steps at the reference's pace and so hides "
-            f"it. {rows}.", ""]
+    rows = "; ".join(
+        f"{c['strategy']} {c.get('fault')} age {int(c['age'])}: step_drift {c['step_drift']:.2f}, measured "
+        f"{c.get('gain_ci')} ({c.get('verdict')}), badput-based {c.get('gain_bp_ci')} "
+        f"({c.get('verdict_bp')})"
+        for c in odd
+    )
+    return [
+        "**Where the two gains disagree.** These cells' productive steps ran at another pace than the "
+        "reference's. The verdict is the measured whole-run gain, which keeps a strategy's own faster or slower "
+        "step; the badput-based diagnostic counts every run's useful steps at the reference's pace and so hides "
+        f"it. {rows}.",
+        "",
+    ]
 
 
 def pace_reasons(cells: Sequence[dict[str, Any]]) -> list[str]:
@@ -135,16 +170,25 @@ def pace_reasons(cells: Sequence[dict[str, Any]]) -> list[str]:
             off.setdefault(c["strategy"], []).append(f"{c.get('fault')} age {int(c['age'])}: {c.get('step_drift_ci')}")
     if not off:
         return []
-    lines = [f"**Why the paces differ.** Cells whose productive steps ran outside {1 - PACE_TOLERANCE:.1f}-"
-             f"{1 + PACE_TOLERANCE:.1f}x the reference's over their whole step_drift interval, and why:", ""]
+    lines = [
+        f"**Why the paces differ.** Cells whose productive steps ran outside {1 - PACE_TOLERANCE:.1f}-"
+        f"{1 + PACE_TOLERANCE:.1f}x the reference's over their whole step_drift interval, and why:",
+        "",
+    ]
     for name, where in off.items():
         why = registry.get(name).pace if name in registry.names() else ""
         lines.append(f"- `{name}` ({'; '.join(where)}): {why or 'not explained by these runs'}.")
     return [*lines, ""]
 
 
-def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: float, host_loss: bool = False,
-                  swept: Sequence[str] = ()) -> None:
+def write_outputs(
+    out: Path,
+    sweep: Path,
+    missing: dict[str, str],
+    runtime_s: float,
+    host_loss: bool = False,
+    swept: Sequence[str] = (),
+) -> None:
     """The comparison's tables and plots (redrawn with the provenance footer), and table.md; ``swept``: the
     strategies that ran (what differs is listed for each; empty: those peers.yaml sweeps)."""
     from harness.report import plots_trials
@@ -162,18 +206,27 @@ def write_outputs(out: Path, sweep: Path, missing: dict[str, str], runtime_s: fl
             plots_trials.plot_badput_by_part(out, cells, footer=footer_text(prov))
         except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
             print(f"warning: the plots failed: {type(exc).__name__}: {exc}")
-    verdict = (sweep / "table.md").read_text().split("\n", 1)[-1] if (sweep / "table.md").exists() else \
-        "The comparison wrote no table: see the run's output.\n"
-    what = ("4 gloo ranks as HSDP 2x2 on 2 hosts, each host its own network namespace (`cluster=local_hosts`), a "
-            "sync DCP checkpoint every 20 steps, the host of rank 1 lost (every rank on it SIGKILLed, its shared "
-            "memory deleted: `fault=host_loss`)" if host_loss else
-            "4 local gloo ranks as HSDP 2x2 (`cluster.replicate=2`), a sync DCP checkpoint every 20 steps, a socket "
-            "reset or a SIGKILL of rank 1 (backward reduce-scatter)")
-    lines = ["# AccelPact against the peers on HSDP 2x2: torchft, GEMINI, NVRx, cold restart"
-             + (": a lost host" if host_loss else ""), "",
-             f"mistral_tiny (2 layers, seq 64 x batch 1), {what}, when the newest checkpoint is 5 or 18 steps old; "
-             "each trial runs the fault-free reference and every cell once, in a rotated order (`experiment=peers`).",
-             ""]
+    verdict = (
+        (sweep / "table.md").read_text().split("\n", 1)[-1]
+        if (sweep / "table.md").exists()
+        else "The comparison wrote no table: see the run's output.\n"
+    )
+    what = (
+        "4 gloo ranks as HSDP 2x2 on 2 hosts, each host its own network namespace (`cluster=local_hosts`), a "
+        "sync DCP checkpoint every 20 steps, the host of rank 1 lost (every rank on it SIGKILLed, its shared "
+        "memory deleted: `fault=host_loss`)"
+        if host_loss
+        else "4 local gloo ranks as HSDP 2x2 (`cluster.replicate=2`), a sync DCP checkpoint every 20 steps, a socket "
+        "reset or a SIGKILL of rank 1 (backward reduce-scatter)"
+    )
+    lines = [
+        "# AccelPact against the peers on HSDP 2x2: torchft, GEMINI, NVRx, cold restart"
+        + (": a lost host" if host_loss else ""),
+        "",
+        f"mistral_tiny (2 layers, seq 64 x batch 1), {what}, when the newest checkpoint is 5 or 18 steps old; "
+        "each trial runs the fault-free reference and every cell once, in a rotated order (`experiment=peers`).",
+        "",
+    ]
     if missing:
         lines += ["Not run here:", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     lines += pace_caveat(cells)
@@ -188,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="interleaved rounds (default 5; --quick 2)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
-    ap.add_argument("--host-loss", action="store_true",
-                    help="the host_loss column (cluster=local_hosts, root), into results/peers_host_loss/")
+    ap.add_argument(
+        "--host-loss",
+        action="store_true",
+        help="the host_loss column (cluster=local_hosts, root), into results/peers_host_loss/",
+    )
     args = ap.parse_args(argv)
     extra = HOST_LOSS if args.host_loss else ()
     trials = args.trials or (2 if args.quick else 5)
@@ -204,13 +260,22 @@ def main(argv: list[str] | None = None) -> int:
     out = _driver.output_dir(args, f"{NAME}_host_loss" if args.host_loss else NAME)
     scratch = _driver.scratch_dir(args, NAME)
     sweep = scratch / "sweep"
-    write_provenance(out, _driver.command(argv, NAME), {"trials": trials, "strategies": ",".join(runnable),
-                                                        "not_run": ",".join(missing), "quick": args.quick,
-                                                        "faults": "host_loss" if args.host_loss else "socket_reset,kill"})
+    write_provenance(
+        out,
+        _driver.command(argv, NAME),
+        {
+            "trials": trials,
+            "strategies": ",".join(runnable),
+            "not_run": ",".join(missing),
+            "quick": args.quick,
+            "faults": "host_loss" if args.host_loss else "socket_reset,kill",
+        },
+    )
     timing = _driver.Timing()
     try:
-        done = subprocess.run([sys.executable, "-m", "harness",
-                               *sweep_overrides(runnable, trials, sweep, args.quick, extra)], cwd=_ROOT)
+        done = subprocess.run(
+            [sys.executable, "-m", "harness", *sweep_overrides(runnable, trials, sweep, args.quick, extra)], cwd=_ROOT
+        )
         runtime = timing.elapsed_s
         _driver.record_runtime(out, runtime)
         _driver.add_end_load(out)

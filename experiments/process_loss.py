@@ -35,17 +35,18 @@ import math
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import datetime
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
 from experiments import _driver
 from experiments._load_sampler import LoadSampler, mean_load, read_samples
 from experiments.process_loss_report import read_rows, write_outputs
 from experiments.provenance import load_provenance, write_provenance
-from harness.report.goodput import fault_badput_parts
 from harness import strategies
+from harness.report.goodput import fault_badput_parts
 
 NAME = "process_loss"
 FAULTS: tuple[str, ...] = ("kill", "host_loss")
@@ -73,12 +74,15 @@ class Plan:
         if self.trials < 1:
             raise ValueError(f"--trials must be 1 or more; got {self.trials}")
         if not self.ages or max(self.ages) >= self.interval or self.interval + max(self.ages) >= self.steps:
-            raise ValueError(f"ages {self.ages} need interval > max age and steps > interval + max age "
-                             f"(got interval {self.interval}, steps {self.steps})")
+            raise ValueError(
+                f"ages {self.ages} need interval > max age and steps > interval + max age "
+                f"(got interval {self.interval}, steps {self.steps})"
+            )
 
 
-FULL = Plan(ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=5, overhead_steps=40,
-            trials=5)
+FULL = Plan(
+    ages=(5, 18), steps=40, interval=20, seq_len=64, batch_size=2, overhead_pairs=5, overhead_steps=40, trials=5
+)
 QUICK = Plan(ages=(5,), steps=24, interval=12, seq_len=64, batch_size=2, overhead_pairs=1, overhead_steps=24)
 
 
@@ -89,21 +93,40 @@ NUM_LAYERS = 2
 
 def common(plan: Plan, scratch: Path) -> list[str]:
     """Overrides every run shares: the model size, two hosts of one rank, the checkpoint schedule."""
-    return ["model=mistral_tiny", f"model.num_layers={NUM_LAYERS}", f"model.seq_len={plan.seq_len}", f"model.batch_size={plan.batch_size}",
-            # 60 s, local_hosts' default (explicit: the committed runs used it). It was 5 s, sized for link
-            # outages; on this loaded host building a gloo group took over 5 s (a reference run timed out in it).
-            "cluster=local_hosts", "cluster.world_size=2", "cluster.hosts=2", "cluster.pg_timeout_s=60",
-            "checkpoint=sync",
-            f"checkpoint.interval={plan.interval}", f"train.steps={plan.steps}", "progress=false",
-            f"index_path={scratch / 'index.csv'}"]
+    return [
+        "model=mistral_tiny",
+        f"model.num_layers={NUM_LAYERS}",
+        f"model.seq_len={plan.seq_len}",
+        f"model.batch_size={plan.batch_size}",
+        # 60 s, local_hosts' default (explicit: the committed runs used it). It was 5 s, sized for link
+        # outages; on this loaded host building a gloo group took over 5 s (a reference run timed out in it).
+        "cluster=local_hosts",
+        "cluster.world_size=2",
+        "cluster.hosts=2",
+        "cluster.pg_timeout_s=60",
+        "checkpoint=sync",
+        f"checkpoint.interval={plan.interval}",
+        f"train.steps={plan.steps}",
+        "progress=false",
+        f"index_path={scratch / 'index.csv'}",
+    ]
 
 
 def sweep_overrides(plan: Plan, fault: str, run_dir: Path) -> list[str]:
     """The comparison for ``fault``: every strategy at every age, as a Hydra multirun into ``run_dir``."""
-    return ["experiment=compare", *common(plan, run_dir.parent), f"fault={fault}", "fault.ranks=[1]",
-            "fault.schedule=at_age", "fault.at_step=null", "fault.phase=backward_reduce_scatter",
-            f"fault.at_age={','.join(map(str, plan.ages))}", f"strategy={','.join(STRATEGIES)}",
-            f"compare.trials={plan.trials}", f"hydra.sweep.dir={run_dir}"]
+    return [
+        "experiment=compare",
+        *common(plan, run_dir.parent),
+        f"fault={fault}",
+        "fault.ranks=[1]",
+        "fault.schedule=at_age",
+        "fault.at_step=null",
+        "fault.phase=backward_reduce_scatter",
+        f"fault.at_age={','.join(map(str, plan.ages))}",
+        f"strategy={','.join(STRATEGIES)}",
+        f"compare.trials={plan.trials}",
+        f"hydra.sweep.dir={run_dir}",
+    ]
 
 
 # ---- measuring (impure) ----------------------------------------------------------------------------
@@ -113,13 +136,20 @@ def _heal_columns(run_dir: Path) -> dict[str, Any]:
 
     heals = [h for h in of_type(load_events(run_dir), Heal) if h.role == "replacement"]
     if not heals:
-        return {"heal_source": "", "heal_total_s": math.nan, "replacement_start_s": math.nan,
-                "heal_transfer_s": math.nan, "disk_bytes_read": math.nan}
-    return {"heal_source": "+".join(sorted({str(h.source) for h in heals})),
-            "heal_total_s": max(h.total_s for h in heals),
-            "replacement_start_s": max(h.replacement_start_s for h in heals),
-            "heal_transfer_s": max(h.heal_transfer_s for h in heals),
-            "disk_bytes_read": sum(h.bytes_read_from_disk for h in heals)}
+        return {
+            "heal_source": "",
+            "heal_total_s": math.nan,
+            "replacement_start_s": math.nan,
+            "heal_transfer_s": math.nan,
+            "disk_bytes_read": math.nan,
+        }
+    return {
+        "heal_source": "+".join(sorted({str(h.source) for h in heals})),
+        "heal_total_s": max(h.total_s for h in heals),
+        "replacement_start_s": max(h.replacement_start_s for h in heals),
+        "heal_transfer_s": max(h.heal_transfer_s for h in heals),
+        "disk_bytes_read": sum(h.bytes_read_from_disk for h in heals),
+    }
 
 
 def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
@@ -131,8 +161,11 @@ def unsupported(plan: Plan, fault: str, scratch: Path) -> dict[str, str]:
 
     out = {}
     for strategy in STRATEGIES:
-        args = [a for a in sweep_overrides(plan, fault, scratch / fault) if not a.startswith(("strategy=", "fault.at_age=",
-                                                                                            "hydra."))]
+        args = [
+            a
+            for a in sweep_overrides(plan, fault, scratch / fault)
+            if not a.startswith(("strategy=", "fault.at_age=", "hydra."))
+        ]
         try:
             check_runnable(to_run_config(compose([*args, f"strategy={strategy}", f"fault.at_age={max(plan.ages)}"])))
         except ConfigError as exc:
@@ -146,8 +179,10 @@ def measure_fault(plan: Plan, fault: str, scratch: Path) -> list[dict[str, Any]]
     refused = unsupported(plan, fault, scratch)
     (scratch / f"{fault}.refused.json").write_text(json.dumps(refused))
     strategies = [s for s in STRATEGIES if s not in refused]
-    args = [a if not a.startswith("strategy=") else f"strategy={','.join(strategies)}"
-            for a in sweep_overrides(plan, fault, run_dir)]
+    args = [
+        a if not a.startswith("strategy=") else f"strategy={','.join(strategies)}"
+        for a in sweep_overrides(plan, fault, run_dir)
+    ]
     done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=_ROOT)
     if done.returncode != 0:
         print(f"warning: the {fault} comparison exited with {done.returncode}; its failed runs show in data.csv")
@@ -184,9 +219,11 @@ def collect_fault(fault: str, run_dir: Path, plan: Plan) -> list[dict[str, Any]]
     refused_path = run_dir.parent / f"{fault}.refused.json"
     refused = json.loads(refused_path.read_text()) if refused_path.exists() else {}
     samples = read_samples(run_dir.parent / LOAD_FILE)
-    rows: list[dict[str, Any]] = [{"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a,
-                                   "status": "not supported", "reason": why}
-                                  for s, why in refused.items() for a in plan.ages]
+    rows: list[dict[str, Any]] = [
+        {"fault": fault, "run": f"{s}_age{a}", "strategy": s, "age": a, "status": "not supported", "reason": why}
+        for s, why in refused.items()
+        for a in plan.ages
+    ]
     trial_dirs = sorted((p for p in run_dir.glob("trial*") if p.is_dir()), key=lambda p: trial_of(p.name))
     for tdir in trial_dirs or [run_dir]:
         for r in _collect_trial(fault, tdir, samples):
@@ -201,20 +238,30 @@ def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]
     rows: list[dict[str, Any]] = []
     for sub in sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists()):
         row = json.loads((sub / "summary.json").read_text()).get("row", {})
-        d: dict[str, Any] = {"fault": fault, "run": sub.name, "strategy": row.get("strategy"), "age": row.get("age"),
-                             "status": row.get("status"), "goodput": row.get("goodput"), "wall_s": row.get("wall_s"),
-                             "step_median_s": row.get("step_time_median_s"), "startup_s": row.get("startup_s"),
-                             "replayed_steps": row.get("replayed_steps"), "relaunches": row.get("relaunches"),
-                             # Where a relaunch resumed from (a whole-job crash: accelpact_heal's snapshots).
-                             "restore_source": row.get("restore_source"),
-                             "restore_disk_bytes": row.get("restore_disk_bytes"),
-                             "reason": row.get("reason") or "",
-                             # What the drift correction in the report needs: the time spent in useful steps
-                             # and every measured badput second (checkpoints included), summing to goodput_wall_s.
-                             "useful_s": row.get("useful_s"), "useful_tokens": row.get("useful_tokens"),
-                             "badput_total_s": sum(float(v or 0) for k, v in row.items() if k.startswith("badput_")),
-                             **_load_columns(row, samples),
-                             "fallback": row.get("fallback_reason") or ("yes" if row.get("fallback") else "no")}
+        d: dict[str, Any] = {
+            "fault": fault,
+            "run": sub.name,
+            "strategy": row.get("strategy"),
+            "age": row.get("age"),
+            "status": row.get("status"),
+            "goodput": row.get("goodput"),
+            "wall_s": row.get("wall_s"),
+            "step_median_s": row.get("step_time_median_s"),
+            "startup_s": row.get("startup_s"),
+            "replayed_steps": row.get("replayed_steps"),
+            "relaunches": row.get("relaunches"),
+            # Where a relaunch resumed from (a whole-job crash: accelpact_heal's snapshots).
+            "restore_source": row.get("restore_source"),
+            "restore_disk_bytes": row.get("restore_disk_bytes"),
+            "reason": row.get("reason") or "",
+            # What the drift correction in the report needs: the time spent in useful steps
+            # and every measured badput second (checkpoints included), summing to goodput_wall_s.
+            "useful_s": row.get("useful_s"),
+            "useful_tokens": row.get("useful_tokens"),
+            "badput_total_s": sum(float(v or 0) for k, v in row.items() if k.startswith("badput_")),
+            **_load_columns(row, samples),
+            "fallback": row.get("fallback_reason") or ("yes" if row.get("fallback") else "no"),
+        }
         try:
             summary = compare.summarize(sub, row, run_dir / compare.REFERENCE)
             d["bit_identical"] = summary.bit_identical
@@ -231,16 +278,24 @@ def _collect_trial(fault: str, run_dir: Path, samples: list[tuple[float, float]]
 
 
 def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[str]:
-    return ["experiment=smoke", *common(plan, scratch), f"train.steps={plan.overhead_steps}", "checkpoint=none",
-            f"strategy={UNDER_TEST}", f"strategy.snapshot.every={every}", "fault=none", f"hydra.run.dir={run_dir}"]
+    return [
+        "experiment=smoke",
+        *common(plan, scratch),
+        f"train.steps={plan.overhead_steps}",
+        "checkpoint=none",
+        f"strategy={UNDER_TEST}",
+        f"strategy.snapshot.every={every}",
+        "fault=none",
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
-    from harness.events import Snapshots, load_events, of_type
     from harness.app.machine import probe
     from harness.app.memory_plan import plan as memory_plan
+    from harness.events import Snapshots, load_events, of_type
 
     out = []
     samples = read_samples(scratch / LOAD_FILE)
@@ -256,15 +311,23 @@ def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> l
             snaps = of_type(load_events(run_dir), Snapshots)
             run_cfg = to_run_config(compose(args[:-1]))
             planned = memory_plan(run_cfg, probe(with_gpus=False), load_catalogue().counts(run_cfg.model))
-            out.append({"snapshots": "on" if every else "off", "pair": pair, "status": row.get("status"),
-                        "step_median_s": row.get("step_time_median_s"), "train_s": row.get("train_s"),
-                        "tokens_per_s": row.get("tokens_per_s"), **_load_columns(row, samples),
-                        "wait_s_per_rank": (sum(s.wait_s for s in snaps) / len(snaps)) if snaps else 0.0,
-                        "slot_bytes": max((s.slot_bytes for s in snaps), default=0),
-                        "own_shm_bytes": max((s.own_shm_bytes for s in snaps), default=0),
-                        "replica_shm_bytes": max((s.replica_shm_bytes for s in snaps), default=0),
-                        "planned_shm_bytes": planned.snapshot_per_rank,
-                        "push_mb_s": max((float(s.replication.get("push_mb_s") or 0) for s in snaps), default=0.0)})
+            out.append(
+                {
+                    "snapshots": "on" if every else "off",
+                    "pair": pair,
+                    "status": row.get("status"),
+                    "step_median_s": row.get("step_time_median_s"),
+                    "train_s": row.get("train_s"),
+                    "tokens_per_s": row.get("tokens_per_s"),
+                    **_load_columns(row, samples),
+                    "wait_s_per_rank": (sum(s.wait_s for s in snaps) / len(snaps)) if snaps else 0.0,
+                    "slot_bytes": max((s.slot_bytes for s in snaps), default=0),
+                    "own_shm_bytes": max((s.own_shm_bytes for s in snaps), default=0),
+                    "replica_shm_bytes": max((s.replica_shm_bytes for s in snaps), default=0),
+                    "planned_shm_bytes": planned.snapshot_per_rank,
+                    "push_mb_s": max((float(s.replication.get("push_mb_s") or 0) for s in snaps), default=0.0),
+                }
+            )
     return out
 
 
@@ -275,14 +338,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
     ap.add_argument("--rederive", action="store_true", help="rebuild table.md and plots from OUT/data.csv")
-    ap.add_argument("--collect", action="store_true",
-                    help="run nothing: rebuild data.csv, overhead.csv, table.md and plots from the runs in --scratch")
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: rebuild data.csv, overhead.csv, table.md and plots from the runs in --scratch",
+    )
     args = ap.parse_args(argv)
     if args.rederive:
         out = _driver.output_dir(args, NAME, rederive=True)
         prov = load_provenance(out)
-        write_outputs(out, read_rows(out / "data.csv"), read_rows(out / "overhead.csv"),
-                      float(prov.extra.get("runtime_s", math.nan)))
+        write_outputs(
+            out,
+            read_rows(out / "data.csv"),
+            read_rows(out / "overhead.csv"),
+            float(prov.extra.get("runtime_s", math.nan)),
+        )
         return 0
     plan = QUICK if args.quick else FULL
     if args.trials is not None:
@@ -297,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         out, scratch = _driver.output_dir(args, NAME, rederive=True), Path(args.scratch)
         data = [row for f in faults if (scratch / f).is_dir() for row in collect_fault(f, scratch / f, plan)]
         prov = load_provenance(out)
-        write_outputs(out, data, measure_overhead(plan, scratch, collect_only=True),
-                      float(prov.extra.get("runtime_s", math.nan)))
+        write_outputs(
+            out, data, measure_overhead(plan, scratch, collect_only=True), float(prov.extra.get("runtime_s", math.nan))
+        )
         return 0
     from harness.faults.netns import namespaces_available
 
@@ -310,11 +381,24 @@ def main(argv: list[str] | None = None) -> int:
     scratch = _driver.scratch_dir(args, NAME)
     print(f"{NAME}: faults {faults}, {plan}; runs in {scratch}, results in {out}", flush=True)
     timing = _driver.Timing()
-    write_provenance(out, _driver.command(argv, NAME), {
-        "ages": ",".join(map(str, plan.ages)), "steps": plan.steps, "interval": plan.interval,
-        "seq_len": plan.seq_len, "batch_size": plan.batch_size, "model": f"mistral_tiny ({NUM_LAYERS} layers)", "world_size": 2,
-        "hosts": 2, "faults": ",".join(faults), "fault_rank": 1, "phase": "backward_reduce_scatter",
-        "trials": plan.trials})
+    write_provenance(
+        out,
+        _driver.command(argv, NAME),
+        {
+            "ages": ",".join(map(str, plan.ages)),
+            "steps": plan.steps,
+            "interval": plan.interval,
+            "seq_len": plan.seq_len,
+            "batch_size": plan.batch_size,
+            "model": f"mistral_tiny ({NUM_LAYERS} layers)",
+            "world_size": 2,
+            "hosts": 2,
+            "faults": ",".join(faults),
+            "fault_rank": 1,
+            "phase": "backward_reduce_scatter",
+            "trials": plan.trials,
+        },
+    )
     try:
         with LoadSampler(scratch / LOAD_FILE):
             data = [row for fault in faults for row in measure_fault(plan, fault, scratch)]

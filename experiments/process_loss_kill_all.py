@@ -30,11 +30,11 @@ import json
 import math
 import shutil
 import sys
-from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from experiments import _driver
-from experiments.process_loss import FULL, QUICK, STRATEGIES, Plan, collect_fault, keep_verdict, measure_fault
+from experiments.process_loss import FULL, QUICK, STRATEGIES, Plan, keep_verdict, measure_fault
 
 __all__ = ["FAULT", "main", "table", "summarize", "acceptance_problems"]
 
@@ -48,13 +48,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str,
 
     cells: dict[tuple[str, int], dict[str, Any]] = {}
     for strategy in STRATEGIES:
-        ages = sorted({int(r["age"]) for r in rows if r.get("strategy") == strategy and r.get("age") is not None
-                       and not (isinstance(r["age"], float) and math.isnan(r["age"]))})
+        ages = sorted(
+            {
+                int(r["age"])
+                for r in rows
+                if r.get("strategy") == strategy
+                and r.get("age") is not None
+                and not (isinstance(r["age"], float) and math.isnan(r["age"]))
+            }
+        )
         for age in ages:
             runs = [r for r in rows if r.get("strategy") == strategy and r.get("age") == age]
             ok = [r for r in runs if r.get("status") == "ok"]
             cells[(strategy, age)] = {
-                "runs": len(runs), "ok": len(ok),
+                "runs": len(runs),
+                "ok": len(ok),
                 "refused": next((r.get("reason") for r in runs if r.get("status") == "not supported"), None),
                 "goodput": order_statistic([float(r["goodput"]) for r in ok if r.get("goodput") is not None]),
                 "replayed": [int(r["replayed_steps"]) for r in ok if r.get("replayed_steps") is not None],
@@ -68,17 +76,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str,
 
 def table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The markdown table of the faulted runs (pure)."""
-    lines = ["| strategy | age | runs ok | goodput, tokens/s (median [interval]) | replayed steps (each trial) | "
-             "resumed from | bytes read from disk (max) | bit-identical | disk fallback |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | age | runs ok | goodput, tokens/s (median [interval]) | replayed steps (each trial) | "
+        "resumed from | bytes read from disk (max) | bit-identical | disk fallback |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (strategy, age), c in summarize(rows).items():
         if c["refused"]:
             lines.append(f"| {strategy} | {age} | not supported: {c['refused']} | - | - | - | - | - | - |")
             continue
         disk = "-" if math.isnan(c["disk_bytes"]) else f"{c['disk_bytes']:,.0f}"
-        lines.append(f"| {strategy} | {age} | {c['ok']}/{c['runs']} | {c['goodput'].text('.0f')} | "
-                     f"{', '.join(map(str, c['replayed'])) or '-'} | {', '.join(c['sources']) or '-'} | {disk} | "
-                     f"{c['identical']}/{c['ok']} | {'; '.join(c['fallbacks'])[:200] or 'no'} |")
+        lines.append(
+            f"| {strategy} | {age} | {c['ok']}/{c['runs']} | {c['goodput'].text('.0f')} | "
+            f"{', '.join(map(str, c['replayed'])) or '-'} | {', '.join(c['sources']) or '-'} | {disk} | "
+            f"{c['identical']}/{c['ok']} | {'; '.join(c['fallbacks'])[:200] or 'no'} |"
+        )
     return lines
 
 
@@ -94,8 +106,10 @@ def acceptance_problems(rows: Sequence[dict[str, Any]]) -> list[str]:
             problems.append(f"{where}: {r.get('status')}: {str(r.get('reason'))[:200]}")
             continue
         if r.get("restore_source") != "snapshot" or float(r.get("restore_disk_bytes") or 0) > 0:
-            problems.append(f"{where}: resumed from {r.get('restore_source')}, {r.get('restore_disk_bytes')} bytes "
-                            f"read from disk ({r.get('fallback')})")
+            problems.append(
+                f"{where}: resumed from {r.get('restore_source')}, {r.get('restore_disk_bytes')} bytes "
+                f"read from disk ({r.get('fallback')})"
+            )
         if r.get("replayed_steps") is None or int(r["replayed_steps"]) > 1:
             problems.append(f"{where}: {r.get('replayed_steps')} steps replayed")
         if r.get("bit_identical") is not True:
@@ -122,10 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = _driver.output_dir(args, NAME)
     scratch = _driver.scratch_dir(args, f"{NAME}_{FAULT}")
-    prov = collect(current_command(argv, "experiments.process_loss_kill_all"),
-                   {"fault": FAULT, "ages": ",".join(map(str, plan.ages)), "steps": plan.steps,
-                    "interval": plan.interval, "trials": plan.trials, "world_size": 2, "hosts": 2, "fault_rank": 1,
-                    "phase": "backward_reduce_scatter", "strategies": ",".join(STRATEGIES)})
+    prov = collect(
+        current_command(argv, "experiments.process_loss_kill_all"),
+        {
+            "fault": FAULT,
+            "ages": ",".join(map(str, plan.ages)),
+            "steps": plan.steps,
+            "interval": plan.interval,
+            "trials": plan.trials,
+            "world_size": 2,
+            "hosts": 2,
+            "fault_rank": 1,
+            "phase": "backward_reduce_scatter",
+            "strategies": ",".join(STRATEGIES),
+        },
+    )
     print(f"{NAME} {FAULT}: {plan}; runs in {scratch}, results in {out}", flush=True)
     timing = _driver.Timing()
     try:
@@ -136,21 +161,28 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     runtime = timing.elapsed_s
     _driver.write_csv(out / f"{FAULT}.csv", rows)
-    lines = [f"# A whole-job crash (`fault={FAULT}`): restart from shared-memory snapshots against cold restart and NVRx",
-             "",
-             f"mistral_tiny (2 layers, seq {plan.seq_len} x batch {plan.batch_size}) on 2 gloo ranks, each its own "
-             f"simulated host (`cluster=local_hosts`), a sync DCP checkpoint every {plan.interval} steps, {plan.steps} "
-             f"steps. When rank 1 reaches the backward reduce-scatter of the step {', '.join(map(str, plan.ages))} "
-             "steps after the newest checkpoint, the parent SIGKILLs both ranks at once; every strategy relaunches "
-             "both. accelpact_heal resumes from the newest snapshot both hold in shared memory; the others restore "
-             f"the checkpoint. {plan.trials} interleaved trial(s), each with its own fault-free reference; goodput "
-             "cells are medians with their order-statistic interval for the median (coverage as "
-             "harness.report.intervals gives it at n).", "", *table(rows), "",
-             f"Run time: {runtime / 60:.1f} min. The comparison's own verdict table: verdict_{FAULT}.md.", "",
-             provenance_markdown(prov)]
+    lines = [
+        f"# A whole-job crash (`fault={FAULT}`): restart from shared-memory snapshots against cold restart and NVRx",
+        "",
+        f"mistral_tiny (2 layers, seq {plan.seq_len} x batch {plan.batch_size}) on 2 gloo ranks, each its own "
+        f"simulated host (`cluster=local_hosts`), a sync DCP checkpoint every {plan.interval} steps, {plan.steps} "
+        f"steps. When rank 1 reaches the backward reduce-scatter of the step {', '.join(map(str, plan.ages))} "
+        "steps after the newest checkpoint, the parent SIGKILLs both ranks at once; every strategy relaunches "
+        "both. accelpact_heal resumes from the newest snapshot both hold in shared memory; the others restore "
+        f"the checkpoint. {plan.trials} interleaved trial(s), each with its own fault-free reference; goodput "
+        "cells are medians with their order-statistic interval for the median (coverage as "
+        "harness.report.intervals gives it at n).",
+        "",
+        *table(rows),
+        "",
+        f"Run time: {runtime / 60:.1f} min. The comparison's own verdict table: verdict_{FAULT}.md.",
+        "",
+        provenance_markdown(prov),
+    ]
     (out / f"{FAULT}.md").write_text("\n".join(lines) + "\n")
-    (out / f"{FAULT}.json").write_text(json.dumps({"provenance": prov.to_dict(), "runtime_s": runtime}, indent=1,
-                                                  default=str))
+    (out / f"{FAULT}.json").write_text(
+        json.dumps({"provenance": prov.to_dict(), "runtime_s": runtime}, indent=1, default=str)
+    )
     print("\n".join(lines))
     failed = [f"{r['strategy']}_age{r['age']}" for r in rows if r.get("status") not in (None, "ok", "not supported")]
     if failed:

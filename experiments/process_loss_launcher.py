@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["CONFIGS", "main"]
 
@@ -42,7 +43,10 @@ CONFIGS: dict[str, tuple[int, list[str], list[str]]] = {
     "spawn": (2, ["--replacement", "spawn"], KILL),
     "hsdp_2x2": (4, [], ["--hsdp", "2", *KILL]),
 }
-REFERENCES: dict[str, tuple[int, list[str], list[str]]] = {"ref_2": (2, [], []), "ref_hsdp_2x2": (4, [], ["--hsdp", "2"])}
+REFERENCES: dict[str, tuple[int, list[str], list[str]]] = {
+    "ref_2": (2, [], []),
+    "ref_hsdp_2x2": (4, [], ["--hsdp", "2"]),
+}
 REFERENCE_OF = {"template": "ref_2", "spawn": "ref_2", "hsdp_2x2": "ref_hsdp_2x2"}
 METRICS = {  # column -> (role, field of the heal's RESULT entry)
     "survivor: death to resumed (s)": ("survivor", "total_s"),
@@ -58,9 +62,26 @@ def run_job(scratch: Path, name: str, ranks: int, agent_args: list[str], script_
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", str(ranks), "--rdzv-id", f"plx{os.getpid()}{name}",
-           "--log-dir", str(job / "logs"), "--snapshot-root", str(scratch / "shm"), *agent_args, str(EXAMPLE),
-           "--steps", str(STEPS), "--out", str(job / "out"), *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--rdzv-id",
+        f"plx{os.getpid()}{name}",
+        "--log-dir",
+        str(job / "logs"),
+        "--snapshot-root",
+        str(scratch / "shm"),
+        *agent_args,
+        str(EXAMPLE),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(job / "out"),
+        *script_args,
+    ]
     job.mkdir(parents=True)
     t0 = time.monotonic()
     with (job / "agent.log").open("w") as log:
@@ -93,26 +114,36 @@ def heal_figures(run: dict[str, Any]) -> dict[str, Any]:
     replacement = run["results"][1][-1]["heals"]
     if len(survivor) != 1 or len(replacement) != 1:
         raise RuntimeError(f"expected one heal on each side, got survivor {survivor}, replacement {replacement}")
-    return {"survivor": survivor[0], "replacement": replacement[0],
-            "bytes_read_from_disk": survivor[0]["bytes_read_from_disk"] + replacement[0]["bytes_read_from_disk"],
-            "data_plane": replacement[0]["data_plane"]["path"]}
+    return {
+        "survivor": survivor[0],
+        "replacement": replacement[0],
+        "bytes_read_from_disk": survivor[0]["bytes_read_from_disk"] + replacement[0]["bytes_read_from_disk"],
+        "data_plane": replacement[0]["data_plane"]["path"],
+    }
 
 
 def table(trials: dict[str, list[dict[str, Any]]]) -> list[str]:
     from harness.report.intervals import order_statistic
 
-    lines = ["| configuration | " + " | ".join(METRICS) + " | bit-identical | bytes read from disk | data plane |",
-             "|---|" + "---|" * (len(METRICS) + 3)]
+    lines = [
+        "| configuration | " + " | ".join(METRICS) + " | bit-identical | bytes read from disk | data plane |",
+        "|---|" + "---|" * (len(METRICS) + 3),
+    ]
     for name, runs in trials.items():
         cells = [order_statistic([r[role][key] for r in runs]).text(".2f") for role, key in METRICS.values()]
         same = sum(r["bit_identical"] for r in runs)
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {same}/{len(runs)} | "
-                     f"{max(r['bytes_read_from_disk'] for r in runs)} | {', '.join(sorted({r['data_plane'] for r in runs}))} |")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {same}/{len(runs)} | "
+            f"{max(r['bytes_read_from_disk'] for r in runs)} | {', '.join(sorted({r['data_plane'] for r in runs}))} |"
+        )
     if trials.get("template") and trials.get("spawn"):  # paired by trial: the same moment's load
-        pairs = [s["survivor"]["total_s"] / t["survivor"]["total_s"]
-                 for t, s in zip(trials["template"], trials["spawn"])]
-        lines += ["", "spawn / template, survivors' death to resumed, paired by trial: "
-                  f"{order_statistic(pairs).text('.2f')}."]
+        pairs = [
+            s["survivor"]["total_s"] / t["survivor"]["total_s"] for t, s in zip(trials["template"], trials["spawn"])
+        ]
+        lines += [
+            "",
+            f"spawn / template, survivors' death to resumed, paired by trial: {order_statistic(pairs).text('.2f')}.",
+        ]
     return lines
 
 
@@ -129,8 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(names) - set(CONFIGS))
     if unknown or args.trials < 1:
         ap.error(f"--configs {unknown} unknown (choose from {list(CONFIGS)}) or --trials {args.trials} < 1")
-    prov = collect(current_command(argv, "experiments.process_loss_launcher"),
-                   {"trials": args.trials, "steps": STEPS, "kill_at": KILL_AT, "configs": names})
+    prov = collect(
+        current_command(argv, "experiments.process_loss_launcher"),
+        {"trials": args.trials, "steps": STEPS, "kill_at": KILL_AT, "configs": names},
+    )
     scratch = Path(tempfile.mkdtemp(prefix="accelpact-plx-"))
     loads: list[float] = []
     try:
@@ -140,30 +173,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in names:
                 run = run_job(scratch, f"{n}_t{t}", *CONFIGS[n])
                 loads.append(os.getloadavg()[0])
-                trials[n].append({**heal_figures(run), "bit_identical": bit_identical(refs[REFERENCE_OF[n]], run),
-                                  "wall_s": run["wall_s"]})
-                print(f"trial {t} {n}: survivor {trials[n][-1]['survivor']['total_s']:.2f} s, "
-                      f"bit-identical {trials[n][-1]['bit_identical']}", flush=True)
+                trials[n].append(
+                    {
+                        **heal_figures(run),
+                        "bit_identical": bit_identical(refs[REFERENCE_OF[n]], run),
+                        "wall_s": run["wall_s"],
+                    }
+                )
+                print(
+                    f"trial {t} {n}: survivor {trials[n][-1]['survivor']['total_s']:.2f} s, "
+                    f"bit-identical {trials[n][-1]['bit_identical']}",
+                    flush=True,
+                )
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    lines = ["# The heal under `python -m accelpact.run`: template vs spawned replacement, and HSDP", "",
-             f"`examples/train_heal.py` (FSDP2, TinyLM, AdamW with a linear-warm-up LR scheduler, {STEPS} steps) under "
-             "the launcher; rank 1 SIGKILLs itself in step "
-             f"{KILL_AT} between forward and backward. Per configuration, {args.trials} trials interleaved with the "
-             "others; each cell is the median over trials with its order-statistic interval for the median ([min, max] of n "
-             "trials covers 1 - 2^(1-n)). Survivor figures "
-             "are rank 0's heal event: from the death notice to training again (waiting for the replacement to arrive, "
-             "then the heal after arrival: rebuild, agree, load, first collective). The replacement's figure runs from "
-             "the agent starting it to its first step. Every healed run is compared with a fault-free run of its "
-             "layout (all ranks' parameter shards and optimizer tensors).", "",
-             *table(trials), "",
-             f"1-min load average after each run: min {min(loads):.1f}, max {max(loads):.1f} (a 2-core host shared "
-             "with other jobs).", "", provenance_markdown(prov)]
+    lines = [
+        "# The heal under `python -m accelpact.run`: template vs spawned replacement, and HSDP",
+        "",
+        f"`examples/train_heal.py` (FSDP2, TinyLM, AdamW with a linear-warm-up LR scheduler, {STEPS} steps) under "
+        "the launcher; rank 1 SIGKILLs itself in step "
+        f"{KILL_AT} between forward and backward. Per configuration, {args.trials} trials interleaved with the "
+        "others; each cell is the median over trials with its order-statistic interval for the median ([min, max] of n "
+        "trials covers 1 - 2^(1-n)). Survivor figures "
+        "are rank 0's heal event: from the death notice to training again (waiting for the replacement to arrive, "
+        "then the heal after arrival: rebuild, agree, load, first collective). The replacement's figure runs from "
+        "the agent starting it to its first step. Every healed run is compared with a fault-free run of its "
+        "layout (all ranks' parameter shards and optimizer tensors).",
+        "",
+        *table(trials),
+        "",
+        f"1-min load average after each run: min {min(loads):.1f}, max {max(loads):.1f} (a 2-core host shared "
+        "with other jobs).",
+        "",
+        provenance_markdown(prov),
+    ]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "launcher.md").write_text("\n".join(lines) + "\n")
-    (args.results / "launcher.json").write_text(json.dumps({"provenance": prov.to_dict(), "trials": trials,
-                                                            "loads": loads}, indent=1, default=str))
+    (args.results / "launcher.json").write_text(
+        json.dumps({"provenance": prov.to_dict(), "trials": trials, "loads": loads}, indent=1, default=str)
+    )
     print("\n".join(lines))
     return 0 if all(r["bit_identical"] for runs in trials.values() for r in runs) else 1
 

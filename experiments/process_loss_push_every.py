@@ -35,8 +35,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["bound", "main"]
 
@@ -60,8 +61,14 @@ def bound(kill_at: int, k: int) -> tuple[int, set[int]]:
     return s, allowed
 
 
-def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int, model: dict | None = None,
-                cadences: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+def cost_trials(
+    scratch: Path,
+    ks: list[int],
+    steps: int,
+    trials: int,
+    model: dict | None = None,
+    cadences: Sequence[tuple[int, int]] = (),
+) -> dict[str, Any]:
     """Part 1: the per-trial overheads of every configuration against its neighbouring "off" block.
     ``model``: the bench's model fields (default ``benchmarks.bench_push_every.MODEL``: mistral_tiny, seq 64 x 2).
     ``cadences``: (every, push_every) pairs measured as whole cadences too (configs ``e{e}k{k}``)."""
@@ -71,25 +78,47 @@ def cost_trials(scratch: Path, ks: list[int], steps: int, trials: int, model: di
     model = MODEL if model is None else model
     root = Path(tempfile.mkdtemp(prefix="accelpact-pe-cost-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
-        sc = {"name": "push_every", "model": model, "steps": steps, "rounds": trials, "root": str(root), "ks": ks,
-              "confirm": True, "cadences": [list(c) for c in cadences]}
+        sc = {
+            "name": "push_every",
+            "model": model,
+            "steps": steps,
+            "rounds": trials,
+            "root": str(root),
+            "ks": ks,
+            "confirm": True,
+            "cadences": [list(c) for c in cadences],
+        }
         total = steps * (2 + len(ks) + len(cadences)) * (trials + 1)
-        s = run_session(scratch / "cost", RUNNER, [{**sc, "steps_total": total}], world_size=2, barrier=True,
-                        pg_timeout_s=900, control_deadline_s=900, timeout_s=300 + 10 * total,
-                        pythonpath=[ROOT])
+        s = run_session(
+            scratch / "cost",
+            RUNNER,
+            [{**sc, "steps_total": total}],
+            world_size=2,
+            barrier=True,
+            pg_timeout_s=900,
+            control_deadline_s=900,
+            timeout_s=300 + 10 * total,
+            pythonpath=[ROOT],
+        )
         res = s.job("push_every")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rank0 = res[0]
-    out: dict[str, Any] = {"wall_s": s.wall_s, "off_step_s": rank0["block_means"]["off"], "configs": {},
-                           "state_bytes": rank0.get("state_bytes"), "off_cpu_s": rank0["cpu_means"]["off"]}
+    out: dict[str, Any] = {
+        "wall_s": s.wall_s,
+        "off_step_s": rank0["block_means"]["off"],
+        "configs": {},
+        "state_bytes": rank0.get("state_bytes"),
+        "off_cpu_s": rank0["cpu_means"]["off"],
+    }
     for mode in ["snap", *[f"k{k}" for k in ks], *[f"e{e}k{k}" for e, k in cadences]]:
         out["configs"][mode] = {
             "step_s": rank0["block_means"][mode],
             "overhead": [b / a - 1 for a, b in zip(rank0["block_means"]["off"], rank0["block_means"][mode])],
             "cpu_overhead": [b / a - 1 for a, b in zip(rank0["cpu_means"]["off"], rank0["cpu_means"][mode])],
             "blocked_max_s": max(rank0["waits"][mode], default=0.0),
-            "pushes": rank0["pushes"][mode]}
+            "pushes": rank0["pushes"][mode],
+        }
     return out
 
 
@@ -98,28 +127,53 @@ def heal_trial(scratch: Path, ref: Path, name: str, port: int, k: int, steps: in
     from benchmarks.bench_push_every import bit_identical, launch_pair, results
 
     run = scratch / name
-    launch_pair(run, port, ["--steps", str(steps), "--replicas", "--push-every", str(k), "--lose-host",
-                            "--confirm-push", "--kill-at", str(kill_at), "--kill-rank", "1"], 300 + 30 * steps)
+    launch_pair(
+        run,
+        port,
+        [
+            "--steps",
+            str(steps),
+            "--replicas",
+            "--push-every",
+            str(k),
+            "--lose-host",
+            "--confirm-push",
+            "--kill-at",
+            str(kill_at),
+            "--kill-rank",
+            "1",
+        ],
+        300 + 30 * steps,
+    )
     [survivor] = results(run, 0)
     heals = [h for h in survivor["heals"] if h["role"] == "survivor"]
     replacement = results(run, 1)[-1]
     if len(heals) != 1 or replacement["replacement"] is None:
-        raise RuntimeError(f"{name}: expected one heal by a replacement, got survivor heals {heals}, "
-                           f"rank 1's result {replacement}")
+        raise RuntimeError(
+            f"{name}: expected one heal by a replacement, got survivor heals {heals}, rank 1's result {replacement}"
+        )
     [heal] = heals
-    return {"replayed": heal["replayed"], "resume_step": heal["resume_step"], "total_s": heal["total_s"],
-            "source": replacement["heals"][0]["source"], "restart": replacement["restart"],
-            "bytes_read_from_disk": heal["bytes_read_from_disk"] + replacement["heals"][0]["bytes_read_from_disk"],
-            "bit_identical": bit_identical(ref, run)}
+    return {
+        "replayed": heal["replayed"],
+        "resume_step": heal["resume_step"],
+        "total_s": heal["total_s"],
+        "source": replacement["heals"][0]["source"],
+        "restart": replacement["restart"],
+        "bytes_read_from_disk": heal["bytes_read_from_disk"] + replacement["heals"][0]["bytes_read_from_disk"],
+        "bit_identical": bit_identical(ref, run),
+    }
 
 
 def table(cost: dict[str, Any], heals: dict[int, list[dict[str, Any]]], ks: list[int], kill_at: int) -> list[str]:
     from harness.report.intervals import order_statistic
 
-    lines = ["| configuration | step time, mean per block (s) | overhead vs snapshots off (%) | CPU per step vs off (%) | "
-             "before_update blocked, max (ms) | pushes (rank 0) | host loss: replayed steps (each trial) | "
-             "bound (steps) | survivor: death to resumed (s) | bytes read from disk | bit-identical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | step time, mean per block (s) | overhead vs snapshots off (%) | CPU per step vs off (%) | "
+        "before_update blocked, max (ms) | pushes (rank 0) | host loss: replayed steps (each trial) | "
+        "bound (steps) | survivor: death to resumed (s) | bytes read from disk | bit-identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
     def cell(xs: Sequence[float], spec: str) -> str:
         return order_statistic(xs).text(spec)
 
@@ -132,13 +186,17 @@ def table(cost: dict[str, Any], heals: dict[int, list[dict[str, Any]]], ks: list
             k = int(mode[1:])
             runs = heals.get(k, [])
             _, allowed = bound(kill_at, k)
-            heal = (f"| {', '.join(str(r['replayed']) for r in runs)} | {' or '.join(map(str, sorted(allowed)))} "
-                    f"(at most {k}) | "
-                    f"{cell([r['total_s'] for r in runs], '.2f')} | {max((r['bytes_read_from_disk'] for r in runs), default='-')} | "
-                    f"{sum(r['bit_identical'] for r in runs)}/{len(runs)} |")
-        lines.append(f"| {what} | {cell(c['step_s'], '.3f')} | {cell([x * 100 for x in c['overhead']], '+.1f')} | "
-                     f"{cell([x * 100 for x in c['cpu_overhead']], '+.1f')} | {c['blocked_max_s'] * 1e3:.1f} | "
-                     f"{c['pushes']} {heal}")
+            heal = (
+                f"| {', '.join(str(r['replayed']) for r in runs)} | {' or '.join(map(str, sorted(allowed)))} "
+                f"(at most {k}) | "
+                f"{cell([r['total_s'] for r in runs], '.2f')} | {max((r['bytes_read_from_disk'] for r in runs), default='-')} | "
+                f"{sum(r['bit_identical'] for r in runs)}/{len(runs)} |"
+            )
+        lines.append(
+            f"| {what} | {cell(c['step_s'], '.3f')} | {cell([x * 100 for x in c['overhead']], '+.1f')} | "
+            f"{cell([x * 100 for x in c['cpu_overhead']], '+.1f')} | {c['blocked_max_s'] * 1e3:.1f} | "
+            f"{c['pushes']} {heal}"
+        )
     return lines
 
 
@@ -157,21 +215,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trials < 1 or any(k < 1 for k in args.k):
         ap.error(f"--trials {args.trials} and every --k {args.k} must be at least 1")
     if any(args.steps % k for k in args.k):
-        ap.error(f"--steps {args.steps} is not a multiple of every --k {args.k}: blocks would push unequal shares; "
-                 f"try --steps {math.lcm(*args.k)}")
+        ap.error(
+            f"--steps {args.steps} is not a multiple of every --k {args.k}: blocks would push unequal shares; "
+            f"try --steps {math.lcm(*args.k)}"
+        )
     if not 0 < args.kill_at < args.heal_steps:
         ap.error(f"--kill-at {args.kill_at} must lie inside the run's --heal-steps {args.heal_steps}")
-    prov = collect(current_command(argv, "experiments.process_loss_push_every"),
-                   {"trials": args.trials, "k": args.k, "steps_per_block": args.steps, "heal_steps": args.heal_steps,
-                    "kill_at": args.kill_at, "confirm_push": True})
+    prov = collect(
+        current_command(argv, "experiments.process_loss_push_every"),
+        {
+            "trials": args.trials,
+            "k": args.k,
+            "steps_per_block": args.steps,
+            "heal_steps": args.heal_steps,
+            "kill_at": args.kill_at,
+            "confirm_push": True,
+        },
+    )
     scratch = Path(tempfile.mkdtemp(prefix="accelpact-pe-"))
     loads: list[float] = []
     t0 = time.monotonic()
     try:
         cost = cost_trials(scratch, args.k, args.steps, args.trials)
         loads.append(os.getloadavg()[0])
-        print(f"cost: {cost['wall_s']:.0f} s; overheads {({m: [round(x * 100, 1) for x in c['overhead']] for m, c in cost['configs'].items()})}",
-              flush=True)
+        print(
+            f"cost: {cost['wall_s']:.0f} s; overheads { ({m: [round(x * 100, 1) for x in c['overhead']] for m, c in cost['configs'].items()}) }",
+            flush=True,
+        )
         from benchmarks.bench_push_every import launch_pair
 
         port = random.randint(20000, 29000)
@@ -180,7 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in range(args.trials):
             for k in args.k:
                 port += 1
-                heals[k].append(heal_trial(scratch, scratch / "ref", f"k{k}_t{t}", port, k, args.heal_steps, args.kill_at))
+                heals[k].append(
+                    heal_trial(scratch, scratch / "ref", f"k{k}_t{t}", port, k, args.heal_steps, args.kill_at)
+                )
                 loads.append(os.getloadavg()[0])
                 print(f"trial {t} k={k}: {heals[k][-1]}", flush=True)
     finally:
@@ -188,29 +260,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     runtime = time.monotonic() - t0
     c = args.kill_at - 1
-    lines = ["# `snapshot.push_every=k`: the cost of buddy pushes, and the steps a host loss replays", "",
-             f"mistral_tiny (seq 64 x batch 2) on 2 gloo FSDP2 ranks, each its own simulated host, pushes confirmed by "
-             f"the buddy (`Replication(confirm=True)`). {args.trials} trials, every configuration interleaved with the "
-             "others in each; each cell is the median over trials with its order-statistic interval for the median (coverage "
-             f"{100 * (1 - 2 * 0.5 ** len(cost['off_step_s'])):.1f}% at n={len(cost['off_step_s'])}).", "",
-             f"- **Cost:** blocks of {args.steps} steps cycled off / snapshots / push_every=k under one guard; a "
-             "trial's overhead is its block's mean step over the same cycle's \"off\" block's, minus 1. CPU per "
-             "step counts every thread of rank 0's process (the copy, its CRC-32, the push and the ward's incoming "
-             "replica).",
-             f"- **Host loss:** `examples/train_heal.py --replicas --push-every k --lose-host --confirm-push` under "
-             f"`python -m accelpact.run` (2 agents x 1 rank, {args.heal_steps} steps): rank 1 loses its node's shared "
-             f"memory and is SIGKILLed in step {args.kill_at}; the survivor had committed step {c}. The bound "
-             "(docs/snapshots.md): c - s steps, s the newest pushed step <= c, never more than k.", "",
-             *table(cost, heals, args.k, args.kill_at), "",
-             f"1-min load average after each part and run: min {min(loads):.1f}, max {max(loads):.1f} (a 2-core host "
-             f"shared with other jobs). Run time: {runtime / 60:.1f} min.", "", provenance_markdown(prov)]
+    lines = [
+        "# `snapshot.push_every=k`: the cost of buddy pushes, and the steps a host loss replays",
+        "",
+        f"mistral_tiny (seq 64 x batch 2) on 2 gloo FSDP2 ranks, each its own simulated host, pushes confirmed by "
+        f"the buddy (`Replication(confirm=True)`). {args.trials} trials, every configuration interleaved with the "
+        "others in each; each cell is the median over trials with its order-statistic interval for the median (coverage "
+        f"{100 * (1 - 2 * 0.5 ** len(cost['off_step_s'])):.1f}% at n={len(cost['off_step_s'])}).",
+        "",
+        f"- **Cost:** blocks of {args.steps} steps cycled off / snapshots / push_every=k under one guard; a "
+        "trial's overhead is its block's mean step over the same cycle's \"off\" block's, minus 1. CPU per "
+        "step counts every thread of rank 0's process (the copy, its CRC-32, the push and the ward's incoming "
+        "replica).",
+        f"- **Host loss:** `examples/train_heal.py --replicas --push-every k --lose-host --confirm-push` under "
+        f"`python -m accelpact.run` (2 agents x 1 rank, {args.heal_steps} steps): rank 1 loses its node's shared "
+        f"memory and is SIGKILLed in step {args.kill_at}; the survivor had committed step {c}. The bound "
+        "(docs/snapshots.md): c - s steps, s the newest pushed step <= c, never more than k.",
+        "",
+        *table(cost, heals, args.k, args.kill_at),
+        "",
+        f"1-min load average after each part and run: min {min(loads):.1f}, max {max(loads):.1f} (a 2-core host "
+        f"shared with other jobs). Run time: {runtime / 60:.1f} min.",
+        "",
+        provenance_markdown(prov),
+    ]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "push_every.md").write_text("\n".join(lines) + "\n")
-    (args.results / "push_every.json").write_text(json.dumps({"provenance": prov.to_dict(), "cost": cost,
-                                                              "heals": heals, "loads": loads}, indent=1, default=str))
+    (args.results / "push_every.json").write_text(
+        json.dumps({"provenance": prov.to_dict(), "cost": cost, "heals": heals, "loads": loads}, indent=1, default=str)
+    )
     print("\n".join(lines))
-    ok = all(r["bit_identical"] and r["replayed"] in bound(args.kill_at, k)[1] and r["bytes_read_from_disk"] == 0
-             for k, runs in heals.items() for r in runs)
+    ok = all(
+        r["bit_identical"] and r["replayed"] in bound(args.kill_at, k)[1] and r["bytes_read_from_disk"] == 0
+        for k, runs in heals.items()
+        for r in runs
+    )
     return 0 if ok else 1
 
 

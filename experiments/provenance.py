@@ -17,10 +17,11 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from harness.app.machine import usable_cores
 from harness.report.gitinfo import git_state
@@ -56,9 +57,11 @@ class Provenance:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Provenance":
-        return cls(**{k: data[k] for k in ("command", "git_sha", "git_dirty", "date", "machine")},
-                   extra=dict(data.get("extra", {})))
+    def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        return cls(
+            **{k: data[k] for k in ("command", "git_sha", "git_dirty", "date", "machine")},
+            extra=dict(data.get("extra", {})),
+        )
 
     @property
     def short_sha(self) -> str:
@@ -107,8 +110,11 @@ def machine_info() -> dict[str, Any]:
         import torch
 
         info["torch"] = torch.__version__
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-            if torch.cuda.is_available() else []
+        info["gpus"] = (
+            [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available()
+            else []
+        )
     except ImportError:
         info["torch"], info["gpus"] = None, []
     return info
@@ -149,8 +155,10 @@ def _machine_line(m: Mapping[str, Any]) -> str:
     gpus = ", ".join(m.get("gpus") or []) or "no GPU"
     load = m.get("load_avg_1_5_15")
     load_txt = f", load average {'/'.join(str(x) for x in load)} (1/5/15 min) at the start" if load else ""
-    return (f"{m.get('cpu_cores')} cores ({m.get('cpu_model')}), {m.get('mem_total_gib')} GiB memory, {gpus}, "
-            f"torch {m.get('torch')}, python {m.get('python')}{load_txt}")
+    return (
+        f"{m.get('cpu_cores')} cores ({m.get('cpu_model')}), {m.get('mem_total_gib')} GiB memory, {gpus}, "
+        f"torch {m.get('torch')}, python {m.get('python')}{load_txt}"
+    )
 
 
 def provenance_markdown(prov: Provenance) -> str:
@@ -174,16 +182,17 @@ def footer_text(prov: Provenance) -> str:
     """One or two short lines for the bottom of a figure."""
     m = prov.machine
     gpu = (m.get("gpus") or ["no GPU"])[0]
-    return (f"{prov.command}\ngit {prov.short_sha} | {prov.date[:10]} | {m.get('cpu_cores')} cores, "
-            f"{m.get('mem_total_gib')} GiB, {gpu}, torch {m.get('torch')}")
+    return (
+        f"{prov.command}\ngit {prov.short_sha} | {prov.date[:10]} | {m.get('cpu_cores')} cores, "
+        f"{m.get('mem_total_gib')} GiB, {gpu}, torch {m.get('torch')}"
+    )
 
 
 def stamp_figure(fig: Any, prov: Provenance, fontsize: float = 6.5) -> None:
     """Write the provenance footer into a matplotlib figure, below the axes (call before savefig;
     leaves room at the bottom so the footer overlaps nothing)."""
     fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.2))
-    fig.text(0.01, 0.01, footer_text(prov), fontsize=fontsize, color="0.35", ha="left", va="bottom",
-             family="monospace")
+    fig.text(0.01, 0.01, footer_text(prov), fontsize=fontsize, color="0.35", ha="left", va="bottom", family="monospace")
 
 
 @dataclass(frozen=True)
@@ -255,6 +264,7 @@ def paper_vs_ours_table(rows: Iterable[ClaimRow | Mapping[str, Any]]) -> str:
         raise ValueError("paper_vs_ours_table needs at least one row")
     lines = ["| claim | paper | ours | verdict |", "|---|---|---|---|"]
     for r in parsed:
-        lines.append(f"| {_cell(r.claim)} | {_cell(r.paper or '(not reported)')} | {_cell(r.ours)} | "
-                     f"{_cell(verdict(r))} |")
+        lines.append(
+            f"| {_cell(r.claim)} | {_cell(r.paper or '(not reported)')} | {_cell(r.ours)} | {_cell(verdict(r))} |"
+        )
     return "\n".join(lines) + "\n"

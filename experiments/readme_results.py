@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from experiments.provenance import load_provenance
 from experiments.registry import SECTIONS, Section
@@ -64,7 +64,7 @@ def first_paragraph_after(text: str, heading_prefix: str) -> tuple[str, str]:
     for i, line in enumerate(lines):
         if line.startswith(heading_prefix):
             para: list[str] = []
-            for body in lines[i + 1:]:
+            for body in lines[i + 1 :]:
                 if body.startswith("#") or (not body.strip() and para):
                     break
                 if body.strip():
@@ -97,8 +97,11 @@ def digest_line(results: Path, section: Section) -> str:
         # The verdict's head ("matches the paper", "not comparable", ...); its reason is in the full table.
         verdict = row[3].split(" (")[0].split(":")[0].strip()
         return f"- {link}: {row[0]}: **{row[2]}** (paper: {row[1]}); {verdict}."
-    picked = [(h, v) for h, v in zip(header, row) if h in section.digest_columns] if section.digest_columns \
+    picked = (
+        [(h, v) for h, v in zip(header, row) if h in section.digest_columns]
+        if section.digest_columns
         else list(zip(header[:4], row[:4]))
+    )
     return f"- {link}: " + "; ".join(f"{h}: {v}" for h, v in picked) + "."
 
 
@@ -117,8 +120,10 @@ def render_section(results: Path, section: Section) -> str:
     tables = markdown_tables(text)
     missing = [i for i in section.tables if i >= len(tables)]
     if missing:
-        raise ValueError(f"results/{section.name}/table.md has {len(tables)} table(s), results/README.md wants table(s) "
-                         f"{missing}: rerun python -m experiments.{section.name}, or fix its entry in experiments.registry")
+        raise ValueError(
+            f"results/{section.name}/table.md has {len(tables)} table(s), results/README.md wants table(s) "
+            f"{missing}: rerun python -m experiments.{section.name}, or fix its entry in experiments.registry"
+        )
     parts = [head] + [tables[i] + "\n" for i in section.tables]
     for heading in section.paragraphs:
         title, para = first_paragraph_after(text, heading)
@@ -133,7 +138,8 @@ def render_section(results: Path, section: Section) -> str:
         f"Made by `{prov.command}` at `{prov.short_sha}` on {prov.date[:10]}"
         + (f", {float(runtime) / 60:.1f} min" if runtime not in (None, "") else "")
         + (f", load average {load[0]:.1f} at the start" if load else "")
-        + f"; full table and data: [`results/{section.name}/table.md`]({section.name}/table.md).\n")
+        + f"; full table and data: [`results/{section.name}/table.md`]({section.name}/table.md).\n"
+    )
     return "\n".join(parts)
 
 
@@ -145,8 +151,9 @@ def render(results: Path = RESULTS, sections: Sequence[Section] = SECTIONS) -> s
 def splice(readme: str, block: str) -> str:
     """``readme`` with the text between the markers replaced by ``block``."""
     if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise ValueError(f"README.md needs exactly one {BEGIN!r} followed by one {END!r}; put them where the "
-                         "results section belongs")
+        raise ValueError(
+            f"README.md needs exactly one {BEGIN!r} followed by one {END!r}; put them where the results section belongs"
+        )
     before, rest = readme.split(BEGIN)
     _, after = rest.split(END)
     return f"{before}{BEGIN}\n\n{block.strip()}\n\n{END}{after}"
@@ -154,8 +161,9 @@ def splice(readme: str, block: str) -> str:
 
 def _diff(name: str, current: str, wanted: str) -> str:
     diff = difflib.unified_diff(current.splitlines(), wanted.splitlines(), name, "generated", lineterm="")
-    return f"{name} is out of date with results/; run `python -m experiments.readme_results`:\n" + \
-        "\n".join(list(diff)[:60])
+    return f"{name} is out of date with results/; run `python -m experiments.readme_results`:\n" + "\n".join(
+        list(diff)[:60]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-readme", default=str(RESULTS / "README.md"))
     args = ap.parse_args(argv)
     readme, results_readme = Path(args.readme), Path(args.results_readme)
-    current = {readme: readme.read_text(), results_readme: results_readme.read_text() if results_readme.exists() else ""}
+    current = {
+        readme: readme.read_text(),
+        results_readme: results_readme.read_text() if results_readme.exists() else "",
+    }
     wanted = {readme: splice(current[readme], render_digest()), results_readme: render()}
     stale = [p for p in wanted if wanted[p] != current[p]]
     if args.check:

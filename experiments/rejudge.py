@@ -31,8 +31,10 @@ def read_runs(runs_csv: Path, rename: dict[str, str]) -> list[dict[str, Any]]:
     """The committed per-run rows, NaN as None, strategies renamed by ``rename``."""
     import pandas as pd
 
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in pd.read_csv(runs_csv).to_dict("records")]
+    rows = [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+        for r in pd.read_csv(runs_csv).to_dict("records")
+    ]
     for r in rows:
         r["strategy"] = rename.get(str(r["strategy"]), r["strategy"])
     return rows
@@ -44,7 +46,11 @@ def rejudge_sweep(results: Path, rename: dict[str, str], table: str = "table") -
 
     sweep = Path(tempfile.mkdtemp(prefix=f"rejudge_{results.name}_"))
     runs = read_runs(results / "runs.csv", rename)
-    old = (results / f"{table}.md").read_text().splitlines()[0].lstrip("# ") if (results / f"{table}.md").exists() else results.name
+    old = (
+        (results / f"{table}.md").read_text().splitlines()[0].lstrip("# ")
+        if (results / f"{table}.md").exists()
+        else results.name
+    )
     finish_trials(sweep, runs, [], old, {}, ours=rename.get("accelpact", None))
     return sweep
 
@@ -54,8 +60,9 @@ def note_provenance(results: Path, rule: str) -> None:
     path = results / PROVENANCE_FILE
     data = json.loads(path.read_text())
     sha, dirty = git_state(exclude=("results",))  # the re-judge rewrites results/ itself
-    data.setdefault("extra", {})["verdict_rejudged"] = (f"at git {sha or 'unknown'}{' (uncommitted changes)' if dirty else ''}: "
-                                                        f"{rule}")
+    data.setdefault("extra", {})["verdict_rejudged"] = (
+        f"at git {sha or 'unknown'}{' (uncommitted changes)' if dirty else ''}: {rule}"
+    )
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     (results / PROVENANCE_MD).write_text(provenance_markdown(load_provenance(results)))
 
@@ -76,14 +83,18 @@ def _not_run(table_md: Path) -> dict[str, str]:
     return out
 
 
-RULE = ("`python -m experiments.rejudge` from the committed runs.csv: the verdict on the measured whole-run gain "
-        "(paired by trial), order-statistic interval for the median with its exact coverage, 2% minimum effect")
+RULE = (
+    "`python -m experiments.rejudge` from the committed runs.csv: the verdict on the measured whole-run gain "
+    "(paired by trial), order-statistic interval for the median with its exact coverage, 2% minimum effect"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, help="a committed comparison's directory (holds runs.csv)")
-    ap.add_argument("--heal", action="store_true", help="the committed AccelPact had per-step snapshots: accelpact_heal")
+    ap.add_argument(
+        "--heal", action="store_true", help="the committed AccelPact had per-step snapshots: accelpact_heal"
+    )
     ap.add_argument("--table", default="table", help="the cell table's base name there (goodput_vs_age: verdict)")
     args = ap.parse_args(argv)
     results: Path = args.results
@@ -92,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # goodput_vs_age's own analysis (experiments.goodput_model) knows AccelPact by the name it ran under.
     rename = {"accelpact": "accelpact_heal"} if args.heal and results.name != "goodput_vs_age" else {}
-    rule = RULE + ("; its AccelPact ran with per-step snapshots and buddy pushes (today's strategy=accelpact_heal)"
-                   if args.heal else "")
+    rule = RULE + (
+        "; its AccelPact ran with per-step snapshots and buddy pushes (today's strategy=accelpact_heal)"
+        if args.heal
+        else ""
+    )
     kept_not_run = _not_run(results / f"{args.table}.md")
     sweep = rejudge_sweep(results, rename, args.table)
     try:
@@ -105,13 +119,22 @@ def main(argv: list[str] | None = None) -> int:
 
             prov = load_provenance(results)
             swept = [x for x in str(prov.extra.get("strategies", "")).split(",") if x]
-            peers.write_outputs(results, sweep, kept_not_run, float(prov.extra.get("runtime_s", math.nan)),
-                                host_loss=results.name == "peers_host_loss", swept=swept)
+            peers.write_outputs(
+                results,
+                sweep,
+                kept_not_run,
+                float(prov.extra.get("runtime_s", math.nan)),
+                host_loss=results.name == "peers_host_loss",
+                swept=swept,
+            )
         elif results.name == "goodput_vs_age":
             from experiments.goodput_report import read_data, write_outputs
 
-            write_outputs(results, read_data(results / "data.csv"),
-                          float(load_provenance(results).extra.get("runtime_s", math.nan)))
+            write_outputs(
+                results,
+                read_data(results / "data.csv"),
+                float(load_provenance(results).extra.get("runtime_s", math.nan)),
+            )
     finally:
         shutil.rmtree(sweep, ignore_errors=True)
     print(f"re-judged {results}/ ({rule})")

@@ -18,8 +18,8 @@ import importlib.util
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from experiments.registry import REGISTRY, Experiment
 
@@ -85,7 +85,9 @@ def run_all(
 def summary(outcomes: Sequence[Outcome]) -> str:
     lines = [f"{'experiment':<16}{'status':<9}{'time':>8}"]
     for o in outcomes:
-        lines.append(f"{o.name:<16}{o.status:<9}{o.seconds:>7.0f}s" + (f"  {o.detail.splitlines()[-1]}" if o.detail else ""))
+        lines.append(
+            f"{o.name:<16}{o.status:<9}{o.seconds:>7.0f}s" + (f"  {o.detail.splitlines()[-1]}" if o.detail else "")
+        )
     return "\n".join(lines)
 
 

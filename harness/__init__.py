@@ -26,10 +26,10 @@ def _missing_extra() -> list[str]:
     return [name for name in _EXTRA_MODULES if importlib.util.find_spec(name) is None]
 
 
-def _one_line_excepthook(previous):  # type: ignore[no-untyped-def]
+def _one_line_excepthook(previous):
     """Report MissingExtraError as its one line (the traceback only points here); others as before."""
 
-    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+    def hook(exc_type, exc, tb):
         if isinstance(exc, MissingExtraError):
             print(f"ImportError: {exc}", file=sys.stderr)
         else:
@@ -42,6 +42,7 @@ _missing = _missing_extra()
 if _missing:
     sys.excepthook = _one_line_excepthook(sys.excepthook)
     raise MissingExtraError(
-        f"the harness needs its extra: pip install 'accelpact[harness]' (missing: {', '.join(_missing)})")
+        f"the harness needs its extra: pip install 'accelpact[harness]' (missing: {', '.join(_missing)})"
+    )
 
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)

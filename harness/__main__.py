@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 from harness.app import capabilities
 from harness.app.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_schemas, to_run_config
 from harness.app.machine import probe
-from harness.schema import Device
 from harness.app.validate import ConfigError, validate
 from harness.plugins import load_plugins
+from harness.schema import Device
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
@@ -52,11 +52,17 @@ def hydra_main(cfg: DictConfig) -> float:
             return math.nan
         sys.exit(EXIT_BAD_CONFIG)
 
-    from harness.parent.run import run_one
     from harness.app.comparison import sweep_reference_dir
+    from harness.parent.run import run_one
 
-    row = run_one(run, run_dir, memory, overrides, reference_dir=sweep_reference_dir() if multirun else None,
-                  show_plan=not multirun or hc.job.num == 0)
+    row = run_one(
+        run,
+        run_dir,
+        memory,
+        overrides,
+        reference_dir=sweep_reference_dir() if multirun else None,
+        show_plan=not multirun or hc.job.num == 0,
+    )
     if row["status"] != "ok":
         if multirun:
             return math.nan

@@ -42,9 +42,10 @@ import os
 import time
 import types
 import typing
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator, Mapping, TypeVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 EVENTS_DIR = "events"
 
@@ -117,7 +118,9 @@ class Fault(Event):
     index: int | None = None  # the schedule's fault index
     age: int | None = None  # steps committed since the newest checkpoint, when the schedule knew it
     by: str | None = None  # "rank" | "parent"
-    t_inject: float | None = field(default=None, metadata={"strict": True})  # a rank-side fault: when it was injected (the record comes a few ms later)
+    t_inject: float | None = field(
+        default=None, metadata={"strict": True}
+    )  # a rank-side fault: when it was injected (the record comes a few ms later)
     outage_s: float | None = None  # an outage's length (hang, blackhole, link_down)
     link: str | None = None  # a namespace fault's link ("data" | "control")
 
@@ -228,7 +231,9 @@ class Restart(Event):
     """A process (re)start, written once the rank is ready to train: ``t_launch`` -> ``t_ready``."""
 
     KIND: ClassVar[str] = "restart"
-    t_launch: float | None = field(metadata={"strict": True})  # when the parent launched it (None: unknown; the start is not timed)
+    t_launch: float | None = field(
+        metadata={"strict": True}
+    )  # when the parent launched it (None: unknown; the start is not timed)
     t_ready: float
     incarnation: int = 0
     replacement: bool = False  # a replacement of a lost rank (part of a heal, not a relaunch)
@@ -305,8 +310,23 @@ class Snapshots(Event):
     replication: Mapping[str, Any] = field(default_factory=dict)
 
 
-KINDS: dict[str, type[Event]] = {cls.KIND: cls for cls in (
-    Step, Fault, Recovery, Heal, Replacement, Relaunch, Restart, Restore, Checkpoint, Eval, Fallback, Snapshots)}
+KINDS: dict[str, type[Event]] = {
+    cls.KIND: cls
+    for cls in (
+        Step,
+        Fault,
+        Recovery,
+        Heal,
+        Replacement,
+        Relaunch,
+        Restart,
+        Restore,
+        Checkpoint,
+        Eval,
+        Fallback,
+        Snapshots,
+    )
+}
 
 
 # --- the parser ------------------------------------------------------------------------------------
@@ -473,7 +493,7 @@ class EventLog:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -515,8 +535,29 @@ def _read_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 
 __all__ = [
-    "Event", "Step", "Fault", "Recovery", "Heal", "Replacement", "Relaunch", "Restart", "Restore",
-    "Checkpoint", "Eval", "Fallback", "Snapshots", "KINDS", "MalformedEvent", "ParsedLog", "parse_record",
-    "parse_records", "typed", "of_type", "EventLog", "events_path", "read_events", "load_events",
+    "Event",
+    "Step",
+    "Fault",
+    "Recovery",
+    "Heal",
+    "Replacement",
+    "Relaunch",
+    "Restart",
+    "Restore",
+    "Checkpoint",
+    "Eval",
+    "Fallback",
+    "Snapshots",
+    "KINDS",
+    "MalformedEvent",
+    "ParsedLog",
+    "parse_record",
+    "parse_records",
+    "typed",
+    "of_type",
+    "EventLog",
+    "events_path",
+    "read_events",
+    "load_events",
     "read_file_events",
 ]

@@ -21,7 +21,7 @@ class PluginError(ImportError):
     """A module named in HARNESS_PLUGINS could not be imported."""
 
 
-def load_plugins(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> list[str]:
+def load_plugins(environ: os._Environ[str] | dict[str, str] = os.environ) -> list[str]:
     """Import every module named in ``HARNESS_PLUGINS`` (comma-separated); returns their names."""
     names = [n.strip() for n in environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     for name in names:
@@ -30,5 +30,6 @@ def load_plugins(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> l
         except Exception as exc:
             raise PluginError(
                 f"{PLUGINS_ENV} names {name!r}, which failed to import ({type(exc).__name__}: {exc}); "
-                "check the module path and that it is on PYTHONPATH") from exc
+                "check the module path and that it is on PYTHONPATH"
+            ) from exc
     return names

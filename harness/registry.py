@@ -8,14 +8,16 @@ Plain Python: reading a registry imports neither torch nor Hydra.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str, spec_type: type, name_of: Callable[[T], str],
-                 load_builtins: Callable[[], Iterable[T]]) -> None:
+    def __init__(
+        self, what: str, spec_type: type, name_of: Callable[[T], str], load_builtins: Callable[[], Iterable[T]]
+    ) -> None:
         self.what = what  # "strategy", "fault kind": for messages
         self._spec_type = spec_type
         self._name_of = name_of

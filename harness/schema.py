@@ -15,7 +15,6 @@ from enum import Enum
 from typing import Any, List, Optional, Type, TypeVar
 
 
-
 class ConfigError(ValueError):
     """A config this machine cannot run. ``str(err)`` is one line naming the override that fixes it.
 
@@ -25,6 +24,7 @@ class ConfigError(ValueError):
     def __init__(self, message: str, memory_plan: Any = None) -> None:
         super().__init__(message)
         self.memory_plan = memory_plan
+
 
 class FaultPhase(str, Enum):
     forward_allgather_first = "forward_allgather_first"
@@ -47,8 +47,10 @@ class FaultSchedule(str, Enum):
 
 
 # Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
-CheckpointMode = Enum(  # type: ignore[misc]
-    "CheckpointMode", {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"}, type=str
+CheckpointMode = Enum(
+    "CheckpointMode",
+    {"sync": "sync", "async": "async", "async_cached": "async_cached", "async_pinned": "async_pinned"},
+    type=str,
 )
 
 
@@ -214,7 +216,7 @@ class FaultConfig:
 @dataclass
 class CheckpointConfig:
     interval: int = 0  # optimizer steps between saves; 0 = never
-    mode: CheckpointMode = CheckpointMode.sync  # type: ignore[valid-type]
+    mode: CheckpointMode = CheckpointMode.sync
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     keep: int = 2
 
@@ -276,7 +278,7 @@ def from_dict(cls: Type[T], data: dict[str, Any]) -> T:
     for key, value in data.items():
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(tp, value)
+            kwargs[key] = from_dict(tp, value)  # type: ignore[arg-type]
         elif isinstance(tp, type) and issubclass(tp, Enum):
             kwargs[key] = tp(value)
         elif isinstance(value, list):

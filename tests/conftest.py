@@ -9,7 +9,7 @@ torch, FSDP, transformers and the scenario runners once (accelpact.testing.rank_
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

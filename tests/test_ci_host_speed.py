@@ -38,6 +38,10 @@ def test_sample_then_share_on_this_host(tmp_path: Path):
     subprocess.run([sys.executable, script, "sample", str(tmp_path / "a")], check=True)
     sum(range(2_000_000))  # some CPU time between the samples
     subprocess.run([sys.executable, script, "sample", str(tmp_path / "b")], check=True)
-    out = subprocess.run([sys.executable, script, "share", str(tmp_path / "a"), str(tmp_path / "b")],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, script, "share", str(tmp_path / "a"), str(tmp_path / "b")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.startswith("host cpu over ") and "% busy" in out and "% steal" in out

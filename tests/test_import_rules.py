@@ -65,16 +65,21 @@ def _dynamic_import(node: ast.Call, package: str, literals: set[str]) -> list[st
     arg = node.args[0]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         name = arg.value
-    elif (isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant)
-          and str(arg.values[0].value).rpartition(".")[0]):
+    elif (
+        isinstance(arg, ast.JoinedStr)
+        and arg.values
+        and isinstance(arg.values[0], ast.Constant)
+        and str(arg.values[0].value).rpartition(".")[0]
+    ):
         prefix = str(arg.values[0].value).rpartition(".")[0] + "."
         named = sorted(prefix + lit for lit in literals if lit.isidentifier())
         return named or [prefix]
     else:
         return []
     if name.startswith("."):
-        anchor = next((k.value.value for k in node.keywords if k.arg == "package" and isinstance(k.value, ast.Constant)),
-                      None)
+        anchor = next(
+            (k.value.value for k in node.keywords if k.arg == "package" and isinstance(k.value, ast.Constant)), None
+        )
         name = _resolve(name, anchor) if isinstance(anchor, str) else _resolve(name, package)
     return [name]
 
@@ -166,11 +171,15 @@ def third_party_violations() -> list[str]:
                 continue
             if top in OPTIONAL_IN_RUNTIME:
                 if line not in guarded:
-                    bad.append(f"{path.relative_to(ROOT)}:{line} imports the optional {name} without "
-                               "`try: ... except ImportError:` and a standard-library fallback")
+                    bad.append(
+                        f"{path.relative_to(ROOT)}:{line} imports the optional {name} without "
+                        "`try: ... except ImportError:` and a standard-library fallback"
+                    )
                 continue
-            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, which is neither torch, the standard "
-                       f"library, nor a named optional accelerator ({', '.join(OPTIONAL_IN_RUNTIME)})")
+            bad.append(
+                f"{path.relative_to(ROOT)}:{line} imports {name}, which is neither torch, the standard "
+                f"library, nor a named optional accelerator ({', '.join(OPTIONAL_IN_RUNTIME)})"
+            )
     return sorted(set(bad))
 
 
@@ -269,8 +278,10 @@ def test_runtime_imports_torch_stdlib_and_only_guarded_optional_accelerators():
 
 def test_production_runtime_never_imports_accelpact_testing():
     bad = accelpact_testing_imports()
-    assert not bad, ("production accelpact modules import the test tools; move the shared code into "
-                     "production (e.g. accelpact/backends/_sockets.py) and import it from there:\n" + "\n".join(bad))
+    assert not bad, (
+        "production accelpact modules import the test tools; move the shared code into "
+        "production (e.g. accelpact/backends/_sockets.py) and import it from there:\n" + "\n".join(bad)
+    )
 
 
 def test_accelpact_has_no_import_cycles():
@@ -290,13 +301,16 @@ def test_checker_finds_function_level_and_relative_imports(tmp_path):
     (pkg / "testing" / "__init__.py").write_text("import pandas\n")  # allowed by (b), not by (a)
     (pkg / "guard.py").write_text("def f():\n    import hydra.core\n    from .testing import inject\n")
     (pkg / "ok.py").write_text("import torch\nfrom accelpact import errors\n")
-    (pkg / "fast.py").write_text("try:\n    from isal import isal_zlib\nexcept ImportError:\n    import zlib\n"
-                                 "import isal\nimport numpy\n")
+    (pkg / "fast.py").write_text(
+        "try:\n    from isal import isal_zlib\nexcept ImportError:\n    import zlib\nimport isal\nimport numpy\n"
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
-        assert sorted(runtime_violations()) == ["accelpact/guard.py:2 imports hydra.core",
-                                                "accelpact/testing/__init__.py:1 imports pandas"]
+        assert sorted(runtime_violations()) == [
+            "accelpact/guard.py:2 imports hydra.core",
+            "accelpact/testing/__init__.py:1 imports pandas",
+        ]
         assert third_party_violations() == [
             "accelpact/fast.py:5 imports the optional isal without `try: ... except ImportError:` and a "
             "standard-library fallback",
@@ -305,9 +319,12 @@ def test_checker_finds_function_level_and_relative_imports(tmp_path):
             "accelpact/guard.py:2 imports hydra.core, which is neither torch, the standard library, nor a named "
             "optional accelerator (isal)",
             "accelpact/testing/__init__.py:1 imports pandas, which is neither torch, the standard library, nor a "
-            "named optional accelerator (isal)"]
-        assert accelpact_testing_imports() == ["accelpact/guard.py:3 imports accelpact.testing",
-                                        "accelpact/guard.py:3 imports accelpact.testing.inject"]
+            "named optional accelerator (isal)",
+        ]
+        assert accelpact_testing_imports() == [
+            "accelpact/guard.py:3 imports accelpact.testing",
+            "accelpact/guard.py:3 imports accelpact.testing.inject",
+        ]
     finally:
         ROOT = saved
 
@@ -320,7 +337,9 @@ def test_checker_counts_type_checking_function_level_and_importlib_imports(tmp_p
     (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from accelpact.b import B\n")
     (pkg / "b.py").write_text("def f():\n    from . import c\n")
     (pkg / "c.py").write_text("import importlib\nK = lambda: importlib.import_module('accelpact.a')\n")
-    (pkg / "d.py").write_text("import importlib\nM = [importlib.import_module(f'accelpact.sub.{m}') for m in ('x', 'y')]\n")
+    (pkg / "d.py").write_text(
+        "import importlib\nM = [importlib.import_module(f'accelpact.sub.{m}') for m in ('x', 'y')]\n"
+    )
     (pkg / "g.py").write_text("import importlib\ndef f(m):\n    return importlib.import_module(f'accelpact.sub.{m}')\n")
     (pkg / "sub" / "x.py").write_text("from accelpact.d import M\n")
     (pkg / "sub" / "y.py").write_text("X = __import__('accelpact.e')\n")
@@ -334,9 +353,15 @@ def test_checker_counts_type_checking_function_level_and_importlib_imports(tmp_p
         assert graph["accelpact.d"] == {"accelpact.sub.x", "accelpact.sub.y"}
         assert graph["accelpact.sub.y"] == {"accelpact.e"}
         assert graph["accelpact.g"] == {"accelpact.sub.x", "accelpact.sub.y"}  # no literal names: all under it
-        assert sorted(map(sorted, find_cycles(graph))) == sorted(map(sorted, [
-            ["accelpact.a", "accelpact.b", "accelpact.c", "accelpact.a"],
-            ["accelpact.d", "accelpact.sub.x", "accelpact.d"]]))
+        assert sorted(map(sorted, find_cycles(graph))) == sorted(
+            map(
+                sorted,
+                [
+                    ["accelpact.a", "accelpact.b", "accelpact.c", "accelpact.a"],
+                    ["accelpact.d", "accelpact.sub.x", "accelpact.d"],
+                ],
+            )
+        )
     finally:
         ROOT = saved
 

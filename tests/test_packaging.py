@@ -17,14 +17,14 @@ find-links / local index for torch and setuptools, as ``make`` does.
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What setuptools packages (pyproject.toml [tool.setuptools.packages.find]) plus the metadata files.
@@ -67,15 +67,22 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
     t_installed = time.monotonic()
 
     # Only torch and isal are required; everything else is behind an extra.
-    req = _run([py, "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('accelpact')))"],
-               tmp_path, 60)
+    req = _run([py, "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('accelpact')))"], tmp_path, 60)
     _check(req, "reading the installed metadata")
     plain = [r for r in req.stdout.splitlines() if "extra ==" not in r]
     assert [r.replace(" ", "") for r in plain] == ["torch<2.16,>=2.13", "isal>=1.6"], req.stdout
     crc = _run([py, "-c", "from accelpact.snapshot import checksum; print(checksum.IMPLEMENTATION)"], tmp_path, 60)
     assert crc.stdout.strip() == "isal", crc.stdout + crc.stderr  # pip install accelpact gets the fast path
-    leaked = _run([py, "-c", "import importlib.util as u; print([m for m in ('transformers', 'hydra', 'pandas', "
-                   "'matplotlib', 'psutil') if u.find_spec(m)])"], tmp_path, 60)
+    leaked = _run(
+        [
+            py,
+            "-c",
+            "import importlib.util as u; print([m for m in ('transformers', 'hydra', 'pandas', "
+            "'matplotlib', 'psutil') if u.find_spec(m)])",
+        ],
+        tmp_path,
+        60,
+    )
     assert leaked.stdout.strip() == "[]", leaked.stdout
 
     # The runtime recovers from a real fault in the bare environment (run from outside the checkout).
@@ -92,7 +99,6 @@ def test_runtime_alone_installs_and_recovers(tmp_path):
     print(f"packaging check: install {t_installed - t0:.0f} s, total {time.monotonic() - t0:.0f} s")
 
 
-
 def test_install_keeps_the_torch_already_installed(tmp_path):
     """``pip install .`` into an environment that already has a supported torch (2.13 here, 2.15 in the
     second CI environment) resolves against THAT torch: no download, no other torch.
@@ -106,8 +112,23 @@ def test_install_keeps_the_torch_already_installed(tmp_path):
 
     report = tmp_path / "report.json"
     src = _copy_sources(tmp_path)
-    proc = _run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
-                 "--quiet", "--report", str(report), str(src)], tmp_path, 300)
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--no-build-isolation",
+            "--quiet",
+            "--report",
+            str(report),
+            str(src),
+        ],
+        tmp_path,
+        300,
+    )
     _check(proc, f"pip install --dry-run . (torch {torch.__version__} installed)")
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert planned == {"accelpact"}, planned

@@ -18,10 +18,10 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -74,7 +74,8 @@ def _words(cmd: str) -> list[str]:
 def test_readme_is_a_short_front_door():
     lines = README.read_text().splitlines()
     assert len(lines) <= MAX_LINES, (
-        f"README.md has {len(lines)} lines, the limit is {MAX_LINES}: move the detail into docs/ and link it")
+        f"README.md has {len(lines)} lines, the limit is {MAX_LINES}: move the detail into docs/ and link it"
+    )
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -143,20 +144,23 @@ def test_config_choices_in_the_readme_exist():
 
 
 def test_script_flags_and_pytest_markers_in_the_readme_exist():
-    markers = {m.split(":")[0] for m in
-               tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
+    markers = {
+        m.split(":")[0]
+        for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    }
     problems, scripts = [], 0
     for cmd in _commands(README.read_text()):
         words = _words(cmd)
         if "pytest" in words:
-            problems += [f"marker {w}" for p, w in zip(words, words[1:]) if p == "-m" and w not in markers
-                         and "not " not in w]
+            problems += [
+                f"marker {w}" for p, w in zip(words, words[1:]) if p == "-m" and w not in markers and "not " not in w
+            ]
         script = next((w for w in words if w.endswith(".py") and (ROOT / w).is_file()), None)
         if script is None:
             continue
         scripts += 1
         source = (ROOT / script).read_text()
-        after = words[words.index(script) + 1:]
+        after = words[words.index(script) + 1 :]
         problems += [f"{script} {w}" for w in after if w.startswith("--") and f'"{w.split("=")[0]}"' not in source]
     assert scripts, "found no script command in README.md: the parser is broken"
     assert not problems, f"README.md passes options that do not exist: {problems}"
@@ -171,7 +175,7 @@ def test_readme_quotes_no_commit_shas():
 def test_the_guided_tour_names_files_that_exist():
     text = README.read_text()
     start = text.index("## A guided tour")
-    tour = text[start:text.index("\n## ", start + 1)]
+    tour = text[start : text.index("\n## ", start + 1)]
     targets = LINK.findall(tour)
     assert 6 <= len(targets) <= 10, f"the tour should name 6-8 files to read first; it names {len(targets)}"
     assert all((ROOT / t).is_file() for t in targets), [t for t in targets if not (ROOT / t).is_file()]

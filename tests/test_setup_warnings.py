@@ -14,9 +14,14 @@ import sys
 
 def test_importing_torch_cuda_prints_no_pynvml_deprecation_warning():
     # -W default: show FutureWarnings exactly as a user's process would (pytest's own filters do not apply).
-    proc = subprocess.run([sys.executable, "-W", "default", "-c", "import torch.cuda; import pynvml"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import torch.cuda; import pynvml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pynvml package is deprecated" not in proc.stderr, (
         "the deprecated `pynvml` shim package is installed in this environment: run `make setup` (it "
-        "removes it) or `pip uninstall pynvml`; nvidia-ml-py provides the `pynvml` module\n" + proc.stderr[-1000:])
+        "removes it) or `pip uninstall pynvml`; nvidia-ml-py provides the `pynvml` module\n" + proc.stderr[-1000:]
+    )

@@ -29,7 +29,7 @@ OVERRIDE = re.compile(r"strategy=([A-Za-z0-9_,]+)")
 ALLOWED: dict[tuple[str, str], str] = {
     ("harness/report/badput_goodput.py", "checkpoint_restore"): "ml-goodput's badput part, not the strategy",
     ("harness/schema.py", "none"): "StrategyConfig's default: the schema is the bottom layer and cannot ask the "
-                                   "registry (strategy modules import harness.schema); RunConfig() must be valid",
+    "registry (strategy modules import harness.schema); RunConfig() must be valid",
     ("experiments/process_loss.py", "cold_restart"): "row selection: the baselines the experiment runs",
     ("experiments/process_loss.py", "checkpoint_restore"): "row selection: the baselines the experiment runs",
     ("experiments/scale_projection.py", "cold_restart"): "row selection: the stall set beside FT-HSDP's",
@@ -37,9 +37,20 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/registry.py", "torchft"): "row selection: the peers digest's row",
     ("benchmarks/bench_recovery.py", "accelpact"): "the runtime package's name (git archive of accelpact/)",
     ("benchmarks/bench_heal_gpt2.py", "accelpact"): "the runtime package's directory (git status of accelpact/)",
-    **{("experiments/claim_checks.py", name): "a registry claim names the strategies it is about"
-       for name in ("accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "gemini", "torchft",
-                    "accelpact_grow", "accelpact_hsdp_continue", "torchft_peer_heal")},
+    **{
+        ("experiments/claim_checks.py", name): "a registry claim names the strategies it is about"
+        for name in (
+            "accelpact",
+            "accelpact_heal",
+            "cold_restart",
+            "checkpoint_restore",
+            "gemini",
+            "torchft",
+            "accelpact_grow",
+            "accelpact_hsdp_continue",
+            "torchft_peer_heal",
+        )
+    },
     ("experiments/rejudge.py", "accelpact"): "the name the committed runs ran under",
     ("experiments/rejudge.py", "accelpact_heal"): "what those runs are called now (snapshots on)",
     ("harness/advise/advice.py", "cold_restart"): "the heal's fallback is a cold restart's outcome",
@@ -121,7 +132,9 @@ def test_no_strategy_name_outside_the_registry():
                     matched.add((rel, name))
                 else:
                     stray.append(f"{rel}:{line}: {name!r}")
-    assert not stray, ("strategy names outside harness/strategies/ (ask the registry: strategies.get(name).label/"
-                       ".color, under_test(), reference(); or, for an experiment's row selection, add it to "
-                       "ALLOWED with its reason):\n" + "\n".join(stray))
+    assert not stray, (
+        "strategy names outside harness/strategies/ (ask the registry: strategies.get(name).label/"
+        ".color, under_test(), reference(); or, for an experiment's row selection, add it to "
+        "ALLOWED with its reason):\n" + "\n".join(stray)
+    )
     assert not set(ALLOWED) - matched, f"stale ALLOWED entries (remove them): {sorted(set(ALLOWED) - matched)}"

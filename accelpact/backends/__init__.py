@@ -8,7 +8,8 @@ backend's message fragments (backends/faults.py has the rule).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from accelpact.backends.base import Backend, backend_name
 from accelpact.backends.faults import GENERIC_FAULT_MARKERS, matches_comm_fault
@@ -19,9 +20,19 @@ from accelpact.errors import AccelPactError
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["BACKENDS", "Backend", "DataPlaneSockets", "GENERIC_FAULT_MARKERS", "GlooBackend", "NcclBackend",
-           "all_fault_markers", "backend_for", "backend_name", "is_comm_fault",
-           "register"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "DataPlaneSockets",
+    "GENERIC_FAULT_MARKERS",
+    "GlooBackend",
+    "NcclBackend",
+    "all_fault_markers",
+    "backend_for",
+    "backend_name",
+    "is_comm_fault",
+    "register",
+]
 
 BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}
 
@@ -44,7 +55,8 @@ def backend_for(pg: dist.ProcessGroup) -> Backend:
         raise AccelPactError(
             f"accelpact cannot recover process groups of backend {name!r}; supported backends: "
             f"{', '.join(sorted(BACKENDS))}. Create the data-plane groups with one of them "
-            "(init_process_group(backend=...)); mixed backends such as 'cpu:gloo,cuda:nccl' are not supported")
+            "(init_process_group(backend=...)); mixed backends such as 'cpu:gloo,cuda:nccl' are not supported"
+        )
     return cls()
 
 
@@ -53,8 +65,9 @@ def all_fault_markers() -> tuple[str, ...]:
     return tuple(m for cls in BACKENDS.values() for m in cls.fault_markers)
 
 
-def is_comm_fault(exc: BaseException, markers: Collection[str] | None = None,
-                  never_markers: Collection[str] = ()) -> bool:
+def is_comm_fault(
+    exc: BaseException, markers: Collection[str] | None = None, never_markers: Collection[str] = ()
+) -> bool:
     """True when ``exc`` is a recoverable data-plane communication fault (see
     :func:`accelpact.backends.faults.matches_comm_fault`); ``markers`` None: every registered backend's."""
     return matches_comm_fault(exc, all_fault_markers() if markers is None else markers, never_markers)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 __all__ = ["tcp_socket_inodes", "shutdown_sockets", "reset_own_gloo_sockets"]
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import abc
 import datetime
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.distributed as dist
 
@@ -39,6 +40,7 @@ Waiter = Callable[[Any, str, str], None]
 if TYPE_CHECKING:
     import torch
 
+    from accelpact.backends.reconfigure import ReconfigurePath
     from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["Backend", "backend_name"]
@@ -52,7 +54,8 @@ def backend_name(pg: dist.ProcessGroup) -> str:
     if entry is None:
         raise AccelPactError(
             "process group is not registered in c10d (was it destroyed?); attach accelpact after "
-            "init_process_group and fully_shard, before any recovery")
+            "init_process_group and fully_shard, before any recovery"
+        )
     return str(entry[0])
 
 
@@ -100,7 +103,8 @@ class Backend(abc.ABC):
         if name != self.name:
             raise AccelPactError(
                 f"data-plane group {getattr(pg, 'group_name', pg)!r} uses backend {name!r} but the guard's vote "
-                f"group uses {self.name!r}; build every data-plane group with one backend")
+                f"group uses {self.name!r}; build every data-plane group with one backend"
+            )
 
     # -- the live generation --------------------------------------------------------------------
 
@@ -134,6 +138,7 @@ class Backend(abc.ABC):
 
         if mode not in reconfigure.PATH_MODES:
             raise AccelPactError(f"data_plane={mode!r}: expected one of {', '.join(reconfigure.PATH_MODES)}")
+        why: str | None
         if mode == "rebuild":
             why = "data_plane='rebuild' was asked for"
         else:
@@ -144,19 +149,24 @@ class Backend(abc.ABC):
                 self.last_path = dict(self.path)
                 return
             if mode == "reconfigure":
-                raise AccelPactError(f"data_plane='reconfigure' is not possible: {why}; attach with "
-                                     "data_plane='auto' to fall back to rebuild-and-rebind")
+                raise AccelPactError(
+                    f"data_plane='reconfigure' is not possible: {why}; attach with "
+                    "data_plane='auto' to fall back to rebuild-and-rebind"
+                )
         self.reconfigure = None
         self.path = {"path": "rebuild", "why": why}
         self.last_path = dict(self.path)
 
-    def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
-                       store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
+    def rebuild_groups(
+        self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec], store: dist.Store, rank: int
+    ) -> list[dist.ProcessGroup]:
         """Build the next generation of every group on ``store`` (never used) and make it the live one."""
         from accelpact.dataplane import generations
 
-        new = [generations.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
-               for old, spec in zip(olds, specs)]
+        new = [
+            generations.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
+            for old, spec in zip(olds, specs)
+        ]
         self.groups = new
         return new
 
@@ -196,14 +206,15 @@ class Backend(abc.ABC):
             wait(work, "the commit vote", "vote")
         return buf.get()
 
-    def first_collective(self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None,
-                         poll_s: float = 0.02) -> None:
+    def first_collective(
+        self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None, poll_s: float = 0.02
+    ) -> None:
         """One tiny all-reduce on the new generation (see :func:`accelpact.dataplane.generations.first_collective`)."""
         from accelpact.dataplane import generations
 
         generations.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
 
-    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any, pg_timeout: datetime.timedelta) -> None:
         """Keep a generation whose first collective was abandoned alive until its PG timeout.
 
         The abandoned collective may still run in the backend, and a group's destructor can join

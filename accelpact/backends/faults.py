@@ -8,7 +8,7 @@ Each :class:`accelpact.backends.Backend` calls :func:`matches_comm_fault` with i
 from __future__ import annotations
 
 import sys
-from typing import Collection
+from collections.abc import Collection
 
 from accelpact.errors import CommFault, ControlChannelError, UnrecoverableError
 

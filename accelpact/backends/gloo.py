@@ -13,7 +13,8 @@ generations are exactly the sockets that appeared while the guard built them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -92,8 +93,9 @@ class GlooBackend(Backend):
         self.sockets.adopt(before)  # the reconfigure's new connections are what abort() must reset
         return groups
 
-    def rebuild_groups(self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec],
-                       store: dist.Store, rank: int) -> list[dist.ProcessGroup]:
+    def rebuild_groups(
+        self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec], store: dist.Store, rank: int
+    ) -> list[dist.ProcessGroup]:
         if self.sockets is None:
             raise RuntimeError("GlooBackend.rebuild_groups() before track()")
         before = self.sockets.snapshot()

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import TYPE_CHECKING, Any, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,8 +43,8 @@ from accelpact.errors import AccelPactError, CommFault
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from accelpact.dataplane.generations import GroupSpec
     from accelpact.backends.vote_buffer import VoteBuffer
+    from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["NcclBackend", "ERROR_HANDLING_VARS", "RECOVERABLE_ERROR_HANDLING", "error_handling_problem"]
 
@@ -61,13 +62,17 @@ def error_handling_problem(environ: Mapping[str, str]) -> str | None:
         if value is not None:
             if value.strip() in RECOVERABLE_ERROR_HANDLING:
                 return None
-            return (f"{var}={value} makes NCCL's watchdog tear the process down on a collective error, so "
-                    f"nothing is left to recover. Set {ERROR_HANDLING_VARS[0]}={_WANTED} (abort the communicator, "
-                    "keep the process) before init_process_group, e.g. by calling "
-                    "accelpact.backends.NcclBackend.configure() first")
-    return (f"{ERROR_HANDLING_VARS[0]} is not set: torch's default (3, skip clean-up) tears the process down on a "
-            f"collective error. Set {ERROR_HANDLING_VARS[0]}={_WANTED} before init_process_group, e.g. by calling "
-            "accelpact.backends.NcclBackend.configure() first")
+            return (
+                f"{var}={value} makes NCCL's watchdog tear the process down on a collective error, so "
+                f"nothing is left to recover. Set {ERROR_HANDLING_VARS[0]}={_WANTED} (abort the communicator, "
+                "keep the process) before init_process_group, e.g. by calling "
+                "accelpact.backends.NcclBackend.configure() first"
+            )
+    return (
+        f"{ERROR_HANDLING_VARS[0]} is not set: torch's default (3, skip clean-up) tears the process down on a "
+        f"collective error. Set {ERROR_HANDLING_VARS[0]}={_WANTED} before init_process_group, e.g. by calling "
+        "accelpact.backends.NcclBackend.configure() first"
+    )
 
 
 class NcclBackend(Backend):
@@ -120,7 +125,8 @@ class NcclBackend(Backend):
         except RuntimeError as exc:
             raise AccelPactError(
                 f"process group {getattr(pg, 'group_name', pg)!r} has no CUDA backend ({exc}); the nccl backend "
-                "needs init_process_group('nccl', device_id=torch.device('cuda', local_rank))") from exc
+                "needs init_process_group('nccl', device_id=torch.device('cuda', local_rank))"
+            ) from exc
 
     @property
     def device(self) -> torch.device:
@@ -145,11 +151,14 @@ class NcclBackend(Backend):
 
         value = super().vote(buf, pg, wait)
         if count_of(value, pg.size()) != pg.size():
-            raise CommFault(f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
-                            f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted", phase="vote")
+            raise CommFault(
+                f"the commit vote on {getattr(pg, 'group_name', pg)!r} did not complete "
+                f"(sum {value}, expected {pg.size()}): NCCL communicator was aborted",
+                phase="vote",
+            )
         return value
 
-    def abandon(self, groups: list[Any], work: Any, pg_timeout: datetime.timedelta) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any, pg_timeout: datetime.timedelta) -> None:
         # A hung NCCL kernel occupies the stream until its communicator is aborted: abort it now,
         # and still keep the objects until the timeout (their destructors may wait on the work).
         _abort_groups(groups)

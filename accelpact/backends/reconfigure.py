@@ -30,8 +30,9 @@ import datetime
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +42,16 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["PATH_MODES", "Fallback", "ReconfigurePath", "api_available", "group_store_address", "join_groups",
-           "store_at", "unsupported_reason"]
+__all__ = [
+    "PATH_MODES",
+    "Fallback",
+    "ReconfigurePath",
+    "api_available",
+    "group_store_address",
+    "join_groups",
+    "store_at",
+    "unsupported_reason",
+]
 
 #: what ``attach(data_plane=...)`` accepts: "auto" (reconfigure when every group supports it),
 #: "reconfigure" (the same, but say loudly at attach when it cannot), "rebuild" (always rebuild and rebind)
@@ -75,16 +84,20 @@ def unsupported_reason(groups: Sequence[Any]) -> str | None:
     import torch.distributed as dist
 
     if not api_available():
-        return (f"torch {torch.__version__} has no process-group reconfigure (torch 2.15 added it): "
-                "recovery rebuilds the groups and rebinds every cached reference")
+        return (
+            f"torch {torch.__version__} has no process-group reconfigure (torch 2.15 added it): "
+            "recovery rebuilds the groups and rebinds every cached reference"
+        )
     for pg in groups:
         try:
-            ok = bool(dist._supports_reconfigure(pg))
+            ok = bool(dist._supports_reconfigure(pg))  # type: ignore[attr-defined]  # torch >= 2.15
         except Exception as exc:  # noqa: BLE001 - a backend without the property: not supported, say why
             return f"group {_name(pg)!r} cannot say whether it supports reconfigure ({exc})"
         if not ok:
-            return (f"group {_name(pg)!r} does not support reconfigure (its backend; for nccl create it with "
-                    "init_process_group(..., enable_reconfigure=True))")
+            return (
+                f"group {_name(pg)!r} does not support reconfigure (its backend; for nccl create it with "
+                "init_process_group(..., enable_reconfigure=True))"
+            )
     return None
 
 
@@ -114,8 +127,9 @@ def _name(pg: Any) -> str:
 _POLL_S = 0.005
 
 
-def _wait_for_handles(store: "dist.Store", keys: list[str], world_ranks: Sequence[int],
-                      timeout: datetime.timedelta) -> None:
+def _wait_for_handles(
+    store: dist.Store, keys: list[str], world_ranks: Sequence[int], timeout: datetime.timedelta
+) -> None:
     """Until every one of ``keys`` is set; raises at once when a rank of ``world_ranks`` posted that it
     gave up (a replacement that could not create its groups never publishes a handle: without this the
     others waited out the store's timeout, and the replacement's fallback rendezvous with them could
@@ -133,8 +147,14 @@ def _wait_for_handles(store: "dist.Store", keys: list[str], world_ranks: Sequenc
         time.sleep(_POLL_S)
 
 
-def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int,
-                      timeout: datetime.timedelta = DEFAULT_TIMEOUT, world_ranks: Sequence[int] = ()) -> float:
+def reconfigure_group(
+    pg: Any,
+    spec: GroupSpec,
+    store: dist.Store,
+    rank: int,
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    world_ranks: Sequence[int] = (),
+) -> float:
     """Exchange handles for ``pg`` on ``store`` and reconfigure it in place; returns the seconds it took.
 
     Every member of the group calls it with the same ``store`` (the generation's prefix). Raises what
@@ -145,7 +165,7 @@ def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int
 
     keys = _Keys(spec.name)
     group_rank = spec.ranks.index(rank)
-    handle = dist._get_reconfigure_handle(pg)
+    handle = dist._get_reconfigure_handle(pg)  # type: ignore[attr-defined]  # torch >= 2.15
     if group_rank == 0:
         store.set(keys.uuid, str(secrets.randbits(62)))
     store.set(keys.handle(group_rank), handle)
@@ -154,7 +174,7 @@ def reconfigure_group(pg: Any, spec: "GroupSpec", store: "dist.Store", rank: int
     handles = [store.get(keys.handle(i)).decode() for i in range(len(spec.ranks))]
     t0 = time.perf_counter()
     bound = min(spec.timeout, timeout) if spec.timeout is not None else timeout
-    dist._reconfigure(uuid, handles, group=pg, timeout=bound).wait()
+    dist._reconfigure(uuid, handles, group=pg, timeout=bound).wait()  # type: ignore[attr-defined]  # torch >= 2.15
     return time.perf_counter() - t0
 
 
@@ -167,8 +187,7 @@ class ReconfigurePath:
         self.disabled: str | None = None  # set once a round fell back: later rounds rebuild too
         self.last_reconfigure_s = 0.0
 
-    def reconfigure(self, groups: Sequence[Any], specs: Sequence["GroupSpec"], store: "dist.Store",
-                    rank: int) -> list[Any]:
+    def reconfigure(self, groups: Sequence[Any], specs: Sequence[GroupSpec], store: dist.Store, rank: int) -> list[Any]:
         """Reconfigure ``groups`` (the live ones, in ``specs`` order) in place and return them.
 
         Raises :class:`Fallback` on EVERY rank when any rank failed (each reads every rank's result);
@@ -212,12 +231,14 @@ def group_store_address(pg: Any) -> dict[str, Any]:
     group_store = entry[1]
     base = getattr(group_store, "_underlying_non_prefix_store", group_store)
     if not isinstance(base, dist.TCPStore):
-        raise Fallback(f"group {name!r} was created on a {type(base).__name__}, not a TCPStore: a replacement "
-                       "process cannot reach it to reconfigure with the survivors")
+        raise Fallback(
+            f"group {name!r} was created on a {type(base).__name__}, not a TCPStore: a replacement "
+            "process cannot reach it to reconfigure with the survivors"
+        )
     probe = f"accelpact-store-probe/{secrets.token_hex(8)}"
     full = None
     try:
-        group_store.set(probe, b"1")
+        group_store.set(probe, b"1")  # type: ignore[arg-type]  # the stub says str; bytes are stored as is
         full = next((k for k in base.list_keys() if k.endswith(probe)), None)
     except Exception as exc:  # noqa: BLE001 - a store that cannot list its keys: say so, and rebind
         raise Fallback(f"group {name!r}: could not read its store's key prefix: {type(exc).__name__}: {exc}") from exc
@@ -233,20 +254,27 @@ def group_store_address(pg: Any) -> dict[str, Any]:
     return {"host": base.host, "port": base.port, "prefix": group_prefix[: -len(own)]}
 
 
-def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> "dist.Store":
+def store_at(address: dict[str, Any], timeout: datetime.timedelta) -> dist.Store:
     """A client of the store :func:`group_store_address` described, under the same key prefix."""
     import torch.distributed as dist
 
-    store: dist.Store = dist.TCPStore(address["host"], int(address["port"]), is_master=False, timeout=timeout,
-                                      wait_for_workers=False)
+    store: dist.Store = dist.TCPStore(
+        address["host"], int(address["port"]), is_master=False, timeout=timeout, wait_for_workers=False
+    )
     prefix = address["prefix"]
     # Every PrefixStore joins ``prefix + "/" + key``, so a creator's prefix is "" or ends with "/".
     return dist.PrefixStore(prefix[:-1], store) if prefix else store
 
 
-def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
-                device_id: "torch.device | None" = None, *,
-                group_stores: Sequence[dict[str, Any]], timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Any]:
+def join_groups(
+    specs: Sequence[GroupSpec],
+    store: dist.Store,
+    rank: int,
+    device_id: torch.device | None = None,
+    *,
+    group_stores: Sequence[dict[str, Any]],
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+) -> list[Any]:
     """On a replacement process: create every group in the reconfigure regime under the survivors'
     names, each on the store ``group_stores[i]`` describes (the survivors' group's own store and prefix,
     :func:`group_store_address`), and reconfigure it with them (they run
@@ -261,9 +289,10 @@ def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
     try:
         if len(group_stores) != len(specs):
             raise ValueError(f"the plan names {len(group_stores)} group stores for {len(specs)} groups")
-        groups = [_create_in_regime(spec, store_at(address, timeout), rank,
-                                    device_id if spec.device_id is not None else None)
-                  for spec, address in zip(specs, group_stores)]
+        groups = [
+            _create_in_regime(spec, store_at(address, timeout), rank, device_id if spec.device_id is not None else None)
+            for spec, address in zip(specs, group_stores)
+        ]
     except Exception as exc:  # noqa: BLE001 - say so to the survivors (they read every rank's word)
         why = f"rank {rank}: could not create its groups in the reconfigure regime: {type(exc).__name__}: {exc}"
         store.set(_Keys.result(rank), why)
@@ -272,7 +301,7 @@ def join_groups(specs: Sequence["GroupSpec"], store: "dist.Store", rank: int,
     return ReconfigurePath(world, timeout).reconfigure(groups, specs, store, rank)
 
 
-def _create_in_regime(spec: "GroupSpec", store: "dist.Store", rank: int, device_id: Any) -> Any:
+def _create_in_regime(spec: GroupSpec, store: dist.Store, rank: int, device_id: Any) -> Any:
     """A group registered under ``spec.name`` on ``store`` (c10d adds ``<name>/`` as for the survivors),
     created with ``enable_reconfigure=True`` (no communicator yet)."""
     import torch.distributed.distributed_c10d as c10d
@@ -282,11 +311,19 @@ def _create_in_regime(spec: "GroupSpec", store: "dist.Store", rank: int, device_
             c10d._cleanup_process_group_global_state(pg)
             if c10d._world.default_pg is pg:
                 c10d._update_default_pg(None)
-    new, _ = c10d._new_process_group_helper(
-        len(spec.ranks), spec.ranks.index(rank), [] if spec.is_default else list(spec.ranks), spec.backend,
-        store, spec.name,
-        timeout=spec.timeout or datetime.timedelta(minutes=30), pg_tag=spec.tag, group_desc=spec.desc,
-        device_id=device_id, enable_reconfigure=True)
+    new, _ = c10d._new_process_group_helper(  # type: ignore[call-arg]  # enable_reconfigure: torch >= 2.15
+        len(spec.ranks),
+        spec.ranks.index(rank),
+        [] if spec.is_default else list(spec.ranks),
+        spec.backend,
+        store,
+        spec.name,  # type: ignore[arg-type]  # torch types the name GroupName, a NewType of str
+        timeout=spec.timeout or datetime.timedelta(minutes=30),
+        pg_tag=spec.tag,
+        group_desc=spec.desc,
+        device_id=device_id,
+        enable_reconfigure=True,
+    )
     if spec.is_default:
         c10d._update_default_pg(new)
     c10d._world.pg_group_ranks[new] = {r: i for i, r in enumerate(spec.ranks)}

@@ -1,6 +1,7 @@
 """The out-of-band control channel and what it is built from.
 
 - channel.py: :class:`ControlChannel` (deadlines, reconnects, the job-token check, the report gather);
+- client.py: :class:`ControlClient`, the Protocol every ``control`` parameter is typed with;
 - store_client.py: a TCPStore client call on a worker thread, stopped at the caller's deadline;
 - data_plane_store.py: the never-used store prefix each data-plane generation is built on;
 - launch_env.py: where the channel's settings come from (the harness, torchrun);

@@ -37,24 +37,25 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import launch_env as _launch_env
+from accelpact.control.data_plane_store import DataPlaneStores
 from accelpact.control.store_client import (
     _Connection,
-    _StoreRefused,
     _dist,
     _first_line,
     _is_connection_error,
     _is_wait_timeout,
     _new_client,
+    _StoreRefused,
 )
-from accelpact.control.data_plane_store import DataPlaneStores
-from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.detection.liveness import Beat, PeerWatch, Verdict
+from accelpact.errors import ControlChannelError, RankLostError
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -113,21 +114,22 @@ class ControlChannel(DataPlaneStores):
         self._lock = threading.RLock()
         self._conn: _Connection | None = None
         self._dp_generations: set[int] = set()
-        self._spare: tuple[Future, int] | None = None  # (connecting data-plane client, self.connects then)
+        self._spare: tuple[Future[torch.distributed.TCPStore], int] | None = (
+            None  # (connecting data-plane client, self.connects then)
+        )
         self._closed = False
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def connect(cls, config: ControlConfig) -> "ControlChannel":
+    def connect(cls, config: ControlConfig) -> ControlChannel:
         """Connect to the control store; ControlChannelError if it is unreachable within connect_timeout_s."""
         chan = cls(config)
-        chan._call(lambda s: s.check([chan.key("hello")]), time.monotonic() + config.connect_timeout_s,
-                   "connect")
+        chan._call(lambda s: s.check([chan.key("hello")]), time.monotonic() + config.connect_timeout_s, "connect")
         return chan
 
     @classmethod
-    def from_env(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+    def from_env(cls, rank: int | None = None, world_size: int | None = None) -> ControlChannel:
         """Connect using ACCELPACT_CONTROL_ADDR=host:port, ACCELPACT_JOB_TOKEN, RANK, WORLD_SIZE.
 
         Under torchrun, a missing ACCELPACT_CONTROL_ADDR / ACCELPACT_JOB_TOKEN falls back to torchrun's
@@ -137,13 +139,13 @@ class ControlChannel(DataPlaneStores):
         return cls._from_settings(_launch_env.control_settings(), rank, world_size)
 
     @classmethod
-    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> "ControlChannel":
+    def from_torchrun(cls, rank: int | None = None, world_size: int | None = None) -> ControlChannel:
         """Connect to the store torchrun's agent hosts (MASTER_ADDR:MASTER_PORT), job token from its run
         id (docs/torchrun.md). AccelPactError when this process was not started by torchrun."""
         return cls._from_settings(_launch_env.control_settings(torchrun_only=True), rank, world_size)
 
     @classmethod
-    def _from_settings(cls, settings: dict, rank: int | None, world_size: int | None) -> "ControlChannel":
+    def _from_settings(cls, settings: dict[str, Any], rank: int | None, world_size: int | None) -> ControlChannel:
         rank = _launch_env.launcher_int("RANK") if rank is None else rank
         world_size = _launch_env.launcher_int("WORLD_SIZE") if world_size is None else world_size
         return cls.connect(ControlConfig(rank=rank, world_size=world_size, **settings))
@@ -171,13 +173,15 @@ class ControlChannel(DataPlaneStores):
                     f"rank(s) {missing} of {self.world_size} did not join job token {self.job_token!r} (from "
                     f"{source}) on control store {self._addr} within connect_timeout_s={timeout_s:g}; seen from "
                     f"rank {self.rank}. Every rank must get the same {source} and WORLD_SIZE; a rank with another "
-                    "token waits on its own.")
+                    "token waits on its own."
+                )
         sizes = self._call(lambda s: s.multi_get(keys), self._deadline(None), what)
         other = [r for r, v in enumerate(sizes) if int(v) != self.world_size]
         if other:
             raise ControlChannelError(
                 f"rank(s) {other} joined job token {self.job_token!r} with another world size than rank "
-                f"{self.rank}'s {self.world_size}: every rank must be started with the same WORLD_SIZE")
+                f"{self.rank}'s {self.world_size}: every rank must be started with the same WORLD_SIZE"
+            )
 
     # ------------------------------------------------------------------ plumbing
 
@@ -207,12 +211,16 @@ class ControlChannel(DataPlaneStores):
             return fut.result(timeout=max(deadline - time.monotonic(), 0.0) + _GRACE_S)
         except FutureTimeout:
             self._discard(conn)  # its socket may be mid-reply: never reuse it
-            knob = (f"connect_timeout_s={self.config.connect_timeout_s:g}" if self.connects == 0
-                    else f"deadline_s={self.config.deadline_s:g}")
+            knob = (
+                f"connect_timeout_s={self.config.connect_timeout_s:g}"
+                if self.connects == 0
+                else f"deadline_s={self.config.deadline_s:g}"
+            )
             raise ControlChannelError(
                 f"control store {self._addr} did not answer {what} before the deadline (rank {self.rank}, "
                 f"generation {self.generation}): the store host is stalled or the network to it is down. "
-                f"Check the process hosting the store, or raise {knob}.") from None
+                f"Check the process hosting the store, or raise {knob}."
+            ) from None
 
     def _connection(self, deadline: float) -> _Connection:
         with self._lock:
@@ -224,8 +232,11 @@ class ControlChannel(DataPlaneStores):
                 first = self.connects == 0
                 try:
                     conn.store = self._run(
-                        conn, lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True,
-                                                  first=first), deadline, "a connection")
+                        conn,
+                        lambda: _new_client(self.config.host, self.config.port, timeout_s, probe=True, first=first),
+                        deadline,
+                        "a connection",
+                    )
                 except _StoreRefused as refused:
                     self._discard(conn)
                     # One line, at once: a refusal does not heal by waiting (nothing listens there).
@@ -233,7 +244,8 @@ class ControlChannel(DataPlaneStores):
                         f"control store {self._addr} {refused} on rank {self.rank}; waiting will not help. "
                         f"Check the address (ACCELPACT_CONTROL_ADDR, or torchrun's "
                         f"MASTER_ADDR:MASTER_PORT) and that the store host is up; connect_timeout_s="
-                        f"{self.config.connect_timeout_s:g} only bounds a store that does not answer.") from None
+                        f"{self.config.connect_timeout_s:g} only bounds a store that does not answer."
+                    ) from None
                 except BaseException:
                     self._discard(conn)
                     raise
@@ -249,11 +261,12 @@ class ControlChannel(DataPlaneStores):
             if time.monotonic() >= deadline:
                 raise ControlChannelError(
                     f"control store {self._addr} unreachable for {what} until the deadline (rank {self.rank}); "
-                    f"last error: {_first_line(last) if last else 'none'}. Is the store host alive?")
+                    f"last error: {_first_line(last) if last else 'none'}. Is the store host alive?"
+                )
             conn = None
             try:
                 conn = self._connection(deadline)
-                return self._run(conn, lambda: fn(conn.store), deadline, what)
+                return self._run(conn, lambda: fn(conn.store), deadline, what)  # noqa: B023 - awaited in this iteration
             except ControlChannelError:
                 raise
             except Exception as exc:
@@ -265,7 +278,8 @@ class ControlChannel(DataPlaneStores):
                 if not idempotent and "broken pipe" not in str(exc).lower():
                     raise ControlChannelError(
                         f"{what} on control store {self._addr} failed mid-request ({_first_line(exc)}); it may or "
-                        f"may not have been applied, so it is not retried. Re-read the key before retrying.") from exc
+                        f"may not have been applied, so it is not retried. Re-read the key before retrying."
+                    ) from exc
                 failures += 1
                 if failures > 1:  # the first retry goes straight to a new client: a reset needs no pause
                     time.sleep(min(_RECONNECT_BACKOFF_S, max(deadline - time.monotonic(), 0.0)))
@@ -288,18 +302,19 @@ class ControlChannel(DataPlaneStores):
         values = self._wait_for([key], self._deadline(deadline_s), f"get({key!r})")
         if values is None:
             raise ControlChannelError(
-                f"key {key!r} did not appear on control store {self._addr} before the deadline (rank {self.rank})")
+                f"key {key!r} did not appear on control store {self._addr} before the deadline (rank {self.rank})"
+            )
         return values[0]
 
     def add(self, key: str, amount: int) -> int:
         """Atomic add; retried after a reconnect only when the request provably never reached the server."""
-        return int(self._call(lambda s: s.add(key, amount), self._deadline(None), f"add({key!r})",
-                              idempotent=False))
+        return int(self._call(lambda s: s.add(key, amount), self._deadline(None), f"add({key!r})", idempotent=False))
 
     def _wait_for(self, keys: list[str], deadline: float, what: str) -> list[bytes] | None:
         """Values of all keys, or None if some are still missing at the deadline."""
 
-        return self._call(lambda store: _wait_then_get(store, keys, deadline), deadline, what)
+        values: list[bytes] | None = self._call(lambda store: _wait_then_get(store, keys, deadline), deadline, what)
+        return values
 
     def _missing(self, keys: list[str], what: str) -> list[int]:
         """Indices of keys absent right now (a diagnosis after a deadline, given its own short one)."""
@@ -311,8 +326,9 @@ class ControlChannel(DataPlaneStores):
     def _round_keys(self, generation: int, tag: str) -> list[str]:
         return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
 
-    def gather(self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None,
-               watch: "PeerWatch | None" = None) -> dict[int, bytes]:
+    def gather(
+        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: PeerWatch | None = None
+    ) -> dict[int, bytes]:
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 
         Ranks that have not posted by the own deadline raise RankLostError naming them; an unreachable
@@ -327,7 +343,7 @@ class ControlChannel(DataPlaneStores):
         posted = self.key(f"gen{generation}", "posted")
         what = f"gather {tag!r} of generation {generation}"
 
-        def attempt(store):
+        def attempt(store: Any) -> Any:  # list[bytes] | Verdict | None; Any: torch's Store stub lacks multi_set
             # Post, wait and read in ONE hand-off to the worker and three store round trips: during
             # a recovery every hop is a scheduler wake-up on a loaded host. Safe to retry whole
             # after a reconnect: setting our own key again is idempotent.
@@ -356,7 +372,10 @@ class ControlChannel(DataPlaneStores):
             raise RankLostError(
                 f"rank(s) {list(values.ranks)} of {self.world_size} died, seen from rank {self.rank} during "
                 f"{what} (detected by {values.detected_by}: {values.reason})",
-                ranks=values.ranks, generation=generation, detected_by=values.detected_by)
+                ranks=values.ranks,
+                generation=generation,
+                detected_by=values.detected_by,
+            )
         if values is not None:
             return dict(enumerate(values))
         missing = self._missing(keys, what)
@@ -366,7 +385,10 @@ class ControlChannel(DataPlaneStores):
             f"rank(s) {missing} of {self.world_size} did not reach {what} (job {self.job_token}) before the "
             f"deadline; seen from rank {self.rank}. The rank died, hangs, or is in another generation: "
             f"recovery in memory is impossible, restore from a checkpoint.",
-            ranks=tuple(missing), generation=generation, detected_by="deadline")
+            ranks=tuple(missing),
+            generation=generation,
+            detected_by="deadline",
+        )
 
     def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None:
         """Wait until every rank reached this barrier; RankLostError naming the absent ranks at the deadline."""
@@ -409,14 +431,14 @@ class ControlChannel(DataPlaneStores):
             if self._conn is not None:
                 self._discard(self._conn)
 
-    def __enter__(self) -> "ControlChannel":
+    def __enter__(self) -> ControlChannel:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _wait_then_get(store: Any, keys: list[str], deadline: float) -> list[bytes] | None:
+def _wait_then_get(store: torch.distributed.Store, keys: list[str], deadline: float) -> list[bytes] | None:
     """Values of all ``keys`` once present, or None if some are still missing at ``deadline`` (monotonic).
 
     One store wait and one read: a wait() on keys already there returns at once."""
@@ -434,14 +456,16 @@ def _wait_then_get(store: Any, keys: list[str], deadline: float) -> list[bytes] 
     return store.multi_get(keys)
 
 
-def start_control_server(host: str = "127.0.0.1", port: int = 0) -> "tuple[torch.distributed.TCPStore, int]":
+def start_control_server(host: str = "127.0.0.1", port: int = 0) -> tuple[torch.distributed.TCPStore, int]:
     """Host the control store in this process (a long-lived one the data-plane faults do not touch).
 
     ``port=0`` binds a free port. Returns the server store (keep a reference: the server lives as
     long as it) and the bound port.
     """
     dist = _dist()
-    server = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    server: torch.distributed.TCPStore = dist.TCPStore(
+        host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
+    )
     return server, server.port
 
 

@@ -16,7 +16,8 @@ of its own. ``RANK`` and ``WORLD_SIZE`` come from the launcher in both cases.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from accelpact.errors import AccelPactError
 
@@ -56,19 +57,23 @@ def _split_addr(addr: str, name: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: bool = False) -> dict:
+def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: bool = False) -> dict[str, Any]:
     """Keyword arguments for ControlConfig (all but rank and world size) from the environment.
 
     ``torchrun_only``: ignore the ACCELPACT_* variables and use torchrun's store and run id.
     """
     env = os.environ if env is None else env
-    hint = ("export ACCELPACT_CONTROL_ADDR=host:port and ACCELPACT_JOB_TOKEN (the same on every rank), "
-            "or start the job with torchrun, whose store (MASTER_ADDR:MASTER_PORT) and run id are used then")
+    hint = (
+        "export ACCELPACT_CONTROL_ADDR=host:port and ACCELPACT_JOB_TOKEN (the same on every rank), "
+        "or start the job with torchrun, whose store (MASTER_ADDR:MASTER_PORT) and run id are used then"
+    )
     torchrun = under_torchrun(env)
     if torchrun_only and not torchrun:
-        raise AccelPactError("TORCHELASTIC_RUN_ID is not set: this process was not started by torchrun. Under "
-                             "another launcher use ControlChannel.from_env() with ACCELPACT_CONTROL_ADDR and "
-                             "ACCELPACT_JOB_TOKEN")
+        raise AccelPactError(
+            "TORCHELASTIC_RUN_ID is not set: this process was not started by torchrun. Under "
+            "another launcher use ControlChannel.from_env() with ACCELPACT_CONTROL_ADDR and "
+            "ACCELPACT_JOB_TOKEN"
+        )
     if env.get("ACCELPACT_CONTROL_ADDR") and not torchrun_only:
         host, port = _split_addr(env["ACCELPACT_CONTROL_ADDR"], "ACCELPACT_CONTROL_ADDR")
     elif torchrun:
@@ -84,7 +89,10 @@ def control_settings(env: Mapping[str, str] | None = None, *, torchrun_only: boo
     else:
         token, source = _need(env, "ACCELPACT_JOB_TOKEN", hint), "ACCELPACT_JOB_TOKEN"
     return {
-        "host": host, "port": port, "job_token": token, "token_source": source,
+        "host": host,
+        "port": port,
+        "job_token": token,
+        "token_source": source,
         "deadline_s": float(env.get("ACCELPACT_CONTROL_DEADLINE_S", _DEFAULT_DEADLINE_S)),
         "connect_timeout_s": float(env.get("ACCELPACT_CONTROL_CONNECT_TIMEOUT_S", _DEFAULT_CONNECT_TIMEOUT_S)),
     }

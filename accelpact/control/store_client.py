@@ -13,8 +13,9 @@ import datetime
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact import shutdown
 
@@ -33,7 +34,7 @@ class _Worker:
     """
 
     def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         shutdown.register(self)  # a call returning while the interpreter finalizes would abort it
@@ -51,15 +52,15 @@ class _Worker:
             except BaseException as exc:  # handed to the caller, which decides
                 fut.set_exception(exc)
 
-    def submit(self, fn: Callable[[], Any]) -> Future:
-        fut: Future = Future()
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut
 
     def stop(self) -> None:
         self._queue.put(None)
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         """Stop (an idle worker exits at once; a busy one after its call) and wait until ``deadline``."""
         self._queue.put(None)
         return shutdown.join_until(self._thread, deadline)
@@ -70,10 +71,11 @@ class _Connection:
 
     def __init__(self, name: str):
         self.worker = _Worker(name)
-        self.store: "torch.distributed.TCPStore | None" = None
+        self.store: torch.distributed.TCPStore | None = None
 
 
-def _dist():
+def _dist() -> Any:
+    """The torch.distributed module."""
     import torch.distributed as dist  # lazily: importing torch costs seconds
 
     return dist
@@ -118,11 +120,14 @@ def _probe(host: str, port: int, timeout_s: float, *, first: bool) -> None:
         return
 
 
-def _new_client(host: str, port: int, timeout_s: float, *, probe: bool = False,
-                first: bool = False) -> "torch.distributed.TCPStore":
+def _new_client(
+    host: str, port: int, timeout_s: float, *, probe: bool = False, first: bool = False
+) -> torch.distributed.TCPStore:
     """A TCPStore client; with ``probe``, a refused address raises _StoreRefused at once (see _probe)."""
     dist = _dist()
     if probe:
         _probe(host, port, timeout_s, first=first)
-    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    client: torch.distributed.TCPStore = dist.TCPStore(
+        host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    return client

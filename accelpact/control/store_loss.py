@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from accelpact.errors import ControlChannelError, ControlStoreLostError
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["StoreLossReporter", "store_lost_error"]
 
@@ -39,22 +42,29 @@ class StoreLossReporter:
             return
         self.lost_since = time.time()
         self.losses += 1
-        print(f"accelpact: rank {self.rank}: the control store at {self.address} stopped answering the "
-              f"heartbeat ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); training "
-              "continues, but a fault now cannot be recovered in memory (restore from a checkpoint)",
-              file=self.stream or sys.stderr, flush=True)
+        print(
+            f"accelpact: rank {self.rank}: the control store at {self.address} stopped answering the "
+            f"heartbeat ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); training "
+            "continues, but a fault now cannot be recovered in memory (restore from a checkpoint)",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )
 
     def answered(self) -> None:
         if self.lost_since is None:
             return
-        print(f"accelpact: rank {self.rank}: the control store at {self.address} answers again after "
-              f"{time.time() - self.lost_since:.1f} s; this rank re-registered its heartbeat",
-              file=self.stream or sys.stderr, flush=True)
+        print(
+            f"accelpact: rank {self.rank}: the control store at {self.address} answers again after "
+            f"{time.time() - self.lost_since:.1f} s; this rank re-registered its heartbeat",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )
         self.lost_since = None
 
 
-def store_lost_error(err: ControlChannelError, *, control: Any, step: int,
-                     committed_step: int) -> ControlStoreLostError:
+def store_lost_error(
+    err: ControlChannelError, *, control: ControlClient, step: int, committed_step: int
+) -> ControlStoreLostError:
     """The error a rank raises when the control store is lost during the recovery of a fault."""
     cfg = getattr(control, "config", None)
     where = f"{cfg.host}:{cfg.port}" if cfg is not None else "its address"
@@ -63,4 +73,7 @@ def store_lost_error(err: ControlChannelError, *, control: Any, step: int,
         f"the control store at {where} is lost (its host process died or is unreachable): after a fault at "
         f"step {step}, recovery generation {generation}; this rank's last committed step is {committed_step}. "
         f"In-memory recovery is impossible: restore from a checkpoint. ({err})",
-        last_committed_step=committed_step, generation=generation, address=where)
+        last_committed_step=committed_step,
+        generation=generation,
+        address=where,
+    )

@@ -29,8 +29,9 @@ the collector does not track.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,14 +81,17 @@ class BindingTable:
     _scanned_modules: set[str] = field(default_factory=set, repr=False)
     _modules_seen: int = field(default=-1, repr=False)
     # rebind's fast form (see _compiled); rebuilt when slots change.
-    _buckets: dict[int, list[tuple[dict, Any]]] | None = field(default=None, repr=False)
-    _default_buckets: dict[int, list[tuple[Any, str, list]]] = field(default_factory=dict, repr=False)
+    _buckets: dict[int, list[tuple[dict[str, Any], Any]]] | None = field(default=None, repr=False)
+    _default_buckets: dict[int, list[tuple[Any, str, list[Any]]]] = field(default_factory=dict, repr=False)
     _buckets_n: tuple[int, int] = field(default=(-1, -1), repr=False)
 
     @classmethod
     def build(
-        cls, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, process_group: Any = None
-    ) -> "BindingTable":
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> BindingTable:
         """Walk model, FSDP state and optimizer state once and record every process-group slot.
 
         ``process_group`` (default: WORLD) is always included even if FSDP happens to hold it only
@@ -202,13 +206,16 @@ class BindingTable:
                         held = getattr(fn, kind, None)
                         values = held.values() if isinstance(held, dict) else (held or ())
                         # Only the groups this table rebinds: others are not ours to replace.
-                        if any(v is g for v in values for g in self.groups) and \
-                                all(f is not fn or k != kind for f, k, _ in self.defaults):
+                        if any(v is g for v in values for g in self.groups) and all(
+                            f is not fn or k != kind for f, k, _ in self.defaults
+                        ):
                             self.defaults.append((fn, kind, f"{where}.{kind}"))
                             added += 1
         return added
 
-    def _compiled(self) -> tuple[dict[int, list[tuple[dict, Any]]], dict[int, list[tuple[Any, str, list]]]]:
+    def _compiled(
+        self,
+    ) -> tuple[dict[int, list[tuple[dict[str, Any], Any]]], dict[int, list[tuple[Any, str, list[Any]]]]]:
         """Slots and function defaults bucketed by the id of the group they hold, built once.
 
         An attribute slot is written through the holder's ``__dict__`` (where the scan found it),
@@ -218,15 +225,15 @@ class BindingTable:
         what keeps rebinding at a few microseconds.
         """
         if self._buckets is None or self._buckets_n != (len(self.slots), len(self.defaults)):
-            buckets: dict[int, list[tuple[dict, Any]]] = {}
+            buckets: dict[int, list[tuple[dict[str, Any], Any]]] = {}
             for slot in self.slots:
                 target = slot.holder if slot.is_item else _instance_dict(slot.holder, slot.key)
                 buckets.setdefault(id(slot.get()), []).append((target, slot.key))
-            default_buckets: dict[int, list[tuple[Any, str, list]]] = {}
+            default_buckets: dict[int, list[tuple[Any, str, list[Any]]]] = {}
             for fn, kind, _path in self.defaults:
                 held = getattr(fn, kind, None) or ()
                 items = held.items() if type(held) is dict else enumerate(held)
-                positions: dict[int, list] = {}
+                positions: dict[int, list[Any]] = {}
                 for pos, value in items:
                     # Any group, not only self.groups: the table may be recompiled after a
                     # partial rebind left some defaults on a group it no longer lists.
@@ -254,7 +261,7 @@ class BindingTable:
             else:
                 mapping = dict(mapping)
         n = 0
-        moved: list[tuple[int, list, list]] = []
+        moved: list[tuple[int, list[Any], list[Any]]] = []
         for old, new in mapping.items():
             bucket = buckets.pop(id(old), None)
             if bucket:
@@ -276,7 +283,7 @@ class BindingTable:
             default_buckets.setdefault(gid, []).extend(dbucket)
         groups = self.groups
         if len(groups) == 1 and len(mapping) == 1:  # the usual case: one data-plane group
-            (old, new), = mapping.items()
+            ((old, new),) = mapping.items()
             if groups[0] is old:
                 self.groups = [new]
         else:
@@ -287,7 +294,7 @@ class BindingTable:
         return [s.path for s in self.slots] + [path for _fn, _kind, path in self.defaults]
 
 
-def _swap_defaults(bucket: list[tuple[Any, str, list]], old: Any, new: Any) -> int:
+def _swap_defaults(bucket: list[tuple[Any, str, list[Any]]], old: Any, new: Any) -> int:
     """Replace ``old`` with ``new`` at the recorded positions of each function's defaults."""
     n = 0
     for fn, kind, positions in bucket:
@@ -304,7 +311,7 @@ def _swap_defaults(bucket: list[tuple[Any, str, list]], old: Any, new: Any) -> i
         if len(positions) == 1:  # the usual case: one `group=` default; slicing beats a list copy
             i = positions[0]
             if i < len(held) and held[i] is old:
-                setattr(fn, kind, held[:i] + (new,) + held[i + 1:])
+                setattr(fn, kind, held[:i] + (new,) + held[i + 1 :])
                 n += 1
             continue
         values = list(held)
@@ -319,9 +326,9 @@ def _swap_defaults(bucket: list[tuple[Any, str, list]], old: Any, new: Any) -> i
     return n
 
 
-def _instance_dict(holder: Any, key: str) -> dict:
+def _instance_dict(holder: Any, key: str) -> dict[str, Any]:
     """The dict an attribute slot lives in; the scan only records attributes found in ``vars()``."""
-    d = vars(holder)
+    d: dict[str, Any] = vars(holder)
     if key not in d:
         raise AssertionError(f"attribute {key!r} of {type(holder).__name__} is not in its __dict__")
     return d

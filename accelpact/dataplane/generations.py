@@ -14,8 +14,9 @@ group is bound to, ...) lives in :mod:`accelpact.backends`.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Callable, Collection
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from accelpact.errors import CollectiveAbandoned, GenerationSuperseded
 
-__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective",
-           "describe"]
+__all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective", "describe"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,10 @@ def _forget(pg: dist.ProcessGroup) -> None:
 
 
 def rebuild_group(
-    old: dist.ProcessGroup | None, spec: GroupSpec, store: dist.Store, rank: int,
+    old: dist.ProcessGroup | None,
+    spec: GroupSpec,
+    store: dist.Store,
+    rank: int,
     device_id: torch.device | None = None,
 ) -> dist.ProcessGroup:
     """Build the next generation of ``spec`` on ``store`` (a never-used prefix) under the same name.
@@ -107,7 +110,7 @@ def rebuild_group(
         [] if spec.is_default else list(spec.ranks),
         spec.backend,
         store,
-        spec.name,
+        spec.name,  # type: ignore[arg-type]  # torch types it GroupName, a NewType of str
         timeout=timeout,
         pg_tag=spec.tag,
         group_desc=spec.desc,
@@ -118,7 +121,7 @@ def rebuild_group(
         c10d._world.pg_group_ranks[new] = {r: i for i, r in enumerate(spec.ranks)}
     else:
         c10d._world.pg_group_ranks[new] = {r: i for i, r in enumerate(spec.ranks)}
-    return new
+    return cast("dist.ProcessGroup", new)
 
 
 def retire_group(pg: dist.ProcessGroup) -> None:
@@ -129,6 +132,7 @@ def retire_group(pg: dist.ProcessGroup) -> None:
 def store_ports(extra: Collection[int] = ()) -> set[int]:
     """Ports of every TCPStore the process groups were built on, plus ``extra``: never reset these."""
     ports = set(extra)
+    store: Any
     for _backend, store in list(c10d._world.pg_map.values()):
         while store is not None:
             port = getattr(store, "port", None)
@@ -138,8 +142,12 @@ def store_ports(extra: Collection[int] = ()) -> set[int]:
     return ports
 
 
-def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
-                     superseded: Callable[[], bool] | None = None, poll_s: float = 0.02) -> None:
+def first_collective(
+    pg: dist.ProcessGroup,
+    device: torch.device | str = "cpu",
+    superseded: Callable[[], bool] | None = None,
+    poll_s: float = 0.02,
+) -> None:
     """One tiny all-reduce proving the new generation works before anything else uses it.
 
     With ``superseded`` (the control channel's ``generation_superseded``), the wait is polled: if a
@@ -154,17 +162,24 @@ def first_collective(pg: dist.ProcessGroup, device: torch.device | str = "cpu",
     else:
         work = dist.all_reduce(t, group=pg, async_op=True)
         try:
-            wait_interruptibly(work, lambda: "superseded" if superseded() else None,
-                               what=f"the first collective of {describe(pg)}", phase="recovery", poll_s=poll_s)
+            wait_interruptibly(
+                work,
+                lambda: "superseded" if superseded() else None,
+                what=f"the first collective of {describe(pg)}",
+                phase="recovery",
+                poll_s=poll_s,
+            )
         except CollectiveAbandoned:
             raise GenerationSuperseded(
                 f"a peer started a newer recovery round while this rank waited on the first collective "
-                f"of {describe(pg)}", work=work) from None
+                f"of {describe(pg)}",
+                work=work,
+            ) from None
     if int(t.item()) != pg.size():
         raise RuntimeError(f"first collective on the new generation returned {t.item()}, expected {pg.size()}")
 
 
-def describe(pg: Any) -> str:
+def describe(pg: dist.ProcessGroup) -> str:
     """A short description of a process group for error messages (never raises)."""
     try:
         return f"ProcessGroup(name={pg.group_name!r}, size={pg.size()})"

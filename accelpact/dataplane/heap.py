@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["release_free_heap"]
 

@@ -25,7 +25,8 @@ would make its destructor wait for the stuck operation.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from accelpact.errors import CollectiveAbandoned
 
@@ -37,8 +38,9 @@ _SPIN_S = 0.002
 _SLEEP_S = 0.0002
 
 
-def wait_interruptibly(work: Any, interrupt: Callable[[], str | None] | None, *, what: str, phase: str,
-                       poll_s: float = 0.02) -> None:
+def wait_interruptibly(
+    work: Any, interrupt: Callable[[], str | None] | None, *, what: str, phase: str, poll_s: float = 0.02
+) -> None:
     """Wait for ``work``; raise CollectiveAbandoned (holding ``work``) when ``interrupt()`` gives a reason.
 
     ``interrupt`` is asked every ``poll_s`` once the wait has lasted that long; None waits without
@@ -74,8 +76,12 @@ class CollectiveWaiter:
     first_poll_s = 0.02
     max_poll_s = 1.0
 
-    def __init__(self, fired: Callable[[], str | None] | None, superseded: Callable[[], bool] | None,
-                 abandon: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        fired: Callable[[], str | None] | None,
+        superseded: Callable[[], bool] | None,
+        abandon: Callable[[Any], None],
+    ) -> None:
         self._fired = fired
         self._superseded = superseded
         self._abandon = abandon
@@ -108,4 +114,3 @@ class CollectiveWaiter:
             return None
 
         return ask
-

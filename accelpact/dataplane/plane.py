@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import datetime
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from accelpact.backends import Backend
+    from accelpact.control.client import ControlClient
     from accelpact.dataplane.bindings import BindingTable
     from accelpact.dataplane.generations import GroupSpec
     from accelpact.events import RoundClock
@@ -60,9 +62,20 @@ class DataPlane(abc.ABC):
     #: the name under which accelpact.dataplane.DATA_PLANES lists this implementation
     name: str = ""
 
-    def __init__(self, *, backend: "Backend", table: "BindingTable", specs: list["GroupSpec"], vote_index: int,
-                 control: Any, rank: int, group_timeout: datetime.timedelta | None, verify_rebind: bool,
-                 scan: Scan, peers: set[str]) -> None:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        table: BindingTable,
+        specs: list[GroupSpec],
+        vote_index: int,
+        control: ControlClient,
+        rank: int,
+        group_timeout: datetime.timedelta | None,
+        verify_rebind: bool,
+        scan: Scan,
+        peers: set[str],
+    ) -> None:
         self.backend = backend
         self.table = table
         self.specs = specs
@@ -83,14 +96,21 @@ class DataPlane(abc.ABC):
         self.last_path: dict[str, str] = {"path": self.name, "why": f"data_plane={self.name!r}"}
 
     @classmethod
-    def attach(cls, model: "nn.Module", optimizer: "torch.optim.Optimizer", control: Any, *,
-               process_group: Any = None, group_timeout: datetime.timedelta | None = None,
-               verify_rebind: bool = False) -> "DataPlane":
+    def attach(
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        control: ControlClient,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        group_timeout: datetime.timedelta | None = None,
+        verify_rebind: bool = False,
+    ) -> DataPlane:
         """The data plane of an FSDP model and optimizer whose groups exist (after init_process_group)."""
         from accelpact.dataplane.bindings import BindingTable
 
         vote_pg = process_group if process_group is not None else dist.group.WORLD
-        backend = backend_for(vote_pg)
+        backend = backend_for(cast("dist.ProcessGroup", vote_pg))  # WORLD exists: the groups were built
         table = BindingTable.build(model, optimizer, process_group)
         # Check first: the user's groups were built with the environment as it is now (configuring
         # first would hide, e.g., NCCL error handling that kills the process on their groups).
@@ -103,9 +123,18 @@ class DataPlane(abc.ABC):
         backend.track(table.groups, generations.store_ports([control_port] if isinstance(control_port, int) else []))
         sockets = getattr(backend, "sockets", None)
         peers = peer_addresses(sockets.inodes) if sockets is not None else set()
-        return cls(backend=backend, table=table, specs=specs, vote_index=vote_index, control=control,
-                   rank=dist.get_rank(), group_timeout=group_timeout, verify_rebind=verify_rebind,
-                   scan=lambda vote: BindingTable.build(model, optimizer, vote), peers=peers)
+        return cls(
+            backend=backend,
+            table=table,
+            specs=specs,
+            vote_index=vote_index,
+            control=control,
+            rank=dist.get_rank(),
+            group_timeout=group_timeout,
+            verify_rebind=verify_rebind,
+            scan=lambda vote: BindingTable.build(model, optimizer, vote),
+            peers=peers,
+        )
 
     def join_mode(self) -> str:
         """What a heal's replacement must run with the survivors to join their next generation (the
@@ -124,12 +153,12 @@ class DataPlane(abc.ABC):
     # -- the live generation ----------------------------------------------------------------------
 
     @property
-    def groups(self) -> list[Any]:
+    def groups(self) -> list[dist.ProcessGroup]:
         """The live generation of every data-plane group (the table's list: rebinds update it)."""
         return self.table.groups
 
     @property
-    def vote_group(self) -> Any:
+    def vote_group(self) -> dist.ProcessGroup:
         return self.table.groups[self.vote_index]
 
     def abort(self) -> int:
@@ -143,7 +172,7 @@ class DataPlane(abc.ABC):
         """Let go of abandoned generations whose collectives have timed out (Backend.forget_expired)."""
         self.backend.forget_expired()
 
-    def abandon(self, groups: list[Any], work: Any) -> None:
+    def abandon(self, groups: list[dist.ProcessGroup], work: Any) -> None:
         """Keep a generation whose collective was abandoned alive until the PG timeout (Backend.abandon)."""
         self.backend.abandon(groups, work, self.pg_timeout)
 
@@ -173,7 +202,9 @@ class DataPlane(abc.ABC):
     # -- the next generation ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def rebuild(self, generation: int, clock: "RoundClock | None" = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(
+        self, generation: int, clock: RoundClock | None = None
+    ) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         """Make ``generation`` of every data-plane group live; returns (old groups, new groups).
 
         Called by every rank of the generation alike (and by the heal, with the replacement's groups
@@ -182,11 +213,12 @@ class DataPlane(abc.ABC):
         after the groups exist and once after they are bound where FSDP looks for them.
         """
 
-    def prove(self, new_groups: list[Any]) -> None:
+    def prove(self, new_groups: list[dist.ProcessGroup]) -> None:
         """The first collective on the new vote group; a peer's newer round abandons it."""
         try:
-            self.backend.first_collective(new_groups[self.vote_index],
-                                          superseded=getattr(self.control, "generation_superseded", None))
+            self.backend.first_collective(
+                new_groups[self.vote_index], superseded=getattr(self.control, "generation_superseded", None)
+            )
         except GenerationSuperseded as abandoned:
             # The abandoned collective may still run in the backend until the PG timeout; the
             # backend decides how to let go of it without blocking the next round.

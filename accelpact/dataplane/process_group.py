@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch.distributed as dist
 
@@ -25,8 +26,9 @@ __all__ = ["init_process_group", "ATTEMPT_PREFIX"]
 ATTEMPT_PREFIX = "accelpact/attempt"
 
 
-def init_process_group(backend: str, timeout: datetime.timedelta | None = None,
-                       env: Mapping[str, str] | None = None) -> None:
+def init_process_group(
+    backend: str, timeout: datetime.timedelta | None = None, env: Mapping[str, str] | None = None
+) -> None:
     """``dist.init_process_group(backend)`` from the launcher's environment, on a store prefix of its
     own per torchrun restart attempt (``accelpact/attempt<TORCHELASTIC_RESTART_COUNT>``).
 
@@ -36,14 +38,14 @@ def init_process_group(backend: str, timeout: datetime.timedelta | None = None,
     ``timeout``: the process group's timeout (torch's default when None).
     """
     env = os.environ if env is None else env
-    extra = {} if timeout is None else {"timeout": timeout}
+    extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     restart = env.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None:
         dist.init_process_group(backend, **extra)
         return
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     hosts_store = env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=hosts_store,
-                          multi_tenant=True)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart}", store), rank=rank,
-                            world_size=world, **extra)
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=hosts_store, multi_tenant=True)
+    dist.init_process_group(
+        backend, store=dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart}", store), rank=rank, world_size=world, **extra
+    )

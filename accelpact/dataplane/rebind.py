@@ -9,14 +9,17 @@ new generation's first collective worked: their destructors join their threads a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelpact.dataplane import generations
 from accelpact.dataplane.bindings import find_stale_references
 from accelpact.dataplane.plane import DataPlane
+from accelpact.detection.linkprobe import wait_reachable
 from accelpact.errors import AccelPactError
 from accelpact.events import RoundClock
-from accelpact.detection.linkprobe import wait_reachable
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["RebindPlane"]
 
@@ -26,7 +29,9 @@ class RebindPlane(DataPlane):
 
     name = "rebind"
 
-    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(
+        self, generation: int, clock: RoundClock | None = None
+    ) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         self.wait_for_peers()
         return self.rebuild_on(self.control.data_plane_store(generation), clock)
 
@@ -34,7 +39,9 @@ class RebindPlane(DataPlane):
         """A link still down or blackholed: wait for it (within the deadline) instead of building on it."""
         wait_reachable(self.peers, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
 
-    def rebuild_on(self, store: Any, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+    def rebuild_on(
+        self, store: dist.Store, clock: RoundClock | None = None
+    ) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         """New groups under the old names on ``store`` (never used), then the rebind; (old, new)."""
         old_groups = list(self.table.groups)
         new_groups = self.backend.rebuild_groups(old_groups, self.specs, store, self.rank)
@@ -46,8 +53,7 @@ class RebindPlane(DataPlane):
         if clock is not None:
             clock.mark()
         if self.verify_rebind:
-            stale = [(generations.describe(pg), find_stale_references(pg, ignore=(old_groups,)))
-                     for pg in old_groups]
+            stale = [(generations.describe(pg), find_stale_references(pg, ignore=(old_groups,))) for pg in old_groups]
             stale = [(pg, refs) for pg, refs in stale if refs]
             if stale:
                 raise AccelPactError(f"rebind incomplete, still referring to the old group: {stale}")

@@ -19,11 +19,14 @@ event):
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelpact.backends import reconfigure
 from accelpact.dataplane.rebind import RebindPlane
 from accelpact.events import RoundClock
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["ReconfigurePlane"]
 
@@ -43,11 +46,17 @@ class ReconfigurePlane(RebindPlane):
         world = sorted({r for spec in self.specs for r in spec.ranks})
         # The reconfigure's bound, once every handle is published: the control channel's deadline.
         deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", None)
-        timeout = (datetime.timedelta(seconds=deadline_s) if isinstance(deadline_s, (int, float))
-                   else reconfigure.DEFAULT_TIMEOUT)
+        timeout = (
+            datetime.timedelta(seconds=deadline_s)
+            if isinstance(deadline_s, (int, float))
+            else reconfigure.DEFAULT_TIMEOUT
+        )
         self._path = None if why_not is not None else reconfigure.ReconfigurePath(world, timeout)
-        self.last_path = ({"path": "reconfigure", "why": "every data-plane group supports reconfigure"}
-                          if why_not is None else {"path": "rebind", "why": why_not})
+        self.last_path = (
+            {"path": "reconfigure", "why": "every data-plane group supports reconfigure"}
+            if why_not is None
+            else {"path": "rebind", "why": why_not}
+        )
 
     def join_mode(self) -> str:
         """What a heal's replacement must run with the survivors: "reconfigure" or "rebind"."""
@@ -71,7 +80,9 @@ class ReconfigurePlane(RebindPlane):
             return rebind
         return {**super().join_plan(), "data_plane": "reconfigure", "group_stores": stores}
 
-    def rebuild(self, generation: int, clock: RoundClock | None = None) -> tuple[list[Any], list[Any]]:
+    def rebuild(
+        self, generation: int, clock: RoundClock | None = None
+    ) -> tuple[list[dist.ProcessGroup], list[dist.ProcessGroup]]:
         if self._path is None:
             return super().rebuild(generation, clock)
         self.wait_for_peers()

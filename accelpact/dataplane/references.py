@@ -11,7 +11,8 @@ from __future__ import annotations
 import gc
 import sys
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["find_stale_references"]
 
@@ -37,7 +38,6 @@ def _functions_of(obj: Any, module: str, attr: str) -> list[tuple[types.Function
     return []
 
 
-
 def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool = False) -> list[str]:
     """Who still refers to ``old_pg``? An empty list proves the rebind was complete.
 
@@ -54,7 +54,7 @@ def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool
     """
     gc.collect()
     skip = {id(o) for o in ignore}
-    frame = sys._getframe()
+    frame: types.FrameType | None = sys._getframe()
     while frame is not None:
         skip.add(id(frame))
         frame = frame.f_back
@@ -93,8 +93,10 @@ def find_stale_references(old_pg: Any, *, ignore: Iterable[Any] = (), deep: bool
                     found.append(f"untracked {type(child).__name__} inside {_describe_owner(obj)}")
                     located += 1
         if not located:
-            found.append(f"{hidden} reference(s) from holders the garbage collector cannot see "
-                         "(C-level or untracked containers nested deeper)")
+            found.append(
+                f"{hidden} reference(s) from holders the garbage collector cannot see "
+                "(C-level or untracked containers nested deeper)"
+            )
     return found
 
 

@@ -15,8 +15,15 @@ from accelpact.dataplane.rebind import RebindPlane
 from accelpact.dataplane.reconfigure import ReconfigurePlane
 from accelpact.errors import AccelPactError
 
-__all__ = ["AUTO", "DATA_PLANES", "DataPlane", "RebindPlane", "ReconfigurePlane", "attach_data_plane",
-           "data_plane_class"]
+__all__ = [
+    "AUTO",
+    "DATA_PLANES",
+    "DataPlane",
+    "RebindPlane",
+    "ReconfigurePlane",
+    "attach_data_plane",
+    "data_plane_class",
+]
 
 DATA_PLANES: dict[str, type[DataPlane]] = {RebindPlane.name: RebindPlane, ReconfigurePlane.name: ReconfigurePlane}
 #: ``GuardConfig.data_plane``'s default: the in-place plane, which rebinds where it cannot reconfigure
@@ -27,9 +34,11 @@ def data_plane_class(name: str) -> type[DataPlane]:
     """The :class:`DataPlane` implementation registered as ``name``; AccelPactError naming the choices."""
     cls = DATA_PLANES.get(name)
     if cls is None:
-        raise AccelPactError(f"unknown data plane {name!r}; registered: {', '.join(sorted(DATA_PLANES))} "
-                             f"(accelpact.dataplane.DATA_PLANES) or {AUTO!r}: set GuardConfig.data_plane "
-                             "(attach(data_plane=...)) to one of them")
+        raise AccelPactError(
+            f"unknown data plane {name!r}; registered: {', '.join(sorted(DATA_PLANES))} "
+            f"(accelpact.dataplane.DATA_PLANES) or {AUTO!r}: set GuardConfig.data_plane "
+            "(attach(data_plane=...)) to one of them"
+        )
     return cls
 
 
@@ -40,6 +49,8 @@ def attach_data_plane(name: str, *args: Any, **kwargs: Any) -> DataPlane:
     plane = (ReconfigurePlane if name == AUTO else data_plane_class(name)).attach(*args, **kwargs)
     why_not = getattr(plane, "unsupported", None)
     if name == ReconfigurePlane.name and why_not is not None:
-        raise AccelPactError(f"data_plane='reconfigure' is not possible: {why_not}; attach with "
-                             f"data_plane={AUTO!r} (reconfigure where possible, else rebind) or 'rebind'")
+        raise AccelPactError(
+            f"data_plane='reconfigure' is not possible: {why_not}; attach with "
+            f"data_plane={AUTO!r} (reconfigure where possible, else rebind) or 'rebind'"
+        )
     return plane

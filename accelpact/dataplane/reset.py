@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -49,9 +50,7 @@ def fsdp_flavour(model: nn.Module) -> str:
     return "none"
 
 
-def reset_after_fault(
-    model: nn.Module, optimizer: torch.optim.Optimizer, config: ResetConfig = ResetConfig()
-) -> None:
+def reset_after_fault(model: nn.Module, optimizer: torch.optim.Optimizer, config: ResetConfig = ResetConfig()) -> None:
     """Discard the failed step's partial state: FSDP iteration state, unsharded buffers, all grads."""
     flavour = fsdp_flavour(model)
     if flavour == "fsdp2":
@@ -73,7 +72,7 @@ def _fsdp2_root(model: nn.Module) -> nn.Module:
 
 
 def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
-    root = _fsdp2_root(model)
+    root: Any = _fsdp2_root(model)  # Any: FSDP2's private state, untyped
     root_state = root._get_fsdp_state()
     if root_state._is_root is None:
         return  # never ran forward: nothing to reset (lazy init has not happened)
@@ -93,7 +92,7 @@ def _reset_fsdp2(model: nn.Module, config: ResetConfig) -> None:
     root.reset_iter_state()  # covers every FSDP state reachable from the root
 
 
-def _clear_accumulated_grad(fp: object) -> None:
+def _clear_accumulated_grad(fp: Any) -> None:
     """Clear FSDPParam's reduce-dtype gradient accumulator, wherever this torch keeps it.
 
     torch 2.13 keeps a separate buffer in the attribute ``unsharded_accumulated_grad`` (set to None
@@ -111,7 +110,8 @@ def _clear_accumulated_grad(fp: object) -> None:
             raise AccelPactError(
                 f"torch {torch.__version__}: FSDPParam.unsharded_accumulated_grad is read-only and still holds a "
                 "gradient after _unsharded_param.grad was cleared; this torch keeps FSDP2's accumulated gradient "
-                "somewhere accelpact/reset.py does not know. Supported: torch>=2.13,<2.16")
+                "somewhere accelpact/reset.py does not know. Supported: torch>=2.13,<2.16"
+            )
         return
     fp.unsharded_accumulated_grad = None  # torch 2.13/2.14: a plain attribute (or not created yet)
 
@@ -122,11 +122,11 @@ def _reset_fsdp1(model: nn.Module, config: ResetConfig) -> None:
     from torch.distributed.fsdp._flat_param import HandleTrainingState
 
     states = [m for m in model.modules() if isinstance(m, FSDP)]
-    root = next((s for s in states if s._is_root), None)
+    root: Any = next((s for s in states if s._is_root), None)  # Any: FSDP1's private state, untyped
     if root is None:
         return  # never ran forward
     for state in states:
-        handle = state._handle
+        handle: Any = state._handle
         if handle is not None:
             if config.reshard_fsdp1_handles and handle.uses_sharded_strategy:
                 handle.reshard(free_unsharded_flat_param=True)

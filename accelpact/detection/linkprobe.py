@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
-from typing import Collection, Iterable
+from collections.abc import Collection, Iterable
 
 __all__ = ["peer_addresses", "reachable", "wait_reachable"]
 
@@ -49,7 +49,7 @@ def reachable(host: str, probe_s: float = 0.3) -> bool:
             return True
         except ConnectionRefusedError:
             return True
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return False
         except OSError as exc:
             return exc.errno not in _UNREACHABLE

@@ -32,15 +32,29 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from accelpact import shutdown
 from accelpact.control import notice_auth
 from accelpact.control.store_loss import StoreLossReporter
 
-__all__ = ["LivenessConfig", "Beat", "DeathNotice", "Verdict", "PeerJudge", "Heartbeat", "publish_death",
-           "heartbeat_key", "notice_key", "is_connection_drop", "JOINING", "notice_applies", "parse_beat"]
+__all__ = [
+    "LivenessConfig",
+    "Beat",
+    "DeathNotice",
+    "Verdict",
+    "PeerJudge",
+    "Heartbeat",
+    "publish_death",
+    "heartbeat_key",
+    "notice_key",
+    "is_connection_drop",
+    "JOINING",
+    "notice_applies",
+    "parse_beat",
+]
 
 # The progress a replacement beats with from its arrival until its guard takes over (accelpact.recovery.rejoin):
 # it is not in the group yet, so the rank's process in the group is the dead one.
@@ -70,8 +84,10 @@ class LivenessConfig:
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.missed_beats < 1:
-            raise ValueError(f"heartbeat interval_s={self.interval_s} must be > 0 and missed_beats="
-                             f"{self.missed_beats} >= 1: e.g. LivenessConfig(interval_s=0.5, missed_beats=4)")
+            raise ValueError(
+                f"heartbeat interval_s={self.interval_s} must be > 0 and missed_beats="
+                f"{self.missed_beats} >= 1: e.g. LivenessConfig(interval_s=0.5, missed_beats=4)"
+            )
 
     @property
     def stale_after_s(self) -> float:
@@ -91,7 +107,7 @@ class Beat:
         return f"{time.time():.6f} {pid} {progress}".encode()
 
     @classmethod
-    def parse(cls, raw: bytes | str) -> "Beat":
+    def parse(cls, raw: bytes | str) -> Beat:
         text = raw.decode() if isinstance(raw, bytes) else raw
         parts = text.split()
         t = float(parts[0])
@@ -115,14 +131,28 @@ class DeathNotice:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes | str) -> "DeathNotice":
+    def from_bytes(cls, raw: bytes | str) -> DeathNotice:
         d = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-        return cls(rank=int(d["rank"]), by=str(d.get("by", "?")), reason=str(d.get("reason", "")),
-                   pid=d.get("pid"), t=float(d.get("t", 0.0)), generation=d.get("generation"))
+        return cls(
+            rank=int(d["rank"]),
+            by=str(d.get("by", "?")),
+            reason=str(d.get("reason", "")),
+            pid=d.get("pid"),
+            t=float(d.get("t", 0.0)),
+            generation=d.get("generation"),
+        )
 
 
-def publish_death(store: Any, job_token: str, rank: int, *, by: str, reason: str, pid: int | None = None,
-                  generation: int | None = None) -> DeathNotice:
+def publish_death(
+    store: Any,
+    job_token: str,
+    rank: int,
+    *,
+    by: str,
+    reason: str,
+    pid: int | None = None,
+    generation: int | None = None,
+) -> DeathNotice:
     """Write a death notice about ``rank`` of job ``job_token``: the hook for launchers.
 
     ``store`` is anything with ``set(key, bytes)``: a ``torch.distributed.TCPStore`` (client or the
@@ -184,9 +214,12 @@ class PeerJudge:
             return None
         silent = now - last[1]
         if self.connection_dropped and silent >= self.config.stale_after_s:
-            return Verdict((rank,), "heartbeat",
-                           f"its connection dropped and it has not beaten for {silent:.1f} s "
-                           f"({self.config.missed_beats} beats of {self.config.interval_s} s)")
+            return Verdict(
+                (rank,),
+                "heartbeat",
+                f"its connection dropped and it has not beaten for {silent:.1f} s "
+                f"({self.config.missed_beats} beats of {self.config.interval_s} s)",
+            )
         return None
 
     def progress(self, rank: int) -> int | None:
@@ -201,8 +234,13 @@ def notice_applies(notice_pid: int | None, beat: Beat | None, *, joining_is_dead
     rank's current beat: no pid to compare, no beat, the same pid, or (``joining_is_dead``) a replacement
     that has not joined yet. A heal that waits for that very replacement passes False: for it the notice is
     about the predecessor it already heals."""
-    return (notice_pid is None or beat is None or beat.pid < 0 or notice_pid == beat.pid
-            or (joining_is_dead and beat.progress == JOINING))
+    return (
+        notice_pid is None
+        or beat is None
+        or beat.pid < 0
+        or notice_pid == beat.pid
+        or (joining_is_dead and beat.progress == JOINING)
+    )
 
 
 def parse_beat(raw: bytes | None) -> Beat | None:
@@ -230,8 +268,16 @@ class Heartbeat:
     should see. ``progress`` is read on every beat (an int the guard bumps at each step boundary).
     """
 
-    def __init__(self, host: str, port: int, job_token: str, rank: int, *, config: LivenessConfig = LivenessConfig(),
-                 progress: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        job_token: str,
+        rank: int,
+        *,
+        config: LivenessConfig = LivenessConfig(),
+        progress: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.host, self.port, self.rank = host, port, rank
         self.key = heartbeat_key(job_token, rank)
         self.config = config
@@ -241,12 +287,12 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"accelpact-heartbeat-r{rank}", daemon=True)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread.start()
         shutdown.register(self)  # a beat landing while the interpreter finalizes would abort it
         return self
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         self._stop.set()
         return shutdown.join_until(self._thread, deadline)
 
@@ -269,7 +315,7 @@ class Heartbeat:
             try:
                 if store is None:
                     store = _new_client(self.host, self.port, max(5.0, 4 * self.config.interval_s), probe=True)
-                store.set(self.key, Beat.format(pid, int(self.progress())))
+                store.set(self.key, Beat.format(pid, int(self.progress())))  # type: ignore[arg-type]  # bytes: fine
                 self.beats += 1
                 self.store_loss.answered()
             except Exception as exc:  # noqa: BLE001 - a broken client: build a new one at the next beat
@@ -323,7 +369,14 @@ class PeerWatch:
                 continue
             if verdict.detected_by == "heartbeat":
                 parsed = parse_beat(beat)
-                publish_death(store, self.job_token, r, by=f"rank{self.rank}", reason=verdict.reason,
-                              pid=parsed.pid if parsed and parsed.pid >= 0 else None, generation=self.generation)
+                publish_death(
+                    store,
+                    self.job_token,
+                    r,
+                    by=f"rank{self.rank}",
+                    reason=verdict.reason,
+                    pid=parsed.pid if parsed and parsed.pid >= 0 else None,
+                    generation=self.generation,
+                )
             return verdict
         return None

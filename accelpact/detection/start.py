@@ -8,23 +8,28 @@ docs/detection.md explains the detectors.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from accelpact.recovery.consensus import RankReport
-from accelpact.errors import AccelPactError
 from accelpact.detection.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.detection.watchdog import StallWatchdog
+from accelpact.errors import AccelPactError
+from accelpact.recovery.consensus import RankReport
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 
 
-def _store_config(control: Any) -> Any:
+def _store_config(control: ControlClient) -> Any:
     cfg = getattr(control, "config", None)
     return cfg if all(hasattr(cfg, a) for a in ("host", "port", "job_token")) else None
 
 
-def start_heartbeat(control: Any, rank: int, liveness: LivenessConfig | None,
-                    progress: Callable[[], int]) -> Heartbeat | None:
+def start_heartbeat(
+    control: ControlClient, rank: int, liveness: LivenessConfig | None, progress: Callable[[], int]
+) -> Heartbeat | None:
     """This rank's heartbeat thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
     if liveness is None or cfg is None:
@@ -32,8 +37,15 @@ def start_heartbeat(control: Any, rank: int, liveness: LivenessConfig | None,
     return Heartbeat(cfg.host, cfg.port, cfg.job_token, rank, config=liveness, progress=progress).start()
 
 
-def start_watchdog(control: Any, rank: int, world_size: int, stall_timeout_s: float | None, pg_timeout_s: float,
-                   liveness: LivenessConfig | None, backend: Any) -> StallWatchdog | None:
+def start_watchdog(
+    control: ControlClient,
+    rank: int,
+    world_size: int,
+    stall_timeout_s: float | None,
+    pg_timeout_s: float,
+    liveness: LivenessConfig | None,
+    backend: Any,
+) -> StallWatchdog | None:
     """The stall watchdog thread (None when off or without a real control channel)."""
     cfg = _store_config(control)
     if stall_timeout_s is None or cfg is None:
@@ -41,15 +53,25 @@ def start_watchdog(control: Any, rank: int, world_size: int, stall_timeout_s: fl
     if stall_timeout_s >= pg_timeout_s:
         raise AccelPactError(
             f"stall_timeout_s={stall_timeout_s} must be below the PG timeout ({pg_timeout_s:.0f} s), or the "
-            "timeout fires first: lower stall_timeout_s or pass stall_timeout_s=None to turn the watchdog off")
+            "timeout fires first: lower stall_timeout_s or pass stall_timeout_s=None to turn the watchdog off"
+        )
     sockets = getattr(backend, "sockets", None)
-    return StallWatchdog(cfg.host, cfg.port, cfg.job_token, rank, world_size, stall_timeout_s=stall_timeout_s,
-                         liveness=liveness or LivenessConfig(), abort=backend.abort,
-                         inodes=lambda: set(sockets.inodes) if sockets is not None else set()).start()
+    return StallWatchdog(
+        cfg.host,
+        cfg.port,
+        cfg.job_token,
+        rank,
+        world_size,
+        stall_timeout_s=stall_timeout_s,
+        liveness=liveness or LivenessConfig(),
+        abort=backend.abort,
+        inodes=lambda: set(sockets.inodes) if sockets is not None else set(),
+    ).start()
 
 
-def peer_watch(control: Any, rank: int, liveness: LivenessConfig | None, fault: dict[str, str],
-               generation: int) -> PeerWatch | None:
+def peer_watch(
+    control: ControlClient, rank: int, liveness: LivenessConfig | None, fault: dict[str, str], generation: int
+) -> PeerWatch | None:
     """What the report gather watches between its waits (None without a heartbeat or a real channel)."""
     token = getattr(control, "job_token", None)
     if liveness is None or not isinstance(token, str):

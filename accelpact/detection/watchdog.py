@@ -32,14 +32,21 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Callable, Collection
+from typing import Any, cast
 
 from accelpact import shutdown
 from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
 
-__all__ = ["StallWatchdog", "WatchdogState", "SendQueueTracker", "send_queues", "DEFAULT_STALL_TIMEOUT_S",
-           "resolve_stall_timeout"]
+__all__ = [
+    "StallWatchdog",
+    "WatchdogState",
+    "SendQueueTracker",
+    "send_queues",
+    "DEFAULT_STALL_TIMEOUT_S",
+    "resolve_stall_timeout",
+]
 
 # The default on CPU: 10 s is far above any step of the models here (0.1-2 s) and far below the PG
 # timeouts in use (30 s to 30 min).
@@ -98,7 +105,7 @@ class SendQueueTracker:
         self._seen.clear()
 
 
-def resolve_stall_timeout(value: "float | None | str", pg_timeout_s: float) -> float | None:
+def resolve_stall_timeout(value: float | None | str, pg_timeout_s: float) -> float | None:
     """attach()'s ``stall_timeout_s``: "auto" is DEFAULT_STALL_TIMEOUT_S when the PG timeout is longer,
     else None (off); None stays off; seconds stay as given (checked against the PG timeout at start)."""
     if value == "auto":
@@ -124,9 +131,19 @@ class StallWatchdog:
 
     tick_s: float = 0.05
 
-    def __init__(self, host: str, port: int, job_token: str, rank: int, world_size: int, *,
-                 stall_timeout_s: float, liveness: LivenessConfig, abort: Callable[[], Any],
-                 inodes: Callable[[], Collection[int]]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        job_token: str,
+        rank: int,
+        world_size: int,
+        *,
+        stall_timeout_s: float,
+        liveness: LivenessConfig,
+        abort: Callable[[], Any],
+        inodes: Callable[[], Collection[int]],
+    ) -> None:
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (None turns the watchdog off)")
         self.host, self.port, self.token, self.rank, self.world_size = host, port, job_token, rank, world_size
@@ -144,7 +161,7 @@ class StallWatchdog:
 
     # -- the guard's side ------------------------------------------------------------------------
 
-    def start(self) -> "StallWatchdog":
+    def start(self) -> StallWatchdog:
         self._thread.start()
         shutdown.register(self)  # a store read returning while the interpreter finalizes would abort it
         return self
@@ -155,7 +172,7 @@ class StallWatchdog:
         if wait_s > 0:
             shutdown.join_until(self._thread, time.monotonic() + wait_s)
 
-    def stop_for_exit(self, deadline: float) -> "threading.Thread | None":
+    def stop_for_exit(self, deadline: float) -> threading.Thread | None:
         self._stop.set()
         return shutdown.join_until(self._thread, deadline)
 
@@ -183,9 +200,13 @@ class StallWatchdog:
         if self._warned_slow or threshold <= self.stall_timeout_s:
             return
         self._warned_slow = True
-        warnings.warn(f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
-                      f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
-                      f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"accelpact: stall_timeout_s={self.stall_timeout_s:g} is below 3x the median step "
+            f"({threshold:.2f} s), so the watchdog waits {threshold:.2f} s; set "
+            f"stall_timeout_s={math.ceil(threshold * 10) / 10:g} or more to say so",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def fired_reason(self) -> str | None:
         """Why the watchdog aborted the attempt in progress, or None (read without consuming it)."""
@@ -222,12 +243,12 @@ class StallWatchdog:
                     # plain-socket look first, c10d's client retried for the whole 5 s and printed a C++
                     # backtrace every tick the watchdog was armed (test_torchrun_store_loss caught it)
                     store = _new_client(self.host, self.port, 5.0, probe=True)
-                why = self._why(store, t0, gen)
+                why = self._why(store, cast(float, t0), gen)  # armed: t0 is set
             except Exception:  # noqa: BLE001 - a broken client: a new one next tick
                 store = None
                 continue
             if why is not None:
-                self._fire(why, t0, gen)
+                self._fire(why, cast(float, t0), gen)
 
     def _why(self, store: Any, t0: float, gen: int) -> str | None:
         posted = f"{self.token}/gen{gen + 1}/posted"

@@ -15,13 +15,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from accelpact.errors import AccelPactError
 from accelpact.dataplane.reset import fsdp_flavour
+from accelpact.errors import AccelPactError
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__: list[str] = []  # private to accelpact.guard
 
@@ -32,7 +35,8 @@ def check_model(model: nn.Module) -> None:
         raise AccelPactError(
             f"attach() found no FSDP module in the model ({type(model).__name__}): wrap it first, e.g. "
             "fully_shard(block) for each block and fully_shard(model) (FSDP2), or FullyShardedDataParallel("
-            "model) (FSDP1), then build the optimizer from model.parameters(), then attach()")
+            "model) (FSDP1), then build the optimizer from model.parameters(), then attach()"
+        )
 
 
 def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -42,22 +46,26 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     held = [p for group in optimizer.param_groups for p in group["params"]]
     foreign = [p for p in held if id(p) not in params]
     if not held or foreign or not any(id(p) in params for p in held):
-        what = (f"{len(foreign)} of its {len(held)} tensors are not parameters of the model" if foreign
-                else "it holds none of the model's parameters")
+        what = (
+            f"{len(foreign)} of its {len(held)} tensors are not parameters of the model"
+            if foreign
+            else "it holds none of the model's parameters"
+        )
         raise AccelPactError(
             f"attach(): the optimizer does not hold the model's sharded parameters ({what}). fully_shard / "
             "FullyShardedDataParallel replace the parameters, so build the optimizer AFTER wrapping: "
-            "optimizer = torch.optim.AdamW(model.parameters(), ...)")
+            "optimizer = torch.optim.AdamW(model.parameters(), ...)"
+        )
 
 
-def check_members(control: Any) -> None:
+def check_members(control: ControlClient) -> None:
     """Wait for every rank under the job token (a control channel without ``join`` is not checked)."""
     join = getattr(control, "join", None)
     if callable(join):
         join()
 
 
-def check_heal_mesh(model: nn.Module, rejoined: "set[str] | None") -> None:
+def check_heal_mesh(model: nn.Module, rejoined: set[str] | None) -> None:
     """On a replacement (``rejoined``: the names of the groups :func:`accelpact.rejoin` built), an
     AccelPactError, with the fix, when a parameter's DeviceMesh uses a group the survivors do not have.
 
@@ -78,4 +86,5 @@ def check_heal_mesh(model: nn.Module, rejoined: "set[str] | None") -> None:
             f"do not have (this replacement joined {sorted(rejoined)}): a mesh created on a replacement with "
             "init_device_mesh makes new groups, which never meet the survivors'. Build it from the groups "
             f"rejoin() joined: mesh = ticket.device_mesh(device_type, {shape}, mesh_dim_names=...), then "
-            "fully_shard(..., mesh=mesh)")
+            "fully_shard(..., mesh=mesh)"
+        )

@@ -12,7 +12,8 @@ posted just as its rank's connection breaks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -20,8 +21,9 @@ import torch.nn as nn
 __all__ = ["clip_gradients"]
 
 
-def clip_gradients(model: nn.Module, max_norm: float,
-                   wait: Callable[[Any, str, str], None] | None = None) -> torch.Tensor:
+def clip_gradients(
+    model: nn.Module, max_norm: float, wait: Callable[[Any, str, str], None] | None = None
+) -> torch.Tensor:
     """Clip gradients by their global norm; the same math with or without a guard.
 
     FSDP2 grads are DTensors: the total norm is a partial DTensor whose ``full_tensor()`` is the
@@ -53,11 +55,13 @@ def _reduce_norm(total: Any, wait: Callable[[Any, str, str], None] | None) -> to
     partial = [p for p in total.placements if not isinstance(p, Replicate)]
     norm_type = getattr(partial[0], "norm_type", None) if len(partial) == 1 else None
     if mesh.ndim != 1 or norm_type is None or getattr(partial[0], "reduce_op", "sum") != "sum":
-        return total.full_tensor()  # HSDP meshes, other norms: DTensor's own reduction
+        full: torch.Tensor = total.full_tensor()  # HSDP meshes, other norms: DTensor's own reduction
+        return full
     local = total.to_local() ** norm_type
     work = dist.all_reduce(local, op=dist.ReduceOp.SUM, group=mesh.get_group(), async_op=True)
     if wait is None:
         work.wait()
     else:
         wait(work, "the gradient-norm all-reduce", "clip_allreduce")
-    return local ** (1.0 / norm_type)
+    norm: torch.Tensor = local ** (1.0 / norm_type)
+    return norm

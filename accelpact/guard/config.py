@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from accelpact.dataplane.reset import ResetConfig
 from accelpact.detection.liveness import LivenessConfig
 from accelpact.recovery.context import InjectionClock
-from accelpact.dataplane.reset import ResetConfig
 
 __all__ = ["GuardConfig", "InjectionClock"]
 
@@ -36,5 +36,3 @@ class GuardConfig:
     # else rebinds; "reconfigure" refuses at attach when it cannot; "rebind" builds new groups under the
     # old names and rebinds every cached reference (the path of every torch release).
     data_plane: str = "auto"
-
-

@@ -32,35 +32,39 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from accelpact.detection import start as detection
-from accelpact.guard import attach_checks as _attach_checks
-from accelpact.recovery import rounds as recovery
-from accelpact.guard.clipping import clip_gradients
-from accelpact.recovery.consensus import Phase
-from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
-from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.control.store_loss import store_lost_error
+from accelpact.dataplane.interruptible import CollectiveWaiter
 from accelpact.dataplane.plane import DataPlane
 from accelpact.dataplane.registry import attach_data_plane
-from accelpact.events import HealEvent, RecoveryLog
-from accelpact.guard.config import GuardConfig, InjectionClock
-from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
+from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
+from accelpact.detection import start as detection
 from accelpact.detection.liveness import LivenessConfig
+from accelpact.detection.watchdog import resolve_stall_timeout
+from accelpact.errors import AccelPactError, ControlChannelError, RankLostError, RolledBack, StateDivergedError
+from accelpact.events import HealEvent, RecoveryLog
+from accelpact.guard import attach_checks as _attach_checks
+from accelpact.guard.clipping import clip_gradients
+from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.recovery import positions
+from accelpact.recovery import rounds as recovery
+from accelpact.recovery.consensus import Phase
 from accelpact.recovery.context import RecoveryContext, StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
-from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
-from accelpact.control.store_loss import store_lost_error
-from accelpact.detection.watchdog import resolve_stall_timeout
 
 if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
+    from accelpact.recovery.consensus import Decision
     from accelpact.recovery.heal import HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
+    from accelpact.snapshot.snapshotter import Snapshotter
 
 _log = logging.getLogger(__name__)
 
@@ -77,10 +81,19 @@ _THREAD_STOP_S = 6.0
 class Guard:
     """See module docstring. Build with :func:`attach`."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
-                 process_group: Any = None, config: GuardConfig = GuardConfig(),
-                 injection_clock: InjectionClock | None = None, snapshots: Any = None,
-                 heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        control: ControlClient,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        config: GuardConfig = GuardConfig(),
+        injection_clock: InjectionClock | None = None,
+        snapshots: Snapshotter | None = None,
+        heal: HealPolicy | None = None,
+        rejoin: RejoinTicket | None = None,
+    ) -> None:
         if not dist.is_initialized():
             raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
         _attach_checks.check_model(model)
@@ -111,7 +124,8 @@ class Guard:
             raise AccelPactError(
                 f"snapshots and heals need FSDP2 (fully_shard); this model uses {self._flavour}: its flat "
                 "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
-                "attach without snapshots= and heal=")
+                "attach without snapshots= and heal="
+            )
         if heal is not None:
             _attach_checks.check_heal_mesh(model, None if rejoin is None else set(rejoin.groups))
         # The heal of a lost rank (accelpact.recovery.heal).
@@ -128,8 +142,14 @@ class Guard:
         # The data-plane groups and how to get their next generation (accelpact.dataplane): the only
         # part of the guard that recovery and the heal may touch, besides the step state.
         self.plane: DataPlane = attach_data_plane(
-            config.data_plane, model, optimizer, control, process_group=process_group,
-            group_timeout=config.pg_timeout, verify_rebind=config.verify_rebind)
+            config.data_plane,
+            model,
+            optimizer,
+            control,
+            process_group=process_group,
+            group_timeout=config.pg_timeout,
+            verify_rebind=config.verify_rebind,
+        )
         _log.info("rank %d: data plane %s (%s)", self.rank, self.plane.last_path["path"], self.plane.last_path["why"])
         self._vote_buf = self.plane.backend.vote_buffer()
         self._loop_step = positions.NO_LOOP_STEP  # the loop's own step, as last passed to step(step=...)
@@ -138,20 +158,34 @@ class Guard:
         self._closed = False
         self._progress = 0  # bumped at every phase boundary; peers read it from the heartbeat
         self._heartbeat = detection.start_heartbeat(control, self.rank, config.liveness, lambda: self._progress)
-        self._watchdog = detection.start_watchdog(control, self.rank, self.world_size, config.stall_timeout_s,
-                                                  self.plane.pg_timeout.total_seconds(), config.liveness,
-                                                  self.plane.backend)
+        self._watchdog = detection.start_watchdog(
+            control,
+            self.rank,
+            self.world_size,
+            config.stall_timeout_s,
+            self.plane.pg_timeout.total_seconds(),
+            config.liveness,
+            self.plane.backend,
+        )
         # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
         # (accelpact/dataplane/interruptible.py: gloo can leave them waiting for the PG timeout).
         self._wait = CollectiveWaiter(
             fired=self._watchdog.fired_reason if self._watchdog is not None else None,
             superseded=getattr(control, "generation_superseded", None),
-            abandon=lambda work: self.plane.abandon(list(self.plane.groups), work))
+            abandon=lambda work: self.plane.abandon(list(self.plane.groups), work),
+        )
         # What recovery rounds and heals get instead of the guard.
         self._recovery = RecoveryContext(
-            rank=self.rank, world_size=self.world_size, control=control, plane=self.plane, state=self.state,
-            reset_fsdp=lambda: reset_after_fault(model, optimizer, config.reset), hook=self._hook,
-            liveness=config.liveness, events=self.events)
+            rank=self.rank,
+            world_size=self.world_size,
+            control=control,
+            plane=self.plane,
+            state=self.state,
+            reset_fsdp=lambda: reset_after_fault(model, optimizer, config.reset),
+            hook=self._hook,
+            liveness=config.liveness,
+            events=self.events,
+        )
         self._healer = None
         if heal is not None:
             from accelpact.recovery.heal import Healer
@@ -168,8 +202,10 @@ class Guard:
             self.heal_events.append(outcome.event)
             self.resumed = RolledBack(
                 f"rank {self.rank}: replacement resumed at step {outcome.resume_step} (loaded step "
-                f"{outcome.resume_step - 1} from {outcome.event.source})", resume_step=outcome.resume_step,
-                extra_state=outcome.extra_state)
+                f"{outcome.resume_step - 1} from {outcome.event.source})",
+                resume_step=outcome.resume_step,
+                extra_state=outcome.extra_state,
+            )
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -246,11 +282,13 @@ class Guard:
                     raise
                 t_caught = time.time()
                 try:
-                    decision = recovery.recover(self._recovery, exc, step, t_start, watchdog=fired,
-                                                injection_clock=self.injection_clock)
+                    decision = recovery.recover(
+                        self._recovery, exc, step, t_start, watchdog=fired, injection_clock=self.injection_clock
+                    )
                 except ControlChannelError as lost:  # the store's host died: say so (accelpact.control.store_loss)
-                    raise store_lost_error(lost, control=self.control, step=step,
-                                           committed_step=self.committed_step) from lost
+                    raise store_lost_error(
+                        lost, control=self.control, step=step, committed_step=self.committed_step
+                    ) from lost
                 except RankLostError as lost:
                     if self._healer is None or lost.detected_by not in _HEALABLE:
                         raise
@@ -263,7 +301,9 @@ class Guard:
                     raise RolledBack(  # our own snapshot restored the RNG of resume_step
                         f"rank {self.rank}: healed the loss of rank(s) {outcome.event.lost_ranks}; rolled back "
                         f"to step {outcome.resume_step - 1}, continue at step {outcome.resume_step}",
-                        resume_step=outcome.resume_step, extra_state=outcome.extra_state) from None
+                        resume_step=outcome.resume_step,
+                        extra_state=outcome.extra_state,
+                    ) from None
                 _drop_traceback(exc)
                 del exc
             if step == decision.step and self.rank in decision.apply_on:
@@ -271,14 +311,16 @@ class Guard:
                     raise StateDivergedError(
                         f"rank {self.rank} was told to roll step {step} forward but holds no reduced "
                         f"gradients (phase {state.phase.value}); this is a bug in the commit rule",
-                        ranks=(self.rank,), last_committed_step=self.committed_step,
+                        ranks=(self.rank,),
+                        last_committed_step=self.committed_step,
                     )
                 self._apply(step)
                 return loss
             if decision.resume_step != step:
                 raise StateDivergedError(
-                    f"rank {self.rank} is at step {step} but the ranks agreed to resume at "
-                    f"{decision.resume_step}", ranks=(self.rank,), last_committed_step=self.committed_step,
+                    f"rank {self.rank} is at step {step} but the ranks agreed to resume at {decision.resume_step}",
+                    ranks=(self.rank,),
+                    last_committed_step=self.committed_step,
                 )
             torch.set_rng_state(rng)  # retry the same step on the same batch
 
@@ -336,11 +378,13 @@ class Guard:
                         raise
                     t_caught = time.time()
                     try:
-                        decision = recovery.recover(self._recovery, exc, position, t_start, watchdog=fired,
-                                                    injection_clock=self.injection_clock)
+                        decision = recovery.recover(
+                            self._recovery, exc, position, t_start, watchdog=fired, injection_clock=self.injection_clock
+                        )
                     except ControlChannelError as lost:
-                        raise store_lost_error(lost, control=self.control, step=position,
-                                               committed_step=self.committed_step) from lost
+                        raise store_lost_error(
+                            lost, control=self.control, step=position, committed_step=self.committed_step
+                        ) from lost
                     except RankLostError as lost:
                         if self._healer is None or lost.detected_by not in _HEALABLE:
                             raise
@@ -350,7 +394,9 @@ class Guard:
                         raise RolledBack(
                             f"rank {self.rank}: healed the loss of rank(s) {outcome.event.lost_ranks} inside guard.run "
                             f"after step {position - 1}; continue at step {outcome.resume_step}",
-                            resume_step=outcome.resume_step, extra_state=outcome.extra_state) from None
+                            resume_step=outcome.resume_step,
+                            extra_state=outcome.extra_state,
+                        ) from None
                     _drop_traceback(exc)
                     del exc
                 action = self._region_action(decision)
@@ -393,7 +439,9 @@ class Guard:
             try:
                 self.snapshots.flush()  # the newest committed step is the one a group restart resumes from
             except Exception as exc:  # noqa: BLE001 - the previous snapshot remains; say so
-                _log.warning("rank %d: the snapshot of step %d failed at close: %s", self.rank, self.committed_step, exc)
+                _log.warning(
+                    "rank %d: the snapshot of step %d failed at close: %s", self.rank, self.committed_step, exc
+                )
         if self._finished:
             from accelpact.recovery.heal_wait import closed_key
 
@@ -412,7 +460,7 @@ class Guard:
 
     def _heal(self, lost: RankLostError, step: int, t_caught: float, resume_by: int | None = None) -> Any:
         """A survivor's heal of the ranks ``lost`` names (accelpact.recovery.heal); the outcome, hooks run."""
-        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)
+        outcome = self._healer.survive(lost, step, t_caught, resume_by=resume_by)  # type: ignore[union-attr]  # set: callers check
         self.state.region_done = 0  # every rank resumes at the top of a step
         self._finished = False
         self.heal_events.append(outcome.event)
@@ -444,16 +492,19 @@ class Guard:
             seen = {ranks[i]: positions.Position.from_values(t.tolist()) for i, t in enumerate(outs)}
         except Exception as exc:  # noqa: BLE001 - the error is raised anyway, naming this rank's position only
             _log.warning("rank %d: could not gather the other ranks' positions: %s", self.rank, exc)
-        return StateDivergedError(positions.describe(seen), ranks=tuple(sorted(seen)),
-                                  last_committed_step=self.committed_step)
+        return StateDivergedError(
+            positions.describe(seen), ranks=tuple(sorted(seen)), last_committed_step=self.committed_step
+        )
 
-    def _region_action(self, decision: Any) -> RegionAction:
+    def _region_action(self, decision: Decision) -> RegionAction:
         """After a recovery round inside a region: run fn again, or return its result (recovery.region_rule)."""
         if decision.committed_step != self.committed_step or (self.rank in decision.apply_on):
             raise StateDivergedError(
                 f"rank {self.rank} was inside guard.run after committing step {self.committed_step}, but the ranks "
-                f"decided {decision}; this is a bug in the commit rule", ranks=(self.rank,),
-                last_committed_step=self.committed_step)
+                f"decided {decision}; this is a bug in the commit rule",
+                ranks=(self.rank,),
+                last_committed_step=self.committed_step,
+            )
         return decide_region(self.state.peer_regions, self.rank, decision.committed_step)
 
     def _hook(self, phase: str, step: int) -> None:
@@ -501,14 +552,25 @@ def _nothing() -> None:
     """finish()'s region: nothing but the region vote."""
 
 
-def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
-           max_grad_norm: float | None = None, process_group: Any = None,
-           pg_timeout: datetime.timedelta | None = None, verify_rebind: bool = False,
-           reset: ResetConfig = ResetConfig(), injection_clock: InjectionClock | None = None,
-           heartbeat_interval_s: float | None = 0.5, heartbeat_misses: int = 4,
-           stall_timeout_s: float | None | str = "auto", snapshots: Any = None,
-           heal: "HealPolicy | None" = None, rejoin: "RejoinTicket | None" = None,
-           data_plane: str = "auto") -> Guard:
+def attach(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    control: ControlClient,
+    *,
+    max_grad_norm: float | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    pg_timeout: datetime.timedelta | None = None,
+    verify_rebind: bool = False,
+    reset: ResetConfig = ResetConfig(),
+    injection_clock: InjectionClock | None = None,
+    heartbeat_interval_s: float | None = 0.5,
+    heartbeat_misses: int = 4,
+    stall_timeout_s: float | None | str = "auto",
+    snapshots: Any = None,
+    heal: HealPolicy | None = None,
+    rejoin: RejoinTicket | None = None,
+    data_plane: str = "auto",
+) -> Guard:
     """Attach accelpact to an existing FSDP model and optimizer; nothing about them changes.
 
     Call after ``init_process_group``, ``fully_shard`` / ``FullyShardedDataParallel`` and optimizer
@@ -544,7 +606,23 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, control: Any, *,
     """
     liveness = None if heartbeat_interval_s is None else LivenessConfig(heartbeat_interval_s, heartbeat_misses)
     stall_timeout_s = resolve_stall_timeout(stall_timeout_s, (pg_timeout or dist.default_pg_timeout).total_seconds())
-    config = GuardConfig(max_grad_norm=max_grad_norm, pg_timeout=pg_timeout, verify_rebind=verify_rebind,
-                         reset=reset, liveness=liveness, stall_timeout_s=stall_timeout_s, data_plane=data_plane)
-    return Guard(model, optimizer, control, process_group=process_group, config=config,
-                 injection_clock=injection_clock, snapshots=snapshots, heal=heal, rejoin=rejoin)
+    config = GuardConfig(
+        max_grad_norm=max_grad_norm,
+        pg_timeout=pg_timeout,
+        verify_rebind=verify_rebind,
+        reset=reset,
+        liveness=liveness,
+        stall_timeout_s=stall_timeout_s,
+        data_plane=data_plane,
+    )
+    return Guard(
+        model,
+        optimizer,
+        control,
+        process_group=process_group,
+        config=config,
+        injection_clock=injection_clock,
+        snapshots=snapshots,
+        heal=heal,
+        rejoin=rejoin,
+    )

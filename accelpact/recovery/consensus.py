@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 from accelpact.errors import RankLostError, StateDivergedError
 
@@ -85,12 +86,16 @@ class RankReport:
     injected_at: float | None = None
     # Where the rank is among guarded regions (accelpact.recovery.region_rule: RegionState.to_dict()); never read
     # by decide(); left off the wire when unset, like ``fault``.
-    region: dict | None = None
+    region: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The wire form as a dict (JSON types only); ``fault`` and ``injected_at`` appear only when set."""
-        d: dict[str, object] = {"rank": self.rank, "attempt_step": self.attempt_step,
-                                "committed_step": self.committed_step, "phase": self.phase.value}
+        d: dict[str, object] = {
+            "rank": self.rank,
+            "attempt_step": self.attempt_step,
+            "committed_step": self.committed_step,
+            "phase": self.phase.value,
+        }
         if self.fault is not None:
             d["fault"] = self.fault
         if self.injected_at is not None:
@@ -104,7 +109,7 @@ class RankReport:
         return json.dumps(self.to_dict(), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "RankReport":
+    def from_bytes(cls, data: bytes) -> RankReport:
         """Inverse of :meth:`to_bytes`; raises StateDivergedError on a malformed payload."""
         try:
             d = json.loads(data.decode())
@@ -117,8 +122,15 @@ class RankReport:
             region = d.get("region")
             if region is not None and not isinstance(region, dict):
                 raise TypeError(f"region must be an object, got {type(region).__name__}")
-            return cls(int(d["rank"]), int(d["attempt_step"]), int(d["committed_step"]), Phase(d["phase"]),
-                       fault, None if injected_at is None else float(injected_at), region)
+            return cls(
+                int(d["rank"]),
+                int(d["attempt_step"]),
+                int(d["committed_step"]),
+                Phase(d["phase"]),
+                fault,
+                None if injected_at is None else float(injected_at),
+                region,
+            )
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed consensus report {data[:200]!r}: {exc}") from exc
 
@@ -178,12 +190,17 @@ def _normalise(r: RankReport, reports: Sequence[RankReport]) -> tuple[int, _Vote
         if r.committed_step != r.attempt_step:
             raise _diverged(
                 f"rank {r.rank} says it stepped {r.attempt_step} but its committed step is {r.committed_step}",
-                [r], reports)
+                [r],
+                reports,
+            )
         return r.committed_step, _Vote.NONE
     if r.committed_step != r.attempt_step - 1:
         raise _diverged(
             f"rank {r.rank} is attempting step {r.attempt_step} ({r.phase.value}) but its committed step is "
-            f"{r.committed_step}, not {r.attempt_step - 1}", [r], reports)
+            f"{r.committed_step}, not {r.attempt_step - 1}",
+            [r],
+            reports,
+        )
     return r.committed_step, _VOTE_OF_PHASE[r.phase]
 
 
@@ -201,8 +218,9 @@ def decide(reports: Sequence[RankReport], world_size: int) -> Decision:
     # Structural problems first: they are bugs upstream, whatever else is wrong.
     out_of_range = [r for r in reports if not 0 <= r.rank < world_size]
     if out_of_range:
-        raise _diverged(f"rank(s) {sorted({r.rank for r in out_of_range})} outside 0..{world_size - 1}",
-                        out_of_range, reports)
+        raise _diverged(
+            f"rank(s) {sorted({r.rank for r in out_of_range})} outside 0..{world_size - 1}", out_of_range, reports
+        )
     seen: dict[int, int] = {}
     for r in reports:
         seen[r.rank] = seen.get(r.rank, 0) + 1
@@ -231,7 +249,10 @@ def decide(reports: Sequence[RankReport], world_size: int) -> Decision:
         behind = [by_rank[k] for k, (c, _) in state.items() if c == low]
         raise _diverged(
             f"committed steps differ by {high - low} (> 1): rank(s) {sorted(r.rank for r in ahead)} committed "
-            f"{high} while rank(s) {sorted(r.rank for r in behind)} committed {low}", ahead + behind, reports)
+            f"{high} while rank(s) {sorted(r.rank for r in behind)} committed {low}",
+            ahead + behind,
+            reports,
+        )
 
     laggards = sorted(k for k, (c, _) in state.items() if c == low)
     completed_somewhere = high == step or any(v is _Vote.COMPLETED for c, v in state.values() if c == low)
@@ -246,7 +267,10 @@ def decide(reports: Sequence[RankReport], world_size: int) -> Decision:
         witnesses = [by_rank[k] for k, (c, v) in state.items() if c == step or v is _Vote.COMPLETED]
         raise _diverged(
             f"the vote of step {step} completed on rank(s) {sorted(r.rank for r in witnesses)} but rank(s) "
-            f"{sorted(r.rank for r in never_entered)} never entered it", witnesses + never_entered, reports)
+            f"{sorted(r.rank for r in never_entered)} never entered it",
+            witnesses + never_entered,
+            reports,
+        )
     # A leader (committed `step`) cannot have completed the vote of step+1: the laggards never entered
     # it. A leader merely IN the vote of step+1 is fine: it has not stepped step+1, and re-runs it.
     leaders_voted_next = [by_rank[k] for k, (c, v) in state.items() if c == step and v is _Vote.COMPLETED]
@@ -254,6 +278,7 @@ def decide(reports: Sequence[RankReport], world_size: int) -> Decision:
         raise _diverged(
             f"rank(s) {sorted(r.rank for r in leaders_voted_next)} completed the vote of step {step + 1} while "
             f"rank(s) {laggards} had not yet committed step {step}",
-            leaders_voted_next + [by_rank[k] for k in laggards], reports)
-    return Decision(Action.ROLL_FORWARD, step=step, apply_on=tuple(laggards), resume_step=step + 1,
-                    committed_step=step)
+            leaders_voted_next + [by_rank[k] for k in laggards],
+            reports,
+        )
+    return Decision(Action.ROLL_FORWARD, step=step, apply_on=tuple(laggards), resume_step=step + 1, committed_step=step)

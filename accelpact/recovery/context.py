@@ -9,16 +9,18 @@ stand-in data plane and control channel, no process group needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
-from accelpact.recovery.consensus import Phase
-from accelpact.recovery.region_rule import RegionPhase, RegionState
 from accelpact.errors import AccelPactError
 from accelpact.events import RecoveryLog
+from accelpact.recovery.consensus import Phase
+from accelpact.recovery.region_rule import RegionPhase, RegionState
 
 if TYPE_CHECKING:
-    from accelpact.dataplane import DataPlane
+    from accelpact.control.client import ControlClient
+    from accelpact.dataplane.plane import DataPlane
     from accelpact.detection.liveness import LivenessConfig
 
 __all__ = ["StepState", "RecoveryContext", "InjectionClock"]
@@ -64,7 +66,8 @@ class StepState:
         if step <= self.committed_step:
             raise AccelPactError(
                 f"resume_at({step}) would move back past step {self.committed_step}, which this guard "
-                "already committed; build a new guard with attach() for a rolled-back run")
+                "already committed; build a new guard with attach() for a rolled-back run"
+            )
         self.next_step = step
         self.committed_step = step - 1
         self.region_done = 0
@@ -76,12 +79,12 @@ class RecoveryContext:
 
     rank: int
     world_size: int
-    control: Any  # accelpact.control.ControlChannel (or a stand-in with its methods)
-    plane: "DataPlane"
+    control: ControlClient  # accelpact.control.ControlChannel (or a stand-in with its methods)
+    plane: DataPlane
     state: StepState
     # Puts FSDP back into a clean between-steps state and drops its gradients (accelpact.dataplane.reset).
     reset_fsdp: Callable[[], None]
     # Called as hook(phase, step) ("recovery": the new generation exists, before its first collective).
     hook: Callable[[str, int], None]
-    liveness: "LivenessConfig | None" = None
+    liveness: LivenessConfig | None = None
     events: RecoveryLog = field(default_factory=RecoveryLog)

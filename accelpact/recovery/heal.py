@@ -26,20 +26,37 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import notice_auth
+from accelpact.detection.liveness import (
+    DeathNotice,
+    LivenessConfig,
+    PeerJudge,
+    PeerWatch,
+    heartbeat_key,
+    notice_applies,
+    notice_key,
+    parse_beat,
+)
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.recovery.heal_groups import merge_group_posts
 from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
-from accelpact.recovery.heal_wait import (ReplacementWatch, abandoned_key, arrived_key, joining_key, plan_key,
-                                 publish_no_replacement, request_key, rollcall_key)
+from accelpact.recovery.heal_wait import (
+    ReplacementWatch,
+    abandoned_key,
+    arrived_key,
+    joining_key,
+    plan_key,
+    publish_no_replacement,
+    request_key,
+    rollcall_key,
+)
 from accelpact.recovery.heal_wait import peek as _peek
-from accelpact.detection.liveness import (DeathNotice, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key,
-                                         notice_applies, notice_key, parse_beat)
 
 if TYPE_CHECKING:
     from accelpact.recovery.context import RecoveryContext
@@ -47,15 +64,24 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["HealPolicy", "HealOutcome", "Healer", "arrived_key", "plan_key", "request_key", "joining_key",
-           "abandoned_key", "publish_no_replacement"]
+__all__ = [
+    "HealPolicy",
+    "HealOutcome",
+    "Healer",
+    "arrived_key",
+    "plan_key",
+    "request_key",
+    "joining_key",
+    "abandoned_key",
+    "publish_no_replacement",
+]
 
 # How often a survivor at the roll call reads every rank's notice and the others' posts (store round trips).
 ROLL_CALL_POLL_S = 0.02
 
 # A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
 # replica's marker (a dict with at least "step") or None when it holds none.
-FetchReplica = Callable[[int, Path, "int | None"], "dict | None"]
+FetchReplica = Callable[[int, Path, "int | None"], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +106,10 @@ class HealPolicy:
 
     def __post_init__(self) -> None:
         if self.replacement_timeout_s <= 0 or self.max_rounds < 1:
-            raise ValueError(f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
-                             f"{self.max_rounds}): both must be positive")
+            raise ValueError(
+                f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
+                f"{self.max_rounds}): both must be positive"
+            )
 
 
 @dataclass(frozen=True)
@@ -89,7 +117,7 @@ class HealOutcome:
     """What the guard does after a heal: continue at ``resume_step`` (with ``extra_state`` restored)."""
 
     resume_step: int
-    extra_state: dict
+    extra_state: dict[str, Any]
     event: HealEvent
 
 
@@ -99,7 +127,7 @@ class Healer:
     It gets the guard's recovery context (the data plane, the step state, the control channel), never
     the guard itself."""
 
-    def __init__(self, ctx: "RecoveryContext", policy: HealPolicy, snapshots: Any) -> None:
+    def __init__(self, ctx: RecoveryContext, policy: HealPolicy, snapshots: Any) -> None:
         self.ctx = ctx
         self.policy = policy
         self.snapshots = snapshots
@@ -108,8 +136,7 @@ class Healer:
 
     # -- survivors --------------------------------------------------------------------------------
 
-    def survive(self, lost: RankLostError, step: int, t_detected: float,
-                resume_by: int | None = None) -> HealOutcome:
+    def survive(self, lost: RankLostError, step: int, t_detected: float, resume_by: int | None = None) -> HealOutcome:
         """Heal the ranks ``lost`` names; returns where to continue. Raises RankLostError when impossible.
 
         ``resume_by``: the latest step this rank can resume at (a guarded region passes its committed
@@ -136,14 +163,19 @@ class Healer:
                 raise RankLostError(
                     f"rank {g.rank}: {self.policy.max_rounds} heals in a row failed after losing rank(s) "
                     f"{sorted(dead)} at step {step} (a replacement was lost during each); restore from a "
-                    "checkpoint, or raise HealPolicy.max_rounds", ranks=tuple(sorted(dead)),
-                    last_committed_step=g.state.committed_step, detected_by="heal")
+                    "checkpoint, or raise HealPolicy.max_rounds",
+                    ranks=tuple(sorted(dead)),
+                    last_committed_step=g.state.committed_step,
+                    detected_by="heal",
+                )
             dead |= self._dead_now()
             dead.discard(g.rank)
             _log.info("rank %d: heal round %d for lost rank(s) %s at step %d", g.rank, rounds, sorted(dead), step)
             for r in dead:
-                self.control.set(request_key(self.control, r), json.dumps(
-                    {"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode())
+                self.control.set(
+                    request_key(self.control, r),
+                    json.dumps({"generation": self.control.generation, "by": g.rank, "t": time.time()}).encode(),
+                )
             arrivals = self._wait_arrivals(dead, step, watch)
             t_arrived = time.time()
             generation = self.control.generation + 1
@@ -152,8 +184,14 @@ class Healer:
             roll_calls[generation] = attempt + 1
             more, groups = self._roll_call(generation, attempt, dead)
             if more is not None:
-                _log.info("rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
-                          g.rank, rounds, attempt, generation, sorted(more - dead))
+                _log.info(
+                    "rank %d: heal round %d: roll call %d of generation %d found rank(s) %s lost too",
+                    g.rank,
+                    rounds,
+                    attempt,
+                    generation,
+                    sorted(more - dead),
+                )
                 dead |= more
                 watch.scan(more - {g.rank}, "lost")
                 continue
@@ -167,8 +205,12 @@ class Healer:
             # that would leave us in gloo's rendezvous until the control deadline (accelpact.recovery.heal_wait).
             gone = watch.wait_joining(arrivals, getattr(getattr(self.control, "config", None), "deadline_s", 30.0))
             if gone:
-                _log.info("rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
-                          g.rank, rounds, sorted(gone))
+                _log.info(
+                    "rank %d: heal round %d: the replacement of rank(s) %s was lost before the rendezvous",
+                    g.rank,
+                    rounds,
+                    sorted(gone),
+                )
                 continue
             healing |= dead
             try:
@@ -187,7 +229,7 @@ class Healer:
                 dead = set()  # who died is read from the notices at the top of the loop
             g.plane.abort()
 
-    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> tuple[set[int] | None, dict]:
+    def _roll_call(self, generation: int, attempt: int, dead: set[int]) -> tuple[set[int] | None, dict[str, Any]]:
         """Before any plan is written: every survivor is present, or noticed dead, and all plan for the same ranks.
 
         Each survivor posts the lost ranks it is about to plan for under ``{token}/heal/rollcall/{G}/{attempt}/
@@ -208,7 +250,7 @@ class Healer:
         deadline_s = getattr(getattr(self.control, "config", None), "deadline_s", 30.0)
         deadline = time.monotonic() + deadline_s
         posted: dict[int, set[int]] = {}
-        groups: dict[int, dict] = {g.rank: mine}
+        groups: dict[int, dict[str, Any]] = {g.rank: mine}
         while True:
             noticed = self._dead_now() & others  # notices first: a post seen after a notice is not trusted
             for r in sorted(others - set(posted)):
@@ -228,24 +270,36 @@ class Healer:
                 raise RankLostError(
                     f"rank {g.rank}: heal roll call {attempt} of generation {generation}: rank(s) {missing} neither "
                     f"answered within {deadline_s:g} s (the control deadline) nor were noticed dead: hung, or on "
-                    "another heal round; restore from a checkpoint", ranks=tuple(missing), detected_by="heal")
+                    "another heal round; restore from a checkpoint",
+                    ranks=tuple(missing),
+                    detected_by="heal",
+                )
             time.sleep(ROLL_CALL_POLL_S)
 
-    def _groups_post(self) -> dict:
+    def _groups_post(self) -> dict[str, Any]:
         """This survivor's part of the plan's groups: its data-plane groups and how a replacement joins them."""
         return {"groups": [_spec_to_dict(s) for s in self.ctx.plane.specs], **self.ctx.plane.join_plan()}
 
-    def _heal_round(self, step: int, generation: int, lost: list[int], rounds: int, t_detected: float,
-                    t_arrived: float, watch: ReplacementWatch) -> HealOutcome:
+    def _heal_round(
+        self,
+        step: int,
+        generation: int,
+        lost: list[int],
+        rounds: int,
+        t_detected: float,
+        t_arrived: float,
+        watch: ReplacementWatch,
+    ) -> HealOutcome:
         g, state = self.ctx, self.ctx.state
         old_groups, new_groups = g.plane.rebuild(generation)
         held = {state.committed_step: "live"}
         if self.snapshots is not None:
             held.update({s: "own" for s in self.snapshots.held_steps() if s not in held})
-        plan = self._agree(HealReport(g.rank, "survivor", state.committed_step, held,
-                                      resume_by=self._resume_by), generation)
+        plan = self._agree(
+            HealReport(g.rank, "survivor", state.committed_step, held, resume_by=self._resume_by), generation
+        )
         t_load = time.time()
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         replayed = plan.replayed(state.committed_step)
         if state.committed_step > plan.step:
             extra = self.snapshots.restore(plan.step) or {}
@@ -258,13 +312,27 @@ class Healer:
         del old_groups
         g.plane.prepare_next_generation()
         event = HealEvent(
-            role="survivor", lost_ranks=lost, step=step, resume_step=plan.resume_step, replayed_steps=replayed,
-            source=plan.healed_from(), own_source=plan.sources[g.rank], generation=generation,
-            replacement_start_s=t_arrived - t_detected, heal_transfer_s=t_end - t_arrived,
-            total_s=t_end - t_detected, t=t_end, t_detected=t_detected, rounds=rounds, load_s=load_s,
-            replacements_lost=list(watch.lost), data_plane=dict(g.plane.last_path))
-        _log.info("rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source,
-                  plan.resume_step)
+            role="survivor",
+            lost_ranks=lost,
+            step=step,
+            resume_step=plan.resume_step,
+            replayed_steps=replayed,
+            source=plan.healed_from(),
+            own_source=plan.sources[g.rank],
+            generation=generation,
+            replacement_start_s=t_arrived - t_detected,
+            heal_transfer_s=t_end - t_arrived,
+            total_s=t_end - t_detected,
+            t=t_end,
+            t_detected=t_detected,
+            rounds=rounds,
+            load_s=load_s,
+            replacements_lost=list(watch.lost),
+            data_plane=dict(g.plane.last_path),
+        )
+        _log.info(
+            "rank %d: healed rank(s) %s from %s; resuming at step %d", g.rank, lost, event.source, plan.resume_step
+        )
         return HealOutcome(plan.resume_step, extra, event)
 
     def _dead_now(self) -> set[int]:
@@ -304,7 +372,8 @@ class Healer:
                     continue
                 pid = int(json.loads(raw.decode())["pid"])
                 if watch.is_dead(r, pid) or pid == _notice_pid(
-                        _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token):
+                    _peek(self.control, notice_key(self.control.job_token, r)), self.control.job_token
+                ):
                     continue  # an earlier replacement, itself lost since
                 found[r] = pid
             if set(found) >= lost:
@@ -324,7 +393,10 @@ class Healer:
                     f"{self.policy.replacement_timeout_s:g} (seen from rank {self.ctx.rank}, step {step}); the "
                     "launcher must start one per lost rank (harness: strategy=accelpact does), or raise "
                     "HealPolicy.replacement_timeout_s. Restore from a checkpoint.",
-                    ranks=tuple(missing), last_committed_step=self.ctx.state.committed_step, detected_by="heal")
+                    ranks=tuple(missing),
+                    last_committed_step=self.ctx.state.committed_step,
+                    detected_by="heal",
+                )
             if time.monotonic() >= next_scan:  # another rank may die while we wait: heal it in the same round
                 self._add_new_deaths(lost, watch)
                 next_scan = time.monotonic() + 0.5
@@ -342,16 +414,19 @@ class Healer:
         """Gather every rank's heal report at ``generation`` (a death raises RankLostError), then decide."""
         # Only notices count here (never the heartbeat rule): a replacement builds its model meanwhile, beating
         # as JOINING until its guard takes over, and the notice about its predecessor is not about it.
-        watch = PeerWatch(self.control.job_token, self.ctx.rank,
-                          PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False,
-                                    joining_is_dead=False))
-        raw = self.control.gather("heal", report.to_bytes(), generation,
-                                  deadline_s=self.policy.replacement_timeout_s, watch=watch)
+        watch = PeerWatch(
+            self.control.job_token,
+            self.ctx.rank,
+            PeerJudge(self.ctx.liveness or LivenessConfig(), connection_dropped=False, joining_is_dead=False),
+        )
+        raw = self.control.gather(
+            "heal", report.to_bytes(), generation, deadline_s=self.policy.replacement_timeout_s, watch=watch
+        )
         return decide_resume([HealReport.from_bytes(raw[r]) for r in sorted(raw)], self.ctx.world_size)
 
     # -- a replacement ----------------------------------------------------------------------------
 
-    def join(self, ticket: "RejoinTicket") -> HealOutcome:
+    def join(self, ticket: RejoinTicket) -> HealOutcome:
         """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
         g = self.ctx
         t0 = time.time()
@@ -374,7 +449,7 @@ class Healer:
                 held.setdefault(newest[0] - max(int(gap), 1), "buddy")
         plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
         t_load = time.time()
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         source = plan.sources[g.rank]
         if source == "own":
             extra = self.snapshots.restore(plan.step) or {}
@@ -386,7 +461,9 @@ class Healer:
                     raise RankLostError(
                         f"rank {g.rank}: its buddy (rank {buddy}) no longer holds the replica of step {plan.step} "
                         "and no own snapshot slot survives: restore from a checkpoint",
-                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()), detected_by="heal")
+                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()),
+                        detected_by="heal",
+                    )
                 path = got[1]
             extra = self.snapshots.restore(plan.step, source=path) or {}
         load_s = time.time() - t_load
@@ -404,13 +481,31 @@ class Healer:
         t_end = time.time()
         t_launch = ticket.t_launch or ticket.t_start
         event = HealEvent(
-            role="replacement", lost_ranks=[g.rank], step=-1, resume_step=resume_step, replayed_steps=0,
-            source=source, own_source=source, generation=generation,
-            replacement_start_s=ticket.t_arrived - t_launch, heal_transfer_s=t_end - ticket.t_arrived,
-            total_s=t_end - t_launch, t=t_end, t_detected=t_launch, load_s=load_s, rounds=rounds,
-            data_plane=dict(ticket.data_plane))
-        _log.info("rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s", g.rank,
-                  source, plan.step, t_end - ticket.t_arrived, t0 - ticket.t_joined)
+            role="replacement",
+            lost_ranks=[g.rank],
+            step=-1,
+            resume_step=resume_step,
+            replayed_steps=0,
+            source=source,
+            own_source=source,
+            generation=generation,
+            replacement_start_s=ticket.t_arrived - t_launch,
+            heal_transfer_s=t_end - ticket.t_arrived,
+            total_s=t_end - t_launch,
+            t=t_end,
+            t_detected=t_launch,
+            load_s=load_s,
+            rounds=rounds,
+            data_plane=dict(ticket.data_plane),
+        )
+        _log.info(
+            "rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s",
+            g.rank,
+            source,
+            plan.step,
+            t_end - ticket.t_arrived,
+            t0 - ticket.t_joined,
+        )
         return HealOutcome(resume_step, extra, event)
 
     def _retry_after_link_fault(self, plan: ResumePlan, failed: BaseException) -> HealOutcome:
@@ -425,17 +520,19 @@ class Healer:
         got through while this one's failed is not in a heal round: the roll call then finds no answer
         within the control deadline and this raises RankLostError, as a failed join did before."""
         g = self.ctx
-        _log.info("rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
-                  g.rank, str(failed)[:200])
+        _log.info(
+            "rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
+            g.rank,
+            str(failed)[:200],
+        )
         g.plane.abort()
-        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(),
-                             detected_by="heal")
+        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(), detected_by="heal")
         return self.survive(lost, plan.resume_step, time.time())
 
     def _fetch(self, step: int | None) -> tuple[int, Path] | None:
         dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))
         try:
-            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)
+            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)  # type: ignore[misc]  # None: the TypeError is a failed fetch, below
         except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
             _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
             return None
@@ -452,8 +549,14 @@ def _notice_pid(raw: bytes | None, token: str) -> int | None:
     return None if pid is None else int(pid)
 
 
-def _spec_to_dict(spec: Any) -> dict:
-    return {"name": spec.name, "backend": spec.backend, "ranks": list(spec.ranks), "is_default": spec.is_default,
-            "tag": spec.tag, "desc": spec.desc,
-            "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
-            "bound": spec.device_id is not None}
+def _spec_to_dict(spec: Any) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "backend": spec.backend,
+        "ranks": list(spec.ranks),
+        "is_default": spec.is_default,
+        "tag": spec.tag,
+        "desc": spec.desc,
+        "timeout_s": None if spec.timeout is None else spec.timeout.total_seconds(),
+        "bound": spec.device_id is not None,
+    }

@@ -19,7 +19,8 @@ accelpact.recovery.rejoin reads them).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accelpact.errors import StateDivergedError
 
@@ -42,12 +43,12 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
     if not posts:
         raise ValueError("no survivor posted its groups")
     first_at: dict[str, tuple[int, str]] = {}
-    spec_of: dict[str, dict] = {}
+    spec_of: dict[str, dict[str, Any]] = {}
     store_of: dict[str, Any] = {}
     modes = set()
     for rank in sorted(posts):
         post = posts[rank]
-        groups: Sequence[dict] = post.get("groups", [])
+        groups: Sequence[dict[str, Any]] = post.get("groups", [])
         stores = post.get("group_stores")
         modes.add(post.get("data_plane", "rebind"))
         for i, spec in enumerate(groups):
@@ -57,14 +58,17 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
                 raise StateDivergedError(
                     f"survivors describe process group {name!r} differently: {known} vs {spec} (rank {rank}); "
                     "every rank must create its groups in the same order (new_group / init_device_mesh), so that "
-                    "one name means one set of ranks")
+                    "one name means one set of ranks"
+                )
             spec_of.setdefault(name, spec)
             first_at[name] = min(first_at.get(name, (i, name)), (i, name))
             if stores is not None and i < len(stores):
                 store_of.setdefault(name, stores[i])
     names = sorted(spec_of, key=lambda n: first_at[n])
-    merged: dict[str, Any] = {"groups": [spec_of[n] for n in names],
-                              "group_count": max(int(p.get("group_count", 0)) for p in posts.values())}
+    merged: dict[str, Any] = {
+        "groups": [spec_of[n] for n in names],
+        "group_count": max(int(p.get("group_count", 0)) for p in posts.values()),
+    }
     if modes == {"reconfigure"} and all(n in store_of for n in names):
         merged["data_plane"] = "reconfigure"
         merged["group_stores"] = [store_of[n] for n in names]
@@ -73,5 +77,5 @@ def merge_group_posts(posts: Mapping[int, GroupsPost]) -> dict[str, Any]:
     return merged
 
 
-def _identity(spec: Mapping[str, Any]) -> tuple:
+def _identity(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     return (spec["name"], spec["backend"], tuple(spec["ranks"]), bool(spec["is_default"]))

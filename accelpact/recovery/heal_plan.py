@@ -17,8 +17,8 @@ most. (With ``snapshot.every=k``, up to k steps.)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from accelpact.errors import RankLostError, StateDivergedError
 
@@ -45,23 +45,33 @@ class HealReport:
     resume_by: int | None = None
 
     def to_bytes(self) -> bytes:
-        d = {"rank": self.rank, "role": self.role, "committed": self.committed,
-             "held": {str(k): v for k, v in self.held.items()}, "buddy": self.buddy}
+        d = {
+            "rank": self.rank,
+            "role": self.role,
+            "committed": self.committed,
+            "held": {str(k): v for k, v in self.held.items()},
+            "buddy": self.buddy,
+        }
         if self.resume_by is not None:
             d["resume_by"] = self.resume_by
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "HealReport":
+    def from_bytes(cls, raw: bytes) -> HealReport:
         try:
             d = json.loads(raw.decode())
             held = {int(k): str(v) for k, v in d["held"].items()}
             bad = [v for v in held.values() if v not in SOURCES]
             if bad:
                 raise ValueError(f"unknown source(s) {bad}")
-            return cls(int(d["rank"]), str(d["role"]), int(d["committed"]), held,
-                       None if d.get("buddy") is None else int(d["buddy"]),
-                       None if d.get("resume_by") is None else int(d["resume_by"]))
+            return cls(
+                int(d["rank"]),
+                str(d["role"]),
+                int(d["committed"]),
+                held,
+                None if d.get("buddy") is None else int(d["buddy"]),
+                None if d.get("resume_by") is None else int(d["resume_by"]),
+            )
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise StateDivergedError(f"malformed heal report {raw[:200]!r}: {exc}") from exc
 
@@ -97,8 +107,10 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
     by_rank = {r.rank: r for r in reports}
     missing = sorted(set(range(world_size)) - set(by_rank))
     if missing or len(by_rank) != len(reports):
-        raise StateDivergedError(f"heal reports from ranks {sorted(by_rank)} (of {world_size}, "
-                                 f"{len(reports)} reports): missing {missing} or duplicated")
+        raise StateDivergedError(
+            f"heal reports from ranks {sorted(by_rank)} (of {world_size}, "
+            f"{len(reports)} reports): missing {missing} or duplicated"
+        )
     replacements = tuple(sorted(r.rank for r in reports if r.role == "replacement"))
     common = set.intersection(*(set(r.held) for r in reports)) if reports else set()
     caps = [r.resume_by for r in reports if r.resume_by is not None]
@@ -109,8 +121,10 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
                 f"a rank inside guard.run or finish must resume at step {min(caps)} or earlier, but the oldest "
                 f"step every rank holds is {min(common)}: snapshot every step (SnapshotConfig(every=1)) so that "
                 "the step before a region is held, or restore from a disk checkpoint",
-                ranks=replacements, detected_by="heal",
-                last_committed_step=min((r.committed for r in reports if r.role == "survivor"), default=None))
+                ranks=replacements,
+                detected_by="heal",
+                last_committed_step=min((r.committed for r in reports if r.role == "survivor"), default=None),
+            )
         common = capped
     if common:
         return _plan(reports, max(common), replacements)
@@ -120,17 +134,24 @@ def decide_resume(reports: Sequence[HealReport], world_size: int) -> ResumePlan:
     if empty:
         names = "; ".join(
             f"rank {r.rank}: no valid own snapshot slot and no replica"
-            + (f" from its buddy rank {r.buddy}" if r.buddy is not None else "") for r in empty)
+            + (f" from its buddy rank {r.buddy}" if r.buddy is not None else "")
+            for r in empty
+        )
         raise RankLostError(
             f"no in-memory copy of the lost rank(s) {[r.rank for r in empty]} survives ({names}); the state "
             f"of a rank and of its buddy's replica are both gone: restore from a disk checkpoint",
             ranks=tuple(sorted({r.rank for r in empty} | {r.buddy for r in empty if r.buddy is not None})),
-            last_committed_step=survivors_low, detected_by="heal")
+            last_committed_step=survivors_low,
+            detected_by="heal",
+        )
     held = "; ".join(f"rank {r.rank} ({r.role}): {sorted(r.held)}" for r in sorted(reports, key=lambda r: r.rank))
     raise RankLostError(
         f"the ranks hold no step in common ({held}): the lost rank's newest copy is older than every "
         "survivor's oldest snapshot slot; restore from a disk checkpoint",
-        ranks=replacements, detected_by="heal", last_committed_step=survivors_low)
+        ranks=replacements,
+        detected_by="heal",
+        last_committed_step=survivors_low,
+    )
 
 
 def _plan(reports: Sequence[HealReport], step: int, replacements: tuple[int, ...]) -> ResumePlan:

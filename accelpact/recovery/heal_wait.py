@@ -24,31 +24,43 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accelpact.control import notice_auth
-from accelpact.errors import RankLostError
 from accelpact.detection.liveness import notice_key
+from accelpact.errors import RankLostError
 
-__all__ = ["arrived_key", "plan_key", "request_key", "joining_key", "rollcall_key", "closed_key", "abandoned_key",
-           "publish_no_replacement",
-           "ReplacementWatch"]
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
+
+__all__ = [
+    "arrived_key",
+    "plan_key",
+    "request_key",
+    "joining_key",
+    "rollcall_key",
+    "closed_key",
+    "abandoned_key",
+    "publish_no_replacement",
+    "ReplacementWatch",
+]
 
 # How often a waiting survivor reads the lost ranks' death notices (a store round trip per rank): a
 # replacement's death is seen within this, far below the control deadline.
 NOTICE_POLL_S = 0.1
 
 
-def request_key(control: Any, rank: int) -> str:
+def request_key(control: ControlClient, rank: int) -> str:
     return control.key("heal", "request", str(rank))
 
 
-def arrived_key(control: Any, rank: int) -> str:
+def arrived_key(control: ControlClient, rank: int) -> str:
     return control.key("heal", "arrived", str(rank))
 
 
-def plan_key(control: Any, rank: int, pid: int) -> str:
+def plan_key(control: ControlClient, rank: int, pid: int) -> str:
     return plan_key_of(control.job_token, rank, pid)
 
 
@@ -57,15 +69,15 @@ def plan_key_of(job_token: str, rank: int, pid: int) -> str:
     return f"{job_token}/heal/plan/{rank}/{pid}"
 
 
-def joining_key(control: Any, rank: int, pid: int) -> str:
+def joining_key(control: ControlClient, rank: int, pid: int) -> str:
     return control.key("heal", "joining", str(rank), str(pid))
 
 
-def rollcall_key(control: Any, generation: int, attempt: int, rank: int) -> str:
+def rollcall_key(control: ControlClient, generation: int, attempt: int, rank: int) -> str:
     return control.key("heal", "rollcall", str(generation), str(attempt), str(rank))
 
 
-def closed_key(control: Any, rank: int) -> str:
+def closed_key(control: ControlClient, rank: int) -> str:
     """Written by a rank's guard at close() after finish(): the run ended there (accelpact.recovery.rejoin and
     accelpact.run's agent read it)."""
     return closed_key_of(control.job_token, rank)
@@ -90,12 +102,15 @@ def publish_no_replacement(store: Any, job_token: str, rank: int, *, pid: int | 
     store.set(abandoned_key(job_token, rank), json.dumps({"pid": pid, "reason": reason, "t": time.time()}).encode())
 
 
-def peek(control: Any, key: str) -> bytes | None:
+def peek(control: ControlClient, key: str) -> bytes | None:
     """The value of ``key`` now, or None (never waits)."""
-    return control._call(lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}")
+    value: bytes | None = control._call(
+        lambda s: s.get(key) if s.check([key]) else None, control._deadline(None), f"peek {key}"
+    )
+    return value
 
 
-def notice_of(control: Any, rank: int) -> dict | None:
+def notice_of(control: ControlClient, rank: int) -> dict[str, Any] | None:
     """The verified death notice of ``rank`` now (a dict), or None."""
     raw = peek(control, notice_key(control.job_token, rank))
     if raw is None:
@@ -114,12 +129,12 @@ class ReplacementWatch:
     lost on its way in (``lost``: what, when seen, how long after the launcher's notice).
     """
 
-    control: Any
+    control: ControlClient
     rank: int  # this survivor
     max_losses: int  # replacements lost per rank before giving up (HealPolicy.max_rounds)
     poll_s: float = 0.01
     dead_pids: dict[int, list[int]] = field(default_factory=dict)
-    lost: list[dict] = field(default_factory=list)
+    lost: list[dict[str, Any]] = field(default_factory=list)
     _last_scan: float = 0.0
 
     def scan(self, ranks: set[int], stage: str, arrived: dict[int, int] | None = None) -> set[int]:
@@ -143,8 +158,16 @@ class ReplacementWatch:
                 continue  # the process the heal is for
             now = time.time()
             where = stage if arrived is None or arrived.get(r) == pid else "before arriving"
-            self.lost.append({"rank": r, "pid": pid, "stage": where, "reason": str(notice.get("reason", "")),
-                              "t_seen": now, "seen_after_s": now - float(notice.get("t", now))})
+            self.lost.append(
+                {
+                    "rank": r,
+                    "pid": pid,
+                    "stage": where,
+                    "reason": str(notice.get("reason", "")),
+                    "t_seen": now,
+                    "seen_after_s": now - float(notice.get("t", now)),
+                }
+            )
             newly.add(r)
             self._check_budget(r)
         return newly
@@ -165,7 +188,9 @@ class ReplacementWatch:
             f"(pids {[e['pid'] for e in mine]}; the last: {mine[-1]['reason'] or 'no reason given'}, "
             f"{mine[-1]['stage']}); giving up at HealPolicy.max_rounds={self.max_losses}. Find why rank {r}'s "
             "replacement dies (its log), or raise HealPolicy.max_rounds; restore from a checkpoint.",
-            ranks=(r,), detected_by="heal")
+            ranks=(r,),
+            detected_by="heal",
+        )
 
     def check_abandoned(self, ranks: set[int]) -> None:
         """RankLostError with the launcher's reason when it will start no replacement for one of ``ranks``."""
@@ -181,10 +206,13 @@ class ReplacementWatch:
                 continue  # about a process whose death this heal has not seen (an earlier one)
             raise RankLostError(
                 f"rank {self.rank}: no replacement will come for lost rank {r}: {msg.get('reason', '?')}",
-                ranks=(r,), detected_by="heal")
+                ranks=(r,),
+                detected_by="heal",
+            )
 
-    def wait_joining(self, arrivals: dict[int, int], deadline_s: float,
-                     sleep: Callable[[float], None] = time.sleep) -> set[int]:
+    def wait_joining(
+        self, arrivals: dict[int, int], deadline_s: float, sleep: Callable[[float], None] = time.sleep
+    ) -> set[int]:
         """Wait for every arrived replacement's joining ack; the ranks whose replacement died first.
 
         Empty set: every replacement took its plan (the rendezvous may start). Non-empty: do not
@@ -209,6 +237,8 @@ class ReplacementWatch:
                     f"rank {self.rank}: the replacement(s) {missing} (rank: pid) arrived but did not take the heal "
                     f"plan within {deadline_s:g} s (the control deadline) and no death notice names them: hung, "
                     "or the control store is unreachable from them; restore from a checkpoint",
-                    ranks=tuple(sorted(missing)), detected_by="heal")
+                    ranks=tuple(sorted(missing)),
+                    detected_by="heal",
+                )
             sleep(self.poll_s)
         return lost

@@ -25,8 +25,8 @@ Pure logic, free of torch.distributed.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["Position", "KINDS", "VoteCodec", "encode", "count_of", "agreed", "describe", "NO_LOOP_STEP"]
 
@@ -47,14 +47,16 @@ class Position:
         return KINDS.index(self.kind), self.guard_step, self.region, self.loop_step
 
     @classmethod
-    def from_values(cls, values: Sequence[int]) -> "Position":
+    def from_values(cls, values: Sequence[int]) -> Position:
         kind, guard_step, region, loop_step = (int(v) for v in values)
         return cls(KINDS[kind], guard_step, region, loop_step)
 
     def __str__(self) -> str:
-        where = {"step": f"in guard.step of step {self.guard_step}",
-                 "region": f"in guard.run no. {self.region} after step {self.guard_step - 1}",
-                 "finish": f"in guard.finish after step {self.guard_step - 1}"}[self.kind]
+        where = {
+            "step": f"in guard.step of step {self.guard_step}",
+            "region": f"in guard.run no. {self.region} after step {self.guard_step - 1}",
+            "finish": f"in guard.finish after step {self.guard_step - 1}",
+        }[self.kind]
         loop = "" if self.loop_step == NO_LOOP_STEP else f", the loop at step {self.loop_step}"
         return where + loop
 
@@ -92,8 +94,9 @@ class VoteCodec:
     def encode(self, kind: int, guard_step: int, region: int, loop_step: int) -> int:
         """This rank's contribution to the vote's sum (``kind``: an index into KINDS)."""
         # fold(), inlined: this runs in every vote, where each Python call adds to the step's latency
-        h = (0x1B873593 * (kind + 1) + 0x9E3779B1 * (guard_step + 1) + 0x7F4A7C15 * (region + 1)
-             + loop_step + 1) & self._mask_b
+        h = (
+            0x1B873593 * (kind + 1) + 0x9E3779B1 * (guard_step + 1) + 0x7F4A7C15 * (region + 1) + loop_step + 1
+        ) & self._mask_b
         return 1 + (h << self.c) + ((h * h) << self._shift2)
 
     def count(self, summed: int) -> int:
@@ -122,10 +125,16 @@ def agreed(summed: int, world_size: int) -> bool:
 def describe(positions: dict[int, Position]) -> str:
     """The error text: every rank's position, and the fix when a loop's step is not the guard's."""
     lines = "; ".join(f"rank {r}: {p}" for r, p in sorted(positions.items()))
-    behind = sorted(r for r, p in positions.items() if p.loop_step not in (NO_LOOP_STEP, p.guard_step)
-                    and p.kind == "step")
-    hint = ("the loop's step is not the guard's on rank(s) "
+    behind = sorted(
+        r for r, p in positions.items() if p.loop_step not in (NO_LOOP_STEP, p.guard_step) and p.kind == "step"
+    )
+    hint = (
+        (
+            "the loop's step is not the guard's on rank(s) "
             f"{behind}: a RolledBack was not applied; on `except accelpact.RolledBack as back:` set the loop's "
-            "step to back.resume_step (and restore back.extra_state)") if behind else (
-            "every rank must call guard.step, guard.run and guard.finish in the same order, at the same steps")
+            "step to back.resume_step (and restore back.extra_state)"
+        )
+        if behind
+        else ("every rank must call guard.step, guard.run and guard.finish in the same order, at the same steps")
+    )
     return f"the ranks' loops diverged ({lines}): {hint}"

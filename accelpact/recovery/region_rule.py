@@ -25,8 +25,8 @@ run different collectives against each other.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from accelpact.errors import StateDivergedError
 
@@ -55,15 +55,21 @@ class RegionState:
     phase: RegionPhase | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"committed": self.committed, "done": self.done,
-                "phase": None if self.phase is None else self.phase.value}
+        return {
+            "committed": self.committed,
+            "done": self.done,
+            "phase": None if self.phase is None else self.phase.value,
+        }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> "RegionState":
+    def from_dict(cls, d: Mapping[str, object]) -> RegionState:
         try:
             phase = d.get("phase")
-            return cls(int(d["committed"]), int(d["done"]),  # type: ignore[arg-type]
-                       None if phase is None else RegionPhase(phase))
+            return cls(
+                int(d["committed"]),  # type: ignore[call-overload]
+                int(d["done"]),  # type: ignore[call-overload]
+                None if phase is None else RegionPhase(phase),
+            )
         except (KeyError, ValueError, TypeError) as exc:
             raise StateDivergedError(f"malformed region report {dict(d)!r}: {exc}") from exc
 
@@ -77,21 +83,29 @@ def decide_region(states: Mapping[int, RegionState], rank: int, committed_after:
     if me.committed != committed_after:
         raise StateDivergedError(
             f"rank {rank} is inside region {me.done} after step {me.committed}, but the ranks agreed on committed "
-            f"step {committed_after}: a region runs only between committed steps (this is a bug)", ranks=(rank,))
+            f"step {committed_after}: a region runs only between committed steps (this is a bug)",
+            ranks=(rank,),
+        )
     # Ranks the step rule rolled forward now stand at committed_after with no region done.
-    here = {r: s if s.committed == committed_after else RegionState(committed_after, 0, None)
-            for r, s in states.items()}
-    ahead = sorted(r for r, s in here.items() if s.done > me.done + 1
-                   or (s.done == me.done + 1 and s.phase is RegionPhase.VOTED))
+    here = {
+        r: s if s.committed == committed_after else RegionState(committed_after, 0, None) for r, s in states.items()
+    }
+    ahead = sorted(
+        r for r, s in here.items() if s.done > me.done + 1 or (s.done == me.done + 1 and s.phase is RegionPhase.VOTED)
+    )
     if ahead:
         raise StateDivergedError(
             f"rank(s) {ahead} completed a region vote past region {me.done} after step {committed_after} while "
-            f"rank {rank} is still inside it ({me.phase.value}); restore from a checkpoint", ranks=(rank, *ahead))
+            f"rank {rank} is still inside it ({me.phase.value}); restore from a checkpoint",
+            ranks=(rank, *ahead),
+        )
     completed = [r for r, s in here.items() if s.done > me.done or (s.done == me.done and s.phase is RegionPhase.VOTED)]
     if not completed:
         return RegionAction.RETRY
     if me.phase is RegionPhase.RUNNING:
         raise StateDivergedError(
             f"the vote of region {me.done} after step {committed_after} completed on rank(s) {sorted(completed)} but "
-            f"rank {rank} never entered it; restore from a checkpoint", ranks=(rank, *completed))
+            f"rank {rank} never entered it; restore from a checkpoint",
+            ranks=(rank, *completed),
+        )
     return RegionAction.COMPLETE

@@ -29,11 +29,14 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
 from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
-from accelpact.detection.liveness import JOINING, Heartbeat, LivenessConfig
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -53,17 +56,18 @@ class RejoinTicket:
     t_launch: float | None = None  # when the launcher started this process (if it said)
     heartbeat: Heartbeat | None = None  # beating since arrival; attach() takes it over
     # How the groups were joined: {"path": "reconfigure" | "rebuild", "why": ...} (HealEvent.data_plane)
-    data_plane: dict = field(default_factory=dict)
+    data_plane: dict[str, Any] = field(default_factory=dict)
 
     # The groups rejoin() built, by c10d name (the survivors' names): what device_mesh() builds a mesh from.
     groups: dict[str, Any] = field(default_factory=dict)
     # This generation's data-plane store and the plan's default-group entry: what a mesh row that no
     # survivor holds is built with (``_orphan_group``).
     store: Any = None
-    default_spec: dict = field(default_factory=dict)
+    default_spec: dict[str, Any] = field(default_factory=dict)
 
-    def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
-                    mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+    def device_mesh(
+        self, device_type: str, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None
+    ) -> Any:
         """The DeviceMesh ``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)`` gave every other
         rank, built from the survivors' groups this replacement joined (accelpact.recovery.rejoin_mesh).
 
@@ -89,11 +93,18 @@ class RejoinTicket:
         d = self.default_spec
         device = torch.device("cuda", torch.cuda.current_device()) if d["bound"] and torch.cuda.is_available() else None
         spec = generations.GroupSpec(
-            name=name, backend=d["backend"], ranks=tuple(ranks), is_default=False, tag=None,
+            name=name,
+            backend=d["backend"],
+            ranks=tuple(ranks),
+            is_default=False,
+            tag=None,
             desc=f"accelpact: mesh row {list(ranks)}, rebuilt by its replacements",
-            timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]), device_id=device)
-        pg = generations.rebuild_group(None, spec, dist.PrefixStore("orphan/", self.store), dist.get_rank(),
-                                       device_id=device)
+            timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
+            device_id=device,
+        )
+        pg = generations.rebuild_group(
+            None, spec, dist.PrefixStore("orphan/", self.store), dist.get_rank(), device_id=device
+        )
         self.groups[name] = pg
         return pg
 
@@ -104,7 +115,7 @@ class RejoinTicket:
             self.heartbeat = None
 
 
-def _wait_for_plan(control: Any, pid: int, timeout_s: float) -> bytes:
+def _wait_for_plan(control: ControlClient, pid: int, timeout_s: float) -> bytes:
     """The survivors' plan for this process; RankLostError at once when every other rank already ended the
     run (each wrote ``{token}/heal/closed/{rank}`` at ``guard.close()`` after ``guard.finish()``)."""
     deadline = time.monotonic() + timeout_s
@@ -118,14 +129,22 @@ def _wait_for_plan(control: Any, pid: int, timeout_s: float) -> bytes:
                 f"replacement of rank {control.rank} (pid {pid}): every other rank ended the run (guard.finish, then "
                 "guard.close) before this process arrived: nothing is left to heal and no one to heal with. The "
                 "process this replaces died after the run's end; if it had work left after guard.close, run that "
-                "work under guard.run before closing.", ranks=(control.rank,), detected_by="heal")
+                "work under guard.run before closing.",
+                ranks=(control.rank,),
+                detected_by="heal",
+            )
         if time.monotonic() >= deadline:
             raise ControlChannelError(f"no heal plan for rank {control.rank} (pid {pid}) within {timeout_s:g} s")
         time.sleep(PLAN_POLL_S)
 
 
-def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = None,
-           liveness: LivenessConfig | None = LivenessConfig()) -> RejoinTicket:
+def rejoin(
+    control: ControlClient,
+    *,
+    timeout_s: float = 180.0,
+    t_launch: float | None = None,
+    liveness: LivenessConfig | None = LivenessConfig(),
+) -> RejoinTicket:
     """Arrive as the replacement of ``control.rank`` and build the survivors' next generation of groups.
 
     Waits up to ``timeout_s`` for the survivors' plan (they write it once every lost rank's replacement
@@ -142,21 +161,24 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     from accelpact.dataplane.reconfigure import FALLBACK_PREFIX
 
     if dist.is_initialized():
-        raise RuntimeError("rejoin() builds the default process group itself: call it instead of "
-                           "init_process_group, not after it")
+        raise RuntimeError(
+            "rejoin() builds the default process group itself: call it instead of init_process_group, not after it"
+        )
     t_start = time.time()
     heartbeat = None
     cfg = getattr(control, "config", None)
     if liveness is not None and cfg is not None:
         # Beating as JOINING (accelpact.detection.liveness): survivors still in a recovery round then know the
         # rank's process they trained with is gone, whichever pid the death notice names.
-        heartbeat = Heartbeat(cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness,
-                              progress=lambda: JOINING).start()
+        heartbeat = Heartbeat(
+            cfg.host, cfg.port, cfg.job_token, control.rank, config=liveness, progress=lambda: JOINING
+        ).start()
     pid = os.getpid()
     if liveness is not None:
         control.heartbeat(progress=JOINING)  # this pid beats before anyone reads the arrival (the thread may lag)
-    control.set(arrived_key(control, control.rank),
-                json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode())
+    control.set(
+        arrived_key(control, control.rank), json.dumps({"pid": pid, "t": time.time(), "t_launch": t_launch}).encode()
+    )
     t_arrived = time.time()
     try:
         plan = json.loads(_wait_for_plan(control, pid, timeout_s).decode())
@@ -170,7 +192,10 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         raise RankLostError(
             f"replacement of rank {control.rank} (pid {pid}) arrived but no survivor sent a heal plan within "
             f"{timeout_s:g} s: the job may have ended, fallen back to a checkpoint, or the survivors were lost "
-            "too. Start it again from a checkpoint.", ranks=(control.rank,), detected_by="heal") from exc
+            "too. Start it again from a checkpoint.",
+            ranks=(control.rank,),
+            detected_by="heal",
+        ) from exc
     generation = int(plan["generation"])
     # Committed to the rendezvous: the survivors enter it only after this ack (accelpact.recovery.heal_wait), so
     # that a replacement lost before it is healed again instead of costing them the control deadline.
@@ -181,10 +206,19 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     # The plan lists every survivor's groups (accelpact.recovery.heal_groups); this rank builds those it is
     # a member of, in the plan's order (the order every member builds them in).
     mine = [(i, d) for i, d in enumerate(plan["groups"]) if control.rank in d["ranks"]]
-    specs = [generations.GroupSpec(
-        name=d["name"], backend=d["backend"], ranks=tuple(d["ranks"]), is_default=d["is_default"], tag=d["tag"],
-        desc=d["desc"], timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
-        device_id=device if d["bound"] else None) for _, d in mine]
+    specs = [
+        generations.GroupSpec(
+            name=d["name"],
+            backend=d["backend"],
+            ranks=tuple(d["ranks"]),
+            is_default=d["is_default"],
+            tag=d["tag"],
+            desc=d["desc"],
+            timeout=None if d["timeout_s"] is None else datetime.timedelta(seconds=d["timeout_s"]),
+            device_id=device if d["bound"] else None,
+        )
+        for _, d in mine
+    ]
     group_stores = [plan.get("group_stores", [])[i] for i, _ in mine] if plan.get("group_stores") else []
     # The survivors reconfigure their live groups with ours (torch >= 2.15) or rebuild them under the
     # old names; the plan says which (accelpact.dataplane.reconfigure), and a failure anywhere makes
@@ -194,8 +228,9 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
         data_plane = {"path": "reconfigure", "why": "joined the survivors' groups in the reconfigure regime"}
         deadline = datetime.timedelta(seconds=getattr(cfg, "deadline_s", 30.0))
         try:
-            reconfigure.join_groups(specs, store, control.rank, device_id=device,
-                                    group_stores=group_stores, timeout=deadline)
+            reconfigure.join_groups(
+                specs, store, control.rank, device_id=device, group_stores=group_stores, timeout=deadline
+            )
         except reconfigure.Fallback as fallback:
             data_plane = {"path": "rebind", "why": f"reconfigure failed, fell back: {fallback.reason}"}
             store = dist.PrefixStore(FALLBACK_PREFIX, store)
@@ -211,8 +246,17 @@ def rejoin(control: Any, *, timeout_s: float = 180.0, t_launch: float | None = N
     # As after init_process_group and the survivors' own new_group calls: a group created after the heal
     # without a name is named by this counter on every rank.
     c10d._world.group_count = max(c10d._world.group_count, int(plan.get("group_count", 1)), 1)
-    by_name = {name: pg for pg, name in c10d._world.pg_names.items()}
-    return RejoinTicket(generation=generation, lost=list(plan["lost"]), t_start=t_start, t_arrived=t_arrived,
-                        t_joined=time.time(), t_launch=t_launch, heartbeat=heartbeat, data_plane=data_plane,
-                        groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name},
-                        store=store, default_spec=next((d for d in plan["groups"] if d["is_default"]), {}))
+    by_name: dict[str, dist.ProcessGroup] = {name: pg for pg, name in c10d._world.pg_names.items()}
+    return RejoinTicket(
+        generation=generation,
+        lost=list(plan["lost"]),
+        t_start=t_start,
+        t_arrived=t_arrived,
+        t_joined=time.time(),
+        t_launch=t_launch,
+        heartbeat=heartbeat,
+        data_plane=data_plane,
+        groups={spec.name: by_name[spec.name] for spec in specs if spec.name in by_name},
+        store=store,
+        default_spec=next((d for d in plan["groups"] if d["is_default"]), {}),
+    )

@@ -19,7 +19,8 @@ dimension ``d`` a rank's group holds the ranks that differ from it only in coord
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from accelpact.errors import AccelPactError
 
@@ -28,15 +29,19 @@ __all__ = ["mesh_from_groups", "dim_ranks"]
 
 def dim_ranks(rank: int, mesh_shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
     """The global ranks of ``rank``'s group along ``dim`` of a row-major mesh of ``mesh_shape``."""
-    strides = [math.prod(mesh_shape[i + 1:]) for i in range(len(mesh_shape))]
+    strides = [math.prod(mesh_shape[i + 1 :]) for i in range(len(mesh_shape))]
     coords = [(rank // strides[i]) % mesh_shape[i] for i in range(len(mesh_shape))]
     base = rank - coords[dim] * strides[dim]
     return tuple(base + k * strides[dim] for k in range(mesh_shape[dim]))
 
 
-def mesh_from_groups(groups: Mapping[str, Any], device_type: str, mesh_shape: tuple[int, ...],
-                     mesh_dim_names: tuple[str, ...] | None = None,
-                     orphan: Callable[[tuple[int, ...]], Any] | None = None) -> Any:
+def mesh_from_groups(
+    groups: Mapping[str, Any],
+    device_type: str,
+    mesh_shape: tuple[int, ...],
+    mesh_dim_names: tuple[str, ...] | None = None,
+    orphan: Callable[[tuple[int, ...]], Any] | None = None,
+) -> Any:
     """``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)``'s mesh from already-built groups.
 
     ``groups``: c10d name -> ProcessGroup (a :class:`~accelpact.recovery.rejoin.RejoinTicket`'s). An
@@ -52,8 +57,10 @@ def mesh_from_groups(groups: Mapping[str, Any], device_type: str, mesh_shape: tu
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh_shape = tuple(int(n) for n in mesh_shape)
     if math.prod(mesh_shape) != world:
-        raise AccelPactError(f"mesh_shape={mesh_shape} has {math.prod(mesh_shape)} ranks; the job has {world}: "
-                             "pass the shape every rank gave init_device_mesh")
+        raise AccelPactError(
+            f"mesh_shape={mesh_shape} has {math.prod(mesh_shape)} ranks; the job has {world}: "
+            "pass the shape every rank gave init_device_mesh"
+        )
     if len(mesh_shape) == 1:  # init_device_mesh's 1-D mesh over the world is the default group itself
         return init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
     ordered = {}  # name -> the group's global ranks in group-rank order
@@ -73,12 +80,14 @@ def mesh_from_groups(groups: Mapping[str, Any], device_type: str, mesh_shape: tu
                 f"rank {rank}: no group of the survivors holds ranks {list(want)} (dimension {d} of mesh "
                 f"{mesh_shape}); the replacement joined {sorted(ordered.values())}. Pass the mesh_shape every "
                 "rank gave init_device_mesh, and attach accelpact after fully_shard so the survivors' plan "
-                "carries their mesh's groups")
+                "carries their mesh's groups"
+            )
         if len(found) > 1:  # a collective on one of them would never meet the survivors' on the other
             raise AccelPactError(
                 f"rank {rank}: groups {found} all hold ranks {list(want)} (dimension {d} of mesh {mesh_shape}); "
                 "which one the survivors' mesh uses is not known here. Create each set of ranks' group once "
-                "(the mesh's), and reach it through the mesh: mesh.get_group(dim)")
+                "(the mesh's), and reach it through the mesh: mesh.get_group(dim)"
+            )
         dims.append(groups[found[0]])
     mesh = torch.arange(world).view(mesh_shape)
     if mesh_dim_names is None:

@@ -15,12 +15,12 @@ import logging
 import time
 
 from accelpact.dataplane import heap
-from accelpact.detection import start as detection
 from accelpact.dataplane.tracebacks import drop_traceback as _drop_traceback
 from accelpact.dataplane.tracebacks import where as _where
-from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
+from accelpact.detection import start as detection
 from accelpact.errors import RankLostError
 from accelpact.events import RecoveryEvent, RoundClock
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.recovery.context import InjectionClock, RecoveryContext
 from accelpact.recovery.region_rule import RegionState
 
@@ -32,8 +32,14 @@ __all__ = ["recover", "MAX_ROUNDS"]
 MAX_ROUNDS = 16
 
 
-def recover(ctx: RecoveryContext, exc: BaseException, step: int, t_start: float, watchdog: str | None = None,
-            injection_clock: InjectionClock | None = None) -> Decision:
+def recover(
+    ctx: RecoveryContext,
+    exc: BaseException,
+    step: int,
+    t_start: float,
+    watchdog: str | None = None,
+    injection_clock: InjectionClock | None = None,
+) -> Decision:
     """Recover from the comm fault ``exc`` of ``step`` in rounds (each a nested fault); the decision."""
     t_detected = time.time()
     plane, state = ctx.plane, ctx.state
@@ -44,12 +50,25 @@ def recover(ctx: RecoveryContext, exc: BaseException, step: int, t_start: float,
     if watchdog is not None:
         fault["watchdog"] = watchdog
     _drop_traceback(exc)  # its frames hold the old group alive
-    _log.info("rank %d: %s at step %d (phase %s, generation %d): recovering", ctx.rank, fault["type"],
-              step, state.phase.value, getattr(ctx.control, "generation", -1))
+    _log.info(
+        "rank %d: %s at step %d (phase %s, generation %d): recovering",
+        ctx.rank,
+        fault["type"],
+        step,
+        state.phase.value,
+        getattr(ctx.control, "generation", -1),
+    )
     # 1. Make peers blocked on us fail now instead of at their PG timeout.
     plane.abort()
-    report = RankReport(ctx.rank, step, state.committed_step, state.phase, fault=fault["type"],
-                        injected_at=injected, region=state.region().to_dict())
+    report = RankReport(
+        ctx.rank,
+        step,
+        state.committed_step,
+        state.phase,
+        fault=fault["type"],
+        injected_at=injected,
+        region=state.region().to_dict(),
+    )
     rounds = 0
     clock = RoundClock(t_detected)
     while True:
@@ -58,7 +77,8 @@ def recover(ctx: RecoveryContext, exc: BaseException, step: int, t_start: float,
             raise RankLostError(
                 f"rank {ctx.rank}: {MAX_ROUNDS} recovery rounds in a row failed for step {step}; "
                 "the data plane does not come back (restore from a checkpoint)",
-                ranks=(ctx.rank,), last_committed_step=state.committed_step,
+                ranks=(ctx.rank,),
+                last_committed_step=state.committed_step,
             )
         try:
             decision = _round(ctx, report, step, fault, t_detected, t_start, rounds, clock)
@@ -68,15 +88,29 @@ def recover(ctx: RecoveryContext, exc: BaseException, step: int, t_start: float,
             clock.close()  # the failed round's time, up to the failure
             if not plane.is_comm_fault(nested):
                 raise
-            _log.info("rank %d: recovery round %d failed (%s: %s, at %s); next round", ctx.rank, rounds,
-                      type(nested).__name__, str(nested)[:200], _where(nested))
+            _log.info(
+                "rank %d: recovery round %d failed (%s: %s, at %s); next round",
+                ctx.rank,
+                rounds,
+                type(nested).__name__,
+                str(nested)[:200],
+                _where(nested),
+            )
             _drop_traceback(nested)
             del nested
             plane.abort()  # the half-built generation: peers must fail fast too
 
 
-def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str, str], t_detected: float,
-           t_start: float, rounds: int, clock: RoundClock) -> Decision:
+def _round(
+    ctx: RecoveryContext,
+    report: RankReport,
+    step: int,
+    fault: dict[str, str],
+    t_detected: float,
+    t_start: float,
+    rounds: int,
+    clock: RoundClock,
+) -> Decision:
     clock.start()
     plane, control = ctx.plane, ctx.control
     # 2. Clean FSDP state (idempotent across rounds). After the vote started, backward is
@@ -94,23 +128,29 @@ def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str,
             raw = control.gather("report", report.to_bytes(), generation, watch=watch)
     except RankLostError as lost:
         how = getattr(lost, "detected_by", None) or "deadline"
-        seen = (f"rank(s) {list(lost.ranks)} did not report within the control deadline" if how == "deadline"
-                else str(lost))
+        seen = (
+            f"rank(s) {list(lost.ranks)} did not report within the control deadline" if how == "deadline" else str(lost)
+        )
         raise RankLostError(
             f"{seen}; after a fault at step {step}, recovery generation "
             f"{generation}; this rank's last committed step is {ctx.state.committed_step}. In-memory recovery "
             "is impossible: restore from a checkpoint.",
-            ranks=lost.ranks, last_committed_step=ctx.state.committed_step, generation=generation,
+            ranks=lost.ranks,
+            last_committed_step=ctx.state.committed_step,
+            generation=generation,
             detected_by=how,
         ) from lost
     reports = [RankReport.from_bytes(raw[r]) for r in sorted(raw)]
     decision = decide(reports, ctx.world_size)
     if ctx.state.region_phase is not None:  # inside Guard.run: the region rule reads every rank's place
-        ctx.state.peer_regions = {r.rank: RegionState.from_dict(r.region) if r.region is not None
-                                  else RegionState(r.committed_step, 0, None) for r in reports}
+        ctx.state.peer_regions = {
+            r.rank: RegionState.from_dict(r.region) if r.region is not None else RegionState(r.committed_step, 0, None)
+            for r in reports
+        }
     detected_from, detection_from = detection.detection_origin(reports, t_start)
-    _log.info("rank %d: generation %d agreed: %s; rebuilding %d group(s)", ctx.rank, generation, decision,
-              len(plane.groups))
+    _log.info(
+        "rank %d: generation %d agreed: %s; rebuilding %d group(s)", ctx.rank, generation, decision, len(plane.groups)
+    )
     clock.mark()
     # 4.-5. The next generation, bound where FSDP looks (first, the holders FSDP created lazily
     # if the fault hit before the first commit: they are in place by now, the old groups are
@@ -131,18 +171,35 @@ def _round(ctx: RecoveryContext, report: RankReport, step: int, fault: dict[str,
     t5 = time.time()
     clock.close()
     plane.prepare_next_generation()
-    ctx.events.append(RecoveryEvent(
-        step=step, generation=generation, phase=report.phase.value, fault=fault,
-        ranks=sorted(r.rank for r in reports),
-        decision={"action": decision.action.value, "step": decision.step,
-                  "apply_on": list(decision.apply_on), "resume_step": decision.resume_step},
-        t_detected=t_detected, detection_s=t_detected - detected_from, agreement_s=clock.total("agreement"),
-        rebuild_s=clock.total("rebuild"), rebind_s=clock.total("rebind"),
-        first_collective_s=clock.total("first_collective"), total_s=t4 - t_detected, rounds=rounds,
-        retire_s=t5 - t4, reports=[r.to_dict() for r in reports],
-        detected_by="watchdog" if "watchdog" in fault else "exception", round_times=clock.rounds,
-        detection_from=detection_from, data_plane=dict(plane.last_path),
-    ))
+    ctx.events.append(
+        RecoveryEvent(
+            step=step,
+            generation=generation,
+            phase=report.phase.value,
+            fault=fault,
+            ranks=sorted(r.rank for r in reports),
+            decision={
+                "action": decision.action.value,
+                "step": decision.step,
+                "apply_on": list(decision.apply_on),
+                "resume_step": decision.resume_step,
+            },
+            t_detected=t_detected,
+            detection_s=t_detected - detected_from,
+            agreement_s=clock.total("agreement"),
+            rebuild_s=clock.total("rebuild"),
+            rebind_s=clock.total("rebind"),
+            first_collective_s=clock.total("first_collective"),
+            total_s=t4 - t_detected,
+            rounds=rounds,
+            retire_s=t5 - t4,
+            reports=[r.to_dict() for r in reports],
+            detected_by="watchdog" if "watchdog" in fault else "exception",
+            round_times=clock.rounds,
+            detection_from=detection_from,
+            data_plane=dict(plane.last_path),
+        )
+    )
     if decision.action is Action.RETRY and report.phase is not Phase.BEFORE_VOTE:
         # Our gradients were complete but nobody committed: discard them before the retry.
         ctx.reset_fsdp()

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, cast
 
 from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
 from accelpact.run.modules import MODULES_KEY_ENV
@@ -75,8 +75,8 @@ class AgentConfig:
     max_replacements: int = 3
     replacement: str = "template"
     module: bool = False
-    snapshot_root: Optional[str] = None  # "%n" is replaced by the node rank
-    log_dir: Optional[Path] = None
+    snapshot_root: str | None = None  # "%n" is replaced by the node rank
+    log_dir: Path | None = None
     preload: tuple[str, ...] = ()
     join_timeout_s: float = 300.0
     python: str = sys.executable
@@ -88,24 +88,33 @@ class AgentConfig:
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank={self.node_rank} must be in 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
         if self.nnodes > 1 and self.master_port == 0:
-            raise ValueError("several nodes need a fixed store port: pass --master-port (or --rdzv-endpoint "
-                             "HOST:PORT), the same on every node")
+            raise ValueError(
+                "several nodes need a fixed store port: pass --master-port (or --rdzv-endpoint "
+                "HOST:PORT), the same on every node"
+            )
         if self.replacement not in REPLACE_MODES:
             raise ValueError(f"--replacement={self.replacement!r}: choose one of {', '.join(REPLACE_MODES)}")
         if not self.entry:
             raise ValueError("no training script given: accelpact-run [flags] SCRIPT [script args]")
         if self.hot_spares < 0 or (self.hot_spares and self.replacement == "none"):
-            raise ValueError(f"--hot-spares={self.hot_spares} with --replacement={self.replacement}: spares replace "
-                             "killed ranks; give a count >= 0, and drop --replacement=none to use them")
+            raise ValueError(
+                f"--hot-spares={self.hot_spares} with --replacement={self.replacement}: spares replace "
+                "killed ranks; give a count >= 0, and drop --replacement=none to use them"
+            )
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
     def place(self, local_rank: int) -> RankPlace:
-        return RankPlace(rank=self.node_rank * self.nproc_per_node + local_rank, local_rank=local_rank,
-                         world_size=self.world_size, local_world_size=self.nproc_per_node,
-                         node_rank=self.node_rank, nnodes=self.nnodes)
+        return RankPlace(
+            rank=self.node_rank * self.nproc_per_node + local_rank,
+            local_rank=local_rank,
+            world_size=self.world_size,
+            local_world_size=self.nproc_per_node,
+            node_rank=self.node_rank,
+            nnodes=self.nnodes,
+        )
 
 
 @dataclass
@@ -116,7 +125,7 @@ class _Attempt:
     workers: Workers = field(default_factory=Workers)
     spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
     done_posted: bool = False
-    modules: Optional[int] = None  # the template's preload request of what the ranks loaded (its id), once sent
+    modules: int | None = None  # the template's preload request of what the ranks loaded (its id), once sent
     ended: dict[int, int] = field(default_factory=dict)  # rank -> exit code, of ranks that exited after ending the run
     replaced: dict[int, int] = field(default_factory=dict)  # rank -> pid of its replacement started in this attempt
 
@@ -132,7 +141,7 @@ class Agent:
         self.cfg = cfg
         self.store: Any = None
         self.port = cfg.master_port
-        self.template: Optional[TemplateClient] = None
+        self.template: TemplateClient | None = None
         self.replacements = 0
         self.events: list[dict[str, Any]] = []  # what the agent did, also printed
 
@@ -151,30 +160,48 @@ class Agent:
 
         timeout = timedelta(seconds=self.cfg.join_timeout_s)
         if self.cfg.node_rank == 0:
-            self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, None, True, timeout=timeout,
-                                       wait_for_workers=False, multi_tenant=True)
+            self.store = dist.TCPStore(
+                self.cfg.master_addr,
+                self.cfg.master_port,
+                None,
+                True,
+                timeout=timeout,
+                wait_for_workers=False,
+                multi_tenant=True,
+            )
             self.port = int(self.store.port)
             self.say(f"hosting the store at {self.cfg.master_addr}:{self.port} (run id {self.cfg.run_id})")
         else:
             try:
                 self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, None, False, timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - torch raises several kinds; the fix is the same
-                raise JobFailed(f"node {self.cfg.node_rank} could not reach the store of node 0 at "
-                                f"{self.cfg.master_addr}:{self.cfg.master_port} within {self.cfg.join_timeout_s:g} s "
-                                f"({exc}); start node 0's agent, and check --master-addr/--master-port") from exc
+                raise JobFailed(
+                    f"node {self.cfg.node_rank} could not reach the store of node 0 at "
+                    f"{self.cfg.master_addr}:{self.cfg.master_port} within {self.cfg.join_timeout_s:g} s "
+                    f"({exc}); start node 0's agent, and check --master-addr/--master-port"
+                ) from exc
 
-    def _peek(self, key: str) -> Optional[bytes]:
+    def _peek(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store.check([key]) else None
 
     def _count(self, key: str) -> int:
         return int(self.store.add(key, 0))
 
     # -- processes ----------------------------------------------------------------------------
-    def _env(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> dict[str, str]:
+    def _env(
+        self, local_rank: int, attempt: int, replacement_of: tuple[int, int, float] | None = None
+    ) -> dict[str, str]:
         root = self.cfg.snapshot_root.replace("%n", str(self.cfg.node_rank)) if self.cfg.snapshot_root else None
-        env = worker_env(self.cfg.place(local_rank), master_addr=self.cfg.master_addr, master_port=self.port,
-                         run_id=self.cfg.run_id, attempt=attempt, max_restarts=self.cfg.max_restarts,
-                         snapshot_root=root, replacement_of=replacement_of)
+        env = worker_env(
+            self.cfg.place(local_rank),
+            master_addr=self.cfg.master_addr,
+            master_port=self.port,
+            run_id=self.cfg.run_id,
+            attempt=attempt,
+            max_restarts=self.cfg.max_restarts,
+            snapshot_root=root,
+            replacement_of=replacement_of,
+        )
         env["ACCELPACT_AGENT_PID"] = str(os.getpid())
         env.pop(MODULES_KEY_ENV, None)
         return env
@@ -186,15 +213,16 @@ class Agent:
         head = [self.cfg.python, "-u"] + (["-m"] if self.cfg.module else [])
         return head + list(self.cfg.entry)
 
-    def _log(self, rank: int) -> Optional[Path]:
+    def _log(self, rank: int) -> Path | None:
         if self.cfg.log_dir is None:
             return None
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         return self.cfg.log_dir / f"rank{rank}.log"
 
-    def _spawn(self, local_rank: int, attempt: int, replacement_of: Optional[tuple[int, int, float]] = None) -> Any:
-        return spawn(self._argv(), self._env(local_rank, attempt, replacement_of),
-                     self._log(self.cfg.place(local_rank).rank))
+    def _spawn(self, local_rank: int, attempt: int, replacement_of: tuple[int, int, float] | None = None) -> Any:
+        return spawn(
+            self._argv(), self._env(local_rank, attempt, replacement_of), self._log(self.cfg.place(local_rank).rank)
+        )
 
     def _start_spares(self, att: _Attempt) -> None:
         """``--hot-spares`` processes running the script, each blocked in ``accelpact.run.replacement()``."""
@@ -208,7 +236,7 @@ class Agent:
             env.update({SPARE_ENV: str(i + 1), SPARE_KEY_ENV: key})
             log_path = self.cfg.log_dir / f"spare{i}.log" if self.cfg.log_dir is not None else None
             if log_path is not None:
-                self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path.parent.mkdir(parents=True, exist_ok=True)
             att.spares.append((key, spawn(self._argv(), env, log_path)))
 
     def _take_spare(self, att: _Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
@@ -229,9 +257,12 @@ class Agent:
     def _start_template(self) -> None:
         if self.cfg.replacement != "template" or (self.template is not None and self.template.alive()):
             return
-        entry = {"script": None if self.cfg.module else self.cfg.entry[0],
-                 "module": self.cfg.entry[0] if self.cfg.module else None,
-                 "args": list(self.cfg.entry[1:]), "preload": list(self.cfg.preload)}
+        entry = {
+            "script": None if self.cfg.module else self.cfg.entry[0],
+            "module": self.cfg.entry[0] if self.cfg.module else None,
+            "args": list(self.cfg.entry[1:]),
+            "preload": list(self.cfg.preload),
+        }
         out = os.dup(1)  # the agent's stdout becomes the template's and its children's
         try:
             self.template = start_script_template(self.cfg.python, entry, self._env(0, 0), stdout_fd=out)
@@ -239,8 +270,11 @@ class Agent:
             os.close(out)
 
     def _entry(self) -> dict[str, Any]:
-        return {"script": None if self.cfg.module else self.cfg.entry[0],
-                "module": self.cfg.entry[0] if self.cfg.module else None, "args": list(self.cfg.entry[1:])}
+        return {
+            "script": None if self.cfg.module else self.cfg.entry[0],
+            "module": self.cfg.entry[0] if self.cfg.module else None,
+            "args": list(self.cfg.entry[1:]),
+        }
 
     def _replace(self, att: _Attempt, rank: int, code: int) -> None:
         """One new process for dead ``rank`` (forked from the template, else spawned)."""
@@ -251,33 +285,66 @@ class Agent:
         replacement_of = (self.replacements, dead.pid, t0)
         log = self._log(rank)
         template = self.template
-        fork = None if template is None else lambda: template.fork(
-            {"env": self._env(local, att.number, replacement_of), "cwd": os.getcwd(), "netns": None,
-             "log": str(log) if log else None, "entry": self._entry()})
-        proc, how, why = start_replacement(rank, lambda: self._take_spare(att, local, replacement_of, rank), fork,
-                                           lambda: self._spawn(local, att.number, replacement_of), self.say)
+        fork = (
+            None
+            if template is None
+            else lambda: template.fork(
+                {
+                    "env": self._env(local, att.number, replacement_of),
+                    "cwd": os.getcwd(),
+                    "netns": None,
+                    "log": str(log) if log else None,
+                    "entry": self._entry(),
+                }
+            )
+        )
+        proc, how, why = start_replacement(
+            rank,
+            lambda: self._take_spare(att, local, replacement_of, rank),
+            fork,
+            lambda: self._spawn(local, att.number, replacement_of),
+            self.say,
+        )
         att.workers.replace(rank, proc)
         att.replaced[rank] = att.procs[rank].pid
         how = "hot spare" if how == HOT_SPARE else how
-        self.say(f"rank {rank} (pid {dead.pid}) exited with code {describe_exit(code)}: replacement "
-                 f"{self.replacements} started ({how}, pid {att.procs[rank].pid}) while the survivors wait",
-                 kind="replacement", rank=rank, dead_pid=dead.pid, pid=att.procs[rank].pid, start=how,
-                 template_fallback=why, attempt=att.number, replacement=self.replacements,
-                 t_death_seen=t0, t_started=time.time())
+        self.say(
+            f"rank {rank} (pid {dead.pid}) exited with code {describe_exit(code)}: replacement "
+            f"{self.replacements} started ({how}, pid {att.procs[rank].pid}) while the survivors wait",
+            kind="replacement",
+            rank=rank,
+            dead_pid=dead.pid,
+            pid=att.procs[rank].pid,
+            start=how,
+            template_fallback=why,
+            attempt=att.number,
+            replacement=self.replacements,
+            t_death_seen=t0,
+            t_started=time.time(),
+        )
 
     def _start(self, attempt: int) -> _Attempt:
-        att = _Attempt(attempt, Workers(Notices(self.store.set, job_token(self.cfg.run_id, attempt),
-                                                by="accelpact.run agent (waitpid)"), say=self.say))
+        att = _Attempt(
+            attempt,
+            Workers(
+                Notices(self.store.set, job_token(self.cfg.run_id, attempt), by="accelpact.run agent (waitpid)"),
+                say=self.say,
+            ),
+        )
         for local in range(self.cfg.nproc_per_node):
             record = local == 0 and self.cfg.replacement == "template" and os.environ.get(NO_MODULES_ENV) != "1"
             extra = {MODULES_KEY_ENV: self._modules_key(attempt)} if record else {}
-            att.procs[self.cfg.place(local).rank] = spawn(self._argv(), {**self._env(local, attempt), **extra},
-                                                          self._log(self.cfg.place(local).rank))
+            att.procs[self.cfg.place(local).rank] = spawn(
+                self._argv(), {**self._env(local, attempt), **extra}, self._log(self.cfg.place(local).rank)
+            )
         self._start_template()
         self._start_spares(att)
-        self.say(f"attempt {attempt}: started ranks {sorted(att.procs)} (pids "
-                 f"{[p.pid for p in att.procs.values()]})", kind="start", attempt=attempt,
-                 pids={r: p.pid for r, p in att.procs.items()})
+        self.say(
+            f"attempt {attempt}: started ranks {sorted(att.procs)} (pids {[p.pid for p in att.procs.values()]})",
+            kind="start",
+            attempt=attempt,
+            pids={r: p.pid for r, p in att.procs.items()},
+        )
         return att
 
     def _stop(self, att: _Attempt) -> None:
@@ -301,29 +368,39 @@ class Agent:
                 reply = template.reply(att.modules)
                 if reply is not None:
                     att.modules = -1
-                    self.say(f"template preloaded {reply.get('preloaded', 0)} module(s) the ranks loaded by their "
-                             f"first step in {reply.get('import_s', 0):.2f} s ({reply.get('failed', 0)} failed, "
-                             f"{reply.get('threads')} thread(s))", kind="template_preload", **reply)
+                    self.say(
+                        f"template preloaded {reply.get('preloaded', 0)} module(s) the ranks loaded by their "
+                        f"first step in {reply.get('import_s', 0):.2f} s ({reply.get('failed', 0)} failed, "
+                        f"{reply.get('threads')} thread(s))",
+                        kind="template_preload",
+                        **reply,
+                    )
         except TemplateUnavailable as exc:
             att.modules = -1
             self.say(f"the template could not preload the ranks' modules: {exc}")
 
     # -- deaths -------------------------------------------------------------------------------
-    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> Optional[str]:
+    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> str | None:
         """None when ``rank`` is to be replaced; else why not (the survivors and the user read it)."""
         pid = att.procs[rank].pid
         if self.cfg.replacement == "none":
             return f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} and --replacement=none"
         if code >= 0:
-            return (f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} on its own (a process that "
-                    "failed by itself would fail again; only a rank killed by a signal is replaced): see its output")
+            return (
+                f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} on its own (a process that "
+                "failed by itself would fail again; only a rank killed by a signal is replaced): see its output"
+            )
         if self.replacements >= self.cfg.max_replacements:
-            return (f"rank {rank} (pid {pid}) was killed ({describe_exit(code)}) but this agent already started "
-                    f"{self.replacements} replacement(s) and --max-replacements={self.cfg.max_replacements} allows "
-                    "no more")
+            return (
+                f"rank {rank} (pid {pid}) was killed ({describe_exit(code)}) but this agent already started "
+                f"{self.replacements} replacement(s) and --max-replacements={self.cfg.max_replacements} allows "
+                "no more"
+            )
         if self.cfg.nnodes == 1 and not self._survivors(att, rank):
-            return (f"every rank is dead or a replacement still waiting for survivors (rank {rank} with "
-                    f"{describe_exit(code)}): no survivor to heal from")
+            return (
+                f"every rank is dead or a replacement still waiting for survivors (rank {rank} with "
+                f"{describe_exit(code)}): no survivor to heal from"
+            )
         return None
 
     def _survivors(self, att: _Attempt, dead: int) -> list[int]:
@@ -333,10 +410,15 @@ class Agent:
         from accelpact.recovery.heal_wait import plan_key_of
 
         token = job_token(self.cfg.run_id, att.number)
-        return [r for r, p in att.procs.items() if r != dead and p.poll() is None
-                and (r not in att.replaced or self._peek(plan_key_of(token, r, att.replaced[r])) is not None)]
+        return [
+            r
+            for r, p in att.procs.items()
+            if r != dead
+            and p.poll() is None
+            and (r not in att.replaced or self._peek(plan_key_of(token, r, att.replaced[r])) is not None)
+        ]
 
-    def _ended_run(self, att: _Attempt, rank: int) -> Optional[int]:
+    def _ended_run(self, att: _Attempt, rank: int) -> int | None:
         """The step at which ``rank`` ended the run (its guard's closed mark, this attempt), or None."""
         from accelpact.recovery.heal_wait import closed_key_of
 
@@ -355,11 +437,18 @@ class Agent:
             att.workers.noticed.add(rank)  # reap() skips it: nothing is left to heal
             pid = att.procs[rank].pid
             after = "its training is complete" if code < 0 else "its script failed after training"
-            self.say(f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} after it ended the run at "
-                     f"step {step} (guard.finish, then close): not replaced; {after}", kind="exit_after_end",
-                     rank=rank, pid=pid, code=code, step=step, attempt=att.number)
+            self.say(
+                f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} after it ended the run at "
+                f"step {step} (guard.finish, then close): not replaced; {after}",
+                kind="exit_after_end",
+                rank=rank,
+                pid=pid,
+                code=code,
+                step=step,
+                attempt=att.number,
+            )
 
-    def _handle_deaths(self, att: _Attempt) -> Optional[str]:
+    def _handle_deaths(self, att: _Attempt) -> str | None:
         """Reap this node's ranks (each death's notice written); replace the killed ones. The reason for a
         group restart, or None."""
         _, exited = att.workers.poll()
@@ -369,14 +458,15 @@ class Agent:
             if why is None:
                 self._replace(att, rank, code)
                 continue
-            err = att.workers.notices.no_replacement(rank, att.procs[rank].pid, why)
+            notices = cast(Notices, att.workers.notices)  # the agent's workers always have notices (_attempt)
+            err = notices.no_replacement(rank, att.procs[rank].pid, why)
             if err is not None:
                 self.say(err)
             return why
         return None
 
     # -- attempts -----------------------------------------------------------------------------
-    def _run_attempt(self, attempt: int) -> Optional[str]:
+    def _run_attempt(self, attempt: int) -> str | None:
         """Run one attempt to its end: None when every rank of every node succeeded, else the restart reason."""
         att = self._start(attempt)
         restart_key = self.key("restart", attempt)
@@ -394,13 +484,14 @@ class Agent:
                 if not att.done_posted and all(p.poll() == 0 or r in att.ended for r, p in att.procs.items()):
                     failed = {r: c for r, c in att.ended.items() if c > 0}
                     if failed:  # training ended everywhere, the script failed after it: no restart can help
-                        raise JobFailed(f"rank(s) {sorted(failed)} ended the run (guard.finish, then close) and then "
-                                        f"exited with their own code(s) {failed}: training is complete, the script "
-                                        "failed after it; see their output")
+                        raise JobFailed(
+                            f"rank(s) {sorted(failed)} ended the run (guard.finish, then close) and then "
+                            f"exited with their own code(s) {failed}: training is complete, the script "
+                            "failed after it; see their output"
+                        )
                     att.done_posted = True
                     self.store.add(done_key, 1)
-                    self.say(f"attempt {attempt}: every rank of this node finished", kind="node_done",
-                             attempt=attempt)
+                    self.say(f"attempt {attempt}: every rank of this node finished", kind="node_done", attempt=attempt)
                 if att.done_posted and self._count(done_key) >= self.cfg.nnodes:
                     return None
                 time.sleep(POLL_S)
@@ -414,8 +505,10 @@ class Agent:
         deadline = time.monotonic() + timeout_s
         while self._count(key) < self.cfg.nnodes:
             if time.monotonic() > deadline:
-                raise JobFailed(f"the agents did not all reach {name!r} within {timeout_s:g} s "
-                                f"({self._count(key)} of {self.cfg.nnodes}): an agent was lost")
+                raise JobFailed(
+                    f"the agents did not all reach {name!r} within {timeout_s:g} s "
+                    f"({self._count(key)} of {self.cfg.nnodes}): an agent was lost"
+                )
             time.sleep(POLL_S)
 
     def _remove_snapshots(self, attempts: int) -> None:
@@ -445,12 +538,18 @@ class Agent:
                         self.say(f"attempt {attempt}: every rank of every node succeeded", kind="success")
                         break
                     if attempt >= self.cfg.max_restarts:
-                        raise JobFailed(f"attempt {attempt} failed and --max-restarts={self.cfg.max_restarts} "
-                                        f"allows no group restart: {why}")
-                    self.say(f"a heal is impossible ({why}): restarting the whole worker group as attempt "
-                             f"{attempt + 1} of at most {self.cfg.max_restarts + 1}; it resumes from the newest "
-                             "snapshot every rank holds (a rank that finds none raises NoSnapshotToResumeError)",
-                             kind="group_restart", attempt=attempt + 1, reason=why)
+                        raise JobFailed(
+                            f"attempt {attempt} failed and --max-restarts={self.cfg.max_restarts} "
+                            f"allows no group restart: {why}"
+                        )
+                    self.say(
+                        f"a heal is impossible ({why}): restarting the whole worker group as attempt "
+                        f"{attempt + 1} of at most {self.cfg.max_restarts + 1}; it resumes from the newest "
+                        "snapshot every rank holds (a rank that finds none raises NoSnapshotToResumeError)",
+                        kind="group_restart",
+                        attempt=attempt + 1,
+                        reason=why,
+                    )
                     self._barrier(f"stopped{attempt}", self.cfg.join_timeout_s)
                     attempt += 1
                 self._barrier("end", 60.0)  # node 0 keeps the store up until every agent has seen the end

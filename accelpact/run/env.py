@@ -21,13 +21,22 @@ assigns it a rank (accelpact.run.spare).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from accelpact.run import spare
 
-__all__ = ["Replacement", "replacement", "RankPlace", "worker_env", "job_token", "snapshot_token",
-           "REPLACEMENT_ENV", "REPLACES_PID_ENV", "T_LAUNCH_ENV"]
+__all__ = [
+    "Replacement",
+    "replacement",
+    "RankPlace",
+    "worker_env",
+    "job_token",
+    "snapshot_token",
+    "REPLACEMENT_ENV",
+    "REPLACES_PID_ENV",
+    "T_LAUNCH_ENV",
+]
 
 REPLACEMENT_ENV = "ACCELPACT_REPLACEMENT"
 REPLACES_PID_ENV = "ACCELPACT_REPLACES_PID"
@@ -81,24 +90,45 @@ class RankPlace:
     nnodes: int
 
 
-def worker_env(place: RankPlace, *, master_addr: str, master_port: int, run_id: str, attempt: int,
-               max_restarts: int, snapshot_root: str | None = None, replacement_of: tuple[int, int, float] | None = None,
-               base: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    place: RankPlace,
+    *,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    attempt: int,
+    max_restarts: int,
+    snapshot_root: str | None = None,
+    replacement_of: tuple[int, int, float] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The full environment of one rank process: ``base`` (the agent's) plus the variables above.
 
     ``replacement_of``: (replacement number, dead pid, launch time) for a replacement process."""
     env = dict(os.environ if base is None else base)
     addr = f"{master_addr}:{master_port}"
-    env.update({
-        "RANK": str(place.rank), "LOCAL_RANK": str(place.local_rank), "WORLD_SIZE": str(place.world_size),
-        "LOCAL_WORLD_SIZE": str(place.local_world_size), "GROUP_RANK": str(place.node_rank),
-        "GROUP_WORLD_SIZE": str(place.nnodes), "ROLE_RANK": str(place.rank), "ROLE_WORLD_SIZE": str(place.world_size),
-        "ROLE_NAME": "default", "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": str(attempt),
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts), "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "ACCELPACT_CONTROL_ADDR": addr, "ACCELPACT_JOB_TOKEN": job_token(run_id, attempt),
-        "ACCELPACT_SNAPSHOT_TOKEN": snapshot_token(run_id),
-    })
+    env.update(
+        {
+            "RANK": str(place.rank),
+            "LOCAL_RANK": str(place.local_rank),
+            "WORLD_SIZE": str(place.world_size),
+            "LOCAL_WORLD_SIZE": str(place.local_world_size),
+            "GROUP_RANK": str(place.node_rank),
+            "GROUP_WORLD_SIZE": str(place.nnodes),
+            "ROLE_RANK": str(place.rank),
+            "ROLE_WORLD_SIZE": str(place.world_size),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "ACCELPACT_CONTROL_ADDR": addr,
+            "ACCELPACT_JOB_TOKEN": job_token(run_id, attempt),
+            "ACCELPACT_SNAPSHOT_TOKEN": snapshot_token(run_id),
+        }
+    )
     if place.local_world_size > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default: ranks of one node share its cores
     if snapshot_root:

@@ -37,7 +37,8 @@ import select
 import signal
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["thread_count", "enter_netns", "die_with_parent", "fork_one", "reap", "serve", "Become"]
 
@@ -143,8 +144,9 @@ def reap(children: set[int]) -> list[dict[str, Any]]:
     return out
 
 
-def serve(read_fd: int, write: Any, become: Become,
-          preload: Callable[[list[str]], dict[str, Any]] | None = None) -> None:
+def serve(
+    read_fd: int, write: Any, become: Become, preload: Callable[[list[str]], dict[str, Any]] | None = None
+) -> None:
     """Answer fork requests on ``read_fd`` until EOF; report children's exits on ``write``.
 
     A request ``{"id": k, "preload": [names]}`` imports those modules first (``preload(names)``, its reply
@@ -175,8 +177,16 @@ def serve(read_fd: int, write: Any, become: Become,
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
             if "preload" in req:
-                send({"id": req["id"], **(preload(req["preload"]) if preload is not None
-                                          else {"refused": "this template does not preload on request"})})
+                send(
+                    {
+                        "id": req["id"],
+                        **(
+                            preload(req["preload"])
+                            if preload is not None
+                            else {"refused": "this template does not preload on request"}
+                        ),
+                    }
+                )
                 continue
             reply = fork_one(req, write.fileno(), become, request_fd=read_fd)
             if "pid" in reply:

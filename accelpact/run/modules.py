@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelpact.control.client import ControlClient
 
 __all__ = ["MODULES_KEY_ENV", "record", "names_to_preload"]
 
@@ -28,7 +31,7 @@ def names_to_preload(loaded: list[str]) -> list[str]:
     return sorted(n for n in loaded if not n.startswith("__"))
 
 
-def record(control: Any, env: dict[str, str] | None = None) -> bool:
+def record(control: ControlClient, env: dict[str, str] | None = None) -> bool:
     """Write this process's modules to the key the agent named (nothing when it named none); True if written."""
     key = (os.environ if env is None else env).get(MODULES_KEY_ENV)
     if not key:

@@ -29,8 +29,17 @@ from accelpact.run.forkserver import die_with_parent, serve, thread_count
 ENTRY_ENV = "ACCELPACT_TEMPLATE_ENTRY"
 STDOUT_FD_ENV = "ACCELPACT_TEMPLATE_STDOUT_FD"
 # What every replacement of an accelpact-healed FSDP script imports before it arrives.
-BASE_PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor", "accelpact",
-                "accelpact.control", "accelpact.recovery.rejoin", "accelpact.recovery.heal", "accelpact.snapshot")
+BASE_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "accelpact",
+    "accelpact.control",
+    "accelpact.recovery.rejoin",
+    "accelpact.recovery.heal",
+    "accelpact.snapshot",
+)
 
 
 def script_imports(path: str) -> list[str]:
@@ -54,8 +63,11 @@ def preload(entry: dict[str, Any]) -> list[str]:
     """Import what a replacement would import before it arrives; the modules that failed (not fatal)."""
     if entry.get("script"):
         sys.path.insert(0, os.path.dirname(os.path.abspath(entry["script"])))  # as `python script.py` does
-    names = [*BASE_PRELOAD, *(script_imports(entry["script"]) if entry.get("script") else []),
-             *entry.get("preload", [])]
+    names = [
+        *BASE_PRELOAD,
+        *(script_imports(entry["script"]) if entry.get("script") else []),
+        *entry.get("preload", []),
+    ]
     return _import_all(names)
 
 
@@ -79,8 +91,12 @@ def preload_more(names: list[str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     new = [n for n in names if n not in sys.modules]
     failed = _import_all(new)
-    return {"preloaded": len(new) - len(failed), "failed": len(failed), "import_s": time.perf_counter() - t0,
-            "threads": thread_count()}
+    return {
+        "preloaded": len(new) - len(failed),
+        "failed": len(failed),
+        "import_s": time.perf_counter() - t0,
+        "threads": thread_count(),
+    }
 
 
 def become(req: dict[str, Any]) -> int:
@@ -118,8 +134,12 @@ def main() -> int:
     t0 = time.perf_counter()
     failed = preload(entry)
     ready = {"ready": True, "import_s": time.perf_counter() - t0, "threads": thread_count(), "failed": failed}
-    print(f"accelpact.run: template {os.getpid()} ready: imports {ready['import_s']:.2f} s, {ready['threads']} "
-          f"thread(s){', could not import ' + ', '.join(failed) if failed else ''}", file=sys.stderr, flush=True)
+    print(
+        f"accelpact.run: template {os.getpid()} ready: imports {ready['import_s']:.2f} s, {ready['threads']} "
+        f"thread(s){', could not import ' + ', '.join(failed) if failed else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
     reply.write(json.dumps(ready) + "\n")
     reply.flush()
     serve(0, reply, become, preload_more)

@@ -23,8 +23,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from accelpact.run.template import _exists  # is a pid still there (the template's own check)
 
@@ -64,8 +65,11 @@ def wait_for_rank(env: Any = None, *, redirect: bool = True) -> None:
             break
         except Exception:  # noqa: BLE001 - torch raises DistStoreError (a RuntimeError) on the slice's timeout
             if agent and not _exists(agent):
-                print(f"accelpact.run hot spare {env.get(SPARE_ENV)}: its agent (pid {agent}) is gone; exiting",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"accelpact.run hot spare {env.get(SPARE_ENV)}: its agent (pid {agent}) is gone; exiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(0)
     got = json.loads(store.get(key).decode())
     env.update(got["env"])
@@ -79,4 +83,3 @@ def wait_for_rank(env: Any = None, *, redirect: bool = True) -> None:
     env.pop(SPARE_ENV, None)
     env.pop(SPARE_KEY_ENV, None)
     env["ACCELPACT_T_ASSIGNED"] = repr(time.time())
-

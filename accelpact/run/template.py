@@ -19,10 +19,16 @@ import select
 import signal
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any
 
-__all__ = ["TemplateClient", "TemplateUnavailable", "ForkedRank", "start_script_template", "FORK_REPLY_S",
-           "READY_WAIT_S"]
+__all__ = [
+    "TemplateClient",
+    "TemplateUnavailable",
+    "ForkedRank",
+    "start_script_template",
+    "FORK_REPLY_S",
+    "READY_WAIT_S",
+]
 
 # A ready template forks and answers in milliseconds; this only bounds a template that stopped
 # answering (it is then killed and the replacement spawned).
@@ -41,7 +47,7 @@ class TemplateClient:
     def __init__(self, proc: subprocess.Popen[bytes], started: float) -> None:
         self.proc = proc
         self.started = started
-        self.ready: Optional[dict[str, Any]] = None  # the template's ready record
+        self.ready: dict[str, Any] | None = None  # the template's ready record
         self.exits: dict[int, int] = {}  # child pid -> exit code, as reported
         self._replies: dict[int, dict[str, Any]] = {}
         self._buf = b""
@@ -76,7 +82,7 @@ class TemplateClient:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, request: dict[str, Any]) -> "ForkedRank":
+    def fork(self, request: dict[str, Any]) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason).
 
         ``request``: what the template's ``become`` reads (``env``, ``cwd``, ``netns`` at least)."""
@@ -116,7 +122,7 @@ class TemplateClient:
             raise TemplateUnavailable(f"the template's pipe is closed ({exc})") from exc
         return req_id
 
-    def reply(self, req_id: int) -> Optional[dict[str, Any]]:
+    def reply(self, req_id: int) -> dict[str, Any] | None:
         """The reply to request ``req_id`` if it came (taken), else None (never blocks)."""
         self.pump()
         return self._replies.pop(req_id, None)
@@ -135,8 +141,9 @@ class TemplateClient:
             self.pump()
             raise TemplateUnavailable(f"the template exited with code {self.proc.returncode}")
         if self.ready is None:
-            raise TemplateUnavailable(f"the template was still importing {time.time() - self.started:.1f} s after "
-                                      "its start")
+            raise TemplateUnavailable(
+                f"the template was still importing {time.time() - self.started:.1f} s after its start"
+            )
 
     def close(self) -> None:
         """End the template (it SIGKILLs children still running on EOF) and reap it."""
@@ -158,8 +165,15 @@ class TemplateClient:
             self.proc.stdout.close()
 
 
-def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str], *, stdout_fd: Optional[int] = None,
-                          stderr: Any = None, cwd: Optional[str] = None) -> TemplateClient:
+def start_script_template(
+    python: str,
+    entry: dict[str, Any],
+    env: dict[str, str],
+    *,
+    stdout_fd: int | None = None,
+    stderr: Any = None,
+    cwd: str | None = None,
+) -> TemplateClient:
     """Start ``python -m accelpact.run.script_template`` for ``entry`` and return its client.
 
     ``entry``: what the template preloads and what its children run (``script`` or ``module``, ``args``,
@@ -176,9 +190,16 @@ def start_script_template(python: str, entry: dict[str, Any], env: dict[str, str
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if stdout_fd is not None:
         env[STDOUT_FD_ENV] = str(stdout_fd)
-    proc = subprocess.Popen([python, "-m", "accelpact.run.script_template"], env=env, cwd=cwd,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                            pass_fds=() if stdout_fd is None else (stdout_fd,), start_new_session=True)
+    proc = subprocess.Popen(
+        [python, "-m", "accelpact.run.script_template"],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        pass_fds=() if stdout_fd is None else (stdout_fd,),
+        start_new_session=True,
+    )
     return TemplateClient(proc, time.time())
 
 
@@ -188,10 +209,10 @@ class ForkedRank:
     def __init__(self, template: TemplateClient, pid: int) -> None:
         self.template = template
         self.pid = pid
-        self.returncode: Optional[int] = None
+        self.returncode: int | None = None
         self.args = ["(forked from the template)", str(pid)]
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         self.template.pump()
@@ -211,7 +232,7 @@ class ForkedRank:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:

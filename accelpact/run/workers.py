@@ -28,12 +28,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
-__all__ = ["describe_exit", "killpg", "spawn", "Notices", "Workers", "start_replacement", "TERM_GRACE_S",
-           "HOT_SPARE", "TEMPLATE", "SPAWN"]
+__all__ = [
+    "describe_exit",
+    "killpg",
+    "spawn",
+    "Notices",
+    "Workers",
+    "start_replacement",
+    "TERM_GRACE_S",
+    "HOT_SPARE",
+    "TEMPLATE",
+    "SPAWN",
+]
 
 # After SIGTERM, how long a rank may take to exit before SIGKILL (an accelpact rank writes its events first).
 TERM_GRACE_S = 5.0
@@ -59,14 +70,22 @@ def killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def spawn(argv: Sequence[str], env: dict[str, str], log: Optional[Path], cwd: Optional[str] = None) -> "subprocess.Popen[bytes]":
+def spawn(
+    argv: Sequence[str], env: dict[str, str], log: Path | None, cwd: str | None = None
+) -> subprocess.Popen[bytes]:
     """One rank process in its own session, stdin closed, stdout and stderr appended to ``log``
     (None: the launcher's own)."""
     out = open(log, "ab") if log is not None else None
     try:
-        return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT if out is not None else None,
-                                start_new_session=True, cwd=cwd)
+        return subprocess.Popen(
+            list(argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,
+            cwd=cwd,
+        )
     finally:
         if out is not None:
             out.close()  # the child holds its own descriptor
@@ -83,19 +102,25 @@ class Notices:
     token: str
     by: str
 
-    def death(self, rank: int, code: int, pid: int) -> Optional[str]:
+    def death(self, rank: int, code: int, pid: int) -> str | None:
         """Write ``rank``'s death notice naming ``pid``; the error when it could not be written (best effort:
         without it the survivors still find out by heartbeat or at their deadline)."""
         from accelpact.detection.liveness import publish_death
 
         try:
-            publish_death(self, self.token, rank, by=self.by, reason=f"rank {rank} exited with code "
-                          f"{describe_exit(code)}", pid=pid)
+            publish_death(
+                self,
+                self.token,
+                rank,
+                by=self.by,
+                reason=f"rank {rank} exited with code {describe_exit(code)}",
+                pid=pid,
+            )
         except Exception as exc:  # noqa: BLE001 - a notice is an accelerator, never a new failure
             return f"could not write the death notice of rank {rank}: {exc}"
         return None
 
-    def no_replacement(self, rank: int, pid: int, reason: str) -> Optional[str]:
+    def no_replacement(self, rank: int, pid: int, reason: str) -> str | None:
         """Tell the survivors waiting to heal ``rank`` that no replacement comes, and why; the error when
         that could not be written (they then stop at their own replacement timeout)."""
         from accelpact.recovery.heal_wait import publish_no_replacement
@@ -111,7 +136,7 @@ class Notices:
 class Workers:
     """The rank processes of one attempt (on one node, or one harness run), by global rank."""
 
-    notices: Optional[Notices] = None  # None: no store to tell (deaths are only reaped)
+    notices: Notices | None = None  # None: no store to tell (deaths are only reaped)
     procs: dict[int, Any] = field(default_factory=dict)
     retired: list[Any] = field(default_factory=list)  # dead processes a replacement took over from
     spares: list[Any] = field(default_factory=list)  # idle hot spares, stopped with the ranks
@@ -129,7 +154,7 @@ class Workers:
                 exited[rank] = code
         return running, exited
 
-    def reap(self, exited: Optional[dict[int, int]] = None) -> dict[int, int]:
+    def reap(self, exited: dict[int, int] | None = None) -> dict[int, int]:
         """The ranks whose current process failed since the last call (rank -> exit code), each with its
         death notice written once. ``exited``: a :meth:`poll` the caller just made, so both see the same exits."""
         if exited is None:
@@ -150,7 +175,7 @@ class Workers:
         self.noticed.discard(rank)  # its replacement's own death must be noticed again
         return proc
 
-    def codes(self) -> dict[int, Optional[int]]:
+    def codes(self) -> dict[int, int | None]:
         return {r: p.poll() for r, p in self.procs.items()}
 
     def signal(self, rank: int, sig: int) -> None:
@@ -180,8 +205,13 @@ class Workers:
         self.retired, self.spares = [], []
 
 
-def start_replacement(rank: int, spare: Callable[[], Any], fork: Optional[Callable[[], Any]],
-                      spawn_one: Callable[[], Any], say: Callable[[str], None]) -> tuple[Any, str, str]:
+def start_replacement(
+    rank: int,
+    spare: Callable[[], Any],
+    fork: Callable[[], Any] | None,
+    spawn_one: Callable[[], Any],
+    say: Callable[[str], None],
+) -> tuple[Any, str, str]:
     """A process for dead ``rank``: an idle hot spare (``spare()``; None when none is left), else a fork of the
     preloaded template (``fork()``; None: no template), else a fresh process (``spawn_one()``).
 
@@ -201,4 +231,3 @@ def start_replacement(rank: int, spare: Callable[[], Any], fork: Optional[Callab
             why = str(exc)
             say(f"replacement template unusable ({why}): spawning a fresh process for rank {rank}")
     return spawn_one(), SPAWN, why
-

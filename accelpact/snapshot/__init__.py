@@ -20,10 +20,27 @@ from accelpact.snapshot.launch import job_token_from_env, restart_count
 from accelpact.snapshot.layout import default_root, remove_job, remove_rank
 from accelpact.snapshot.restore import SnapshotInfo, restore_latest
 from accelpact.snapshot.sizing import snapshot_nbytes
-from accelpact.snapshot.slots import (NoSnapshotToResumeError, SnapshotError, SnapshotMissingError,
-                                     SnapshotsDisagreeError)
+from accelpact.snapshot.slots import (
+    NoSnapshotToResumeError,
+    SnapshotError,
+    SnapshotMissingError,
+    SnapshotsDisagreeError,
+)
 from accelpact.snapshot.snapshotter import SnapshotConfig, Snapshotter
 
-__all__ = ["SnapshotConfig", "Snapshotter", "SnapshotInfo", "SnapshotError", "SnapshotMissingError",
-           "NoSnapshotToResumeError", "SnapshotsDisagreeError",
-           "restore_latest", "snapshot_nbytes", "remove_job", "remove_rank", "default_root", "job_token_from_env", "restart_count"]
+__all__ = [
+    "SnapshotConfig",
+    "Snapshotter",
+    "SnapshotInfo",
+    "SnapshotError",
+    "SnapshotMissingError",
+    "NoSnapshotToResumeError",
+    "SnapshotsDisagreeError",
+    "restore_latest",
+    "snapshot_nbytes",
+    "remove_job",
+    "remove_rank",
+    "default_root",
+    "job_token_from_env",
+    "restart_count",
+]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from accelpact.snapshot.layout import default_root, remove_job
 from accelpact.snapshot.sizing import gib, used_bytes
@@ -21,9 +22,9 @@ from accelpact.snapshot.slots import MARKER, read_marker
 __all__ = ["jobs", "main"]
 
 
-def jobs(root: str | Path) -> list[dict]:
+def jobs(root: str | Path) -> list[dict[str, Any]]:
     """Every job directory under ``root``: token, ranks with slots, newest step, bytes, seconds idle."""
-    out = []
+    out: list[dict[str, Any]] = []
     root = Path(root)
     if not root.is_dir():
         return out
@@ -32,9 +33,15 @@ def jobs(root: str | Path) -> list[dict]:
         markers = [m for m in job.glob(f"**/{MARKER}")]
         newest = [read_marker(m.parent) for m in markers]
         mtimes = [p.stat().st_mtime for p in job.rglob("*") if p.is_file()] or [job.stat().st_mtime]
-        out.append({"token": job.name, "ranks": sorted(p.name for p in job.glob("rank*")),
-                    "newest_step": max((m.step for m in newest if m is not None), default=None),
-                    "bytes": used_bytes(job), "idle_s": now - max(mtimes)})
+        out.append(
+            {
+                "token": job.name,
+                "ranks": sorted(p.name for p in job.glob("rank*")),
+                "newest_step": max((m.step for m in newest if m is not None), default=None),
+                "bytes": used_bytes(job),
+                "idle_s": now - max(mtimes),
+            }
+        )
     return out
 
 
@@ -50,8 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     found = jobs(args.root)
     if args.cmd == "list":
         for j in found:
-            print(f"{j['token']}  ranks={','.join(j['ranks']) or '-'}  newest_step={j['newest_step']}  "
-                  f"{gib(j['bytes'])}  idle {j['idle_s']:.0f} s")
+            print(
+                f"{j['token']}  ranks={','.join(j['ranks']) or '-'}  newest_step={j['newest_step']}  "
+                f"{gib(j['bytes'])}  idle {j['idle_s']:.0f} s"
+            )
         return 0
     if not args.tokens and args.idle_s is None:
         ap.error("cleanup needs job tokens or --idle-s SECONDS")

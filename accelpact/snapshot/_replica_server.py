@@ -33,14 +33,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, TypeGuard, cast
 
 from accelpact.snapshot._replica_wire import (
     MARKER,
+    FileMaps,
     PeerClosed,
     WireError,
-    FileMaps,
     check_file_list,
     discard,
     payload_files,
@@ -57,10 +58,10 @@ SLOTS = ("slot0", "slot1")
 # A whole replica must arrive within this; a peer that stops sending is dropped (its thread ends).
 _IO_TIMEOUT_S = 60.0
 
-Validate = Callable[[Path, dict], bool]
+Validate = Callable[[Path, dict[str, Any]], bool]
 
 
-def read_marker(slot_dir: Path) -> dict | None:
+def read_marker(slot_dir: Path) -> dict[str, Any] | None:
     """The slot's marker, or None when it is missing or unreadable (then the slot does not exist)."""
     try:
         body = json.loads((slot_dir / MARKER).read_text())
@@ -69,7 +70,7 @@ def read_marker(slot_dir: Path) -> dict | None:
     return body if isinstance(body, dict) else None
 
 
-def marker_matches(marker: Any, job_token: str, rank: int, step: int | None = None) -> bool:
+def marker_matches(marker: Any, job_token: str, rank: int, step: int | None = None) -> TypeGuard[dict[str, Any]]:
     """The marker names this job and ``rank`` (and ``step`` when given): a slot of another job, of
     another rank, or of the wrong step is never served or loaded."""
     if not isinstance(marker, dict) or marker.get("job_token") != job_token:
@@ -89,8 +90,18 @@ class ReplicaServer:
     Counters: ``puts``, ``gets``, ``refused`` (bad or foreign requests), ``bytes_in``, ``bytes_out``.
     """
 
-    def __init__(self, *, job_token: str, rank: int, world_size: int, root: Path | str, host: str = "127.0.0.1",
-                 port: int = 0, validate: Validate | None = None, receive_check: Validate | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        job_token: str,
+        rank: int,
+        world_size: int,
+        root: Path | str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        validate: Validate | None = None,
+        receive_check: Validate | None = None,
+    ) -> None:
         self.job_token = job_token
         self.rank = rank
         self.world_size = world_size
@@ -152,7 +163,7 @@ class ReplicaServer:
     def source_dir(self, src: int) -> Path:
         return self.dir / f"rank{src}"
 
-    def held(self, src: int, step: int | None = None) -> list[tuple[int, Path, dict]]:
+    def held(self, src: int, step: int | None = None) -> list[tuple[int, Path, dict[str, Any]]]:
         """(step, slot_dir, marker) of the complete, valid replicas of ``src``, newest first."""
         out = []
         for name in SLOTS:
@@ -173,13 +184,15 @@ class ReplicaServer:
         """The slot a replica of ``step`` overwrites: the one holding the same step (a retried push), else
         one without a valid marker, else the older. The newest complete replica is never the target."""
         base = self.source_dir(src)
-        steps = {}
+        steps: dict[str, int | None] = {}
         for name in SLOTS:
             m = read_marker(base / name)
             steps[name] = m["step"] if marker_matches(m, self.job_token, src) else None
-        target = next((n for n in SLOTS if steps[n] == step), None) \
-            or next((n for n in SLOTS if steps[n] is None), None) \
-            or min(SLOTS, key=lambda n: steps[n])
+        target = (
+            next((n for n in SLOTS if steps[n] == step), None)
+            or next((n for n in SLOTS if steps[n] is None), None)
+            or min(SLOTS, key=lambda n: cast(int, steps[n]))
+        )  # every slot holds a valid step here
         return base / target
 
     def _begin_put(self, src: int, conn: socket.socket) -> threading.Lock:
@@ -211,8 +224,9 @@ class ReplicaServer:
                     return
                 time.sleep(0.01)
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name=f"accelpact-replica-r{self.rank}-conn",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name=f"accelpact-replica-r{self.rank}-conn", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -234,12 +248,16 @@ class ReplicaServer:
                 self.refused += 1
                 if not self._warned:
                     self._warned = True
-                    print(f"[accelpact] replica server of rank {self.rank}: {why} (further refusals are counted, "
-                          f"not logged)", file=sys.stderr, flush=True)
+                    print(
+                        f"[accelpact] replica server of rank {self.rank}: {why} (further refusals are counted, "
+                        f"not logged)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             except OSError:
                 pass  # the peer reset or vanished: a pusher retries, a half-received slot has no marker
 
-    def _put(self, conn: socket.socket, src: int, req: dict) -> None:
+    def _put(self, conn: socket.socket, src: int, req: dict[str, Any]) -> None:
         files = check_file_list(req.get("files"))
         marker, step = req.get("marker"), req.get("step")
         if not marker_matches(marker, self.job_token, src, step):
@@ -248,15 +266,16 @@ class ReplicaServer:
         if why is not None:  # refused before a byte is written: both replicas stay as they are
             discard(conn, sum(size for _, size in files))
             recv_frame(conn, self.job_token)
-            send_frame(conn, {"ok": False, "error": f"the replica failed its check (marker, sizes): {why}"},
-                       self.job_token)
+            send_frame(
+                conn, {"ok": False, "error": f"the replica failed its check (marker, sizes): {why}"}, self.job_token
+            )
             return
         base = self.source_dir(src)
         base.mkdir(parents=True, exist_ok=True)
         put_lock = self._begin_put(src, conn)
         try:
             with self._lock(src):
-                slot = self._target(src, step)
+                slot = self._target(src, cast(int, step))  # marker_matches: the marker's step
                 slot.mkdir(exist_ok=True)
                 _unlink(slot / MARKER)  # the slot stops existing before its first byte changes
                 keep = {name for name, _ in files}
@@ -267,8 +286,9 @@ class ReplicaServer:
             got = recv_files(conn, slot, files, self._maps)
             trailer = recv_frame(conn, self.job_token)
             if trailer.get("commit") is not True:
-                send_frame(conn, {"ok": False, "error": "the sender withdrew it (its slot changed mid-send)"},
-                           self.job_token)
+                send_frame(
+                    conn, {"ok": False, "error": "the sender withdrew it (its slot changed mid-send)"}, self.job_token
+                )
                 return
             with self._lock(src):
                 write_json_atomic(slot / MARKER, marker)  # marker last: only now is it a slot
@@ -282,7 +302,7 @@ class ReplicaServer:
         finally:
             self._end_put(src, conn, put_lock)
 
-    def _get(self, conn: socket.socket, src: int, req: dict) -> None:
+    def _get(self, conn: socket.socket, src: int, req: dict[str, Any]) -> None:
         want = req.get("step")
         if want is not None and not isinstance(want, int):
             raise WireError(f"step {want!r} is not an integer")
@@ -290,21 +310,29 @@ class ReplicaServer:
             held = self.held(src, want)
             if not held:
                 have = [s for s, _, _ in self.held(src)]
-                send_frame(conn, {"ok": False, "held": have,
-                                  "error": f"rank {self.rank} holds no replica of rank {src}"
-                                           + (f" at step {want}" if want is not None else "")
-                                           + (f" (it holds steps {have})" if have else "")}, self.job_token)
+                send_frame(
+                    conn,
+                    {
+                        "ok": False,
+                        "held": have,
+                        "error": f"rank {self.rank} holds no replica of rank {src}"
+                        + (f" at step {want}" if want is not None else "")
+                        + (f" (it holds steps {have})" if have else ""),
+                    },
+                    self.job_token,
+                )
                 return
             step, slot, marker = held[0]
             files = payload_files(slot)
-            send_frame(conn, {"ok": True, "step": step, "files": [list(f) for f in files], "marker": marker},
-                       self.job_token)
+            send_frame(
+                conn, {"ok": True, "step": step, "files": [list(f) for f in files], "marker": marker}, self.job_token
+            )
             send_files(conn, slot, files)
         self.gets += 1
         self.bytes_out += sum(size for _, size in files)
 
 
-def _header_mismatch(marker: dict, files: list[tuple[str, int]]) -> str | None:
+def _header_mismatch(marker: dict[str, Any], files: list[tuple[str, int]]) -> str | None:
     """Why the header's file list is not the marker's (names, sizes, total), or None."""
     listed = marker.get("files")
     if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):

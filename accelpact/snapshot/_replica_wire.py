@@ -24,13 +24,25 @@ import mmap
 import os
 import socket
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from accelpact.control.notice_auth import NoticeRejected, sign, verify
 
-__all__ = ["WireError", "PeerClosed", "send_frame", "recv_frame", "send_files", "recv_files", "discard",
-           "check_file_list", "FileMaps", "MARKER", "write_json_atomic"]
+__all__ = [
+    "WireError",
+    "PeerClosed",
+    "send_frame",
+    "recv_frame",
+    "send_files",
+    "recv_files",
+    "discard",
+    "check_file_list",
+    "FileMaps",
+    "MARKER",
+    "write_json_atomic",
+]
 
 MARKER = "marker.json"
 _LEN = struct.Struct(">I")
@@ -85,8 +97,14 @@ def check_file_list(files: Any) -> list[tuple[str, int]]:
         if not (isinstance(item, list) and len(item) == 2):
             raise WireError(f"bad file entry {item!r}")
         name, size = item
-        if (not isinstance(name, str) or not name or "/" in name or "\0" in name or name.startswith(".")
-                or name == MARKER):
+        if (
+            not isinstance(name, str)
+            or not name
+            or "/" in name
+            or "\0" in name
+            or name.startswith(".")
+            or name == MARKER
+        ):
             raise WireError(f"bad file name {name!r}: plain names only, no marker, no hidden files")
         if not isinstance(size, int) or size < 0:
             raise WireError(f"bad size {size!r} for {name}")
@@ -96,8 +114,11 @@ def check_file_list(files: Any) -> list[tuple[str, int]]:
 
 def payload_files(slot_dir: Path) -> list[tuple[str, int]]:
     """The slot's payload files (everything but the marker and hidden temporaries), sorted by name."""
-    return sorted((p.name, p.stat().st_size) for p in slot_dir.iterdir()
-                  if p.is_file() and p.name != MARKER and not p.name.startswith("."))
+    return sorted(
+        (p.name, p.stat().st_size)
+        for p in slot_dir.iterdir()
+        if p.is_file() and p.name != MARKER and not p.name.startswith(".")
+    )
 
 
 def send_files(sock: socket.socket, slot_dir: Path, files: Sequence[tuple[str, int]]) -> None:
@@ -133,8 +154,10 @@ class FileMaps:
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
-                raise WireError(f"cannot allocate {size / 2**20:.1f} MiB for the replica {path}: {exc}. Free space "
-                                "in this host's snapshot root (a larger /dev/shm) or snapshot fewer bytes") from exc
+                raise WireError(
+                    f"cannot allocate {size / 2**20:.1f} MiB for the replica {path}: {exc}. Free space "
+                    "in this host's snapshot root (a larger /dev/shm) or snapshot fewer bytes"
+                ) from exc
             mm = mmap.mmap(fd, size)
             self._maps[path] = (st.st_ino, size, mm)
             return mm
@@ -155,7 +178,7 @@ class FileMaps:
 def _recv_into(sock: socket.socket, view: memoryview, name: str) -> None:
     got, size = 0, len(view)
     while got < size:
-        k = sock.recv_into(view[got:got + _CHUNK])
+        k = sock.recv_into(view[got : got + _CHUNK])
         if k == 0:
             raise PeerClosed(f"{name}: peer closed after {got} of {size} bytes")
         got += k
@@ -202,7 +225,7 @@ def discard(sock: socket.socket, nbytes: int) -> None:
     view = memoryview(buf)
     left = nbytes
     while left > 0:
-        k = sock.recv_into(view[:min(left, len(buf))])
+        k = sock.recv_into(view[: min(left, len(buf))])
         if k == 0:
             raise PeerClosed(f"peer closed with {left} bytes of a refused replica unsent")
         left -= k

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["crc32", "IMPLEMENTATION", "describe"]
 
@@ -48,8 +49,11 @@ def describe() -> str:
     """Which CRC-32 implementation this process uses, in words."""
     if IMPLEMENTATION == "isal":
         return "isal (ISA-L) CRC-32"
-    why = "ACCELPACT_CRC32=zlib" if os.environ.get("ACCELPACT_CRC32", "").lower() == "zlib" else \
-        "isal is not installed: `pip install isal` for ~2.8x faster snapshot checksums"
+    why = (
+        "ACCELPACT_CRC32=zlib"
+        if os.environ.get("ACCELPACT_CRC32", "").lower() == "zlib"
+        else "isal is not installed: `pip install isal` for ~2.8x faster snapshot checksums"
+    )
     return f"zlib CRC-32 ({why})"
 
 

@@ -10,7 +10,7 @@ replacements).
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from accelpact.errors import AccelPactError
 
@@ -25,8 +25,10 @@ def job_token_from_env(env: Mapping[str, str] | None = None) -> str:
             return env[name]
     if env.get("TORCHELASTIC_RUN_ID"):
         return "torchrun-" + env["TORCHELASTIC_RUN_ID"].replace("/", "_")
-    raise AccelPactError("no snapshot job token: export ACCELPACT_JOB_TOKEN (the same on every rank and across "
-                         "restarts of one job, new for each job) or start the job with torchrun")
+    raise AccelPactError(
+        "no snapshot job token: export ACCELPACT_JOB_TOKEN (the same on every rank and across "
+        "restarts of one job, new for each job) or start the job with torchrun"
+    )
 
 
 def restart_count(env: Mapping[str, str] | None = None) -> int:
@@ -45,4 +47,5 @@ def check_snapshot_token(job_token: str, env: Mapping[str, str] | None = None) -
         raise AccelPactError(
             f"snapshot job_token={job_token!r} is this attempt's control token (ACCELPACT_JOB_TOKEN), which changes "
             "with every group restart: the restarted group would find none of these snapshots. Use "
-            f"accelpact.snapshot.job_token_from_env() ({snap!r} here, the same in every attempt)")
+            f"accelpact.snapshot.job_token_from_env() ({snap!r} here, the same in every attempt)"
+        )

@@ -14,8 +14,19 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["DEFAULT_ROOT", "ENV_ROOT", "default_root", "job_dir", "rank_dir", "slot_dir", "replica_dir",
-           "SLOTS", "check_token", "remove_job", "remove_rank"]
+__all__ = [
+    "DEFAULT_ROOT",
+    "ENV_ROOT",
+    "default_root",
+    "job_dir",
+    "rank_dir",
+    "slot_dir",
+    "replica_dir",
+    "SLOTS",
+    "check_token",
+    "remove_job",
+    "remove_rank",
+]
 
 ENV_ROOT = "ACCELPACT_SNAPSHOT_ROOT"
 DEFAULT_ROOT = "/dev/shm/accelpact"
@@ -32,32 +43,34 @@ def default_root() -> str:
 def check_token(job_token: str) -> str:
     """The token itself if it is usable as one path component; ValueError naming the rule otherwise."""
     if not isinstance(job_token, str) or not _TOKEN_RE.match(job_token):
-        raise ValueError(f"job_token {job_token!r} cannot name a snapshot directory: use 1-200 characters of "
-                         "letters, digits, '.', '_' or '-', not starting with a dot")
+        raise ValueError(
+            f"job_token {job_token!r} cannot name a snapshot directory: use 1-200 characters of "
+            "letters, digits, '.', '_' or '-', not starting with a dot"
+        )
     return job_token
 
 
-def job_dir(root: str | os.PathLike, job_token: str) -> Path:
+def job_dir(root: str | os.PathLike[str], job_token: str) -> Path:
     return Path(root) / check_token(job_token)
 
 
-def rank_dir(root: str | os.PathLike, job_token: str, rank: int) -> Path:
+def rank_dir(root: str | os.PathLike[str], job_token: str, rank: int) -> Path:
     return job_dir(root, job_token) / f"rank{int(rank)}"
 
 
-def slot_dir(root: str | os.PathLike, job_token: str, rank: int, slot: int) -> Path:
+def slot_dir(root: str | os.PathLike[str], job_token: str, rank: int, slot: int) -> Path:
     if slot not in SLOTS:
         raise ValueError(f"slot {slot!r}: a rank has slots {SLOTS}")
     return rank_dir(root, job_token, rank) / f"slot{slot}"
 
 
-def replica_dir(root: str | os.PathLike, job_token: str, src_rank: int, slot: int | None = None) -> Path:
+def replica_dir(root: str | os.PathLike[str], job_token: str, src_rank: int, slot: int | None = None) -> Path:
     """Where a buddy keeps rank ``src_rank``'s replicas (one slot of them when ``slot`` is given)."""
     base = job_dir(root, job_token) / "replica" / f"rank{int(src_rank)}"
     return base if slot is None else base / f"slot{slot}"
 
 
-def remove_job(root: str | os.PathLike, job_token: str) -> bool:
+def remove_job(root: str | os.PathLike[str], job_token: str) -> bool:
     """Delete every snapshot and replica of ``job_token`` under ``root``; True if there was anything."""
     path = job_dir(root, job_token)
     if not path.exists():
@@ -66,7 +79,7 @@ def remove_job(root: str | os.PathLike, job_token: str) -> bool:
     return True
 
 
-def remove_rank(root: str | os.PathLike, job_token: str, rank: int) -> bool:
+def remove_rank(root: str | os.PathLike[str], job_token: str, rank: int) -> bool:
     """Delete rank ``rank``'s own slots of ``job_token`` (a new job reusing a token: stale slots must go,
     or the double buffer would keep overwriting the new job's older slot next to a stale newer one)."""
     path = rank_dir(root, job_token, rank)

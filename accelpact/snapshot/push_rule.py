@@ -26,7 +26,8 @@ and fails loudly (a disk-checkpoint fallback), never resuming from mismatched st
 
 from __future__ import annotations
 
-from typing import Mapping, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 __all__ = ["check_push_every", "is_pushed", "pushed_steps", "replay_bound", "slot_to_overwrite"]
 
@@ -36,8 +37,10 @@ Slot = TypeVar("Slot")
 def check_push_every(push_every: int) -> int:
     """``push_every`` as an int >= 1; ValueError naming the fix otherwise."""
     if isinstance(push_every, bool) or not isinstance(push_every, int) or push_every < 1:
-        raise ValueError(f"push_every={push_every!r}: use 1 (push every snapshot to the buddy) or more (push every "
-                         "k-th snapshot); to push none, turn replicas off instead")
+        raise ValueError(
+            f"push_every={push_every!r}: use 1 (push every snapshot to the buddy) or more (push every "
+            "k-th snapshot); to push none, turn replicas off instead"
+        )
     return push_every
 
 
@@ -67,8 +70,7 @@ def replay_bound(every: int = 1, push_every: int = 1) -> int:
     return every * check_push_every(push_every)
 
 
-def slot_to_overwrite(held: Mapping[Slot, int | None], new_step: int, every: int = 1,
-                      push_every: int = 1) -> Slot:
+def slot_to_overwrite(held: Mapping[Slot, int | None], new_step: int, every: int = 1, push_every: int = 1) -> Slot:
     """The slot a snapshot of ``new_step`` goes to, given the step each slot holds (None: no valid slot).
 
     An empty slot first (in ``held``'s order); else never the slot of the newest pushed step

@@ -41,13 +41,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from accelpact.errors import RankLostError
 from accelpact.control.notice_auth import NoticeRejected, sign, verify
+from accelpact.errors import RankLostError
 from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
-from accelpact.snapshot.slots import SnapshotError
 from accelpact.snapshot._replica_wire import (
     MARKER,
     WireError,
@@ -59,9 +59,21 @@ from accelpact.snapshot._replica_wire import (
     send_frame,
     write_json_atomic,
 )
+from accelpact.snapshot.slots import SnapshotError
 
-__all__ = ["buddy_of", "wards_of", "host_groups", "control_bind_address", "check_replica", "Replication",
-           "ReplicaServer", "BuddyLostError"]
+if TYPE_CHECKING:
+    from accelpact.control.channel import ControlChannel
+
+__all__ = [
+    "buddy_of",
+    "wards_of",
+    "host_groups",
+    "control_bind_address",
+    "check_replica",
+    "Replication",
+    "ReplicaServer",
+    "BuddyLostError",
+]
 
 _CONNECT_TIMEOUT_S = 5.0
 _IO_TIMEOUT_S = 60.0
@@ -76,15 +88,23 @@ class BuddyLostError(RankLostError, SnapshotError):
     ``restore_latest`` raises when some rank holds no snapshot), so either ``except`` catches it."""
 
 
-def check_replica(job_token: str, world_size: int, *, checksums: bool = True) -> Callable[[Path, dict], bool]:
+def check_replica(job_token: str, world_size: int, *, checksums: bool = True) -> Callable[[Path, dict[str, Any]], bool]:
     """The snapshot reader's own check (marker fields, sizes, and with ``checksums`` the CRC-32s) as a
     replica validator."""
-    def ok(slot: Path, marker: dict) -> bool:
+
+    def ok(slot: Path, marker: dict[str, Any]) -> bool:
         from accelpact.snapshot.load import check_slot  # torch: only when a replica is checked
 
-        _, why = check_slot(slot, job_token=job_token, rank=int(marker.get("rank", -1)), world_size=world_size,
-                            step=marker.get("step"), verify=checksums)
+        _, why = check_slot(
+            slot,
+            job_token=job_token,
+            rank=int(marker.get("rank", -1)),
+            world_size=world_size,
+            step=marker.get("step"),
+            verify=checksums,
+        )
         return why is None
+
     return ok
 
 
@@ -98,15 +118,19 @@ class _Store(Protocol):  # the part of accelpact.ControlChannel used here
 
 # ---------------------------------------------------------------------------------------------- topology
 
-def host_groups(world_size: int, *, hosts: Sequence[Sequence[int]] | None = None,
-                local_world_size: int | None = None) -> list[list[int]]:
+
+def host_groups(
+    world_size: int, *, hosts: Sequence[Sequence[int]] | None = None, local_world_size: int | None = None
+) -> list[list[int]]:
     """Each host's ranks: ``hosts`` as given, else blocks of ``local_world_size`` (default: the
     ``LOCAL_WORLD_SIZE`` environment variable, else every rank on one host)."""
     if hosts is not None:
         groups = [list(h) for h in hosts]
         flat = sorted(r for h in groups for r in h)
         if flat != list(range(world_size)) or any(not h for h in groups):
-            raise ValueError(f"hosts={hosts!r} must split ranks 0..{world_size - 1} into non-empty hosts, each rank once")
+            raise ValueError(
+                f"hosts={hosts!r} must split ranks 0..{world_size - 1} into non-empty hosts, each rank once"
+            )
         return groups
     if local_world_size is None:
         env = os.environ.get("LOCAL_WORLD_SIZE")
@@ -146,10 +170,11 @@ def control_bind_address(control_host: str) -> str:
         return explicit
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((control_host, 9))
-        return s.getsockname()[0]
+        return str(s.getsockname()[0])
 
 
 # ---------------------------------------------------------------------------------------------- replication
+
 
 class Replication:
     """One rank's end of buddy replication: its server (holding its wards' replicas), its pusher, its fetch.
@@ -175,10 +200,21 @@ class Replication:
     spent in successful pushes: ``push_bytes / push_s`` is the measured transfer speed).
     """
 
-    def __init__(self, store: _Store, *, rank: int, world_size: int, root: Path | str, bind_host: str,
-                 topology: dict[str, Any] | None = None, validate: Callable[[Path, dict], bool] | None = None,
-                 job_token: str | None = None, start: bool = True,
-                 receive_check: Callable[[Path, dict], bool] | None = None, confirm: bool = False) -> None:
+    def __init__(
+        self,
+        store: _Store,
+        *,
+        rank: int,
+        world_size: int,
+        root: Path | str,
+        bind_host: str,
+        topology: dict[str, Any] | None = None,
+        validate: Callable[[Path, dict[str, Any]], bool] | None = None,
+        job_token: str | None = None,
+        start: bool = True,
+        receive_check: Callable[[Path, dict[str, Any]], bool] | None = None,
+        confirm: bool = False,
+    ) -> None:
         self.store = store
         self.confirm = bool(confirm)
         # The snapshots' job token: it names their directories, is checked in every marker and keys
@@ -192,13 +228,20 @@ class Replication:
         self.root = Path(root)
         self.topology = dict(topology or {})
         self.buddy = buddy_of(rank, world_size, **self.topology)
-        self.server = ReplicaServer(job_token=self.job_token, rank=rank, world_size=world_size, root=self.root,
-                                    host=bind_host, validate=validate, receive_check=receive_check)
+        self.server = ReplicaServer(
+            job_token=self.job_token,
+            rank=rank,
+            world_size=world_size,
+            root=self.root,
+            host=bind_host,
+            validate=validate,
+            receive_check=receive_check,
+        )
         self.pushed = self.retried = self.dropped = self.skipped = self.push_bytes = 0
         self.push_s = 0.0
         self.last_error: str | None = None
         self._addr_cache: dict[int, tuple[str, int]] = {}
-        self._pending: tuple[Path, dict] | None = None
+        self._pending: tuple[Path, dict[str, Any]] | None = None
         self._busy = False
         # Sequence numbers of queued and finished (sent, dropped or superseded) slots: what confirm waits on.
         self._queued = self._finished = 0
@@ -210,14 +253,20 @@ class Replication:
             self.start()
 
     @classmethod
-    def from_env(cls, chan: Any, root: Path | str | None = None, **kwargs: Any) -> "Replication":
+    def from_env(cls, chan: ControlChannel, root: Path | str | None = None, **kwargs: Any) -> Replication:
         """For a rank with a connected ``accelpact.ControlChannel``: rank and world size from it, the
         root from ``ACCELPACT_SNAPSHOT_ROOT`` (else /dev/shm/accelpact), the bind address on the control
         network (:func:`control_bind_address`), hosts from ``LOCAL_WORLD_SIZE``."""
         from accelpact.snapshot.layout import default_root
 
-        return cls(chan, rank=chan.rank, world_size=chan.world_size, root=root or default_root(),
-                   bind_host=control_bind_address(chan.config.host), **kwargs)
+        return cls(
+            chan,
+            rank=chan.rank,
+            world_size=chan.world_size,
+            root=root or default_root(),
+            bind_host=control_bind_address(chan.config.host),
+            **kwargs,
+        )
 
     def start(self) -> None:
         """Serve, publish the address under the job token, start the pusher (once: a second call is a no-op)."""
@@ -248,7 +297,7 @@ class Replication:
 
     # ------------------------------------------------------------------ push (source side)
 
-    def push(self, slot_dir: Path, marker: dict) -> None:
+    def push(self, slot_dir: Path, marker: dict[str, Any]) -> None:
         """The snapshotter's ``on_complete`` hook: queue this slot for the buddy and return at once."""
         if self.buddy is None:
             return
@@ -292,12 +341,14 @@ class Replication:
                     self._finished = taken
                     self._cv.notify_all()
 
-    def _push_with_retries(self, slot_dir: Path, marker: dict) -> None:
+    def _push_with_retries(self, slot_dir: Path, marker: dict[str, Any]) -> None:
         assert self.buddy is not None
         if not marker_matches(marker, self.job_token, self.rank):
-            self.last_error = (f"the slot's marker names job/rank {marker.get('job_token')!r}/{marker.get('rank')}, "
-                               f"this replication pushes for rank {self.rank} of another job token: pass the "
-                               "Snapshotter's job_token to Replication(job_token=...)")
+            self.last_error = (
+                f"the slot's marker names job/rank {marker.get('job_token')!r}/{marker.get('rank')}, "
+                f"this replication pushes for rank {self.rank} of another job token: pass the "
+                "Snapshotter's job_token to Replication(job_token=...)"
+            )
             self._drop(marker)
             return
         for attempt, pause in enumerate(_RETRY_PAUSES_S):
@@ -316,25 +367,41 @@ class Replication:
             self.push_bytes += sent
             self.push_s += time.monotonic() - t0
             if self._warned_drop:
-                print(f"[accelpact] rank {self.rank}: replica pushes to buddy rank {self.buddy} work again",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[accelpact] rank {self.rank}: replica pushes to buddy rank {self.buddy} work again",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self._warned_drop = False
             return
         self._drop(marker)
 
-    def _drop(self, marker: dict) -> None:
+    def _drop(self, marker: dict[str, Any]) -> None:
         self.dropped += 1
         if not self._warned_drop:
             self._warned_drop = True
-            print(f"[accelpact] rank {self.rank}: snapshot of step {marker.get('step')} not replicated to buddy rank "
-                  f"{self.buddy} ({self.last_error}); training goes on, the next snapshot tries again (failures are "
-                  f"counted, logged once)", file=sys.stderr, flush=True)
+            print(
+                f"[accelpact] rank {self.rank}: snapshot of step {marker.get('step')} not replicated to buddy rank "
+                f"{self.buddy} ({self.last_error}); training goes on, the next snapshot tries again (failures are "
+                f"counted, logged once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    def _push_once(self, slot_dir: Path, marker: dict, fresh: bool) -> int | None:
+    def _push_once(self, slot_dir: Path, marker: dict[str, Any], fresh: bool) -> int | None:
         files = payload_files(slot_dir)
         with self._connect(self.buddy, fresh) as sock:  # type: ignore[arg-type]
-            send_frame(sock, {"op": "put", "src": self.rank, "step": marker.get("step"),
-                              "files": [list(f) for f in files], "marker": marker}, self.job_token)
+            send_frame(
+                sock,
+                {
+                    "op": "put",
+                    "src": self.rank,
+                    "step": marker.get("step"),
+                    "files": [list(f) for f in files],
+                    "marker": marker,
+                },
+                self.job_token,
+            )
             send_files(sock, slot_dir, files)
             # The slot is the snapshotter's: if it started rewriting it meanwhile, withdraw the replica.
             unchanged = read_marker(slot_dir) == marker
@@ -348,7 +415,7 @@ class Replication:
 
     # ------------------------------------------------------------------ fetch (replacement side)
 
-    def fetch(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+    def fetch(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any] | None:
         """Copy the newest valid replica of ``src_rank`` (or the one of ``step``) from its buddy into
         ``dest_dir`` (a slot directory, marker written last); its marker, or None when the buddy holds
         none or cannot be reached (``last_error`` says which)."""
@@ -368,7 +435,7 @@ class Replication:
                 self.last_error = f"buddy rank {holder}: {type(exc).__name__}: {exc}"
         return None
 
-    def _fetch_once(self, holder: int, src: int, dest: Path, step: int | None, fresh: bool) -> dict:
+    def _fetch_once(self, holder: int, src: int, dest: Path, step: int | None, fresh: bool) -> dict[str, Any]:
         tmp = dest.parent / f".fetch-{dest.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -389,7 +456,7 @@ class Replication:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict | None:
+    def __call__(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any] | None:
         """:meth:`fetch`: the object is ``restore_latest``'s ``fetch`` callable."""
         return self.fetch(src_rank, dest_dir, step)
 
@@ -405,9 +472,11 @@ class Replication:
         involved = tuple(sorted({x for pair in pairs for x in pair if x is not None}))
         return BuddyLostError(
             f"{named}: no in-memory copy of rank(s) {list(ranks)}'s state survives, neither its own snapshot nor "
-            f"its buddy's replica{seen}. Restore from a disk checkpoint.", ranks=involved)
+            f"its buddy's replica{seen}. Restore from a disk checkpoint.",
+            ranks=involved,
+        )
 
-    def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict:
+    def fetch_or_raise(self, src_rank: int, dest_dir: Path | str, step: int | None = None) -> dict[str, Any]:
         """:meth:`fetch`, or BuddyLostError naming ``src_rank`` and its buddy: no copy survives."""
         marker = self.fetch(src_rank, dest_dir, step)
         if marker is None:
@@ -421,9 +490,18 @@ class Replication:
     def stats(self) -> dict[str, Any]:
         """Counters for the rank's events (and the measured push speed in MB/s)."""
         mbps = self.push_bytes / self.push_s / 1e6 if self.push_s > 0 else None
-        return {"buddy": self.buddy, "pushed": self.pushed, "retried": self.retried, "dropped": self.dropped,
-                "skipped": self.skipped, "push_bytes": self.push_bytes, "push_mb_s": mbps,
-                "held_for": self.server.puts, "served": self.server.gets, "refused": self.server.refused}
+        return {
+            "buddy": self.buddy,
+            "pushed": self.pushed,
+            "retried": self.retried,
+            "dropped": self.dropped,
+            "skipped": self.skipped,
+            "push_bytes": self.push_bytes,
+            "push_mb_s": mbps,
+            "held_for": self.server.puts,
+            "served": self.server.gets,
+            "refused": self.server.refused,
+        }
 
     def close(self, remove: bool = False, flush_s: float = 0.0) -> None:
         """Stop pushing (after up to ``flush_s`` for a queued push) and serving; ``remove`` deletes the
@@ -438,4 +516,3 @@ class Replication:
 
 class _NotHeld(Exception):
     """The buddy answered, and holds no such replica: retrying will not help."""
-

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from accelpact.snapshot import layout as paths
-from accelpact.snapshot.load import check_slot, load_slot, own_slots
 from accelpact.snapshot.launch import restart_count
+from accelpact.snapshot.load import check_slot, load_slot, own_slots
 from accelpact.snapshot.slots import Marker, NoSnapshotToResumeError, SnapshotsDisagreeError, invalidate
 from accelpact.snapshot.snapshotter import SnapshotConfig
 
@@ -43,7 +44,7 @@ __all__ = ["SnapshotInfo", "restore_latest", "Fetch"]
 
 # fetch(src_rank, dest_dir, step=None) -> marker dict or None: copy the buddy's replica of src_rank
 # (its newest, or of ``step``) into dest_dir, marker last.
-Fetch = Callable[..., "dict | None"]
+Fetch = Callable[..., "dict[str, Any] | None"]
 
 
 @dataclass
@@ -64,8 +65,9 @@ def _own(root: Path, job_token: str, rank: int, world_size: int) -> list[tuple[P
     return [(d, m, "own") for d, m in own_slots(root, job_token, rank, world_size, verify=True)]
 
 
-def _fetched(root: Path, job_token: str, rank: int, world_size: int, fetch: Fetch,
-             step: int | None) -> list[tuple[Path, Marker, str]]:
+def _fetched(
+    root: Path, job_token: str, rank: int, world_size: int, fetch: Fetch, step: int | None
+) -> list[tuple[Path, Marker, str]]:
     """The buddy's replica of this rank (of ``step``, or its newest), copied next to the own slots."""
     dest = paths.job_dir(root, job_token) / "fetched" / f"rank{rank}"
     invalidate(dest)
@@ -90,23 +92,42 @@ def _nothing_held(root: Path, job_token: str, rank: int, world_size: int, requir
     restarted = restart_count()
     if required is False or (required is None and (restarted == 0 or any(ever))):
         if restarted:
-            print(f"accelpact.snapshot: rank {rank}: group restart {restarted}, but no rank holds a complete snapshot "
-                  f"of {job_token!r} yet (the job failed before its first one completed): starting from step 0",
-                  file=sys.stderr, flush=True)
+            print(
+                f"accelpact.snapshot: rank {rank}: group restart {restarted}, but no rank holds a complete snapshot "
+                f"of {job_token!r} yet (the job failed before its first one completed): starting from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
         return
-    why = ("no rank has ever written a snapshot under this token: the token changed between attempts (a "
-           "Snapshotter named after the control channel's per-attempt token, control.job_token?)") if not any(ever) \
+    why = (
+        (
+            "no rank has ever written a snapshot under this token: the token changed between attempts (a "
+            "Snapshotter named after the control channel's per-attempt token, control.job_token?)"
+        )
+        if not any(ever)
         else "every rank's snapshots of this token are gone or invalid"
+    )
     raise NoSnapshotToResumeError(
         f"rank {rank}: restart {restarted} was to resume from the newest snapshot every rank holds, but no rank "
         f"holds one of job token {job_token!r} under {root}: {why}. Name the snapshots with "
         "accelpact.snapshot.job_token_from_env() (the same in every attempt); pass required=False to "
-        "restore_latest to start from step 0 instead", job_token=job_token, root=str(root))
+        "restore_latest to start from step 0 instead",
+        job_token=job_token,
+        root=str(root),
+    )
 
 
-def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_token: str, rank: int,
-                   config: SnapshotConfig | None = None, fetch: Fetch | None = None,
-                   world_size: int | None = None, required: bool | None = None) -> SnapshotInfo | None:
+def restore_latest(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    job_token: str,
+    rank: int,
+    config: SnapshotConfig | None = None,
+    fetch: Fetch | None = None,
+    world_size: int | None = None,
+    required: bool | None = None,
+) -> SnapshotInfo | None:
     """Load the newest snapshot step every rank holds into ``model``/``optimizer`` in place (see module doc).
 
     Call it on every rank after building model, FSDP wrapping and optimizer (collective: it agrees over
@@ -143,12 +164,22 @@ def restore_latest(model: nn.Module, optimizer: torch.optim.Optimizer, *, job_to
         raise SnapshotsDisagreeError(
             f"the ranks would resume at different steps: no snapshot step is held by every rank (held: "
             f"{ {r: s for r, s in enumerate(everyone)} }); rank(s) {empty or 'all'} cannot resume with the "
-            "others in memory: restore from a disk checkpoint", held=dict(enumerate(everyone)))
+            "others in memory: restore from a disk checkpoint",
+            held=dict(enumerate(everyone)),
+        )
     step = max(common)
     slot, marker, source = next((d, m, s) for d, m, s in cands if m.step == step)
     marker, extra = load_slot(model, optimizer, slot, job_token=job_token, rank=rank, world_size=world_size, step=step)
     for d, m in own_slots(root, job_token, rank, world_size, verify=False):
         if m.step > step:  # that future is re-run: the next snapshot must not overwrite the restored one
             invalidate(d)
-    return SnapshotInfo(step=step, source=source, slot=slot, extra_state=extra, nbytes=marker.nbytes,
-                        load_s=time.perf_counter() - t0, marker=marker, held=dict(enumerate(everyone)))
+    return SnapshotInfo(
+        step=step,
+        source=source,
+        slot=slot,
+        extra_state=extra,
+        nbytes=marker.nbytes,
+        load_s=time.perf_counter() - t0,
+        marker=marker,
+        held=dict(enumerate(everyone)),
+    )

@@ -72,4 +72,5 @@ def check_room(root: Path, job_dir: Path, per_slot: int, ranks_sharing_root: int
             f"snapshots need {gib(need)} in {root} ({copies} x {gib(per_slot)} per rank: 2 own slots + 2 buddy "
             f"replicas{who}), {gib(free)} free: DOES NOT FIT. Use a larger shared-memory filesystem (docker run "
             f"--shm-size=..., or `mount -o remount,size=... /dev/shm`), another root (ACCELPACT_SNAPSHOT_ROOT), "
-            "more ranks (smaller shards), or turn snapshots off")
+            "more ranks (smaller shards), or turn snapshots off"
+        )

@@ -16,15 +16,28 @@ import json
 import mmap
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from accelpact.errors import AccelPactError
 from accelpact.snapshot.checksum import crc32
 
-__all__ = ["FORMAT", "MARKER", "Marker", "SnapshotError", "SnapshotMissingError", "crc32_file", "crc32_bytes",
-           "write_marker", "read_marker", "invalidate", "validate", "verify_files"]
+__all__ = [
+    "FORMAT",
+    "MARKER",
+    "Marker",
+    "SnapshotError",
+    "SnapshotMissingError",
+    "crc32_file",
+    "crc32_bytes",
+    "write_marker",
+    "read_marker",
+    "invalidate",
+    "validate",
+    "verify_files",
+]
 
 FORMAT = "accelpact-snapshot/1"
 MARKER = "marker.json"
@@ -82,9 +95,19 @@ class Marker:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Marker":
-        fields = {"job_token", "rank", "world_size", "step", "generation", "nbytes", "checksum", "files",
-                  "written_at", "format"}
+    def from_dict(cls, d: dict[str, Any]) -> Marker:
+        fields = {
+            "job_token",
+            "rank",
+            "world_size",
+            "step",
+            "generation",
+            "nbytes",
+            "checksum",
+            "files",
+            "written_at",
+            "format",
+        }
         missing = fields - set(d)
         if missing:
             raise SnapshotError(f"marker lacks {sorted(missing)}")
@@ -95,7 +118,7 @@ def crc32_bytes(data: Any, value: int = 0) -> int:
     """CRC-32 of a bytes-like object (a memoryview of a mapped tensor works), continuing from ``value``."""
     mv = memoryview(data).cast("B")
     for start in range(0, len(mv), _CHUNK):
-        value = crc32(mv[start:start + _CHUNK], value)
+        value = crc32(mv[start : start + _CHUNK], value)
     return value
 
 
@@ -144,8 +167,9 @@ def read_marker(slot: Path) -> Marker | None:
         return None
 
 
-def validate(marker: Marker | None, *, job_token: str, rank: int, world_size: int | None = None,
-             step: int | None = None) -> str | None:
+def validate(
+    marker: Marker | None, *, job_token: str, rank: int, world_size: int | None = None, step: int | None = None
+) -> str | None:
     """Why ``marker`` must not be loaded by (job_token, rank, world_size, step), or None if it may."""
     if marker is None:
         return "no valid marker"
@@ -159,7 +183,10 @@ def validate(marker: Marker | None, *, job_token: str, rank: int, world_size: in
         return f"world size {marker.world_size}, expected {world_size}"
     if step is not None and marker.step != step:
         return f"step {marker.step}, expected {step}"
-    if combined_checksum(marker.files) != marker.checksum or sum(f["nbytes"] for f in marker.files.values()) != marker.nbytes:
+    if (
+        combined_checksum(marker.files) != marker.checksum
+        or sum(f["nbytes"] for f in marker.files.values()) != marker.nbytes
+    ):
         return "marker's checksum does not match its own file list"
     return None
 

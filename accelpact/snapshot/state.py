@@ -19,16 +19,29 @@ layout is not described by the parameter names this format keys on.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from accelpact.snapshot.slots import SnapshotError
 
-__all__ = ["Entry", "Meta", "ALIGN", "entries", "layout", "capture_meta", "check_groups", "signature", "apply_meta", "restore_tensors",
-           "param_names", "check_supported"]
+__all__ = [
+    "Entry",
+    "Meta",
+    "ALIGN",
+    "entries",
+    "layout",
+    "capture_meta",
+    "check_groups",
+    "signature",
+    "apply_meta",
+    "restore_tensors",
+    "param_names",
+    "check_supported",
+]
 
 ALIGN = 64  # every tensor starts on a 64-byte boundary of the payload file (any dtype can view it)
 
@@ -47,14 +60,29 @@ class Entry:
     device_type: str = "cpu"  # AdamW keeps ``step`` on the CPU even for GPU parameters
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset,
-                "nbytes": self.nbytes, "dtensor": self.dtensor, "global_shape": list(self.global_shape),
-                "device_type": self.device_type}
+        return {
+            "key": self.key,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+            "dtensor": self.dtensor,
+            "global_shape": list(self.global_shape),
+            "device_type": self.device_type,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Entry":
-        return cls(d["key"], d["dtype"], tuple(d["shape"]), int(d["offset"]), int(d["nbytes"]), bool(d["dtensor"]),
-                   tuple(d["global_shape"]), d.get("device_type", "cpu"))
+    def from_dict(cls, d: dict[str, Any]) -> Entry:
+        return cls(
+            d["key"],
+            d["dtype"],
+            tuple(d["shape"]),
+            int(d["offset"]),
+            int(d["nbytes"]),
+            bool(d["dtensor"]),
+            tuple(d["global_shape"]),
+            d.get("device_type", "cpu"),
+        )
 
 
 @dataclass
@@ -74,20 +102,27 @@ class Meta:
         # The index travels as one JSON string: pickling its ~150 small dicts through torch.save cost
         # ~10 ms of the snapshot thread's CPU per step (63k persistent_id calls for 20 snapshots).
         index = self.index_json if self.index_json is not None else json.dumps(self.index)
-        return {"step": self.step, "index": index, "param_groups": self.param_groups,
-                "optim_scalars": self.optim_scalars, "rng": self.rng, "extra_state": self.extra_state}
+        return {
+            "step": self.step,
+            "index": index,
+            "param_groups": self.param_groups,
+            "optim_scalars": self.optim_scalars,
+            "rng": self.rng,
+            "extra_state": self.extra_state,
+        }
 
     @classmethod
-    def from_obj(cls, d: dict[str, Any]) -> "Meta":
+    def from_obj(cls, d: dict[str, Any]) -> Meta:
         index = json.loads(d["index"]) if isinstance(d["index"], str) else d["index"]
-        return cls(d["step"], index, d["param_groups"], d.get("optim_scalars", {}), d.get("rng", {}),
-                   d.get("extra_state"))
+        return cls(
+            d["step"], index, d["param_groups"], d.get("optim_scalars", {}), d.get("rng", {}), d.get("extra_state")
+        )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     # A DTensor's ``_local_tensor`` directly: ``to_local()`` is an autograd function, ~0.1 ms a call,
     # which made the per-step capture of a 4-layer model's 120 tensors cost 19 ms on the training thread.
-    local = getattr(t, "_local_tensor", None)
+    local: torch.Tensor | None = getattr(t, "_local_tensor", None)
     if local is not None:
         return local
     return t.to_local() if hasattr(t, "to_local") else t
@@ -101,13 +136,15 @@ def check_supported(model: nn.Module) -> None:
     """Refuse FSDP1 (flat parameters, or original parameters viewing them) with the reason and what works."""
     from accelpact.dataplane.reset import fsdp_flavour
 
-    flat = next((n for n, p in model.named_parameters() if type(p).__name__ == "FlatParameter" or "_flat_param" in n),
-                None)
+    flat = next(
+        (n for n, p in model.named_parameters() if type(p).__name__ == "FlatParameter" or "_flat_param" in n), None
+    )
     if flat is not None or fsdp_flavour(model) == "fsdp1":
         raise SnapshotError(
             f"snapshots do not support FSDP1 ({flat or 'FullyShardedDataParallel'}): its local shard is a padded "
             "slice of a flat buffer (with use_orig_params=True too, each parameter is a view into it), not one "
-            "tensor per named parameter. Use FSDP2 (fully_shard), or checkpoint to disk")
+            "tensor per named parameter. Use FSDP2 (fully_shard), or checkpoint to disk"
+        )
 
 
 def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
@@ -144,8 +181,21 @@ def entries(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[En
     for key, t in _tensors(model, optimizer):
         local = _local(t).detach()
         nbytes = local.numel() * local.element_size()
-        out.append((Entry(key, str(local.dtype).removeprefix("torch."), tuple(local.shape), offset, nbytes,
-                          _is_dtensor(t), tuple(t.shape), local.device.type), local))
+        out.append(
+            (
+                Entry(
+                    key,
+                    str(local.dtype).removeprefix("torch."),
+                    tuple(local.shape),
+                    offset,
+                    nbytes,
+                    _is_dtensor(t),
+                    tuple(t.shape),
+                    local.device.type,
+                ),
+                local,
+            )
+        )
         offset += -(-nbytes // ALIGN) * ALIGN
     return out
 
@@ -177,8 +227,15 @@ def signature(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def capture_meta(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, index: list[Entry],
-                 extra_state: Any, names: dict[int, str] | None = None, index_json: str | None = None) -> Meta:
+def capture_meta(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    index: list[Entry],
+    extra_state: Any,
+    names: dict[int, str] | None = None,
+    index_json: str | None = None,
+) -> Meta:
     """The small part of a snapshot, read now (RNG and hyper-parameters as of this instant)."""
     names = names if names is not None else param_names(model, optimizer)
     groups = []
@@ -192,7 +249,7 @@ def capture_meta(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, 
         if plain:
             scalars[names.get(id(p), "?")] = plain
     rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
-    devices = sorted({e.device_type for e in index} - {"cpu"})
+    devices: list[Any] = sorted({e.device_type for e in index} - {"cpu"})
     devices = _shard_devices(model) if devices else []
     if devices:
         rng["cuda"] = {d.index: torch.cuda.get_rng_state(d) for d in devices}
@@ -205,13 +262,17 @@ def check_groups(model: nn.Module, optimizer: torch.optim.Optimizer, meta: Meta)
     """SnapshotError when the optimizer's param groups are not the snapshot's (checked before any write)."""
     names = param_names(model, optimizer)
     if len(meta.param_groups) != len(optimizer.param_groups):
-        raise SnapshotError(f"the snapshot has {len(meta.param_groups)} optimizer param groups, this optimizer "
-                            f"{len(optimizer.param_groups)}: it was built differently")
+        raise SnapshotError(
+            f"the snapshot has {len(meta.param_groups)} optimizer param groups, this optimizer "
+            f"{len(optimizer.param_groups)}: it was built differently"
+        )
     for gi, (saved, group) in enumerate(zip(meta.param_groups, optimizer.param_groups)):
         mine = [names[id(p)] for p in group["params"]]
         if saved.get("params") != mine:
-            raise SnapshotError(f"optimizer param group {gi} holds other parameters than the snapshot's "
-                                f"({len(mine)} vs {len(saved.get('params', []))}); build it the same way")
+            raise SnapshotError(
+                f"optimizer param group {gi} holds other parameters than the snapshot's "
+                f"({len(mine)} vs {len(saved.get('params', []))}); build it the same way"
+            )
 
 
 def apply_meta(model: nn.Module, optimizer: torch.optim.Optimizer, meta: Meta) -> None:
@@ -242,8 +303,9 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
-def restore_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, index: list[Entry],
-                    payload: torch.Tensor) -> None:
+def restore_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer, index: list[Entry], payload: torch.Tensor
+) -> None:
     """Copy every entry of ``payload`` (a uint8 tensor over the payload file) into the live tensors.
 
     Parameters and existing optimizer state are written in place; missing optimizer state is created
@@ -257,8 +319,10 @@ def restore_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, index: l
     want_params = {k for k in live if k.startswith("param/")}
     have = {e.key for e in index}
     if want_params - have:
-        raise SnapshotError(f"the snapshot lacks {len(want_params - have)} of this model's parameters, e.g. "
-                            f"{sorted(want_params - have)[:3]}: it is of another model")
+        raise SnapshotError(
+            f"the snapshot lacks {len(want_params - have)} of this model's parameters, e.g. "
+            f"{sorted(want_params - have)[:3]}: it is of another model"
+        )
     plan: list[tuple[Entry, torch.Tensor | None, str, str]] = []
     for e in index:
         kind, _, rest = e.key.partition("/")
@@ -267,12 +331,14 @@ def restore_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, index: l
             raise SnapshotError(f"the snapshot holds {e.key}, which this model does not have: it is of another model")
         target = live.get(e.key)
         if target is not None and tuple(_local(target).shape) != e.shape:
-            raise SnapshotError(f"{e.key}: local shape {tuple(_local(target).shape)} here, {e.shape} in the "
-                                "snapshot (another world size or sharding)")
+            raise SnapshotError(
+                f"{e.key}: local shape {tuple(_local(target).shape)} here, {e.shape} in the "
+                "snapshot (another world size or sharding)"
+            )
         plan.append((e, target, pname, skey))
     with torch.no_grad():
         for e, target, pname, skey in plan:
-            src = payload[e.offset:e.offset + e.nbytes].view(_dtype(e.dtype)).view(e.shape)
+            src = payload[e.offset : e.offset + e.nbytes].view(_dtype(e.dtype)).view(e.shape)
             if target is not None:
                 _local(target).copy_(src)
                 continue
@@ -283,10 +349,18 @@ def restore_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, index: l
                 from torch.distributed.tensor import DTensor
 
                 if tuple(p.shape) != e.global_shape:
-                    raise SnapshotError(f"{e.key}: global shape {e.global_shape} in the snapshot, {tuple(p.shape)} "
-                                        "for the parameter: cannot create its optimizer state")
-                value: torch.Tensor = DTensor.from_local(data, p.device_mesh, p.placements, run_check=False,
-                                                         shape=p.shape, stride=p.stride())
+                    raise SnapshotError(
+                        f"{e.key}: global shape {e.global_shape} in the snapshot, {tuple(p.shape)} "
+                        "for the parameter: cannot create its optimizer state"
+                    )
+                value: torch.Tensor = DTensor.from_local(
+                    data,
+                    p.device_mesh,  # type: ignore[attr-defined]  # a DTensor parameter
+                    p.placements,  # type: ignore[attr-defined]
+                    run_check=False,
+                    shape=p.shape,
+                    stride=p.stride(),
+                )
             else:
                 value = data
             key: Any = int(skey) if skey.isdigit() else skey

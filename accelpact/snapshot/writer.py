@@ -26,13 +26,22 @@ import io
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 
-from accelpact.snapshot.slots import MARKER, Marker, SnapshotError, combined_checksum, crc32_bytes, invalidate, write_marker
+from accelpact.snapshot.slots import (
+    MARKER,
+    Marker,
+    SnapshotError,
+    combined_checksum,
+    crc32_bytes,
+    invalidate,
+    write_marker,
+)
 from accelpact.snapshot.state import Entry, Meta
 
 __all__ = ["CopyJob", "CopyPlan", "PayloadMaps", "PAYLOAD", "META"]
@@ -48,7 +57,7 @@ class PayloadMaps:
     def __init__(self) -> None:
         self._maps: dict[Path, torch.Tensor] = {}
         self._inodes: dict[Path, tuple[int, int]] = {}  # (st_dev, st_ino) of the file each mapping is of
-        self._views: dict[Path, tuple["CopyPlan", list[torch.Tensor]]] = {}
+        self._views: dict[Path, tuple[CopyPlan, list[torch.Tensor]]] = {}
 
     def get(self, slot: Path, nbytes: int) -> torch.Tensor:
         path = slot / PAYLOAD
@@ -71,9 +80,11 @@ class PayloadMaps:
                 try:
                     os.posix_fallocate(fd, 0, nbytes)
                 except OSError as exc:
-                    raise SnapshotError(f"cannot allocate {nbytes / 2**30:.2f} GiB for {path}: {exc}. Free space "
-                                        "where ACCELPACT_SNAPSHOT_ROOT points (a larger /dev/shm: docker "
-                                        "--shm-size) or snapshot fewer bytes per rank (more ranks)") from exc
+                    raise SnapshotError(
+                        f"cannot allocate {nbytes / 2**30:.2f} GiB for {path}: {exc}. Free space "
+                        "where ACCELPACT_SNAPSHOT_ROOT points (a larger /dev/shm: docker "
+                        "--shm-size) or snapshot fewer bytes per rank (more ranks)"
+                    ) from exc
             st = os.fstat(fd)
         finally:
             os.close(fd)
@@ -82,7 +93,7 @@ class PayloadMaps:
         self._inodes[slot] = (st.st_dev, st.st_ino)
         return m
 
-    def views(self, slot: Path, payload: torch.Tensor, plan: "CopyPlan") -> list[torch.Tensor]:
+    def views(self, slot: Path, payload: torch.Tensor, plan: CopyPlan) -> list[torch.Tensor]:
         """``plan``'s destination views into ``payload`` (the mapping :meth:`get` returned for ``slot``)."""
         cached = self._views.get(slot)
         if cached is None or cached[0] is not plan:
@@ -124,7 +135,9 @@ class CopyPlan:
         return self._src
 
     def destinations(self, payload: torch.Tensor) -> list[torch.Tensor]:
-        return [payload[e.offset:e.offset + e.nbytes] if t.is_contiguous() else _view(payload, e) for e, t in self.cpu]
+        return [
+            payload[e.offset : e.offset + e.nbytes] if t.is_contiguous() else _view(payload, e) for e, t in self.cpu
+        ]
 
 
 @dataclass
@@ -136,7 +149,7 @@ class CopyJob:
     nbytes: int
     meta: Meta
     marker_fields: dict[str, Any]
-    on_complete: Callable[[Path, dict], None] | None = None
+    on_complete: Callable[[Path, dict[str, Any]], None] | None = None
     pause_mid_copy_s: float = 0.0  # fault-injection tests only: sleep halfway through the copy
     copied: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -147,7 +160,7 @@ class CopyJob:
     cuda_event: Any = None  # the side stream's "copy finished" event (GPU only)
     _staging: torch.Tensor | None = None
 
-    def start_device_copy(self, staging_pool: dict[str, torch.Tensor]) -> None:
+    def start_device_copy(self, staging_pool: dict[str, Any]) -> None:
         """GPU: enqueue the shard's copy into pinned memory on a side stream (nothing on CPU)."""
         cuda = self.plan.cuda
         if not cuda:
@@ -158,12 +171,12 @@ class CopyJob:
             staging_pool["pinned"] = staging
         stream = staging_pool.get("stream")
         if stream is None:
-            stream = staging_pool["stream"] = torch.cuda.Stream(device=cuda[0][1].device)
+            stream = staging_pool["stream"] = torch.cuda.Stream(device=cuda[0][1].device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(cuda[0][1].device))  # after optimizer.step's kernels
         with torch.cuda.stream(stream):
             for e, t in cuda:
                 _view(staging, e).copy_(t, non_blocking=True)
-            self.cuda_event = torch.cuda.Event()
+            self.cuda_event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.cuda_event.record(stream)
         self._staging = staging
 
@@ -185,7 +198,7 @@ class CopyJob:
                 if self.cuda_event is not None:
                     self.cuda_event.synchronize()
                     for e, _t in self.plan.cuda:
-                        _view(payload, e).copy_(_view(self._staging, e))
+                        _view(payload, e).copy_(_view(cast(torch.Tensor, self._staging), e))  # set with the event
             self.copy_s = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - reported by the owner
             self.error = exc
@@ -197,7 +210,7 @@ class CopyJob:
                 self._seal(payload)
                 self.seal_s = time.perf_counter() - t1
                 if self.on_complete is not None:
-                    self.on_complete(self.slot, self.marker.to_dict())
+                    self.on_complete(self.slot, cast(Marker, self.marker).to_dict())  # _seal set it
             except BaseException as exc:  # noqa: BLE001
                 self.error = exc
         self.done.set()
@@ -209,14 +222,17 @@ class CopyJob:
         meta_bytes = buf.getvalue()
         with open(self.slot / META, "wb") as f:
             f.write(meta_bytes)
-        files = {PAYLOAD: {"nbytes": self.nbytes, "crc32": crc},
-                 META: {"nbytes": len(meta_bytes), "crc32": crc32_bytes(meta_bytes)}}
-        self.marker = Marker(files=files, nbytes=self.nbytes + len(meta_bytes), checksum=combined_checksum(files),
-                             **self.marker_fields)
+        files = {
+            PAYLOAD: {"nbytes": self.nbytes, "crc32": crc},
+            META: {"nbytes": len(meta_bytes), "crc32": crc32_bytes(meta_bytes)},
+        }
+        self.marker = Marker(
+            files=files, nbytes=self.nbytes + len(meta_bytes), checksum=combined_checksum(files), **self.marker_fields
+        )
         write_marker(self.slot, self.marker)
         assert (self.slot / MARKER).exists()
 
 
 def _view(buf: torch.Tensor, e: Entry) -> torch.Tensor:
     dtype = getattr(torch, e.dtype)
-    return buf[e.offset:e.offset + e.nbytes].view(dtype).view(e.shape)
+    return buf[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape)

@@ -25,8 +25,9 @@ def sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _compare_saved(rank: int, ref: dict[str, Any], got: dict[str, Any], diffs: list[str],
-                   counts: dict[str, int]) -> None:
+def _compare_saved(
+    rank: int, ref: dict[str, Any], got: dict[str, Any], diffs: list[str], counts: dict[str, int]
+) -> None:
     if len(ref["losses"]) != len(got["losses"]):
         diffs.append(f"rank {rank}: {len(got['losses'])} losses, reference has {len(ref['losses'])}")
     for i, (a, b) in enumerate(zip(ref["losses"], got["losses"])):
@@ -40,23 +41,26 @@ def _compare_saved(rank: int, ref: dict[str, Any], got: dict[str, Any], diffs: l
         counts["tensors"] += 1
         counts["bytes"] += a.numel() * a.element_size()
         if not torch.equal(a, b) or sha256(a) != sha256(b):
-            diffs.append(f"rank {rank}: {key} differs (max abs diff "
-                         f"{(a.double() - b.double()).abs().max().item():.3e})")
+            diffs.append(
+                f"rank {rank}: {key} differs (max abs diff {(a.double() - b.double()).abs().max().item():.3e})"
+            )
 
 
-def _failure(session: "Session", name: str, rank: int) -> str | None:
+def _failure(session: Session, name: str, rank: int) -> str | None:
     """Why rank ``rank`` has nothing to compare for scenario ``name`` (None when it finished cleanly)."""
     res = session.result(name, rank)
     if res is None:
-        return (f"rank {rank}: scenario {name!r} did not run (exit {session.returncodes[rank]}); "
-                f"log tail:\n{session.logs[rank]}")
+        return (
+            f"rank {rank}: scenario {name!r} did not run (exit {session.returncodes[rank]}); "
+            f"log tail:\n{session.logs[rank]}"
+        )
     if res.get("error") is not None:
         err = res["error"]
         return f"rank {rank}, scenario {name!r}: {err['type']}: {err['message']}\n{err.get('traceback', '')}"
     return None
 
 
-def bit_differences(session: "Session", name: str, reference: str = "ref") -> tuple[list[str], dict[str, int]]:
+def bit_differences(session: Session, name: str, reference: str = "ref") -> tuple[list[str], dict[str, int]]:
     """Every mismatch between scenario ``name`` and ``reference`` on every rank ([] when bit-identical),
     and counts of what was compared (tensors, bytes, losses).
 
@@ -74,6 +78,6 @@ def bit_differences(session: "Session", name: str, reference: str = "ref") -> tu
     return diffs, counts
 
 
-def differences(session: "Session", name: str, reference: str = "ref") -> list[str]:
+def differences(session: Session, name: str, reference: str = "ref") -> list[str]:
     """The mismatches of :func:`bit_differences` alone ([] when bit-identical)."""
     return bit_differences(session, name, reference)[0]

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import TYPE_CHECKING, Any
 
 # The socket helpers are production code (the gloo backend resets its own connections with them);
 # they are re-exported here because injecting a reset is what tests and the harness use them for.
 from accelpact.backends._sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 __all__ = [
     "PHASES",
@@ -158,8 +162,7 @@ class FaultInjector:
             if spec.action == "reset_raise":
                 from accelpact.errors import CommFault
 
-                raise CommFault(f"injected connection reset at step {spec.step}, phase {spec.phase}",
-                                phase=spec.phase)
+                raise CommFault(f"injected connection reset at step {spec.step}, phase {spec.phase}", phase=spec.phase)
         elif spec.action == "stall":
             time.sleep(spec.stall_s)
         elif spec.action == "exit":
@@ -167,7 +170,7 @@ class FaultInjector:
 
     # -- module hooks for the forward / backward phases --
 
-    def install(self, first_module: Any, middle_module: Any) -> None:
+    def install(self, first_module: nn.Module, middle_module: nn.Module) -> None:
         """Install hooks on the root FSDP module (``first_module``) and a middle decoder block.
 
         - forward_allgather_first: a forward pre-hook prepended before the root's FSDP pre-forward,
@@ -183,9 +186,7 @@ class FaultInjector:
         self._handles.append(
             middle_module.register_forward_pre_hook(self._make_pre("forward_allgather_middle"), prepend=True)
         )
-        self._handles.append(
-            middle_module.register_forward_pre_hook(self._grad_hook_installer, with_kwargs=True)
-        )
+        self._handles.append(middle_module.register_forward_pre_hook(self._grad_hook_installer, with_kwargs=True))
 
     def remove(self) -> None:
         for h in self._handles:
@@ -198,7 +199,7 @@ class FaultInjector:
 
         return hook
 
-    def _grad_hook_installer(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def _grad_hook_installer(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch
 
         if not torch.is_grad_enabled():
@@ -207,7 +208,7 @@ class FaultInjector:
             return None  # only pay for the hook on the step it can fire
         for t in list(args) + list(kwargs.values()):
             if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.register_hook(self._grad_hook)
+                t.register_hook(self._grad_hook)  # type: ignore[no-untyped-call]
                 return None
         return None
 

@@ -20,10 +20,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __name__ == "__main__":
     # Run as a file: its own directory lands first on sys.path, where inject.py, session.py, ... would
@@ -31,14 +32,14 @@ if __name__ == "__main__":
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _here]
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from accelpact.control import ControlChannel, ControlConfig  # noqa: E402
+from accelpact.control import ControlChannel, ControlConfig
 
 __all__ = ["RankContext", "load_runner", "error_dict", "main"]
 
-Runner = Callable[[dict, "RankContext"], dict]
+Runner = Callable[[dict[str, Any], "RankContext"], dict[str, Any]]
 
 
 @dataclass
@@ -75,26 +76,43 @@ def load_runner(spec: str) -> Runner:
     fn = getattr(importlib.import_module(module), name, None)
     if not callable(fn):
         raise ValueError(f"runner {spec!r}: {module} has no function {name!r}")
-    return fn
+    runner: Runner = fn
+    return runner
 
 
 def error_dict(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """How a rank reports an exception: type, message, the ranks / last committed step accelpact's
     errors carry, and the traceback (both trimmed: results files stay readable)."""
-    return {"type": type(exc).__name__, "message": str(exc)[:2000],
-            "ranks": list(getattr(exc, "ranks", ()) or ()),
-            "last_committed_step": getattr(exc, "last_committed_step", None),
-            "traceback": traceback.format_exc()[-4000:], **extra}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "ranks": list(getattr(exc, "ranks", ()) or ()),
+        "last_committed_step": getattr(exc, "last_committed_step", None),
+        "traceback": traceback.format_exc()[-4000:],
+        **extra,
+    }
 
 
 def _connect(cfg: dict[str, Any]) -> tuple[Any, ControlChannel]:
     rank, world = cfg["rank"], cfg["world_size"]
     client = dist.TCPStore(cfg["host"], cfg["port"], world, is_master=False, timeout=timedelta(seconds=300))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{cfg['job_token']}/init", client), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=cfg["pg_timeout_s"]))
-    control = ControlChannel.connect(ControlConfig(
-        host=cfg["host"], port=cfg["port"], rank=rank, world_size=world, job_token=cfg["job_token"],
-        deadline_s=cfg["control_deadline_s"]))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"{cfg['job_token']}/init", client),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=cfg["pg_timeout_s"]),
+    )
+    control = ControlChannel.connect(
+        ControlConfig(
+            host=cfg["host"],
+            port=cfg["port"],
+            rank=rank,
+            world_size=world,
+            job_token=cfg["job_token"],
+            deadline_s=cfg["control_deadline_s"],
+        )
+    )
     return client, control
 
 
@@ -111,9 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # every rank shares the host's few cores
     runner = load_runner(cfg["runner"])
     store, control = _connect(cfg)
-    ctx = RankContext(rank=cfg["rank"], world_size=cfg["world_size"], control=control, store=store,
-                      out_dir=Path(cfg["out_dir"]), exclude_ports=[cfg["port"]], pg_timeout_s=cfg["pg_timeout_s"],
-                      settings=cfg.get("settings", {}))
+    ctx = RankContext(
+        rank=cfg["rank"],
+        world_size=cfg["world_size"],
+        control=control,
+        store=store,
+        out_dir=Path(cfg["out_dir"]),
+        exclude_ports=[cfg["port"]],
+        pg_timeout_s=cfg["pg_timeout_s"],
+        settings=cfg.get("settings", {}),
+    )
     results: dict[str, Any] = {}
     out = ctx.out_dir / f"results.rank{ctx.rank}.json"
     for sc in cfg["scenarios"]:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from accelpact.run.template import ForkedRank, TemplateClient, TemplateUnavailable, start_script_template
 
@@ -41,10 +41,10 @@ class RankTemplate:
 
     def __init__(self, preload: Sequence[str] = ()) -> None:
         self.preload = [ENTRY_MODULE, *preload]
-        self.client: Optional[TemplateClient] = None
-        self.key: Optional[tuple[str, str, str]] = None  # (PYTHONPATH, cwd, interpreter) it was started with
+        self.client: TemplateClient | None = None
+        self.key: tuple[str, str, str] | None = None  # (PYTHONPATH, cwd, interpreter) it was started with
         self.broken: str = ""  # why it is not used any more
-        self.log_path: Optional[Path] = None
+        self.log_path: Path | None = None
 
     def why_not(self, env: Mapping[str, str], cwd: str, extra: bool) -> str:
         """Why a session with this environment cannot be forked ('' when it can)."""
@@ -63,8 +63,15 @@ class RankTemplate:
             self._start(env, cwd)
         assert self.client is not None
         try:
-            return self.client.fork({"env": dict(env), "cwd": cwd, "netns": None, "log": str(log_path),
-                                     "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]}})
+            return self.client.fork(
+                {
+                    "env": dict(env),
+                    "cwd": cwd,
+                    "netns": None,
+                    "log": str(log_path),
+                    "entry": {"script": None, "module": ENTRY_MODULE, "args": [str(cfg_path)]},
+                }
+            )
         except TemplateUnavailable as exc:
             self.broken = f"{exc} (its log: {self.log_path})"
             self.close()
@@ -75,8 +82,9 @@ class RankTemplate:
         fd, name = tempfile.mkstemp(prefix="accelpact-rank-template-", suffix=".log")
         self.log_path = Path(name)
         try:  # the template dies with this process (ACCELPACT_AGENT_PID), its ranks with the template
-            self.client = start_script_template(sys.executable, entry, dict(env, ACCELPACT_AGENT_PID=str(os.getpid())),
-                                                stderr=fd, cwd=cwd)
+            self.client = start_script_template(
+                sys.executable, entry, dict(env, ACCELPACT_AGENT_PID=str(os.getpid())), stderr=fd, cwd=cwd
+            )
         finally:
             os.close(fd)
         self.key = (env.get("PYTHONPATH", ""), cwd, sys.executable)

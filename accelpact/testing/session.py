@@ -27,17 +27,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 from accelpact.run.template import TemplateUnavailable
 from accelpact.testing.rank_template import RankTemplate
 
 _log = logging.getLogger("accelpact.testing")
 
-__all__ = ["Session", "SessionError", "run_session", "default_timeout_s", "load_average", "use_template",
-           "stop_template"]
+__all__ = [
+    "Session",
+    "SessionError",
+    "run_session",
+    "default_timeout_s",
+    "load_average",
+    "use_template",
+    "stop_template",
+]
 
 # Seconds a rank needs to start (interpreter, torch and the caller's imports, the gloo rendezvous)
 # on a loaded 2-core host, and per scenario step, per rank sharing those cores. Only a hang should
@@ -77,12 +85,15 @@ class Session:
         for rank in range(self.world_size):
             res = self.result(scenario, rank)
             if res is None:
-                raise SessionError(f"rank {rank} did not finish scenario {scenario!r} (exit code "
-                                   f"{self.returncodes[rank]}); log tail:\n{self.logs[rank]}")
+                raise SessionError(
+                    f"rank {rank} did not finish scenario {scenario!r} (exit code "
+                    f"{self.returncodes[rank]}); log tail:\n{self.logs[rank]}"
+                )
             if res.get("error"):
                 err = res["error"]
-                raise SessionError(f"rank {rank}, scenario {scenario!r}: {err['type']}: {err['message']}\n"
-                                   f"{err.get('traceback', '')}")
+                raise SessionError(
+                    f"rank {rank}, scenario {scenario!r}: {err['type']}: {err['message']}\n{err.get('traceback', '')}"
+                )
             out.append(res)
         return out
 
@@ -90,15 +101,18 @@ class Session:
         """What rank ``rank`` saved for ``scenario`` (``{scenario}.rank{rank}.pt``)."""
         import torch  # lazily: a launcher that only reads JSON never pays for it
 
-        return torch.load(self.out_dir / f"{scenario}.rank{rank}.pt", weights_only=True)
+        saved: dict[str, Any] = torch.load(self.out_dir / f"{scenario}.rank{rank}.pt", weights_only=True)
+        return saved
 
-    def check(self, allowed_to_fail: Sequence[int] = ()) -> "Session":
+    def check(self, allowed_to_fail: Sequence[int] = ()) -> Session:
         """Raise SessionError for the first rank (outside ``allowed_to_fail``) that exited non-zero."""
         for rank, code in enumerate(self.returncodes):
             if code != 0 and rank not in allowed_to_fail:
                 why = "killed at the session timeout" if self.timed_out else f"exit code {code}"
-                raise SessionError(f"rank {rank} of {self.world_size} failed ({why}); see "
-                                   f"{self.out_dir / f'log.rank{rank}.txt'}. Log tail:\n{self.logs[rank]}")
+                raise SessionError(
+                    f"rank {rank} of {self.world_size} failed ({why}); see "
+                    f"{self.out_dir / f'log.rank{rank}.txt'}. Log tail:\n{self.logs[rank]}"
+                )
         return self
 
 
@@ -138,12 +152,24 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any]], *, world_size: int = 2,
-                settings: Mapping[str, Any] | None = None, pg_timeout_s: float = 120.0,
-                control_deadline_s: float = 60.0, timeout_s: float | None = None, barrier: bool = False,
-                pythonpath: Sequence[Path | str] = (), env_extra: Mapping[str, str] | None = None,
-                check: bool = True, allowed_to_fail: Sequence[int] = (),
-                control_addr: tuple[str, int] | None = None, spawn: bool = False) -> Session:
+def run_session(
+    out_dir: Path,
+    runner: str,
+    scenarios: Sequence[Mapping[str, Any]],
+    *,
+    world_size: int = 2,
+    settings: Mapping[str, Any] | None = None,
+    pg_timeout_s: float = 120.0,
+    control_deadline_s: float = 60.0,
+    timeout_s: float | None = None,
+    barrier: bool = False,
+    pythonpath: Sequence[Path | str] = (),
+    env_extra: Mapping[str, str] | None = None,
+    check: bool = True,
+    allowed_to_fail: Sequence[int] = (),
+    control_addr: tuple[str, int] | None = None,
+    spawn: bool = False,
+) -> Session:
     """Run ``scenarios`` on ``world_size`` gloo ranks, each through ``runner`` ("module:function").
 
     ``settings`` reach every scenario unchanged (e.g. the FSDP flavour); ``barrier`` makes every rank
@@ -159,8 +185,9 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     from accelpact.control import new_job_token, start_control_server
 
     if ":" not in runner:
-        raise ValueError(f"runner {runner!r} must be 'package.module:function', e.g. "
-                         "'harness.workloads.fsdp_scenarios:run'")
+        raise ValueError(
+            f"runner {runner!r} must be 'package.module:function', e.g. 'harness.workloads.fsdp_scenarios:run'"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if timeout_s is None:
@@ -169,38 +196,59 @@ def run_session(out_dir: Path, runner: str, scenarios: Sequence[Mapping[str, Any
     # this accelpact came from; ``pythonpath`` first, so that it wins over both.
     here = os.getcwd()
     path = os.pathsep.join(dict.fromkeys([*map(str, pythonpath), here, str(_SOURCE_ROOT)]))
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
-               **(env_extra or {}))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", **(env_extra or {}))
     server, port = start_control_server() if control_addr is None else (None, int(control_addr[1]))
     host = "127.0.0.1" if control_addr is None else control_addr[0]
     token = new_job_token()
     procs: list[Any] = []  # Popen, or ForkedRank from the template
     logs = []
-    why_spawn = ("no template (use_template was not called)" if _TEMPLATE is None
-                 else "the caller asked for fresh processes (spawn=True)" if spawn
-                 else _TEMPLATE.why_not(env, here, extra=bool(pythonpath) or env_extra is not None))
+    why_spawn = (
+        "no template (use_template was not called)"
+        if _TEMPLATE is None
+        else "the caller asked for fresh processes (spawn=True)"
+        if spawn
+        else _TEMPLATE.why_not(env, here, extra=bool(pythonpath) or env_extra is not None)
+    )
     t0 = time.time()
     try:
         for rank in range(world_size):
-            cfg = {"rank": rank, "world_size": world_size, "host": host, "port": port, "job_token": token,
-                   "out_dir": str(out_dir), "pg_timeout_s": pg_timeout_s, "control_deadline_s": control_deadline_s,
-                   "runner": runner, "settings": dict(settings or {}), "barrier": barrier,
-                   "scenarios": [dict(sc) for sc in scenarios]}
+            cfg = {
+                "rank": rank,
+                "world_size": world_size,
+                "host": host,
+                "port": port,
+                "job_token": token,
+                "out_dir": str(out_dir),
+                "pg_timeout_s": pg_timeout_s,
+                "control_deadline_s": control_deadline_s,
+                "runner": runner,
+                "settings": dict(settings or {}),
+                "barrier": barrier,
+                "scenarios": [dict(sc) for sc in scenarios],
+            }
             cfg_path = out_dir / f"config.rank{rank}.json"
             cfg_path.write_text(json.dumps(cfg))
             log = open(out_dir / f"log.rank{rank}.txt", "w")
             logs.append(log)
             if not why_spawn:
                 try:
-                    procs.append(_TEMPLATE.fork(env, here, cfg_path, out_dir / f"log.rank{rank}.txt"))
+                    template = cast(RankTemplate, _TEMPLATE)  # why_spawn is set when there is none
+                    procs.append(template.fork(env, here, cfg_path, out_dir / f"log.rank{rank}.txt"))
                     continue
                 except TemplateUnavailable as exc:
                     why_spawn = f"the template failed: {exc}"
                     _log.warning("session %s: spawning rank %d on: %s", out_dir, rank, why_spawn)
             # By file, not ``-m``: with an older accelpact first on the path (``pythonpath``), the
             # entry point must still be this one, while everything it imports comes from there.
-            procs.append(subprocess.Popen([sys.executable, str(_RANK_ENTRY), str(cfg_path)],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=here))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(_RANK_ENTRY), str(cfg_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=here,
+                )
+            )
         codes, timed_out = _wait_all(procs, time.time() + timeout_s)
     finally:
         for p in procs:  # only reached alive on an exception here (e.g. KeyboardInterrupt)

@@ -10,8 +10,9 @@ step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
 from harness.advise.cost import Cadence, Platform
@@ -19,8 +20,20 @@ from harness.scale import analytic
 from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
 from harness.scale.project import Projection, project
 
-__all__ = ["TORCHFT_QUORUM_S", "AdviceRow", "Advice", "advise", "heal_plan", "protection_plan", "default_strategies", "TraceAdviceRow",
-           "advise_for_trace"]
+if TYPE_CHECKING:
+    from harness.faults.trace import Trace
+
+__all__ = [
+    "TORCHFT_QUORUM_S",
+    "AdviceRow",
+    "Advice",
+    "advise",
+    "heal_plan",
+    "protection_plan",
+    "default_strategies",
+    "TraceAdviceRow",
+    "advise_for_trace",
+]
 
 # torchft's per-step quorum, measured here: median 8 ms a step (docs/scale.md); the simulator itself does
 # not charge it, the advisor does.
@@ -60,8 +73,9 @@ def default_strategies() -> tuple[str, ...]:
     return tuple(n for n, s in simulated().items() if not s.fault_free and s.build not in DESIGN_BUILDS)
 
 
-def protection_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform,
-                    strategies: Sequence[str]) -> tuple[dict[str, Choice], dict, dict[str, float]]:
+def protection_plan(
+    cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
+) -> tuple[dict[str, Choice], dict, dict[str, float]]:
     """``heal_plan``, plus torchft's measured per-step quorum as its tax: every per-step cost the projection
     charges."""
     choices, rows, taxes = heal_plan(cluster, mix, platform, strategies)
@@ -70,8 +84,9 @@ def protection_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform:
     return choices, rows, taxes
 
 
-def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
-              ) -> tuple[dict[str, Choice], dict, dict[str, float]]:
+def heal_plan(
+    cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
+) -> tuple[dict[str, Choice], dict, dict[str, float]]:
     """For each heal strategy: its cadence choice, its outcome rows at that cadence, and its tax."""
     from harness.scale.heal_measured import HEAL_BUILDS
     from harness.scale.outcomes import outcome_table
@@ -90,8 +105,11 @@ def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platf
     for s in heals:
         base = outcome_table(cluster, (s,))[s]
         lam = sum(rates[c] for c in CLASSES if base[c].rollback == ROLLBACK_CHECKPOINT)
-        interval = analytic.daly_interval(max(cluster.checkpoint_write_s, cluster.step_s), 1 / lam) if lam else \
-            cluster.horizon_s
+        interval = (
+            analytic.daly_interval(max(cluster.checkpoint_write_s, cluster.step_s), 1 / lam)
+            if lam
+            else cluster.horizon_s
+        )
         fallback = {c: cold[c].downtime_s + interval / 2 for c in CLASSES}
         choice = choose(platform, state_bytes, cluster.step_s, rates, fallback)
         choices[s] = choice
@@ -100,18 +118,34 @@ def heal_plan(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platf
     return choices, rows, taxes
 
 
-def advise(cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform,
-           strategies: Sequence[str] | None = None, trials: int = 16, seed: int = 0) -> Advice:
+def advise(
+    cluster: Cluster,
+    mix: Mapping[str, FailureClass],
+    platform: Platform,
+    strategies: Sequence[str] | None = None,
+    trials: int = 16,
+    seed: int = 0,
+) -> Advice:
     strategies = default_strategies() if strategies is None else tuple(strategies)
     choices, rows, taxes = protection_plan(cluster, mix, platform, strategies)
     projections = project(cluster, mix, strategies, trials=trials, seed=seed, outcomes=rows, tax=taxes)
     out = []
     for p in projections:
-        every = None if not p.feasible or math.isinf(p.best_interval_s) else \
-            max(1, round(p.best_interval_s / cluster.step_s))
-        out.append(AdviceRow(p.strategy, p.best_interval_s, every,
-                             choices[p.strategy].cadence if p.strategy in choices else None,
-                             taxes.get(p.strategy, 0.0), p))
+        every = (
+            None
+            if not p.feasible or math.isinf(p.best_interval_s)
+            else max(1, round(p.best_interval_s / cluster.step_s))
+        )
+        out.append(
+            AdviceRow(
+                p.strategy,
+                p.best_interval_s,
+                every,
+                choices[p.strategy].cadence if p.strategy in choices else None,
+                taxes.get(p.strategy, 0.0),
+                p,
+            )
+        )
     return Advice(cluster, tuple(out), choices, taxes)
 
 
@@ -124,9 +158,14 @@ class TraceAdviceRow:
     mtbf_steps: float  # steps between the trace's faults that roll this strategy back to its checkpoint
 
 
-def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpoint_write_s: float,
-                     platform: Platform | None = None, strategies: Sequence[str] | None = None
-                     ) -> list[TraceAdviceRow]:
+def advise_for_trace(
+    trace: Trace,
+    step_s: float,
+    state_bytes: float,
+    checkpoint_write_s: float,
+    platform: Platform | None = None,
+    strategies: Sequence[str] | None = None,
+) -> list[TraceAdviceRow]:
     """Settings for a harness run under ``trace`` (``harness.faults.trace.Trace``): ``trace.world_size`` ranks,
     one per host, steps of ``step_s``, ``state_bytes`` of snapshot per rank, a disk checkpoint that blocks
     ``checkpoint_write_s``; on the ``cpu_here`` cost model (the committed calibration) unless given.
@@ -147,21 +186,24 @@ def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpo
             platform = platform_from(load())
         except FileNotFoundError:
             platform = CPU_HERE
-    world = int(getattr(trace, "world_size"))
-    p = float(getattr(trace, "p_per_step"))
-    mix = named_mix(getattr(trace, "mix"))
+    world = int(trace.world_size)
+    p = float(trace.p_per_step)
+    mix = named_mix(trace.mix)
     unexpected = unexpected_classes(mix)
     total = sum(mix[c].rate_per_hour for c in unexpected)
     share = {c: (mix[c].rate_per_hour / total if c in unexpected else 0.0) for c in CLASSES}
     rates = {c: p / step_s * share[c] for c in CLASSES}  # per second of work
     gb = state_bytes / 1e9
     bw = world * gb / checkpoint_write_s if checkpoint_write_s > 0 else 1e12
-    cluster = Cluster(gpus=world, gpus_per_host=1, step_s=step_s, checkpoint_gb_per_gpu=gb, write_gbps=bw,
-                      read_gbps=bw)
+    cluster = Cluster(gpus=world, gpus_per_host=1, step_s=step_s, checkpoint_gb_per_gpu=gb, write_gbps=bw, read_gbps=bw)
     names = default_strategies() if strategies is None else tuple(strategies)
     table = outcome_table(cluster, names)
-    choices, _, taxes = protection_plan(cluster, {c: replace(mix[c], rate_per_hour=rates[c] * 3600 / (
-        world if mix[c].scope == "gpu" else 1)) for c in CLASSES}, platform, names)
+    choices, _, taxes = protection_plan(
+        cluster,
+        {c: replace(mix[c], rate_per_hour=rates[c] * 3600 / (world if mix[c].scope == "gpu" else 1)) for c in CLASSES},
+        platform,
+        names,
+    )
     out = []
     for s in names:
         lam = sum(rates[c] for c in CLASSES if table[s][c].rollback == ROLLBACK_CHECKPOINT)
@@ -169,6 +211,13 @@ def advise_for_trace(trace: "object", step_s: float, state_bytes: float, checkpo
         if lam > 0:
             tau = analytic.daly_interval(max(checkpoint_write_s, step_s), 1.0 / lam)
             every = max(1, round(tau / step_s))
-        out.append(TraceAdviceRow(s, every, choices[s].cadence if s in choices else None, taxes.get(s, 0.0),
-                                  math.inf if lam == 0 else 1.0 / lam / step_s))
+        out.append(
+            TraceAdviceRow(
+                s,
+                every,
+                choices[s].cadence if s in choices else None,
+                taxes.get(s, 0.0),
+                math.inf if lam == 0 else 1.0 / lam / step_s,
+            )
+        )
     return out

@@ -23,8 +23,8 @@ measures the chosen cadence's ETTR (``harness.scale.project`` with the rows of `
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from harness.advise.cost import Cadence, Platform, Tax, push_time_s, tax
 from harness.scale.config import CLASSES, ROLLBACK_NONE, Cluster, FailureClass, Outcome
@@ -33,8 +33,9 @@ __all__ = ["CANDIDATES", "Choice", "expected_replay_steps", "heal_outcomes", "ch
 
 _POW2 = (1, 2, 4, 8, 16, 32, 64)
 # Every e and k a power of two up to 64, K = e k at most 256, with and without confirmed pushes.
-CANDIDATES: tuple[Cadence, ...] = tuple(Cadence(e, k, c) for e in _POW2 for k in _POW2 if e * k <= 256
-                                        for c in (True, False))
+CANDIDATES: tuple[Cadence, ...] = tuple(
+    Cadence(e, k, c) for e in _POW2 for k in _POW2 if e * k <= 256 for c in (True, False)
+)
 
 
 def _snapshot_s(platform: Platform, state_bytes: float) -> float:
@@ -42,8 +43,9 @@ def _snapshot_s(platform: Platform, state_bytes: float) -> float:
     return gb / platform.copy_gbps + gb / platform.checksum_gbps + platform.fixed_s
 
 
-def expected_replay_steps(cadence: Cadence, cls: str, platform: Platform, state_bytes: float,
-                          step_s: float) -> tuple[float, float]:
+def expected_replay_steps(
+    cadence: Cadence, cls: str, platform: Platform, state_bytes: float, step_s: float
+) -> tuple[float, float]:
     """(mean steps replayed by a heal, chance the heal finds no common step and falls back to disk)."""
     e, k = cadence.every, cadence.push_every
     K = e * k
@@ -57,8 +59,15 @@ def expected_replay_steps(cadence: Cadence, cls: str, platform: Platform, state_
     return 0.0, 0.0
 
 
-def heal_outcomes(base: Mapping[str, Outcome], cold: Mapping[str, Outcome], cadence: Cadence, platform: Platform,
-                  state_bytes: float, step_s: float, fallback_interval_s: float) -> dict[str, Outcome]:
+def heal_outcomes(
+    base: Mapping[str, Outcome],
+    cold: Mapping[str, Outcome],
+    cadence: Cadence,
+    platform: Platform,
+    state_bytes: float,
+    step_s: float,
+    fallback_interval_s: float,
+) -> dict[str, Outcome]:
     """The heal's outcome rows at ``cadence``: ``base`` (the simulator's heal, which replays only the step in
     flight) plus a ``replay`` part for the steps the cadence loses, and a ``fallback`` part for the expected
     disk restart (``cold``'s downtime plus half of ``fallback_interval_s``, times its chance)."""
@@ -89,8 +98,14 @@ class Choice:
         return self.cadence.replay_bound
 
 
-def _loss_rate(cadence: Cadence, rates_per_s: Mapping[str, float], platform: Platform, state_bytes: float,
-               step_s: float, fallback_s: Mapping[str, float]) -> float:
+def _loss_rate(
+    cadence: Cadence,
+    rates_per_s: Mapping[str, float],
+    platform: Platform,
+    state_bytes: float,
+    step_s: float,
+    fallback_s: Mapping[str, float],
+) -> float:
     lost = 0.0
     for cls in ("process_crash", "gpu_host_loss"):
         replay, p_fb = expected_replay_steps(cadence, cls, platform, state_bytes, step_s)
@@ -98,9 +113,14 @@ def _loss_rate(cadence: Cadence, rates_per_s: Mapping[str, float], platform: Pla
     return lost
 
 
-def choose(platform: Platform, state_bytes: float, step_s: float, rates_per_s: Mapping[str, float],
-           fallback_s: Mapping[str, float] | None = None,
-           candidates: Sequence[Cadence] = CANDIDATES) -> Choice:
+def choose(
+    platform: Platform,
+    state_bytes: float,
+    step_s: float,
+    rates_per_s: Mapping[str, float],
+    fallback_s: Mapping[str, float] | None = None,
+    candidates: Sequence[Cadence] = CANDIDATES,
+) -> Choice:
     """The cadence with the least tax + expected loss; ties to the smaller replay bound, then every, then
     confirmed pushes. ``rates_per_s``: job-wide failures per second by class; ``fallback_s``: what a fall
     back to disk costs per class (restart + half a checkpoint interval)."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from harness.advise.cost import CPU_HERE, Cadence, Platform, tax
 
@@ -44,7 +45,7 @@ def order_interval(values: list[float], level: float = 0.95) -> tuple[float, flo
     n = len(xs)
 
     def coverage(j: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0 ** n
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0**n
 
     j = 1
     while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= level:
@@ -95,26 +96,46 @@ def cell_rows(data: Mapping[str, Any], platform: Platform | None = None) -> list
             lo, hi, cov = order_interval(xs)
             cpu = list(c.get("cpu_overhead", {}).get(mode, [])) or [math.nan]
             clo, chi, _ = order_interval(cpu)
-            rows.append(CellRow(name, mode, int(c["tokens_per_step"]), int(c["state_bytes"]), step,
-                                statistics.median(xs), lo, hi, cov, len(xs),
-                                predict(platform, c["state_bytes"], step, mode), statistics.median(cpu), clo, chi))
+            rows.append(
+                CellRow(
+                    name,
+                    mode,
+                    int(c["tokens_per_step"]),
+                    int(c["state_bytes"]),
+                    step,
+                    statistics.median(xs),
+                    lo,
+                    hi,
+                    cov,
+                    len(xs),
+                    predict(platform, c["state_bytes"], step, mode),
+                    statistics.median(cpu),
+                    clo,
+                    chi,
+                )
+            )
     return rows
 
 
 def table_lines(data: Mapping[str, Any], rows: list[CellRow]) -> list[str]:
     r = data["rates"]
-    out = [f"Parts alone (thread CPU, one thread, {data['parts'][0]['bytes'] >> 20} MiB, before and after the cells): "
-           f"copy {r['copy_gbps']:.2f} GB/s, CRC-32 ({data['parts'][0]['crc']}) {r['checksum_gbps']:.2f} GB/s, "
-           f"push send {r['push_send_gbps']:.2f} GB/s and receive {r['push_recv_gbps']:.2f} GB/s "
-           f"({r['push_gbps']:.2f} GB/s per side; the model charges both sides, one host). Overlap 0: every core "
-           "trains.", "",
-           "| cell | tokens per step | state per rank (MB) | step, off: CPU s (the model's step) | mode | measured tax: step time, median "
-           "[interval] (n, coverage) | CPU per step, median [interval] | model | inside: step time / CPU |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"Parts alone (thread CPU, one thread, {data['parts'][0]['bytes'] >> 20} MiB, before and after the cells): "
+        f"copy {r['copy_gbps']:.2f} GB/s, CRC-32 ({data['parts'][0]['crc']}) {r['checksum_gbps']:.2f} GB/s, "
+        f"push send {r['push_send_gbps']:.2f} GB/s and receive {r['push_recv_gbps']:.2f} GB/s "
+        f"({r['push_gbps']:.2f} GB/s per side; the model charges both sides, one host). Overlap 0: every core "
+        "trains.",
+        "",
+        "| cell | tokens per step | state per rank (MB) | step, off: CPU s (the model's step) | mode | measured tax: step time, median "
+        "[interval] (n, coverage) | CPU per step, median [interval] | model | inside: step time / CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for x in rows:
         mode = "snapshots, no push" if x.mode == "snap" else "+ push every step (confirmed)"
-        out.append(f"| {x.cell} | {x.tokens} | {x.state_bytes / 1e6:.1f} | {x.off_step_s:.3f} | {mode} | "
-                   f"{x.median * 100:+.1f}% [{x.lo * 100:+.1f}, {x.hi * 100:+.1f}] (n={x.n}, {x.coverage:.1%}) | "
-                   f"{x.cpu_median * 100:+.1f}% [{x.cpu_lo * 100:+.1f}, {x.cpu_hi * 100:+.1f}] | "
-                   f"{x.predicted * 100:+.1f}% | {'yes' if x.inside else 'NO'} / {'yes' if x.inside_cpu else 'NO'} |")
+        out.append(
+            f"| {x.cell} | {x.tokens} | {x.state_bytes / 1e6:.1f} | {x.off_step_s:.3f} | {mode} | "
+            f"{x.median * 100:+.1f}% [{x.lo * 100:+.1f}, {x.hi * 100:+.1f}] (n={x.n}, {x.coverage:.1%}) | "
+            f"{x.cpu_median * 100:+.1f}% [{x.cpu_lo * 100:+.1f}, {x.cpu_hi * 100:+.1f}] | "
+            f"{x.predicted * 100:+.1f}% | {'yes' if x.inside else 'NO'} / {'yes' if x.inside_cpu else 'NO'} |"
+        )
     return out

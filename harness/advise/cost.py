@@ -57,8 +57,8 @@ class Platform:
         if self.block_s_per_gb < 0 or self.fixed_s < 0 or self.push_sides < 1:
             raise ValueError(f"{self.name}: block_s_per_gb and fixed_s must be >= 0, push_sides >= 1")
 
-    def with_(self, **kw: float) -> "Platform":
-        return replace(self, **kw)
+    def with_(self, **kw: float) -> Platform:
+        return replace(self, **kw)  # type: ignore[arg-type]  # replace() is typed per field
 
 
 @dataclass(frozen=True, order=True)
@@ -130,17 +130,28 @@ def tax(platform: Platform, state_bytes: float, step_s: float, cadence: Cadence)
     wait_plain = max(0.0, pipe - beside)
     wait_pushed = max(0.0, pipe + (push if cadence.confirm else 0.0) - beside - push_exposed)
     wait = ((k - 1) * wait_plain + wait_pushed) / (k * e)
-    return Tax(copy_s=(1 - platform.copy_overlap) * copy / e + platform.fixed_s / e,
-               checksum_s=(1 - platform.checksum_overlap) * crc / e,
-               push_s=push_exposed / (e * k), block_s=block / e, wait_s=wait, step_s=step_s)
+    return Tax(
+        copy_s=(1 - platform.copy_overlap) * copy / e + platform.fixed_s / e,
+        checksum_s=(1 - platform.checksum_overlap) * crc / e,
+        push_s=push_exposed / (e * k),
+        block_s=block / e,
+        wait_s=wait,
+        step_s=step_s,
+    )
 
 
 # This host (2 cores, every core a training rank): nothing hides. The rates are replaced by the committed
 # calibration's measured ones (experiments/heal_tax.py writes them; harness.advise.calibration reads them);
 # these defaults are the docs' earlier single measurements (docs/snapshots.md: 7.5 GB/s into a reused
 # mapping; accelpact/snapshot/checksum.py: ISA-L CRC-32 10.3 GB/s).
-CPU_HERE = Platform("cpu_here", copy_gbps=7.5, checksum_gbps=10.3, push_gbps=3.0, push_sides=2,
-                    source="this 2-core host; every core trains, so overlap 0 (rates: results/heal_tax)")
+CPU_HERE = Platform(
+    "cpu_here",
+    copy_gbps=7.5,
+    checksum_gbps=10.3,
+    push_gbps=3.0,
+    push_sides=2,
+    source="this 2-core host; every core trains, so overlap 0 (rates: results/heal_tax)",
+)
 
 # A GPU node. Assumptions, each stated (docs/advisor.md):
 # - the copy is a device-to-host DMA on a side stream into pinned memory (accelpact's GPU path, not run on a
@@ -152,9 +163,18 @@ CPU_HERE = Platform("cpu_here", copy_gbps=7.5, checksum_gbps=10.3, push_gbps=3.0
 #   measured here on one core;
 # - the push goes over the GPU's NIC, 50 GB/s (Llama 3: 400 Gbps per GPU), beside training traffic: 90%
 #   hidden (assumption; GEMINI schedules its traffic into the gaps of training's).
-GPU_NODE = Platform("gpu_node", copy_gbps=50.0, checksum_gbps=10.3, push_gbps=50.0, copy_overlap=1.0,
-                    checksum_overlap=1.0, push_overlap=0.9, push_sides=1, block_s_per_gb=7.7e-3 / 12,
-                    source="assumptions: DMA copy beside compute (GEMINI's 7.7 ms per 12 GB capture), PCIe Gen5 "
-                           "50 GB/s, ISA-L CRC on idle host cores, NIC 50 GB/s (Llama 3) 90% hidden")
+GPU_NODE = Platform(
+    "gpu_node",
+    copy_gbps=50.0,
+    checksum_gbps=10.3,
+    push_gbps=50.0,
+    copy_overlap=1.0,
+    checksum_overlap=1.0,
+    push_overlap=0.9,
+    push_sides=1,
+    block_s_per_gb=7.7e-3 / 12,
+    source="assumptions: DMA copy beside compute (GEMINI's 7.7 ms per 12 GB capture), PCIe Gen5 "
+    "50 GB/s, ISA-L CRC on idle host cores, NIC 50 GB/s (Llama 3) 90% hidden",
+)
 
 PLATFORMS: dict[str, Platform] = {p.name: p for p in (CPU_HERE, GPU_NODE)}

@@ -9,9 +9,9 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 from harness import strategies
-from harness.schema import LinkPlane, RankLaunch, RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
+from harness.schema import LinkPlane, RankLaunch, RunConfig
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
 # shorter ones: a 3 s silent outage under a 5 s timeout just stalled the collective here).
@@ -30,8 +30,8 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.schema import ConfigError
     from harness.faults.schedule import ScheduleError, plan_faults
+    from harness.schema import ConfigError
 
     strategy = strategies.get(run.strategy.name)
     fault = faults.get(run.fault.kind)
@@ -52,32 +52,45 @@ def check_runnable(run: RunConfig) -> None:
             f"fault={fault.kind} with fault.outage_s={run.fault.outage_s} does not outlast the process-group "
             f"timeout (cluster.pg_timeout_s={run.cluster.pg_timeout_s}) by {OUTAGE_MARGIN_S:.0f} s, so TCP would "
             f"absorb it and nothing would break; set fault.outage_s={need:g} or lower cluster.pg_timeout_s"
-            + (" (or, under an in-memory strategy, strategy.stall_timeout_s below the outage: the watchdog "
-               "then ends it)" if strategy.recovers_in_memory else "")
+            + (
+                " (or, under an in-memory strategy, strategy.stall_timeout_s below the outage: the watchdog "
+                "then ends it)"
+                if strategy.recovers_in_memory
+                else ""
+            )
         )
     if run.cluster.launch == RankLaunch.srun and (fault.where in ("parent", "netns") or run.cluster.hosts):
         what = f"cluster.hosts={run.cluster.hosts}" if run.cluster.hosts else f"fault={fault.kind}"
         raise ConfigError(
             f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
             f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
-            f"try `fault=socket_reset`")
-    need = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
-    if need is not None:
-        raise ConfigError(need)
+            f"try `fault=socket_reset`"
+        )
+    unmet = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
+    if unmet is not None:
+        raise ConfigError(unmet)
     if run.cluster.launch == RankLaunch.srun:
         import shutil
 
         if shutil.which("srun") is None:
-            raise ConfigError(f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
-                              "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
-                              "try `cluster=local_cpu`")
+            raise ConfigError(
+                f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
+                "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
+                "try `cluster=local_cpu`"
+            )
     if fault.needs_netns or run.cluster.hosts:
         from harness.faults.netns import namespaces_available
 
         ok, why = namespaces_available()
         if not ok:
-            what = f"fault={fault.kind}" if fault.needs_netns else f"cluster={run.cluster.name} (cluster.hosts={run.cluster.hosts})"
-            raise ConfigError(f"{what} runs the ranks in network namespaces, which are unavailable: {why}"
-                              + ("" if fault.needs_netns else "; try `cluster=local_cpu`"))
+            what = (
+                f"fault={fault.kind}"
+                if fault.needs_netns
+                else f"cluster={run.cluster.name} (cluster.hosts={run.cluster.hosts})"
+            )
+            raise ConfigError(
+                f"{what} runs the ranks in network namespaces, which are unavailable: {why}"
+                + ("" if fault.needs_netns else "; try `cluster=local_cpu`")
+            )
     if strategy.check is not None:
         strategy.check(run)

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 
@@ -22,14 +22,13 @@ from harness.report.compare import REFERENCE, is_fault_free, reference_config, t
 from harness.report.paper import PAPER_GAIN
 from harness.schema import CompareConfig
 
-
 # The sweep's reference directory, set by on_multirun_start; jobs that run in this process (Hydra's
 # local launcher) read it to compare themselves with the reference as they end. Jobs on other
 # machines (Slurm) see None, and the table compares them at the end instead.
 _sweep_reference: dict[str, Path] = {}
 
 
-def sweep_reference_dir() -> Optional[Path]:
+def sweep_reference_dir() -> Path | None:
     return _sweep_reference.get("dir")
 
 
@@ -40,7 +39,7 @@ def needs_reference(config: Any) -> bool:
     return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
 
 
-def run_reference(config: Any, out: Path, required: bool = True) -> Optional[Path]:
+def run_reference(config: Any, out: Path, required: bool = True) -> Path | None:
     """Run the fault-free reference of the multirun ``config`` into ``out``; the sweep's jobs compare
     themselves with it from then on. A failed reference raises when ``required``, else it is reported
     and the last good reference stays in use (a later trial's reference failing costs that trial only)."""
@@ -52,8 +51,10 @@ def run_reference(config: Any, out: Path, required: bool = True) -> Optional[Pat
     if row["status"] != "ok":
         if required:
             raise RuntimeError(f"the fault-free reference run failed ({row['reason']}); see {out}/logs")
-        print(f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are "
-              "left out", flush=True)
+        print(
+            f"warning: the fault-free reference in {out} failed ({row['reason']}); this trial's gains are left out",
+            flush=True,
+        )
         return None
     _sweep_reference["dir"] = out
     return out
@@ -87,12 +88,23 @@ class ComparisonCallback(Callback):
         if not faulted:
             return
         base = faulted[0][1]
-        title = (f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
-                 f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
-                 f"({base.get('checkpoint_mode')}), sweep {sweep_dir}")
+        title = (
+            f"goodput: {base.get('model')}, {base.get('world_size')} x {base.get('backend')}, "
+            f"{base.get('steps')} steps, checkpoint every {base.get('checkpoint_interval')} steps "
+            f"({base.get('checkpoint_mode')}), sweep {sweep_dir}"
+        )
         cmp = _compare_settings(config)
-        finish_trials(sweep_dir, trial_rows(sweep_dir, entries, cmp.ours), entries, title, PAPER_GAIN,
-                      method=cmp.interval, min_effect=cmp.min_effect, ours=cmp.ours, level=cmp.level)
+        finish_trials(
+            sweep_dir,
+            trial_rows(sweep_dir, entries, cmp.ours),
+            entries,
+            title,
+            PAPER_GAIN,
+            method=cmp.interval,
+            min_effect=cmp.min_effect,
+            ours=cmp.ours,
+            level=cmp.level,
+        )
         failed = [str(d.relative_to(sweep_dir)) for d, r in faulted if r.get("status") != "ok"]
         if failed:
             print(f"error: run(s) {', '.join(failed)} failed; see their logs/ and summary.json", file=sys.stderr)
@@ -107,7 +119,7 @@ def _compare_settings(config: Any) -> CompareConfig:
     if raw is None:
         return CompareConfig()
     known = {f.name for f in dataclasses.fields(CompareConfig)}
-    return CompareConfig(**{k: v for k, v in OmegaConf.to_container(raw, resolve=True).items() if k in known})
+    return CompareConfig(**{k: v for k, v in OmegaConf.to_container(raw, resolve=True).items() if k in known})  # type: ignore[union-attr]
 
 
 def _swept_keys(config: Any) -> set[str]:

@@ -9,12 +9,13 @@ so an unknown key or a wrongly typed value fails at composition, naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness.app.validate import Catalogue
 from harness.schema import (
     CheckpointConfig,
     ClusterConfig,
@@ -23,7 +24,6 @@ from harness.schema import (
     RunConfig,
     StrategyConfig,
 )
-from harness.app.validate import Catalogue
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "config"
@@ -62,7 +62,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     The ``hydra`` node (present when composed with ``return_hydra_config=True``) is ignored.
     """
     if "hydra" in cfg:  # leave Hydra's own node out before resolving: it has mandatory fields of its own
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # type: ignore[misc]
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(container, dict)
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
@@ -88,7 +88,7 @@ def group_options(group: str) -> list[str]:
 
 def default_option(group: str) -> str | None:
     """The option conf/config.yaml's defaults list picks for ``group`` (None if it picks none)."""
-    for entry in OmegaConf.load(CONF_DIR / f"{CONFIG_NAME}.yaml").get("defaults", []):
+    for entry in OmegaConf.load(CONF_DIR / f"{CONFIG_NAME}.yaml").get("defaults", []):  # type: ignore[arg-type]
         if isinstance(entry, DictConfig) and group in entry:
             return str(entry[group])
     return None
@@ -103,7 +103,7 @@ def load_group(group: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for name in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
         raw = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
-        raw.pop("defaults", None)
+        raw.pop("defaults", None)  # type: ignore[call-arg, arg-type]  # a DictConfig
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
         out[name] = OmegaConf.to_object(merged)
     return out

@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 STAT = "/proc/stat"
 EVERY_S = 1.0
 
 
-def cpu_times(path: str = STAT) -> Optional[tuple[int, int]]:
+def cpu_times(path: str = STAT) -> tuple[int, int] | None:
     """(steal ticks, total ticks) of the aggregate ``cpu`` line of /proc/stat; None where unreadable."""
     try:
         with open(path) as f:
@@ -42,7 +43,7 @@ def cpu_times(path: str = STAT) -> Optional[tuple[int, int]]:
     return steal, total
 
 
-def steal_share(before: Optional[tuple[int, int]], after: Optional[tuple[int, int]]) -> float:
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
     """Stolen CPU time between two ``cpu_times`` readings, in percent of all CPU time; NaN if unknown."""
     if before is None or after is None or after[1] <= before[1]:
         return math.nan
@@ -54,12 +55,14 @@ def cores_used(world_size: int, threads_per_rank: int, usable: int) -> int:
     return max(1, min(world_size * max(1, threads_per_rank), usable))
 
 
-def overload_line(load: float, cores: int) -> Optional[str]:
+def overload_line(load: float, cores: int) -> str | None:
     """The one line printed when ``load`` exceeds ``cores``; None otherwise."""
     if math.isnan(load) or load <= cores:
         return None
-    return (f"load: the 1-min load average is {load:.1f}, above the {cores} core(s) this run uses; other "
-            "processes slow its steps (its row records the load; a comparison's table names the cells it hit)")
+    return (
+        f"load: the 1-min load average is {load:.1f}, above the {cores} core(s) this run uses; other "
+        "processes slow its steps (its row records the load; a comparison's table names the cells it hit)"
+    )
 
 
 @dataclass
@@ -69,16 +72,16 @@ class LoadGuard:
     cores: int
     every_s: float = EVERY_S
     loadavg: Callable[[], float] = lambda: os.getloadavg()[0]
-    stat: Callable[[], Optional[tuple[int, int]]] = cpu_times
+    stat: Callable[[], tuple[int, int] | None] = cpu_times
     say: Callable[[str], None] = lambda line: print(line, flush=True)
     samples: list[float] = field(default_factory=list)
     _before: float = math.nan
-    _stat0: Optional[tuple[int, int]] = None
+    _stat0: tuple[int, int] | None = None
     _warned: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: Optional[threading.Thread] = None
+    _thread: threading.Thread | None = None
 
-    def start(self) -> "LoadGuard":
+    def start(self) -> LoadGuard:
         self._before = self.loadavg()
         self._stat0 = self.stat()
         self._check(self._before)
@@ -103,10 +106,14 @@ class LoadGuard:
         if self._thread is not None:
             self._thread.join()
         seen = [self._before, *self.samples]
-        return {"load_before": round(self._before, 2),
-                "load_mean": round(sum(self.samples) / len(self.samples), 2) if self.samples else round(self._before, 2),
-                "load_max": round(max(seen), 2), "steal_pct": round(steal_share(self._stat0, self.stat()), 3),
-                "cores_used": self.cores, "load_overloaded": self._warned}
+        return {
+            "load_before": round(self._before, 2),
+            "load_mean": round(sum(self.samples) / len(self.samples), 2) if self.samples else round(self._before, 2),
+            "load_max": round(max(seen), 2),
+            "steal_pct": round(steal_share(self._stat0, self.stat()), 3),
+            "cores_used": self.cores,
+            "load_overloaded": self._warned,
+        }
 
 
 def for_run(run: Any) -> LoadGuard:

@@ -63,8 +63,14 @@ def probe(with_gpus: bool = True) -> Machine:
     if with_gpus:
         gpu_mem = _gpu_memory()
     shm_path, shm_free = snapshot_space()
-    return Machine(cpu_cores=cores, mem_available=psutil.virtual_memory().available, gpu_mem=gpu_mem,
-                   in_slurm_job="SLURM_JOB_ID" in os.environ, shm_free=shm_free, shm_path=shm_path)
+    return Machine(
+        cpu_cores=cores,
+        mem_available=psutil.virtual_memory().available,
+        gpu_mem=gpu_mem,
+        in_slurm_job="SLURM_JOB_ID" in os.environ,
+        shm_free=shm_free,
+        shm_path=shm_path,
+    )
 
 
 def snapshot_space() -> tuple[str, int | None]:
@@ -87,8 +93,6 @@ def _gpu_memory() -> tuple[int, ...]:
 
         if not torch.cuda.is_available():
             return ()
-        return tuple(
-            torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())
-        )
+        return tuple(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
     except Exception:  # a broken driver means "no usable GPU", which validation then explains
         return ()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.app.machine import GiB, RANK_RUNTIME_BYTES, Machine
+from harness.app.machine import RANK_RUNTIME_BYTES, GiB, Machine
 from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4
@@ -142,7 +142,7 @@ def plan(run: RunConfig, machine: Machine, counts: ParamCounts | None = None) ->
         ("activations (estimate)", activation_bytes(m, compute_bytes)),
     ]
     staging = 0
-    if run.checkpoint.interval > 0 and run.checkpoint.mode != CheckpointMode.sync:  # type: ignore[attr-defined]
+    if run.checkpoint.interval > 0 and run.checkpoint.mode != CheckpointMode.sync:
         staging = 4 * shard * FP32  # a host copy of params + AdamW state (+ room for the next one)
     ranks_on_host = ws // max(run.cluster.nodes, 1)  # cluster.nodes > 1 only for srun across an allocation
     per_rank_model = sum(b for _, b in rows)

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from enum import Enum
-from typing import Sequence
 
 from harness.app import capabilities
 from harness.app.config import GROUPS, compose, default_option, group_options, load_catalogue, to_run_config
 from harness.app.machine import probe
 from harness.app.memory_plan import MemoryPlan
-from harness.schema import Device
 from harness.app.validate import Catalogue, ConfigError, validate
+from harness.schema import Device
 
 # Command-line switches after which there is nothing to run (help, printing the config, ...).
 _NO_RUN_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "version")
@@ -108,8 +108,10 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
         return unparsable
     if "interpolation" in text or "Interpolation" in type(exc).__name__:
         given = next((o for o in overrides if "${" in o), None)
-        return (f"cannot resolve {('`' + given + '`') if given else 'an interpolation'}: {_first_line(exc)}; "
-                "give a literal value instead (e.g. `cluster.world_size=2`)")
+        return (
+            f"cannot resolve {('`' + given + '`') if given else 'an interpolation'}: {_first_line(exc)}; "
+            "give a literal value instead (e.g. `cluster.world_size=2`)"
+        )
     no_match = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if no_match:
         return f"unknown config group '{no_match.group(1)}'; the groups are {', '.join(GROUPS)}"
@@ -121,13 +123,18 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
         if "not in" in detail or type(cause).__name__ == "ConfigAttributeError":
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
             return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
-        example = _default_value(full_key.split("[")[0], overrides)
-        hint = (f"; e.g. `{full_key.split('[')[0]}={example}`" if example is not None
-                else "; give a value of the field's type (see `python -m harness --cfg job`)")
+        example = _default_value(full_key.split("[")[0], overrides)  # type: ignore[assignment]
+        hint = (
+            f"; e.g. `{full_key.split('[')[0]}={example}`"
+            if example is not None
+            else "; give a value of the field's type (see `python -m harness --cfg job`)"
+        )
         return f"bad value in `{given}`: {detail}{hint}"
     line = _first_line(exc).replace("To append to your config use", "to add a new key use")
     # Anything else Hydra raises: still one line, and still a way forward.
-    return line if "`" in line or " use " in line else f"{line}; check the overrides against `python -m harness --cfg job`"
+    return (
+        line if "`" in line or " use " in line else f"{line}; check the overrides against `python -m harness --cfg job`"
+    )
 
 
 def _unparsable(exc: BaseException, overrides: Sequence[str]) -> str | None:
@@ -140,10 +147,14 @@ def _unparsable(exc: BaseException, overrides: Sequence[str]) -> str | None:
         except Exception as err:  # noqa: BLE001 - any grammar error, reported as one line
             detail = _first_line(err).replace("\n", " ")
             if "=" not in o:
-                return (f"cannot parse override `{o}`: give it a value as key=value (e.g. `{_key(o) or 'train.steps'}=...`) "
-                        "or remove it with ~key")
-            return (f"cannot parse override `{o}` ({detail}); quote a value with brackets, quotes, spaces or "
-                    f"other special characters, e.g. `{_key(o) or 'key'}='...'`, or use a plain value")
+                return (
+                    f"cannot parse override `{o}`: give it a value as key=value (e.g. `{_key(o) or 'train.steps'}=...`) "
+                    "or remove it with ~key"
+                )
+            return (
+                f"cannot parse override `{o}` ({detail}); quote a value with brackets, quotes, spaces or "
+                f"other special characters, e.g. `{_key(o) or 'key'}='...'`, or use a plain value"
+            )
     return None
 
 
@@ -153,7 +164,7 @@ def _known_keys(parent: str, overrides: Sequence[str]) -> str:
         node = compose(others)
         for part in parent.split(".") if parent else []:
             node = node[part]
-        return f"valid keys{' of ' + parent if parent else ''}: {', '.join(k for k in node.keys())}"
+        return f"valid keys{' of ' + parent if parent else ''}: {', '.join(k for k in node.keys())}"  # type: ignore[misc]
     except Exception:
         return "check the spelling against conf/"
 

@@ -21,8 +21,8 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 AUTO = "auto"  # cluster.master_addr: the allocation's first node
 
@@ -74,7 +74,7 @@ def rank_identity(env: Mapping[str, str] = os.environ) -> tuple[int, int, int] |
     return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0"))
 
 
-def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):  # type: ignore[no-untyped-def]
+def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):
     """``cluster`` (a ClusterConfig with launch=srun) with ``master_addr=auto`` resolved.
 
     Inside an allocation (SLURM_JOB_ID; the job submitit submits): its first node, after checking the
@@ -82,8 +82,10 @@ def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):  # type: igno
     by the submitting process): this host's name, and srun makes an allocation of its own for the ranks,
     which then reach the control store here."""
     if shutil.which("srun") is None:
-        raise SlurmEnvError(f"cluster={cluster.name} starts its ranks with srun, which is not on PATH here: run it "
-                            "where Slurm's client commands are installed (this machine: `make slurm-up`)")
+        raise SlurmEnvError(
+            f"cluster={cluster.name} starts its ranks with srun, which is not on PATH here: run it "
+            "where Slurm's client commands are installed (this machine: `make slurm-up`)"
+        )
     if not in_allocation(env):
         master = socket.getfqdn() if cluster.master_addr == AUTO else cluster.master_addr
         return dataclasses.replace(cluster, master_addr=master)
@@ -92,12 +94,13 @@ def resolve_cluster(cluster, env: Mapping[str, str] = os.environ):  # type: igno
     if len(hosts) < cluster.nodes:
         raise SlurmEnvError(
             f"cluster.nodes={cluster.nodes} but the allocation (SLURM_JOB_NODELIST={nodelist!r}) has {len(hosts)} "
-            f"node(s); submit with hydra.launcher.nodes={cluster.nodes} or set cluster.nodes={max(len(hosts), 1)}")
+            f"node(s); submit with hydra.launcher.nodes={cluster.nodes} or set cluster.nodes={max(len(hosts), 1)}"
+        )
     master = hosts[0] if cluster.master_addr == AUTO else cluster.master_addr
     return dataclasses.replace(cluster, master_addr=master)
 
 
-def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:  # type: ignore[no-untyped-def]
+def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:
     """One ``srun`` step that starts every rank: ``world_size`` tasks over ``nodes`` nodes.
 
     ``--overlap``: the step shares the CPUs of the step the parent itself runs in (submitit starts the
@@ -106,7 +109,16 @@ def srun_argv(cluster, argv: Sequence[str], log_dir: Path) -> list[str]:  # type
     ``--output`` keeps one log per rank (``%t`` is the task id = rank), as the local launcher does."""
     per_node = cluster.world_size // cluster.nodes
     return [
-        "srun", "--overlap", f"--nodes={cluster.nodes}", f"--ntasks={cluster.world_size}",
-        f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=0", "--unbuffered", "--export=ALL", "--open-mode=append",
-        "--job-name=accelpact-ranks", f"--output={log_dir}/rank%t.log", *argv,
+        "srun",
+        "--overlap",
+        f"--nodes={cluster.nodes}",
+        f"--ntasks={cluster.world_size}",
+        f"--ntasks-per-node={per_node}",
+        "--kill-on-bad-exit=0",
+        "--unbuffered",
+        "--export=ALL",
+        "--open-mode=append",
+        "--job-name=accelpact-ranks",
+        f"--output={log_dir}/rank%t.log",
+        *argv,
     ]

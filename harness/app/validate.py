@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from harness.app.machine import RANKS_PER_CORE, GiB, Machine
 from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
-from harness.schema import (ConfigError, ClusterConfig, Device, FaultPhase, LinkPlane, ModelConfig, Precision, RankLaunch,
-                            RunConfig)
-
+from harness.schema import (
+    ClusterConfig,
+    ConfigError,
+    Device,
+    FaultPhase,
+    LinkPlane,
+    ModelConfig,
+    Precision,
+    RankLaunch,
+    RunConfig,
+)
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
 # model.num_layers=10**12 (a fuzz draw) made validation run for ever.
@@ -50,13 +58,17 @@ def check_names(run: RunConfig) -> None:
         try:
             strategies.get(name)
         except KeyError:
-            raise ConfigError(f"strategy {name!r} is not registered (registered: {', '.join(strategies.names())}); "
-                              f"try `strategy={strategies.under_test().name}`") from None
+            raise ConfigError(
+                f"strategy {name!r} is not registered (registered: {', '.join(strategies.names())}); "
+                f"try `strategy={strategies.under_test().name}`"
+            ) from None
     try:
         faults.get(run.fault.kind)
     except KeyError:
-        raise ConfigError(f"fault.kind={run.fault.kind!r} is not registered (registered: "
-                          f"{', '.join(faults.kinds())}); try `fault=socket_reset`") from None
+        raise ConfigError(
+            f"fault.kind={run.fault.kind!r} is not registered (registered: "
+            f"{', '.join(faults.kinds())}); try `fault=socket_reset`"
+        ) from None
 
 
 def check_compare(run: RunConfig) -> None:
@@ -66,8 +78,10 @@ def check_compare(run: RunConfig) -> None:
 
     cmp = run.compare
     if cmp.interval not in METHODS:
-        raise ConfigError(f"compare.interval={cmp.interval!r} is not a method ({', '.join(sorted(METHODS))}); "
-                          "try `compare.interval=order_statistic`")
+        raise ConfigError(
+            f"compare.interval={cmp.interval!r} is not a method ({', '.join(sorted(METHODS))}); "
+            "try `compare.interval=order_statistic`"
+        )
     if not 0.5 <= cmp.level < 1:
         raise ConfigError(f"compare.level={cmp.level} must be at least 0.5 and below 1; try `compare.level=0.95`")
     if cmp.min_effect < 0:
@@ -77,8 +91,10 @@ def check_compare(run: RunConfig) -> None:
     if cmp.ours is not None:
         ours = [s.name for s in strategies.specs() if s.recovers_in_memory]
         if cmp.ours not in ours:
-            raise ConfigError(f"compare.ours={cmp.ours!r} is not a strategy under test ({', '.join(ours)}); "
-                              f"try `compare.ours={ours[0]}`")
+            raise ConfigError(
+                f"compare.ours={cmp.ours!r} is not a strategy under test ({', '.join(ours)}); "
+                f"try `compare.ours={ours[0]}`"
+            )
 
 
 def check_values(run: RunConfig) -> None:
@@ -93,8 +109,10 @@ def check_values(run: RunConfig) -> None:
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be positive; try `train.lr=3e-3`")
     if t.eval_every < 0 or t.warmup_steps < 0:
-        raise ConfigError(f"train.eval_every={t.eval_every} and train.warmup_steps={t.warmup_steps} must be 0 (off) "
-                          "or positive; try `train.eval_every=2`")
+        raise ConfigError(
+            f"train.eval_every={t.eval_every} and train.warmup_steps={t.warmup_steps} must be 0 (off) "
+            "or positive; try `train.eval_every=2`"
+        )
     check_between_steps_phase(run)
     if c.world_size < 1:
         raise ConfigError(f"cluster.world_size={c.world_size} must be at least 1; try `cluster.world_size=2`")
@@ -102,39 +120,55 @@ def check_values(run: RunConfig) -> None:
         fit = max(r for r in range(1, min(max(c.replicate, 1), c.world_size) + 1) if c.world_size % r == 0)
         raise ConfigError(
             f"cluster.replicate={c.replicate} must be at least 1 and divide cluster.world_size={c.world_size} (HSDP's "
-            f"mesh is replicate x shard, world_size / replicate ranks per replica); try `cluster.replicate={fit}`")
+            f"mesh is replicate x shard, world_size / replicate ranks per replica); try `cluster.replicate={fit}`"
+        )
     if c.hosts < 0 or (c.hosts and c.world_size % c.hosts):
         per = max(1, c.world_size // max(c.hosts, 1))
         raise ConfigError(
             f"cluster.hosts={c.hosts} must be 0 (no host namespaces) or divide cluster.world_size={c.world_size}: "
-            f"every host holds the same number of ranks; try `cluster.world_size={per * max(c.hosts, 1)}`")
+            f"every host holds the same number of ranks; try `cluster.world_size={per * max(c.hosts, 1)}`"
+        )
     if c.nodes < 1 or c.world_size % c.nodes:
         raise ConfigError(
             f"cluster.nodes={c.nodes} must be at least 1 and divide cluster.world_size={c.world_size} (the same "
-            f"number of ranks on every node); try `cluster.world_size={max(c.nodes, 1) * max(c.world_size // max(c.nodes, 1), 1)}`")
+            f"number of ranks on every node); try `cluster.world_size={max(c.nodes, 1) * max(c.world_size // max(c.nodes, 1), 1)}`"
+        )
     if c.nodes > 1 and c.launch != RankLaunch.srun:
-        raise ConfigError(f"cluster.nodes={c.nodes} needs ranks started on other nodes: only cluster.launch=srun "
-                          "does that; try `cluster=slurm` or `cluster.nodes=1`")
+        raise ConfigError(
+            f"cluster.nodes={c.nodes} needs ranks started on other nodes: only cluster.launch=srun "
+            "does that; try `cluster=slurm` or `cluster.nodes=1`"
+        )
     if run.fault.link == LinkPlane.control and not faults_need_netns(run):
         raise ConfigError(
             f"fault.link=control cuts a host's control link, which only the network-namespace faults can do "
-            f"(fault={run.fault.kind} acts elsewhere); try `fault=link_down fault.link=control cluster=local_hosts`")
+            f"(fault={run.fault.kind} acts elsewhere); try `fault=link_down fault.link=control cluster=local_hosts`"
+        )
     if c.pg_timeout_s <= 0:
         raise ConfigError(f"cluster.pg_timeout_s={c.pg_timeout_s} must be positive; try `cluster.pg_timeout_s=120`")
     for key in ("batch_size", "seq_len", "num_layers", "num_heads", "num_kv_heads", "hidden_size", "vocab_size"):
         if getattr(m, key) < 1:
-            raise ConfigError(f"model.{key}={getattr(m, key)} must be at least 1; pick a shipped model, e.g. `model=mistral_tiny`")
+            raise ConfigError(
+                f"model.{key}={getattr(m, key)} must be at least 1; pick a shipped model, e.g. `model=mistral_tiny`"
+            )
     if m.num_layers > MAX_LAYERS:
-        raise ConfigError(f"model.num_layers={m.num_layers} is above {MAX_LAYERS} (the largest published decoders "
-                          f"have about 126); try `model.num_layers={MAX_LAYERS}` or a shipped model, e.g. `model=mistral7b`")
+        raise ConfigError(
+            f"model.num_layers={m.num_layers} is above {MAX_LAYERS} (the largest published decoders "
+            f"have about 126); try `model.num_layers={MAX_LAYERS}` or a shipped model, e.g. `model=mistral7b`"
+        )
     if m.seq_len > m.max_position:
-        raise ConfigError(f"model.seq_len={m.seq_len} exceeds model.max_position={m.max_position}; try `model.seq_len={m.max_position}`")
+        raise ConfigError(
+            f"model.seq_len={m.seq_len} exceeds model.max_position={m.max_position}; try `model.seq_len={m.max_position}`"
+        )
     if m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
-                          f"try `model.num_heads={_divisor_at_most(m.hidden_size, m.num_heads)}`")
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
+            f"try `model.num_heads={_divisor_at_most(m.hidden_size, m.num_heads)}`"
+        )
     if m.num_heads % m.num_kv_heads:
-        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}; "
-                          f"try `model.num_kv_heads={_divisor_at_most(m.num_heads, m.num_kv_heads)}`")
+        raise ConfigError(
+            f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}; "
+            f"try `model.num_kv_heads={_divisor_at_most(m.num_heads, m.num_kv_heads)}`"
+        )
     bad = [r for r in run.fault.ranks if not 0 <= r < c.world_size]
     if bad:
         raise ConfigError(
@@ -143,14 +177,19 @@ def check_values(run: RunConfig) -> None:
         )
     stall = run.strategy.stall_timeout_s
     if stall is not None and stall < 0:
-        raise ConfigError(f"strategy.stall_timeout_s={stall} must be >= 0 (0 = watchdog off); try `strategy.stall_timeout_s=10`")
+        raise ConfigError(
+            f"strategy.stall_timeout_s={stall} must be >= 0 (0 = watchdog off); try `strategy.stall_timeout_s=10`"
+        )
     if stall and stall >= c.pg_timeout_s:
         raise ConfigError(
             f"strategy.stall_timeout_s={stall} is not below cluster.pg_timeout_s={c.pg_timeout_s}, so the PG timeout "
-            f"would always fire first; set strategy.stall_timeout_s={c.pg_timeout_s / 2:g} or raise cluster.pg_timeout_s")
+            f"would always fire first; set strategy.stall_timeout_s={c.pg_timeout_s / 2:g} or raise cluster.pg_timeout_s"
+        )
     check_snapshot_values(run)
     if run.checkpoint.interval < 0:
-        raise ConfigError(f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`")
+        raise ConfigError(
+            f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`"
+        )
     if run.checkpoint.keep < 1:
         raise ConfigError(f"checkpoint.keep={run.checkpoint.keep} must be at least 1; try `checkpoint.keep=2`")
 
@@ -159,24 +198,34 @@ def check_snapshot_values(run: RunConfig) -> None:
     """strategy.snapshot / hot_spares / replacement_timeout_s (accelpact's in-memory heal of a lost rank)."""
     st = run.strategy
     if st.snapshot.every < 0:
-        raise ConfigError(f"strategy.snapshot.every={st.snapshot.every} must be >= 0 (0 = snapshots off, k = every "
-                          "k-th committed step); try `strategy.snapshot.every=1`")
+        raise ConfigError(
+            f"strategy.snapshot.every={st.snapshot.every} must be >= 0 (0 = snapshots off, k = every "
+            "k-th committed step); try `strategy.snapshot.every=1`"
+        )
     if st.snapshot.push_every < 1:
-        raise ConfigError(f"strategy.snapshot.push_every={st.snapshot.push_every} must be >= 1 (1 = push every "
-                          "snapshot to the buddy, k = every k-th); to push none, use `strategy.snapshot.replicas=false`; "
-                          "try `strategy.snapshot.push_every=1`")
+        raise ConfigError(
+            f"strategy.snapshot.push_every={st.snapshot.push_every} must be >= 1 (1 = push every "
+            "snapshot to the buddy, k = every k-th); to push none, use `strategy.snapshot.replicas=false`; "
+            "try `strategy.snapshot.push_every=1`"
+        )
     if (st.snapshot.push_every > 1 or st.snapshot.confirm_push) and not st.snapshot.replicas:
-        raise ConfigError(f"strategy.snapshot.push_every={st.snapshot.push_every} / confirm_push="
-                          f"{st.snapshot.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
-                          "`strategy.snapshot.replicas=true`, or drop the push settings")
+        raise ConfigError(
+            f"strategy.snapshot.push_every={st.snapshot.push_every} / confirm_push="
+            f"{st.snapshot.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
+            "`strategy.snapshot.replicas=true`, or drop the push settings"
+        )
     if st.hot_spares < 0:
         raise ConfigError(f"strategy.hot_spares={st.hot_spares} must be >= 0; try `strategy.hot_spares=0`")
     if st.hot_spares and st.snapshot.every == 0:
-        raise ConfigError(f"strategy.hot_spares={st.hot_spares} takes the rank of a dead process and heals it from "
-                          "its snapshot, and snapshots are off; try `strategy.snapshot.every=1`")
+        raise ConfigError(
+            f"strategy.hot_spares={st.hot_spares} takes the rank of a dead process and heals it from "
+            "its snapshot, and snapshots are off; try `strategy.snapshot.every=1`"
+        )
     if st.replacement_timeout_s <= 0:
-        raise ConfigError(f"strategy.replacement_timeout_s={st.replacement_timeout_s} must be positive (seconds the "
-                          "survivors wait for a replacement); try `strategy.replacement_timeout_s=120`")
+        raise ConfigError(
+            f"strategy.replacement_timeout_s={st.replacement_timeout_s} must be positive (seconds the "
+            "survivors wait for a replacement); try `strategy.replacement_timeout_s=120`"
+        )
 
 
 def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) -> None:
@@ -193,7 +242,8 @@ def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) ->
             f"{machine.shm_free / GiB:.2f} GiB free there: DOES NOT FIT. Enlarge it (`mount -o remount,size="
             f"{-(-need * 5 // 4 // GiB) + 1}G /dev/shm`, or `docker run --shm-size=...`), point "
             f"ACCELPACT_SNAPSHOT_ROOT at a larger tmpfs, or turn snapshots off: `strategy.snapshot.every=0`",
-            memory_plan=memory)
+            memory_plan=memory,
+        )
 
 
 def faults_need_netns(run: RunConfig) -> bool:
@@ -248,15 +298,19 @@ def _backend_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, s
     cls = BACKENDS.get(c.backend)
     if cls is None:
         fix = {"cluster.backend": fits[0]} if fits else _to_local_cpu(run, machine)
-        return (f"cluster.backend={c.backend} is not an accelpact backend (registered: "
-                f"{', '.join(sorted(BACKENDS))})", fix)
+        return (
+            f"cluster.backend={c.backend} is not an accelpact backend (registered: {', '.join(sorted(BACKENDS))})",
+            fix,
+        )
     if c.device.value in cls.devices:
         return None
     if c.device == Device.cuda and fits:
-        return (f"FSDP2 on CUDA needs cluster.backend={'|'.join(fits)} ({c.backend} runs on "
-                f"{', '.join(cls.devices)} tensors only)", {"cluster.backend": fits[0]})
-    return (f"cluster.backend={c.backend} needs cluster.device={'|'.join(cls.devices)}",
-            _to_local_cpu(run, machine))
+        return (
+            f"FSDP2 on CUDA needs cluster.backend={'|'.join(fits)} ({c.backend} runs on "
+            f"{', '.join(cls.devices)} tensors only)",
+            {"cluster.backend": fits[0]},
+        )
+    return (f"cluster.backend={c.backend} needs cluster.device={'|'.join(cls.devices)}", _to_local_cpu(run, machine))
 
 
 def _to_local_cpu(run: RunConfig, machine: Machine) -> dict[str, str]:
@@ -357,9 +411,7 @@ def validate(
 
 
 def _largest_fitting_model(run: RunConfig, machine: Machine, catalogue: Catalogue, below: int) -> str | None:
-    sized = sorted(
-        ((catalogue.counts(m).total, name) for name, m in catalogue.models.items()), reverse=True
-    )
+    sized = sorted(((catalogue.counts(m).total, name) for name, m in catalogue.models.items()), reverse=True)
     for total, name in sized:
         if total >= below:
             continue
@@ -372,11 +424,17 @@ def _largest_fitting_model(run: RunConfig, machine: Machine, catalogue: Catalogu
 def check_between_steps_phase(run: RunConfig) -> None:
     """A fault at a phase between steps needs that phase to run at the fault's step (else it never fires)."""
     phase, step = run.fault.phase, run.fault.at_step
+    if step is None:
+        return  # no fixed step (fault.at_age, fault.every): nothing to check here
     if phase is FaultPhase.eval and (run.train.eval_every <= 0 or (step + 1) % run.train.eval_every):
-        raise ConfigError(f"fault.phase=eval at fault.at_step={step} needs an evaluation after that step: "
-                          f"train.eval_every={run.train.eval_every} does not evaluate there; try "
-                          f"`train.eval_every={step + 1}`")
+        raise ConfigError(
+            f"fault.phase=eval at fault.at_step={step} needs an evaluation after that step: "
+            f"train.eval_every={run.train.eval_every} does not evaluate there; try "
+            f"`train.eval_every={step + 1}`"
+        )
     if phase is FaultPhase.checkpoint_save and (run.checkpoint.interval <= 0 or (step + 1) % run.checkpoint.interval):
-        raise ConfigError(f"fault.phase=checkpoint_save at fault.at_step={step} needs a save after that step: "
-                          f"checkpoint.interval={run.checkpoint.interval} does not save there; try "
-                          f"`checkpoint=sync checkpoint.interval={step + 1}`")
+        raise ConfigError(
+            f"fault.phase=checkpoint_save at fault.at_step={step} needs a save after that step: "
+            f"checkpoint.interval={run.checkpoint.interval} does not save there; try "
+            f"`checkpoint=sync checkpoint.interval={step + 1}`"
+        )

@@ -29,10 +29,11 @@ Modes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -84,9 +85,13 @@ class CheckpointSettings:
         if self.mode not in MODES:
             raise ValueError(f"checkpoint.mode={self.mode!r} is not one of {', '.join(MODES)}")
         if self.interval < 0:
-            raise ValueError(f"checkpoint.interval={self.interval}: use 0 to disable checkpointing, or a step count > 0")
+            raise ValueError(
+                f"checkpoint.interval={self.interval}: use 0 to disable checkpointing, or a step count > 0"
+            )
         if self.keep < 1:
-            raise ValueError(f"checkpoint.keep={self.keep}: must be >= 1 (the newest complete checkpoint is always kept)")
+            raise ValueError(
+                f"checkpoint.keep={self.keep}: must be >= 1 (the newest complete checkpoint is always kept)"
+            )
 
 
 def pinned_memory_available() -> bool:
@@ -178,7 +183,9 @@ class Checkpointer:
         try:
             state = self._state_dict()
             self._invalidate(step)
-            dcp.save(state, checkpoint_id=self._layout.path(step), process_group=self._pg, no_dist=not self._distributed)
+            dcp.save(
+                state, checkpoint_id=self._layout.path(step), process_group=self._pg, no_dist=not self._distributed
+            )
             fields = self._finish(step)
         except CheckpointError:
             raise
@@ -332,7 +339,7 @@ class Checkpointer:
                 dist.destroy_process_group(self._pg)
             self._pg = None
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -54,8 +54,10 @@ class Layout:
             if not 1 <= self.hosts <= self.world_size:
                 raise ValueError(f"hosts={self.hosts} must be 1..world_size ({self.world_size})")
             if self.world_size % self.hosts:
-                raise ValueError(f"world_size={self.world_size} is not a multiple of hosts={self.hosts}: "
-                                 "every host holds the same number of ranks")
+                raise ValueError(
+                    f"world_size={self.world_size} is not a multiple of hosts={self.hosts}: "
+                    "every host holds the same number of ranks"
+                )
 
     # -- hosts
     @property

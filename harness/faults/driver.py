@@ -14,15 +14,16 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from harness.schema import RunConfig
 from harness.events import EventLog, Fault
 from harness.faults import registry
 from harness.faults.rank_side import ack_path
 from harness.faults.schedule import FAULTS_DIR
+from harness.schema import RunConfig
 
 
 @dataclass
@@ -64,8 +65,17 @@ class FaultDriver:
                 print(f"fault driver: could not inject {req.name}: {exc}", flush=True)
 
     def record(self, req: Mapping[str, Any], **extra: Any) -> None:
-        self.events.emit(Fault, fault=req["kind"], step=req["step"], phase=req["phase"], ranks=[req["rank"]],
-                         index=req["index"], age=req.get("age"), by="parent", **extra)
+        self.events.emit(
+            Fault,
+            fault=req["kind"],
+            step=req["step"],
+            phase=req["phase"],
+            ranks=[req["rank"]],
+            index=req["index"],
+            age=req.get("age"),
+            by="parent",
+            **extra,
+        )
 
     def ack(self, req: Mapping[str, Any]) -> None:
         ack_path(self.run_dir, req["index"], req["rank"]).write_text(str(time.time()))

@@ -24,7 +24,8 @@ import functools
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.faults.host_loss import apply_host_loss
 from harness.faults.kill_all import apply_kill_all
@@ -92,28 +93,78 @@ def apply_control_store_loss(driver: Any, req: dict) -> None:
 
 BUILTIN: tuple[FaultSpec, ...] = (
     FaultSpec("none", "no fault", where="none"),
-    FaultSpec("socket_reset", "in-process: shutdown(SHUT_RDWR) on the rank's own gloo sockets (a connection "
-              "reset); no root", where="rank", rank_action="reset"),
-    FaultSpec("nested_reset", "in-process: a socket reset, then another on the same rank(s) inside the in-memory "
-              "recovery it starts (before the new generation's first collective): a two-round recovery; no root",
-              where="rank", rank_action="reset", nested=True),
-    FaultSpec("hang", "SIGSTOP the rank for fault.outage_s, then SIGCONT", where="parent",
-              parent_apply=apply_hang, outage=True),
-    FaultSpec("kill", "SIGKILL the rank (accelpact heals it from its snapshot; others restart)", where="parent", parent_apply=apply_kill,
-              kills_ranks=True),
-    FaultSpec("kill_all", "SIGKILL every rank at once, a whole-job crash (accelpact_heal resumes from its shared-memory "
-              "snapshots; the others from the checkpoint)", where="parent", parent_apply=apply_kill_all,
-              kills_ranks=True, kills_all=True),
-    FaultSpec("host_loss", "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
-              "snapshot directory (its shared memory)", where="netns", parent_apply=apply_host_loss,
-              kills_ranks=True),
-    FaultSpec("control_store_loss", "SIGKILL the process hosting the control store, then a socket reset on the "
-              "rank: no store to agree on, so accelpact falls back to checkpoint restore; no root", where="parent",
-              parent_apply=apply_control_store_loss, rank_action="reset", store_in_child=True),
-    FaultSpec("tcp_reset", "network namespaces: destroy the rank's gloo TCP connections (ss -K)", where="netns",
-              parent_apply=apply_tcp_reset),
-    FaultSpec("blackhole", "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",
-              where="netns", parent_apply=link_outage("blackhole"), outage=True),
-    FaultSpec("link_down", "network namespaces: ip link set eth0 down on the rank for fault.outage_s",
-              where="netns", parent_apply=link_outage("link_down"), outage=True),
+    FaultSpec(
+        "socket_reset",
+        "in-process: shutdown(SHUT_RDWR) on the rank's own gloo sockets (a connection reset); no root",
+        where="rank",
+        rank_action="reset",
+    ),
+    FaultSpec(
+        "nested_reset",
+        "in-process: a socket reset, then another on the same rank(s) inside the in-memory "
+        "recovery it starts (before the new generation's first collective): a two-round recovery; no root",
+        where="rank",
+        rank_action="reset",
+        nested=True,
+    ),
+    FaultSpec(
+        "hang",
+        "SIGSTOP the rank for fault.outage_s, then SIGCONT",
+        where="parent",
+        parent_apply=apply_hang,
+        outage=True,
+    ),
+    FaultSpec(
+        "kill",
+        "SIGKILL the rank (accelpact heals it from its snapshot; others restart)",
+        where="parent",
+        parent_apply=apply_kill,
+        kills_ranks=True,
+    ),
+    FaultSpec(
+        "kill_all",
+        "SIGKILL every rank at once, a whole-job crash (accelpact_heal resumes from its shared-memory "
+        "snapshots; the others from the checkpoint)",
+        where="parent",
+        parent_apply=apply_kill_all,
+        kills_ranks=True,
+        kills_all=True,
+    ),
+    FaultSpec(
+        "host_loss",
+        "network namespaces: SIGKILL every rank of the rank's host and delete that host's "
+        "snapshot directory (its shared memory)",
+        where="netns",
+        parent_apply=apply_host_loss,
+        kills_ranks=True,
+    ),
+    FaultSpec(
+        "control_store_loss",
+        "SIGKILL the process hosting the control store, then a socket reset on the "
+        "rank: no store to agree on, so accelpact falls back to checkpoint restore; no root",
+        where="parent",
+        parent_apply=apply_control_store_loss,
+        rank_action="reset",
+        store_in_child=True,
+    ),
+    FaultSpec(
+        "tcp_reset",
+        "network namespaces: destroy the rank's gloo TCP connections (ss -K)",
+        where="netns",
+        parent_apply=apply_tcp_reset,
+    ),
+    FaultSpec(
+        "blackhole",
+        "network namespaces: drop all of the rank's data-link traffic for fault.outage_s",
+        where="netns",
+        parent_apply=link_outage("blackhole"),
+        outage=True,
+    ),
+    FaultSpec(
+        "link_down",
+        "network namespaces: ip link set eth0 down on the rank for fault.outage_s",
+        where="netns",
+        parent_apply=link_outage("link_down"),
+        outage=True,
+    ),
 )

@@ -35,13 +35,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from enum import Enum
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
-from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI and callers
+from harness.faults.addressing import (
+    CTL_BRIDGE,
+    CTL_IF,
+    DATA_BRIDGE,
+    DATA_IF,
+    Layout,
+    new_prefix,
+)
+from harness.faults.netns_host import (
     TAG_ENV,
     NetnsError,
     _ip_batch,
@@ -53,14 +62,6 @@ from harness.faults.netns_host import (  # noqa: F401 - re-exported for the CLI 
     namespaces_available,
 )
 from harness.faults.snapshot_roots import ROOT_ENV, host_root, snapshot_base
-from harness.faults.addressing import (
-    CTL_BRIDGE,
-    CTL_IF,
-    DATA_BRIDGE,
-    DATA_IF,
-    Layout,
-    new_prefix,
-)
 
 __all__ = [
     "TAG_ENV",
@@ -98,7 +99,9 @@ def _link_down(lay: Layout, rank: int, inner: str, peer: str, on: bool) -> None:
 
 
 _CUTS: dict[LinkCut, Callable[[Layout, int, str, str, bool], None]] = {
-    LinkCut.BLACKHOLE: _blackhole, LinkCut.DOWN: _link_down}
+    LinkCut.BLACKHOLE: _blackhole,
+    LinkCut.DOWN: _link_down,
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class LinkFault:
     plane: str = "data"
 
 
-_LIVE: set["NetnsTopology"] = set()
+_LIVE: set[NetnsTopology] = set()
 _LIVE_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, object] = {}
 
@@ -185,7 +188,7 @@ class NetnsTopology:
         self._snapshot_base = snapshot_base()
 
     # -- lifecycle
-    def __enter__(self) -> "NetnsTopology":
+    def __enter__(self) -> NetnsTopology:
         self.up()
         return self
 
@@ -218,7 +221,11 @@ class NetnsTopology:
         br = lay.bridge_ns
         lines = ["link set lo up"]
         for bridge, addr in ((DATA_BRIDGE, lay.bridge_data_addr), (CTL_BRIDGE, lay.bridge_ctl_addr)):
-            lines += [f"link add name {bridge} type bridge", f"addr add {addr}/24 dev {bridge}", f"link set {bridge} up"]
+            lines += [
+                f"link add name {bridge} type bridge",
+                f"addr add {addr}/24 dev {bridge}",
+                f"link set {bridge} up",
+            ]
         heads = [lay.ranks_of_host(h)[0] for h in range(lay.n_hosts)]  # one rank names each host's links
         for r in heads:
             ns = lay.rank_ns(r)
@@ -247,7 +254,8 @@ class NetnsTopology:
         from harness.faults.store_server import start_in_namespace
 
         self._server, self._control_addr = start_in_namespace(
-            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s)
+            self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s
+        )
 
     def teardown(self) -> list[str]:
         """Stop faults and the store server, kill every process in the namespaces, delete them.
@@ -380,7 +388,7 @@ class NetnsTopology:
         self.faults.append(record)
         return record
 
-    def start(self, fault: Callable[..., LinkFault], *args: Any, **kwargs: Any) -> "Future[LinkFault]":
+    def start(self, fault: Callable[..., LinkFault], *args: Any, **kwargs: Any) -> Future[LinkFault]:
         """Run a blocking fault of this topology (``topo.blackhole``, ...) on a background thread; the future
         holds its record once healed."""
         future: Future[LinkFault] = Future()
@@ -399,7 +407,9 @@ class NetnsTopology:
         """Cut the link for ``outage_s`` seconds (less if the topology is torn down first), then heal. Blocks."""
         cut = LinkCut(cut)
         if outage_s <= 0:
-            raise ValueError(f"{cut.value} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)")
+            raise ValueError(
+                f"{cut.value} needs outage_s > 0 (longer than the PG timeout + ~2 s to break a collective)"
+            )
         with self.outage(cut, ranks, plane=plane):
             self._closed.wait(outage_s)  # returns early if the topology is torn down
         return self.faults[-1]

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from harness.faults.addressing import PREFIX_RE, check_prefix, new_prefix
 from harness.faults.snapshot_roots import job_roots, remove_job_roots, root_prefixes
@@ -189,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX [PREFIX ...]``"""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.faults.netns", description="find and remove jobs' namespaces")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.faults.netns", description="find and remove jobs' namespaces"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="job prefixes that own namespaces now (live or stale)")
     sub.add_parser("leftovers", help="what a job left behind").add_argument("prefix")

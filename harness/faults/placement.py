@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from harness.schema import RunConfig
 from harness.faults import registry
+from harness.schema import RunConfig
 
 __all__ = ["StoreHome", "Placement", "placement", "unmet_need"]
 
@@ -57,7 +57,9 @@ def unmet_need(run: RunConfig) -> str | None:
     spec = registry.get(run.fault.kind)
     where = placement(run)
     if spec.store_in_child and where.store != StoreHome.child:
-        return (f"fault={spec.kind} kills the control store the parent hosts in a child process; with "
-                f"cluster.hosts={run.cluster.hosts} the store runs in the hosts' bridge namespace, which it "
-                f"cannot kill; try `cluster=local_cpu` (or `cluster.hosts=0`)")
+        return (
+            f"fault={spec.kind} kills the control store the parent hosts in a child process; with "
+            f"cluster.hosts={run.cluster.hosts} the store runs in the hosts' bridge namespace, which it "
+            f"cannot kill; try `cluster=local_cpu` (or `cluster.hosts=0`)"
+        )
     return None

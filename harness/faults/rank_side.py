@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection, Optional
+from typing import Any
 
 from harness.events import EventLog, Fault
+from harness.faults import registry
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
 from harness.schema import RunConfig
-from harness.faults import registry
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
 ACK_TIMEOUT_S = 60.0
@@ -49,8 +50,9 @@ class RankFaults:
     """This rank's pending faults. ``install(model)`` once, ``begin_step(step)`` at the top of every
     step, ``maybe_fire(phase)`` before the clip all-reduce and the vote (or ``on_phase`` as a guard hook)."""
 
-    def __init__(self, cfg: RunConfig, rank: int, run_dir: str, events: EventLog,
-                 exclude_ports: Collection[int]) -> None:
+    def __init__(
+        self, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
+    ) -> None:
         from accelpact.testing import FaultInjector
 
         self.rank = rank
@@ -76,8 +78,9 @@ class RankFaults:
             self._planned[id(spec)] = fault
 
     @classmethod
-    def for_rank(cls, cfg: RunConfig, rank: int, run_dir: str, events: EventLog,
-                 exclude_ports: Collection[int]) -> Optional["RankFaults"]:
+    def for_rank(
+        cls, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
+    ) -> RankFaults | None:
         """None when this run injects nothing (``fault=none``)."""
         if not registry.get(cfg.fault.kind).injects:
             return None
@@ -126,8 +129,17 @@ class RankFaults:
                 self.injector.disarm(second)
             return
         if registry.get(fault.kind).where == "rank":
-            self.events.emit(Fault, fault=fault.kind, step=fault.step, phase=fault.phase, ranks=[self.rank],
-                             index=fault.index, age=fault.age, t_inject=spec.fired_at, by="rank")
+            self.events.emit(
+                Fault,
+                fault=fault.kind,
+                step=fault.step,
+                phase=fault.phase,
+                ranks=[self.rank],
+                index=fault.index,
+                age=fault.age,
+                t_inject=spec.fired_at,
+                by="rank",
+            )
             return
         self._ask_parent(fault)
         action = registry.get(fault.kind).rank_action
@@ -137,16 +149,30 @@ class RankFaults:
     def _ask_parent(self, fault: PlannedFault) -> None:
         req = request_path(self.run_dir, fault.index, self.rank)
         tmp = req.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
-            "index": fault.index, "kind": fault.kind, "step": fault.step, "phase": fault.phase,
-            "rank": self.rank, "ranks": [self.rank], "age": fault.age, "pid": os.getpid(), "t": time.time(),
-        }))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "index": fault.index,
+                    "kind": fault.kind,
+                    "step": fault.step,
+                    "phase": fault.phase,
+                    "rank": self.rank,
+                    "ranks": [self.rank],
+                    "age": fault.age,
+                    "pid": os.getpid(),
+                    "t": time.time(),
+                }
+            )
+        )
         os.replace(tmp, req)
         ack = ack_path(self.run_dir, fault.index, self.rank)
         deadline = time.monotonic() + ACK_TIMEOUT_S
         while not ack.exists():
             if time.monotonic() > deadline:
-                print(f"rank {self.rank}: the parent did not act on fault {fault.index} ({fault.kind}) within "
-                      f"{ACK_TIMEOUT_S:.0f} s; continuing without it", flush=True)
+                print(
+                    f"rank {self.rank}: the parent did not act on fault {fault.index} ({fault.kind}) within "
+                    f"{ACK_TIMEOUT_S:.0f} s; continuing without it",
+                    flush=True,
+                )
                 return
             time.sleep(_ACK_POLL_S)

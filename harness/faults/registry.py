@@ -15,7 +15,8 @@ from harness.registry import Registry
 __all__ = ["FaultSpec", "register", "get", "kinds", "NO_FAULT"]
 
 _REGISTRY: Registry[FaultSpec] = Registry(
-    "fault kind", FaultSpec, lambda s: s.kind, lambda: importlib.import_module("harness.faults.kinds").BUILTIN)
+    "fault kind", FaultSpec, lambda s: s.kind, lambda: importlib.import_module("harness.faults.kinds").BUILTIN
+)
 
 
 def register(spec: FaultSpec) -> FaultSpec:

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.schema import FaultConfig, FaultSchedule
 from harness.faults import registry
+from harness.schema import FaultConfig, FaultSchedule
 
 FAULTS_DIR = "faults"
+
 
 class ScheduleError(ValueError):
     """The fault schedule cannot be realised in this run; the message names the override to change."""
@@ -54,7 +55,9 @@ def checkpoint_age(step: int, interval: int) -> int | None:
 
 def _at_age_steps(age: int, count: int, steps: int, interval: int) -> list[int]:
     if interval <= 0:
-        raise ScheduleError("fault.schedule=at_age needs checkpoints: set checkpoint.interval > 0 (e.g. checkpoint=sync)")
+        raise ScheduleError(
+            "fault.schedule=at_age needs checkpoints: set checkpoint.interval > 0 (e.g. checkpoint=sync)"
+        )
     if not 0 <= age < interval:
         raise ScheduleError(
             f"fault.at_age={age} must be in 0..{interval - 1} (checkpoint.interval={interval}): a newer checkpoint "
@@ -89,7 +92,9 @@ def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
         result = [int(fault.at_step)]
     elif sched == FaultSchedule.at_age:
         if fault.at_age is None:
-            raise ScheduleError("fault.schedule=at_age needs fault.at_age=<steps since the newest checkpoint>; e.g. `fault.at_age=5`")
+            raise ScheduleError(
+                "fault.schedule=at_age needs fault.at_age=<steps since the newest checkpoint>; e.g. `fault.at_age=5`"
+            )
         result = _at_age_steps(int(fault.at_age), count, steps, checkpoint_interval)
     elif sched == FaultSchedule.every:
         if not fault.every or fault.every <= 0:
@@ -105,7 +110,9 @@ def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
         raise ScheduleError(f"unknown fault.schedule={sched}")
     bad = [s for s in result if not 0 <= s < steps]
     if bad:
-        raise ScheduleError(f"fault step(s) {bad} are outside the run (train.steps={steps}); set fault.at_step < {steps}")
+        raise ScheduleError(
+            f"fault step(s) {bad} are outside the run (train.steps={steps}); set fault.at_step < {steps}"
+        )
     return sorted(set(result))
 
 

@@ -18,8 +18,16 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["ROOT_ENV", "DEFAULT_BASE", "snapshot_base", "host_root", "job_roots", "remove_job_roots",
-           "single_host_snapshot_env", "root_prefixes"]
+__all__ = [
+    "ROOT_ENV",
+    "DEFAULT_BASE",
+    "snapshot_base",
+    "host_root",
+    "job_roots",
+    "remove_job_roots",
+    "single_host_snapshot_env",
+    "root_prefixes",
+]
 
 ROOT_ENV = "ACCELPACT_SNAPSHOT_ROOT"
 DEFAULT_BASE = "/dev/shm/accelpact"

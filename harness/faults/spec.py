@@ -16,8 +16,9 @@ Its own module so that the built-in kinds (``harness.faults.kinds``) and the reg
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["FaultSpec", "NO_FAULT", "ParentApply"]
 
@@ -34,8 +35,8 @@ class FaultSpec:
     where: str  # "rank" | "parent" | "netns" | "none"
     # FaultInjector action: for where == "rank", the fault itself; for where == "parent", what the rank
     # does once the parent acted and acked (control_store_loss: the store dies, then a data-plane reset)
-    rank_action: Optional[str] = None
-    parent_apply: Optional[ParentApply] = None  # for where == "parent" / "netns"
+    rank_action: str | None = None
+    parent_apply: ParentApply | None = None  # for where == "parent" / "netns"
     # An outage (a stop or a silent link fault) breaks a collective only if it outlasts the process-
     # group timeout; shorter ones are absorbed by TCP retransmits and waiting.
     outage: bool = False
@@ -62,14 +63,19 @@ class FaultSpec:
         if self.where in ("parent", "netns") and self.parent_apply is None:
             raise ValueError(f"FaultSpec({self.kind}) is applied by the parent: give its parent_apply function")
         if self.store_in_child and self.where != "parent":
-            raise ValueError(f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
-                             "it hosts; use where='parent'")
+            raise ValueError(
+                f"FaultSpec({self.kind}).store_in_child: only a parent-side fault can kill the store "
+                "it hosts; use where='parent'"
+            )
         if self.kills_all and not self.kills_ranks:
-            raise ValueError(f"FaultSpec({self.kind}).kills_all: a fault that kills every rank kills ranks; set "
-                             "kills_ranks=True too")
+            raise ValueError(
+                f"FaultSpec({self.kind}).kills_all: a fault that kills every rank kills ranks; set kills_ranks=True too"
+            )
         if self.nested and self.where != "rank":
-            raise ValueError(f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
-                             "inside the recovery; use where='rank'")
+            raise ValueError(
+                f"FaultSpec({self.kind}).nested: only a fault the rank applies itself can fire again "
+                "inside the recovery; use where='rank'"
+            )
 
     @property
     def injects(self) -> bool:

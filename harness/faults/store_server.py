@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             parts = line.split()
             if len(parts) == 3 and parts[0] == b"SET":
                 try:
-                    store.set(parts[1].decode(), bytes.fromhex(parts[2].decode()))
+                    store.set(parts[1].decode(), bytes.fromhex(parts[2].decode()))  # type: ignore[arg-type]  # bytes: fine
                 except ValueError as exc:  # a malformed line must not take the job's store down
                     print(f"store_server: ignored a bad SET line: {exc}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_in_namespace(
     netns: str, host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
-) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     """Start this server inside ``netns`` listening on ``host`` (port chosen by the kernel); return the
     process (close its stdin to stop it) and the (host, port) it printed. NetnsError if it is not ready
     within ``timeout_s``."""
@@ -67,15 +67,17 @@ def start_in_namespace(
     return _start(["ip", "netns", "exec", netns], host, tag, python, timeout_s, NetnsError, f" in namespace {netns}")
 
 
-def start_here(host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
-               ) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+def start_here(
+    host: str, tag: str, python: str = sys.executable, timeout_s: float = 60.0
+) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     """Start this server as a child process in this namespace (a store the parent can kill:
     ``fault=control_store_loss``); like :func:`start_in_namespace`, RuntimeError if not ready in time."""
     return _start([], host, tag, python, timeout_s, RuntimeError, "")
 
 
-def _start(prefix: list[str], host: str, tag: str, python: str, timeout_s: float, error: type[Exception],
-           where: str) -> tuple["subprocess.Popen[str]", tuple[str, int]]:
+def _start(
+    prefix: list[str], host: str, tag: str, python: str, timeout_s: float, error: type[Exception], where: str
+) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     from harness.faults.netns_host import TAG_ENV
 
     argv = [python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", tag]
@@ -83,8 +85,9 @@ def _start(prefix: list[str], host: str, tag: str, python: str, timeout_s: float
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, **({TAG_ENV: tag} if prefix else {})}  # the tag finds netns leftovers
-    server = subprocess.Popen([*prefix, *argv], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    server = subprocess.Popen(
+        [*prefix, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     # A reader thread keeps the deadline honest even if the server never prints.
     result: Future[str] = Future()
 

@@ -23,8 +23,8 @@ and ``Trace.mapping_rows`` print both, for the run's table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 
@@ -41,8 +41,11 @@ CAUSE_KINDS: dict[str, dict[str, float]] = {
     "NCCL Watchdog Timeouts": {"hang": 1.0},
     "Software Bug": {"kill": 1.0},
     "Dependency": {"control_store_loss": 1.0},
-    **{c: {_HARDWARE: 1.0} for c in LLAMA3_TABLE5
-       if c not in ("Network Switch/Cable", "NCCL Watchdog Timeouts", "Software Bug", "Dependency")},
+    **{
+        c: {_HARDWARE: 1.0}
+        for c in LLAMA3_TABLE5
+        if c not in ("Network Switch/Cable", "NCCL Watchdog Timeouts", "Software Bug", "Dependency")
+    },
 }
 WHY: dict[str, str] = {
     "Network Switch/Cable": "switch or cable: a reset, a flap or a blackhole (1/3 each: assumption)",
@@ -120,9 +123,11 @@ class Trace:
         return self.hours_per_step * 3600.0 / harness_step_s
 
     def scale_text(self, harness_step_s: float | None = None) -> str:
-        s = (f"{self.mix} at {self.gpus:,} GPUs: MTTF {self.mttf_h:.2f} h; the trace fails a step with p = "
-             f"{self.p_per_step:.4f} ({self.expected_faults:.1f} faults expected in steps {self.first_step}-"
-             f"{self.steps - 1}), one step standing for {self.hours_per_step * 60:.1f} min of the cluster")
+        s = (
+            f"{self.mix} at {self.gpus:,} GPUs: MTTF {self.mttf_h:.2f} h; the trace fails a step with p = "
+            f"{self.p_per_step:.4f} ({self.expected_faults:.1f} faults expected in steps {self.first_step}-"
+            f"{self.steps - 1}), one step standing for {self.hours_per_step * 60:.1f} min of the cluster"
+        )
         if harness_step_s:
             s += f"; at {harness_step_s:g} s a step, the rate is x{self.rate_scale(harness_step_s):,.0f} the cluster's"
         return s
@@ -132,35 +137,54 @@ class Trace:
         drawn: dict[tuple[str, str, str], int] = {}
         for e in self.events:
             drawn[(e.cls, e.cause, e.kind)] = drawn.get((e.cls, e.cause, e.kind), 0) + 1
-        return [(c, cause, k, share, drawn.get((c, cause, k), 0), WHY.get(cause, _HARDWARE_WHY))
-                for (c, cause, k), share in sorted(self.shares.items(), key=lambda kv: -kv[1])]
+        return [
+            (c, cause, k, share, drawn.get((c, cause, k), 0), WHY.get(cause, _HARDWARE_WHY))
+            for (c, cause, k), share in sorted(self.shares.items(), key=lambda kv: -kv[1])
+        ]
 
     def table_md(self, harness_step_s: float | None = None) -> str:
         """The mix's source, the class-to-fault mapping with each share and this trace's count, and the rate
         scale, as markdown for a run's table."""
-        lines = [f"Fault mix: {self.source()}. Seed {self.seed}: {len(self.events)} faults in {self.steps} steps.",
-                 f"Rate scale: {self.scale_text(harness_step_s)}.", "",
-                 "| simulator class | Table 5 cause | harness fault | share of faults | in this trace | why |",
-                 "|---|---|---|---|---|---|"]
-        lines += [f"| {c} | {cause} | `{k}` | {share:.1%} | {n} | {why} |"
-                  for c, cause, k, share, n, why in self.mapping_rows()]
+        lines = [
+            f"Fault mix: {self.source()}. Seed {self.seed}: {len(self.events)} faults in {self.steps} steps.",
+            f"Rate scale: {self.scale_text(harness_step_s)}.",
+            "",
+            "| simulator class | Table 5 cause | harness fault | share of faults | in this trace | why |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c} | {cause} | `{k}` | {share:.1%} | {n} | {why} |"
+            for c, cause, k, share, n, why in self.mapping_rows()
+        ]
         return "\n".join(lines)
 
     def source(self) -> str:
         return f"{MIXES[self.mix].description} ({LLAMA3} for the class split)"
 
 
-def draw_trace(mix: str = "llama3", *, steps: int = 300, faults: float = 10.0, seed: int = 0, world_size: int = 2,
-               first_step: int = 1, gpus: int = 16384) -> Trace:
+def draw_trace(
+    mix: str = "llama3",
+    *,
+    steps: int = 300,
+    faults: float = 10.0,
+    seed: int = 0,
+    world_size: int = 2,
+    first_step: int = 1,
+    gpus: int = 16384,
+) -> Trace:
     """A seeded trace over ``steps`` steps: each step from ``first_step`` on fails with probability
     ``faults / (steps - first_step)``, as a fault kind drawn from ``mix``, on a rank drawn uniformly."""
     if not isinstance(steps, int) or not isinstance(first_step, int) or not 0 <= first_step < steps:
-        raise ScaleConfigError(f"steps={steps!r}, first_step={first_step!r}: need whole numbers with 0 <= first_step "
-                               "< steps (e.g. steps=300 first_step=1)")
+        raise ScaleConfigError(
+            f"steps={steps!r}, first_step={first_step!r}: need whole numbers with 0 <= first_step "
+            "< steps (e.g. steps=300 first_step=1)"
+        )
     span = steps - first_step
     if not 0 < faults <= span:
-        raise ScaleConfigError(f"faults={faults!r}: expect between 0 and {span} faults in {span} steps "
-                               "(at most one a step; e.g. faults=10)")
+        raise ScaleConfigError(
+            f"faults={faults!r}: expect between 0 and {span} faults in {span} steps "
+            "(at most one a step; e.g. faults=10)"
+        )
     if world_size < 1:
         raise ScaleConfigError(f"world_size={world_size!r}: need at least 1 rank")
     rates = named_mix(mix)
@@ -173,7 +197,18 @@ def draw_trace(mix: str = "llama3", *, steps: int = 300, faults: float = 10.0, s
     fault_steps = np.flatnonzero(hit) + first_step
     which = rng.choice(len(keys), size=len(fault_steps), p=probs / probs.sum())
     ranks = rng.integers(0, world_size, size=len(fault_steps))
-    events = tuple(TraceEvent(int(s), keys[w][2], int(r), keys[w][0], keys[w][1])
-                   for s, w, r in zip(fault_steps, which, ranks))
-    return Trace(mix, seed, steps, first_step, p, world_size, gpus, mttf_h(rates, gpus, unexpected_classes(rates)), events,
-                 shares)
+    events = tuple(
+        TraceEvent(int(s), keys[w][2], int(r), keys[w][0], keys[w][1]) for s, w, r in zip(fault_steps, which, ranks)
+    )
+    return Trace(
+        mix,
+        seed,
+        steps,
+        first_step,
+        p,
+        world_size,
+        gpus,
+        mttf_h(rates, gpus, unexpected_classes(rates)),
+        events,
+        shares,
+    )

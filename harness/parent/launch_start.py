@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness.schema import RankLaunch, ReplacementStart
 
@@ -26,11 +26,12 @@ if TYPE_CHECKING:
 TEMPLATE = "template"
 SPAWN = "spawn"
 
-_shared: dict[tuple[str, ...], "ReplacementTemplate"] = {}
+_shared: dict[tuple[str, ...], ReplacementTemplate] = {}
 
 
-def launch_method(incarnation: int, first_launch: ReplacementStart, launch: RankLaunch,
-                  namespaced: bool) -> tuple[str, str]:
+def launch_method(
+    incarnation: int, first_launch: ReplacementStart, launch: RankLaunch, namespaced: bool
+) -> tuple[str, str]:
     """(TEMPLATE or SPAWN, why not the template: '' when it is used) for the launch ``incarnation`` of a run.
 
     Only a run's first launch (incarnation 0) may be forked; a relaunch is timed and always spawns."""
@@ -48,11 +49,18 @@ def launch_method(incarnation: int, first_launch: ReplacementStart, launch: Rank
 def _key(launcher: Any) -> tuple[str, ...]:
     run = launcher.run
     env = os.environ
-    return (launcher.python, os.getcwd(), run.strategy.name, repr(run.model), env.get("HARNESS_PLUGINS", ""),
-            env.get("PYTHONPATH", ""), env.get("TORCH_CPP_LOG_LEVEL", ""))
+    return (
+        launcher.python,
+        os.getcwd(),
+        run.strategy.name,
+        repr(run.model),
+        env.get("HARNESS_PLUGINS", ""),
+        env.get("PYTHONPATH", ""),
+        env.get("TORCH_CPP_LOG_LEVEL", ""),
+    )
 
 
-def shared_template(launcher: Any) -> "ReplacementTemplate":
+def shared_template(launcher: Any) -> ReplacementTemplate:
     """The process's template for ``launcher``'s run (started, and preloaded in the background, on first use)."""
     from harness.parent.template import ReplacementTemplate
 
@@ -65,7 +73,7 @@ def shared_template(launcher: Any) -> "ReplacementTemplate":
     return template
 
 
-def is_shared(template: Optional[Any]) -> bool:
+def is_shared(template: Any | None) -> bool:
     """Whether ``template`` is one of the process's shared templates (a run must not close it)."""
     return template is not None and any(template is t for t in _shared.values())
 

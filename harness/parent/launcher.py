@@ -29,19 +29,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from accelpact.run.workers import Notices, Workers, describe_exit, spawn
+from harness.app.machine import usable_cores
 from harness.events import Step, events_path
+from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
-from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
 from harness.parent.template import ReplacementTemplate, TemplateUnavailable
 from harness.rank.env import SNAPSHOT_TOKEN, RankEnv
-from harness.app.machine import usable_cores
 from harness.schema import RankLaunch, RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +72,8 @@ class PollResult:
 class Outcome:
     status: str  # "ok" | "failed"
     reason: str = ""
-    failed_rank: Optional[int] = None
-    exit_codes: dict[int, Optional[int]] = field(default_factory=dict)
+    failed_rank: int | None = None
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
     interrupted: bool = False
 
@@ -93,25 +94,33 @@ class LaunchPlan:
     ``hot_spares`` and ``template_wanted`` (replacements forked from a preloaded process).
     ``tick_hooks``: called on every poll (parent-side faults)."""
 
-    control: Optional[tuple[str, int]] = None
-    store_set: Optional[Callable[[str, bytes], None]] = None
-    rank_env: Optional[Callable[[int], dict[str, str]]] = None
-    wrap: Optional[Callable[[int, list[str]], list[str]]] = None
-    netns_of: Optional[Callable[[int], str]] = None
-    store_netns: Optional[str] = None
+    control: tuple[str, int] | None = None
+    store_set: Callable[[str, bytes], None] | None = None
+    rank_env: Callable[[int], dict[str, str]] | None = None
+    wrap: Callable[[int, list[str]], list[str]] | None = None
+    netns_of: Callable[[int], str] | None = None
+    store_netns: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     settle_s: float = 0.0
-    replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
+    replace_dead: Callable[[int, int, dict[int, int | None]], bool] | None = None
     max_replacements: int = 0
-    on_replace: Optional[Callable[[dict[str, Any]], None]] = None
+    on_replace: Callable[[dict[str, Any]], None] | None = None
     hot_spares: int = 0
     template_wanted: bool = False
     tick_hooks: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Launcher:
-    def __init__(self, run: RunConfig, run_dir: Path, spec_path: Path, plan: Optional[LaunchPlan] = None,
-                 python: str = sys.executable) -> None:
+    replacements: int  # replacement processes started in this run (set in __init__)
+
+    def __init__(
+        self,
+        run: RunConfig,
+        run_dir: Path,
+        spec_path: Path,
+        plan: LaunchPlan | None = None,
+        python: str = sys.executable,
+    ) -> None:
         plan = plan if plan is not None else LaunchPlan()
         self.run = run
         self.run_dir = Path(run_dir)
@@ -129,7 +138,7 @@ class Launcher:
         self.tick_hooks: list[Callable[[], None]] = list(plan.tick_hooks)
         # One reader for the whole run: rank 0 appends to the same events file in every incarnation,
         # and a fresh reader per wait() would hand the previous incarnation's steps out again.
-        self._tailer: Optional[EventTailer] = None
+        self._tailer: EventTailer | None = None
         # After the first rank failure, wait this long for the others to exit on their own (accelpact's
         # survivors write their fallback event before exiting) before tearing everything down.
         self.settle_s = plan.settle_s
@@ -141,10 +150,10 @@ class Launcher:
         self.control = plan.control  # None: start_control_store() hosts one here
         # How to set a key on the control store when it is not hosted here (network namespaces).
         self.store_set_fn = plan.store_set
-        self._first_failure: Optional[tuple[int, int]] = None
+        self._first_failure: tuple[int, int] | None = None
         # Heal in memory: (rank, exit code, every rank's exit code) -> start a replacement for that rank?
         # None: a failure ends the incarnation (the strategy's relaunch policy decides what follows).
-        self.replace_dead: Optional[Callable[[int, int, dict[int, Optional[int]]], bool]] = None
+        self.replace_dead: Callable[[int, int, dict[int, int | None]], bool] | None = None
         if plan.replace_dead is not None:
             policy, most = plan.replace_dead, plan.max_replacements
             self.replace_dead = lambda rank, code, codes: self.replacements < most and policy(rank, code, codes)
@@ -154,7 +163,7 @@ class Launcher:
         # Replacements forked from a preloaded process (harness.parent.template): set template_wanted before
         # start_ranks; netns_of names a rank's network namespace (namespace hosts) for the forked child.
         self.template_wanted = plan.template_wanted
-        self.template: Optional[ReplacementTemplate] = None
+        self.template: ReplacementTemplate | None = None
         # How the current launch's ranks started (harness.parent.launch_start), and why not from the template.
         self.launched_by, self.launch_why = SPAWN, ""
         self.first_launch = ""  # how incarnation 0 started (the results row's first_launch)
@@ -168,12 +177,12 @@ class Launcher:
         """rank -> its current process (a Popen, or a ForkedRank from the replacement template)."""
         return self.workers.procs
 
-    def store_setter(self) -> Optional[Callable[[str, bytes], None]]:
+    def store_setter(self) -> Callable[[str, bytes], None] | None:
         """How to set a key on the control store: the hosted store's ``set``, or ``LaunchPlan.store_set``
         for one hosted elsewhere (network namespaces); None when there is neither."""
         return self.store.set if self.store is not None else self.store_set_fn
 
-    def notices(self) -> Optional[Notices]:
+    def notices(self) -> Notices | None:
         """Where this incarnation's death notices go (None: no store to write them to)."""
         fn = self.store_setter()
         return None if fn is None else Notices(fn, self.token, by="harness parent (waitpid)")
@@ -258,8 +267,9 @@ class Launcher:
         if self.run.cluster.launch == RankLaunch.srun:
             self._start_srun(incarnation, t_launch)
             return
-        how, self.launch_why = launch_method(incarnation, self.run.cluster.first_launch, self.run.cluster.launch,
-                                             self.wrap_fn is not None)
+        how, self.launch_why = launch_method(
+            incarnation, self.run.cluster.first_launch, self.run.cluster.launch, self.wrap_fn is not None
+        )
         shared = shared_template(self) if how == TEMPLATE else None
         for rank in range(self.run.cluster.world_size):
             self.procs[rank] = self._start_rank(rank, incarnation, t_launch, shared)
@@ -273,7 +283,7 @@ class Launcher:
             # The run's shared template forks its replacements too; without one, a template of its own.
             self.template = shared if shared is not None else ReplacementTemplate.start(self)
 
-    def _start_rank(self, rank: int, incarnation: int, t_launch: float, template: Optional[ReplacementTemplate]) -> Any:
+    def _start_rank(self, rank: int, incarnation: int, t_launch: float, template: ReplacementTemplate | None) -> Any:
         """``rank``'s process of this launch: forked from ``template`` when given and usable, else spawned."""
         if template is not None:
             env = self.rank_environ(rank, incarnation, t_launch)
@@ -284,13 +294,14 @@ class Launcher:
                 print(f"launcher: {self.launch_why}: spawning rank {rank}", file=sys.stderr, flush=True)
         return self.spawn(rank, incarnation, t_launch)
 
-    def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> "subprocess.Popen[bytes]":
+    def spawn(self, rank: int, incarnation: int, t_launch: float, replacement: int = 0) -> subprocess.Popen[bytes]:
         """A fresh ``harness.rank.worker`` process for ``rank`` in its own session (not yet in ``procs``)."""
         argv = [self.python, "-m", "harness.rank.worker", str(self.spec_path)]
         if self.wrap_fn is not None:
             argv = self.wrap_fn(rank, argv)
-        return spawn(argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank),
-                     cwd=os.getcwd())
+        return spawn(
+            argv, self.rank_environ(rank, incarnation, t_launch, replacement), self.log_path(rank), cwd=os.getcwd()
+        )
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
         """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
@@ -305,11 +316,19 @@ class Launcher:
         # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HARNESS_PARENT_PID"):
             env.pop(key, None)
-        argv = srun_argv(self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)],
-                         self.run_dir / LOG_DIR)
+        argv = srun_argv(
+            self.run.cluster, [self.python, "-m", "harness.rank.worker", str(self.spec_path)], self.run_dir / LOG_DIR
+        )
         with open(self.run_dir / LOG_DIR / "srun.log", "ab") as log:  # srun's own messages
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         self.procs.update({rank: proc for rank in range(self.run.cluster.world_size)})
 
     def log_path(self, rank: int) -> Path:
@@ -352,7 +371,7 @@ class Launcher:
         self.store = None  # the server thread stops when the last reference goes
 
     # -- the main loop -----------------------------------------------------------------------
-    def wait(self, progress: Optional[Progress] = None) -> Outcome:
+    def wait(self, progress: Progress | None = None) -> Outcome:
         """Follow rank 0's events until every rank exits or one fails; then tear down on failure."""
         if self._tailer is None:
             self._tailer = EventTailer(events_path(self.run_dir, 0))
@@ -404,7 +423,7 @@ class Launcher:
                 reason += f": {last.strip()[:300]}"
             return Outcome("failed", reason, failed_rank=rank, exit_codes=self._codes(), log_tail=tail)
 
-    def _codes(self) -> dict[int, Optional[int]]:
+    def _codes(self) -> dict[int, int | None]:
         return self.workers.codes()
 
 

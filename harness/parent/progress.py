@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from harness.events import Event, MalformedEvent, Step, parse_record
 
@@ -49,7 +50,7 @@ class Progress:
         self.world_size = world_size
         self.log_every = max(1, log_every)
         self.enabled = enabled
-        self._bar: Optional[Any] = None
+        self._bar: Any | None = None
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 

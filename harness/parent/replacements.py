@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any
 
 from accelpact.run import spare as spare_protocol
-from accelpact.run.workers import HOT_SPARE, describe_exit, spawn, start_replacement as start_process
+from accelpact.run.workers import HOT_SPARE, describe_exit, spawn
+from accelpact.run.workers import start_replacement as start_process
 from harness.parent.template import fork_replacement
-
 
 SPARE_ENV = spare_protocol.SPARE_ENV  # set (to the spare's index + 1): the worker waits for a rank before training
 
@@ -52,12 +52,17 @@ class SparePool:
             index = self._next
             self._next += 1
             env = launcher.rank_environ(0, incarnation, time.time())
-            env.update({SPARE_ENV: str(index + 1), spare_protocol.SPARE_KEY_ENV: spare_key(launcher.token, index),
-                        "ACCELPACT_AGENT_PID": str(os.getpid())})  # an idle spare exits when the parent is gone
+            env.update(
+                {
+                    SPARE_ENV: str(index + 1),
+                    spare_protocol.SPARE_KEY_ENV: spare_key(launcher.token, index),
+                    "ACCELPACT_AGENT_PID": str(os.getpid()),
+                }
+            )  # an idle spare exits when the parent is gone
             argv = [launcher.python, "-m", "harness.rank.worker", str(launcher.spec_path)]
             self.idle.append((index, spawn(argv, env, launcher.run_dir / "logs" / f"spare{index}.log")))
 
-    def take(self, launcher: Any, rank: int, replacement: int) -> Optional[subprocess.Popen[bytes]]:
+    def take(self, launcher: Any, rank: int, replacement: int) -> subprocess.Popen[bytes] | None:
         """A live idle spare, now told to become ``rank`` (None when none is left)."""
         while self.idle:
             index, proc = self.idle.pop(0)
@@ -65,8 +70,10 @@ class SparePool:
                 self.used.append(proc)
                 continue
             # The rank's environment (its launch time is now) and its log: the spare's output goes there.
-            value = spare_protocol.assignment(launcher.rank_environ(rank, launcher.incarnation, time.time(), replacement),
-                                              str(launcher.log_path(rank)))
+            value = spare_protocol.assignment(
+                launcher.rank_environ(rank, launcher.incarnation, time.time(), replacement),
+                str(launcher.log_path(rank)),
+            )
             setter = launcher.store_setter()
             assert setter is not None, "a spare needs the control store"
             setter(spare_key(launcher.token, index), value)
@@ -91,8 +98,11 @@ def replace_the_dead(launcher: Any, state: Any) -> bool:
             _no_replacement(launcher, rank, code)
         return False
     for rank, code in sorted(state.failed.items()):
-        print(f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
-              f"(heal in memory, replacement {launcher.replacements + 1})", flush=True)
+        print(
+            f"  rank {rank} exited with code {describe_exit(code)}: starting a replacement "
+            f"(heal in memory, replacement {launcher.replacements + 1})",
+            flush=True,
+        )
         start_replacement(launcher, rank, code)
     return True
 
@@ -102,20 +112,24 @@ def _no_replacement(launcher: Any, rank: int, code: int) -> None:
     they stop within a poll instead of at ``strategy.replacement_timeout_s``."""
     pid = launcher.procs[rank].pid
     notices = launcher.workers.notices
-    told = getattr(launcher, "_told_no_replacement", set())
+    told: set[int] = getattr(launcher, "_told_no_replacement", set())
     launcher._told_no_replacement = told
     if pid in told:
         return
     told.add(pid)
     budget = launcher.run.strategy.max_restarts
     if launcher.replacements >= budget:
-        why = (f"the harness started {launcher.replacements} replacement(s) in this run and strategy.max_restarts="
-               f"{budget} allows no more (rank {rank}'s last process, pid {pid}, exited with code "
-               f"{describe_exit(code)}); raise strategy.max_restarts, or see logs/rank{rank}.log for why it dies")
+        why = (
+            f"the harness started {launcher.replacements} replacement(s) in this run and strategy.max_restarts="
+            f"{budget} allows no more (rank {rank}'s last process, pid {pid}, exited with code "
+            f"{describe_exit(code)}); raise strategy.max_restarts, or see logs/rank{rank}.log for why it dies"
+        )
     else:
-        why = (f"rank {rank} (pid {pid}) exited with code {describe_exit(code)}, and the harness replaces only a rank "
-               "killed by a signal while another rank is alive and none has fallen back (a process that failed "
-               f"on its own would fail again): see logs/rank{rank}.log")
+        why = (
+            f"rank {rank} (pid {pid}) exited with code {describe_exit(code)}, and the harness replaces only a rank "
+            "killed by a signal while another rank is alive and none has fallen back (a process that failed "
+            f"on its own would fail again): see logs/rank{rank}.log"
+        )
     err = notices.no_replacement(rank, pid, why) if notices is not None else None
     if err is not None:  # an accelerator, never a new failure (they still time out)
         print(f"launcher: {err}", flush=True)
@@ -130,18 +144,32 @@ def start_replacement(launcher: Any, rank: int, code: int) -> None:
     # A hot spare (already started and imported, it becomes the rank now), else a fork of the replacement
     # template (harness.parent.template), else a fresh process: accelpact.run.workers' order, as for users.
     proc, how, why = start_process(
-        rank, lambda: launcher.spares.take(launcher, rank, n), fork_replacement(launcher, rank, n),
+        rank,
+        lambda: launcher.spares.take(launcher, rank, n),
+        fork_replacement(launcher, rank, n),
         lambda: launcher.spawn(rank, launcher.incarnation, time.time(), replacement=n),
-        lambda msg: print(f"  {msg}", flush=True))
+        lambda msg: print(f"  {msg}", flush=True),
+    )
     launcher.workers.replace(rank, proc)
     if launcher._first_failure is not None and launcher._first_failure[0] == rank:
         launcher._first_failure = None
     if launcher.on_replace is not None:
-        launcher.on_replace({"for_rank": rank, "exit_code": code, "dead_pid": dead.pid,
-                             "pid": launcher.procs[rank].pid, "hot_spare": how == HOT_SPARE,
-                             "start": how, "template_fallback": why,
-                             # the template's own imports, paid once at launch (None: no ready template)
-                             "template_import_s": (launcher.template.ready or {}).get("import_s")
-                             if launcher.template is not None else None,
-                             "t_death_seen": t_death, "t_spawn": time.time(), "replacement": launcher.replacements,
-                             "incarnation": launcher.incarnation})
+        launcher.on_replace(
+            {
+                "for_rank": rank,
+                "exit_code": code,
+                "dead_pid": dead.pid,
+                "pid": launcher.procs[rank].pid,
+                "hot_spare": how == HOT_SPARE,
+                "start": how,
+                "template_fallback": why,
+                # the template's own imports, paid once at launch (None: no ready template)
+                "template_import_s": (launcher.template.ready or {}).get("import_s")
+                if launcher.template is not None
+                else None,
+                "t_death_seen": t_death,
+                "t_spawn": time.time(),
+                "replacement": launcher.replacements,
+                "incarnation": launcher.incarnation,
+            }
+        )

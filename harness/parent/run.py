@@ -12,16 +12,18 @@ import contextlib
 import secrets
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from harness.app.memory_plan import MemoryPlan
-from harness.schema import RunConfig, to_dict
-from harness.parent.launcher import LOG_DIR, LaunchPlan, Launcher, Outcome
+from harness.parent.launcher import LOG_DIR, Launcher, LaunchPlan, Outcome
 from harness.parent.progress import Progress
 from harness.rank.worker import write_spec
 from harness.report import results
+from harness.schema import RunConfig, to_dict
+
 
 def new_run_id(run_dir: Path) -> str:
     return f"{run_dir.name}-{secrets.token_hex(3)}"
@@ -48,9 +50,9 @@ class _Teardown:
 def run_one(
     run: RunConfig,
     run_dir: Path,
-    memory_plan: Optional[MemoryPlan] = None,
+    memory_plan: MemoryPlan | None = None,
     overrides: Sequence[str] = (),
-    reference_dir: Optional[Path] = None,
+    reference_dir: Path | None = None,
     show_plan: bool = True,
 ) -> dict[str, Any]:
     """The parent side of one run. Always writes the results row (status ok or failed) and returns it.
@@ -73,8 +75,11 @@ def run_one(
     spec = write_spec(run_dir, run)
     if memory_plan is not None and show_plan:
         print(memory_plan.table(), flush=True)
-    print(f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend}"
-          f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}", flush=True)
+    print(
+        f"run {run_id}: {run.name}, model={run.model.name}, {run.cluster.world_size} x {run.cluster.backend}"
+        f" ranks, strategy={run.strategy.name}, fault={run.fault.kind}\n  run dir: {run_dir}",
+        flush=True,
+    )
     outcome = Outcome("failed", "harness error before the ranks started")
     relaunches: list[str] = []
     torn = _Teardown()
@@ -95,20 +100,27 @@ def run_one(
         raise
     finally:
         outcome.reason += "".join(torn.notes)
-        extra = {"relaunches": len(relaunches), "relaunch_reasons": "; ".join(relaunches),
-                 "first_launch": getattr(torn.launcher, "first_launch", ""),
-                 "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "", **load.stop()}
+        extra = {
+            "relaunches": len(relaunches),
+            "relaunch_reasons": "; ".join(relaunches),
+            "first_launch": getattr(torn.launcher, "first_launch", ""),
+            "fault_errors": "; ".join(torn.driver.errors) if torn.driver is not None else "",
+            **load.stop(),
+        }
         if torn.setup is not None and hasattr(torn.setup, "row_columns"):  # a strategy's own columns (torchft's quorum)
             try:
                 extra.update(torn.setup.row_columns())
             except Exception as exc:  # noqa: BLE001 - its columns must never cost the row
-                print(f"warning: {run.strategy.name}'s row columns failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(
+                    f"warning: {run.strategy.name}'s row columns failed: {type(exc).__name__}: {exc}", file=sys.stderr
+                )
         row = _finish(run, run_dir, run_id, outcome, started, memory_plan, overrides, extra, reference_dir)
     return row
 
 
-def _start(run: RunConfig, run_dir: Path, spec: Path, parent_events: Any, stack: contextlib.ExitStack,
-           torn: _Teardown) -> tuple[Launcher, Any]:
+def _start(
+    run: RunConfig, run_dir: Path, spec: Path, parent_events: Any, stack: contextlib.ExitStack, torn: _Teardown
+) -> tuple[Launcher, Any]:
     """Where the ranks run, the Launcher configured by one LaunchPlan, the strategy's parent set-up and the
     fault driver; each registered on ``stack`` for teardown. Returns (launcher, the child store host or None)."""
     from harness import strategies
@@ -160,8 +172,9 @@ def _start(run: RunConfig, run_dir: Path, spec: Path, parent_events: Any, stack:
     return launcher, store_host
 
 
-def _follow(run: RunConfig, launcher: Launcher, progress: Progress, parent_events: Any, store_host: Any,
-            relaunches: list[str]) -> Outcome:
+def _follow(
+    run: RunConfig, launcher: Launcher, progress: Progress, parent_events: Any, store_host: Any, relaunches: list[str]
+) -> Outcome:
     """Start the ranks, follow them, and relaunch them while the strategy's policy says so."""
     from harness import strategies
     from harness.events import Relaunch
@@ -169,13 +182,23 @@ def _follow(run: RunConfig, launcher: Launcher, progress: Progress, parent_event
     launcher.start_ranks(incarnation=0)
     outcome = launcher.wait(progress)
     while True:
-        why = strategies.relaunch_reason(run.strategy.name, outcome.exit_codes, len(relaunches),
-                                         run.strategy.max_restarts, outcome.interrupted, outcome.failed_rank)
+        why = strategies.relaunch_reason(
+            run.strategy.name,
+            outcome.exit_codes,
+            len(relaunches),
+            run.strategy.max_restarts,
+            outcome.interrupted,
+            outcome.failed_rank,
+        )
         if why is None:
             return outcome
         relaunches.append(why)
-        parent_events.emit(Relaunch, reason=why, incarnation=launcher.incarnation + 1,
-                           exit_codes={str(k): v for k, v in outcome.exit_codes.items()})
+        parent_events.emit(
+            Relaunch,
+            reason=why,
+            incarnation=launcher.incarnation + 1,
+            exit_codes={str(k): v for k, v in outcome.exit_codes.items()},
+        )
         print(f"  {why}; relaunching every rank (incarnation {launcher.incarnation + 1})", flush=True)
         launcher.kill_all()
         if store_host is not None:  # a killed store host comes back (a new port) for the relaunch
@@ -220,10 +243,10 @@ def _finish(
     run_id: str,
     outcome: Outcome,
     started: float,
-    memory_plan: Optional[MemoryPlan],
+    memory_plan: MemoryPlan | None,
     overrides: Sequence[str],
-    extra: Optional[dict[str, Any]] = None,
-    reference_dir: Optional[Path] = None,
+    extra: dict[str, Any] | None = None,
+    reference_dir: Path | None = None,
 ) -> dict[str, Any]:
     from harness.events import load_events
 
@@ -270,19 +293,23 @@ def _finish(
             flush=True,
         )
         if row.get("goodput") is not None and row.get("faults"):
-            print(f"  goodput {row['goodput']:,.0f} tokens/s, {row.get('faults')} fault(s), "
-                  f"{row.get('relaunches', 0)} relaunch(es), {row.get('replayed_steps')} replayed step(s), "
-                  f"fallback: {row.get('fallback_reason') or 'no'}, bit-identical: {row.get('bit_identical')}",
-                  flush=True)
+            print(
+                f"  goodput {row['goodput']:,.0f} tokens/s, {row.get('faults')} fault(s), "
+                f"{row.get('relaunches', 0)} relaunch(es), {row.get('replayed_steps')} replayed step(s), "
+                f"fallback: {row.get('fallback_reason') or 'no'}, bit-identical: {row.get('bit_identical')}",
+                flush=True,
+            )
     else:
         print(f"run failed: {outcome.reason}", file=sys.stderr, flush=True)
         if outcome.log_tail:
-            print(f"last lines of rank {outcome.failed_rank}'s log ({launcher_log(run_dir, outcome.failed_rank)}):",
-                  file=sys.stderr)
+            print(
+                f"last lines of rank {outcome.failed_rank}'s log ({launcher_log(run_dir, outcome.failed_rank)}):",
+                file=sys.stderr,
+            )
             for line in outcome.log_tail:
                 print(f"  | {line}", file=sys.stderr)
     return row
 
 
-def launcher_log(run_dir: Path, rank: Optional[int]) -> Path:
+def launcher_log(run_dir: Path, rank: int | None) -> Path:
     return Path(run_dir) / LOG_DIR / f"rank{rank}.log"

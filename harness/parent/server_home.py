@@ -22,8 +22,9 @@ every other process of the job's namespaces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 __all__ = ["ServerHome", "server_home"]
 
@@ -33,7 +34,7 @@ class ServerHome:
     """A server's namespace (None: the parent's own) and the address it listens on there."""
 
     host: str
-    netns: Optional[str] = None
+    netns: str | None = None
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run in this home's namespace."""
@@ -47,7 +48,7 @@ def server_home(run: Any, launcher: Any) -> ServerHome:
     """Where this run's strategy servers live: the launcher names a namespace for them when its ranks run
     in network namespaces (``LaunchPlan.store_netns``; the control store's host is their address there),
     else the parent's namespace on ``cluster.master_addr``."""
-    netns: Optional[str] = getattr(launcher, "store_netns", None)
+    netns: str | None = getattr(launcher, "store_netns", None)
     if netns:
         return ServerHome(launcher.control_host, netns)
     return ServerHome(run.cluster.master_addr)

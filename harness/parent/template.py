@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 # The pipe client (fork requests, exit reports, readiness) is shared with accelpact.run.
 from accelpact.run.template import (  # noqa: F401 - re-exported for the harness and its tests
@@ -33,18 +34,23 @@ def wanted(run: Any) -> bool:
     a fault that kills ranks but not all of them (after ``kill_all`` nobody is left to heal with: every rank
     is relaunched), ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
-    from harness.schema import RankLaunch, ReplacementStart
     from harness.faults import registry
+    from harness.schema import RankLaunch, ReplacementStart
 
     st, fault = run.strategy, registry.get(run.fault.kind)
-    return (st.replacement_start == ReplacementStart.template and st.snapshot.every > 0
-            and fault.kills_ranks and not fault.kills_all and run.cluster.launch == RankLaunch.local)
+    return (
+        st.replacement_start == ReplacementStart.template
+        and st.snapshot.every > 0
+        and fault.kills_ranks
+        and not fault.kills_all
+        and run.cluster.launch == RankLaunch.local
+    )
 
 
-def fork_replacement(launcher: Any, rank: int, replacement: int) -> Optional[Callable[[], ForkedRank]]:
+def fork_replacement(launcher: Any, rank: int, replacement: int) -> Callable[[], ForkedRank] | None:
     """How to fork a replacement for dead ``rank`` from the launcher's template (None: it has none); the
     fork raises TemplateUnavailable with the reason, and the caller spawns (accelpact.run.workers)."""
-    template: Optional[ReplacementTemplate] = launcher.template
+    template: ReplacementTemplate | None = launcher.template
     if template is None:
         return None
 
@@ -60,7 +66,7 @@ class ReplacementTemplate(TemplateClient):
     """The harness's template of one run (``python -m harness.rank.template``), on accelpact.run's client."""
 
     @classmethod
-    def start(cls, launcher: Any) -> "ReplacementTemplate":
+    def start(cls, launcher: Any) -> ReplacementTemplate:
         env = launcher.rank_environ(0, launcher.incarnation, time.time())
         # numpy's OpenBLAS starts its thread pool at import unless told one thread; a template with a
         # second thread could not fork (measured: 2 threads after `import numpy` with no setting). The
@@ -68,14 +74,26 @@ class ReplacementTemplate(TemplateClient):
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         log = open(Path(launcher.run_dir) / "logs" / "template.log", "ab")
         try:
-            proc = subprocess.Popen([launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
-                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                [launcher.python, "-m", "harness.rank.template", str(launcher.spec_path)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         finally:
             log.close()
         return cls(proc, time.time())
 
-    def fork(self, env: dict[str, str], spec: Path, log: Path, cwd: str,  # type: ignore[override]
-             netns: Optional[str]) -> ForkedRank:
+    def fork(  # type: ignore[override]
+        self,
+        env: dict[str, str],
+        spec: Path,
+        log: Path,
+        cwd: str,
+        netns: str | None,
+    ) -> ForkedRank:
         """A replacement process forked from the template (raises TemplateUnavailable with the reason)."""
         return super().fork({"env": env, "spec": str(spec), "log": str(log), "cwd": cwd, "netns": netns})

@@ -8,8 +8,8 @@ cannot join. Pure: no torch.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 CONTROL_ADDR = "ACCELPACT_CONTROL_ADDR"
 JOB_TOKEN = "ACCELPACT_JOB_TOKEN"
@@ -59,7 +59,7 @@ class RankEnv:
         }
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str] = os.environ) -> "RankEnv":
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> RankEnv:
         """From the parent's variables; an ``srun`` task (cluster.launch=srun) that was given no RANK takes
         rank, world size and local rank from Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)."""
         from harness.app.slurm_env import rank_identity

@@ -12,7 +12,7 @@ state with it as the reference's mesh does); :func:`build_mesh` makes the mesh i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 MESH_DIM_NAMES = ("replicate", "shard")
 
@@ -30,7 +30,7 @@ class MeshLayout:
         return (self.shard,) if self.replicate == 1 else (self.replicate, self.shard)
 
     @property
-    def dim_names(self) -> Optional[tuple[str, ...]]:
+    def dim_names(self) -> tuple[str, ...] | None:
         return None if self.replicate == 1 else MESH_DIM_NAMES
 
     def shard_index(self, rank: int) -> int:

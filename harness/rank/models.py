@@ -58,7 +58,7 @@ def count_params(model: nn.Module) -> int:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    return list(model.model.layers)  # type: ignore[union-attr]
+    return list(model.model.layers)  # type: ignore[union-attr, arg-type]
 
 
 def shard(model: nn.Module, mesh: Any, mp_policy: Any = None) -> nn.Module:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from accelpact.run import spare as spare_protocol
-from harness.schema import RunConfig
 from harness.rank.env import RankEnv
+from harness.schema import RunConfig
 
 
 def become_rank(cfg: RunConfig, env: RankEnv) -> RankEnv:

@@ -46,7 +46,7 @@ def preload(spec_path: str) -> None:
 
     _, cfg = read_spec(spec_path)
     load_plugins()
-    import accelpact  # noqa: F401
+    import accelpact
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401
@@ -96,8 +96,11 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     preload(argv[0])
     ready = {"ready": True, "import_s": time.perf_counter() - t0, "threads": thread_count()}
-    print(f"template {os.getpid()} ready: imports {ready['import_s']:.2f} s, {ready['threads']} thread(s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"template {os.getpid()} ready: imports {ready['import_s']:.2f} s, {ready['threads']} thread(s)",
+        file=sys.stderr,
+        flush=True,
+    )
     reply.write(json.dumps(ready) + "\n")
     reply.flush()
     serve(0, reply, become_replacement)

@@ -10,19 +10,18 @@ import datetime
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.rank import identity
-
 from harness import strategies
-from harness.rank.data import make_batch
 from harness.events import EventLog, Restart, Step
+from harness.rank import identity
+from harness.rank.data import make_batch
+from harness.rank.env import RankEnv
 from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
 from harness.rank.models import build_model
-from harness.rank.env import RankEnv
 from harness.schema import Device, Precision, RunConfig
 from harness.strategies.base import Rewind, Strategy, TrainContext
 
@@ -83,8 +82,15 @@ def set_cpu_threads(world_size_on_host: int) -> None:
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
 
 
-def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, control_store: Any,
-                  rejoin: Any = None, layout: Optional[MeshLayout] = None) -> TrainContext:
+def build_context(
+    cfg: RunConfig,
+    env: RankEnv,
+    run_dir: str,
+    events: EventLog,
+    control_store: Any,
+    rejoin: Any = None,
+    layout: MeshLayout | None = None,
+) -> TrainContext:
     """Model, optimizer and scheduler of this rank, sharded over ``layout`` (default: the run's mesh over
     the default process group, ``cluster.replicate`` replicas of it; harness.rank.mesh)."""
     device = rank_device(cfg, env)
@@ -113,9 +119,7 @@ def build_context(cfg: RunConfig, env: RankEnv, run_dir: str, events: EventLog, 
     )
 
 
-def run_loop(
-    ctx: TrainContext, strategy: Strategy, steps: Optional[int] = None, start: Optional[int] = None
-) -> int:
+def run_loop(ctx: TrainContext, strategy: Strategy, steps: int | None = None, start: int | None = None) -> int:
     """Steps ``start`` (default ``strategy.first_step()``) .. ``steps``-1, one ``step`` event each.
 
     Returns the index after the last committed step."""
@@ -201,8 +205,14 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
             strategy = strategies.rank_class(cfg.strategy.name)(ctx)
-            events.emit(Restart, t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
-                        replacement=env.replacement, pid=os.getpid())
+            events.emit(
+                Restart,
+                t_launch=env.t_launch,
+                t_ready=time.time(),
+                incarnation=env.incarnation,
+                replacement=env.replacement,
+                pid=os.getpid(),
+            )
             try:
                 committed = run_loop(ctx, strategy)
             finally:

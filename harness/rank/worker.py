@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from accelpact.run import die_with_parent
-
 from harness.rank.env import RankEnv
 from harness.schema import RunConfig, run_config_from_dict
 

@@ -26,8 +26,8 @@ Badput parts carry the names users of Google's ml-goodput-measurement know where
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from harness.report.goodput import Badput, GoodputReport
 
@@ -44,30 +44,67 @@ class BadputPart:
 
 # Order: the stacking order of every badput bar. Names of ml-goodput-measurement's buckets where they fit.
 BADPUT_PARTS: tuple[BadputPart, ...] = (
-    BadputPart("detection", "detection_s", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
-               "fault -> a survivor knows (in-memory recovery; a heal's fault -> caught)"),
-    BadputPart("agreement", "agreement_s", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
-               "ranks agreeing the recovery decision over the control channel"),
-    BadputPart("rebuild", "rebuild_s", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
-               "building the new communicator"),
-    BadputPart("rebind", "rebind_s", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
-               "rebinding FSDP to it, with the first collective on it"),
-    BadputPart("program_startup", "restart_s", "PROGRAM_STARTUP",
-               "a relaunch: fault -> every new process ready (Python, torch, gloo, model build)"),
-    BadputPart("replacement_start", "replacement_start_s", "PROGRAM_STARTUP",
-               "a lost rank's replacement process starting (heal in memory)"),
-    BadputPart("heal_transfer", "heal_transfer_s", "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
-               "the heal after the replacement arrived: rendezvous, model build, state load from a snapshot"),
-    BadputPart("checkpoint_restore", "restore_s", "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
-               "loading the newest checkpoint after a relaunch or restart"),
-    BadputPart("wasted_progress", "replay_s", "WASTED_PROGRESS_FROM_DISRUPTION",
-               "steps run again after a rollback, and an attempt a retry threw away"),
-    BadputPart("checkpoint_save", "checkpoint_s", "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
-               "training stalled on a checkpoint save"),
-    BadputPart("snapshot_overhead", "snapshot_overhead_s", "CUSTOM_BADPUT_EVENTS",
-               "a step waiting for the previous in-memory snapshot's copy"),
-    BadputPart("other", "other_s", "OTHER",
-               "what no record covers: gaps between steps, the in-flight step a fault destroyed"),
+    BadputPart(
+        "detection",
+        "detection_s",
+        "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+        "fault -> a survivor knows (in-memory recovery; a heal's fault -> caught)",
+    ),
+    BadputPart(
+        "agreement",
+        "agreement_s",
+        "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+        "ranks agreeing the recovery decision over the control channel",
+    ),
+    BadputPart("rebuild", "rebuild_s", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", "building the new communicator"),
+    BadputPart(
+        "rebind",
+        "rebind_s",
+        "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+        "rebinding FSDP to it, with the first collective on it",
+    ),
+    BadputPart(
+        "program_startup",
+        "restart_s",
+        "PROGRAM_STARTUP",
+        "a relaunch: fault -> every new process ready (Python, torch, gloo, model build)",
+    ),
+    BadputPart(
+        "replacement_start",
+        "replacement_start_s",
+        "PROGRAM_STARTUP",
+        "a lost rank's replacement process starting (heal in memory)",
+    ),
+    BadputPart(
+        "heal_transfer",
+        "heal_transfer_s",
+        "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+        "the heal after the replacement arrived: rendezvous, model build, state load from a snapshot",
+    ),
+    BadputPart(
+        "checkpoint_restore",
+        "restore_s",
+        "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+        "loading the newest checkpoint after a relaunch or restart",
+    ),
+    BadputPart(
+        "wasted_progress",
+        "replay_s",
+        "WASTED_PROGRESS_FROM_DISRUPTION",
+        "steps run again after a rollback, and an attempt a retry threw away",
+    ),
+    BadputPart(
+        "checkpoint_save", "checkpoint_s", "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", "training stalled on a checkpoint save"
+    ),
+    BadputPart(
+        "snapshot_overhead",
+        "snapshot_overhead_s",
+        "CUSTOM_BADPUT_EVENTS",
+        "a step waiting for the previous in-memory snapshot's copy",
+    ),
+    BadputPart(
+        "other", "other_s", "OTHER", "what no record covers: gaps between steps, the in-flight step a fault destroyed"
+    ),
 )
 PART_NAMES: tuple[str, ...] = tuple(p.name for p in BADPUT_PARTS)
 
@@ -127,9 +164,14 @@ def badput_goodput(run: GoodputReport, reference: GoodputReport | float, step_fa
     ref_step = productive_step_s(reference) if isinstance(reference, GoodputReport) else float(reference)
     own = productive_step_s(run)
     return BadputGoodput(
-        tokens=run.tokens, useful_steps=run.steps, reference_step_s=ref_step, step_factor=step_factor,
-        badput_s=run.badput.total_s, measured_goodput=run.goodput,
-        step_drift=own / ref_step if ref_step > 0 and not math.isnan(own) else math.nan)
+        tokens=run.tokens,
+        useful_steps=run.steps,
+        reference_step_s=ref_step,
+        step_factor=step_factor,
+        badput_s=run.badput.total_s,
+        measured_goodput=run.goodput,
+        step_drift=own / ref_step if ref_step > 0 and not math.isnan(own) else math.nan,
+    )
 
 
 def badput_goodput_from_row(row: Mapping[str, float], reference_step_s: float, step_factor: float = 1.0) -> float:

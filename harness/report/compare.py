@@ -26,22 +26,36 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness import strategies
 from harness.faults import registry as faults
-from harness.report.goodput import load_report
-from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.rank.identity import compare_runs
+from harness.report.goodput import load_report
+from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
+from harness.report.table import RunSummary, cell, comparison_table, format_table
 from harness.schema import RunConfig
 
 REFERENCE = "reference"
 LOAD_COLUMNS: tuple[str, ...] = ("load_before", "load_mean", "load_max", "steal_pct", "cores_used")  # load_guard
 PRINT_COLUMNS: tuple[str, ...] = (
-    "strategy", "age", "goodput", "ratio_to_reference", "accelpact_gain", "paper_gain", "replayed_steps",
-    "recovery_s", "restart_s", "restore_s", "replay_s", "checkpoint_s", "other_s", "fallback", "bit_identical",
+    "strategy",
+    "age",
+    "goodput",
+    "ratio_to_reference",
+    "accelpact_gain",
+    "paper_gain",
+    "replayed_steps",
+    "recovery_s",
+    "restart_s",
+    "restore_s",
+    "replay_s",
+    "checkpoint_s",
+    "other_s",
+    "fallback",
+    "bit_identical",
 )
 
 
@@ -62,7 +76,7 @@ def _is_reference(row: dict[str, Any]) -> bool:
     return row.get("strategy") == strategies.reference().name and is_fault_free(row)
 
 
-def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path]) -> RunSummary:
+def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Path | None) -> RunSummary:
     """A RunSummary for the table from a finished run's directory and row."""
     identical = row.get("bit_identical")
     is_ref = _is_reference(row)
@@ -78,8 +92,9 @@ def summarize(run_dir: Path, row: dict[str, Any], reference_dir: Optional[Path])
     )
 
 
-def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] = (),
-                ours: Optional[str] = None) -> list[dict[str, Any]]:
+def build_table(
+    summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] = (), ours: str | None = None
+) -> list[dict[str, Any]]:
     """``goodput.comparison_table`` rows plus the paper's gain, the in-memory recovery total and the
     run's status / fallback reason. ``rows`` (same order as ``summaries``) are the results rows; ``ours``:
     the strategy whose gain is reported (None: the in-memory strategy among the runs)."""
@@ -103,8 +118,9 @@ def build_table(summaries: Sequence[RunSummary], rows: Sequence[dict[str, Any]] 
     return table
 
 
-def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
-               ours: Optional[str] = None) -> list[dict[str, Any]]:
+def trial_rows(
+    sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], ours: str | None = None
+) -> list[dict[str, Any]]:
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
@@ -120,7 +136,7 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
     for trial in sorted(by_trial):
         runs = by_trial[trial]
         refs = [d for d, r in runs if _is_reference(r) and r.get("status") == "ok"]
-        ref_dir: Optional[Path] = refs[0] if refs else None
+        ref_dir: Path | None = refs[0] if refs else None
         summaries, rows = [], []
         for d, r in runs:
             try:
@@ -132,27 +148,39 @@ def trial_rows(sweep_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]],
         per_trial[trial] = (summaries, rows)
     # One reference pace for every trial: the median of the trials' references' productive steps, so a
     # reference that ran under a load spike does not shrink or stretch its own trial's gains.
-    ref_step = reference_step_s([s.report for summaries, rows in per_trial.values()
-                                 for s, r in zip(summaries, rows) if _is_reference(r) and r.get("status") == "ok"])
+    ref_step = reference_step_s(
+        [
+            s.report
+            for summaries, rows in per_trial.values()
+            for s, r in zip(summaries, rows)
+            if _is_reference(r) and r.get("status") == "ok"
+        ]
+    )
     out: list[dict[str, Any]] = []
     for trial, (summaries, rows) in per_trial.items():
         # Keyed by (strategy, age, fault): AccelPact's gain on a row is over the run of the same trial, age
         # and fault (a sweep over faults has one run per fault of each strategy and age).
         bp = {(s.strategy, s.age, s.fault): badput_goodput(s.report, ref_step) for s in summaries}
         reports = {(s.strategy, s.age, s.fault): s.report for s in summaries}
-        load = {(str(r.get("strategy")), None, None) if _is_reference(r) else
-                (str(r.get("strategy")), r.get("age"), r.get("fault")): r for r in rows}
+        load = {
+            (str(r.get("strategy")), None, None)
+            if _is_reference(r)
+            else (str(r.get("strategy")), r.get("age"), r.get("fault")): r
+            for r in rows
+        }
         for row in build_table(summaries, rows, ours):
-            key = ((reference.name, None, None) if row["strategy"] == reference.label
-                   else (row["strategy"], row["age"], row.get("fault")))
+            key = (
+                (reference.name, None, None)
+                if row["strategy"] == reference.label
+                else (row["strategy"], row["age"], row.get("fault"))
+            )
             g = bp.get(key)
             mine = g.goodput if g and not math.isnan(g.goodput) else math.nan
             our = bp.get((ours, row["age"], key[2]))
             ref_g = bp.get((reference.name, None, None))
             row["trial"] = trial
             row["goodput_bp"] = mine
-            row["accelpact_gain_bp"] = (our.goodput / mine if our and mine > 0 and row["age"] is not None
-                                        else math.nan)
+            row["accelpact_gain_bp"] = our.goodput / mine if our and mine > 0 and row["age"] is not None else math.nan
             row["ratio_to_reference_bp"] = mine / ref_g.goodput if ref_g and ref_g.goodput > 0 else math.nan
             row["step_drift"] = g.step_drift if g else math.nan
             rep = reports.get(key)
@@ -175,15 +203,20 @@ def write_table(out_dir: Path, table: list[dict[str, Any]], title: str) -> str:
     md = [f"# {title}", "", "| " + " | ".join(PRINT_COLUMNS) + " |", "|" + "---|" * len(PRINT_COLUMNS)]
     for r in table:
         md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in PRINT_COLUMNS) + " |")
-    md += ["", "goodput: useful tokens / s over the whole run (first step start to last step end); badput parts are "
-           "seconds (mean over ranks). accelpact_gain: AccelPact's goodput / this row's (the paper's figure is "
-           "paper_gain). recovery_s = detection + agreement + communicator rebuild + rebind.", ""]
+    md += [
+        "",
+        "goodput: useful tokens / s over the whole run (first step start to last step end); badput parts are "
+        "seconds (mean over ranks). accelpact_gain: AccelPact's goodput / this row's (the paper's figure is "
+        "paper_gain). recovery_s = detection + agreement + communicator rebuild + rebind.",
+        "",
+    ]
     (out_dir / "table.md").write_text("\n".join(md))
     return text
 
 
-def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], reference_dir: Optional[Path],
-           title: str) -> list[dict[str, Any]]:
+def finish(
+    out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], reference_dir: Path | None, title: str
+) -> list[dict[str, Any]]:
     """Table, files and plots over finished runs ``(run_dir, row)``."""
     summaries, rows, dirs = [], [], []
     for run_dir, row in entries:
@@ -202,8 +235,9 @@ def finish(out_dir: Path, entries: Sequence[tuple[Path, dict[str, Any]]], refere
 
         # The most instructive timeline: the paper's headline baseline (relaunch, restore, replay).
         baseline = max(PAPER_GAIN, key=lambda k: k[1])[0]
-        paths = plots_compare.plot_all(out_dir, table, list(zip(dirs, rows)), paper_gain=PAPER_GAIN,
-                                       timeline_strategy=baseline)
+        paths = plots_compare.plot_all(
+            out_dir, table, list(zip(dirs, rows)), paper_gain=PAPER_GAIN, timeline_strategy=baseline
+        )
         print("  plots: " + ", ".join(str(p) for p in paths), flush=True)
     except Exception as exc:  # noqa: BLE001 - a plot must never cost the table
         print(f"warning: comparison plots failed: {type(exc).__name__}: {exc}")

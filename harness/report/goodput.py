@@ -58,12 +58,15 @@ after it. What no fault claims stays in the run total only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from harness.report.goodput_records import StepRecord, parse_events
-from harness.report.goodput_sweep import _FAULT_LABELS, _NO_FAULT, _PRIORITY, _rank_pieces
 
+if TYPE_CHECKING:
+    from harness import events as ev
+from harness.report.goodput_sweep import _FAULT_LABELS, _NO_FAULT, _PRIORITY, _rank_pieces
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def _badput(seconds: Mapping[str, float], n: int) -> Badput:
     return Badput(**{f"{label}_s": seconds.get(label, 0.0) / n for label in _PRIORITY[:-1] + ("other",)})
 
 
-def compute_goodput(events: Iterable[Mapping[str, Any]]) -> GoodputReport:
+def compute_goodput(events: Iterable[Mapping[str, Any] | ev.Event]) -> GoodputReport:
     """Whole-run goodput and badput breakdown from a run's events (see the module docstring)."""
     parsed = parse_events(events)
     steps_by_rank: dict[int, list[StepRecord]] = {}
@@ -206,8 +209,7 @@ def compute_goodput(events: Iterable[Mapping[str, Any]]) -> GoodputReport:
         useful_s=totals.get("useful", 0.0) / n,
         badput=_badput(totals, n),
         faults=tuple(
-            FaultBadput(f.kind, f.step, f.phase, f.ranks, f.t, _badput(per_fault[i], n))
-            for i, f in enumerate(faults)
+            FaultBadput(f.kind, f.step, f.phase, f.ranks, f.t, _badput(per_fault[i], n)) for i, f in enumerate(faults)
         ),
         replayed_steps=replayed,
         fallbacks=tuple(parsed.fallbacks),
@@ -242,11 +244,25 @@ REPORT_FILE = "goodput.json"
 def report_to_dict(report: GoodputReport) -> dict[str, Any]:
     return {
         "timeline": {"t0": report.timeline.t0, "t1": report.timeline.t1},
-        "tokens": report.tokens, "steps": report.steps, "n_ranks": report.n_ranks, "useful_s": report.useful_s,
+        "tokens": report.tokens,
+        "steps": report.steps,
+        "n_ranks": report.n_ranks,
+        "useful_s": report.useful_s,
         "badput": report.badput.as_dict(),
-        "faults": [{"kind": f.kind, "step": f.step, "phase": f.phase, "ranks": list(f.ranks), "t": f.t,
-                    "badput": f.badput.as_dict()} for f in report.faults],
-        "replayed_steps": report.replayed_steps, "fallbacks": list(report.fallbacks), "skipped": report.skipped,
+        "faults": [
+            {
+                "kind": f.kind,
+                "step": f.step,
+                "phase": f.phase,
+                "ranks": list(f.ranks),
+                "t": f.t,
+                "badput": f.badput.as_dict(),
+            }
+            for f in report.faults
+        ],
+        "replayed_steps": report.replayed_steps,
+        "fallbacks": list(report.fallbacks),
+        "skipped": report.skipped,
         "goodput": report.goodput,  # derived; stored so a reader of the file needs no code
     }
 
@@ -254,11 +270,18 @@ def report_to_dict(report: GoodputReport) -> dict[str, Any]:
 def report_from_dict(d: Mapping[str, Any]) -> GoodputReport:
     return GoodputReport(
         timeline=Timeline(float(d["timeline"]["t0"]), float(d["timeline"]["t1"])),
-        tokens=int(d["tokens"]), steps=int(d["steps"]), n_ranks=int(d["n_ranks"]), useful_s=float(d["useful_s"]),
+        tokens=int(d["tokens"]),
+        steps=int(d["steps"]),
+        n_ranks=int(d["n_ranks"]),
+        useful_s=float(d["useful_s"]),
         badput=Badput(**d["badput"]),
-        faults=tuple(FaultBadput(f["kind"], f["step"], f["phase"], tuple(f["ranks"]), float(f["t"]),
-                                 Badput(**f["badput"])) for f in d["faults"]),
-        replayed_steps=int(d["replayed_steps"]), fallbacks=tuple(d["fallbacks"]), skipped=int(d["skipped"]),
+        faults=tuple(
+            FaultBadput(f["kind"], f["step"], f["phase"], tuple(f["ranks"]), float(f["t"]), Badput(**f["badput"]))
+            for f in d["faults"]
+        ),
+        replayed_steps=int(d["replayed_steps"]),
+        fallbacks=tuple(d["fallbacks"]),
+        skipped=int(d["skipped"]),
     )
 
 

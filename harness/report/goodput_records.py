@@ -7,10 +7,12 @@ say what a record holds; malformed records are skipped and counted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from harness import events as ev
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -57,8 +59,16 @@ def parse_events(events: Iterable[Mapping[str, Any] | ev.Event]) -> ParsedEvents
             wait = e.snapshot_wait_s
             if wait is not None and 0 < wait <= e.t_end - e.t_start:
                 out.intervals.append((e.rank, e.t_end - wait, e.t_end, "snapshot_overhead"))
-            out.steps.append(StepRecord(rank=e.rank, step=e.step, t_start=e.t_start, t_end=e.t_end,
-                                        tokens=e.tokens, incarnation=e.incarnation))
+            out.steps.append(
+                StepRecord(
+                    rank=e.rank,
+                    step=e.step,
+                    t_start=e.t_start,
+                    t_end=e.t_end,
+                    tokens=e.tokens,
+                    incarnation=e.incarnation,
+                )
+            )
         elif isinstance(e, ev.Fault):
             # A rank-side fault records when it was injected; its record is written a few ms later,
             # after the lost attempt's replay interval (step start -> injection) ended.
@@ -67,8 +77,12 @@ def parse_events(events: Iterable[Mapping[str, Any] | ev.Event]) -> ParsedEvents
         elif isinstance(e, ev.Recovery):
             # Laid back to back, ending when the record was written; the first collective on the
             # new group is charged to rebind.
-            parts = (("detection", e.detection_s), ("agreement", e.agreement_s), ("rebuild", e.rebuild_s),
-                     ("rebind", e.rebind_s + e.first_collective_s))
+            parts: tuple[tuple[str, float], ...] = (
+                ("detection", e.detection_s),
+                ("agreement", e.agreement_s),
+                ("rebuild", e.rebuild_s),
+                ("rebind", e.rebind_s + e.first_collective_s),
+            )
             start = e.t_begin
             if e.decision == "retry":
                 out.retries.append((e.rank, start, e.t))
@@ -129,5 +143,3 @@ def _merge_faults(raw: list[tuple[float, int, FaultRecord]]) -> list[FaultRecord
             open_groups[key] = (len(merged), {writer})
             merged.append(fault)
     return merged
-
-

@@ -29,15 +29,23 @@ _PRIORITY: tuple[str, ...] = (
 )
 _RANK_OF = {label: i for i, label in enumerate(_PRIORITY)}
 # Labels that a fault can be blamed for (checkpoint stalls are a whole-run cost, useful is not a cost).
-_FAULT_LABELS = frozenset(("detection", "agreement", "rebuild", "rebind", "replacement_start", "heal_transfer",
-                           "restore", "restart", "replay"))
+_FAULT_LABELS = frozenset(
+    (
+        "detection",
+        "agreement",
+        "rebuild",
+        "rebind",
+        "replacement_start",
+        "heal_transfer",
+        "restore",
+        "restart",
+        "replay",
+    )
+)
 _NO_FAULT = -1
 
 
-
-def _sweep(
-    intervals: list[tuple[float, float, str, int]], t0: float, t1: float
-) -> list[tuple[float, float, str, int]]:
+def _sweep(intervals: list[tuple[float, float, str, int]], t0: float, t1: float) -> list[tuple[float, float, str, int]]:
     """Cut [t0, t1] into pieces, each labelled by the highest-priority interval covering it.
 
     ``intervals`` are (start, end, label, fault_index). Returns (start, end, label, fault_index) pieces

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -60,7 +60,7 @@ def _clean(values: Sequence[float | None]) -> np.ndarray:
     return np.asarray(sorted(float(v) for v in values if v is not None and not math.isnan(float(v))), dtype=float)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def order_statistic_coverage(n: int, k: int) -> float:
     """The probability that ``[x(k), x(n+1-k)]`` of ``n`` independent draws contains the true median."""
     if n < 2 or not 1 <= k <= n // 2:
@@ -105,9 +105,9 @@ METHODS: dict[str, Callable[[Sequence[float | None], float], Interval]] = {
 }
 DESCRIPTIONS: dict[str, str] = {
     "order_statistic": "distribution-free order-statistic interval for the median (exact coverage, any "
-                       "continuous distribution)",
+    "continuous distribution)",
     "t_log": "Student-t interval on the log of the paired per-trial values (a geometric mean; the coverage "
-             "assumes log-normal noise)",
+    "assumes log-normal noise)",
 }
 DEFAULT_METHOD = "order_statistic"
 
@@ -117,8 +117,9 @@ def interval(values: Sequence[float | None], method: str = DEFAULT_METHOD, level
     try:
         fn = METHODS[method]
     except KeyError:
-        raise ValueError(f"unknown interval method {method!r}; try compare.interval="
-                         f"{' or '.join(sorted(METHODS))}") from None
+        raise ValueError(
+            f"unknown interval method {method!r}; try compare.interval={' or '.join(sorted(METHODS))}"
+        ) from None
     return fn(values, level)
 
 

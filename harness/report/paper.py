@@ -24,7 +24,6 @@ __all__ = [
 ]
 
 
-
 def _paper_gains() -> dict[tuple[str, int], float]:
     """Every strategy's ``paper_gain``, keyed (strategy, age), by age then table order."""
     pairs = [(age, spec.order, spec.name, gain) for spec in strategies.specs() for age, gain in spec.paper_gain.items()]

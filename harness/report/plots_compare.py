@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from harness import events as ev
 from harness import strategies
@@ -25,7 +26,7 @@ BREAKDOWN_FILE = "recovery_breakdown.png"
 _PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore", "replay", "other")
 
 
-def _color(strategy: str) -> Optional[str]:
+def _color(strategy: str) -> str | None:
     try:
         return strategies.get(strategy).color
     except KeyError:  # a row of a strategy this checkout does not register: matplotlib picks
@@ -51,8 +52,9 @@ def _ok(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
-def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
-                        paper_gain: Optional[dict[tuple[str, int], float]] = None) -> Path:
+def plot_goodput_vs_age(
+    out: Path, table: Sequence[dict[str, Any]], paper_gain: dict[tuple[str, int], float] | None = None
+) -> Path:
     """Goodput per strategy against checkpoint age, and AccelPact's gain with the paper's figures."""
     plt = _plt()
     reference = strategies.reference()
@@ -65,15 +67,27 @@ def plot_goodput_vs_age(out: Path, table: Sequence[dict[str, Any]],
         pts = sorted((r["age"], r["goodput"]) for r in table if r["strategy"] == s and r["age"] is not None)
         ax.plot([a for a, _ in pts], [g for _, g in pts], "o-", color=_color(s), label=s)
         if s != ours:
-            gains = sorted((r["age"], r["accelpact_gain"]) for r in table
-                           if r["strategy"] == s and r["age"] is not None and _ok(r["accelpact_gain"]))
-            ax2.plot([a for a, _ in gains], [g for _, g in gains], "o-", color=_color(s),
-                     label=f"ours vs {s}")
+            gains = sorted(
+                (r["age"], r["accelpact_gain"])
+                for r in table
+                if r["strategy"] == s and r["age"] is not None and _ok(r["accelpact_gain"])
+            )
+            ax2.plot([a for a, _ in gains], [g for _, g in gains], "o-", color=_color(s), label=f"ours vs {s}")
     for (s, age), gain in (paper_gain or {}).items():
-        ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
-                 label=f"paper vs {s} (age {age}): {gain}x")
-    ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)", ylabel="goodput (tokens/s)",
-           title="whole-run goodput")
+        ax2.plot(
+            [age],
+            [gain],
+            "*",
+            markersize=14,
+            color=_color(s),
+            markeredgecolor="black",
+            label=f"paper vs {s} (age {age}): {gain}x",
+        )
+    ax.set(
+        xlabel="checkpoint age (steps committed since the newest checkpoint)",
+        ylabel="goodput (tokens/s)",
+        title="whole-run goodput",
+    )
     ax2.axhline(1.0, color="grey", linewidth=0.8)
     ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput", title="AccelPact's gain")
     _legend(ax, fontsize=7)
@@ -97,8 +111,15 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
         key = (s.rank, s.step)
         replay = key in seen or s.replay
         seen.add(key)
-        ax.barh(s.rank, s.t_end - s.t_start, left=s.t_start - t0, height=0.5,
-                color="tab:orange" if replay else "tab:green", edgecolor="white", linewidth=0.3)
+        ax.barh(
+            s.rank,
+            s.t_end - s.t_start,
+            left=s.t_start - t0,
+            height=0.5,
+            color="tab:orange" if replay else "tab:green",
+            edgecolor="white",
+            linewidth=0.3,
+        )
 
     def span(spans: Sequence[tuple[int, float, float]], color: str, height: float = 0.7) -> None:
         for rank, a, b in spans:
@@ -107,8 +128,11 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
 
     span([(e.rank, e.t_start, e.t_end) for e in ev.of_type(events, ev.Checkpoint)], "tab:blue")
     span([(e.rank, e.t_start, e.t_end) for e in ev.of_type(events, ev.Restore)], "tab:brown")
-    span([(e.rank, e.t_launch, e.t_ready) for e in ev.of_type(events, ev.Restart) if e.t_launch is not None],
-         "tab:gray", 0.3)
+    span(
+        [(e.rank, e.t_launch, e.t_ready) for e in ev.of_type(events, ev.Restart) if e.t_launch is not None],
+        "tab:gray",
+        0.3,
+    )
     for e in events:
         if isinstance(e, ev.Recovery) and e.rank >= 0:
             ax.barh(e.rank, max(e.t - e.t_begin, 0.02), left=e.t_begin - t0, height=0.8, color="tab:purple")
@@ -118,10 +142,23 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
             ax.axvline(e.t - t0, color="magenta", linestyle=":")
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=c, label=l) for c, l in (
-        ("tab:green", "step"), ("tab:orange", "replayed step"), ("tab:blue", "checkpoint stall"),
-        ("tab:gray", "restart (launch -> ready)"), ("tab:brown", "restore"), ("tab:purple", "in-memory recovery"),
-        ("red", "fault"))], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(
+        handles=[
+            Patch(color=c, label=lbl)
+            for c, lbl in (
+                ("tab:green", "step"),
+                ("tab:orange", "replayed step"),
+                ("tab:blue", "checkpoint stall"),
+                ("tab:gray", "restart (launch -> ready)"),
+                ("tab:brown", "restore"),
+                ("tab:purple", "in-memory recovery"),
+                ("red", "fault"),
+            )
+        ],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set(xlabel="seconds since the first step", title=title)
     fig.tight_layout()
@@ -159,9 +196,14 @@ def plot_breakdown(out: Path, runs: Sequence[tuple[str, dict[str, float]]]) -> P
     return path
 
 
-def plot_all(out: Path, table: Sequence[dict[str, Any]], runs: Sequence[tuple[Path, dict[str, Any]]],
-             timeline_run: Optional[Path] = None, paper_gain: Optional[dict[tuple[str, int], float]] = None,
-             timeline_strategy: Optional[str] = None) -> list[Path]:
+def plot_all(
+    out: Path,
+    table: Sequence[dict[str, Any]],
+    runs: Sequence[tuple[Path, dict[str, Any]]],
+    timeline_run: Path | None = None,
+    paper_gain: dict[tuple[str, int], float] | None = None,
+    timeline_strategy: str | None = None,
+) -> list[Path]:
     """The three plots of a comparison; ``runs`` are (run_dir, results row). The timeline shows
     ``timeline_run``, else the largest-age run of ``timeline_strategy`` (else any faulted run). With no
     ``table`` (a comparison with trials draws its own goodput plot) the goodput plot is left out."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from harness import events as ev
 
@@ -29,7 +30,9 @@ def per_step_series(events: Sequence[Mapping[str, Any] | ev.Event]) -> dict[str,
     return {"step": steps, "loss": loss, "tokens_per_s": tps}
 
 
-def plot_run(run_dir: Path, title: str = "", events: Sequence[Mapping[str, Any] | ev.Event] | None = None) -> Path | None:
+def plot_run(
+    run_dir: Path, title: str = "", events: Sequence[Mapping[str, Any] | ev.Event] | None = None
+) -> Path | None:
     """Write ``loss_throughput.png`` (from ``events``, read here if not given); None when no steps."""
     import matplotlib
 

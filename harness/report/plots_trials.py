@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from harness import strategies
 from harness.report.badput_goodput import PART_NAMES
@@ -38,13 +39,19 @@ def _interval(row: dict[str, Any], key: str) -> Any:
 
     def num(k: str) -> float:
         v = row.get(k)
-        return float(v) if _ok(v) else math.nan
+        return float(v) if _ok(v) else math.nan  # type: ignore[arg-type]  # _ok: a number
 
-    return Interval(num(key), num(f"{key}_lo"), num(f"{key}_hi"), int(row.get(f"{key}_n") or 0),
-                    num(f"{key}_coverage"), str(row.get("interval_method") or ""))
+    return Interval(
+        num(key),
+        num(f"{key}_lo"),
+        num(f"{key}_hi"),
+        int(row.get(f"{key}_n") or 0),
+        num(f"{key}_coverage"),
+        str(row.get("interval_method") or ""),
+    )
 
 
-def _footer(fig: Any, footer: Optional[str]) -> None:
+def _footer(fig: Any, footer: str | None) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
         import textwrap
@@ -55,8 +62,12 @@ def _footer(fig: Any, footer: Optional[str]) -> None:
         fig.text(0.01, 0.01, text, fontsize=6, color="0.35", ha="left", va="bottom", family="monospace")
 
 
-def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
-                        paper_gain: Optional[dict[tuple[str, int], float]] = None, footer: Optional[str] = None) -> Path:
+def plot_goodput_vs_age(
+    out: Path,
+    cells: Sequence[dict[str, Any]],
+    paper_gain: dict[tuple[str, int], float] | None = None,
+    footer: str | None = None,
+) -> Path:
     plt = _plt()
     ours = next((r["ours"] for r in cells if r.get("ours")), strategies.under_test().name)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -73,8 +84,15 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
         mine = [r for r in cells if r["strategy"] == s and r.get("fault") == f and r["age"] is not None]
         pts = sorted((r for r in mine if _ok(r.get("goodput"))), key=lambda r: r["age"])
         if pts:
-            ax.errorbar([r["age"] for r in pts], [r["goodput"] for r in pts], yerr=_err(pts, "goodput"),
-                        fmt="o" + style, capsize=3, color=_color(s), label=name)
+            ax.errorbar(
+                [r["age"] for r in pts],
+                [r["goodput"] for r in pts],
+                yerr=_err(pts, "goodput"),
+                fmt="o" + style,
+                capsize=3,
+                color=_color(s),
+                label=name,
+            )
         if s == ours:
             continue
         gains = sorted((r for r in mine if _ok(r.get("gain"))), key=lambda r: r["age"])
@@ -82,27 +100,55 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
             continue
         dx = 0.15 * (i + 1)  # side by side, so intervals at the same age do not hide each other
         n = "/".join(sorted({str(r["trials"]) for r in gains}))
-        ax2.errorbar([r["age"] + dx for r in gains], [r["gain"] for r in gains], yerr=_err(gains, "gain"),
-                     fmt="o" + style, capsize=4, color=_color(s), label=f"ours vs {name} (measured whole-run, n={n})")
+        ax2.errorbar(
+            [r["age"] + dx for r in gains],
+            [r["gain"] for r in gains],
+            yerr=_err(gains, "gain"),
+            fmt="o" + style,
+            capsize=4,
+            color=_color(s),
+            label=f"ours vs {name} (measured whole-run, n={n})",
+        )
         diag = [r for r in gains if _ok(r.get("gain_bp"))]
-        ax2.errorbar([r["age"] + dx + 0.3 for r in diag], [r["gain_bp"] for r in diag],
-                     yerr=_err(diag, "gain_bp"), fmt="o", mfc="none", capsize=2, color=_color(s),
-                     alpha=0.6, label=f"ours vs {name} (badput-based, diagnostic)")
+        ax2.errorbar(
+            [r["age"] + dx + 0.3 for r in diag],
+            [r["gain_bp"] for r in diag],
+            yerr=_err(diag, "gain_bp"),
+            fmt="o",
+            mfc="none",
+            capsize=2,
+            color=_color(s),
+            alpha=0.6,
+            label=f"ours vs {name} (badput-based, diagnostic)",
+        )
     for (s, age), gain in (paper_gain or {}).items():
-        ax2.plot([age], [gain], "*", markersize=14, color=_color(s), markeredgecolor="black",
-                 label=f"paper vs {s} (age {age}): {gain}x")
+        ax2.plot(
+            [age],
+            [gain],
+            "*",
+            markersize=14,
+            color=_color(s),
+            markeredgecolor="black",
+            label=f"paper vs {s} (age {age}): {gain}x",
+        )
     from harness.report.intervals import coverage_text
 
     covered = coverage_text([_interval(r, "gain") for r in cells if r["age"] is not None and r["strategy"] != ours])
     method = next((str(r["interval_method"]) for r in cells if r.get("interval_method")), "")
-    ax.set(xlabel="checkpoint age (steps committed since the newest checkpoint)",
-           ylabel="measured whole-run goodput (tokens/s)", title=f"goodput (median, {method} interval)")
+    ax.set(
+        xlabel="checkpoint age (steps committed since the newest checkpoint)",
+        ylabel="measured whole-run goodput (tokens/s)",
+        title=f"goodput (median, {method} interval)",
+    )
     ax2.axhline(1.0, color="grey", linewidth=0.8)
     delta = next((float(r["min_effect"]) for r in cells if _ok(r.get("min_effect"))), 0.0)
     if delta > 0:
         ax2.axhspan(1.0 / (1.0 + delta), 1.0 + delta, color="0.9", zorder=0, label=f"minimum effect ±{delta:.0%}")
-    ax2.set(xlabel="checkpoint age", ylabel="AccelPact goodput / baseline goodput",
-            title=f"AccelPact's measured gain (coverage {covered})")
+    ax2.set(
+        xlabel="checkpoint age",
+        ylabel="AccelPact goodput / baseline goodput",
+        title=f"AccelPact's measured gain (coverage {covered})",
+    )
     _legend(ax, fontsize=7)
     _legend(ax2, fontsize=6)
     fig.tight_layout()
@@ -113,7 +159,7 @@ def plot_goodput_vs_age(out: Path, cells: Sequence[dict[str, Any]],
     return path
 
 
-def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Optional[str] = None) -> Path:
+def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: str | None = None) -> Path:
     """Stacked median badput by part, one bar per cell (strategy, age, fault), the reference first."""
     plt = _plt()
     bars = [r for r in cells if any(_ok(r.get(f"{p}_s")) for p in PART_NAMES)]
@@ -121,15 +167,19 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
     bottoms = [0.0] * len(bars)
     cmap = plt.get_cmap("tab20")
     for i, part in enumerate(PART_NAMES):
-        vals = [float(r.get(f"{part}_s")) if _ok(r.get(f"{part}_s")) else 0.0 for r in bars]
+        vals = [float(r.get(f"{part}_s")) if _ok(r.get(f"{part}_s")) else 0.0 for r in bars]  # type: ignore[arg-type]
         if not any(v > 0 for v in vals):
             continue
         ax.bar(range(len(bars)), vals, bottom=bottoms, label=part, color=cmap(i))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     several = len({r.get("fault") for r in bars if _ok(r["age"])}) > 1
-    labels = [f"{r['strategy']}" + ("" if not _ok(r["age"]) else f"\nage {int(r['age'])}")
-              + (f"\n{r.get('fault')}" if several and _ok(r["age"]) else "") + f"\nn={int(r['trials'])}"
-              for r in bars]
+    labels = [
+        f"{r['strategy']}"
+        + ("" if not _ok(r["age"]) else f"\nage {int(r['age'])}")
+        + (f"\n{r.get('fault')}" if several and _ok(r["age"]) else "")
+        + f"\nn={int(r['trials'])}"
+        for r in bars
+    ]
     ax.set_xticks(range(len(bars)), labels, fontsize=7)
     ax.set(ylabel="badput, seconds (median over trials, mean over ranks)", title="badput by part")
     _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -141,8 +191,12 @@ def plot_badput_by_part(out: Path, cells: Sequence[dict[str, Any]], footer: Opti
     return path
 
 
-def plot_all(out: Path, cells: Sequence[dict[str, Any]], one_trial: Sequence[tuple[Path, dict[str, Any]]],
-             paper_gain: Optional[dict[tuple[str, int], float]] = None) -> list[Path]:
+def plot_all(
+    out: Path,
+    cells: Sequence[dict[str, Any]],
+    one_trial: Sequence[tuple[Path, dict[str, Any]]],
+    paper_gain: dict[tuple[str, int], float] | None = None,
+) -> list[Path]:
     """The comparison's plots; ``one_trial``: (run_dir, row) of one trial, for its timeline and breakdown."""
     from harness.report import plots_compare
 

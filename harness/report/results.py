@@ -15,13 +15,14 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
-from harness.rank import identity
 from harness import events as ev
-from harness.schema import RunConfig
+from harness.rank import identity
 from harness.report.gitinfo import git_state
+from harness.schema import RunConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,11 +84,11 @@ def build_row(
     status: str,
     reason: str,
     wall_s: float,
-    n_params: Optional[int],
+    n_params: int | None,
     started_at: float,
     overrides: Sequence[str] = (),
-    extra: Optional[dict[str, Any]] = None,
-    events: Optional[Sequence[Mapping[str, Any] | ev.Event]] = None,
+    extra: dict[str, Any] | None = None,
+    events: Sequence[Mapping[str, Any] | ev.Event] | None = None,
 ) -> dict[str, Any]:
     """The row of a finished (or failed) run, from its config, events (read here if not given) and
     identity records."""
@@ -136,8 +137,11 @@ def build_row(
 
 
 def goodput_columns(
-    run: RunConfig, run_dir: Path, parent: dict[str, Any], reference_dir: Optional[Path] = None,
-    events: Optional[Sequence[Mapping[str, Any] | ev.Event]] = None,
+    run: RunConfig,
+    run_dir: Path,
+    parent: dict[str, Any],
+    reference_dir: Path | None = None,
+    events: Sequence[Mapping[str, Any] | ev.Event] | None = None,
 ) -> dict[str, Any]:
     """Whole-run goodput, the badput breakdown, replays, faults and fallback of a run (from its events),
     and ``bit_identical`` against ``reference_dir`` (None when there is no reference to compare with).
@@ -214,8 +218,7 @@ def heal_columns(events: Sequence[Mapping[str, Any] | ev.Event], fallback: bool 
         "heal_process_start_s": sum(e.replacement_start_s for e in replacements) if replacements else None,
         "heal_replayed_steps": max((e.replayed_steps for e in heals), default=None),
         "heal_replacement_start": "+".join(e.how_started for e in started) or None,
-        "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started
-                                            if e.template_fallback) or None,
+        "heal_template_fallback": "; ".join(str(e.template_fallback) for e in started if e.template_fallback) or None,
     }
 
 
@@ -267,7 +270,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_row(run_dir: Path, row: dict[str, Any], summary: Optional[dict[str, Any]] = None) -> None:
+def write_row(run_dir: Path, row: dict[str, Any], summary: dict[str, Any] | None = None) -> None:
     """``row.csv`` (one row) and ``summary.json`` (the row plus ``summary``) in the run directory."""
     import pandas as pd
 
@@ -291,7 +294,7 @@ def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def read_index(index_path: Path) -> "pd.DataFrame":
+def read_index(index_path: Path) -> pd.DataFrame:
     import pandas as pd
 
     return pd.read_csv(index_path)

@@ -7,8 +7,9 @@ reference and which is AccelPact, and the order of the rows, come from the strat
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from harness import strategies
 from harness.report.goodput import Badput, GoodputReport, goodput_ratio

@@ -10,7 +10,8 @@ host's load within a round (another process starting or ending) does not always 
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from harness.report.badput_goodput import PART_NAMES
 from harness.report.intervals import DEFAULT_METHOD, LEVEL, MIN_EFFECT, interval, verdict
@@ -36,7 +37,7 @@ def interleave(items: Sequence[T], trials: int) -> list[tuple[int, T]]:
 
 def trial_of(dirname: str) -> int:
     """The trial index of a ``trial<k>`` directory name; 0 for any other name (a run made without trials)."""
-    tail = dirname[len(TRIAL_DIR):] if dirname.startswith(TRIAL_DIR) else ""
+    tail = dirname[len(TRIAL_DIR) :] if dirname.startswith(TRIAL_DIR) else ""
     return int(tail) if tail.isdigit() else 0
 
 
@@ -61,8 +62,14 @@ INTERVAL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("step_drift", "step_drift"),
 )
 CI_COLUMNS: tuple[str, ...] = ("gain", "gain_bp", "step_drift")
-MEDIAN_COLUMNS: tuple[str, ...] = ("badput_s", "replayed_steps", "load_mean", "load_max", "steal_pct",
-                                   *(f"{p}_s" for p in PART_NAMES))
+MEDIAN_COLUMNS: tuple[str, ...] = (
+    "badput_s",
+    "replayed_steps",
+    "load_mean",
+    "load_max",
+    "steal_pct",
+    *(f"{p}_s" for p in PART_NAMES),
+)
 # A cell's productive steps this far from the reference's (either way) are named in its notes.
 DRIFT_NOTE = 0.10
 # A cell whose runs' mean load exceeded the cores they use by half is named in its notes (a load spike).
@@ -83,13 +90,19 @@ def cell_notes(row: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str
     spikes = [r for r in runs if as_float(r.get("load_mean")) > LOAD_NOTE * as_float(r.get("cores_used"))]
     if spikes:
         worst = max(as_float(r.get("load_max")) for r in spikes)
-        notes.append(f"load spike in {len(spikes)} of {len(runs)} trials (load up to {worst:.1f} on "
-                     f"{as_float(spikes[0].get('cores_used')):.0f} cores)")
+        notes.append(
+            f"load spike in {len(spikes)} of {len(runs)} trials (load up to {worst:.1f} on "
+            f"{as_float(spikes[0].get('cores_used')):.0f} cores)"
+        )
     return "; ".join(notes)
 
 
-def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_METHOD,
-                    min_effect: float = MIN_EFFECT, level: float = LEVEL) -> list[dict[str, Any]]:
+def summarize_cells(
+    rows: Sequence[Mapping[str, Any]],
+    method: str = DEFAULT_METHOD,
+    min_effect: float = MIN_EFFECT,
+    level: float = LEVEL,
+) -> list[dict[str, Any]]:
     """One row per cell (strategy, age, fault: ``cell_key``) over its trials' rows (in first-seen order).
 
     Each output row: ``trials`` (trials whose run ended ok), the centre and ``method`` interval of every
@@ -103,8 +116,7 @@ def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_MET
     out = []
     for (strategy, age, fault), runs in groups.items():
         ok = [r for r in runs if r.get("status") in (None, "ok")]
-        row: dict[str, Any] = {"strategy": strategy, "age": age, "fault": fault, "trials": len(ok),
-                               "runs": len(runs)}
+        row: dict[str, Any] = {"strategy": strategy, "age": age, "fault": fault, "trials": len(ok), "runs": len(runs)}
         ivs = {}
         for name, key in INTERVAL_COLUMNS:
             iv = ivs[name] = interval([as_float(r.get(key)) for r in ok], method, level)
@@ -120,7 +132,7 @@ def summarize_cells(rows: Sequence[Mapping[str, Any]], method: str = DEFAULT_MET
             row[key] = _median(vals)
         row["notes"] = cell_notes(row, ok)
         idents = [r.get("bit_identical") for r in ok]
-        row["bit_identical"] = (None if not idents or any(i is None for i in idents) else all(bool(i) for i in idents))
+        row["bit_identical"] = None if not idents or any(i is None for i in idents) else all(bool(i) for i in idents)
         reasons = sorted({str(r.get("fallback")) for r in ok if r.get("fallback") not in (None, "", "no")})
         row["fallback"] = "; ".join(reasons) or "no"
         row["paper_gain"] = next((r.get("paper_gain") for r in runs if r.get("paper_gain") is not None), None)

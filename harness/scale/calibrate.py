@@ -28,6 +28,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -35,15 +36,27 @@ from harness.scale.config import ScaleConfigError
 from harness.scale.engine import CHECKPOINT, ROLLBACK_CODE, STEP, Lanes, Schedule, simulate
 from harness.strategies import simulated
 
-_BADPUT = ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
-           "checkpoint_s", "other_s")
+_BADPUT = (
+    "detection_s",
+    "agreement_s",
+    "rebuild_s",
+    "rebind_s",
+    "restart_s",
+    "restore_s",
+    "replay_s",
+    "checkpoint_s",
+    "other_s",
+)
 # The calibration's acceptance: each (strategy, age) cell's median error over trials within 5%
 # (tests/scale/test_scale_calibration.py and test_scale_heal_calibration.py enforce it on the committed data).
 LIMIT = 0.05
 # How each harness strategy recovers from the calibration fault (a socket reset: a transient network
 # fault), from the strategy registry (``Simulation.calibration_rollback``).
-ROLLBACK = {name: ROLLBACK_CODE[sim.calibration_rollback] for name, sim in simulated().items()
-            if sim.calibration_rollback is not None}
+ROLLBACK = {
+    name: ROLLBACK_CODE[sim.calibration_rollback]
+    for name, sim in simulated().items()
+    if sim.calibration_rollback is not None
+}
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,8 @@ def check_one_run_per_trial(keys: list[tuple], where: str) -> None:
         if k in seen:
             raise ScaleConfigError(
                 f"{where} has two ok runs for cell {k[:-1]} in trial {k[-1]}: the calibration expects one run per "
-                "cell and trial (give each round its own `trial` value, or regenerate the file with the experiment)")
+                "cell and trial (give each round its own `trial` value, or regenerate the file with the experiment)"
+            )
         seen.add(k)
 
 
@@ -125,8 +139,18 @@ def load_runs(results_dir: str | Path) -> tuple[list[MeasuredRun], list[dict[str
     runs = []
     for r in rows:
         useful = _f(r, "wall_s") - sum(_f(r, k) for k in _BADPUT)
-        runs.append(MeasuredRun(r["strategy"], age_of(r), _f(r, "goodput"), _f(r, "tokens"), useful / steps,
-                                _f(r, "step_median_s"), _f(r, "checkpoint_s"), trial_of(r)))
+        runs.append(
+            MeasuredRun(
+                r["strategy"],
+                age_of(r),
+                _f(r, "goodput"),
+                _f(r, "tokens"),
+                useful / steps,
+                _f(r, "step_median_s"),
+                _f(r, "checkpoint_s"),
+                trial_of(r),
+            )
+        )
     check_one_run_per_trial([(r.strategy, r.age, r.trial) for r in runs], f"{d}/data.csv")
     return runs, rows, extra
 
@@ -139,12 +163,15 @@ def measured_costs(rows: list[dict[str, str]]) -> dict[str, MeasuredCosts]:
         mine = [r for r in rows if r["strategy"] == strategy]
         if not mine:
             continue
-        stop = [sum(_f(r, f"fault_{k}_s") for k in ("detection", "agreement", "rebuild", "rebind", "restart",
-                                                      "restore")) for r in mine]
+        stop = [
+            sum(_f(r, f"fault_{k}_s") for k in ("detection", "agreement", "rebuild", "rebind", "restart", "restore"))
+            for r in mine
+        ]
         # The destroyed attempt: for a retry in memory the harness labels it replay (the step re-ran);
         # for a restore-based strategy replay is the `age` whole steps, which the engine computes itself.
-        destroyed = [_f(r, "fault_other_s") + (_f(r, "fault_replay_s") if ROLLBACK[strategy] == STEP else 0.0)
-                     for r in mine]
+        destroyed = [
+            _f(r, "fault_other_s") + (_f(r, "fault_replay_s") if ROLLBACK[strategy] == STEP else 0.0) for r in mine
+        ]
         out[strategy] = MeasuredCosts(strategy, statistics.median(stop), statistics.median(destroyed), len(mine))
     return out
 
@@ -156,8 +183,13 @@ def own_costs(row: dict[str, str], strategy: str) -> MeasuredCosts:
     return MeasuredCosts(strategy, stop, destroyed, 1)
 
 
-def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts] | list[MeasuredCosts | None], steps: int,
-              interval: int, use_median: bool) -> np.ndarray:
+def _simulate(
+    runs: list[MeasuredRun],
+    costs: dict[str, MeasuredCosts] | list[MeasuredCosts | None],
+    steps: int,
+    interval: int,
+    use_median: bool,
+) -> np.ndarray:
     n = len(runs)
     step = np.array([r.median_step_s if use_median else r.step_s for r in runs])
     down = np.zeros((n, 1))
@@ -166,7 +198,9 @@ def _simulate(runs: list[MeasuredRun], costs: dict[str, MeasuredCosts] | list[Me
     for i, r in enumerate(runs):
         if r.age is None:
             continue
-        cost = costs[i] if isinstance(costs, list) else costs[r.strategy]
+        cost = cast(
+            MeasuredCosts, costs[i] if isinstance(costs, list) else costs[r.strategy]
+        )  # a run with an age has costs
         down[i, 0] = cost.downtime_s
         roll[i, 0] = ROLLBACK[r.strategy]
         # The fault hits `age` steps after the checkpoint (taken after step interval-1), once the destroyed
@@ -189,13 +223,16 @@ def calibrate(results_dir: str | Path, own: bool = False) -> list[CalibrationRow
     runs, rows, extra = load_runs(results_dir)
     costs: dict[str, MeasuredCosts] | list[MeasuredCosts | None] = measured_costs(rows)
     if own:
-        costs = [own_costs(row, r.strategy) if r.age is not None and r.strategy in ROLLBACK else None
-                 for r, row in zip(runs, rows)]
+        costs = [
+            own_costs(row, r.strategy) if r.age is not None and r.strategy in ROLLBACK else None
+            for r, row in zip(runs, rows)
+        ]
     steps, interval = int(extra["steps"]), int(extra["interval"])
     sim = _simulate(runs, costs, steps, interval, use_median=False)
     sim_med = _simulate(runs, costs, steps, interval, use_median=True)
-    return [CalibrationRow(r.strategy, r.age, r.goodput, float(a), float(b), r.trial)
-            for r, a, b in zip(runs, sim, sim_med)]
+    return [
+        CalibrationRow(r.strategy, r.age, r.goodput, float(a), float(b), r.trial) for r, a, b in zip(runs, sim, sim_med)
+    ]
 
 
 def error_text(median: float, lo: float, hi: float, n: int) -> str:
@@ -236,8 +273,17 @@ def error_intervals(rows: list[CalibrationRow]) -> list[CalibrationError]:
     out = []
     for (strategy, age), mine in groups.items():
         iv = order_statistic([r.error for r in mine])
-        out.append(CalibrationError(strategy, age, iv.median, iv.lo, iv.hi, iv.n,
-                                    statistics.median(r.measured for r in mine),
-                                    statistics.median(r.simulated for r in mine),
-                                    statistics.median(r.error_median_step for r in mine)))
+        out.append(
+            CalibrationError(
+                strategy,
+                age,
+                iv.median,
+                iv.lo,
+                iv.hi,
+                iv.n,
+                statistics.median(r.measured for r in mine),
+                statistics.median(r.simulated for r in mine),
+                statistics.median(r.error_median_step for r in mine),
+            )
+        )
     return out

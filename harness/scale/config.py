@@ -7,8 +7,8 @@ finite or missing, or a (strategy, failure class) pair with no recovery outcome.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 # The failure classes, in the order used by every array in the engine.
 CLASSES: tuple[str, ...] = (
@@ -19,7 +19,6 @@ CLASSES: tuple[str, ...] = (
     "software_bug",  # a bug that recurs at the same step: in-memory retry cannot help
     "planned_maintenance",  # announced: a checkpoint can be taken first
 )
-
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -52,8 +51,11 @@ def check_number(key: str, value: object, *, positive: bool = False) -> float:
         raise ScaleConfigError(f"{key}={value!r} is not finite: give a finite number >= 0")
     if v < 0 or (positive and v == 0):
         need = "> 0" if positive else ">= 0"
-        raise ScaleConfigError(f"{key}={value!r} is negative or zero: it must be {need}" if positive
-                               else f"{key}={value!r} is negative: it must be {need}")
+        raise ScaleConfigError(
+            f"{key}={value!r} is negative or zero: it must be {need}"
+            if positive
+            else f"{key}={value!r} is negative: it must be {need}"
+        )
     return v
 
 
@@ -91,7 +93,8 @@ class Cluster:
             raise ScaleConfigError(f"cluster.spare_available={self.spare_available!r}: give true or false")
         if self.gpus % self.gpus_per_host:
             raise ScaleConfigError(
-                f"cluster.gpus={self.gpus} is not a multiple of cluster.gpus_per_host={self.gpus_per_host}")
+                f"cluster.gpus={self.gpus} is not a multiple of cluster.gpus_per_host={self.gpus_per_host}"
+            )
 
     @property
     def hosts(self) -> int:

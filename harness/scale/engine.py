@@ -95,8 +95,14 @@ def _advance(pos: np.ndarray, dt: np.ndarray, tau: np.ndarray, c: np.ndarray) ->
     return done, newpos
 
 
-def simulate(lanes: Lanes, *, horizon_s: float = np.inf, work_s: float | np.ndarray = np.inf,
-             rng: np.random.Generator | None = None, schedule: Schedule | None = None) -> LaneResult:
+def simulate(
+    lanes: Lanes,
+    *,
+    horizon_s: float = np.inf,
+    work_s: float | np.ndarray = np.inf,
+    rng: np.random.Generator | None = None,
+    schedule: Schedule | None = None,
+) -> LaneResult:
     """Run every lane until ``horizon_s`` of wall time or ``work_s`` of net work, whichever comes first.
 
     Drawn failures need ``rng``; a ``schedule`` replaces them (then ``rate_per_s`` is ignored)."""
@@ -126,8 +132,8 @@ def simulate(lanes: Lanes, *, horizon_s: float = np.inf, work_s: float | np.ndar
         # The next failure: drawn (fresh gap, memoryless) or the lane's next scheduled one.
         if schedule is None:
             with np.errstate(divide="ignore"):
-                gap = np.where(rate_tot > 0, rng.exponential(1.0, L) / np.where(rate_tot > 0, rate_tot, 1.0), np.inf)
-            new_cls = (rng.random(L)[:, None] > cum).sum(axis=1).clip(0, K - 1)
+                gap = np.where(rate_tot > 0, rng.exponential(1.0, L) / np.where(rate_tot > 0, rate_tot, 1.0), np.inf)  # type: ignore[union-attr]  # rng: checked above
+            new_cls = (rng.random(L)[:, None] > cum).sum(axis=1).clip(0, K - 1)  # type: ignore[union-attr, index]
         else:
             idx = np.minimum(next_i, schedule.t_s.shape[1] - 1)
             nxt = np.where(next_i < schedule.t_s.shape[1], schedule.t_s[rows, idx], np.inf)
@@ -176,8 +182,9 @@ def simulate(lanes: Lanes, *, horizon_s: float = np.inf, work_s: float | np.ndar
             rec_cls = np.where(failed, k, rec_cls)
     else:  # pragma: no cover - a guard, not a path
         raise RuntimeError("simulate: event limit reached; the failure rate is far above the recovery rate")
-    return LaneResult(wall_s=t, useful_s=useful, checkpoint_s=ckpt, downtime_s=down, lost_s=lost,
-                      failures=fails, finished=finished)
+    return LaneResult(
+        wall_s=t, useful_s=useful, checkpoint_s=ckpt, downtime_s=down, lost_s=lost, failures=fails, finished=finished
+    )
 
 
 def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:

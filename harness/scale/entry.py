@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import fields, replace
-from typing import Sequence
 
 import yaml
 
@@ -62,9 +62,11 @@ def parse(argv: Sequence[str]) -> tuple[Cluster, dict, tuple[str, ...], int, int
             cls = key[5:]
             mix[cls] = replace(mix[cls], rate_per_hour=check_number(key, value), source="given on the command line")
         else:
-            raise ScaleConfigError(f"{key!r} is not a project_scale key: use cluster_gpus, "
-                                   f"{', '.join(sorted(_CLUSTER_KEYS - {'gpus'}))}, trials, seed, strategies, "
-                                   f"rate_scale or rate.<class> ({', '.join(CLASSES)})")
+            raise ScaleConfigError(
+                f"{key!r} is not a project_scale key: use cluster_gpus, "
+                f"{', '.join(sorted(_CLUSTER_KEYS - {'gpus'}))}, trials, seed, strategies, "
+                f"rate_scale or rate.<class> ({', '.join(CLASSES)})"
+            )
     if scale != 1.0:
         mix = {c: replace(f, rate_per_hour=f.rate_per_hour * scale) for c, f in mix.items()}
     try:
@@ -84,9 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     projections = project(cluster, mix, strategies, trials=trials, seed=seed)
     elapsed = time.perf_counter() - t0
-    print(f"{cluster.gpus:,} GPUs ({cluster.hosts:,} hosts), {cluster.days:g} days, step {cluster.step_s:g} s, "
-          f"checkpoint write {cluster.checkpoint_write_s:.1f} s, MTTF {mttf_h(mix, cluster.gpus):.2f} h "
-          f"(Llama 3 mix), {trials} trials per interval, seed {seed}")
+    print(
+        f"{cluster.gpus:,} GPUs ({cluster.hosts:,} hosts), {cluster.days:g} days, step {cluster.step_s:g} s, "
+        f"checkpoint write {cluster.checkpoint_write_s:.1f} s, MTTF {mttf_h(mix, cluster.gpus):.2f} h "
+        f"(Llama 3 mix), {trials} trials per interval, seed {seed}"
+    )
     print(text_table(projections))
     print(f"published anchors near this size: {anchors_for(cluster.gpus)}")
     print(f"simulated in {elapsed:.1f} s")

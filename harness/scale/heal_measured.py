@@ -48,12 +48,26 @@ RESULTS = ROOT / "results" / "process_loss"
 # The harness's fault kinds in that experiment -> this simulator's failure classes.
 FAULT_CLASS = {"kill": "process_crash", "host_loss": "gpu_host_loss"}
 # The outcome builders (harness.scale.outcomes) whose heal of a lost process or host uses these costs.
-HEAL_BUILDS = ("harness.scale.outcomes:rebind_and_heal_in_memory",
-               "harness.scale.outcomes:reconfigure_and_heal_in_memory")
+HEAL_BUILDS = (
+    "harness.scale.outcomes:rebind_and_heal_in_memory",
+    "harness.scale.outcomes:reconfigure_and_heal_in_memory",
+)
 HEAL_PARTS = ("detection", "replacement_start", "heal_transfer")
 RESTART_PARTS = ("detection", "agreement", "rebuild", "rebind", "restart", "restore")
-_ALL_PARTS = ("agreement", "checkpoint", "detection", "heal_transfer", "other", "rebind", "rebuild",
-              "replacement_start", "replay", "restart", "restore", "snapshot_overhead")
+_ALL_PARTS = (
+    "agreement",
+    "checkpoint",
+    "detection",
+    "heal_transfer",
+    "other",
+    "rebind",
+    "rebuild",
+    "replacement_start",
+    "replay",
+    "restart",
+    "restore",
+    "snapshot_overhead",
+)
 
 
 def _f(row: dict[str, str], key: str) -> float:
@@ -123,14 +137,18 @@ class HealCalibrationCell:
 def _rows(results_dir: Path) -> tuple[list[dict[str, str]], dict]:
     data = results_dir / "data.csv"
     if not data.exists():
-        raise ScaleConfigError(f"{data} is missing: the heal's costs come from the committed process_loss runs; "
-                               "run `python -m experiments.process_loss` or restore the file from git")
+        raise ScaleConfigError(
+            f"{data} is missing: the heal's costs come from the committed process_loss runs; "
+            "run `python -m experiments.process_loss` or restore the file from git"
+        )
     extra = json.loads((results_dir / "provenance.json").read_text())["extra"]
     rows = [r for r in csv.DictReader(data.open()) if r.get("status") == "ok"]
     for need in ("fault", "strategy", "heal_source", "useful_s", "useful_tokens", "badput_total_s"):
         if rows and need not in rows[0]:
-            raise ScaleConfigError(f"{data} has no column {need!r}: the heal calibration reads it (see "
-                                   "harness/scale/heal_measured.py); regenerate with experiments.process_loss")
+            raise ScaleConfigError(
+                f"{data} has no column {need!r}: the heal calibration reads it (see "
+                "harness/scale/heal_measured.py); regenerate with experiments.process_loss"
+            )
     return rows, extra
 
 
@@ -154,16 +172,22 @@ def measured_heal(results_dir: str = str(RESULTS)) -> dict[str, HealCosts]:
     for fault in FAULT_CLASS:
         mine = [r for r in rows if r["fault"] == fault and _heals(r)]
         if not mine:
-            raise ScaleConfigError(f"{d}/data.csv has no heal run for fault={fault}: the heal's {FAULT_CLASS[fault]} "
-                                   "cost needs one; run `python -m experiments.process_loss`")
+            raise ScaleConfigError(
+                f"{d}/data.csv has no heal run for fault={fault}: the heal's {FAULT_CLASS[fault]} "
+                "cost needs one; run `python -m experiments.process_loss`"
+            )
         parts = {p: statistics.median(_f(r, f"part_{p}_s") for r in mine) for p in HEAL_PARTS}
         destroyed = statistics.median(_f(r, "part_other_s") + _f(r, "part_replay_s") for r in mine)
         trials = len({trial_of(r) for r in mine})
-        out[fault] = HealCosts(fault, parts, destroyed, len(mine),
-                               f"{_shown(d)}/data.csv, fault={fault}, "
-                               f"median over {len(mine)} heal runs ({trials} trial{'s' if trials != 1 else ''}) "
-                               "of columns "
-                               + ", ".join(f"part_{p}_s" for p in HEAL_PARTS))
+        out[fault] = HealCosts(
+            fault,
+            parts,
+            destroyed,
+            len(mine),
+            f"{_shown(d)}/data.csv, fault={fault}, "
+            f"median over {len(mine)} heal runs ({trials} trial{'s' if trials != 1 else ''}) "
+            "of columns " + ", ".join(f"part_{p}_s" for p in HEAL_PARTS),
+        )
     return out
 
 
@@ -194,8 +218,7 @@ def calibrate_heal(results_dir: str | Path = RESULTS, own: bool = False) -> list
 
     n = len(rows)
     step = np.array([_f(r, "useful_s") / steps for r in rows])
-    ckpt = np.array([max(0.0, _f(r, "badput_total_s") - sum(_f(r, f"part_{p}_s") for p in _ALL_PARTS))
-                     for r in rows])
+    ckpt = np.array([max(0.0, _f(r, "badput_total_s") - sum(_f(r, f"part_{p}_s") for p in _ALL_PARTS)) for r in rows])
     down, roll, t_fail = np.zeros((n, 1)), np.full((n, 1), CHECKPOINT), np.full((n, 1), np.inf)
     for i, r in enumerate(rows):
         age = age_of(r)
@@ -212,8 +235,18 @@ def calibrate_heal(results_dir: str | Path = RESULTS, own: bool = False) -> list
     out = []
     for i, r in enumerate(rows):
         # The harness's goodput: useful tokens over the timeline's wall (useful_s + badput_total_s).
-        out.append(HealCalibrationRow(r["fault"], r["strategy"], _heals(r), age_of(r), _f(r, "goodput"),
-                                      float(_f(r, "useful_tokens") / res.wall_s[i]), float(down[i, 0]), trial_of(r)))
+        out.append(
+            HealCalibrationRow(
+                r["fault"],
+                r["strategy"],
+                _heals(r),
+                age_of(r),
+                _f(r, "goodput"),
+                float(_f(r, "useful_tokens") / res.wall_s[i]),
+                float(down[i, 0]),
+                trial_of(r),
+            )
+        )
     return out
 
 
@@ -229,8 +262,19 @@ def heal_error_intervals(rows: list[HealCalibrationRow]) -> list[HealCalibration
     out = []
     for (fault, strategy, heals, age), mine in groups.items():
         iv = order_statistic([r.error for r in mine])
-        out.append(HealCalibrationCell(fault, strategy, heals, age, iv.n,
-                                       statistics.median(r.measured for r in mine),
-                                       statistics.median(r.simulated for r in mine),
-                                       iv.median, iv.lo, iv.hi, statistics.median(r.stop_s for r in mine)))
+        out.append(
+            HealCalibrationCell(
+                fault,
+                strategy,
+                heals,
+                age,
+                iv.n,
+                statistics.median(r.measured for r in mine),
+                statistics.median(r.simulated for r in mine),
+                iv.median,
+                iv.lo,
+                iv.hi,
+                statistics.median(r.stop_s for r in mine),
+            )
+        )
     return out

@@ -13,8 +13,8 @@ fault-trace generator (``harness.faults.trace``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
 
 from harness.scale.config import CLASSES, FailureClass, ScaleConfigError, check_number
 from harness.scale.sources import RSC_MTTF_H, RSC_SOURCE, llama3_mix
@@ -38,21 +38,31 @@ def _rsc(gpus: int) -> Callable[[], dict[str, FailureClass]]:
         factor = (1.0 / RSC_MTTF_H[gpus]) / total
         out = dict(base)
         for c in unexpected:
-            out[c] = replace(base[c], rate_per_hour=base[c].rate_per_hour * factor,
-                             source=f"{RSC_SOURCE}: MTTF {RSC_MTTF_H[gpus]} h at {gpus:,} GPUs, split in Llama 3's "
-                                    f"Table 5 proportions (assumption: the study's own split not checked here)")
+            out[c] = replace(
+                base[c],
+                rate_per_hour=base[c].rate_per_hour * factor,
+                source=f"{RSC_SOURCE}: MTTF {RSC_MTTF_H[gpus]} h at {gpus:,} GPUs, split in Llama 3's "
+                f"Table 5 proportions (assumption: the study's own split not checked here)",
+            )
         return out
+
     return build
 
 
 MIXES: dict[str, NamedMix] = {
-    m.name: m for m in (
-        NamedMix("llama3", "Llama 3 405B, Table 5: 419 unexpected + 47 planned interruptions, 16,384 H100s, 54 days",
-                 llama3_mix),
-        NamedMix("rsc_1k", "Meta research clusters (HPCA'25): MTTF 7.9 h at 1,024 GPUs, Llama 3's class split",
-                 _rsc(1024)),
-        NamedMix("rsc_16k", "Meta research clusters (HPCA'25): MTTF 1.8 h at 16,384 GPUs, Llama 3's class split",
-                 _rsc(16384)),
+    m.name: m
+    for m in (
+        NamedMix(
+            "llama3",
+            "Llama 3 405B, Table 5: 419 unexpected + 47 planned interruptions, 16,384 H100s, 54 days",
+            llama3_mix,
+        ),
+        NamedMix(
+            "rsc_1k", "Meta research clusters (HPCA'25): MTTF 7.9 h at 1,024 GPUs, Llama 3's class split", _rsc(1024)
+        ),
+        NamedMix(
+            "rsc_16k", "Meta research clusters (HPCA'25): MTTF 1.8 h at 16,384 GPUs, Llama 3's class split", _rsc(16384)
+        ),
     )
 }
 
@@ -60,20 +70,27 @@ MIXES: dict[str, NamedMix] = {
 def named_mix(name: str) -> dict[str, FailureClass]:
     """The per-class rates of a named mix; ``ScaleConfigError`` naming the known ones otherwise."""
     if name not in MIXES:
-        raise ScaleConfigError(f"mix {name!r} is unknown: use one of {', '.join(MIXES)}, "
-                               "or give rates (e.g. --rate process_crash=1e-5, per GPU-hour)")
+        raise ScaleConfigError(
+            f"mix {name!r} is unknown: use one of {', '.join(MIXES)}, "
+            "or give rates (e.g. --rate process_crash=1e-5, per GPU-hour)"
+        )
     return MIXES[name].build()
 
 
 def mix_from_rates(rates: Mapping[str, float], base: str | None = None) -> dict[str, FailureClass]:
     """A mix from per-class rates (per GPU-hour; planned_maintenance per job-hour). Classes not given are 0,
     or the named ``base`` mix's rate."""
-    out = named_mix(base) if base else {
-        c: FailureClass(c, 0.0, "job" if c == "planned_maintenance" else "gpu", "not given: 0") for c in CLASSES}
+    out = (
+        named_mix(base)
+        if base
+        else {c: FailureClass(c, 0.0, "job" if c == "planned_maintenance" else "gpu", "not given: 0") for c in CLASSES}
+    )
     for cls, rate in rates.items():
         if cls not in CLASSES:
             raise ScaleConfigError(f"rate for {cls!r}: that class is unknown, use one of {', '.join(CLASSES)}")
-        out[cls] = replace(out[cls], rate_per_hour=check_number(f"rate {cls}", rate), source="given on the command line")
+        out[cls] = replace(
+            out[cls], rate_per_hour=check_number(f"rate {cls}", rate), source="given on the command line"
+        )
     return out
 
 

@@ -13,7 +13,7 @@ strategy registry's business (``StrategySpec.simulation``, ``harness.strategies.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from harness.scale import scaling as sc
 from harness.scale.config import (
@@ -27,6 +27,7 @@ from harness.scale.config import (
     check_outcomes,
 )
 from harness.strategies import simulated
+
 
 def _detect(cluster: Cluster, cls: str) -> float:
     """How long until recovery starts, for strategies that rely on the launcher and NCCL (cold, NVRx)."""
@@ -43,8 +44,11 @@ def _detect(cluster: Cluster, cls: str) -> float:
 def _cold(cluster: Cluster, cls: str, detect: float | None = None) -> Outcome:
     """Kill everything, relaunch, load the newest checkpoint, replay."""
     n = cluster.gpus
-    parts = {"detection": _detect(cluster, cls) if detect is None else detect,
-             "restart": sc.process_restart_s(n), "restore": sc.restore_s(cluster)}
+    parts = {
+        "detection": _detect(cluster, cls) if detect is None else detect,
+        "restart": sc.process_restart_s(n),
+        "restore": sc.restore_s(cluster),
+    }
     if cls in ("gpu_host_loss", "planned_maintenance"):
         parts["spare"] = sc.spare_s(cluster)
     if cls == "software_bug":
@@ -58,8 +62,7 @@ def _cold(cluster: Cluster, cls: str, detect: float | None = None) -> Outcome:
 
 def _rebind(cluster: Cluster, detect: float) -> dict[str, float]:
     n = cluster.gpus
-    return {"detection": detect, "agreement": sc.agreement_s(n), "rebuild": sc.comm_init_s(n),
-            "rebind": sc.REBIND_S}
+    return {"detection": detect, "agreement": sc.agreement_s(n), "rebuild": sc.comm_init_s(n), "rebind": sc.REBIND_S}
 
 
 def _with_retry_first(cluster: Cluster, cls: str, detect: float) -> Outcome:
@@ -81,8 +84,7 @@ def restart_in_process_and_restore(c: Cluster, cls: str) -> Outcome:
     """NVRx-style: restart inside the live processes, restore from disk, replay; a dead process restarts cold."""
     if cls in ("transient_network", "hang"):
         # Every process alive: NVRx restarts in process, rebuilds the groups, restores from disk, replays.
-        parts = {"detection": _detect(c, cls), "restart": sc.inprocess_restart_s(c.gpus),
-                 "restore": sc.restore_s(c)}
+        parts = {"detection": _detect(c, cls), "restart": sc.inprocess_restart_s(c.gpus), "restore": sc.restore_s(c)}
         return Outcome(ROLLBACK_CHECKPOINT, parts, "in-process restart, restore, replay")
     # A dead process or host: the in-process wrapper cannot continue; the job restarts like a cold one.
     return _cold(c, cls)
@@ -128,8 +130,9 @@ def _measured_heal_parts(c: Cluster, cls: str, *, fixed_scale: float = 1.0) -> d
 def _heal_in_memory(c: Cluster, cls: str, fixed_scale: float, how: str) -> Outcome:
     if cls in ("transient_network", "hang", "software_bug"):
         return rebind_or_fall_back_to_disk(c, cls)
-    parts = _measured_heal_parts(c, "process_crash" if cls == "process_crash" else "gpu_host_loss",
-                                 fixed_scale=fixed_scale)
+    parts = _measured_heal_parts(
+        c, "process_crash" if cls == "process_crash" else "gpu_host_loss", fixed_scale=fixed_scale
+    )
     if cls == "process_crash":
         return Outcome(ROLLBACK_STEP, parts, f"{how}: replacement process heals from its own shm snapshot")
     if cls == "planned_maintenance":
@@ -189,14 +192,24 @@ def heal_replica_while_others_continue(c: Cluster, cls: str) -> Outcome:
     if cls in ("transient_network", "hang"):
         detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
         replica = sc.comm_init_s(g)
-        return Outcome(ROLLBACK_STEP, {"detection": detect, **survivors, "degraded": replica * g / c.gpus},
-                       "design: the group rebuilds its communicator while the others go on")
+        return Outcome(
+            ROLLBACK_STEP,
+            {"detection": detect, **survivors, "degraded": replica * g / c.gpus},
+            "design: the group rebuilds its communicator while the others go on",
+        )
     m = measured_heal()["kill" if cls == "process_crash" else "host_loss"]
     detect = m.parts["detection"] if cls == "process_crash" else max(m.parts["detection"], sc.ACCELPACT_DEAD_PEER_S)
-    replica = (m.parts["replacement_start"] + m.parts["heal_transfer"] + sc.comm_init_s(g)
-               + (sc.heal_local_s(c) if cls == "process_crash" else sc.heal_remote_s(c) + sc.spare_s(c)))
-    parts = {"detection": 0.0 if cls == "planned_maintenance" else detect, **survivors,
-             "degraded": replica * g / c.gpus}
+    replica = (
+        m.parts["replacement_start"]
+        + m.parts["heal_transfer"]
+        + sc.comm_init_s(g)
+        + (sc.heal_local_s(c) if cls == "process_crash" else sc.heal_remote_s(c) + sc.spare_s(c))
+    )
+    parts = {
+        "detection": 0.0 if cls == "planned_maintenance" else detect,
+        **survivors,
+        "degraded": replica * g / c.gpus,
+    }
     rollback = ROLLBACK_NONE if cls == "planned_maintenance" else ROLLBACK_STEP
     return Outcome(rollback, parts, "design: the group heals from memory while the others go on")
 
@@ -230,8 +243,10 @@ def no_failures(c: Cluster, cls: str) -> Outcome:
 
 
 # Rows that model a design nobody has built (their labels say so): never a measured strategy's winner.
-DESIGN_BUILDS = ("harness.scale.outcomes:heal_growing_the_communicator",
-                 "harness.scale.outcomes:heal_replica_while_others_continue")
+DESIGN_BUILDS = (
+    "harness.scale.outcomes:heal_growing_the_communicator",
+    "harness.scale.outcomes:heal_replica_while_others_continue",
+)
 
 
 def _builder(build: str) -> Callable[[Cluster, str], Outcome]:

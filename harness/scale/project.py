@@ -8,14 +8,22 @@ printed beside it as a cross-check). A strategy whose failures arrive faster tha
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from harness.scale import analytic
-from harness.scale.config import (CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass, Outcome, check_mix,
-                                  check_number, check_outcomes)
+from harness.scale.config import (
+    CLASSES,
+    ROLLBACK_CHECKPOINT,
+    Cluster,
+    FailureClass,
+    Outcome,
+    check_mix,
+    check_number,
+    check_outcomes,
+)
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
 
@@ -38,7 +46,9 @@ class Projection:
     best_ci: float = float("nan")
     young_s: float = float("nan")
     daly_s: float = float("nan")
-    badput: Mapping[str, float] = field(default_factory=dict)  # fraction of wall at the best interval, by class + checkpoint
+    badput: Mapping[str, float] = field(
+        default_factory=dict
+    )  # fraction of wall at the best interval, by class + checkpoint
     driver: str = ""  # one line: what costs this strategy most
 
 
@@ -76,9 +86,15 @@ def _driver(cluster: Cluster, strategy: str, badput: Mapping[str, float], table:
     return f"{cls} {share:.1%} ({how}; {roll}); checkpoint writes {badput.get('checkpoint', 0):.1%}{tail}"
 
 
-def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Sequence[str] | None = None,
-            trials: int = 16, seed: int = 0, outcomes: Mapping[str, Mapping[str, Outcome]] | None = None,
-            tax: Mapping[str, float] | None = None) -> list[Projection]:
+def project(
+    cluster: Cluster,
+    mix: Mapping[str, FailureClass],
+    strategies: Sequence[str] | None = None,
+    trials: int = 16,
+    seed: int = 0,
+    outcomes: Mapping[str, Mapping[str, Outcome]] | None = None,
+    tax: Mapping[str, float] | None = None,
+) -> list[Projection]:
     """Monte Carlo ETTR per strategy and checkpoint interval at ``cluster.gpus``; all lanes in one run.
     ``strategies``: default every simulated strategy (``harness.strategies.simulated``).
     ``outcomes``: rows that replace a strategy's outcome table (the advisor's heal at a given cadence).
@@ -106,15 +122,22 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
         lam = np.zeros(K) if fault_free else rates
         load = float((lam * d).sum())
         if load >= 1.0:
-            out[s] = Projection(s, cluster.gpus, False, reason=(
-                f"never finishes: a failure every {1 / lam.sum():.0f} s against a mean recovery of "
-                f"{load / lam.sum():.0f} s (failure rate x recovery time = {load:.2f} >= 1)"))
+            out[s] = Projection(
+                s,
+                cluster.gpus,
+                False,
+                reason=(
+                    f"never finishes: a failure every {1 / lam.sum():.0f} s against a mean recovery of "
+                    f"{load / lam.sum():.0f} s (failure rate x recovery time = {load:.2f} >= 1)"
+                ),
+            )
             continue
         if fault_free:
             grid, young, daly = np.array([np.inf]), float("nan"), float("nan")
         else:
-            grid, young, daly = _grid(cluster, rates, np.array([table[s][c].rollback == ROLLBACK_CHECKPOINT
-                                                                 for c in CLASSES]))
+            grid, young, daly = _grid(
+                cluster, rates, np.array([table[s][c].rollback == ROLLBACK_CHECKPOINT for c in CLASSES])
+            )
         blocks.append((s, grid, young, daly))
         n = len(grid) * trials
         step_l.append(np.full(n, cluster.step_s * (1 + tax.get(s, 0.0))))
@@ -124,8 +147,14 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
         r_l.append(np.tile(roll, (n, 1)))
         rate_l.append(np.tile(lam, (n, 1)))
     if blocks:
-        lanes = Lanes(np.concatenate(step_l), np.concatenate(tau_l), np.concatenate(c_l),
-                      np.concatenate(d_l), np.concatenate(r_l), np.concatenate(rate_l))
+        lanes = Lanes(
+            np.concatenate(step_l),
+            np.concatenate(tau_l),
+            np.concatenate(c_l),
+            np.concatenate(d_l),
+            np.concatenate(r_l),
+            np.concatenate(rate_l),
+        )
         res = simulate(lanes, horizon_s=cluster.horizon_s, rng=np.random.default_rng(seed))
         ettr = res.ettr
         i = 0
@@ -133,7 +162,7 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
             means, cis = [], []
             keep = 1.0 / (1.0 + tax.get(s, 0.0))
             for _ in grid:
-                m, ci = mean_ci(ettr[i:i + trials] * keep)
+                m, ci = mean_ci(ettr[i : i + trials] * keep)
                 means.append(m)
                 cis.append(ci)
                 i += trials
@@ -141,13 +170,25 @@ def project(cluster: Cluster, mix: Mapping[str, FailureClass], strategies: Seque
             lo = i - (len(grid) - b) * trials
             sl = slice(lo, lo + trials)
             wall = res.wall_s[sl].sum()
-            badput = {c: float((res.downtime_s[sl, k].sum() + res.lost_s[sl, k].sum()) / wall)
-                      for k, c in enumerate(CLASSES)}
+            badput = {
+                c: float((res.downtime_s[sl, k].sum() + res.lost_s[sl, k].sum()) / wall) for k, c in enumerate(CLASSES)
+            }
             badput["checkpoint"] = float(res.checkpoint_s[sl].sum() / wall)
             if tax.get(s):
                 badput["protection"] = float(res.useful_s[sl].sum() / wall * (1 - keep))
-            out[s] = Projection(s, cluster.gpus, True, intervals_s=tuple(map(float, grid)), ettr=tuple(means),
-                                ettr_ci=tuple(cis), best_interval_s=float(grid[b]), best_ettr=means[b],
-                                best_ci=cis[b], young_s=young, daly_s=daly, badput=badput,
-                                driver="no failures" if sims[s].fault_free else _driver(cluster, s, badput, table))
+            out[s] = Projection(
+                s,
+                cluster.gpus,
+                True,
+                intervals_s=tuple(map(float, grid)),
+                ettr=tuple(means),
+                ettr_ci=tuple(cis),
+                best_interval_s=float(grid[b]),
+                best_ettr=means[b],
+                best_ci=cis[b],
+                young_s=young,
+                daly_s=daly,
+                badput=badput,
+                driver="no failures" if sims[s].fault_free else _driver(cluster, s, badput, table),
+            )
     return [out[s] for s in strategies]

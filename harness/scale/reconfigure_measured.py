@@ -42,17 +42,22 @@ class Reconfigure:
 def measured_reconfigure(raw: str = str(RAW)) -> Reconfigure:
     path = Path(raw)
     if not path.exists():
-        raise ScaleConfigError(f"{path} is missing: the reconfigure variant's costs come from it; run "
-                               "benchmarks/bench_reconfigure.py (see results/reconfigure/table.md) or restore it")
+        raise ScaleConfigError(
+            f"{path} is missing: the reconfigure variant's costs come from it; run "
+            "benchmarks/bench_reconfigure.py (see results/reconfigure/table.md) or restore it"
+        )
     d = json.loads(path.read_text())
     try:
         new = [t["death_to_resumed_s"] for t in d["heal/2.15"]]
         old = [t["death_to_resumed_s"] for t in d["heal/2.13"]]
-        rebind = [x for k, v in d.items() if k.startswith("recovery/") and k.endswith("/reconfigure")
-                  for x in v["rebind_s"]]
+        rebind = [
+            x for k, v in d.items() if k.startswith("recovery/") and k.endswith("/reconfigure") for x in v["rebind_s"]
+        ]
     except (KeyError, TypeError) as err:
-        raise ScaleConfigError(f"{path}: no {err} in it: the reconfigure variant reads heal/2.13, heal/2.15 "
-                               "(death_to_resumed_s) and recovery/w<N>/reconfigure (rebind_s)") from None
+        raise ScaleConfigError(
+            f"{path}: no {err} in it: the reconfigure variant reads heal/2.13, heal/2.15 "
+            "(death_to_resumed_s) and recovery/w<N>/reconfigure (rebind_s)"
+        ) from None
     if not new or not old or not rebind:
         raise ScaleConfigError(f"{path}: an empty heal or recovery list: rerun benchmarks/bench_reconfigure.py")
     h15, h13 = statistics.median(new), statistics.median(old)
@@ -60,6 +65,13 @@ def measured_reconfigure(raw: str = str(RAW)) -> Reconfigure:
         shown = path.resolve().relative_to(ROOT).as_posix()
     except ValueError:
         shown = str(path)
-    return Reconfigure(h15 / h13, h15, h13, min(len(new), len(old)), statistics.median(rebind), str(d.get("sha", "")),
-                       f"{shown} (git {d.get('sha', '?')}): heal/2.15 vs heal/2.13 death_to_resumed_s, "
-                       "recovery/w*/reconfigure rebind_s")
+    return Reconfigure(
+        h15 / h13,
+        h15,
+        h13,
+        min(len(new), len(old)),
+        statistics.median(rebind),
+        str(d.get("sha", "")),
+        f"{shown} (git {d.get('sha', '?')}): heal/2.15 vs heal/2.13 death_to_resumed_s, "
+        "recovery/w*/reconfigure rebind_s",
+    )

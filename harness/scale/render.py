@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from harness.scale.config import CLASSES
 from harness.scale.project import Projection
@@ -44,8 +44,15 @@ def text_table(projections: Sequence[Projection]) -> str:
     head = ("strategy", "ETTR (95% CI)", "best interval", "Daly", "what drives it")
     body = []
     for p in projections:
-        body.append((p.strategy, ettr_cell(p), _minutes(p.best_interval_s) if p.feasible else "-",
-                     _minutes(p.daly_s) if p.feasible else "-", p.driver if p.feasible else p.reason))
+        body.append(
+            (
+                p.strategy,
+                ettr_cell(p),
+                _minutes(p.best_interval_s) if p.feasible else "-",
+                _minutes(p.daly_s) if p.feasible else "-",
+                p.driver if p.feasible else p.reason,
+            )
+        )
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
@@ -55,8 +62,11 @@ def text_table(projections: Sequence[Projection]) -> str:
 def anchor_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
     """The headline: per size and strategy, ETTR at its best interval beside the published anchor, and in
     one line what drives the difference (the gap to the anchor, then the largest badput and its cause)."""
-    lines = ["| GPUs | strategy | ETTR at best interval (95% CI, ± points) | best interval | Young / Daly | "
-             "published anchor | what drives the difference |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| GPUs | strategy | ETTR at best interval (95% CI, ± points) | best interval | Young / Daly | "
+        "published anchor | what drives the difference |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for gpus, projections in by_size.items():
         a = nearest_anchor(gpus)
         cell = f"{a.name} {a.ettr:.0%} ({a.text})" if a else "none at this size"
@@ -67,13 +77,18 @@ def anchor_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
             fault_free = sim is not None and sim.fault_free
             if a and p.feasible and not fault_free:
                 # A whole-job-stop strategy is compared with the source's synchronous figure when it has one.
-                ref, what = (a.sync_ettr, f"{a.name}'s synchronous {a.sync_ettr:.0%}") \
-                    if a.sync_ettr is not None and sim is not None and sim.synchronous else (a.ettr, a.name)
+                ref, what = (
+                    (a.sync_ettr, f"{a.name}'s synchronous {a.sync_ettr:.0%}")
+                    if a.sync_ettr is not None and sim is not None and sim.synchronous
+                    else (a.ettr, a.name)
+                )
                 why = f"{100 * (p.best_ettr - ref):+.1f} pts vs {what}; largest loss: {why}"
             elif fault_free:
                 why = "no failures drawn: the upper bound"
-            lines.append(f"| {gpus:,} | {p.strategy} | {ettr_cell(p)} | "
-                         f"{_minutes(p.best_interval_s) if p.feasible else '-'} | {yd} | {cell} | {why} |")
+            lines.append(
+                f"| {gpus:,} | {p.strategy} | {ettr_cell(p)} | "
+                f"{_minutes(p.best_interval_s) if p.feasible else '-'} | {yd} | {cell} | {why} |"
+            )
     return "\n".join(lines)
 
 
@@ -84,7 +99,9 @@ def badput_table_md(by_size: Mapping[int, Sequence[Projection]]) -> str:
     for gpus, projections in by_size.items():
         for p in projections:
             if p.feasible:
-                lines.append(f"| {gpus:,} | {p.strategy} | " + " | ".join(_pct(p.badput.get(c, 0.0)) for c in cols) + " |")
+                lines.append(
+                    f"| {gpus:,} | {p.strategy} | " + " | ".join(_pct(p.badput.get(c, 0.0)) for c in cols) + " |"
+                )
     return "\n".join(lines)
 
 

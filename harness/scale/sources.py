@@ -23,10 +23,23 @@ LLAMA3_GPU_HOURS = LLAMA3_GPUS * LLAMA3_DAYS * 24  # 21,233,664
 
 # Table 5's causes (counts over the 54 days), mapped to this simulator's classes.
 LLAMA3_TABLE5: dict[str, int] = {
-    "Faulty GPU": 148, "GPU HBM3 Memory": 72, "Software Bug": 54, "Network Switch/Cable": 35,
-    "Host Maintenance (unplanned)": 32, "GPU SRAM Memory": 19, "GPU System Processor": 17, "NIC": 7,
-    "NCCL Watchdog Timeouts": 7, "Silent Data Corruption": 6, "GPU Thermal Interface + Sensor": 6, "SSD": 3,
-    "Power Supply": 3, "Server Chassis": 2, "IO Expansion Board": 2, "Dependency": 2, "CPU": 2,
+    "Faulty GPU": 148,
+    "GPU HBM3 Memory": 72,
+    "Software Bug": 54,
+    "Network Switch/Cable": 35,
+    "Host Maintenance (unplanned)": 32,
+    "GPU SRAM Memory": 19,
+    "GPU System Processor": 17,
+    "NIC": 7,
+    "NCCL Watchdog Timeouts": 7,
+    "Silent Data Corruption": 6,
+    "GPU Thermal Interface + Sensor": 6,
+    "SSD": 3,
+    "Power Supply": 3,
+    "Server Chassis": 2,
+    "IO Expansion Board": 2,
+    "Dependency": 2,
+    "CPU": 2,
     "System Memory": 2,
 }
 LLAMA3_PLANNED = 47
@@ -43,16 +56,29 @@ CLASS_CAUSES: dict[str, tuple[str, ...]] = {
     "process_crash": ("Software Bug", "Dependency"),
     "software_bug": ("Software Bug",),
     # Every hardware cause: the GPU or host has to be drained and replaced.
-    "gpu_host_loss": ("Faulty GPU", "GPU HBM3 Memory", "Host Maintenance (unplanned)", "GPU SRAM Memory",
-                      "GPU System Processor", "NIC", "Silent Data Corruption", "GPU Thermal Interface + Sensor",
-                      "SSD", "Power Supply", "Server Chassis", "IO Expansion Board", "CPU", "System Memory"),
+    "gpu_host_loss": (
+        "Faulty GPU",
+        "GPU HBM3 Memory",
+        "Host Maintenance (unplanned)",
+        "GPU SRAM Memory",
+        "GPU System Processor",
+        "NIC",
+        "Silent Data Corruption",
+        "GPU Thermal Interface + Sensor",
+        "SSD",
+        "Power Supply",
+        "Server Chassis",
+        "IO Expansion Board",
+        "CPU",
+        "System Memory",
+    ),
 }
 
 
 def _count(cls: str) -> float:
     total = 0.0
     for cause in CLASS_CAUSES[cls]:
-        n = LLAMA3_TABLE5[cause]
+        n: float = LLAMA3_TABLE5[cause]
         if cause == "Software Bug":
             n = n * (RECURRING_BUG_SHARE if cls == "software_bug" else 1 - RECURRING_BUG_SHARE)
         total += n
@@ -62,18 +88,28 @@ def _count(cls: str) -> float:
 def llama3_mix() -> dict[str, FailureClass]:
     """Llama 3's interruptions as per-GPU-hour rates (planned maintenance: per job-hour)."""
     mix = {
-        cls: FailureClass(cls, _count(cls) / LLAMA3_GPU_HOURS, "gpu",
-                          f"{LLAMA3}: {' + '.join(CLASS_CAUSES[cls])}"
-                          + (f" (x{RECURRING_BUG_SHARE} recurring share of software bugs: assumption, unverified)"
-                             if "Software Bug" in CLASS_CAUSES[cls] else "")
-                          + f", {_count(cls):g} in {LLAMA3_GPU_HOURS:,} GPU-hours")
+        cls: FailureClass(
+            cls,
+            _count(cls) / LLAMA3_GPU_HOURS,
+            "gpu",
+            f"{LLAMA3}: {' + '.join(CLASS_CAUSES[cls])}"
+            + (
+                f" (x{RECURRING_BUG_SHARE} recurring share of software bugs: assumption, unverified)"
+                if "Software Bug" in CLASS_CAUSES[cls]
+                else ""
+            )
+            + f", {_count(cls):g} in {LLAMA3_GPU_HOURS:,} GPU-hours",
+        )
         for cls in CLASS_CAUSES
     }
     # Planned stops (firmware, configuration, data updates) are decisions about the job, not per-GPU
     # faults: one rate for the whole job.
     mix["planned_maintenance"] = FailureClass(
-        "planned_maintenance", LLAMA3_PLANNED / (LLAMA3_DAYS * 24), "job",
-        f"{LLAMA3}: {LLAMA3_PLANNED} planned interruptions in {LLAMA3_DAYS} days")
+        "planned_maintenance",
+        LLAMA3_PLANNED / (LLAMA3_DAYS * 24),
+        "job",
+        f"{LLAMA3}: {LLAMA3_PLANNED} planned interruptions in {LLAMA3_DAYS} days",
+    )
     return mix
 
 
@@ -90,13 +126,28 @@ class Anchor:
 
 
 ANCHORS: tuple[Anchor, ...] = (
-    Anchor("Llama 3", 16384, 0.90, ">90% effective training time, 54 days",
-           "The Llama 3 Herd of Models (Meta, arXiv:2407.21783, 2024), section 3.3.4"),
-    Anchor("ByteRobust", 9600, 0.97, "97% ETTR, a 3-month job",
-           "Robust LLM Training Infrastructure at ByteDance (arXiv:2509.16293, 2025), abstract"),
-    Anchor("FT-HSDP", 100000, 0.80, "~80% effective training time at O(100K) GPUs (44% fully synchronous)",
-           "Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (Meta, arXiv:2602.00277, 2026), abstract",
-           sync_ettr=0.44),
+    Anchor(
+        "Llama 3",
+        16384,
+        0.90,
+        ">90% effective training time, 54 days",
+        "The Llama 3 Herd of Models (Meta, arXiv:2407.21783, 2024), section 3.3.4",
+    ),
+    Anchor(
+        "ByteRobust",
+        9600,
+        0.97,
+        "97% ETTR, a 3-month job",
+        "Robust LLM Training Infrastructure at ByteDance (arXiv:2509.16293, 2025), abstract",
+    ),
+    Anchor(
+        "FT-HSDP",
+        100000,
+        0.80,
+        "~80% effective training time at O(100K) GPUs (44% fully synchronous)",
+        "Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (Meta, arXiv:2602.00277, 2026), abstract",
+        sync_ettr=0.44,
+    ),
 )
 
 # Meta's research-cluster study, for a cross-check of the failure rate (not used as an input):
@@ -105,8 +156,10 @@ ANCHORS: tuple[Anchor, ...] = (
 # Verified only through secondary pages quoting the paper (clockwork.io's fault-tolerance blog); the
 # paper's own text was not reachable here.
 RSC_MTTF_H: dict[int, float] = {1024: 7.9, 16384: 1.8}
-RSC_SOURCE = ("Revisiting Reliability in Large-Scale ML Research Clusters (Kokolis et al., HPCA 2025, "
-              "arXiv:2410.21680); figures seen via secondary pages only")
+RSC_SOURCE = (
+    "Revisiting Reliability in Large-Scale ML Research Clusters (Kokolis et al., HPCA 2025, "
+    "arXiv:2410.21680); figures seen via secondary pages only"
+)
 
 # FT-HSDP's figure for a fully synchronous recovery at O(100K) GPUs: a 10-minute stall per failure
 # (3 minutes with FT-HSDP). Used as a cross-check of the restart cost rules, not as an input.

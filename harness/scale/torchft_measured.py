@@ -28,11 +28,33 @@ from harness.scale.config import ScaleConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "results" / "scale_projection" / "torchft_runs.csv"
-_ROW_KEYS = ("run_id", "git_sha", "git_dirty", "started_at", "host", "torch", "torchft_version", "overrides",
-             "world_size", "steps", "status", "load_before", "load_mean", "load_max", "cores_used",
-             "step_time_median_s", "goodput", "torchft_quorum_median_s", "torchft_quorum_max_s",
-             "torchft_retry_recovery_max_s", "torchft_heals", "torchft_heal_max_s", "heal_process_start_s",
-             "torchft_short_steps", "torchft_group_restarts")
+_ROW_KEYS = (
+    "run_id",
+    "git_sha",
+    "git_dirty",
+    "started_at",
+    "host",
+    "torch",
+    "torchft_version",
+    "overrides",
+    "world_size",
+    "steps",
+    "status",
+    "load_before",
+    "load_mean",
+    "load_max",
+    "cores_used",
+    "step_time_median_s",
+    "goodput",
+    "torchft_quorum_median_s",
+    "torchft_quorum_max_s",
+    "torchft_retry_recovery_max_s",
+    "torchft_heals",
+    "torchft_heal_max_s",
+    "heal_process_start_s",
+    "torchft_short_steps",
+    "torchft_group_restarts",
+)
 
 
 def collect(run_dir: Path) -> dict[str, object]:
@@ -66,11 +88,15 @@ class TorchftCosts:
 def measured_torchft(path: str = str(CSV)) -> TorchftCosts:
     p = Path(path)
     if not p.exists():
-        raise ScaleConfigError(f"{p} is missing: torchft's row takes its costs from it; make it with "
-                               "`python -m harness.scale.torchft_measured RUN_DIR...` (see its docstring)")
+        raise ScaleConfigError(
+            f"{p} is missing: torchft's row takes its costs from it; make it with "
+            "`python -m harness.scale.torchft_measured RUN_DIR...` (see its docstring)"
+        )
     rows = [r for r in csv.DictReader(p.open()) if r.get("status") == "ok"]
     if not rows:
-        raise ScaleConfigError(f"{p} has no ok run: rerun the torchft smoke runs (see harness/scale/torchft_measured.py)")
+        raise ScaleConfigError(
+            f"{p} has no ok run: rerun the torchft smoke runs (see harness/scale/torchft_measured.py)"
+        )
 
     def med(key: str) -> float:
         try:
@@ -82,10 +108,16 @@ def measured_torchft(path: str = str(CSV)) -> TorchftCosts:
         shown = p.resolve().relative_to(ROOT).as_posix()
     except ValueError:
         shown = str(p)
-    return TorchftCosts(med("torchft_retry_recovery_max_s"), med("heal_process_start_s"), med("heal_transfer_s"),
-                        med("torchft_quorum_median_s"), len(rows), tuple(float(r["load_mean"]) for r in rows),
-                        f"{shown}, medians over {len(rows)} runs of torchft_retry_recovery_max_s, "
-                        "heal_process_start_s, heal_transfer_s")
+    return TorchftCosts(
+        med("torchft_retry_recovery_max_s"),
+        med("heal_process_start_s"),
+        med("heal_transfer_s"),
+        med("torchft_quorum_median_s"),
+        len(rows),
+        tuple(float(r["load_mean"]) for r in rows),
+        f"{shown}, medians over {len(rows)} runs of torchft_retry_recovery_max_s, "
+        "heal_process_start_s, heal_transfer_s",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

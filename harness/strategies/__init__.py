@@ -10,7 +10,8 @@ Nothing outside this package compares strategy names: ask the spec.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from harness.registry import Registry
 from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
@@ -18,19 +19,49 @@ from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
 if TYPE_CHECKING:
     from harness.strategies.base import Strategy
 
-__all__ = ["StrategySpec", "Simulation", "ProjectedStrategy", "register", "register_projected", "get", "names",
-           "specs", "reference", "under_test", "healer", "rank_class", "relaunch_reason", "simulated", "projected_strategies", "color"]
+__all__ = [
+    "StrategySpec",
+    "Simulation",
+    "ProjectedStrategy",
+    "register",
+    "register_projected",
+    "get",
+    "names",
+    "specs",
+    "reference",
+    "under_test",
+    "healer",
+    "rank_class",
+    "relaunch_reason",
+    "simulated",
+    "projected_strategies",
+    "color",
+]
 
-_BUILTIN_MODULES = ("none", "accelpact", "accelpact_heal", "cold_restart", "checkpoint_restore", "torchft_hsdp", "gemini")
+_BUILTIN_MODULES = (
+    "none",
+    "accelpact",
+    "accelpact_heal",
+    "cold_restart",
+    "checkpoint_restore",
+    "torchft_hsdp",
+    "gemini",
+)
 _REGISTRY: Registry[StrategySpec] = Registry(
-    "strategy", StrategySpec, lambda s: s.name,
-    lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES])
+    "strategy",
+    StrategySpec,
+    lambda s: s.name,
+    lambda: [importlib.import_module(f"harness.strategies.{m}").SPEC for m in _BUILTIN_MODULES],
+)
 
 
 # Strategies only the scale simulator knows (harness.strategies.projected, and plugins').
 _PROJECTED: Registry[ProjectedStrategy] = Registry(
-    "projected strategy", ProjectedStrategy, lambda p: p.name,
-    lambda: importlib.import_module("harness.strategies.projected").PROJECTED)
+    "projected strategy",
+    ProjectedStrategy,
+    lambda p: p.name,
+    lambda: importlib.import_module("harness.strategies.projected").PROJECTED,
+)
 
 
 def register_projected(strategy: ProjectedStrategy) -> ProjectedStrategy:
@@ -85,7 +116,7 @@ def reference() -> StrategySpec:
     return next(s for s in specs() if s.reference)
 
 
-def under_test(present: Iterable[str] = (), preferred: Optional[str] = None) -> StrategySpec:
+def under_test(present: Iterable[str] = (), preferred: str | None = None) -> StrategySpec:
     """The strategy whose gain over the others a comparison reports: ``preferred`` when given (it must be
     registered: ``compare.ours``), else the first in-memory strategy (table order) among the ``present``
     names, else the first in-memory strategy (AccelPact)."""
@@ -102,14 +133,20 @@ def healer() -> StrategySpec:
     return next(s for s in specs() if s.recovers_in_memory and s.heals_lost_ranks)
 
 
-def rank_class(name: str) -> "type[Strategy]":
+def rank_class(name: str) -> type[Strategy]:
     """Import the rank-side class of ``name`` (rank processes only: it imports torch)."""
     module_name, cls_name = get(name).rank_class.split(":")
     return getattr(importlib.import_module(module_name), cls_name)
 
 
-def relaunch_reason(name: str, exit_codes: "Mapping[int, Optional[int]]", restarts: int, max_restarts: int,
-                    interrupted: bool, first_failure: Optional[int] = None) -> Optional[str]:
+def relaunch_reason(
+    name: str,
+    exit_codes: Mapping[int, int | None],
+    restarts: int,
+    max_restarts: int,
+    interrupted: bool,
+    first_failure: int | None = None,
+) -> str | None:
     """Why the parent should relaunch every rank of a ``name`` run now, or None to stop there.
 
     The strategy's own policy decides, within ``strategy.max_restarts`` and never after Ctrl-C.

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.strategies.accelpact import SPEC as REBIND, relaunch_from_snapshots
+from harness.strategies.accelpact import SPEC as REBIND
+from harness.strategies.accelpact import relaunch_from_snapshots
 from harness.strategies.spec import Simulation
 
 SPEC = dataclasses.replace(
@@ -20,8 +21,11 @@ SPEC = dataclasses.replace(
     description="in-memory recovery plus the heal of a lost process or host from per-step snapshots and a buddy replica",
     label="AccelPact + heal",
     color="tab:cyan",
-    simulation=Simulation("harness.scale.outcomes:rebind_and_heal_in_memory",
-                          "AccelPact rebinding + in-memory heal (measured: results/process_loss)", synchronous=True),
+    simulation=Simulation(
+        "harness.scale.outcomes:rebind_and_heal_in_memory",
+        "AccelPact rebinding + in-memory heal (measured: results/process_loss)",
+        synchronous=True,
+    ),
     paper_gain={},
     heals_lost_ranks=True,
     # A whole-job crash (fault=kill_all) relaunches every rank; they resume from the snapshots, not from disk.
@@ -33,5 +37,5 @@ SPEC = dataclasses.replace(
         "not from a heartbeat timeout",
     ),
     pace="its per-step snapshot (a copy and a CRC-32 of each rank's shards into shared memory) and buddy push run "
-         "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
+    "inside every productive step; their cost alone, side by side: results/process_loss/push_every.md",
 )

@@ -21,13 +21,14 @@ Modules here import torch inside methods only: the registry reads strategy modul
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Optional
+from typing import TYPE_CHECKING, Any
 
+from harness.events import Eval, EventLog
 from harness.schema import RunConfig
-from harness.events import EventLog, Eval
 
 if TYPE_CHECKING:
     import torch
@@ -41,16 +42,16 @@ class TrainContext:
     cfg: RunConfig
     rank: int
     world_size: int
-    device: "torch.device"
-    model: "nn.Module"
-    optimizer: "torch.optim.Optimizer"
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
     events: EventLog
     run_dir: str
     incarnation: int = 0
-    control_store: Optional[Any] = None  # the parent's long-lived TCPStore (client)
+    control_store: Any | None = None  # the parent's long-lived TCPStore (client)
     replacement: int = 0  # > 0: this process replaces a lost one of its rank (heals in memory)
-    rejoin: Optional[Any] = None  # what the strategy's rejoin hook returned (replacements only)
-    scheduler: Optional[Any] = None  # the LR scheduler (train.warmup_steps), stepped after each committed step
+    rejoin: Any | None = None  # what the strategy's rejoin hook returned (replacements only)
+    scheduler: Any | None = None  # the LR scheduler (train.warmup_steps), stepped after each committed step
 
 
 class Rewind(Exception):
@@ -61,7 +62,7 @@ class Rewind(Exception):
         self.step = step
 
 
-def forward_backward(model: "nn.Module", tokens: "torch.Tensor") -> "torch.Tensor":
+def forward_backward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Next-token loss of ``tokens`` (inputs and labels; transformers shifts them), then backward."""
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
@@ -115,8 +116,9 @@ class Strategy(ABC):
         # Decided by the incarnation (the same on every rank), because load_latest is collective.
         if ctx.incarnation > 0 and not ctx.replacement and self.restores_checkpoint_at_start:
             self._start = self.restore_checkpoint()
-        self.faults = RankFaults.for_rank(ctx.cfg, ctx.rank, ctx.run_dir, ctx.events,
-                                          exclude_ports or store_ports_of(ctx))
+        self.faults = RankFaults.for_rank(
+            ctx.cfg, ctx.rank, ctx.run_dir, ctx.events, exclude_ports or store_ports_of(ctx)
+        )
         if self.faults is not None:
             self.faults.install(ctx.model)
 
@@ -141,10 +143,17 @@ class Strategy(ABC):
         from harness.checkpoint import Checkpointer, CheckpointSettings
 
         cc = self.ctx.cfg.checkpoint
-        settings = CheckpointSettings(directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value,
-                                      keep=cc.keep)
-        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
-                            on_event=self.ctx.events.emit, timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
+        settings = CheckpointSettings(
+            directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value, keep=cc.keep
+        )
+        return Checkpointer(
+            settings,
+            self.ctx.model,
+            self.ctx.optimizer,
+            process_group=process_group,
+            on_event=self.ctx.events.emit,
+            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s),
+        )
 
     # -- what the loop calls ------------------------------------------------------------------------
     def first_step(self) -> int:
@@ -159,7 +168,7 @@ class Strategy(ABC):
         """Whether ``step`` had already committed once before a rollback (goodput counts it as lost)."""
         return step <= self._replay_until
 
-    def step(self, step: int, tokens: "torch.Tensor") -> float:
+    def step(self, step: int, tokens: torch.Tensor) -> float:
         """Run step ``step`` to commit through the subclass; every fault armed for it must have fired."""
         if self.faults is not None:
             self.faults.begin_step(step)
@@ -170,7 +179,8 @@ class Strategy(ABC):
                 raise FaultPointMissed(
                     f"strategy {type(self).__name__} finished step {step} without reaching the fault point(s) "
                     f"{missed} armed for it: call self.plain_step(), or pass self.on_guard_phase to the guard's "
-                    "phase hooks, so the clip and vote points fire")
+                    "phase hooks, so the clip and vote points fire"
+                )
         return loss
 
     def after_step(self, step: int) -> None:
@@ -221,7 +231,7 @@ class Strategy(ABC):
 
     # -- for subclasses -------------------------------------------------------------------------------
     @abstractmethod
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         """Run step ``step`` to commit on this rank; return this rank's loss."""
 
     def fire(self, phase: str) -> None:
@@ -234,7 +244,7 @@ class Strategy(ABC):
         if self.faults is not None:
             self.faults.on_phase(phase, guard_step)
 
-    def plain_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def plain_step(self, step: int, tokens: torch.Tensor) -> float:
         """Forward, backward, clip, optimizer step, with the fault points of a plain loop."""
         model, opt = self.ctx.model, self.ctx.optimizer
         loss = forward_backward(model, tokens)

@@ -5,7 +5,8 @@ replay the steps lost since it (``replay=True`` step events)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from harness.strategies.base import Strategy
 from harness.strategies.spec import Simulation, StrategySpec
@@ -15,11 +16,11 @@ if TYPE_CHECKING:
 
 
 class ColdRestart(Strategy):
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         return self.plain_step(step, tokens)
 
 
-def relaunch_after_any_failure(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_after_any_failure(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Relaunch every rank after any rank failed, as a cluster manager would."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     if not failed:
@@ -36,9 +37,15 @@ SPEC = StrategySpec(
     color="tab:red",
     order=2,
     relaunch=relaunch_after_any_failure,
-    simulation=Simulation("harness.scale.outcomes:relaunch_and_restore", "cold restart (torchrun + DCP)",
-                          synchronous=True, calibration_rollback="checkpoint"),
+    simulation=Simulation(
+        "harness.scale.outcomes:relaunch_and_restore",
+        "cold restart (torchrun + DCP)",
+        synchronous=True,
+        calibration_rollback="checkpoint",
+    ),
     paper_gain={5: 1.197, 18: 1.698},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
-    unequal=("any fault ends every rank: all are relaunched (fresh interpreters) and restore the newest DCP "
-             "checkpoint; the steps since it are replayed",),
+    unequal=(
+        "any fault ends every rank: all are relaunched (fresh interpreters) and restore the newest DCP "
+        "checkpoint; the steps since it are replayed",
+    ),
 )

@@ -41,18 +41,29 @@ class Gemini(Strategy):
         folder = Path(ctx.run_dir) / "gemini"
         t0 = time.time()
         self.handle = enable_resiliency(
-            ctx.model, ctx.optimizer, interval=every, enable_detection=False,
-            checkpoint=InMemoryCkptConfig(interval=every, disk_folder=str(folder), disk_flush_interval=0,
-                                          pin_memory=False, run_id=Path(ctx.run_dir).name),
+            ctx.model,
+            ctx.optimizer,
+            interval=every,
+            enable_detection=False,
+            checkpoint=InMemoryCkptConfig(
+                interval=every,
+                disk_folder=str(folder),
+                disk_flush_interval=0,
+                pin_memory=False,
+                run_id=Path(ctx.run_dir).name,
+            ),
             # Without an explicit group lm-resiliency builds NCCL groups even with detection off.
-            group=dist.group.WORLD, device=ctx.device)
+            group=dist.group.WORLD,
+            device=ctx.device,
+        )
         resumed = int(self.handle.step_count)
         if ctx.incarnation > 0:
-            ctx.events.emit("restore", t_start=t0, t_end=time.time(), from_step=resumed - 1, source="gemini",
-                            path=str(folder))
+            ctx.events.emit(
+                "restore", t_start=t0, t_end=time.time(), from_step=resumed - 1, source="gemini", path=str(folder)
+            )
         self._start = max(self._start, resumed)
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         try:
             return self.plain_step(step, tokens)
         except Exception:
@@ -75,14 +86,18 @@ def check_runnable(run: Any) -> None:
     from harness.schema import ConfigError
 
     if run.cluster.world_size % 2:
-        raise ConfigError(f"strategy=gemini pairs each rank with a neighbour: cluster.world_size={run.cluster.world_size} "
-                          f"must be even; try cluster.world_size={run.cluster.world_size + 1}")
+        raise ConfigError(
+            f"strategy=gemini pairs each rank with a neighbour: cluster.world_size={run.cluster.world_size} "
+            f"must be even; try cluster.world_size={run.cluster.world_size + 1}"
+        )
     try:
         import lm_resiliency  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"strategy=gemini needs lm-resiliency=={LM_RESILIENCY_VERSION}, its own extra: "
-                          "`pip install -e '.[gemini]'` (docs/peers.md says why `make setup` leaves it out); "
-                          f"importing it failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"strategy=gemini needs lm-resiliency=={LM_RESILIENCY_VERSION}, its own extra: "
+            "`pip install -e '.[gemini]'` (docs/peers.md says why `make setup` leaves it out); "
+            f"importing it failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 SPEC = StrategySpec(

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class PlainStep(Strategy):
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         return self.plain_step(step, tokens)
 
 

@@ -12,21 +12,22 @@ parent, the ranks and the report code can all read the registry.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.schema import RunConfig
 
 # exit_codes (rank -> code, None while running), the rank that failed first -> why relaunch, or None.
-RelaunchPolicy = Callable[[Mapping[int, Optional[int]], Optional[int]], Optional[str]]
+RelaunchPolicy = Callable[[Mapping[int, int | None], int | None], str | None]
 # (run, launcher) -> an object to keep alive for the run (closed with ``close()`` if it has one), or None.
 ParentSetup = Callable[["RunConfig", Any], Any]
 # run -> None, or raise ConfigError naming the fix.
 Check = Callable[["RunConfig"], None]
 # (run, dead rank, its exit code, every rank's exit code) -> start a replacement for that rank only
 # (the strategy heals it in memory) instead of ending the incarnation.
-ReplacePolicy = Callable[["RunConfig", int, int, Mapping[int, Optional[int]]], bool]
+ReplacePolicy = Callable[["RunConfig", int, int, Mapping[int, int | None]], bool]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Simulation:
     fault_free: bool = False  # no failures are drawn for it: the upper bound (the reference)
     # What the harness's calibration fault (a socket reset) throws away under it: "step" or "checkpoint"
     # (harness.scale.config's rollbacks); None: the simulator is not calibrated against its runs.
-    calibration_rollback: Optional[str] = None
+    calibration_rollback: str | None = None
 
     def __post_init__(self) -> None:
         if ":" not in self.build:
@@ -60,7 +61,7 @@ class ProjectedStrategy:
     color: str = "tab:gray"  # matplotlib colour in the simulator's plots
 
 
-def never_relaunch(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def never_relaunch(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """A failed rank ends the run (the reference, and strategies that recover in process)."""
     return None
 
@@ -78,25 +79,25 @@ class StrategySpec:
     color: str  # matplotlib colour in every plot
     order: int  # position in tables (reference first)
     relaunch: RelaunchPolicy = never_relaunch
-    parent_setup: Optional[ParentSetup] = None
+    parent_setup: ParentSetup | None = None
     # After the first rank fails, how long the parent lets the others finish on their own (a strategy
     # whose survivors write a fallback event before exiting needs a moment) before tearing down.
-    settle_s: Callable[["RunConfig"], float] = lambda run: 0.0
+    settle_s: Callable[[RunConfig], float] = lambda run: 0.0
     # "module:function" that replaces the standard rank life (harness.rank.train) when the strategy
     # must own the process groups from the start (NVRx's in-process restart); None: standard life.
-    rank_entry: Optional[str] = None
-    check: Optional[Check] = None
-    replace_dead: Optional[ReplacePolicy] = None
+    rank_entry: str | None = None
+    check: Check | None = None
+    replace_dead: ReplacePolicy | None = None
     # "module:function" called as fn(cfg, env) INSTEAD of building the default process group in a
     # replacement process (harness.rank.env REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
-    rejoin: Optional[str] = None
+    rejoin: str | None = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
     heals_lost_ranks: bool = False  # by default it heals a killed rank or a lost host in memory (AccelPact's heal)
     # The strategy's own bound on a stalled step, in seconds (torchft: its Manager's timeout), or None. A
     # network outage longer than it breaks the step whatever the PG timeout (harness.app.capabilities).
-    step_timeout_s: Callable[["RunConfig"], Optional[float]] = lambda run: None
-    simulation: Optional[Simulation] = None  # how harness.scale projects it (None: not simulated)
+    step_timeout_s: Callable[[RunConfig], float | None] = lambda run: None
+    simulation: Simulation | None = None  # how harness.scale projects it (None: not simulated)
     # The paper's published whole-run goodput gain of AccelPact over this strategy, by checkpoint age in
     # steps ({} when the paper does not compare with it); harness.report.paper collects them.
     paper_gain: Mapping[int, float] = field(default_factory=dict, hash=False)

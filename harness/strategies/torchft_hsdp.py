@@ -44,17 +44,25 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
 from harness.strategies.spec import StrategySpec
-from harness.strategies.torchft_parent import (LIGHTHOUSE_ENV, GroupLayout, TorchftJob, gen_key, group_store_key,
-                                               groups_untouched, ports_key, ranks_lost)
+from harness.strategies.torchft_parent import (
+    LIGHTHOUSE_ENV,
+    GroupLayout,
+    TorchftJob,
+    group_store_key,
+    groups_untouched,
+    ports_key,
+    ranks_lost,
+)
 
 if TYPE_CHECKING:
     import torch
 
 from harness.strategies.torchft_report import TORCHFT_VERSION
+
 REPLICA_ID_PREFIX = "harness_replica_"  # torchft reads the group's index from the id's trailing digits
 
 
@@ -63,27 +71,27 @@ class Attempt:
     """One attempt at a step on this rank, as torchft's Manager went through it."""
 
     t_start: float
-    t_quorum_start: Optional[float] = None
-    t_quorum_end: Optional[float] = None
-    t_configured: Optional[float] = None
-    quorum_id: Optional[int] = None
-    replica_world_size: Optional[int] = None
+    t_quorum_start: float | None = None
+    t_quorum_end: float | None = None
+    t_configured: float | None = None
+    quorum_id: int | None = None
+    replica_world_size: int | None = None
     heal: bool = False
     recover_dst: tuple[int, ...] = ()
-    max_step: Optional[int] = None
-    t_error: Optional[float] = None
+    max_step: int | None = None
+    t_error: float | None = None
     error: str = ""
     quorum_wait_s: float = 0.0  # main thread blocked on the asynchronous quorum
     send_s: float = 0.0
     recv_s: float = 0.0
     should_commit_s: float = 0.0
-    t_end: Optional[float] = None
+    t_end: float | None = None
 
 
 class _TimedClient:
     """torchft's ManagerClient with the quorum timed (it runs on the Manager's quorum thread)."""
 
-    def __init__(self, client: Any, owner: "TorchftHsdp") -> None:
+    def __init__(self, client: Any, owner: TorchftHsdp) -> None:
         self._client = client
         self._owner = owner
 
@@ -101,8 +109,16 @@ class _TimedClient:
 
 
 class TorchftHsdp(Strategy):
-    def __init__(self, ctx: TrainContext, layout: GroupLayout, control: Any, store_addr: tuple[str, int],
-                 gen: int, token: str, t_launch: float) -> None:
+    def __init__(
+        self,
+        ctx: TrainContext,
+        layout: GroupLayout,
+        control: Any,
+        store_addr: tuple[str, int],
+        gen: int,
+        token: str,
+        t_launch: float,
+    ) -> None:
         self.ctx = ctx
         self.layout = layout
         self.token = token
@@ -112,7 +128,7 @@ class TorchftHsdp(Strategy):
         self.settings = ctx.cfg.strategy.torchft
         self.lighthouse = os.environ[LIGHTHOUSE_ENV]
         self.attempt = Attempt(t_start=time.time())
-        self._failed: Optional[Attempt] = None  # the last discarded attempt, until its retry's quorum
+        self._failed: Attempt | None = None  # the last discarded attempt, until its retry's quorum
         self._fields: dict[str, Any] = {}
         self._heals = 0
         super().__init__(ctx, exclude_ports=self._service_ports())
@@ -130,9 +146,14 @@ class TorchftHsdp(Strategy):
         cc = self.ctx.cfg.checkpoint
         directory = str(Path(checkpoint_dir(self.ctx)) / f"group{self.layout.group}")
         settings = CheckpointSettings(directory=directory, interval=cc.interval, mode=cc.mode.value, keep=cc.keep)
-        return Checkpointer(settings, self.ctx.model, self.ctx.optimizer, process_group=process_group,
-                            on_event=self.ctx.events.emit,
-                            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s))
+        return Checkpointer(
+            settings,
+            self.ctx.model,
+            self.ctx.optimizer,
+            process_group=process_group,
+            on_event=self.ctx.events.emit,
+            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s),
+        )
 
     def _build_manager(self, store_addr: tuple[str, int]) -> Any:
         import torchft
@@ -160,17 +181,28 @@ class TorchftHsdp(Strategy):
 
         transport = TimedPGTransport(pg, timeout=timeout, device=ctx.device, state_dict=self._state_dict)
         manager = torchft.Manager(
-            pg=pg, load_state_dict=self._load_state_dict, state_dict=self._state_dict,
-            min_replica_size=st.min_replicas, timeout=timeout, quorum_timeout=timedelta(seconds=st.quorum_timeout_s),
+            pg=pg,
+            load_state_dict=self._load_state_dict,
+            state_dict=self._state_dict,
+            min_replica_size=st.min_replicas,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=st.quorum_timeout_s),
             connect_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
-            rank=self.layout.local, world_size=self.layout.size, store_addr=store_addr[0], store_port=store_addr[1],
-            lighthouse_addr=self.lighthouse, replica_id=f"{REPLICA_ID_PREFIX}{self.layout.group}",
+            rank=self.layout.local,
+            world_size=self.layout.size,
+            store_addr=store_addr[0],
+            store_port=store_addr[1],
+            lighthouse_addr=self.lighthouse,
+            replica_id=f"{REPLICA_ID_PREFIX}{self.layout.group}",
             # Only local rank 0 runs the Manager's server; it advertises it on the host its group store
             # listens on (group_store_host): the group's other ranks dial it, wherever they run.
-            hostname=store_addr[0], checkpoint_transport=transport,
+            hostname=store_addr[0],
+            checkpoint_transport=transport,
             # Every group builds the same model from the same seed: measured, init_sync=True "heals" group 1
             # at step 0 and moves the result off plain DDP's.
-            init_sync=False, max_retries=st.max_retries)
+            init_sync=False,
+            max_retries=st.max_retries,
+        )
         manager._client = _TimedClient(manager._client, self)
         configure = pg.configure
 
@@ -204,7 +236,7 @@ class TorchftHsdp(Strategy):
     def _hook_fsdp(self) -> None:
         from torch.distributed.fsdp import FSDPModule
 
-        def all_reduce_across_groups(grad: "torch.Tensor") -> None:
+        def all_reduce_across_groups(grad: torch.Tensor) -> None:
             self.manager.allreduce(grad).wait()
 
         hooked = 0
@@ -243,7 +275,7 @@ class TorchftHsdp(Strategy):
     def step_fields(self) -> dict[str, Any]:
         return self._fields
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         cfg = self.ctx.cfg
         attempts = 0
         while True:
@@ -306,10 +338,20 @@ class TorchftHsdp(Strategy):
         q_end = retry.t_quorum_end or failed.t_end
         ready = max(retry.t_configured or q_end, q_end)
         self.ctx.events.emit(
-            "recovery", t=ready, decision="retry", generation=retry.quorum_id or 0, detected_by="exception",
-            detection_s=max(0.0, failed.t_end - t_err), agreement_s=max(0.0, q_end - failed.t_end),
-            rebuild_s=max(0.0, ready - q_end), rebind_s=0.0, first_collective_s=0.0,
-            torchft_error=failed.error, torchft_quorum_id=retry.quorum_id, torchft_old_quorum_id=failed.quorum_id)
+            "recovery",
+            t=ready,
+            decision="retry",
+            generation=retry.quorum_id or 0,
+            detected_by="exception",
+            detection_s=max(0.0, failed.t_end - t_err),
+            agreement_s=max(0.0, q_end - failed.t_end),
+            rebuild_s=max(0.0, ready - q_end),
+            rebind_s=0.0,
+            first_collective_s=0.0,
+            torchft_error=failed.error,
+            torchft_quorum_id=retry.quorum_id,
+            torchft_old_quorum_id=failed.quorum_id,
+        )
 
     def _emit_heal(self, a: Attempt) -> None:
         """This group was behind and loaded a peer's state in this attempt."""
@@ -319,18 +361,35 @@ class TorchftHsdp(Strategy):
         replacement_start = max(0.0, start - self.t_launch) if first_of_replacement and self.t_launch else 0.0
         assert a.t_end is not None
         self.ctx.events.emit(
-            "heal", t=a.t_end, role="replacement" if first_of_replacement else "rejoin", source="peer",
-            generation=a.quorum_id or 0, replacement_start_s=replacement_start, heal_transfer_s=a.t_end - start,
-            total_s=replacement_start + a.t_end - start, recv_s=a.recv_s, to_step=a.max_step,
-            transport="torchft PGTransport")
+            "heal",
+            t=a.t_end,
+            role="replacement" if first_of_replacement else "rejoin",
+            source="peer",
+            generation=a.quorum_id or 0,
+            replacement_start_s=replacement_start,
+            heal_transfer_s=a.t_end - start,
+            total_s=replacement_start + a.t_end - start,
+            recv_s=a.recv_s,
+            to_step=a.max_step,
+            transport="torchft PGTransport",
+        )
 
     def _emit_sent(self, a: Attempt) -> None:
         """This group sent its state to the healing groups: the time the training thread waited for it."""
         assert a.t_end is not None
         self.ctx.events.emit(
-            "heal", t=(a.t_quorum_end or a.t_start) + a.send_s, role="sender", source="peer",
-            generation=a.quorum_id or 0, replacement_start_s=0.0, heal_transfer_s=min(a.quorum_wait_s, a.send_s),
-            total_s=a.send_s, send_s=a.send_s, to_ranks=list(a.recover_dst), transport="torchft PGTransport")
+            "heal",
+            t=(a.t_quorum_end or a.t_start) + a.send_s,
+            role="sender",
+            source="peer",
+            generation=a.quorum_id or 0,
+            replacement_start_s=0.0,
+            heal_transfer_s=min(a.quorum_wait_s, a.send_s),
+            total_s=a.send_s,
+            send_s=a.send_s,
+            to_ranks=list(a.recover_dst),
+            transport="torchft PGTransport",
+        )
 
     # -- the end of the run ------------------------------------------------------------------------------
     def _done_key(self, rank: int) -> str:
@@ -383,8 +442,11 @@ class TorchftHsdp(Strategy):
                 self._emit_sent(a)
             time.sleep(0.2)
         if not self.control.check(keys):
-            print(f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
-                  "stopping without them", flush=True)
+            print(
+                f"torchft: not every rank reached step {last} within strategy.replacement_timeout_s; "
+                "stopping without them",
+                flush=True,
+            )
 
     def close(self) -> None:
         super().close()
@@ -408,8 +470,14 @@ def _onto_own_mesh(model: Any, optimizer: Any, state: dict[str, Any]) -> dict[st
             continue
         for key, value in list(per_param.items()):
             if isinstance(value, DTensor):
-                per_param[key] = DTensor.from_local(value.to_local(), param.device_mesh, value.placements,
-                                                    run_check=False, shape=value.shape, stride=value.stride())
+                per_param[key] = DTensor.from_local(
+                    value.to_local(),
+                    param.device_mesh,
+                    value.placements,
+                    run_check=False,
+                    shape=value.shape,
+                    stride=value.stride(),
+                )
     return state
 
 
@@ -446,27 +514,32 @@ def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: 
 def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
-    from harness.schema import ConfigError
     from harness.faults import registry as faults
+    from harness.schema import ConfigError
 
     st = run.strategy.torchft
     world = run.cluster.world_size
     if st.group_size < 1 or world % st.group_size or world // st.group_size < 2:
-        raise ConfigError(f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
-                          f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
-                          f"try strategy.torchft.group_size={max(1, world // 2)}")
+        raise ConfigError(
+            f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
+            f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
+            f"try strategy.torchft.group_size={max(1, world // 2)}"
+        )
     replicate = run.cluster.replicate
     if replicate > 1 and st.group_size * replicate != world:
-        raise ConfigError(f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
-                          f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
-                          f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`")
+        raise ConfigError(
+            f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
+            f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
+            f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`"
+        )
     spec = faults.get(run.fault.kind)
     if spec.kills_all:
         raise ConfigError(
             f"strategy=torchft with fault={run.fault.kind}: the fault kills every rank at once, and torchft heals a "
             "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
             "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
-            "strategy=accelpact_heal,cold_restart,checkpoint_restore")
+            "strategy=accelpact_heal,cold_restart,checkpoint_restore"
+        )
     if spec.kills_ranks:
         lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
         if not groups_untouched(lost, world, st.group_size):
@@ -474,12 +547,15 @@ def check_runnable(run: Any) -> None:
                 f"strategy=torchft with fault={run.fault.kind} on rank(s) {list(run.fault.ranks)}: it kills ranks "
                 f"{sorted(lost)}, a member of every replica group of {st.group_size} rank(s), and torchft heals a "
                 f"restarted group only from a live one; try fault.ranks=[{run.fault.ranks[0]}] with a host per "
-                f"group: cluster.hosts={world // st.group_size}")
+                f"group: cluster.hosts={world // st.group_size}"
+            )
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
-        raise ConfigError(f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
-                          f"importing it failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
+            f"importing it failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 SPEC = StrategySpec(
@@ -504,8 +580,8 @@ SPEC = StrategySpec(
         "(torchft's default is unbounded) against a retry livelock",
     ),
     pace="its cross-group gradient all-reduce is torchft's Manager.allreduce, hooked on every FSDP module, in place "
-         "of FSDP2's all-reduce over the replicate dimension, and while a group restarts the other trains alone, "
-         "with no cross-group all-reduce at all. Fault-free, its math is the reference's bit for bit "
-         "(tests/harness/test_hsdp.py), so the difference lies in how the reduction is scheduled; which part of it "
-         "makes torchft's steps faster on this host was not isolated",
+    "of FSDP2's all-reduce over the replicate dimension, and while a group restarts the other trains alone, "
+    "with no cross-group all-reduce at all. Fault-free, its math is the reference's bit for bit "
+    "(tests/harness/test_hsdp.py), so the difference lies in how the reduction is scheduled; which part of it "
+    "makes torchft's steps faster on this host was not isolated",
 )

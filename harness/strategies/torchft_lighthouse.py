@@ -24,8 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from harness.parent.server_home import ServerHome
 
@@ -35,7 +35,7 @@ READY_TIMEOUT_S = 60.0
 class Lighthouse:
     """A Lighthouse process of one run; ``address`` is its ``http://host:port``."""
 
-    def __init__(self, proc: "subprocess.Popen[bytes]", address: str, log_path: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: Path) -> None:
         self.proc = proc
         self.address = address
         self.log_path = log_path
@@ -45,21 +45,44 @@ class Lighthouse:
         return int(self.address.rsplit(":", 1)[1].split("/")[0])
 
     @classmethod
-    def start(cls, log_path: Path, host: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-              heartbeat_timeout_ms: int, python: str = sys.executable, netns: Optional[str] = None) -> "Lighthouse":
+    def start(
+        cls,
+        log_path: Path,
+        host: str,
+        min_replicas: int,
+        join_timeout_ms: int,
+        quorum_tick_ms: int,
+        heartbeat_timeout_ms: int,
+        python: str = sys.executable,
+        netns: str | None = None,
+    ) -> Lighthouse:
         """The Lighthouse listening on ``host`` (port chosen by the kernel), in network namespace ``netns``
         (None: the parent's)."""
-        argv = [python, "-m", "harness.strategies.torchft_lighthouse", "--bind", f"{host}:0",
-                "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
-                "--quorum_tick_ms", str(quorum_tick_ms), "--heartbeat_timeout_ms", str(heartbeat_timeout_ms),
-                "--parent_pid", str(os.getpid())]
+        argv = [
+            python,
+            "-m",
+            "harness.strategies.torchft_lighthouse",
+            "--bind",
+            f"{host}:0",
+            "--min_replicas",
+            str(min_replicas),
+            "--join_timeout_ms",
+            str(join_timeout_ms),
+            "--quorum_tick_ms",
+            str(quorum_tick_ms),
+            "--heartbeat_timeout_ms",
+            str(heartbeat_timeout_ms),
+            "--parent_pid",
+            str(os.getpid()),
+        ]
         argv = ServerHome(host, netns).command(argv)  # `ip netns exec` execs it: still this process's child
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
+            )
         finally:
             log.close()
         line: list[bytes] = []
@@ -69,8 +92,10 @@ class Lighthouse:
         if not line or not line[0].strip():
             proc.kill()
             proc.wait()
-            raise RuntimeError(f"the torchft Lighthouse ({ServerHome(host, netns).describe()}) did not start within "
-                               f"{READY_TIMEOUT_S:.0f} s; see {log_path}")
+            raise RuntimeError(
+                f"the torchft Lighthouse ({ServerHome(host, netns).describe()}) did not start within "
+                f"{READY_TIMEOUT_S:.0f} s; see {log_path}"
+            )
         bound = json.loads(line[0])["address"]  # "http://<this machine's hostname>:<port>"
         # The ranks dial the host it was bound to: the hostname need not resolve to that interface.
         return cls(proc, f"http://{host}:{bound.rsplit(':', 1)[1]}", log_path)
@@ -78,7 +103,7 @@ class Lighthouse:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self, grace_s: float = 5.0) -> Optional[int]:
+    def close(self, grace_s: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s``; returns its exit code."""
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -106,8 +131,13 @@ def main(argv: Sequence[str]) -> int:
     die_with_parent(args.parent_pid)
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
-                              quorum_tick_ms=args.quorum_tick_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    server = LighthouseServer(
+        bind=args.bind,
+        min_replicas=args.min_replicas,
+        join_timeout_ms=args.join_timeout_ms,
+        quorum_tick_ms=args.quorum_tick_ms,
+        heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())

@@ -20,9 +20,10 @@ Nothing here imports torch: the parent builds no process group for torchft.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from harness.parent.server_home import server_home
 from harness.strategies.torchft_lighthouse import Lighthouse
@@ -100,14 +101,23 @@ class TorchftJob:
         self._pending: dict[int, set[int]] = {}  # group -> members of the current restart not yet replaced
         home = server_home(run, launcher)
         self.lighthouse = Lighthouse.start(
-            Path(launcher.run_dir) / "logs" / LIGHTHOUSE_LOG, home.host, st.min_replicas,
-            st.join_timeout_ms, st.quorum_tick_ms, st.heartbeat_timeout_ms, netns=home.netns)
+            Path(launcher.run_dir) / "logs" / LIGHTHOUSE_LOG,
+            home.host,
+            st.min_replicas,
+            st.join_timeout_ms,
+            st.quorum_tick_ms,
+            st.heartbeat_timeout_ms,
+            netns=home.netns,
+        )
         launcher.extra_env[LIGHTHOUSE_ENV] = self.lighthouse.address
         launcher.replace_dead = self.replace_dead
-        print(f"  torchft: Lighthouse {self.lighthouse.address} ({home.describe()}, pid {self.lighthouse.proc.pid}), "
-              f"{run.cluster.world_size // st.group_size} replica group(s) of {st.group_size} rank(s)", flush=True)
+        print(
+            f"  torchft: Lighthouse {self.lighthouse.address} ({home.describe()}, pid {self.lighthouse.proc.pid}), "
+            f"{run.cluster.world_size // st.group_size} replica group(s) of {st.group_size} rank(s)",
+            flush=True,
+        )
 
-    def replace_dead(self, rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
+    def replace_dead(self, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
         """torchrun's per-group restart: restart ``rank``'s whole group (stop its live members first)."""
         if not self.lighthouse.alive():
             return False  # nothing to rejoin: the run ends with the failure
@@ -121,8 +131,11 @@ class TorchftJob:
             if finished:
                 # The group cannot restart whole: a finished rank is not restarted (only failed ones are), and
                 # the restarted members would wait for it at the group's rendezvous until the run timed out.
-                print(f"  torchft: replica group {g} lost rank {rank} (exit {code}) after its rank(s) {finished} "
-                      "finished; not restarting the group", flush=True)
+                print(
+                    f"  torchft: replica group {g} lost rank {rank} (exit {code}) after its rank(s) {finished} "
+                    "finished; not restarting the group",
+                    flush=True,
+                )
                 return False
             self.restarts[g] = self.restarts.get(g, 0) + 1
             pending = self._pending[g] = set(layout.members())
@@ -130,8 +143,11 @@ class TorchftJob:
             for mate in layout.members():
                 if mate != rank and codes.get(mate) is None:
                     self.launcher.signal_rank(mate, signal.SIGKILL)
-            print(f"  torchft: replica group {g} lost rank {rank} (exit {code}); restarting the group "
-                  f"(generation {self.restarts[g]})", flush=True)
+            print(
+                f"  torchft: replica group {g} lost rank {rank} (exit {code}); restarting the group "
+                f"(generation {self.restarts[g]})",
+                flush=True,
+            )
         pending.discard(rank)
         return True
 
@@ -147,8 +163,12 @@ class TorchftJob:
 
         run_dir = Path(self.launcher.run_dir)
         events = read_events(run_dir) if (run_dir / "events").exists() else []
-        return {**torchft_columns(events), "torchft_group_restarts": sum(self.restarts.values()),
-                "torchft_lighthouse": self.lighthouse.address, "torchft_lighthouse_log": str(self.lighthouse.log_path)}
+        return {
+            **torchft_columns(events),
+            "torchft_group_restarts": sum(self.restarts.values()),
+            "torchft_lighthouse": self.lighthouse.address,
+            "torchft_lighthouse_log": str(self.lighthouse.log_path),
+        }
 
     def close(self) -> None:
         self.lighthouse.close()

@@ -28,7 +28,13 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
 
     from harness.events import EventLog
     from harness.rank import identity
-    from harness.rank.train import TrainResult, build_context, connect_control_store, exit_without_static_destructors, run_loop
+    from harness.rank.train import (
+        TrainResult,
+        build_context,
+        connect_control_store,
+        exit_without_static_destructors,
+        run_loop,
+    )
     from harness.strategies.torchft_identity import replica_identity
 
     st = cfg.strategy.torchft
@@ -37,14 +43,26 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     with EventLog(run_dir, env.rank) as events:
         control = connect_control_store(env, cfg.cluster.pg_timeout_s)
         gen = int(control.get(gen_key(env.token, layout.group)).decode()) if env.replacement else 0
-        store, store_addr = _group_store(control, env.token, layout, gen, group_store_host(env.control_host),
-                                         cfg.cluster.pg_timeout_s)
-        dist.init_process_group("gloo", store=dist.PrefixStore("harness/torchft/dp", store), rank=layout.local,
-                                world_size=layout.size, timeout=pg_timeout)
+        store, store_addr = _group_store(
+            control, env.token, layout, gen, group_store_host(env.control_host), cfg.cluster.pg_timeout_s
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore("harness/torchft/dp", store),
+            rank=layout.local,
+            world_size=layout.size,
+            timeout=pg_timeout,
+        )
         try:
             # FSDP over the group's own ranks: the replicate dimension is torchft's, across groups.
-            ctx = build_context(cfg, dataclasses.replace(env, world_size=layout.size), run_dir, events, control,
-                                layout=mesh_layout(layout.size))
+            ctx = build_context(
+                cfg,
+                dataclasses.replace(env, world_size=layout.size),
+                run_dir,
+                events,
+                control,
+                layout=mesh_layout(layout.size),
+            )
             ctx.world_size = env.world_size
             strategy = TorchftHsdp(ctx, layout, control, store_addr, gen, env.token, env.t_launch)
             if not env.replacement:
@@ -56,15 +74,23 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
                     if time.monotonic() > deadline:
                         raise TimeoutError("the torchft replica groups did not all start; see the other ranks' logs")
                     time.sleep(0.01)
-            events.emit("restart", t_launch=env.t_launch, t_ready=time.time(), incarnation=env.incarnation,
-                        replacement=env.replacement, torchft_group=layout.group, torchft_generation=gen)
+            events.emit(
+                "restart",
+                t_launch=env.t_launch,
+                t_ready=time.time(),
+                incarnation=env.incarnation,
+                replacement=env.replacement,
+                torchft_group=layout.group,
+                torchft_generation=gen,
+            )
             try:
                 if env.replacement and strategy.job_finished():
                     committed = strategy.heal_to_end()
                 else:
                     committed = run_loop(ctx, strategy)
-                record = replica_identity(ctx.model, ctx.optimizer, committed, env.rank,
-                                          mesh_layout(env.world_size, cfg.cluster.replicate))
+                record = replica_identity(
+                    ctx.model, ctx.optimizer, committed, env.rank, mesh_layout(env.world_size, cfg.cluster.replicate)
+                )
                 identity.write_identity(run_dir, record)
                 strategy.wait_for_every_rank(committed)
             finally:

@@ -8,7 +8,8 @@ means in the short run.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["PG_TIMEOUT_S", "RESOURCES", "ten_faults", "soak_faults", "hang_every", "armed", "fault_rows"]
 
@@ -31,12 +32,28 @@ def ten_faults(world: int) -> list[dict]:
         {"step": 3, "phase": "backward_reduce_scatter", "ranks": [last], "kind": "reset, one rank"},
         {"step": 4, "phase": "clip_allreduce", "ranks": allr, "kind": "reset, all ranks"},
         {"step": 5, "phase": "vote", "ranks": [0], "kind": "reset, one rank"},
-        {"step": 6, "phase": "post_vote", "action": "reset_raise", "ranks": [1],
-         "kind": "vote completed on some ranks only (roll forward)"},
-        {"step": 7, "phase": "forward_allgather_middle", "action": "stall", "stall_s": PG_TIMEOUT_S + 3,
-         "ranks": [last], "kind": f"hang past the {PG_TIMEOUT_S:.0f} s collective timeout"},
-        {"step": 8, "phase": "forward_allgather_first", "ranks": [0], "kind": "nested: reset, then reset during recovery",
-         "nested": {"phase": "recovery", "ranks": [1 % world]}},
+        {
+            "step": 6,
+            "phase": "post_vote",
+            "action": "reset_raise",
+            "ranks": [1],
+            "kind": "vote completed on some ranks only (roll forward)",
+        },
+        {
+            "step": 7,
+            "phase": "forward_allgather_middle",
+            "action": "stall",
+            "stall_s": PG_TIMEOUT_S + 3,
+            "ranks": [last],
+            "kind": f"hang past the {PG_TIMEOUT_S:.0f} s collective timeout",
+        },
+        {
+            "step": 8,
+            "phase": "forward_allgather_first",
+            "ranks": [0],
+            "kind": "nested: reset, then reset during recovery",
+            "nested": {"phase": "recovery", "ranks": [1 % world]},
+        },
         {"step": 9, "phase": "vote", "ranks": allr, "kind": "reset, all ranks"},
         {"step": 10, "phase": "backward_reduce_scatter", "ranks": allr, "kind": "reset, all ranks"},
     ]
@@ -86,19 +103,26 @@ def fault_rows(flavour: str, world: int, faults: Sequence[dict], per_rank: Seque
     res_at = [{x["step"]: x for x in r["resources"]} for r in per_rank]
     rows = []
     for i, f in enumerate(faults):
-        evs = [by_step.get(f["step"], by_step.get(f["step"] + 1)) for by_step in events]
+        evs: list[Any] = [by_step.get(f["step"], by_step.get(f["step"] + 1)) for by_step in events]
         fired = sum(1 for r in per_rank for x in r.get("fired", []) if x["step"] == f["step"])
-        res = [by_step.get(f["step"]) for by_step in res_at]
+        res: list[Any] = [by_step.get(f["step"]) for by_step in res_at]
         ok = all(e is not None for e in evs)
-        rows.append({
-            "flavour": flavour, "world": world, "fault": i + 1, "step": f["step"], "kind": f["kind"],
-            "phase": f["phase"], "ranks": " ".join(map(str, f["ranks"])),
-            "injections_fired": fired if any("fired" in r for r in per_rank) else "",
-            "decision": evs[0]["decision"]["action"] if ok else "no recovery event",
-            "apply_on": " ".join(map(str, evs[0]["decision"]["apply_on"])) if ok else "",
-            "rounds": max(e["rounds"] for e in evs) if ok else 0,
-            "detection_ms_max": max(e["detection_s"] for e in evs) * 1e3 if ok else float("nan"),
-            "total_ms_max": max(e["total_s"] for e in evs) * 1e3 if ok else float("nan"),
-            **{f"{k}_max": max(x[k] for x in res) if all(res) else float("nan") for k in RESOURCES},
-        })
+        rows.append(
+            {
+                "flavour": flavour,
+                "world": world,
+                "fault": i + 1,
+                "step": f["step"],
+                "kind": f["kind"],
+                "phase": f["phase"],
+                "ranks": " ".join(map(str, f["ranks"])),
+                "injections_fired": fired if any("fired" in r for r in per_rank) else "",
+                "decision": evs[0]["decision"]["action"] if ok else "no recovery event",
+                "apply_on": " ".join(map(str, evs[0]["decision"]["apply_on"])) if ok else "",
+                "rounds": max(e["rounds"] for e in evs) if ok else 0,
+                "detection_ms_max": max(e["detection_s"] for e in evs) * 1e3 if ok else float("nan"),
+                "total_ms_max": max(e["total_s"] for e in evs) * 1e3 if ok else float("nan"),
+                **{f"{k}_max": max(x[k] for x in res) if all(res) else float("nan") for k in RESOURCES},
+            }
+        )
     return rows

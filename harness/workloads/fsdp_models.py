@@ -11,13 +11,25 @@ transformers, which the runtime must never depend on.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
 import torch
 
-__all__ = ["SEED", "FLAVOURS", "model_config", "build", "batch_for", "step_fn_for", "local", "state_of",
-           "resources", "dynamo_counters", "set_pg_timeout"]
+__all__ = [
+    "SEED",
+    "FLAVOURS",
+    "model_config",
+    "build",
+    "batch_for",
+    "step_fn_for",
+    "local",
+    "state_of",
+    "resources",
+    "dynamo_counters",
+    "set_pg_timeout",
+]
 
 SEED = 1234
 # fsdp1 and fsdp1_flat (the tests' name for it): flat parameters; fsdp1_orig: use_orig_params=True.
@@ -34,9 +46,15 @@ def model_config(overrides: Mapping[str, int] | None = None) -> dict[str, int]:
     return {**_BASE, **(overrides or {})}
 
 
-def build(flavour: str, m: Mapping[str, int], compile_backend: str | None = None, *,
-          reshard_after_forward: bool | int = True, seed: int = SEED,
-          lr: float = 1e-3) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.nn.Module, torch.nn.Module]:
+def build(
+    flavour: str,
+    m: Mapping[str, int],
+    compile_backend: str | None = None,
+    *,
+    reshard_after_forward: bool | int = True,
+    seed: int = SEED,
+    lr: float = 1e-3,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.nn.Module, torch.nn.Module]:
     """(model, optimizer, root FSDP module, middle decoder block), from ``seed``, wrapped as ``flavour``.
 
     The root and the middle block are where a FaultInjector installs its forward / backward hooks.
@@ -48,9 +66,14 @@ def build(flavour: str, m: Mapping[str, int], compile_backend: str | None = None
         raise ValueError(f"unknown flavour {flavour!r}: use one of {FLAVOURS}")
     torch.manual_seed(seed)
     config = MistralConfig(
-        vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["inter"],
-        num_hidden_layers=m["layers"], num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
-        max_position_embeddings=m["seq"] * 2, tie_word_embeddings=False,
+        vocab_size=m["vocab"],
+        hidden_size=m["hidden"],
+        intermediate_size=m["inter"],
+        num_hidden_layers=m["layers"],
+        num_attention_heads=m["heads"],
+        num_key_value_heads=m["kv_heads"],
+        max_position_embeddings=m["seq"] * 2,
+        tie_word_embeddings=False,
     )
     model = MistralForCausalLM(config).float()
     if flavour == "fsdp2":
@@ -67,9 +90,13 @@ def build(flavour: str, m: Mapping[str, int], compile_backend: str | None = None
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({MistralDecoderLayer}),
-                     use_orig_params=(flavour == "fsdp1_orig"), device_id=torch.device("cpu"))
-        root, middle = model, model.module.model.layers[m["layers"] // 2]
+        model = FSDP(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({MistralDecoderLayer}),
+            use_orig_params=(flavour == "fsdp1_orig"),
+            device_id=torch.device("cpu"),
+        )
+        root, middle = model, model.module.model.layers[m["layers"] // 2]  # type: ignore[union-attr, index]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
     return model, optimizer, root, middle
 
@@ -117,20 +144,26 @@ def resources(exclude_ports: Collection[int]) -> dict[str, Any]:
 
     gc.collect()
     proc = psutil.Process()
-    return {"threads": proc.num_threads(), "fds": proc.num_fds(),
-            "tcp": len(fault_testing.tcp_socket_inodes(exclude_ports)),
-            "rss_mib": proc.memory_info().rss / 2**20}
+    return {
+        "threads": proc.num_threads(),
+        "fds": proc.num_fds(),
+        "tcp": len(fault_testing.tcp_socket_inodes(exclude_ports)),
+        "rss_mib": proc.memory_info().rss / 2**20,
+    }
 
 
 def dynamo_counters() -> dict[str, int]:
     """torch._dynamo's counters, flattened: compiled frames, unique graphs, recompiles, breaks."""
     import torch._dynamo.utils as dyn_utils
 
-    return {f"{group}/{key}": int(n) for group, d in dyn_utils.counters.items() for key, n in d.items()
-            if isinstance(n, int)}
+    return {
+        f"{group}/{key}": int(n)
+        for group, d in dyn_utils.counters.items()
+        for key, n in d.items()
+        if isinstance(n, int)
+    }
 
 
 def set_pg_timeout(pg: Any, seconds: float) -> None:
     """Change a live gloo group's collective timeout (e.g. a short one for a hang scenario)."""
     pg._get_backend(torch.device("cpu"))._set_default_timeout(timedelta(seconds=seconds))
-

@@ -41,9 +41,8 @@ import torch.distributed as dist
 
 from accelpact import testing as fault_testing
 from accelpact.dataplane.bindings import BindingTable
-from accelpact.guard import attach, clip_gradients
 from accelpact.dataplane.reset import ResetConfig
-from harness.workloads.memory_probe import fd_kinds
+from accelpact.guard import attach, clip_gradients
 from harness.workloads.fsdp_models import (
     batch_for,
     build,
@@ -54,6 +53,7 @@ from harness.workloads.fsdp_models import (
     state_of,
     step_fn_for,
 )
+from harness.workloads.memory_probe import fd_kinds
 
 if TYPE_CHECKING:  # only for the hints: runners are also used with an accelpact that predates it
     from accelpact.testing.rank import RankContext
@@ -63,7 +63,7 @@ __all__ = ["RUNNER", "run", "train", "rebind"]
 RUNNER = f"{__name__}:run"  # what callers pass to run_session
 
 
-def run(sc: dict, ctx: "RankContext") -> dict:
+def run(sc: dict, ctx: RankContext) -> dict:
     """The scenario runner: dispatch on ``sc["kind"]`` (default "train")."""
     kinds = {"train": train, "rebind": rebind}
     kind = sc.get("kind", "train")
@@ -90,7 +90,7 @@ def _plain_step(model, optimizer, injector, step_fn, tokens: torch.Tensor, step:
     return loss
 
 
-def train(sc: dict, ctx: "RankContext") -> dict:
+def train(sc: dict, ctx: RankContext) -> dict:
     """Run one training scenario (see the module docstring for its keys)."""
     rank = ctx.rank
     m = model_config(sc.get("model"))
@@ -109,10 +109,17 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     result: dict[str, Any] = {"events": [], "error": None, "resources": [], "step_s": []}
     guard = None
     if sc.get("guard", True):
-        guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=pg_timeout_s),
-                       verify_rebind=sc.get("verify_rebind", False), reset=ResetConfig(**sc.get("reset", {})),
-                       injection_clock=injector.consume_injection_time,
-                       heartbeat_misses=int(sc.get("heartbeat_misses", 4)))
+        guard = attach(
+            model,
+            optimizer,
+            ctx.control,
+            max_grad_norm=1.0,
+            pg_timeout=timedelta(seconds=pg_timeout_s),
+            verify_rebind=sc.get("verify_rebind", False),
+            reset=ResetConfig(**sc.get("reset", {})),
+            injection_clock=injector.consume_injection_time,
+            heartbeat_misses=int(sc.get("heartbeat_misses", 4)),
+        )
         guard.phase_hooks.append(injector.on_phase)
     if compile_backend:
         from torch import _dynamo
@@ -139,14 +146,19 @@ def train(sc: dict, ctx: "RankContext") -> dict:
                     # unsynchronised baseline read 11 fds / 0 sockets where its steady state was 15 / 3).
                     ctx.barrier(f"resources/{sc['name']}/{step}")
                     time.sleep(0.2)
-                result["resources"].append({"step": step, "recoveries": guard.events.total if guard else 0,
-                                            **resources(ctx.exclude_ports)})
+                result["resources"].append(
+                    {"step": step, "recoveries": guard.events.total if guard else 0, **resources(ctx.exclude_ports)}
+                )
                 if progress is not None:
                     new = [e.to_dict() for e in guard.events.since(result.get("_logged", 0))] if guard else []
                     result["_logged"] = guard.events.total if guard else 0
-                    line = {**result["resources"][-1], "loss": float(losses[-1]), "step_s": result["step_s"][-1],
-                            "events": new}
-                    if step == 0 or (new and guard.events.total == len(new)):
+                    line = {
+                        **result["resources"][-1],
+                        "loss": float(losses[-1]),
+                        "step_s": result["step_s"][-1],
+                        "events": new,
+                    }
+                    if step == 0 or (new and guard.events.total == len(new)):  # type: ignore[union-attr]  # new: a guard
                         # which fds the count is made of, before and after the first recovery: a
                         # constant difference is then named, not guessed
                         line["fd_kinds"] = fd_kinds(ctx.exclude_ports)
@@ -169,8 +181,16 @@ def train(sc: dict, ctx: "RankContext") -> dict:
             guard.backend.forget_expired()
         result["resources_settled"] = resources(ctx.exclude_ports)
         if progress is not None:
-            progress.write(json.dumps({"settled": result["resources_settled"], "after_s": sc["settle_s"],
-                                       "fd_kinds": fd_kinds(ctx.exclude_ports)}) + "\n")
+            progress.write(
+                json.dumps(
+                    {
+                        "settled": result["resources_settled"],
+                        "after_s": sc["settle_s"],
+                        "fd_kinds": fd_kinds(ctx.exclude_ports),
+                    }
+                )
+                + "\n"
+            )
     if progress is not None:
         progress.close()
     if "pg_timeout_s" in sc and result["error"] is None:
@@ -182,8 +202,7 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     if compile_backend:
         result["compile_at_end"] = dynamo_counters()
     injector.remove()
-    result["fired"] = [{"step": f.step, "phase": f.phase, "action": f.action, "at": f.fired_at}
-                       for f in injector.fired]
+    result["fired"] = [{"step": f.step, "phase": f.phase, "action": f.action, "at": f.fired_at} for f in injector.fired]
     result["losses"] = [float(x) for x in losses]
     if result["error"] is None and sc.get("save_state", True):
         torch.save({"losses": losses, "state": state_of(model, optimizer)}, ctx.out_dir / f"{sc['name']}.rank{rank}.pt")
@@ -193,7 +212,7 @@ def train(sc: dict, ctx: "RankContext") -> dict:
     return result
 
 
-def rebind(sc: dict, ctx: "RankContext") -> dict:
+def rebind(sc: dict, ctx: RankContext) -> dict:
     """Time ``sc["rebinds"]`` rebinds of the binding table at each depth in ``sc["depths"]``."""
     out: dict[str, Any] = {"by_depth": {}}
     for depth in sc["depths"]:
@@ -216,9 +235,13 @@ def rebind(sc: dict, ctx: "RankContext") -> dict:
             table.rebind(back)
         times.sort()
         out["by_depth"][str(depth)] = {
-            "slots": len(table.slots), "groups": len(olds), "table_build_s": build_s,
-            "median_s": statistics.median(times), "p10_s": times[len(times) // 10],
-            "p90_s": times[(len(times) * 9) // 10], "n": len(times),
+            "slots": len(table.slots),
+            "groups": len(olds),
+            "table_build_s": build_s,
+            "median_s": statistics.median(times),
+            "p10_s": times[len(times) // 10],
+            "p90_s": times[(len(times) * 9) // 10],
+            "n": len(times),
         }
         for g in twins:
             dist.destroy_process_group(g)

@@ -18,15 +18,16 @@ import socket
 import sys
 import time
 import tracemalloc
+from collections.abc import Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as fault_testing
 from accelpact.guard import attach
-from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
 from harness.workloads.fault_schedules import PG_TIMEOUT_S, armed, soak_faults
+from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
 
 if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext
@@ -37,8 +38,21 @@ RUNNER = f"{__name__}:probe"
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def mallinfo() -> dict[str, float]:
@@ -46,8 +60,7 @@ def mallinfo() -> dict[str, float]:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
     m = libc.mallinfo2()
-    return {"heap_in_use_mib": m.uordblks / 2**20, "heap_free_mib": m.fordblks / 2**20,
-            "mmap_mib": m.hblkhd / 2**20}
+    return {"heap_in_use_mib": m.uordblks / 2**20, "heap_free_mib": m.fordblks / 2**20, "mmap_mib": m.hblkhd / 2**20}
 
 
 def fd_kinds(store_ports: Collection[int] = ()) -> dict[str, int]:
@@ -100,8 +113,24 @@ def _socket_kind(fd: int, store_ports: set[int]) -> str | None:
 
 
 def _objects() -> dict[str, int]:
-    names = ("ProcessGroup", "ProcessGroupGloo", "Work", "TCPStore", "PrefixStore", "RecoveryEvent", "Future",
-             "Thread", "_Connection", "frame", "traceback", "dict", "list", "function", "cell", "tuple")
+    names = (
+        "ProcessGroup",
+        "ProcessGroupGloo",
+        "Work",
+        "TCPStore",
+        "PrefixStore",
+        "RecoveryEvent",
+        "Future",
+        "Thread",
+        "_Connection",
+        "frame",
+        "traceback",
+        "dict",
+        "list",
+        "function",
+        "cell",
+        "tuple",
+    )
     counts = dict.fromkeys(names, 0)
     for o in gc.get_objects():
         n = type(o).__name__
@@ -112,13 +141,19 @@ def _objects() -> dict[str, int]:
 
 def _c10d() -> dict[str, int]:
     w = c10d._world
-    return {"pg_map": len(w.pg_map), "pg_names": len(w.pg_names), "pg_group_ranks": len(w.pg_group_ranks),
-            "pg_backend_config": len(w.pg_backend_config), "tags": sum(len(v) for v in w.tags_to_pg.values()),
-            "pg_to_tag": len(w.pg_to_tag), "pg_coalesce_state": len(w.pg_coalesce_state),
-            "pg_default_device": len(getattr(w, "pg_default_device", {}) or {})}
+    return {
+        "pg_map": len(w.pg_map),
+        "pg_names": len(w.pg_names),
+        "pg_group_ranks": len(w.pg_group_ranks),
+        "pg_backend_config": len(w.pg_backend_config),
+        "tags": sum(len(v) for v in w.tags_to_pg.values()),
+        "pg_to_tag": len(w.pg_to_tag),
+        "pg_coalesce_state": len(w.pg_coalesce_state),
+        "pg_default_device": len(getattr(w, "pg_default_device", {}) or {}),
+    }
 
 
-def probe(sc: dict, ctx: "RankContext") -> dict:
+def probe(sc: dict, ctx: RankContext) -> dict:
     """Run ``sc["faults"]`` recoveries; sample every ``sc["every"]`` recoveries (see module docstring)."""
     m = model_config(sc.get("model"))
     model, optimizer, root, middle = build("fsdp2", m, None)
@@ -130,8 +165,15 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
             injector.arm(f["step"], f["phase"], f.get("action", "reset"), stall_s=f.get("stall_s", 0.0))
     if sc.get("tracemalloc"):
         tracemalloc.start(sc.get("frames", 8))
-    guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=PG_TIMEOUT_S),
-                   injection_clock=injector.consume_injection_time, heartbeat_misses=20)
+    guard = attach(
+        model,
+        optimizer,
+        ctx.control,
+        max_grad_norm=1.0,
+        pg_timeout=timedelta(seconds=PG_TIMEOUT_S),
+        injection_clock=injector.consume_injection_time,
+        heartbeat_misses=20,
+    )
     guard.phase_hooks.append(injector.on_phase)
     if sc.get("unbounded_events"):  # as before the RecoveryLog: every event kept
         guard.events.keep = 10**9
@@ -160,24 +202,43 @@ def probe(sc: dict, ctx: "RankContext") -> dict:
         if n_events // every != seen:
             seen = n_events // every
             res = resources(ctx.exclude_ports)
-            s = {"step": step, "recoveries": n_events, "t": time.time() - t0, **res, **mallinfo(),
-                 "py_blocks": sys.getallocatedblocks(),
-                 "objects": _objects(), "c10d": _c10d(), "fds_by_kind": fd_kinds(ctx.exclude_ports),
-                 "abandoned": len(getattr(guard.backend, "_abandoned", [])), "events_kept": len(guard.events)}
+            s = {
+                "step": step,
+                "recoveries": n_events,
+                "t": time.time() - t0,
+                **res,
+                **mallinfo(),
+                "py_blocks": sys.getallocatedblocks(),
+                "objects": _objects(),
+                "c10d": _c10d(),
+                "fds_by_kind": fd_kinds(ctx.exclude_ports),
+                "abandoned": len(getattr(guard.backend, "_abandoned", [])),
+                "events_kept": len(guard.events),
+            }
             if sc.get("tracemalloc"):
                 s["py_traced_mib"] = tracemalloc.get_traced_memory()[0] / 2**20
                 if sc.get("top"):  # the snapshots themselves are traced: only when asked
                     snaps[n_events] = tracemalloc.take_snapshot()
             samples.append(s)
-    out: dict[str, Any] = {"samples": samples, "recoveries": n_events, "by_kind": by_kind,
-                           "retire_ms": [e.retire_s * 1e3 for e in guard.events],
-                           "clean_step_ms_median": sorted(clean_step_s)[len(clean_step_s) // 2] * 1e3 if clean_step_s else None}
+    out: dict[str, Any] = {
+        "samples": samples,
+        "recoveries": n_events,
+        "by_kind": by_kind,
+        "retire_ms": [e.retire_s * 1e3 for e in guard.events],
+        "clean_step_ms_median": sorted(clean_step_s)[len(clean_step_s) // 2] * 1e3 if clean_step_s else None,
+    }
     if len(snaps) >= 2:
         keys = sorted(snaps)
         first, last = snaps[keys[1] if len(keys) > 2 else keys[0]], snaps[keys[-1]]
         stats = last.compare_to(first, "traceback")
-        out["top_growth"] = [{"kib": st.size_diff / 1024, "count": st.count_diff,
-                              "where": [str(fr) for fr in st.traceback.format()[-12:]]} for st in stats[:15]]
+        out["top_growth"] = [
+            {
+                "kib": st.size_diff / 1024,
+                "count": st.count_diff,
+                "where": [str(fr) for fr in st.traceback.format()[-12:]],
+            }
+            for st in stats[:15]
+        ]
     guard.close()
     injector.remove()
     return out

@@ -29,8 +29,9 @@ from accelpact.testing.rank import RankContext
 from harness.workloads.fsdp_models import build as build_model
 from harness.workloads.fsdp_models import model_config
 
-MODEL = model_config({"vocab": 512, "hidden": 64, "inter": 128, "layers": 4, "heads": 4, "kv_heads": 2,
-                      "seq": 16, "batch": 2})
+MODEL = model_config(
+    {"vocab": 512, "hidden": 64, "inter": 128, "layers": 4, "heads": 4, "kv_heads": 2, "seq": 16, "batch": 2}
+)
 SEED = 77
 FLAVOUR = {"fsdp2": "fsdp2", "fsdp2_raf_int": "fsdp2", "fsdp1": "fsdp1", "fsdp1_orig": "fsdp1_orig"}
 

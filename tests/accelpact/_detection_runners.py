@@ -24,8 +24,14 @@ def die(sc: dict, ctx: RankContext) -> dict:
     wall time to ``died.json``); the survivors record when and how they learnt of it."""
     m = model_config(None)
     model, optimizer, _root, _middle = build("fsdp2", m)
-    guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
-                   heartbeat_interval_s=sc.get("heartbeat_interval_s", 0.5))
+    guard = attach(
+        model,
+        optimizer,
+        ctx.control,
+        max_grad_norm=1.0,
+        pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
+        heartbeat_interval_s=sc.get("heartbeat_interval_s", 0.5),
+    )
     inner = step_fn_for(model)
     victim, at_step = sc["victim"], sc["at_step"]
 
@@ -40,9 +46,15 @@ def die(sc: dict, ctx: RankContext) -> dict:
         for step in range(sc["steps"]):
             guard.step(step_fn, batch_for(step, ctx.rank, m))
     except RankLostError as exc:
-        return {"t_raised": time.time(), "ranks": list(exc.ranks), "detected_by": exc.detected_by,
-                "generation": exc.generation, "last_committed_step": exc.last_committed_step,
-                "message": str(exc)[:1000], "error": None}
+        return {
+            "t_raised": time.time(),
+            "ranks": list(exc.ranks),
+            "detected_by": exc.detected_by,
+            "generation": exc.generation,
+            "last_committed_step": exc.last_committed_step,
+            "message": str(exc)[:1000],
+            "error": None,
+        }
     finally:
         guard.close()
     return {"t_raised": None, "error": None}
@@ -65,8 +77,14 @@ def train(sc: dict, ctx: RankContext) -> dict:
     model, optimizer, _root, _middle = build("fsdp2", m)
     guard = None
     if sc.get("guard", True):
-        guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0,
-                       pg_timeout=timedelta(seconds=ctx.pg_timeout_s), stall_timeout_s=sc.get("stall_timeout_s"))
+        guard = attach(
+            model,
+            optimizer,
+            ctx.control,
+            max_grad_norm=1.0,
+            pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
+            stall_timeout_s=sc.get("stall_timeout_s"),
+        )
     inner = step_fn_for(model)
     stop, slow = sc.get("stop"), sc.get("slow")
     times: list[float] = []

@@ -64,10 +64,14 @@ def run(sc: dict, ctx: RankContext) -> dict:
         raise ValueError(f"unknown pattern {pattern!r}; choose one of {PATTERNS}")
     model = build(pattern, ctx.world_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=steps)
-                 if pattern == "lr_scheduler" else None)
-    guard = accelpact.attach(model, optimizer, ctx.control, max_grad_norm=1.0,
-                             pg_timeout=timedelta(seconds=ctx.pg_timeout_s))
+    scheduler = (
+        torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=steps)
+        if pattern == "lr_scheduler"
+        else None
+    )
+    guard = accelpact.attach(
+        model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s)
+    )
     injector = FaultInjector(exclude_ports=ctx.exclude_ports)
     if fault and ctx.rank in fault["ranks"]:
         injector.arm(fault["step"], fault["phase"], fault.get("action", "reset"))
@@ -97,5 +101,10 @@ def run(sc: dict, ctx: RankContext) -> dict:
     state = local_state(model, optimizer)
     state["lr"] = torch.tensor(lrs, dtype=torch.float64)
     torch.save({"losses": losses, "state": state}, ctx.out_dir / f"{sc['name']}.rank{ctx.rank}.pt")
-    return {"error": None, "events": len(guard.events), "fired": len(injector.fired),
-            "actions": [e.decision["action"] for e in guard.events], "committed_step": guard.committed_step}
+    return {
+        "error": None,
+        "events": len(guard.events),
+        "fired": len(injector.fired),
+        "actions": [e.decision["action"] for e in guard.events],
+        "committed_step": guard.committed_step,
+    }

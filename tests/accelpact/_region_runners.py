@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext
 
 
-def run(sc: dict, ctx: "RankContext") -> dict:
+def run(sc: dict, ctx: RankContext) -> dict:
     rank = ctx.rank
     m = model_config(sc.get("model"))
     model, optimizer, root, middle = build("fsdp2", m, None)
@@ -34,8 +34,14 @@ def run(sc: dict, ctx: "RankContext") -> dict:
     step_fn = step_fn_for(model)
     guard = None
     if sc.get("guard", True):
-        guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
-                       injection_clock=injector.consume_injection_time)
+        guard = attach(
+            model,
+            optimizer,
+            ctx.control,
+            max_grad_norm=1.0,
+            pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
+            injection_clock=injector.consume_injection_time,
+        )
         guard.phase_hooks.append(injector.on_phase)
     runs = {"eval": 0}
 

@@ -35,8 +35,16 @@ def write_slot(slot: Path, token: str, rank: int, world: int, step: int, nbytes:
     for name in ("shard.bin", "extra.json"):
         n, crc = crc32_file(slot / name)
         files[name] = {"nbytes": n, "crc32": crc}
-    marker = Marker(job_token=token, rank=rank, world_size=world, step=step, generation=0,
-                    nbytes=sum(f["nbytes"] for f in files.values()), checksum=combined_checksum(files), files=files)
+    marker = Marker(
+        job_token=token,
+        rank=rank,
+        world_size=world,
+        step=step,
+        generation=0,
+        nbytes=sum(f["nbytes"] for f in files.values()),
+        checksum=combined_checksum(files),
+        files=files,
+    )
     write_marker(slot, marker)
     return marker.to_dict()
 
@@ -49,10 +57,17 @@ def main(path: str) -> int:
     cfg = json.loads(Path(path).read_text())
     rank, world, token = cfg["rank"], cfg["world_size"], cfg["token"]
     host = cfg.get("host", "127.0.0.1")
-    chan = ControlChannel.connect(ControlConfig(host=host, port=cfg["port"], rank=rank, world_size=world,
-                                                job_token=token, deadline_s=60))
-    rep = Replication(chan, rank=rank, world_size=world, root=cfg["root"], bind_host=control_bind_address(host),
-                      topology=cfg.get("topology"))
+    chan = ControlChannel.connect(
+        ControlConfig(host=host, port=cfg["port"], rank=rank, world_size=world, job_token=token, deadline_s=60)
+    )
+    rep = Replication(
+        chan,
+        rank=rank,
+        world_size=world,
+        root=cfg["root"],
+        bind_host=control_bind_address(host),
+        topology=cfg.get("topology"),
+    )
     out: dict = {"rank": rank, "buddy": rep.buddy}
     if cfg["mode"] == "push":
         own = Path(cfg["root"]) / token / f"rank{rank}"

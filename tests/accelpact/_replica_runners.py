@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
 from accelpact.snapshot import layout as paths
 from accelpact.snapshot._replica_server import read_marker
@@ -40,10 +39,19 @@ def run(sc: dict, ctx) -> dict:
         token = f"job-{sc['name']}"
         root = Path(ctx.out_dir) / sc["name"] / f"host{ctx.rank}"  # each rank a host with its own shm
         cfg = SnapshotConfig(root=str(root), ranks_sharing_root=1, push_every=sc.get("push_every", 1))
-        rep = Replication(ctx.control, rank=ctx.rank, world_size=ctx.world_size, root=root, bind_host="127.0.0.1",
-                          job_token=token)
-        snap = Snapshotter(model, optimizer, job_token=token, rank=ctx.rank, world_size=ctx.world_size, config=cfg,
-                           on_complete=rep.push, extra_state=lambda: {"data_position": "next"})
+        rep = Replication(
+            ctx.control, rank=ctx.rank, world_size=ctx.world_size, root=root, bind_host="127.0.0.1", job_token=token
+        )
+        snap = Snapshotter(
+            model,
+            optimizer,
+            job_token=token,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            config=cfg,
+            on_complete=rep.push,
+            extra_state=lambda: {"data_position": "next"},
+        )
         for step in range(sc["steps"]):
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m), snap, step))
         snap.flush()
@@ -52,8 +60,9 @@ def run(sc: dict, ctx) -> dict:
         snap.close()
         out["push"] = rep.stats()
         ward = 1 - ctx.rank
-        out["replica_steps"] = sorted(rm["step"] for s in paths.SLOTS
-                                      if (rm := read_marker(paths.replica_dir(root, token, ward, s))) is not None)
+        out["replica_steps"] = sorted(
+            rm["step"] for s in paths.SLOTS if (rm := read_marker(paths.replica_dir(root, token, ward, s))) is not None
+        )
         ctx.barrier(f"pushed/{sc['name']}")
         if ctx.rank == 0:
             shutil.rmtree(root / token / "rank0")  # rank 0's own snapshots are lost
@@ -64,13 +73,12 @@ def run(sc: dict, ctx) -> dict:
         try:
             info = restore_latest(fresh, fopt, job_token=token, rank=ctx.rank, config=cfg, fetch=rep)
         except SnapshotError as exc:
-            out.update(lost=isinstance(exc, BuddyLostError), message=str(exc),
-                       ranks=list(getattr(exc, "ranks", ())))
+            out.update(lost=isinstance(exc, BuddyLostError), message=str(exc), ranks=list(getattr(exc, "ranks", ())))
             rep.close(remove=True)
             return out
         out.update(step=info.step, source=info.source, extra=info.extra_state)
         fstep = step_fn_for(fresh)
-        losses = losses[:info.step + 1]
+        losses = losses[: info.step + 1]
         for step in range(info.step + 1, sc["total"]):
             losses.append(_plain_step(fresh, fopt, fstep, batch_for(step, ctx.rank, m)))
         model, optimizer = fresh, fopt

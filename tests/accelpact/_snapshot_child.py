@@ -35,16 +35,35 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: i
 
 def main(root: str, out: str) -> None:
     model, optimizer = build()
-    fast = Snapshotter(model, optimizer, job_token="killed-job", rank=0, world_size=1,
-                       config=SnapshotConfig(root=root), extra_state=lambda: {"pos": "after"})
+    fast = Snapshotter(
+        model,
+        optimizer,
+        job_token="killed-job",
+        rank=0,
+        world_size=1,
+        config=SnapshotConfig(root=root),
+        extra_state=lambda: {"pos": "after"},
+    )
     for step in (0, 1):
         train_step(model, optimizer, step, fast)
     fast.flush()
-    torch.save({"state": {k: v.clone() for k, v in model.state_dict().items()},
-                "optim": optimizer.state_dict(), "rng": torch.get_rng_state()}, Path(out) / "step1.pt")
+    torch.save(
+        {
+            "state": {k: v.clone() for k, v in model.state_dict().items()},
+            "optim": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
+        Path(out) / "step1.pt",
+    )
     fast.close()
-    slow = Snapshotter(model, optimizer, job_token="killed-job", rank=0, world_size=1,
-                       config=SnapshotConfig(root=root, pause_mid_copy_s=120.0))
+    slow = Snapshotter(
+        model,
+        optimizer,
+        job_token="killed-job",
+        rank=0,
+        world_size=1,
+        config=SnapshotConfig(root=root, pause_mid_copy_s=120.0),
+    )
     print("ready", flush=True)
     sys.stdin.readline()  # the test reads the slots as they are now, then says go
     train_step(model, optimizer, 2, slow)

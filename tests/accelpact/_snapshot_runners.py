@@ -50,8 +50,15 @@ def _token(sc) -> str:
 
 
 def _snapper(model, optimizer, ctx, sc, token=None) -> Snapshotter:
-    return Snapshotter(model, optimizer, job_token=token or _token(sc), rank=ctx.rank, world_size=ctx.world_size,
-                       config=_cfg(ctx, sc), extra_state=lambda: {"data_position": "next"})
+    return Snapshotter(
+        model,
+        optimizer,
+        job_token=token or _token(sc),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        config=_cfg(ctx, sc),
+        extra_state=lambda: {"data_position": "next"},
+    )
 
 
 def _save(ctx, sc, model, optimizer, losses) -> None:
@@ -71,13 +78,23 @@ def run(sc: dict, ctx) -> dict:
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m)))
     elif kind == "guarded":
         snap = _snapper(model, optimizer, ctx, sc)
-        guard = attach(model, optimizer, ctx.control, max_grad_norm=1.0, snapshots=snap,
-                       pg_timeout=timedelta(seconds=ctx.pg_timeout_s))
+        guard = attach(
+            model,
+            optimizer,
+            ctx.control,
+            max_grad_norm=1.0,
+            snapshots=snap,
+            pg_timeout=timedelta(seconds=ctx.pg_timeout_s),
+        )
         for step in range(steps):
             losses.append(guard.step(step_fn, batch_for(step, ctx.rank, m)))
         snap.flush()
-        out.update(held=snap.held_steps(verify=True), snapshots=snap.snapshots, wait_s=snap.wait_s,
-                   committed=guard.committed_step)
+        out.update(
+            held=snap.held_steps(verify=True),
+            snapshots=snap.snapshots,
+            wait_s=snap.wait_s,
+            committed=guard.committed_step,
+        )
         _save(ctx, {"name": sc["name"] + "_live"}, model, optimizer, losses)
         guard.close()
         # A fresh replacement: new model and optimizer (no state), the same process group.
@@ -86,7 +103,7 @@ def run(sc: dict, ctx) -> dict:
         extra = fsnap.restore(sc["fresh_step"])
         out["extra"] = extra
         fstep = step_fn_for(fresh)
-        losses = losses[:sc["fresh_step"] + 1]
+        losses = losses[: sc["fresh_step"] + 1]
         for step in range(sc["fresh_step"] + 1, steps):
             losses.append(_plain_step(fresh, fopt, fstep, batch_for(step, ctx.rank, m)))
         fsnap.close(remove=True)
@@ -98,10 +115,11 @@ def run(sc: dict, ctx) -> dict:
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m), snap, step))
         ids = [id(p) for p in model.parameters()] + [id(v) for s in optimizer.state.values() for v in s.values()]
         snap.restore(sc["back_to"])
-        out["identity_kept"] = ids == ([id(p) for p in model.parameters()]
-                                       + [id(v) for s in optimizer.state.values() for v in s.values()])
+        out["identity_kept"] = ids == (
+            [id(p) for p in model.parameters()] + [id(v) for s in optimizer.state.values() for v in s.values()]
+        )
         out["held_after_restore"] = snap.held_steps()
-        losses = losses[:sc["back_to"] + 1]
+        losses = losses[: sc["back_to"] + 1]
         for step in range(sc["back_to"] + 1, steps):
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m), snap, step))
         out["held_at_end"] = snap.held_steps()
@@ -112,8 +130,10 @@ def run(sc: dict, ctx) -> dict:
             losses.append(_plain_step(model, optimizer, step_fn, batch_for(step, ctx.rank, m), snap, step))
         snap.flush()
         if ctx.rank == sc["corrupt_rank"]:
-            newest = max((slot_dir(snap.root, snap.job_token, ctx.rank, s) for s in (0, 1)),
-                         key=lambda d: (d / "marker.json").stat().st_mtime)
+            newest = max(
+                (slot_dir(snap.root, snap.job_token, ctx.rank, s) for s in (0, 1)),
+                key=lambda d: (d / "marker.json").stat().st_mtime,
+            )
             with open(newest / "shards.bin", "r+b") as f:
                 f.seek(1000)
                 b = f.read(1)
@@ -125,7 +145,7 @@ def run(sc: dict, ctx) -> dict:
         info = restore_latest(fresh, fopt, job_token=_token(sc), rank=ctx.rank, config=_cfg(ctx, sc))
         out.update(restored_step=info.step, source=info.source)
         fstep = step_fn_for(fresh)
-        losses = losses[:info.step + 1]
+        losses = losses[: info.step + 1]
         for step in range(info.step + 1, steps):
             losses.append(_plain_step(fresh, fopt, fstep, batch_for(step, ctx.rank, m)))
         model, optimizer = fresh, fopt
@@ -138,10 +158,13 @@ def run(sc: dict, ctx) -> dict:
         before = {k: v.clone() for k, v in state_of(model, optimizer).items()}
         refusals = {}
         other = slot_dir(snap.root, snap.job_token, 1 - ctx.rank, 0)
-        cases = {"other_rank": lambda: snap.restore(0 if (other / "marker.json").exists() else 1, source=other),
-                 "other_token": lambda: _snapper(model, optimizer, ctx, sc, token="job-someone-else").restore(
-                     steps - 1, source=slot_dir(snap.root, snap.job_token, ctx.rank, 0)),
-                 "missing_step": lambda: snap.restore(0)}
+        cases = {
+            "other_rank": lambda: snap.restore(0 if (other / "marker.json").exists() else 1, source=other),
+            "other_token": lambda: _snapper(model, optimizer, ctx, sc, token="job-someone-else").restore(
+                steps - 1, source=slot_dir(snap.root, snap.job_token, ctx.rank, 0)
+            ),
+            "missing_step": lambda: snap.restore(0),
+        }
         for name, fn in cases.items():
             try:
                 fn()
@@ -150,8 +173,9 @@ def run(sc: dict, ctx) -> dict:
                 refusals[name] = str(exc)
         out["refusals"] = refusals
         out["untouched"] = all(torch.equal(before[k], v) for k, v in state_of(model, optimizer).items())
-        none_for_stranger = restore_latest(model, optimizer, job_token="job-never-ran", rank=ctx.rank,
-                                           config=_cfg(ctx, sc))
+        none_for_stranger = restore_latest(
+            model, optimizer, job_token="job-never-ran", rank=ctx.rank, config=_cfg(ctx, sc)
+        )
         out["stranger_restores"] = none_for_stranger is not None
         snap.close(remove=True)
     else:

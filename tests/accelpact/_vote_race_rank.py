@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from accelpact.errors import CollectiveAbandoned
 from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.errors import CollectiveAbandoned
 from accelpact.testing.inject import reset_own_gloo_sockets
 from accelpact.testing.rank import RankContext
 
@@ -29,8 +29,9 @@ def run(sc: dict, ctx: RankContext) -> dict:
     kept: list = []  # abandoned collectives stay alive until the rank exits (it skips teardown)
     waits, outcomes = [], []
     for i in range(sc["rounds"]):
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(control.key(name, str(i), "pg") + "/", ctx.store),
-                                   ctx.rank, ctx.world_size, timeout)
+        pg = dist.ProcessGroupGloo(
+            dist.PrefixStore(control.key(name, str(i), "pg") + "/", ctx.store), ctx.rank, ctx.world_size, timeout
+        )
         t = torch.ones(1)
         pg.allreduce([t]).wait()  # the pair is connected and healthy
         control.barrier(f"{name}/{i}/ready", control.generation)
@@ -50,8 +51,11 @@ def run(sc: dict, ctx: RankContext) -> dict:
                 if sc["wait"] == "plain":
                     work.wait()
                 else:
-                    waiter = CollectiveWaiter(fired=None, superseded=lambda: ctx.store.check([moved]),
-                                              abandon=kept.append)
+                    waiter = CollectiveWaiter(
+                        fired=None,
+                        superseded=lambda: ctx.store.check([moved]),  # noqa: B023 - awaited here
+                        abandon=kept.append,
+                    )
                     waiter(work, "the vote", "vote")
                 outcomes.append("completed")
             except CollectiveAbandoned:
@@ -62,4 +66,3 @@ def run(sc: dict, ctx: RankContext) -> dict:
         control.barrier(f"{name}/{i}/done", control.generation)
         kept.append(pg)
     return {"waits": waits, "outcomes": outcomes}
-

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys, time
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.fsdp import fully_shard
@@ -135,16 +135,17 @@ out["grad_norms"] = norms
 out["default_equals_unclipped"] = all(torch.equal(a, b) for a, b in zip(reference, default))
 out["clipped_differs"] = not all(torch.equal(a, b) for a, b in zip(reference, clipped))
 print("RESULT " + json.dumps(out), flush=True)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def checks() -> dict:
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT], capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", SCRIPT], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_a_model_without_fsdp_modules_is_refused_with_the_fix(checks):

@@ -19,13 +19,19 @@ from accelpact.backends.vote_buffer import VoteBuffer
 from accelpact.errors import AccelPactError, CommFault, RankLostError
 
 GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857"
-NCCL_REMOTE = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process exited or "
-               "there was a network error, NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a "
-               "network error or a remote process exiting prematurely.")
-NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) "
-                "ran for 600000 milliseconds before timing out.")
-NCCL_USAGE = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid usage, "
-              "NCCL version 2.27.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
+NCCL_REMOTE = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process exited or "
+    "there was a network error, NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a "
+    "network error or a remote process exiting prematurely."
+)
+NCCL_TIMEOUT = (
+    "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) "
+    "ran for 600000 milliseconds before timing out."
+)
+NCCL_USAGE = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid usage, "
+    "NCCL version 2.27.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library."
+)
 
 
 def test_registry_names_match_classes():
@@ -57,15 +63,18 @@ def test_backend_for_unregistered_group_says_when_to_attach():
         backend_for(object())
 
 
-@pytest.mark.parametrize("env, ok", [
-    ({}, False),  # torch's default is 3: tears the process down
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, False),
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, False),
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}, True),
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, True),
-    ({"NCCL_ASYNC_ERROR_HANDLING": "2"}, True),  # the deprecated alias
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_ASYNC_ERROR_HANDLING": "2"}, False),  # TORCH_ wins
-])
+@pytest.mark.parametrize(
+    "env, ok",
+    [
+        ({}, False),  # torch's default is 3: tears the process down
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, False),
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, False),
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}, True),
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, True),
+        ({"NCCL_ASYNC_ERROR_HANDLING": "2"}, True),  # the deprecated alias
+        ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_ASYNC_ERROR_HANDLING": "2"}, False),  # TORCH_ wins
+    ],
+)
 def test_nccl_error_handling_check(env, ok):
     problem = error_handling_problem(env)
     assert (problem is None) == ok, problem
@@ -187,7 +196,7 @@ def test_nccl_vote_raises_a_comm_fault_unless_every_rank_contributed(monkeypatch
     assert b.is_comm_fault(ei.value)
 
 
-_ATTACH_SCRIPT = r'''
+_ATTACH_SCRIPT = r"""
 import sys
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.fsdp import fully_shard
@@ -239,7 +248,7 @@ def step_fn(x):
 guard.step(step_fn, torch.ones(2, 4))
 assert calls == ["check", "configure", "vote"] and guard.committed_step == 0, (calls, guard.committed_step)
 print("OK")
-'''
+"""
 
 
 def test_attach_goes_through_the_registered_backend(tmp_path):
@@ -253,8 +262,9 @@ def test_attach_goes_through_the_registered_backend(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-c", _ATTACH_SCRIPT], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", _ATTACH_SCRIPT], capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path)
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

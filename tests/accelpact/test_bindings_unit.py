@@ -33,8 +33,14 @@ def _session(tmp: Path, world: int, cases: list[str]) -> list[dict]:
     """Per rank: case -> result (a rank that failed raises, naming itself, with its log tail)."""
     # spawn=True: torch.distributed.nn.functional captures group.WORLD in its defaults only when imported
     # after init_process_group, which a rank forked from the preloaded template has imported long before.
-    s = run_session(tmp, "tests.accelpact._bindings_rank:run", [{"name": c, "case": c} for c in cases],
-                    world_size=world, timeout_s=240, spawn=True)
+    s = run_session(
+        tmp,
+        "tests.accelpact._bindings_rank:run",
+        [{"name": c, "case": c} for c in cases],
+        world_size=world,
+        timeout_s=240,
+        spawn=True,
+    )
     assert s.returncodes == [0] * world, f"rank processes failed {s.returncodes}:\n" + "\n".join(s.logs)
     return s.results
 
@@ -90,7 +96,8 @@ def test_completeness_check_reports_a_missed_holder(results, case):
             assert part["dropped"] > 0, (victim, part)
             assert part["stale"], (
                 f"with every {victim!r} slot removed from the table, the completeness check still "
-                f"reported nothing: it cannot detect a missed holder")
+                f"reported nothing: it cannot detect a missed holder"
+            )
             assert part["repaired"] == [], (victim, part["repaired"])
 
 

@@ -40,7 +40,9 @@ def test_isal_and_zlib_agree_when_continued_at_every_split():
     rng = random.Random(5)
     buf = rng.randbytes(3 * 4096 + 17)
     want = zlib.crc32(buf)
-    for cut in sorted({0, 1, 63, 64, 4096, 4097, len(buf) // 2, len(buf) - 1, len(buf)} | {rng.randrange(len(buf)) for _ in range(20)}):
+    for cut in sorted(
+        {0, 1, 63, 64, 4096, 4097, len(buf) // 2, len(buf) - 1, len(buf)} | {rng.randrange(len(buf)) for _ in range(20)}
+    ):
         assert isal_zlib.crc32(buf[cut:], isal_zlib.crc32(buf[:cut])) == want, cut
         assert isal_zlib.crc32(buf[cut:], zlib.crc32(buf[:cut])) == want, cut  # a value handed across
         assert zlib.crc32(buf[cut:], isal_zlib.crc32(buf[:cut])) == want, cut
@@ -76,12 +78,15 @@ def test_zlib_fallback_gives_the_same_marker_checksums(tmp_path):
         (tmp_path / f"f{i}").write_bytes(buf)
         n, crc = slots.crc32_file(tmp_path / f"f{i}")
         files[f"f{i}"] = {"nbytes": n, "crc32": crc}
-    code = ("import sys, json; from pathlib import Path; from accelpact.snapshot import checksum, slots; "
-            "d = Path(sys.argv[1]); fs = {p.name: dict(zip(('nbytes', 'crc32'), slots.crc32_file(p))) "
-            "for p in sorted(d.iterdir())}; print(json.dumps([checksum.IMPLEMENTATION, fs, slots.combined_checksum(fs)]))")
+    code = (
+        "import sys, json; from pathlib import Path; from accelpact.snapshot import checksum, slots; "
+        "d = Path(sys.argv[1]); fs = {p.name: dict(zip(('nbytes', 'crc32'), slots.crc32_file(p))) "
+        "for p in sorted(d.iterdir())}; print(json.dumps([checksum.IMPLEMENTATION, fs, slots.combined_checksum(fs)]))"
+    )
     env = {**os.environ, "ACCELPACT_CRC32": "zlib", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     impl, theirs, combined = json.loads(out.stdout)
     assert impl == "zlib"
     assert theirs == files

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 from accelpact.errors import RankLostError, StateDivergedError, UnrecoverableError
+from accelpact.recovery.consensus import Action, Decision, Phase, RankReport, decide
 
-B, I, V, S = Phase.BEFORE_VOTE, Phase.IN_VOTE, Phase.VOTED, Phase.STEPPED
+B, I, V, S = Phase.BEFORE_VOTE, Phase.IN_VOTE, Phase.VOTED, Phase.STEPPED  # noqa: E741 - the phases' initials
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -122,9 +122,7 @@ def check_safety(reports: list[RankReport], d: Decision) -> None:
         if applies:
             # It must hold the reduced gradients of `step`: it entered the vote of exactly that step.
             assert r.attempt_step == d.step and r.phase in (I, V), (r, d)
-    vote_completed = any(
-        r.committed_step >= d.step or (r.attempt_step == d.step and r.phase is V) for r in reports
-    )
+    vote_completed = any(r.committed_step >= d.step or (r.attempt_step == d.step and r.phase is V) for r in reports)
     if d.action is Action.ROLL_FORWARD:
         assert vote_completed and d.apply_on and d.committed_step == d.step
     else:
@@ -322,8 +320,9 @@ def test_report_wire_form_carries_the_fault_type_without_affecting_the_decision(
 
 
 def test_report_wire_form_carries_the_injection_time_backwards_compatibly():
-    r = RankReport(rank=1, attempt_step=3, committed_step=2, phase=Phase.IN_VOTE, fault="RuntimeError",
-                   injected_at=1764500000.125)
+    r = RankReport(
+        rank=1, attempt_step=3, committed_step=2, phase=Phase.IN_VOTE, fault="RuntimeError", injected_at=1764500000.125
+    )
     assert RankReport.from_bytes(r.to_bytes()) == r
     assert "injected_at" not in rep(1, 3, 2, B).to_dict()  # absent, not null, when nothing was injected
     # An older rank's report (no such key) reads as "nothing injected"; a newer key an older rank
@@ -332,6 +331,6 @@ def test_report_wire_form_carries_the_injection_time_backwards_compatibly():
     assert RankReport.from_bytes(old).injected_at is None
     assert RankReport.from_bytes(r.to_bytes().replace(b'"fault"', b'"future_key": [1], "fault"')) == r
     assert decide([rep(0, 3, 2, I), r], 2) == decide([rep(0, 3, 2, I), rep(1, 3, 2, I)], 2)
-    for bad in (b'"x"', b'true'):
+    for bad in (b'"x"', b"true"):
         with pytest.raises(StateDivergedError):
-            RankReport.from_bytes(old[:-1] + b', "injected_at": ' + bad + b'}')
+            RankReport.from_bytes(old[:-1] + b', "injected_at": ' + bad + b"}")

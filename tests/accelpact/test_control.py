@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -49,8 +49,9 @@ def port(server) -> int:
 
 def open_channels(port: int, n: int, token: str | None = None, deadline_s: float = 20.0) -> list[ControlChannel]:
     token = token or new_job_token()
-    return [ControlChannel.connect(ControlConfig("127.0.0.1", port, r, n, token, deadline_s=deadline_s))
-            for r in range(n)]
+    return [
+        ControlChannel.connect(ControlConfig("127.0.0.1", port, r, n, token, deadline_s=deadline_s)) for r in range(n)
+    ]
 
 
 def run_all(fns: list[Callable[[], object]], timeout: float = OUTER_TIMEOUT_S) -> list[object]:
@@ -119,8 +120,7 @@ def store_client_fds(port: int) -> set[int]:
 def test_gather_and_barrier_across_four_ranks(port):
     chans = open_channels(port, 4)
     for generation in (1, 2):
-        results = run_all([lambda c=c, g=generation: c.gather("reports", f"r{c.rank}g{g}".encode(), g)
-                           for c in chans])
+        results = run_all([lambda c=c, g=generation: c.gather("reports", f"r{c.rank}g{g}".encode(), g) for c in chans])
         for res in results:
             assert res == {r: f"r{r}g{generation}".encode() for r in range(4)}
     assert run_all([lambda c=c: c.barrier("rebuilt", 2) for c in chans]) == [None] * 4
@@ -164,7 +164,7 @@ def test_raw_tcpstore_client_does_not_survive_a_reset(port):
 
 
 def test_reset_client_socket_reconnects_transparently(port):
-    writer, = open_channels(port, 1)
+    (writer,) = open_channels(port, 1)
     before = store_client_fds(port)
     chan = ControlChannel.connect(ControlConfig("127.0.0.1", port, 0, 1, writer.job_token, deadline_s=10.0))
     own = store_client_fds(port) - before
@@ -225,7 +225,7 @@ def _wait_until_stopped(pid: int, timeout_s: float = 30.0) -> None:
 
 def test_own_deadline_holds_when_the_server_stops_answering(server_process):
     proc, port = server_process
-    chan, = open_channels(port, 1, deadline_s=10.0)
+    (chan,) = open_channels(port, 1, deadline_s=10.0)
     chan.set(chan.key("k"), b"v")
     os.kill(proc.pid, signal.SIGSTOP)
     _wait_until_stopped(proc.pid)
@@ -248,8 +248,9 @@ def test_connect_to_a_listener_that_never_answers_fails_at_the_deadline():
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)  # the kernel completes handshakes; nobody ever reads or replies
     try:
-        cfg = ControlConfig("127.0.0.1", listener.getsockname()[1], 0, 1, new_job_token(),
-                            deadline_s=1.0, connect_timeout_s=1.0)
+        cfg = ControlConfig(
+            "127.0.0.1", listener.getsockname()[1], 0, 1, new_job_token(), deadline_s=1.0, connect_timeout_s=1.0
+        )
         res = run_all([lambda: ControlChannel.connect(cfg)])[0]
         assert isinstance(res, ControlChannelError), res
         assert str(listener.getsockname()[1]) in str(res)
@@ -275,7 +276,7 @@ def test_other_job_token_or_generation_cannot_satisfy_a_gather(port):
 
 
 def test_data_plane_store_prefixes_never_repeat(port):
-    chan, = open_channels(port, 1)
+    (chan,) = open_channels(port, 1)
     for g in range(4):
         s = chan.data_plane_store(g)
         s.set("k", str(g).encode())
@@ -326,8 +327,9 @@ def test_from_env(port, monkeypatch):
 
 
 def make_gloo(chan: ControlChannel, generation: int, timeout_s: float = 20.0) -> dist.ProcessGroupGloo:
-    return dist.ProcessGroupGloo(chan.data_plane_store(generation), chan.rank, chan.world_size,
-                                 datetime.timedelta(seconds=timeout_s))
+    return dist.ProcessGroupGloo(
+        chan.data_plane_store(generation), chan.rank, chan.world_size, datetime.timedelta(seconds=timeout_s)
+    )
 
 
 def allreduce(pg: dist.ProcessGroupGloo) -> float:
@@ -365,16 +367,19 @@ def test_real_gloo_faults_are_comm_faults(port):
         c.close()
 
 
-@pytest.mark.parametrize("text", [
-    "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857",
-    "Connection closed by peer [10.0.0.2]:41234",
-    "Read error [10.0.0.2]:41234: Connection reset by peer",
-    "Timed out waiting 5000ms for recv operation to complete",
-    "Write error [10.0.0.2]:41234: Broken pipe",
-    "Socket Timeout",
-    "Gloo connectFullMesh failed with [..] no error",
-    "connect [10.0.0.2]:41234: Connection refused",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30857",
+        "Connection closed by peer [10.0.0.2]:41234",
+        "Read error [10.0.0.2]:41234: Connection reset by peer",
+        "Timed out waiting 5000ms for recv operation to complete",
+        "Write error [10.0.0.2]:41234: Broken pipe",
+        "Socket Timeout",
+        "Gloo connectFullMesh failed with [..] no error",
+        "connect [10.0.0.2]:41234: Connection refused",
+    ],
+)
 def test_gloo_transport_texts_are_comm_faults(text):
     """The texts gloo raises in torch 2.13, without the source path that also marks most of them."""
     assert is_comm_fault(RuntimeError(text))
@@ -403,7 +408,7 @@ def test_unrelated_errors_are_not_comm_faults():
         try:
             raise fault
         except RuntimeError:
-            raise ValueError("a bug in the handler")
+            raise ValueError("a bug in the handler")  # noqa: B904 - the implicit context is what is tested
     except ValueError as during:
         assert during.__context__ is not None and not is_comm_fault(during)
     explicit = KeyError("lookup")

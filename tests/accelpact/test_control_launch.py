@@ -118,8 +118,9 @@ def join_all(chans: list[ControlChannel]) -> list[BaseException | None]:
 
 def test_join_names_the_missing_ranks_and_the_token_variable(port):
     def channel(rank: int, token: str, world: int = 2, source: str = "ACCELPACT_JOB_TOKEN") -> ControlChannel:
-        return ControlChannel.connect(ControlConfig("127.0.0.1", port, rank, world, token, connect_timeout_s=1.5,
-                                                    token_source=source))
+        return ControlChannel.connect(
+            ControlConfig("127.0.0.1", port, rank, world, token, connect_timeout_s=1.5, token_source=source)
+        )
 
     good = new_job_token()
     assert join_all([channel(0, good), channel(1, good)]) == [None, None]

@@ -14,8 +14,9 @@ BOUND_S = 5.0  # the issue's bound for a plain launch (2 s of missed beats + a l
 
 def test_killed_rank_is_reported_by_heartbeat_within_bound(tmp_path):
     scenarios = [{"name": "die", "steps": 5, "victim": 1, "at_step": 2}]
-    s = run_session(tmp_path, RUNNER, scenarios, control_deadline_s=CONTROL_DEADLINE_S, timeout_s=240,
-                    allowed_to_fail=[1])
+    s = run_session(
+        tmp_path, RUNNER, scenarios, control_deadline_s=CONTROL_DEADLINE_S, timeout_s=240, allowed_to_fail=[1]
+    )
     assert s.returncodes[1] != 0, "the victim must really have died"
     died = json.loads((tmp_path / "died.json").read_text())
     res = s.result("die", 0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.detection.start import detection_origin
+from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.testing.session import run_session
 
 RUNNER = "harness.workloads.fsdp_scenarios:run"
@@ -30,9 +30,18 @@ def test_origin_is_the_earliest_injection_reported_else_the_attempt_start():
 def test_every_rank_times_detection_from_the_faulted_ranks_injection(tmp_path):
     # Step 1: a reset on rank 1 during backward. Step 3: a reset on rank 0 after its vote, with no
     # collective in flight: every rank, rank 0 included, meets it at step 4's first collective.
-    scenarios = [{"name": "origin", "steps": 6, "save_state": False, "model": {"layers": 2},
-                  "faults": [{"step": 1, "phase": "backward_reduce_scatter", "ranks": [1]},
-                             {"step": 3, "phase": "post_vote", "ranks": [0]}]}]
+    scenarios = [
+        {
+            "name": "origin",
+            "steps": 6,
+            "save_state": False,
+            "model": {"layers": 2},
+            "faults": [
+                {"step": 1, "phase": "backward_reduce_scatter", "ranks": [1]},
+                {"step": 3, "phase": "post_vote", "ranks": [0]},
+            ],
+        }
+    ]
     s = run_session(tmp_path, RUNNER, scenarios, world_size=2, timeout_s=240)
     assert s.returncodes == [0, 0], "\n".join(s.logs)
     res = [s.result("origin", r) for r in (0, 1)]

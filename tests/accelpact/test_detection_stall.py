@@ -4,14 +4,14 @@ slow (5x the median step, asleep in step_fn) never triggers a recovery."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
@@ -36,11 +36,12 @@ def test_sigstopped_rank_is_recovered_by_the_watchdog_bit_identically(tmp_path):
     done = threading.Event()
     waker = threading.Thread(target=_continue_after, args=(tmp_path / "stopped.json", STOP_S, done), daemon=True)
     waker.start()
-    scenarios = [{"name": "ref", "guard": False, "steps": 6},
-                 {"name": "stop", "steps": 6, "stall_timeout_s": STALL_TIMEOUT_S, "stop": {"rank": 1, "step": 3}}]
+    scenarios = [
+        {"name": "ref", "guard": False, "steps": 6},
+        {"name": "stop", "steps": 6, "stall_timeout_s": STALL_TIMEOUT_S, "stop": {"rank": 1, "step": 3}},
+    ]
     try:
-        s = run_session(tmp_path, RUNNER, scenarios, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=60.0,
-                        timeout_s=400)
+        s = run_session(tmp_path, RUNNER, scenarios, pg_timeout_s=PG_TIMEOUT_S, control_deadline_s=60.0, timeout_s=400)
     finally:
         done.set()
     stopped = json.loads((tmp_path / "stopped.json").read_text())

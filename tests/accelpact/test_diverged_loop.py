@@ -26,10 +26,29 @@ def test_a_loop_that_ignores_rolled_back_raises_state_diverged_at_the_next_vote(
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"div{os.getpid()}",
-           "--log-dir", str(tmp_path / "logs"), "--snapshot-root", str(tmp_path / "shm"),
-           str(ROOT / "examples" / "heal_loop.py"), "--steps", "8", "--every", "4", "--kill-at", "3",
-           "--kill-in", "save", "--ignore-rolled-back"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        f"div{os.getpid()}",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--snapshot-root",
+        str(tmp_path / "shm"),
+        str(ROOT / "examples" / "heal_loop.py"),
+        "--steps",
+        "8",
+        "--every",
+        "4",
+        "--kill-at",
+        "3",
+        "--kill-in",
+        "save",
+        "--ignore-rolled-back",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     agent = p.stdout + p.stderr
     assert p.returncode == 1 and "replacement 1 started" in agent, agent[-3000:]

@@ -12,8 +12,14 @@ from accelpact.testing.session import run_session
 
 def _run(tmp: Path, superseded: bool, timeout: float) -> dict:
     # Process groups time out after 6 s: long enough to tell "waited for the peer" from a poll.
-    s = run_session(tmp, "tests.accelpact._first_collective_rank:run", [{"name": "first", "superseded": superseded}],
-                    world_size=2, pg_timeout_s=6.0, timeout_s=timeout)
+    s = run_session(
+        tmp,
+        "tests.accelpact._first_collective_rank:run",
+        [{"name": "first", "superseded": superseded}],
+        world_size=2,
+        pg_timeout_s=6.0,
+        timeout_s=timeout,
+    )
     res = s.result("first", 0)
     assert res is not None, f"rank 0 reported no result:\n{s.logs[0][-3000:]}"
     return res

@@ -8,17 +8,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu_check import init_kwargs, judge, path_problem  # noqa: E402
+from benchmarks.gpu_check import init_kwargs, judge, path_problem
 
 
-def _rank(rank: int, path: str | None = "reconfigure", differ: list | None = None, error: str | None = None,
-          events: int = 1) -> dict:
+def _rank(
+    rank: int, path: str | None = "reconfigure", differ: list | None = None, error: str | None = None, events: int = 1
+) -> dict:
     ev = {"decision": {"action": "retry"}, "detection_s": 0.01, "total_s": 0.02}
     if path is not None:
-        ev["data_plane"] = {"path": path, "why": "reconfigure failed, fell back: rank 1: ..." if path == "rebind"
-                            else "every data-plane group supports reconfigure"}
-    return {"rank": rank, "error": error, "committed_step": 5, "events": [ev] * events,
-            "differ": [] if differ is None else differ}
+        ev["data_plane"] = {
+            "path": path,
+            "why": "reconfigure failed, fell back: rank 1: ..."
+            if path == "rebind"
+            else "every data-plane group supports reconfigure",
+        }
+    return {
+        "rank": rank,
+        "error": error,
+        "committed_step": 5,
+        "events": [ev] * events,
+        "differ": [] if differ is None else differ,
+    }
 
 
 def test_every_rank_on_the_asked_path_and_identical_passes():

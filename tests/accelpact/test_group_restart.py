@@ -31,10 +31,28 @@ def _launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str])
         env.pop(var, None)
     run = tmp / name
     run.mkdir()
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"gr{os.getpid()}{name}",
-           "--log-dir", str(run / "logs"), "--snapshot-root", str(run / "shm"), *agent_args,
-           str(ROOT / "examples" / "heal_loop.py"), "--steps", str(STEPS), "--every", "2", "--out", str(run / "out"),
-           *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        f"gr{os.getpid()}{name}",
+        "--log-dir",
+        str(run / "logs"),
+        "--snapshot-root",
+        str(run / "shm"),
+        *agent_args,
+        str(ROOT / "examples" / "heal_loop.py"),
+        "--steps",
+        str(STEPS),
+        "--every",
+        "2",
+        "--out",
+        str(run / "out"),
+        *script_args,
+    ]
     return subprocess.Popen(cmd, stdout=(run / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 

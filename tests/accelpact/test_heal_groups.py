@@ -16,8 +16,16 @@ from accelpact.recovery.rejoin_mesh import dim_ranks
 
 
 def spec(name: str, ranks: tuple[int, ...], default: bool = False) -> dict:
-    return {"name": name, "backend": "gloo", "ranks": list(ranks), "is_default": default, "tag": None, "desc": "",
-            "timeout_s": None, "bound": False}
+    return {
+        "name": name,
+        "backend": "gloo",
+        "ranks": list(ranks),
+        "is_default": default,
+        "tag": None,
+        "desc": "",
+        "timeout_s": None,
+        "bound": False,
+    }
 
 
 WORLD = spec("0", (0, 1, 2, 3), default=True)
@@ -63,11 +71,21 @@ def test_one_name_for_two_rank_sets_is_refused():
         merge_group_posts({0: post(0), 2: bad})
 
 
-@pytest.mark.parametrize("shape,rank,dim,want", [
-    ((2, 2), 1, 0, (1, 3)), ((2, 2), 1, 1, (0, 1)), ((2, 2), 2, 0, (0, 2)), ((2, 2), 3, 1, (2, 3)),
-    ((4,), 2, 0, (0, 1, 2, 3)), ((2, 3), 4, 0, (1, 4)), ((2, 3), 4, 1, (3, 4, 5)),
-    ((2, 2, 2), 5, 0, (1, 5)), ((2, 2, 2), 5, 1, (5, 7)), ((2, 2, 2), 5, 2, (4, 5)),
-])
+@pytest.mark.parametrize(
+    "shape,rank,dim,want",
+    [
+        ((2, 2), 1, 0, (1, 3)),
+        ((2, 2), 1, 1, (0, 1)),
+        ((2, 2), 2, 0, (0, 2)),
+        ((2, 2), 3, 1, (2, 3)),
+        ((4,), 2, 0, (0, 1, 2, 3)),
+        ((2, 3), 4, 0, (1, 4)),
+        ((2, 3), 4, 1, (3, 4, 5)),
+        ((2, 2, 2), 5, 0, (1, 5)),
+        ((2, 2, 2), 5, 1, (5, 7)),
+        ((2, 2, 2), 5, 2, (4, 5)),
+    ],
+)
 def test_dim_ranks_follows_init_device_mesh_row_major_layout(shape, rank, dim, want):
     import torch
 

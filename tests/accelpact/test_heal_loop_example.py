@@ -32,9 +32,29 @@ def _launch(name: str, tmp: Path, script_args: list[str]) -> subprocess.Popen:
         env.pop(var, None)
     run = tmp / name
     run.mkdir()
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"hl{os.getpid()}{name}",
-           "--log-dir", str(run / "logs"), "--snapshot-root", str(run / "shm"), str(ROOT / "examples" / "heal_loop.py"),
-           "--steps", "8", "--every", "4", "--kill-at", "3", "--out", str(run / "out"), *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        f"hl{os.getpid()}{name}",
+        "--log-dir",
+        str(run / "logs"),
+        "--snapshot-root",
+        str(run / "shm"),
+        str(ROOT / "examples" / "heal_loop.py"),
+        "--steps",
+        "8",
+        "--every",
+        "4",
+        "--kill-at",
+        "3",
+        "--out",
+        str(run / "out"),
+        *script_args,
+    ]
     return subprocess.Popen(cmd, stdout=(run / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
@@ -49,7 +69,7 @@ def runs(tmp_path_factory) -> Path:
     jobs = {"ref": [], **{p: ["--kill-in", p] for p in PLACES}}
     names = list(jobs)
     for first in range(0, len(names), 3):
-        procs = {n: _launch(n, tmp, jobs[n]) for n in names[first:first + 3]}
+        procs = {n: _launch(n, tmp, jobs[n]) for n in names[first : first + 3]}
         for name, p in procs.items():
             p.wait(timeout=900)
             (tmp / name / "rc").write_text(str(p.returncode))
@@ -71,6 +91,7 @@ def test_a_rank_killed_there_is_healed_bit_identically(runs, place):
         got = _results(run, rank)[-1]  # rank 1: its replacement's
         assert got["losses"].items() <= want["losses"].items() and got["lr"] == want["lr"]
         assert got["evals"].items() <= want["evals"].items()
-    assert torch.equal(torch.load(ref / "out" / "checkpoint_final_save.pt"),
-                       torch.load(run / "out" / "checkpoint_final_save.pt"))
+    assert torch.equal(
+        torch.load(ref / "out" / "checkpoint_final_save.pt"), torch.load(run / "out" / "checkpoint_final_save.pt")
+    )
     assert not [f for f in (run / "shm").rglob("*") if f.is_file()], "snapshots left after the job ended"

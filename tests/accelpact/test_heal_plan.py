@@ -71,8 +71,12 @@ def test_missing_or_malformed_reports_are_refused():
 
 
 def test_wire_round_trip_and_order_independence():
-    reports = [survivor(0, 5, 5, 4), survivor(2, 4, 4, 3), replacement(1, {4: "own", 3: "own"}, buddy=2),
-               replacement(3, {4: "buddy", 3: "buddy"}, buddy=0)]
+    reports = [
+        survivor(0, 5, 5, 4),
+        survivor(2, 4, 4, 3),
+        replacement(1, {4: "own", 3: "own"}, buddy=2),
+        replacement(3, {4: "buddy", 3: "buddy"}, buddy=0),
+    ]
     assert [HealReport.from_bytes(r.to_bytes()) for r in reports] == reports
     plans = [decide_resume(list(p), 4) for p in itertools.permutations(reports)]
     assert all(p == plans[0] for p in plans) and plans[0].step == 4

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.detection.liveness import publish_death
 from accelpact.errors import RankLostError
 from accelpact.recovery.heal_wait import ReplacementWatch, joining_key, publish_no_replacement
-from accelpact.detection.liveness import publish_death
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_a_rank_whose_death_notice_comes_after_the_first_replacement_arrived_is_
     import json
     from types import SimpleNamespace
 
-    from accelpact.recovery.heal import HealPolicy, Healer
+    from accelpact.recovery.heal import Healer, HealPolicy
     from accelpact.recovery.heal_wait import arrived_key
 
     store, port = server

@@ -38,12 +38,30 @@ def launch(name: str, tmp: Path, agent_args: list[str], script_args: list[str], 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", str(nproc), "--rdzv-id", f"t{os.getpid()}{name}",
-           "--log-dir", str(tmp / name / "logs"), "--snapshot-root", str(tmp / "shm"), *agent_args, str(EXAMPLE),
-           "--steps", str(STEPS), "--out", str(tmp / name / "out"), *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-id",
+        f"t{os.getpid()}{name}",
+        "--log-dir",
+        str(tmp / name / "logs"),
+        "--snapshot-root",
+        str(tmp / "shm"),
+        *agent_args,
+        str(EXAMPLE),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(tmp / name / "out"),
+        *script_args,
+    ]
     (tmp / name).mkdir(parents=True)
-    return subprocess.Popen(cmd, stdout=(tmp / name / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT)
+    return subprocess.Popen(
+        cmd, stdout=(tmp / name / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT
+    )
 
 
 def results(run: Path, ranks: tuple[int, ...] = (0, 1)) -> dict[int, list[dict]]:
@@ -66,11 +84,15 @@ def started_pids(run: Path) -> dict[int, int]:
 def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("launcher")
     kill = ["--kill-at", str(KILL_AT), "--kill-rank", "1"]
-    jobs = {"ref": ([], []), "template": ([], kill), "spawn": (["--replacement", "spawn"], kill),
-            "hot_spare": (["--hot-spares", "1"], kill),
-            "late_survivor": ([], [*kill, "--late-rank", "0", "--late-s", "4"]),
-            "heal_reset": ([], [*kill, "--reset-in-heal"]),
-            "restart": (["--replacement", "none", "--max-restarts", "1"], kill)}
+    jobs = {
+        "ref": ([], []),
+        "template": ([], kill),
+        "spawn": (["--replacement", "spawn"], kill),
+        "hot_spare": (["--hot-spares", "1"], kill),
+        "late_survivor": ([], [*kill, "--late-rank", "0", "--late-s", "4"]),
+        "heal_reset": ([], [*kill, "--reset-in-heal"]),
+        "restart": (["--replacement", "none", "--max-restarts", "1"], kill),
+    }
     procs = {n: launch(n, tmp, a, s) for n, (a, s) in jobs.items()}
     for name, p in procs.items():
         assert p.wait(timeout=800) == 0, f"{name} failed:\n{(tmp / name / 'agent.log').read_text()[-4000:]}"
@@ -128,7 +150,9 @@ def test_a_survivor_that_looks_after_the_replacement_beats_still_heals(runs):
     run = runs / "late_survivor"
     assert_bit_identical(runs / "ref", run)
     agent = (run / "agent.log").read_text()
-    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[
+        -3000:
+    ]
     res = results(run)
     [survivor] = res[0]
     [heal] = survivor["heals"]
@@ -146,7 +170,9 @@ def test_a_link_reset_inside_the_heal_is_retried_in_the_next_generation(runs):
     run = runs / "heal_reset"
     assert_bit_identical(runs / "ref", run)
     agent = (run / "agent.log").read_text()
-    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[
+        -3000:
+    ]
     log0 = (run / "logs" / "rank0.log").read_text()
     reset = re.search(r"rank 0: reset (\d+) data-plane connection\(s\) before the heal's first collective", log0)
     assert reset and int(reset.group(1)) > 0, log0[-3000:]
@@ -195,7 +221,9 @@ def test_hsdp_2x2_a_killed_rank_is_healed_in_memory(hsdp_runs):
     run = hsdp_runs / "kill"
     assert_bit_identical(hsdp_runs / "ref", run, ranks)
     agent = (run / "agent.log").read_text()
-    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[-3000:]
+    assert "replacement 1 started (template," in agent and "restarting the whole worker group" not in agent, agent[
+        -3000:
+    ]
     res = results(run, ranks)
     for rank in (0, 2, 3):
         [survivor] = res[rank]

@@ -44,30 +44,38 @@ def _two_nodes() -> tuple[bool, str]:
         done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
         return False, "sinfo did not answer within 30 s"
-    idle = [line for line in done.stdout.splitlines() if line.split()[-1:] and line.split()[-1].startswith(("idle", "mixed"))]
+    idle = [
+        line
+        for line in done.stdout.splitlines()
+        if line.split()[-1:] and line.split()[-1].startswith(("idle", "mixed"))
+    ]
     if len(idle) < 2:
-        return False, (f"this test needs a Slurm with 2 idle nodes; sinfo says {done.stdout.strip() or done.stderr.strip()!r} "
-                       "(`scripts/slurm.sh up` builds 2 where network namespaces can be built, else 1)")
+        return False, (
+            f"this test needs a Slurm with 2 idle nodes; sinfo says {done.stdout.strip() or done.stderr.strip()!r} "
+            "(`scripts/slurm.sh up` builds 2 where network namespaces can be built, else 1)"
+        )
     return True, ""
 
 
 _UP, _WHY = _two_nodes()
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900),
-              pytest.mark.skipif(not _UP, reason=_WHY)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900), pytest.mark.skipif(not _UP, reason=_WHY)]
 
 
 def srun_job(name: str, tmp: Path, port: int, script_args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               GLOO_SOCKET_IFNAME="eth0")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), GLOO_SOCKET_IFNAME="eth0"
+    )
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
     run = tmp / name
     run.mkdir(parents=True)
-    agent = (f'echo "on $SLURMD_NODENAME" >{run}/agent$SLURM_NODEID.log; exec {sys.executable} -m accelpact.run --nnodes 2 --nproc-per-node 1 --node-rank $SLURM_NODEID '
-             f'--master-addr $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1) --master-port {port} '
-             f'--rdzv-id t{os.getpid()}{name} --log-dir {run}/logs --snapshot-root /dev/shm/accelpact-slurmtest/node%n '
-             f'{EXAMPLE} --steps {STEPS} --pause-s {PAUSE_S} --out {run}/out {" ".join(script_args)} '
-             f'2>>{run}/agent$SLURM_NODEID.log')
+    agent = (
+        f'echo "on $SLURMD_NODENAME" >{run}/agent$SLURM_NODEID.log; exec {sys.executable} -m accelpact.run --nnodes 2 --nproc-per-node 1 --node-rank $SLURM_NODEID '
+        f'--master-addr $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1) --master-port {port} '
+        f"--rdzv-id t{os.getpid()}{name} --log-dir {run}/logs --snapshot-root /dev/shm/accelpact-slurmtest/node%n "
+        f"{EXAMPLE} --steps {STEPS} --pause-s {PAUSE_S} --out {run}/out {' '.join(script_args)} "
+        f"2>>{run}/agent$SLURM_NODEID.log"
+    )
     cmd = ["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", f"--job-name=ap-{name}", "bash", "-c", agent]
     return subprocess.Popen(cmd, stdout=(run / "srun.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
@@ -84,8 +92,12 @@ def _rank_pid(run: Path, rank: int) -> int | None:
 
 def _data_connections(pid: int) -> list[tuple[int, int]]:
     """(local port, peer port) of every TCP connection process ``pid`` on node 1 holds to node 0's data address."""
-    out = subprocess.run(["ip", "netns", "exec", NODE1_NS, "ss", "-H", "-t", "-n", "-p", "dst", NODE0_DATA],
-                         capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", NODE1_NS, "ss", "-H", "-t", "-n", "-p", "dst", NODE0_DATA],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     pairs = []
     for line in out.splitlines():
         cols = line.split()
@@ -109,9 +121,26 @@ def reset_data_link_after(run: Path, step: int, done: dict) -> None:
             done.update(t=time.time(), pid=pid, pairs=pairs, ss="")
             if pairs:
                 match = " or ".join(f"( sport = :{a} and dport = :{b} )" for a, b in pairs)
-                done["ss"] = subprocess.run(["ip", "netns", "exec", NODE1_NS, "ss", "-K", "-t", "dst", NODE0_DATA,
-                                             "and", "(", *match.split(), ")"],
-                                            capture_output=True, text=True, timeout=30).stdout
+                done["ss"] = subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        NODE1_NS,
+                        "ss",
+                        "-K",
+                        "-t",
+                        "dst",
+                        NODE0_DATA,
+                        "and",
+                        "(",
+                        *match.split(),
+                        ")",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout
             return
         time.sleep(0.05)
 
@@ -120,11 +149,17 @@ def reset_data_link_after(run: Path, step: int, done: dict) -> None:
 def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("launcher_slurm")
     port = random.randint(20000, 29000)
-    procs = {"ref": srun_job("ref", tmp, port, []),
-             "killed": srun_job("killed", tmp, port + 1, ["--kill-at", str(KILL_AT), "--kill-rank", "1"]),
-             "reset": srun_job("reset", tmp, port + 2, []),
-             "host": srun_job("host", tmp, port + 3, ["--kill-at", str(KILL_AT), "--kill-rank", "1", "--replicas",
-                                                       "--lose-host", "--confirm-push"])}
+    procs = {
+        "ref": srun_job("ref", tmp, port, []),
+        "killed": srun_job("killed", tmp, port + 1, ["--kill-at", str(KILL_AT), "--kill-rank", "1"]),
+        "reset": srun_job("reset", tmp, port + 2, []),
+        "host": srun_job(
+            "host",
+            tmp,
+            port + 3,
+            ["--kill-at", str(KILL_AT), "--kill-rank", "1", "--replicas", "--lose-host", "--confirm-push"],
+        ),
+    }
     injected: dict = {}
     injector = threading.Thread(target=reset_data_link_after, args=(tmp / "reset", 1, injected), daemon=True)
     injector.start()
@@ -133,8 +168,10 @@ def runs(tmp_path_factory) -> Path:
     for name, p in procs.items():
         rc = p.wait(timeout=800)
         # The agents' logs, then every rank's own output (a rank that exits by itself says why only there).
-        logs = "\n".join(f"--- {f.relative_to(tmp / name)}\n{f.read_text()[-3000:]}"
-                         for f in sorted((tmp / name).glob("*.log")) + sorted((tmp / name).glob("logs/*.log")))
+        logs = "\n".join(
+            f"--- {f.relative_to(tmp / name)}\n{f.read_text()[-3000:]}"
+            for f in sorted((tmp / name).glob("*.log")) + sorted((tmp / name).glob("logs/*.log"))
+        )
         assert rc == 0, f"srun {name} exited with {rc}:\n{logs}"
     return tmp
 
@@ -176,7 +213,10 @@ def test_a_data_link_reset_between_the_nodes_recovers_in_memory(runs):
     assert_bit_identical(runs / "ref", run)
     node0, node1 = (run / "agent0.log").read_text(), (run / "agent1.log").read_text()
     assert "replacement" not in node0 + node1 and "restarting the whole worker group" not in node0 + node1
-    pids = {0: re.search(r"started ranks \[0\] \(pids \[(\d+)\]\)", node0), 1: re.search(r"started ranks \[1\] \(pids \[(\d+)\]\)", node1)}
+    pids = {
+        0: re.search(r"started ranks \[0\] \(pids \[(\d+)\]\)", node0),
+        1: re.search(r"started ranks \[1\] \(pids \[(\d+)\]\)", node1),
+    }
     for rank in (0, 1):
         [res] = results(run, rank)
         assert res["pid"] == int(pids[rank].group(1)) and res["heals"] == []

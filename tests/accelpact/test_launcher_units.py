@@ -12,17 +12,40 @@ from accelpact.control import ControlChannel  # noqa: F401 - the channel reads w
 from accelpact.control.launch_env import control_settings
 from accelpact.run import replacement
 from accelpact.run.agent import Agent, AgentConfig, _Attempt
-from accelpact.run.workers import Workers
 from accelpact.run.cli import config_from_args
 from accelpact.run.env import RankPlace, worker_env
 from accelpact.run.script_template import script_imports
+from accelpact.run.workers import Workers
 from accelpact.snapshot.launch import job_token_from_env
 
 
 def test_torchrun_flags_are_accepted_in_both_spellings():
-    cfg = config_from_args(["--nnodes", "2", "--nproc_per_node", "4", "--node-rank", "1", "--rdzv-endpoint",
-                            "10.0.0.1:29400", "--rdzv-id", "job7", "--max-restarts", "2", "train.py", "--lr", "3"])
-    assert (cfg.nnodes, cfg.nproc_per_node, cfg.node_rank, cfg.master_addr, cfg.master_port) == (2, 4, 1, "10.0.0.1", 29400)
+    cfg = config_from_args(
+        [
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "4",
+            "--node-rank",
+            "1",
+            "--rdzv-endpoint",
+            "10.0.0.1:29400",
+            "--rdzv-id",
+            "job7",
+            "--max-restarts",
+            "2",
+            "train.py",
+            "--lr",
+            "3",
+        ]
+    )
+    assert (cfg.nnodes, cfg.nproc_per_node, cfg.node_rank, cfg.master_addr, cfg.master_port) == (
+        2,
+        4,
+        1,
+        "10.0.0.1",
+        29400,
+    )
     assert cfg.run_id == "job7" and cfg.max_restarts == 2 and cfg.entry == ("train.py", "--lr", "3")
     assert cfg.place(2).rank == 6 and cfg.world_size == 8
     one = config_from_args(["--standalone", "--nproc-per-node", "2", "train.py"])
@@ -67,12 +90,32 @@ def test_a_spare_takes_the_assigned_ranks_environment_and_log(tmp_path):
 
 def test_each_rank_gets_torchruns_variables_and_accelpacts():
     place = RankPlace(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2)
-    env = worker_env(place, master_addr="10.0.0.1", master_port=29400, run_id="job7", attempt=2, max_restarts=3,
-                     snapshot_root="/dev/shm/x", base={"PATH": "/bin", "ACCELPACT_REPLACEMENT": "9"})
-    want = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-            "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "job7",
-            "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "ACCELPACT_CONTROL_ADDR": "10.0.0.1:29400", "ACCELPACT_SNAPSHOT_ROOT": "/dev/shm/x", "PATH": "/bin"}
+    env = worker_env(
+        place,
+        master_addr="10.0.0.1",
+        master_port=29400,
+        run_id="job7",
+        attempt=2,
+        max_restarts=3,
+        snapshot_root="/dev/shm/x",
+        base={"PATH": "/bin", "ACCELPACT_REPLACEMENT": "9"},
+    )
+    want = {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "job7",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "ACCELPACT_CONTROL_ADDR": "10.0.0.1:29400",
+        "ACCELPACT_SNAPSHOT_ROOT": "/dev/shm/x",
+        "PATH": "/bin",
+    }
     assert {k: env[k] for k in want} == want
     # The control token is the one accelpact derives under torchrun; the snapshot token survives restarts.
     assert control_settings(env)["job_token"] == control_settings(env, torchrun_only=True)["job_token"]
@@ -82,18 +125,31 @@ def test_each_rank_gets_torchruns_variables_and_accelpacts():
 
 def test_a_replacement_learns_it_from_its_environment():
     place = RankPlace(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, nnodes=1)
-    env = worker_env(place, master_addr="h", master_port=1, run_id="r", attempt=0, max_restarts=0,
-                     replacement_of=(2, 4242, 1234.5), base={})
+    env = worker_env(
+        place,
+        master_addr="h",
+        master_port=1,
+        run_id="r",
+        attempt=0,
+        max_restarts=0,
+        replacement_of=(2, 4242, 1234.5),
+        base={},
+    )
     assert replacement(env) == replacement(env) and replacement(env).number == 2
     assert replacement(env).replaces_pid == 4242 and replacement(env).t_launch == 1234.5
 
 
 def test_the_template_preloads_the_scripts_top_level_imports(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import os\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
-                      "def f():\n    import json\n")
-    assert script_imports(str(script)) == ["os", "torch.nn", "torch.distributed.fsdp",
-                                           "torch.distributed.fsdp.fully_shard"]
+    script.write_text(
+        "import os\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\ndef f():\n    import json\n"
+    )
+    assert script_imports(str(script)) == [
+        "os",
+        "torch.nn",
+        "torch.distributed.fsdp",
+        "torch.distributed.fsdp.fully_shard",
+    ]
 
 
 class _Proc(SimpleNamespace):
@@ -101,14 +157,17 @@ class _Proc(SimpleNamespace):
         return self.code
 
 
-@pytest.mark.parametrize("code, mode, used, alive, healed", [
-    (-signal.SIGKILL, "template", 0, True, True),
-    (-signal.SIGKILL, "spawn", 0, True, True),
-    (3, "template", 0, True, False),  # its own exit code: it would fail again
-    (-signal.SIGKILL, "none", 0, True, False),
-    (-signal.SIGKILL, "template", 3, True, False),  # --max-replacements spent
-    (-signal.SIGKILL, "template", 0, False, False),  # no survivor on the only node
-])
+@pytest.mark.parametrize(
+    "code, mode, used, alive, healed",
+    [
+        (-signal.SIGKILL, "template", 0, True, True),
+        (-signal.SIGKILL, "spawn", 0, True, True),
+        (3, "template", 0, True, False),  # its own exit code: it would fail again
+        (-signal.SIGKILL, "none", 0, True, False),
+        (-signal.SIGKILL, "template", 3, True, False),  # --max-replacements spent
+        (-signal.SIGKILL, "template", 0, False, False),  # no survivor on the only node
+    ],
+)
 def test_which_deaths_get_a_replacement(code, mode, used, alive, healed):
     agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, replacement=mode, max_replacements=3))
     agent.replacements = used

@@ -9,8 +9,16 @@ import time
 import pytest
 
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
+from accelpact.detection.liveness import (
+    Beat,
+    Heartbeat,
+    LivenessConfig,
+    PeerJudge,
+    PeerWatch,
+    heartbeat_key,
+    publish_death,
+)
 from accelpact.errors import RankLostError
-from accelpact.detection.liveness import Beat, Heartbeat, LivenessConfig, PeerJudge, PeerWatch, heartbeat_key, publish_death
 
 
 @pytest.fixture(scope="module")

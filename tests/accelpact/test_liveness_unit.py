@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.detection.liveness import (JOINING, Beat, DeathNotice, LivenessConfig, PeerJudge, heartbeat_key,
-                                         is_connection_drop, notice_key)
+from accelpact.detection.liveness import (
+    JOINING,
+    Beat,
+    DeathNotice,
+    LivenessConfig,
+    PeerJudge,
+    heartbeat_key,
+    is_connection_drop,
+    notice_key,
+)
 
 CFG = LivenessConfig(interval_s=0.5, missed_beats=4)  # stale after 2 s
 
@@ -70,10 +78,18 @@ def test_a_heal_waiting_for_the_replacement_does_not_count_its_predecessors_noti
 
 
 def test_a_notice_without_pid_or_without_a_beat_is_trusted():
-    assert PeerJudge(CFG, connection_dropped=False).observe(
-        1, None, DeathNotice(rank=1, by="parent", reason="x", pid=5).to_bytes(), now=0.0) is not None
-    assert PeerJudge(CFG, connection_dropped=False).observe(
-        1, beat(100, 7), DeathNotice(rank=1, by="parent", reason="x").to_bytes(), now=0.0) is not None
+    assert (
+        PeerJudge(CFG, connection_dropped=False).observe(
+            1, None, DeathNotice(rank=1, by="parent", reason="x", pid=5).to_bytes(), now=0.0
+        )
+        is not None
+    )
+    assert (
+        PeerJudge(CFG, connection_dropped=False).observe(
+            1, beat(100, 7), DeathNotice(rank=1, by="parent", reason="x").to_bytes(), now=0.0
+        )
+        is not None
+    )
 
 
 def test_garbage_values_are_ignored_not_fatal():

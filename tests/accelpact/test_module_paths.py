@@ -29,18 +29,20 @@ def test_an_old_module_path_is_the_new_module(old, new):
 
 
 def test_the_paths_the_docs_name_resolve_in_a_fresh_interpreter():
-    code = "\n".join([
-        "import accelpact, accelpact.heal, accelpact.liveness",
-        "from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server",
-        "from accelpact.heal import HealPolicy, publish_no_replacement",
-        "from accelpact.rejoin import RejoinTicket, rejoin",
-        "from accelpact.guard import Guard, GuardConfig, attach, clip_gradients",
-        "from accelpact import comm, snapshot",
-        "assert accelpact.heal.HealPolicy is accelpact.HealPolicy",
-        "assert callable(accelpact.liveness.publish_death) and callable(comm.store_ports)",
-        "assert accelpact.rejoin is rejoin and callable(accelpact.rejoin)",  # the function, as before
-        "assert callable(accelpact.snapshot.restore_latest)",
-        "assert accelpact.is_comm_fault(RuntimeError('Connection closed by peer'))",
-    ])
+    code = "\n".join(
+        [
+            "import accelpact, accelpact.heal, accelpact.liveness",
+            "from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server",
+            "from accelpact.heal import HealPolicy, publish_no_replacement",
+            "from accelpact.rejoin import RejoinTicket, rejoin",
+            "from accelpact.guard import Guard, GuardConfig, attach, clip_gradients",
+            "from accelpact import comm, snapshot",
+            "assert accelpact.heal.HealPolicy is accelpact.HealPolicy",
+            "assert callable(accelpact.liveness.publish_death) and callable(comm.store_ports)",
+            "assert accelpact.rejoin is rejoin and callable(accelpact.rejoin)",  # the function, as before
+            "assert callable(accelpact.snapshot.restore_latest)",
+            "assert accelpact.is_comm_fault(RuntimeError('Connection closed by peer'))",
+        ]
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -13,10 +13,9 @@ import warnings
 
 import pytest
 
-from accelpact.control import notice_auth
-from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
-from accelpact.errors import RankLostError
+from accelpact.control import ControlChannel, ControlConfig, new_job_token, notice_auth, start_control_server
 from accelpact.detection.liveness import DeathNotice, LivenessConfig, PeerJudge, PeerWatch, notice_key, publish_death
+from accelpact.errors import RankLostError
 
 
 def test_sign_verify_roundtrip_and_every_rejection():
@@ -66,9 +65,11 @@ def test_a_forged_or_stale_notice_is_ignored(server, forgery):
     store, port = server
     token = new_job_token()
     body = json.loads(DeathNotice(rank=1, by="attacker", reason="forged", pid=None, generation=2).to_bytes())
-    raw = {"unsigned": json.dumps(body).encode(),
-           "other_job_key": notice_auth.sign(body, new_job_token()),
-           "older_generation": notice_auth.sign({**body, "generation": 1}, token)}[forgery]
+    raw = {
+        "unsigned": json.dumps(body).encode(),
+        "other_job_key": notice_auth.sign(body, new_job_token()),
+        "older_generation": notice_auth.sign({**body, "generation": 1}, token),
+    }[forgery]
     store.set(notice_key(token, 1), raw)  # under THIS job's key: only the signature stops it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -39,8 +39,10 @@ def check(session, patterns) -> None:
     for p in patterns:
         for r in session.job(f"{p}_fault"):
             if r["events"] < 1 or r["committed_step"] != STEPS - 1:
-                problems.append(f"{p}: rank {r['rank'] if 'rank' in r else '?'} recovered {r['events']} faults, "
-                                f"committed {r['committed_step']}")
+                problems.append(
+                    f"{p}: rank {r['rank'] if 'rank' in r else '?'} recovered {r['events']} faults, "
+                    f"committed {r['committed_step']}"
+                )
         diffs, counts = bit_differences(session, f"{p}_fault", f"{p}_ref")
         if counts["tensors"] < 50:
             problems.append(f"{p}: only {counts['tensors']} tensors compared")

@@ -18,10 +18,15 @@ def test_equal_positions_agree_and_any_difference_is_found():
     for n in (2, 3, 8, 1000):
         summed = _vote(n, *[base] * n)
         assert agreed(summed, n) and count_of(summed, n) == n and summed < 2**63
-    others = [Position("step", 1_000_001, 0, 1_000_000), Position("step", 1_000_000, 0, 1_000_001),
-              Position("step", 1_000_000, 0, 999_999), Position("region", 1_000_000, 0, 1_000_000),
-              Position("step", 1_000_000, 1, 1_000_000), Position("finish", 1_000_001, 1, NO_LOOP_STEP),
-              Position("step", 1_000_000, 0, NO_LOOP_STEP)]
+    others = [
+        Position("step", 1_000_001, 0, 1_000_000),
+        Position("step", 1_000_000, 0, 1_000_001),
+        Position("step", 1_000_000, 0, 999_999),
+        Position("region", 1_000_000, 0, 1_000_000),
+        Position("step", 1_000_000, 1, 1_000_000),
+        Position("finish", 1_000_001, 1, NO_LOOP_STEP),
+        Position("step", 1_000_000, 0, NO_LOOP_STEP),
+    ]
     for other, n in itertools.product(others, (2, 3, 8, 1000)):
         # (3, 5) sums as (4, 4) does: the squares tell them apart, on every rank alike.
         assert not agreed(_vote(n, *[base] * (n - 1), other), n), (other, n)

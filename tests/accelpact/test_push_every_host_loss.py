@@ -32,12 +32,42 @@ def launch(run: Path, port: int, script_args: list[str]) -> list[subprocess.Pope
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
     run.mkdir(parents=True)
-    return [subprocess.Popen(
-        [sys.executable, "-m", "accelpact.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-id", f"pe{os.getpid()}{run.name}",
-         "--log-dir", str(run / "logs"), "--snapshot-root", str(run / "shm" / "node%n"), str(EXAMPLE),
-         "--steps", str(STEPS), "--out", str(run / "out"), *script_args],
-        stdout=(run / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT) for node in (0, 1)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelpact.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--rdzv-id",
+                f"pe{os.getpid()}{run.name}",
+                "--log-dir",
+                str(run / "logs"),
+                "--snapshot-root",
+                str(run / "shm" / "node%n"),
+                str(EXAMPLE),
+                "--steps",
+                str(STEPS),
+                "--out",
+                str(run / "out"),
+                *script_args,
+            ],
+            stdout=(run / f"agent{node}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+        for node in (0, 1)
+    ]
 
 
 def results(run: Path, rank: int) -> list[dict]:

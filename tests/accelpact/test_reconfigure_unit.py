@@ -39,8 +39,7 @@ class FakeStore:
 
 
 def _spec(name: str, ranks: tuple[int, ...]) -> GroupSpec:
-    return GroupSpec(name=name, backend="gloo", ranks=ranks, is_default=name == "0", tag=None, desc=name,
-                     timeout=None)
+    return GroupSpec(name=name, backend="gloo", ranks=ranks, is_default=name == "0", tag=None, desc=name, timeout=None)
 
 
 def _run_ranks(fn, world: int) -> list[Any]:
@@ -81,6 +80,7 @@ def fake_api(monkeypatch):
         class Work:
             def wait(self) -> None:
                 pass
+
         return Work()
 
     monkeypatch.setattr(dist, "_get_reconfigure_handle", handle, raising=False)
@@ -103,7 +103,7 @@ def test_every_rank_reconfigures_the_same_groups_with_one_uuid_per_group(fake_ap
     for r in range(3):
         assert out[r] == groups[r] and all(a is b for a, b in zip(out[r], groups[r]))  # the SAME objects
     by_group: dict[str, set[int]] = {}
-    for r, name, uuid, handles in calls:
+    for _r, name, uuid, handles in calls:
         by_group.setdefault(name, set()).add(uuid)
         ranks = [s for s in specs if s.name == name][0].ranks
         assert handles == tuple(f"fake:{x}:{name}" for x in ranks)  # group-rank order
@@ -150,9 +150,18 @@ def _plane(live: list[Any], store: Any = None, backend: Any = None):
     b = backend or GlooBackend()
     b.groups = list(live)
     specs = [_spec(getattr(g, "name", str(i)), (0,)) for i, g in enumerate(live)]
-    return ReconfigurePlane(backend=b, table=_Table(list(live)), specs=specs, vote_index=0,
-                            control=_Control(store or FakeStore()), rank=0, group_timeout=None,
-                            verify_rebind=False, scan=lambda vote: None, peers=set())
+    return ReconfigurePlane(
+        backend=b,
+        table=_Table(list(live)),
+        specs=specs,
+        vote_index=0,
+        control=_Control(store or FakeStore()),
+        rank=0,
+        group_timeout=None,
+        verify_rebind=False,
+        scan=lambda vote: None,
+        peers=set(),
+    )
 
 
 class _Adopting(GlooBackend):
@@ -194,6 +203,7 @@ def test_explicit_reconfigure_refuses_at_attach_where_it_cannot(fake_api, monkey
     assert registry.attach_data_plane("auto").last_path["path"] == "rebind"  # auto degrades, saying why
     with pytest.raises(AccelPactError, match="registered"):
         registry.attach_data_plane("fast")
+
 
 def test_without_the_api_the_path_is_rebuild_and_says_the_torch_version(monkeypatch):
     for name in ("_supports_reconfigure", "_get_reconfigure_handle", "_reconfigure"):
@@ -251,7 +261,9 @@ def test_a_replacement_rebuilds_the_survivors_group_store_keys(monkeypatch, crea
     assert (addr["host"], addr["port"]) == ("127.0.0.1", tcp.port)
     assert tcp.list_keys() == []  # the probe is cleaned up
     survivor = dist.PrefixStore("cpu/", c10d._world.pg_map[pg][1])
-    replacement = dist.PrefixStore("cpu/", dist.PrefixStore("3/", reconfigure.store_at(addr, datetime.timedelta(seconds=10))))
+    replacement = dist.PrefixStore(
+        "cpu/", dist.PrefixStore("3/", reconfigure.store_at(addr, datetime.timedelta(seconds=10)))
+    )
     replacement.set("reconfigure/7/0/1", "from the replacement")
     assert survivor.get("reconfigure/7/0/1") == b"from the replacement"
 
@@ -283,8 +295,14 @@ def test_a_rank_that_gives_up_before_publishing_its_handle_ends_the_others_wait_
     spec = _spec("0", (0, 1))
     store = FakeStore()
     t0 = time.monotonic()
-    out = _run_ranks(lambda r: ReconfigurePath(range(2), datetime.timedelta(seconds=60)).reconfigure(
-        [Pg(r, "0")], [spec], store, r) if r == 0 else reconfigure.join_groups([spec], store, 1, group_stores=[]), 2)
+    out = _run_ranks(
+        lambda r: (
+            ReconfigurePath(range(2), datetime.timedelta(seconds=60)).reconfigure([Pg(r, "0")], [spec], store, r)
+            if r == 0
+            else reconfigure.join_groups([spec], store, 1, group_stores=[])
+        ),
+        2,
+    )
     assert all(isinstance(o, Fallback) for o in out), out
     assert "could not create its groups" in out[0].reason
     assert time.monotonic() - t0 < 8  # a detection bound: without the early exit, the fake store's 10 s wait

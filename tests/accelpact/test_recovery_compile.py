@@ -23,13 +23,17 @@ STEPS = 5
 def test_compiled_blocks_no_recompile_across_three_recoveries(tmp_path):
     scenarios = [
         {"name": "ref", "guard": False, "steps": STEPS},
-        {"name": "faults", "steps": STEPS,
-         "faults": [{"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
-                    {"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]},
-                    {"step": 3, "phase": "vote", "ranks": [0, 1]}]},
+        {
+            "name": "faults",
+            "steps": STEPS,
+            "faults": [
+                {"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
+                {"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]},
+                {"step": 3, "phase": "vote", "ranks": [0, 1]},
+            ],
+        },
     ]
-    s = run_session(tmp_path, RUNNER, scenarios, settings={"flavour": "fsdp2", "compile": "aot_eager"},
-                    timeout_s=290)
+    s = run_session(tmp_path, RUNNER, scenarios, settings={"flavour": "fsdp2", "compile": "aot_eager"}, timeout_s=290)
     assert s.returncodes == [0, 0], "\n".join(s.logs)
     assert differences(s, "faults") == []
     for rank in range(2):
@@ -37,6 +41,9 @@ def test_compiled_blocks_no_recompile_across_three_recoveries(tmp_path):
         assert len(res["events"]) == 3
         warm, end = res["compile_after_warmup"], res["compile_at_end"]
         assert warm.get("stats/unique_graphs", 0) > 0, "the blocks were not compiled at all"
-        changed = {k: (warm.get(k, 0), v) for k, v in end.items()
-                   if warm.get(k, 0) != v and ("recompil" in k or "unique_graphs" in k or "graph_break" in k)}
+        changed = {
+            k: (warm.get(k, 0), v)
+            for k, v in end.items()
+            if warm.get(k, 0) != v and ("recompil" in k or "unique_graphs" in k or "graph_break" in k)
+        }
         assert changed == {}, f"rank {rank}: recompiles / new graphs after recovery: {changed}"

@@ -23,11 +23,23 @@ def _scenarios(with_trap: bool) -> list[dict]:
         sc.append({"name": name, "steps": STEPS, "faults": [{"step": 1, "phase": phase, "ranks": ranks}]})
     # The completeness check after the rebind: FSDP1 creates its exec-order group lazily at the
     # first forward, which a table built at attach alone missed (the old group stayed referenced).
-    sc.append({"name": "verified", "steps": STEPS, "verify_rebind": True,
-               "faults": [{"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]}]})
+    sc.append(
+        {
+            "name": "verified",
+            "steps": STEPS,
+            "verify_rebind": True,
+            "faults": [{"step": 2, "phase": "backward_reduce_scatter", "ranks": [1]}],
+        }
+    )
     if with_trap:
-        sc.append({"name": "trap_disabled", "steps": STEPS, "reset": {"reshard_fsdp1_handles": False},
-                   "faults": [{"step": 1, "phase": "forward_allgather_middle", "ranks": [1]}]})
+        sc.append(
+            {
+                "name": "trap_disabled",
+                "steps": STEPS,
+                "reset": {"reshard_fsdp1_handles": False},
+                "faults": [{"step": 1, "phase": "forward_allgather_middle", "ranks": [1]}],
+            }
+        )
     return sc
 
 
@@ -39,8 +51,11 @@ def both_flavours(tmp_path_factory):
     """One 2-rank session runs the scenarios of both flavours (each scenario names its flavour; names are
     prefixed with it): a session's start, torch and the model library imported in each rank, costs
     more than its scenarios."""
-    scenarios = [{**sc, "name": f"{flavour}-{sc['name']}", "flavour": flavour}
-                 for flavour in FLAVOURS for sc in _scenarios(flavour == "fsdp1_orig")]
+    scenarios = [
+        {**sc, "name": f"{flavour}-{sc['name']}", "flavour": flavour}
+        for flavour in FLAVOURS
+        for sc in _scenarios(flavour == "fsdp1_orig")
+    ]
     # 560 s: the two sessions' former 280 s each; the first test to use it gets that, plus margin.
     s = run_session(tmp_path_factory.mktemp("fsdp1"), RUNNER, scenarios, timeout_s=560)
     assert s.returncodes == [0, 0], "\n".join(s.logs)

@@ -16,33 +16,52 @@ from accelpact.testing.session import run_session
 
 RUNNER = "harness.workloads.fsdp_scenarios:run"
 
-PHASES = ["forward_allgather_first", "forward_allgather_middle", "backward_reduce_scatter",
-          "clip_allreduce", "vote"]
+PHASES = ["forward_allgather_first", "forward_allgather_middle", "backward_reduce_scatter", "clip_allreduce", "vote"]
 STEPS = 4
 TEN_FAULT_STEPS = 12
 
 SCENARIOS = [{"name": "ref", "guard": False, "steps": STEPS}]
 for _phase in PHASES:
-    SCENARIOS.append({"name": f"one_{_phase}", "steps": STEPS,
-                      "faults": [{"step": 1, "phase": _phase, "ranks": [1]}]})
-    SCENARIOS.append({"name": f"all_{_phase}", "steps": STEPS,
-                      "faults": [{"step": 2, "phase": _phase, "ranks": [0, 1]}]})
+    SCENARIOS.append({"name": f"one_{_phase}", "steps": STEPS, "faults": [{"step": 1, "phase": _phase, "ranks": [1]}]})
+    SCENARIOS.append(
+        {"name": f"all_{_phase}", "steps": STEPS, "faults": [{"step": 2, "phase": _phase, "ranks": [0, 1]}]}
+    )
 SCENARIOS += [
     # Rank 1's vote completed, then its link died before optimizer.step: rank 0 stepped, rank 1 did not.
-    {"name": "roll_forward", "steps": STEPS,
-     "faults": [{"step": 1, "phase": "post_vote", "action": "reset_raise", "ranks": [1]}]},
+    {
+        "name": "roll_forward",
+        "steps": STEPS,
+        "faults": [{"step": 1, "phase": "post_vote", "action": "reset_raise", "ranks": [1]}],
+    },
     # A fault during recovery: the new generation's first collective fails; a second round follows.
-    {"name": "nested", "steps": STEPS,
-     "faults": [{"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
-                {"step": 1, "phase": "recovery", "ranks": [1]}]},
+    {
+        "name": "nested",
+        "steps": STEPS,
+        "faults": [
+            {"step": 1, "phase": "forward_allgather_middle", "ranks": [0]},
+            {"step": 1, "phase": "recovery", "ranks": [1]},
+        ],
+    },
     # The completeness check runs inside the guard (raises if anything still holds the old group).
-    {"name": "verified", "steps": STEPS, "verify_rebind": True,
-     "faults": [{"step": 1, "phase": "backward_reduce_scatter", "ranks": [0]}]},
+    {
+        "name": "verified",
+        "steps": STEPS,
+        "verify_rebind": True,
+        "faults": [{"step": 1, "phase": "backward_reduce_scatter", "ranks": [0]}],
+    },
     # The FSDP2 trap with its fix disabled: must diverge from the reference.
-    {"name": "trap_disabled", "steps": STEPS, "reset": {"clear_unsharded_grads": False},
-     "faults": [{"step": 1, "phase": "backward_reduce_scatter", "ranks": [1]}]},
-    {"name": "ten_faults", "steps": TEN_FAULT_STEPS, "leak_check": True,
-     "faults": [{"step": s, "phase": PHASES[s % len(PHASES)], "ranks": [s % 2]} for s in range(1, 11)]},
+    {
+        "name": "trap_disabled",
+        "steps": STEPS,
+        "reset": {"clear_unsharded_grads": False},
+        "faults": [{"step": 1, "phase": "backward_reduce_scatter", "ranks": [1]}],
+    },
+    {
+        "name": "ten_faults",
+        "steps": TEN_FAULT_STEPS,
+        "leak_check": True,
+        "faults": [{"step": s, "phase": PHASES[s % len(PHASES)], "ranks": [s % 2]} for s in range(1, 11)],
+    },
 ]
 # The ten-fault run needs its own reference of the same length.
 SCENARIOS.insert(1, {"name": "ref_long", "guard": False, "steps": TEN_FAULT_STEPS})
@@ -51,8 +70,9 @@ SCENARIOS.insert(1, {"name": "ref_long", "guard": False, "steps": TEN_FAULT_STEP
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     # 280 s: inside pytest's 300 s per test, so a hang fails with the ranks' log tails.
-    s = run_session(tmp_path_factory.mktemp("fsdp2"), RUNNER, SCENARIOS, world_size=2,
-                    settings={"flavour": "fsdp2"}, timeout_s=280)
+    s = run_session(
+        tmp_path_factory.mktemp("fsdp2"), RUNNER, SCENARIOS, world_size=2, settings={"flavour": "fsdp2"}, timeout_s=280
+    )
     assert s.returncodes == [0, 0], f"rank processes failed: {s.returncodes}\n" + "\n".join(s.logs)
     return s
 

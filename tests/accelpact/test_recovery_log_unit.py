@@ -8,9 +8,21 @@ from accelpact.events import RecoveryEvent, RecoveryLog
 
 
 def _event(step: int) -> RecoveryEvent:
-    return RecoveryEvent(step=step, generation=step + 1, phase="before_vote", fault={"type": "RuntimeError"},
-                         ranks=[0, 1], decision={"action": "retry"}, t_detected=0.0, detection_s=0.0,
-                         agreement_s=0.0, rebuild_s=0.0, rebind_s=0.0, first_collective_s=0.0, total_s=0.0)
+    return RecoveryEvent(
+        step=step,
+        generation=step + 1,
+        phase="before_vote",
+        fault={"type": "RuntimeError"},
+        ranks=[0, 1],
+        decision={"action": "retry"},
+        t_detected=0.0,
+        detection_s=0.0,
+        agreement_s=0.0,
+        rebuild_s=0.0,
+        rebind_s=0.0,
+        first_collective_s=0.0,
+        total_s=0.0,
+    )
 
 
 def test_keeps_the_newest_and_counts_every_event():

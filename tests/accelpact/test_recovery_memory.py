@@ -21,10 +21,18 @@ FAULTS, KEEP, EVERY = 30, 5, 5
 
 @pytest.mark.slow  # ~30 recoveries under tracemalloc: 90 s on the loaded 2-core host
 def test_what_recoveries_leave_behind_is_bounded(tmp_path: Path):
-    sc = {"name": "probe", "faults": FAULTS, "every": EVERY, "keep_events": KEEP, "tracemalloc": True, "frames": 1,
-          "model": {"layers": 2, "hidden": 64, "inter": 192}}
-    s = run_session(tmp_path, RUNNER, [sc], world_size=2, pg_timeout_s=15.0, control_deadline_s=60.0,
-                    barrier=True, timeout_s=900)
+    sc = {
+        "name": "probe",
+        "faults": FAULTS,
+        "every": EVERY,
+        "keep_events": KEEP,
+        "tracemalloc": True,
+        "frames": 1,
+        "model": {"layers": 2, "hidden": 64, "inter": 192},
+    }
+    s = run_session(
+        tmp_path, RUNNER, [sc], world_size=2, pg_timeout_s=15.0, control_deadline_s=60.0, barrier=True, timeout_s=900
+    )
     for rank, res in enumerate(s.job("probe")):
         samples = res["samples"]
         n = res["recoveries"]

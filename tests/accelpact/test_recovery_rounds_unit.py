@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.recovery.consensus import Action, Phase, RankReport
 from accelpact.backends import is_comm_fault
 from accelpact.errors import CommFault, RankLostError
 from accelpact.events import RecoveryLog
-from accelpact.recovery.rounds import MAX_ROUNDS, recover
+from accelpact.recovery.consensus import Action, Phase, RankReport
 from accelpact.recovery.context import RecoveryContext, StepState
+from accelpact.recovery.rounds import MAX_ROUNDS, recover
 
 
 class FakeControl:
@@ -88,9 +88,17 @@ class FakePlane:
 def context(plane: FakePlane, control: FakeControl, state: StepState, world_size: int = 2):
     resets: list[int] = []
     hooks: list[tuple[str, int]] = []
-    ctx = RecoveryContext(rank=0, world_size=world_size, control=control, plane=plane, state=state,
-                          reset_fsdp=lambda: resets.append(1), hook=lambda p, s: hooks.append((p, s)),
-                          liveness=None, events=RecoveryLog())
+    ctx = RecoveryContext(
+        rank=0,
+        world_size=world_size,
+        control=control,
+        plane=plane,
+        state=state,
+        reset_fsdp=lambda: resets.append(1),
+        hook=lambda p, s: hooks.append((p, s)),
+        liveness=None,
+        events=RecoveryLog(),
+    )
     return ctx, resets, hooks
 
 
@@ -197,7 +205,12 @@ def test_the_injection_clock_is_asked_from_when_the_data_plane_was_last_checked(
     state = StepState(committed_step=4, next_step=5, phase=Phase.BEFORE_VOTE, unchecked_since=10.0)
     plane = FakePlane()
     ctx, _, _ = context(plane, FakeControl({1: RankReport(1, 5, 4, Phase.BEFORE_VOTE)}), state)
-    recover(ctx, CommFault("Connection closed by peer"), 5, t_start=12.0,
-            injection_clock=lambda since: asked.append(since) or 11.0)
+    recover(
+        ctx,
+        CommFault("Connection closed by peer"),
+        5,
+        t_start=12.0,
+        injection_clock=lambda since: asked.append(since) or 11.0,
+    )
     assert asked == [10.0]  # min(attempt start, last check)
     assert ctx.events[0].detection_from == "injection" and ctx.events[0].reports[0]["injected_at"] == 11.0

@@ -27,6 +27,7 @@ NBYTES = 3 << 20
 
 # ---------------------------------------------------------------------------------------------- mapping
 
+
 def test_buddy_is_same_local_rank_on_next_host():
     assert [buddy_of(r, 4, local_world_size=2) for r in range(4)] == [2, 3, 0, 1]
     assert [buddy_of(r, 6, local_world_size=2) for r in range(6)] == [2, 3, 4, 5, 0, 1]
@@ -51,6 +52,7 @@ def test_explicit_hosts_and_bad_lists():
 
 # ---------------------------------------------------------------------------------------------- real processes
 
+
 @pytest.fixture
 def store():
     server, port = start_control_server()
@@ -63,8 +65,13 @@ def _spawn(tmp: Path, cfg: dict, name: str) -> subprocess.Popen:
     path.write_text(json.dumps(cfg))
     log = open(tmp / f"{name}.log", "wb")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "tests.accelpact._replica_rank", str(path)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.accelpact._replica_rank", str(path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> dict:
@@ -80,8 +87,9 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> di
 
 
 def _chan(port: int, token: str, rank: int, world: int) -> ControlChannel:
-    return ControlChannel.connect(ControlConfig(host="127.0.0.1", port=port, rank=rank, world_size=world,
-                                                job_token=token, deadline_s=30))
+    return ControlChannel.connect(
+        ControlConfig(host="127.0.0.1", port=port, rank=rank, world_size=world, job_token=token, deadline_s=30)
+    )
 
 
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_replica_restore pushes and fetches, bit-identically
@@ -90,25 +98,56 @@ def test_two_ranks_push_to_each_other_and_a_fresh_process_fetches(tmp_path, stor
     rank 0's own directory is deleted; a fresh process fetches rank 0's newest replica bit-identically,
     and a given older step too; the oldest step is gone."""
     token, roots = new_job_token(), [tmp_path / "host0", tmp_path / "host1"]
-    procs = [_spawn(tmp_path, {"port": store, "token": token, "rank": r, "world_size": 2, "root": str(roots[r]),
-                               "mode": "push", "steps": [1, 2, 3], "nbytes": NBYTES, "out": str(tmp_path / f"p{r}.out")},
-                    f"p{r}") for r in range(2)]
+    procs = [
+        _spawn(
+            tmp_path,
+            {
+                "port": store,
+                "token": token,
+                "rank": r,
+                "world_size": 2,
+                "root": str(roots[r]),
+                "mode": "push",
+                "steps": [1, 2, 3],
+                "nbytes": NBYTES,
+                "out": str(tmp_path / f"p{r}.out"),
+            },
+            f"p{r}",
+        )
+        for r in range(2)
+    ]
     try:
         stats = [_wait_file(tmp_path / f"p{r}.out", procs[r]) for r in range(2)]
         for r in range(2):
             assert stats[r]["buddy"] == 1 - r
             assert stats[r]["stats"]["pushed"] == 3 and stats[r]["stats"]["dropped"] == 0
-        held = sorted(json.loads((d / "marker.json").read_text())["step"]
-                      for d in (roots[1] / token / "replica" / "rank0").glob("slot*"))
+        held = sorted(
+            json.loads((d / "marker.json").read_text())["step"]
+            for d in (roots[1] / token / "replica" / "rank0").glob("slot*")
+        )
         assert held == [2, 3]  # the last two complete replicas, not the first
         import shutil
+
         shutil.rmtree(roots[0] / token / "rank0")  # rank 0's own snapshot is lost
 
         for step, name in ((None, "f_new"), (2, "f_old"), (1, "f_gone")):
             dest = tmp_path / "fresh" / name
-            proc = _spawn(tmp_path, {"port": store, "token": token, "rank": 0, "world_size": 2,
-                                     "root": str(tmp_path / "host0b"), "mode": "fetch", "src": 0, "step": step,
-                                     "dest": str(dest), "out": str(tmp_path / f"{name}.out")}, name)
+            proc = _spawn(
+                tmp_path,
+                {
+                    "port": store,
+                    "token": token,
+                    "rank": 0,
+                    "world_size": 2,
+                    "root": str(tmp_path / "host0b"),
+                    "mode": "fetch",
+                    "src": 0,
+                    "step": step,
+                    "dest": str(dest),
+                    "out": str(tmp_path / f"{name}.out"),
+                },
+                name,
+            )
             res = _wait_file(tmp_path / f"{name}.out", proc)
             proc.wait(60)
             if step == 1:
@@ -120,8 +159,9 @@ def test_two_ranks_push_to_each_other_and_a_fresh_process_fetches(tmp_path, stor
             assert res["files"]["shard.bin"] == hashlib.sha256(payload(0, want, NBYTES)).hexdigest()
             assert (dest / "shard.bin").read_bytes() == payload(0, want, NBYTES)
     finally:
-        ControlChannel.connect(ControlConfig(host="127.0.0.1", port=store, rank=0, world_size=2,
-                                             job_token=token)).set(f"{token}/test/done", b"1")
+        ControlChannel.connect(ControlConfig(host="127.0.0.1", port=store, rank=0, world_size=2, job_token=token)).set(
+            f"{token}/test/done", b"1"
+        )
         for p in procs:
             p.wait(60)
 
@@ -140,8 +180,10 @@ def test_another_job_token_is_refused_and_changes_nothing(tmp_path, store):
         # Another job that knows the address (it is in the store) but not the token.
         other = new_job_token()
         host, port = holder.server.address
-        for body in ({"op": "get", "src": 0, "step": None},
-                     {"op": "put", "src": 0, "step": 8, "files": [], "marker": {"job_token": other, "rank": 0, "step": 8}}):
+        for body in (
+            {"op": "get", "src": 0, "step": None},
+            {"op": "put", "src": 0, "step": 8, "files": [], "marker": {"job_token": other, "rank": 0, "step": 8}},
+        ):
             with socket.create_connection((host, port), timeout=5) as s:
                 send_frame(s, body, other)
                 s.settimeout(5)
@@ -149,12 +191,15 @@ def test_another_job_token_is_refused_and_changes_nothing(tmp_path, store):
         assert holder.server.refused == 2
         # The same job's GET through the normal path still gets step 7, untouched.
         fresh_chan = _chan(store, token, 0, 2)
-        fetcher = Replication(fresh_chan, rank=0, world_size=2, root=tmp_path / "h0b", bind_host="127.0.0.1", start=False)
+        fetcher = Replication(
+            fresh_chan, rank=0, world_size=2, root=tmp_path / "h0b", bind_host="127.0.0.1", start=False
+        )
         marker = fetcher.fetch(0, tmp_path / "got")
         assert marker is not None and marker["step"] == 7
         # A fetcher with another token is refused too (it cannot even read the address signature).
-        foreign = Replication(_chan(store, other, 0, 2), rank=0, world_size=2, root=tmp_path / "x", bind_host="127.0.0.1",
-                              start=False)
+        foreign = Replication(
+            _chan(store, other, 0, 2), rank=0, world_size=2, root=tmp_path / "x", bind_host="127.0.0.1", start=False
+        )
         foreign._addr_cache[1] = (host, port)
         assert foreign.fetch(0, tmp_path / "stolen") is None
         assert not (tmp_path / "stolen").exists()
@@ -176,7 +221,9 @@ def test_half_received_replica_is_never_complete(tmp_path, store):
         marker = write_slot(s1, token, 0, 2, 2, NBYTES)
         files = payload_files(s1)
         with socket.create_connection(holder.server.address, timeout=5) as s:
-            send_frame(s, {"op": "put", "src": 0, "step": 2, "files": [list(f) for f in files], "marker": marker}, token)
+            send_frame(
+                s, {"op": "put", "src": 0, "step": 2, "files": [list(f) for f in files], "marker": marker}, token
+            )
             s.sendall(b"x" * 1000)  # then the sender dies
         time.sleep(0.5)
         assert [st for st, _, _ in holder.server.held(0)] == [1]
@@ -215,9 +262,10 @@ def test_replica_is_received_in_place_and_a_torn_push_costs_only_the_older_one(t
         marker = write_slot(own / "slot1", token, 0, 2, 3, NBYTES)
         files = payload_files(own / "slot1")
         hanging = socket.create_connection(holder.server.address, timeout=5)
-        send_frame(hanging, {"op": "put", "src": 0, "step": 3, "files": [list(f) for f in files], "marker": marker},
-                   token)
-        hanging.sendall(payload(0, 3, NBYTES)[:NBYTES // 2])  # half, then silence (no reset, no close)
+        send_frame(
+            hanging, {"op": "put", "src": 0, "step": 3, "files": [list(f) for f in files], "marker": marker}, token
+        )
+        hanging.sendall(payload(0, 3, NBYTES)[: NBYTES // 2])  # half, then silence (no reset, no close)
         _wait_for(lambda: not (older / "marker.json").exists())
         assert [st for st, _, _ in holder.server.held(0)] == [2]  # the newest complete replica is untouched
 
@@ -247,8 +295,21 @@ def test_socket_reset_during_push_is_retried_not_lost(tmp_path, store):
     from accelpact.testing import reset_own_gloo_sockets
 
     token = new_job_token()
-    holder = _spawn(tmp_path, {"port": store, "token": token, "rank": 1, "world_size": 2, "root": str(tmp_path / "h1"),
-                               "mode": "push", "steps": [], "nbytes": 0, "out": str(tmp_path / "h.out")}, "holder")
+    holder = _spawn(
+        tmp_path,
+        {
+            "port": store,
+            "token": token,
+            "rank": 1,
+            "world_size": 2,
+            "root": str(tmp_path / "h1"),
+            "mode": "push",
+            "steps": [],
+            "nbytes": 0,
+            "out": str(tmp_path / "h.out"),
+        },
+        "holder",
+    )
     src = None
     try:
         _wait_file(tmp_path / "h.out", holder)
@@ -288,7 +349,10 @@ def test_unreachable_buddy_is_dropped_counted_and_rank_plus_buddy_lost_names_bot
     # The buddy published an address, then died: nothing listens there.
     dead = socket.create_server(("127.0.0.1", 0))
     from accelpact.control.notice_auth import sign
-    chan.set(chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token))
+
+    chan.set(
+        chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token)
+    )
     dead.close()
     src = Replication(chan, rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1")
     try:
@@ -335,8 +399,7 @@ def test_a_replica_corrupted_on_the_way_is_never_served_nor_restored(tmp_path, s
 
     token = new_job_token()
     holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
-    fetcher = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0b",
-                          bind_host="127.0.0.1")
+    fetcher = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0b", bind_host="127.0.0.1")
     try:
         good = write_slot(tmp_path / "h0" / token / "rank0" / "slot0", token, 0, 2, 4, 1 << 16)
         assert _put_raw(holder, tmp_path / "h0" / token / "rank0" / "slot0", token, 4, good, flip=False)["ok"]
@@ -349,15 +412,18 @@ def test_a_replica_corrupted_on_the_way_is_never_served_nor_restored(tmp_path, s
         assert [st for st, _, _ in holder.server.held(0)] == [4]
         got = fetcher.fetch(0, tmp_path / "fetched")
         assert got["step"] == 4 and (tmp_path / "fetched" / "shard.bin").read_bytes() == payload(0, 4, 1 << 16)
-        assert fetcher.fetch(0, tmp_path / "f5", step=5) is None and "holds no replica of rank 0 at step 5" in \
-            fetcher.last_error
+        assert (
+            fetcher.fetch(0, tmp_path / "f5", step=5) is None
+            and "holds no replica of rank 0 at step 5" in fetcher.last_error
+        )
         # the flipped replica as it lies at the holder: the restoring rank's check refuses it too
         flipped = next(d for d in on_disk.glob("slot*") if json.loads((d / "marker.json").read_text())["step"] == 5)
         _, why = check_slot(flipped, job_token=token, rank=0, world_size=2, step=5, verify=True)
         assert why is not None and "crc32" in why
         # a replica whose files disagree with its marker's sizes is still refused on receipt, not installed
-        lying = dict(bad, step=6, files={**bad["files"], "shard.bin": {**bad["files"]["shard.bin"],
-                                                                          "nbytes": (1 << 16) + 1}})
+        lying = dict(
+            bad, step=6, files={**bad["files"], "shard.bin": {**bad["files"]["shard.bin"], "nbytes": (1 << 16) + 1}}
+        )
         ack = _put_raw(holder, bad_slot, token, 6, lying, flip=False)
         assert ack["ok"] is False and "marker, sizes" in ack["error"]
         assert sorted(json.loads((d / "marker.json").read_text())["step"] for d in on_disk.glob("slot*")) == [4, 5]
@@ -374,14 +440,18 @@ def test_confirm_makes_push_return_only_once_the_buddy_holds_the_replica(tmp_pat
 
     token = new_job_token()
     holder = Replication(_chan(store, token, 1, 2), rank=1, world_size=2, root=tmp_path / "h1", bind_host="127.0.0.1")
-    src = Replication(_chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1",
-                      confirm=True)
+    src = Replication(
+        _chan(store, token, 0, 2), rank=0, world_size=2, root=tmp_path / "h0", bind_host="127.0.0.1", confirm=True
+    )
     try:
         for step in (4, 6):
             slot = tmp_path / "h0" / token / "rank0" / f"slot{step // 2 % 2}"
             src.push(slot, write_slot(slot, token, 0, 2, step, 1 << 20))
-            held = [m["step"] for s in (0, 1)
-                    if (m := read_marker(tmp_path / "h1" / token / "replica" / "rank0" / f"slot{s}")) is not None]
+            held = [
+                m["step"]
+                for s in (0, 1)
+                if (m := read_marker(tmp_path / "h1" / token / "replica" / "rank0" / f"slot{s}")) is not None
+            ]
             assert step in held, held  # already at the buddy when push returned
             assert src.pushed == step // 2 - 1
     finally:
@@ -393,7 +463,10 @@ def test_confirm_makes_push_return_only_once_the_buddy_holds_the_replica(tmp_pat
     chan = _chan(store, token, 0, 2)
     dead = socket.create_server(("127.0.0.1", 0))
     from accelpact.control.notice_auth import sign
-    chan.set(chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token))
+
+    chan.set(
+        chan.key("replica", "addr", "1"), sign({"rank": 1, "host": "127.0.0.1", "port": dead.getsockname()[1]}, token)
+    )
     dead.close()
     lone = Replication(chan, rank=0, world_size=2, root=tmp_path / "h0x", bind_host="127.0.0.1", confirm=True)
     try:

@@ -28,8 +28,7 @@ SCENARIOS = [
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    return run_session(tmp_path_factory.mktemp("replica"), RUNNER, SCENARIOS, world_size=2, barrier=True,
-                       timeout_s=280)
+    return run_session(tmp_path_factory.mktemp("replica"), RUNNER, SCENARIOS, world_size=2, barrier=True, timeout_s=280)
 
 
 def test_rank_without_own_snapshot_restores_from_buddy_bit_identically(session):

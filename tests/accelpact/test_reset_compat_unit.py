@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelpact.errors import AccelPactError
 from accelpact.dataplane.reset import _clear_accumulated_grad
+from accelpact.errors import AccelPactError
 
 
 class _Attr213:

@@ -36,9 +36,29 @@ def _launch(i: int, tmp: Path) -> subprocess.Popen:
     abort = ["--abort-at-exit", "0"] if i % 3 == 0 else []
     run = tmp / f"job{i}"
     run.mkdir()
-    cmd = [sys.executable, "-m", "accelpact.run", "--nproc-per-node", "2", "--rdzv-id", f"end{os.getpid()}x{i}",
-           "--log-dir", str(run / "logs"), "--snapshot-root", str(run / "shm"), str(EXAMPLE),
-           "--steps", "5", "--every", "2", "--kill-at", "3", "--kill-in", place, *abort]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelpact.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        f"end{os.getpid()}x{i}",
+        "--log-dir",
+        str(run / "logs"),
+        "--snapshot-root",
+        str(run / "shm"),
+        str(EXAMPLE),
+        "--steps",
+        "5",
+        "--every",
+        "2",
+        "--kill-at",
+        "3",
+        "--kill-in",
+        place,
+        *abort,
+    ]
     return subprocess.Popen(cmd, stdout=(run / "agent.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
@@ -50,9 +70,14 @@ def test_thirty_healed_jobs_with_a_kill_in_the_save_or_in_finish_all_exit_0(tmp_
             code = p.wait(timeout=600)
             agent = (tmp_path / f"job{i}" / "agent.log").read_text()
             left = [str(f) for f in (tmp_path / f"job{i}" / "shm").rglob("*") if f.is_file()]
-            ok = (code == 0 and "replacement 1 started" in agent and "replacement 2" not in agent
-                  and "restarting the whole worker group" not in agent and not left
-                  and (i % 3 != 0 or "exited with code -6 (SIGABRT) after it ended the run" in agent))
+            ok = (
+                code == 0
+                and "replacement 1 started" in agent
+                and "replacement 2" not in agent
+                and "restarting the whole worker group" not in agent
+                and not left
+                and (i % 3 != 0 or "exited with code -6 (SIGABRT) after it ended the run" in agent)
+            )
             if not ok:
                 failed.append((i, code, left[:3], agent[-1500:]))
     assert not failed, f"{len(failed)} of {JOBS} jobs failed: {failed}"

@@ -42,8 +42,7 @@ def test_a_rank_that_exits_is_named_with_its_exit_code_and_log_tail(tmp_path):
     msg = str(info.value)
     assert "rank 1 of 2" in msg and "exit code 3" in msg and "marker-d-rank1-dies" in msg, msg
     # Allowed to fail: the session comes back, the survivor's result intact.
-    s = run_session(tmp_path / "again", f"{RUNNERS}:die_on_rank_1", [{"name": "d"}], timeout_s=120,
-                    allowed_to_fail=[1])
+    s = run_session(tmp_path / "again", f"{RUNNERS}:die_on_rank_1", [{"name": "d"}], timeout_s=120, allowed_to_fail=[1])
     assert s.returncodes[0] == 0 and s.returncodes[1] == 3
     assert s.result("d", 0) == {"rank": 0, "wall_s": s.result("d", 0)["wall_s"]}
     assert s.result("d", 1) is None

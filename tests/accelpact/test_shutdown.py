@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r'''
@@ -51,8 +50,9 @@ print("main done", flush=True)
 
 def _start(mode: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-c", CHILD, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def test_a_thread_inside_a_torch_call_at_exit_aborts_the_process_unless_registered():

@@ -10,7 +10,6 @@ makes both ranks agree on the older step; another rank's or job's slot is never 
 from __future__ import annotations
 
 import pytest
-
 import torch
 
 from accelpact.testing.compare import bit_differences, sha256

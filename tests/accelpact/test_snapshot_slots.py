@@ -18,14 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelpact.snapshot import SnapshotConfig, SnapshotError, SnapshotMissingError, Snapshotter, remove_job, restore_latest
+from accelpact.snapshot import (
+    SnapshotConfig,
+    SnapshotError,
+    SnapshotMissingError,
+    Snapshotter,
+    remove_job,
+    restore_latest,
+)
 from accelpact.snapshot.layout import check_token, slot_dir
 from accelpact.snapshot.load import check_slot
 from accelpact.snapshot.slots import read_marker
 from accelpact.snapshot.state import check_supported
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _snapshot_child import build, train_step  # noqa: E402
+from _snapshot_child import build, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,8 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _states_equal(a: torch.nn.Module, b: torch.nn.Module, oa: torch.optim.Optimizer, ob: torch.optim.Optimizer) -> bool:
     same = all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
-    return same and sa.keys() == sb.keys() and all(
-        torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+    return same and sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
 
 
 @pytest.fixture
@@ -54,7 +60,17 @@ def test_slots_alternate_and_hold_the_two_newest_steps(trained):
     assert steps == {0: 2, 1: 1}  # step 2 overwrote the older slot (step 0), never the newest
     assert snap.held_steps(verify=True) == [2, 1]
     marker = json.loads((slot_dir(root, "job-a", 0, 0) / "marker.json").read_text())
-    for field in ("format", "job_token", "rank", "world_size", "step", "generation", "nbytes", "checksum", "written_at"):
+    for field in (
+        "format",
+        "job_token",
+        "rank",
+        "world_size",
+        "step",
+        "generation",
+        "nbytes",
+        "checksum",
+        "written_at",
+    ):
         assert field in marker
     assert marker["checksum"].startswith("crc32:") and marker["nbytes"] > 4 * 256 * 256 * 3
 
@@ -106,8 +122,13 @@ def test_sigkill_during_the_copy_leaves_the_newest_complete_snapshot(tmp_path):
     out.mkdir()
     root = tmp_path / "shm"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_snapshot_child.py")), str(root), str(out)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_snapshot_child.py")), str(root), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         target = slot_dir(root, "killed-job", 0, 0)  # step 2 goes to the older slot, which holds step 0
@@ -145,14 +166,22 @@ def test_sigkill_during_the_copy_leaves_the_newest_complete_snapshot(tmp_path):
 def test_room_check_refuses_a_plan_that_does_not_fit_with_the_sizes(tmp_path):
     model, opt = build()
     with pytest.raises(SnapshotError, match=r"snapshots need .* GiB in .*4 x .* per rank.*DOES NOT FIT.*shm-size"):
-        Snapshotter(model, opt, job_token="job-big", rank=0, world_size=1,
-                    config=SnapshotConfig(root=str(tmp_path), ranks_sharing_root=10**9))
+        Snapshotter(
+            model,
+            opt,
+            job_token="job-big",
+            rank=0,
+            world_size=1,
+            config=SnapshotConfig(root=str(tmp_path), ranks_sharing_root=10**9),
+        )
 
 
 def test_close_remove_and_remove_job_leave_nothing(tmp_path):
     model, opt = build()
     for rank in (0, 1):
-        snap = Snapshotter(model, opt, job_token="job-c", rank=rank, world_size=2, config=SnapshotConfig(root=str(tmp_path)))
+        snap = Snapshotter(
+            model, opt, job_token="job-c", rank=rank, world_size=2, config=SnapshotConfig(root=str(tmp_path))
+        )
         train_step(model, opt, 0, snap)
         snap.close(remove=rank == 0)
     assert not (tmp_path / "job-c" / "rank0").exists() and (tmp_path / "job-c" / "rank1").exists()
@@ -178,7 +207,9 @@ def test_the_cleanup_command_lists_and_removes_a_killed_jobs_snapshots(tmp_path,
     from accelpact.snapshot.__main__ import main as cli
 
     model, opt = build()
-    snap = Snapshotter(model, opt, job_token="job-killed", rank=0, world_size=1, config=SnapshotConfig(root=str(tmp_path)))
+    snap = Snapshotter(
+        model, opt, job_token="job-killed", rank=0, world_size=1, config=SnapshotConfig(root=str(tmp_path))
+    )
     train_step(model, opt, 0, snap)
     snap.flush()  # no close: as a SIGKILLed job leaves it
     assert cli(["--root", str(tmp_path), "list"]) == 0
@@ -219,8 +250,14 @@ def test_before_update_returns_only_once_the_previous_snapshot_is_complete(tmp_p
     """The heal's at-most-one-step argument: a rank that passed before_update (the guard calls it ahead
     of the next vote) holds a valid slot of the previous step, even with a slow copy."""
     model, opt = build()
-    snap = Snapshotter(model, opt, job_token="job-d", rank=0, world_size=1,
-                       config=SnapshotConfig(root=str(tmp_path), pause_mid_copy_s=0.5))
+    snap = Snapshotter(
+        model,
+        opt,
+        job_token="job-d",
+        rank=0,
+        world_size=1,
+        config=SnapshotConfig(root=str(tmp_path), pause_mid_copy_s=0.5),
+    )
     train_step(model, opt, 0, snap)
     assert snap.held_steps() == [0]
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1))

@@ -11,8 +11,10 @@ from accelpact.snapshot.launch import check_snapshot_token, job_token_from_env
 
 def test_the_snapshot_token_is_the_same_in_every_attempt_and_the_control_token_is_refused():
     place = RankPlace(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, nnodes=1)
-    envs = [worker_env(place, master_addr="h", master_port=1, run_id="job9", attempt=a, max_restarts=2, base={})
-            for a in range(3)]
+    envs = [
+        worker_env(place, master_addr="h", master_port=1, run_id="job9", attempt=a, max_restarts=2, base={})
+        for a in range(3)
+    ]
     assert {job_token_from_env(e) for e in envs} == {"torchrun-job9"}
     for env in envs:
         check_snapshot_token(job_token_from_env(env), env)  # the documented token passes

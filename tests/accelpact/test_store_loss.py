@@ -36,8 +36,12 @@ class StoreHost:
     """A control store in its own process, killable and restartable at the same port."""
 
     def __init__(self, port: int = 0) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1",
-                                      "--port", str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         ready = self.proc.stdout.readline().split()
         assert ready[:1] == ["READY"], ready
         self.port = int(ready[2])
@@ -48,12 +52,23 @@ class StoreHost:
 
 
 def _train(name: str, faults: list[dict]) -> dict:
-    return {"name": name, "kind": "train", "flavour": "fsdp2", "steps": STEPS, "model": MODEL, "faults": faults,
-            "track_resources": True, "progress": True, "resources_barrier": False, "pause_s": 0.4}
+    return {
+        "name": name,
+        "kind": "train",
+        "flavour": "fsdp2",
+        "steps": STEPS,
+        "model": MODEL,
+        "faults": faults,
+        "track_resources": True,
+        "progress": True,
+        "resources_barrier": False,
+        "pause_s": 0.4,
+    }
 
 
 def _after_step(out: Path, step: int, action, timeout_s: float = 240.0) -> threading.Thread:
     """Run ``action()`` once rank 0's progress file shows ``step`` done (in a thread)."""
+
     def watch() -> None:
         path = out / "progress.faults.rank0.jsonl"
         end = time.time() + timeout_s
@@ -62,14 +77,25 @@ def _after_step(out: Path, step: int, action, timeout_s: float = 240.0) -> threa
                 action()
                 return
             time.sleep(0.05)
+
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
 
 
 def _session(out: Path, host: StoreHost, jobs: list[dict]):
-    return run_session(out, RUNNER, jobs, world_size=2, pg_timeout_s=30.0, control_deadline_s=DEADLINE_S,
-                       barrier=True, check=False, control_addr=("127.0.0.1", host.port), timeout_s=600)
+    return run_session(
+        out,
+        RUNNER,
+        jobs,
+        world_size=2,
+        pg_timeout_s=30.0,
+        control_deadline_s=DEADLINE_S,
+        barrier=True,
+        check=False,
+        control_addr=("127.0.0.1", host.port),
+        timeout_s=600,
+    )
 
 
 def _logs(out: Path) -> list[str]:
@@ -135,5 +161,5 @@ def test_store_restarted_at_the_same_address_ranks_reregister_and_recover(tmp_pa
         assert [e["step"] for e in res["events"]] == [FAULT_AT], res["events"]
     diffs, _ = bit_differences(s, "faults", "ref")
     assert diffs == [], diffs[:5]
-    for r, log in enumerate(_logs(tmp_path)):
+    for _r, log in enumerate(_logs(tmp_path)):
         assert log.count(LOST_LINE) <= 1 and log.count("answers again") == log.count(LOST_LINE), log[-2000:]

@@ -28,8 +28,9 @@ STEPS, FAULT = 8, "2:vote:reset"
 
 def torchrun(args: list[str], log: Path, launcher: list[str] = (), env_extra: dict | None = None) -> subprocess.Popen:
     """Start ``torchrun --nproc-per-node 2 LAUNCHER examples/train_fsdp.py ARGS`` with this tree's accelpact."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               **(env_extra or {}))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env_extra or {})
+    )
     for name in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN"):  # torchrun's store, not one of ours
         env.pop(name, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *launcher, str(EXAMPLE), *args]
@@ -37,8 +38,14 @@ def torchrun(args: list[str], log: Path, launcher: list[str] = (), env_extra: di
 
 
 def results(log: Path) -> list[dict]:
-    return sorted((json.loads(line.split("RESULT ", 1)[1]) for line in log.read_text().splitlines()
-                   if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    return sorted(
+        (
+            json.loads(line.split("RESULT ", 1)[1])
+            for line in log.read_text().splitlines()
+            if line.startswith("RESULT ")
+        ),
+        key=lambda r: r["rank"],
+    )
 
 
 SNAP_ROOT = "shm"  # under the runs' directory: ACCELPACT_SNAPSHOT_ROOT of the killed run
@@ -50,13 +57,23 @@ def runs(tmp_path_factory) -> Path:
     """Three torchrun jobs at once (one start-up's cost): the fault-free reference, one socket reset,
     and a worker SIGKILLed under --max-restarts 1 with snapshots on."""
     tmp = tmp_path_factory.mktemp("torchrun")
-    jobs = {"ref": (["--out", str(tmp / "ref")], []),
-            "fault": (["--out", str(tmp / "fault"), "--fault", FAULT, "--fault-rank", "1"], []),
-            "killed": (["--out", str(tmp / "killed"), "--snapshots", "--kill-at", str(KILL_AT), "--fault-rank", "1"],
-                       ["--max-restarts", "1"])}
-    procs = {name: torchrun(["--steps", str(STEPS), *args], tmp / f"{name}.log", launcher,
-                            {"ACCELPACT_SNAPSHOT_ROOT": str(tmp / SNAP_ROOT)})
-             for name, (args, launcher) in jobs.items()}
+    jobs = {
+        "ref": (["--out", str(tmp / "ref")], []),
+        "fault": (["--out", str(tmp / "fault"), "--fault", FAULT, "--fault-rank", "1"], []),
+        "killed": (
+            ["--out", str(tmp / "killed"), "--snapshots", "--kill-at", str(KILL_AT), "--fault-rank", "1"],
+            ["--max-restarts", "1"],
+        ),
+    }
+    procs = {
+        name: torchrun(
+            ["--steps", str(STEPS), *args],
+            tmp / f"{name}.log",
+            launcher,
+            {"ACCELPACT_SNAPSHOT_ROOT": str(tmp / SNAP_ROOT)},
+        )
+        for name, (args, launcher) in jobs.items()
+    }
     for name, p in procs.items():
         assert p.wait(timeout=270) == 0, f"torchrun {name} failed:\n{(tmp / f'{name}.log').read_text()[-4000:]}"
     return tmp

@@ -36,17 +36,33 @@ def _no_cpp_backtraces(text: str) -> None:
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               ACCELPACT_CONTROL_DEADLINE_S=str(DEADLINE_S), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        ACCELPACT_CONTROL_DEADLINE_S=str(DEADLINE_S),
+        OMP_NUM_THREADS="1",
+    )
     for name in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN"):  # torchrun's store, not one of ours
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(EXAMPLE),
-           "--steps", str(STEPS), "--pause-s", str(PAUSE_S), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLE),
+        "--steps",
+        str(STEPS),
+        "--pause-s",
+        str(PAUSE_S),
+        *args,
+    ]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
-def _kill_agent_after_step(agent: subprocess.Popen, log: Path, step: int, timeout_s: float = 240.0
-                           ) -> tuple[list[psutil.Process], float]:
+def _kill_agent_after_step(
+    agent: subprocess.Popen, log: Path, step: int, timeout_s: float = 240.0
+) -> tuple[list[psutil.Process], float]:
     """Once rank 0 logged ``step``, SIGKILL the agent only; returns its workers and the kill's time."""
     end = time.time() + timeout_s
     while f"step {step} loss" not in log.read_text(errors="replace"):
@@ -71,8 +87,14 @@ def _wait_gone(workers: list[psutil.Process], timeout_s: float) -> float:
 
 
 def _results(log: Path) -> list[dict]:
-    return sorted((json.loads(line.split("RESULT ", 1)[1]) for line in log.read_text().splitlines()
-                   if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    return sorted(
+        (
+            json.loads(line.split("RESULT ", 1)[1])
+            for line in log.read_text().splitlines()
+            if line.startswith("RESULT ")
+        ),
+        key=lambda r: r["rank"],
+    )
 
 
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_store_loss covers the lost store

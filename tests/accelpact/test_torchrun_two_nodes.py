@@ -39,24 +39,51 @@ STEPS, FAULT = 4, "2:vote:reset"
 def _agent(topo, node: int, port: int, run_id: str, args: list[str], log: Path) -> subprocess.Popen:
     """``torchrun --nnodes 2 --node-rank node`` inside host ``node``'s namespace."""
     lay = topo.layout
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        GLOO_SOCKET_IFNAME="eth0",
+        OMP_NUM_THREADS="1",
+    )
     for name in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN"):  # torchrun's store, not one of ours
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-           "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", run_id,
-           "--rdzv-endpoint", f"{lay.ctl_addr(0)}:{port}", "--local-addr", lay.ctl_addr(node),
-           # Which agent hosts the rendezvous store: torchrun guesses it by matching the endpoint against
-           # the machine's hostname, and every namespace shares this machine's ("vm" -> 127.0.0.1).
-           "--rdzv-conf", f"is_host={str(node == 0).lower()}",
-           str(EXAMPLE), *args]
-    return subprocess.Popen(topo.wrap_command(node, cmd), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-id",
+        run_id,
+        "--rdzv-endpoint",
+        f"{lay.ctl_addr(0)}:{port}",
+        "--local-addr",
+        lay.ctl_addr(node),
+        # Which agent hosts the rendezvous store: torchrun guesses it by matching the endpoint against
+        # the machine's hostname, and every namespace shares this machine's ("vm" -> 127.0.0.1).
+        "--rdzv-conf",
+        f"is_host={str(node == 0).lower()}",
+        str(EXAMPLE),
+        *args,
+    ]
+    return subprocess.Popen(
+        topo.wrap_command(node, cmd), stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT
+    )
 
 
 def _results(logs: list[Path]) -> list[dict]:
-    found = [json.loads(line.split("RESULT ", 1)[1]) for log in logs for line in log.read_text().splitlines()
-             if line.startswith("RESULT ")]
+    found = [
+        json.loads(line.split("RESULT ", 1)[1])
+        for log in logs
+        for line in log.read_text().splitlines()
+        if line.startswith("RESULT ")
+    ]
     return sorted(found, key=lambda r: r["rank"])
 
 
@@ -64,15 +91,18 @@ def _results(logs: list[Path]) -> list[dict]:
 def test_two_node_torchrun_recovers_a_fault_bit_identically(tmp_path):
     from harness.faults.netns import NetnsTopology, leftovers
 
-    runs = {"ref": (29400, ["--out", str(tmp_path / "ref")]),
-            "fault": (29401, ["--out", str(tmp_path / "fault"), "--fault", FAULT, "--fault-rank", "1"])}
+    runs = {
+        "ref": (29400, ["--out", str(tmp_path / "ref")]),
+        "fault": (29401, ["--out", str(tmp_path / "fault"), "--fault", FAULT, "--fault-rank", "1"]),
+    }
     with NetnsTopology(world_size=2, hosts=2, store_server=False) as topo:
         procs = {}
         for name, (port, args) in runs.items():  # both runs at once: one torchrun start-up, not two
             run_id = f"{name}-{secrets.token_hex(3)}"
             for node in (0, 1):
-                procs[name, node] = _agent(topo, node, port, run_id, ["--steps", str(STEPS), *args],
-                                           tmp_path / f"{name}{node}.log")
+                procs[name, node] = _agent(
+                    topo, node, port, run_id, ["--steps", str(STEPS), *args], tmp_path / f"{name}{node}.log"
+                )
         try:
             for (name, node), p in procs.items():
                 log = tmp_path / f"{name}{node}.log"

@@ -21,9 +21,13 @@ PG_TIMEOUT_S = 20.0
 
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); a regression of one race; test_recovery_fsdp2's vote phases stay
 def test_a_vote_posted_as_its_own_link_breaks_never_waits_for_the_pg_timeout(tmp_path):
-    s = run_session(tmp_path, "tests.accelpact._vote_race_rank:run",
-                    [{"name": "race", "rounds": ROUNDS, "pg_timeout_s": PG_TIMEOUT_S, "wait": "waiter"}],
-                    world_size=2, timeout_s=240)
+    s = run_session(
+        tmp_path,
+        "tests.accelpact._vote_race_rank:run",
+        [{"name": "race", "rounds": ROUNDS, "pg_timeout_s": PG_TIMEOUT_S, "wait": "waiter"}],
+        world_size=2,
+        timeout_s=240,
+    )
     waiter, peer = s.result("race", 1), s.result("race", 0)
     assert waiter and waiter.get("error") is None, waiter
     assert len(waiter["waits"]) == ROUNDS

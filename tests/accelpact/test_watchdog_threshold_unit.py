@@ -39,8 +39,17 @@ def clock(monkeypatch):
 
 
 def _dog(stall_timeout_s: float) -> wd.StallWatchdog:
-    return wd.StallWatchdog("127.0.0.1", 1, "tok", 0, 2, stall_timeout_s=stall_timeout_s,
-                            liveness=LivenessConfig(0.5, 4), abort=lambda: None, inodes=lambda: set())
+    return wd.StallWatchdog(
+        "127.0.0.1",
+        1,
+        "tok",
+        0,
+        2,
+        stall_timeout_s=stall_timeout_s,
+        liveness=LivenessConfig(0.5, 4),
+        abort=lambda: None,
+        inodes=lambda: set(),
+    )
 
 
 def _complete_steps(dog: wd.StallWatchdog, clock: Clock, seconds: list[float]) -> None:
@@ -55,7 +64,9 @@ def test_threshold_is_three_times_the_median_step_once_known(clock):
     assert dog.threshold_s() == 0.2  # no history yet: the configured timeout
     _complete_steps(dog, clock, [1.0, 0.9])
     assert dog.threshold_s() == 0.2  # two steps are not a median to trust
-    with pytest.warns(RuntimeWarning, match=r"stall_timeout_s=0.2 is below 3x the median step \(3.00 s\).*stall_timeout_s=3 or more"):
+    with pytest.warns(
+        RuntimeWarning, match=r"stall_timeout_s=0.2 is below 3x the median step \(3.00 s\).*stall_timeout_s=3 or more"
+    ):
         _complete_steps(dog, clock, [1.1])
     assert dog.threshold_s() == pytest.approx(3.0)
     _complete_steps(dog, clock, [0.1])  # one fast step barely moves the median

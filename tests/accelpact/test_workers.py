@@ -77,11 +77,19 @@ def test_a_rank_that_exits_0_is_not_a_death(store, tmp_path: Path):
 
 
 def test_stop_ends_stubborn_stopped_retired_and_spare_processes_and_their_children(tmp_path: Path):
-    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "print('ready', flush=True); time.sleep(120)"]
-    parent_of_child = [sys.executable, "-c", "import subprocess, sys, time; "
-                       "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-                       "print(p.pid, flush=True); time.sleep(120)"]
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(120)",
+    ]
+    parent_of_child = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "print(p.pid, flush=True); time.sleep(120)",
+    ]
     w = Workers()
     w.procs[0] = spawn(stubborn, dict(os.environ), tmp_path / "rank0.log")
     w.procs[1] = spawn(SLEEP, dict(os.environ), tmp_path / "rank1.log")
@@ -100,8 +108,9 @@ def test_stop_ends_stubborn_stopped_retired_and_spare_processes_and_their_childr
     assert everything[0].poll() == -signal.SIGKILL, "SIGTERM ignored: SIGKILL after the grace"
     assert everything[1].poll() == -signal.SIGTERM, "SIGSTOPped: continued, then ended by SIGTERM"
     time.sleep(0.2)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, \
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, (
         "a rank's child outlived its rank's session"
+    )
     assert w.retired == [] and w.spares == []
 
 
@@ -116,8 +125,11 @@ def test_start_replacement_prefers_a_spare_then_the_template_then_a_spawn():
     assert start_replacement(1, lambda: None, lambda: forked, lambda: spawned, said.append) == (forked, TEMPLATE, "")
     assert start_replacement(1, lambda: None, None, lambda: spawned, said.append) == (spawned, SPAWN, "")
     assert said == []
-    assert start_replacement(1, lambda: None, refuse, lambda: spawned, said.append) == \
-        (spawned, SPAWN, "the template has 2 threads")
+    assert start_replacement(1, lambda: None, refuse, lambda: spawned, said.append) == (
+        spawned,
+        SPAWN,
+        "the template has 2 threads",
+    )
     assert said == ["replacement template unusable (the template has 2 threads): spawning a fresh process for rank 1"]
 
 

@@ -7,8 +7,8 @@ import json
 import random
 from pathlib import Path
 
-from harness.workloads.fault_schedules import hang_every, soak_faults
 from experiments.bit_identity_soak import fit_slope, growth, load_progress, soak_lines, soak_timeout_s
+from harness.workloads.fault_schedules import hang_every, soak_faults
 
 
 def test_slope_and_interval_cover_the_true_slope_and_exclude_zero_when_it_grows():
@@ -39,10 +39,34 @@ def test_a_killed_soak_is_read_back_from_its_progress_lines(tmp_path: Path):
         with open(tmp_path / f"progress.faults.rank{rank}.jsonl", "w") as f:
             for step in range(130):  # killed during step 130: faults at steps 1, 3, ..., 129 reached
                 rec = sum(1 for x in faults if x["step"] <= step)
-                ev = [{"step": step, "decision": {"action": "retry", "apply_on": []}, "rounds": 1,
-                       "detection_s": 0.01, "total_s": 0.02}] if any(x["step"] == step for x in faults) else []
-                f.write(json.dumps({"step": step, "recoveries": rec, "threads": 7, "fds": 16, "tcp": 1,
-                                    "rss_mib": 400 + 0.01 * rec, "loss": 1.0, "events": ev}) + "\n")
+                ev = (
+                    [
+                        {
+                            "step": step,
+                            "decision": {"action": "retry", "apply_on": []},
+                            "rounds": 1,
+                            "detection_s": 0.01,
+                            "total_s": 0.02,
+                        }
+                    ]
+                    if any(x["step"] == step for x in faults)
+                    else []
+                )
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "recoveries": rec,
+                            "threads": 7,
+                            "fds": 16,
+                            "tcp": 1,
+                            "rss_mib": 400 + 0.01 * rec,
+                            "loss": 1.0,
+                            "events": ev,
+                        }
+                    )
+                    + "\n"
+                )
     soak = load_progress(tmp_path)
     assert len(soak["rows"]) == 65 and all(r["decision"] == "retry" for r in soak["rows"])
     g = growth(soak)
@@ -56,8 +80,10 @@ def test_short_only_keeps_the_soak_section_of_the_old_table(tmp_path: Path):
     from experiments.bit_identity import keep_soak_section
 
     old = tmp_path / "table.md"
-    old.write_text("# T\n\n## fsdp2 old rows\n\n## Soak: 1000 faults\nslopes\n### Provenance of the soak section\n- x\n\n"
-                   "## How to read it\nold guide\n### Provenance\n- old sha\n")
+    old.write_text(
+        "# T\n\n## fsdp2 old rows\n\n## Soak: 1000 faults\nslopes\n### Provenance of the soak section\n- x\n\n"
+        "## How to read it\nold guide\n### Provenance\n- old sha\n"
+    )
     new = "# T\n\n## fsdp2 new rows\n\n## How to read it\nnew guide\n### Provenance\n- new sha\n"
     out = keep_soak_section(new, old)
     assert "new rows" in out and "old rows" not in out and "new sha" in out and "old sha" not in out
@@ -72,8 +98,12 @@ def test_fds_by_kind_from_progress_lines_and_the_constant_check():
 
     base = {"tcp store": 5, "tcp peer": 1}
     after = {"tcp store": 6, "tcp peer": 3}
-    lines = [{"step": 0, "recoveries": 0, "fd_kinds": base}, {"step": 1, "recoveries": 1, "fd_kinds": after},
-             {"step": 2, "recoveries": 1}, {"settled": {"fds": 18}, "fd_kinds": dict(after)}]
+    lines = [
+        {"step": 0, "recoveries": 0, "fd_kinds": base},
+        {"step": 1, "recoveries": 1, "fd_kinds": after},
+        {"step": 2, "recoveries": 1},
+        {"settled": {"fds": 18}, "fd_kinds": dict(after)},
+    ]
     kinds = kinds_from_progress(lines)
     assert kinds == {"baseline": base, "first_recovery": after, "settled": after}
     assert constant_after_first_recovery({"fd_kinds": [kinds, kinds]})

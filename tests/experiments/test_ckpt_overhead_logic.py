@@ -18,18 +18,43 @@ def test_block_peaks_take_the_largest_sample_inside_each_window():
 def test_model_size_params_matches_transformers():
     transformers = pytest.importorskip("transformers")
     s = ModelSize(vocab=1000, hidden=64, intermediate=160, layers=2, heads=4, kv_heads=2, seq=16, batch=1)
-    cfg = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = transformers.MistralConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = transformers.MistralForCausalLM(cfg)
     assert s.params() == sum(p.numel() for p in model.parameters())
 
 
 def _summary(config, mode, interval, step, cpu, bytes_ckpt, peak):
-    return {"config": config, "mode": mode, "interval": interval, "step_mean_s": step, "step_median_s": step,
-            "overhead_pct": 0.0, "overhead_median_pct": 0.0, "cpu_per_step_s": cpu, "cpu_overhead_pct": 0.0,
-            "stall_mean_s": 0.0, "stage_mean_s": 0.0, "write_mean_s": 0.0, "drain_mean_s": 0.0, "saves": 4,
-            "bytes_per_ckpt": bytes_ckpt, "bytes_per_hour": 0.0, "host_peak_bytes": peak,
-            "host_peak_max_bytes": peak, "save_rss_peak_delta_sum": 0, "train_rss_sum": 0, "step_blocks_s": [step]}
+    return {
+        "config": config,
+        "mode": mode,
+        "interval": interval,
+        "step_mean_s": step,
+        "step_median_s": step,
+        "overhead_pct": 0.0,
+        "overhead_median_pct": 0.0,
+        "cpu_per_step_s": cpu,
+        "cpu_overhead_pct": 0.0,
+        "stall_mean_s": 0.0,
+        "stage_mean_s": 0.0,
+        "write_mean_s": 0.0,
+        "drain_mean_s": 0.0,
+        "saves": 4,
+        "bytes_per_ckpt": bytes_ckpt,
+        "bytes_per_hour": 0.0,
+        "host_peak_bytes": peak,
+        "host_peak_max_bytes": peak,
+        "save_rss_peak_delta_sum": 0,
+        "train_rss_sum": 0,
+        "step_blocks_s": [step],
+    }
 
 
 SMALL = ModelSize(vocab=1000, hidden=64, intermediate=160, layers=2, heads=4, kv_heads=2, seq=64, batch=2)
@@ -37,11 +62,15 @@ SMALL = ModelSize(vocab=1000, hidden=64, intermediate=160, layers=2, heads=4, kv
 
 def _rows():
     p = SMALL.params()
-    return data_rows("small", SMALL, [
-        _summary("none", "none", 0, 1.0, 2.0, 0, 4 * 2**30),
-        _summary("async", "async", 1, 1.5, 3.0, 12 * p, 5 * 2**30),
-        _summary("every_4_async", "async", 4, 1.1, 2.2, 12 * p, 5 * 2**30),
-    ])
+    return data_rows(
+        "small",
+        SMALL,
+        [
+            _summary("none", "none", 0, 1.0, 2.0, 0, 4 * 2**30),
+            _summary("async", "async", 1, 1.5, 3.0, 12 * p, 5 * 2**30),
+            _summary("every_4_async", "async", 4, 1.1, 2.2, 12 * p, 5 * 2**30),
+        ],
+    )
 
 
 def test_data_rows_derive_bytes_per_param_and_checkpoint_memory():
@@ -65,8 +94,9 @@ def test_extrapolation_scales_bytes_and_memory_with_params_and_compute_with_toke
     more_tokens = ModelSize(**{**SMALL.__dict__, "seq": 256})
     y = {r["config"]: r for r in extrapolate(rows, more_tokens)}
     assert math.isclose(y["async"]["overhead_pct"], 50.0 / 4)
-    assert math.isclose(y["every_4_async"]["tb_per_hour"] * 4 * y["every_4_async"]["step_s"],
-                        12 * SMALL.params() * 3600 / 1e12)
+    assert math.isclose(
+        y["every_4_async"]["tb_per_hour"] * 4 * y["every_4_async"]["step_s"], 12 * SMALL.params() * 3600 / 1e12
+    )
 
 
 def test_paper_implied_step_times_are_consistent_with_its_figures():

@@ -7,8 +7,8 @@ import math
 import tempfile
 
 from experiments import _driver
-from harness.report.paper import PAPER_GAIN
 from experiments.registry import README_ORDER, REGISTRY, SECTIONS
+from harness.report.paper import PAPER_GAIN
 
 
 def test_quick_runs_never_write_into_results(tmp_path, monkeypatch):
@@ -18,8 +18,9 @@ def test_quick_runs_never_write_into_results(tmp_path, monkeypatch):
     assert quick.parent == tmp_path and quick.is_dir()
     assert _driver.output_dir(ap.parse_args(["--out", str(tmp_path / "o")]), "demo") == tmp_path / "o"
     # --rederive reads the committed measurement, even with --quick.
-    assert _driver.output_dir(ap.parse_args(["--quick"]), "bit_identity", rederive=True) == \
-        _driver.results_dir("bit_identity")
+    assert _driver.output_dir(ap.parse_args(["--quick"]), "bit_identity", rederive=True) == _driver.results_dir(
+        "bit_identity"
+    )
 
 
 def test_write_csv_formats_floats_and_leaves_none_empty(tmp_path):

@@ -23,8 +23,8 @@ from experiments.goodput_model import (
 )
 from experiments.goodput_report import _write_csv, read_data
 from experiments.goodput_vs_age import FULL, Plan, overrides
-from harness.report.paper import PAPER_GAIN
 from experiments.provenance import verdict
+from harness.report.paper import PAPER_GAIN
 
 
 # ---- the paper's implied model ------------------------------------------------------------------
@@ -108,11 +108,31 @@ def test_overrides_carry_the_plan(tmp_path):
 
 # ---- rows ---------------------------------------------------------------------------------------
 def _table_row(strategy, age, goodput, tokens, wall, gain=math.nan, **badput):
-    r = {"strategy": strategy, "age": age, "goodput": goodput, "ratio_to_reference": goodput / 100.0,
-         "accelpact_gain": gain, "wall_s": wall, "tokens": tokens, "replayed_steps": 0, "status": "ok",
-         "bit_identical": True, "fallback": "no"}
-    for k in ("detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
-              "checkpoint_s", "other_s", "recovery_s"):
+    r = {
+        "strategy": strategy,
+        "age": age,
+        "goodput": goodput,
+        "ratio_to_reference": goodput / 100.0,
+        "accelpact_gain": gain,
+        "wall_s": wall,
+        "tokens": tokens,
+        "replayed_steps": 0,
+        "status": "ok",
+        "bit_identical": True,
+        "fallback": "no",
+    }
+    for k in (
+        "detection_s",
+        "agreement_s",
+        "rebuild_s",
+        "rebind_s",
+        "restart_s",
+        "restore_s",
+        "replay_s",
+        "checkpoint_s",
+        "other_s",
+        "recovery_s",
+    ):
         r[k] = badput.get(k, 0.0)
     return r
 
@@ -127,12 +147,17 @@ def _data():
         _table_row("cold_restart", 5, 62.5, 1000, 16.0, gain=1.6),
         _table_row("checkpoint_restore", 5, 80.0, 1000, 12.5, gain=1.25),
     ]
-    rows = {"reference": {"step_time_median_s": 0.5}, "accelpact_age5": {"step_time_median_s": 0.5},
-            "cold_restart_age5": {"step_time_median_s": 0.4, "relaunches": 1},
-            "checkpoint_restore_age5": {"step_time_median_s": 0.5}}
-    parts = {"accelpact_age5": {"detection": 0.001, "rebind": 0.002},
-             "cold_restart_age5": {"restart": 4.0, "restore": 1.0, "replay": 2.0},
-             "checkpoint_restore_age5": {"restart": 1.0, "restore": 0.25, "replay": 2.5}}
+    rows = {
+        "reference": {"step_time_median_s": 0.5},
+        "accelpact_age5": {"step_time_median_s": 0.5},
+        "cold_restart_age5": {"step_time_median_s": 0.4, "relaunches": 1},
+        "checkpoint_restore_age5": {"step_time_median_s": 0.5},
+    }
+    parts = {
+        "accelpact_age5": {"detection": 0.001, "rebind": 0.002},
+        "cold_restart_age5": {"restart": 4.0, "restore": 1.0, "replay": 2.0},
+        "checkpoint_restore_age5": {"restart": 1.0, "restore": 0.25, "replay": 2.5},
+    }
     return data_rows(table, rows, parts)
 
 
@@ -140,7 +165,9 @@ def test_data_rows_restart_cost_in_steps_and_load_normalized_gain():
     d = {r["run"]: r for r in _data()}
     cold, nvrx, acc = d["cold_restart_age5"], d["checkpoint_restore_age5"], d["accelpact_age5"]
     # restart 4 s / 0.4 s = 10 steps, restore 1 / 0.4 = 2.5 steps -> R/s 12.5
-    assert (cold["restart_over_step"], cold["restore_over_step"], cold["cost_over_step"]) == pytest.approx((10, 2.5, 12.5))
+    assert (cold["restart_over_step"], cold["restore_over_step"], cold["cost_over_step"]) == pytest.approx(
+        (10, 2.5, 12.5)
+    )
     # wall in own steps: 16 / 0.4 = 40; accelpact 10 / 0.5 = 20 -> normalized gain 40 / 20 = 2.0 (measured 1.6:
     # the cold-restart run ran faster steps, as if the host were less loaded then)
     assert cold["t_steps"] == pytest.approx(40) and acc["t_steps"] == pytest.approx(20)
@@ -155,10 +182,18 @@ def test_data_rows_restart_cost_in_steps_and_load_normalized_gain():
 def test_restart_cost_ratios_are_medians_over_ages():
     data = _data()
     extra = dict(next(r for r in data if r["run"] == "cold_restart_age5"))
-    extra.update(run="cold_restart_age18", age=18, fault_restart_s=8.0, step_median_s=0.4,
-                 restart_over_step=20.0, restore_over_step=2.5, cost_over_step=22.5)
-    extra2 = dict(extra, run="cold_restart_age30", age=30, restart_over_step=30.0, cost_over_step=32.5,
-                  fault_restart_s=12.0)
+    extra.update(
+        run="cold_restart_age18",
+        age=18,
+        fault_restart_s=8.0,
+        step_median_s=0.4,
+        restart_over_step=20.0,
+        restore_over_step=2.5,
+        cost_over_step=22.5,
+    )
+    extra2 = dict(
+        extra, run="cold_restart_age30", age=30, restart_over_step=30.0, cost_over_step=32.5, fault_restart_s=12.0
+    )
     ratios = {r["strategy"]: r for r in restart_cost_ratios(data + [extra, extra2])}
     # restart/step over ages: 10, 20, 30 -> median 20; restart s: 4, 8, 12 -> 8
     assert ratios["cold_restart"]["restart_over_step"] == pytest.approx(20.0)
@@ -244,7 +279,8 @@ def test_a_claim_carries_the_comparisons_interval_over_trials(tmp_path):
 
     (tmp_path / "verdict.csv").write_text(
         "strategy,age,gain_ci,verdict\nnone (reference),,-,-\naccelpact,5,-,-\n"
-        "cold_restart,5,2.306 [2.251 2.360] (n=5),AccelPact better\n")
+        "cold_restart,5,2.306 [2.251 2.360] (n=5),AccelPact better\n"
+    )
     intervals = verdict_intervals(tmp_path / "verdict.csv")
     assert intervals == {("cold_restart", 5): "2.306 [2.251 2.360] (n=5), AccelPact better"}
     data = _data()

@@ -25,9 +25,13 @@ def test_notebook_is_committed_without_outputs(path: Path):
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
-    assert not dirty, (f"{path.name}: cells {dirty} carry outputs; strip them "
-                       f"(jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)})")
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))
+    ]
+    assert not dirty, (
+        f"{path.name}: cells {dirty} carry outputs; strip them "
+        f"(jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)})"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -38,8 +42,9 @@ def test_notebook_executes(path: Path):
 
     nb = nbformat.read(path, as_version=4)
     # Run from notebooks/, as Jupyter would; the notebooks resolve results/ themselves.
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     try:
         client.execute()
     except CellExecutionError as exc:

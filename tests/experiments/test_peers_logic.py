@@ -26,7 +26,7 @@ def test_the_host_loss_column_sweeps_host_loss_on_hosts_whatever_the_experiment_
     """peers.yaml sweeps fault=socket_reset,kill; the host-loss run's overrides come after the experiment's, and
     the later override of a key wins in Hydra's sweep (BasicSweeper.split_arguments), so only host_loss runs."""
     args = peers.sweep_overrides(["accelpact"], 3, Path("/tmp/x/sweep"), quick=False, extra=peers.HOST_LOSS)
-    assert args[-len(peers.HOST_LOSS):] == list(peers.HOST_LOSS)
+    assert args[-len(peers.HOST_LOSS) :] == list(peers.HOST_LOSS)
     assert "fault=host_loss" in args and "cluster=local_hosts" in args
 
 
@@ -40,8 +40,10 @@ def test_a_refused_strategy_is_named_with_the_harness_reason():
 def test_table_md_has_the_verdict_the_reason_and_the_provenance(tmp_path):
     sweep, out = tmp_path / "sweep", tmp_path / "out"
     sweep.mkdir()
-    (sweep / "table.md").write_text("# comparison\n\n| strategy | age | fault | gain_ci |\n|---|---|---|---|\n"
-                                    "| torchft | 5 | kill | 1.10 [1.02, 1.20] (n=3) |\n")
+    (sweep / "table.md").write_text(
+        "# comparison\n\n| strategy | age | fault | gain_ci |\n|---|---|---|---|\n"
+        "| torchft | 5 | kill | 1.10 [1.02, 1.20] (n=3) |\n"
+    )
     (sweep / "table.csv").write_text("strategy,age,fault,gain_ci\n")  # no cells: no plots to draw
     write_provenance(out, "python -m experiments.peers", {"trials": 3})
     peers.write_outputs(out, sweep, {"gemini": "strategy=gemini needs lm-resiliency"}, runtime_s=60.0)
@@ -55,13 +57,39 @@ def test_table_md_has_the_verdict_the_reason_and_the_provenance(tmp_path):
 def test_a_strategy_at_another_pace_whose_gains_disagree_is_called_out():
     """torchft's replica groups stepped ~40% faster than the FSDP reference here: the badput-based gain (at the
     reference's pace) said AccelPact better while the measured gain, the verdict, did not. table.md says so."""
-    cells = [{"strategy": "torchft", "age": 5, "fault": "kill", "step_drift": 0.57, "gain_bp_ci": "1.445 [1.443, 1.470]",
-              "verdict_bp": "AccelPact better", "gain_ci": "0.941 [0.892, 1.010]", "verdict": "within noise"},
-             {"strategy": "cold_restart", "age": 5, "fault": "kill", "step_drift": 0.76, "gain_bp_ci": "1.7",
-              "verdict_bp": "AccelPact better", "gain_ci": "1.5", "verdict": "AccelPact better"},
-             {"strategy": "gemini", "age": 5, "fault": "kill", "step_drift": 1.02, "gain_bp_ci": "1.9",
-              "verdict_bp": "AccelPact better", "gain_ci": "0.9", "verdict": "AccelPact worse"},
-             {"strategy": "none (reference)", "age": None, "step_drift": 1.0}]
+    cells = [
+        {
+            "strategy": "torchft",
+            "age": 5,
+            "fault": "kill",
+            "step_drift": 0.57,
+            "gain_bp_ci": "1.445 [1.443, 1.470]",
+            "verdict_bp": "AccelPact better",
+            "gain_ci": "0.941 [0.892, 1.010]",
+            "verdict": "within noise",
+        },
+        {
+            "strategy": "cold_restart",
+            "age": 5,
+            "fault": "kill",
+            "step_drift": 0.76,
+            "gain_bp_ci": "1.7",
+            "verdict_bp": "AccelPact better",
+            "gain_ci": "1.5",
+            "verdict": "AccelPact better",
+        },
+        {
+            "strategy": "gemini",
+            "age": 5,
+            "fault": "kill",
+            "step_drift": 1.02,
+            "gain_bp_ci": "1.9",
+            "verdict_bp": "AccelPact better",
+            "gain_ci": "0.9",
+            "verdict": "AccelPact worse",
+        },
+        {"strategy": "none (reference)", "age": None, "step_drift": 1.0},
+    ]
     text = "\n".join(peers.pace_caveat(cells))
     assert "torchft kill age 5: step_drift 0.57" in text and "measured 0.941 [0.892, 1.010] (within noise)" in text
     assert "cold_restart" not in text  # both gains agree
@@ -108,12 +136,30 @@ def test_a_cell_off_pace_over_its_whole_interval_gets_its_strategys_reason():
     from experiments.peers import pace_reasons
 
     cells = [
-        {"strategy": "accelpact_heal", "age": 18, "fault": "kill", "step_drift_lo": 1.15, "step_drift_hi": 1.3,
-         "step_drift_ci": "1.2 [1.15, 1.30] (n=5)"},
-        {"strategy": "cold_restart", "age": 5, "fault": "kill", "step_drift_lo": 0.7, "step_drift_hi": 0.95,
-         "step_drift_ci": "0.8 [0.70, 0.95] (n=5)"},
-        {"strategy": "checkpoint_restore", "age": 5, "fault": "kill", "step_drift_lo": 0.6, "step_drift_hi": 0.8,
-         "step_drift_ci": "0.7 [0.60, 0.80] (n=5)"},
+        {
+            "strategy": "accelpact_heal",
+            "age": 18,
+            "fault": "kill",
+            "step_drift_lo": 1.15,
+            "step_drift_hi": 1.3,
+            "step_drift_ci": "1.2 [1.15, 1.30] (n=5)",
+        },
+        {
+            "strategy": "cold_restart",
+            "age": 5,
+            "fault": "kill",
+            "step_drift_lo": 0.7,
+            "step_drift_hi": 0.95,
+            "step_drift_ci": "0.8 [0.70, 0.95] (n=5)",
+        },
+        {
+            "strategy": "checkpoint_restore",
+            "age": 5,
+            "fault": "kill",
+            "step_drift_lo": 0.6,
+            "step_drift_hi": 0.8,
+            "step_drift_ci": "0.7 [0.60, 0.80] (n=5)",
+        },
     ]
     text = "\n".join(pace_reasons(cells))
     assert "`accelpact_heal` (kill age 18: 1.2 [1.15, 1.30] (n=5)): its per-step snapshot" in text

@@ -7,9 +7,20 @@ from experiments.process_loss import STRATEGIES
 
 
 def _row(strategy, age, goodput, trial, replayed, source, disk, identical=True, fallback="no"):
-    return {"fault": "kill_all", "run": f"{strategy}_age{age}", "strategy": strategy, "age": age, "status": "ok",
-            "goodput": goodput, "replayed_steps": replayed, "restore_source": source, "restore_disk_bytes": disk,
-            "bit_identical": identical, "fallback": fallback, "trial": trial}
+    return {
+        "fault": "kill_all",
+        "run": f"{strategy}_age{age}",
+        "strategy": strategy,
+        "age": age,
+        "status": "ok",
+        "goodput": goodput,
+        "replayed_steps": replayed,
+        "restore_source": source,
+        "restore_disk_bytes": disk,
+        "bit_identical": identical,
+        "fallback": fallback,
+        "trial": trial,
+    }
 
 
 ROWS = [
@@ -33,8 +44,14 @@ def test_the_cells_are_per_strategy_and_age_with_the_median_over_trials():
 
 
 def test_the_table_has_one_line_per_cell_and_names_a_refused_strategy():
-    refused = {"fault": "kill_all", "run": "torchft_age5", "strategy": STRATEGIES[1], "age": 18,
-               "status": "not supported", "reason": "no live group"}
+    refused = {
+        "fault": "kill_all",
+        "run": "torchft_age5",
+        "strategy": STRATEGIES[1],
+        "age": 18,
+        "status": "not supported",
+        "reason": "no live group",
+    }
     lines = kill_all.table([*ROWS, refused])
     assert lines[0].startswith("| strategy | age |") and len(lines) == 2 + 4
     [heal] = [line for line in lines if line.startswith("| accelpact_heal | 5 |")]
@@ -44,8 +61,10 @@ def test_the_table_has_one_line_per_cell_and_names_a_refused_strategy():
 
 def test_acceptance_names_every_heal_run_that_read_the_disk_replayed_more_or_differs():
     assert kill_all.acceptance_problems(ROWS) == []  # the baselines may read the disk and replay
-    bad = [_row("accelpact_heal", 18, 80.0, 0, 5, "checkpoint", 1000, fallback="relaunch: no complete ..."),
-           _row("accelpact_heal", 18, 80.0, 1, 2, "snapshot", 0, identical=None)]
+    bad = [
+        _row("accelpact_heal", 18, 80.0, 0, 5, "checkpoint", 1000, fallback="relaunch: no complete ..."),
+        _row("accelpact_heal", 18, 80.0, 1, 2, "snapshot", 0, identical=None),
+    ]
     problems = kill_all.acceptance_problems(bad)
     assert len(problems) == 4, problems
     assert "resumed from checkpoint, 1000 bytes read from disk (relaunch: no complete ...)" in problems[0]

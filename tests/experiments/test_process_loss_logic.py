@@ -12,12 +12,24 @@ from experiments.process_loss import FULL, Plan, sweep_overrides
 
 
 def _row(fault, strategy, age, goodput, wall, step=1.0, useful=20.0, **parts):
-    return {"fault": fault, "run": f"{strategy}_age{age}", "strategy": strategy, "age": age, "status": "ok",
-            "goodput": goodput, "wall_s": wall, "replayed_steps": 1 if strategy == "accelpact" else age,
-            "heal_source": "buddy" if strategy == "accelpact" else "", "bit_identical": True, "step_median_s": step,
-            "useful_s": useful, "useful_tokens": 2000, "badput_total_s": float(sum(parts.values())),
-            "load_avg_run": 3.0 if strategy == "accelpact" else math.nan,
-            **{f"part_{k}_s": v for k, v in parts.items()}}
+    return {
+        "fault": fault,
+        "run": f"{strategy}_age{age}",
+        "strategy": strategy,
+        "age": age,
+        "status": "ok",
+        "goodput": goodput,
+        "wall_s": wall,
+        "replayed_steps": 1 if strategy == "accelpact" else age,
+        "heal_source": "buddy" if strategy == "accelpact" else "",
+        "bit_identical": True,
+        "step_median_s": step,
+        "useful_s": useful,
+        "useful_tokens": 2000,
+        "badput_total_s": float(sum(parts.values())),
+        "load_avg_run": 3.0 if strategy == "accelpact" else math.nan,
+        **{f"part_{k}_s": v for k, v in parts.items()},
+    }
 
 
 DATA = [
@@ -46,9 +58,11 @@ def test_best_and_the_measured_reason_when_accelpact_is_not_best():
 
 def test_drift_is_taken_out_of_the_derived_goodput_but_badput_and_snapshot_overhead_stay():
     # accelpact ran 1.5x slower than the reference (load drift), cold restart at the reference's pace
-    data = [{**_row("kill", "reference", None, 100.0, 20.0, step=1.0, useful=20.0), "run": "reference"},
-            _row("kill", "accelpact", 5, 60.0, 33.0, step=1.5, useful=30.0, restart=3.0),
-            _row("kill", "cold_restart", 5, 70.0, 28.6, step=1.0, useful=20.0, restart=6.0, replay=2.6)]
+    data = [
+        {**_row("kill", "reference", None, 100.0, 20.0, step=1.0, useful=20.0), "run": "reference"},
+        _row("kill", "accelpact", 5, 60.0, 33.0, step=1.5, useful=30.0, restart=3.0),
+        _row("kill", "cold_restart", 5, 70.0, 28.6, step=1.0, useful=20.0, restart=6.0, replay=2.6),
+    ]
     rep.add_drift(data, overhead_pct=10.0)
     ours, cold = data[1], data[2]
     assert ours["drift"] == pytest.approx(1.5) and cold["drift"] == pytest.approx(1.0)
@@ -68,10 +82,19 @@ def test_derived_goodput_is_the_shared_badput_based_definition_over_trials():
     x snapshot factor + badput). The references ran at 1.0, 1.5 and 1.1 s a step: every trial uses 1.1."""
     data = []
     for trial, ref_useful in ((0, 20.0), (1, 30.0), (2, 22.0)):
-        data += [{**_row("kill", "reference", None, 100.0, 20.0, useful=ref_useful), "run": "reference",
-                  "useful_steps": 20, "trial": trial},
-                 {**_row("kill", "cold_restart", 5, 70.0, 28.6, restart=6.0, replay=2.6), "useful_steps": 20,
-                  "trial": trial}]
+        data += [
+            {
+                **_row("kill", "reference", None, 100.0, 20.0, useful=ref_useful),
+                "run": "reference",
+                "useful_steps": 20,
+                "trial": trial,
+            },
+            {
+                **_row("kill", "cold_restart", 5, 70.0, 28.6, restart=6.0, replay=2.6),
+                "useful_steps": 20,
+                "trial": trial,
+            },
+        ]
     rep.add_drift(data, overhead_pct=10.0)
     for cold in (data[1], data[3], data[5]):
         assert cold["goodput_at_ref_step"] == pytest.approx(2000 / (20 * 1.1 + 8.6))
@@ -89,16 +112,30 @@ def test_load_is_the_mean_of_the_samples_inside_each_run(tmp_path):
     assert math.isnan(_load_columns({"started_at": None}, samples)["load_avg_run"])
     with LoadSampler(tmp_path / "load.jsonl", every_s=0.01):
         import time
+
         time.sleep(0.1)
     got = read_samples(tmp_path / "load.jsonl")
     assert len(got) >= 2 and all(load >= 0 for _, load in got)
 
 
 def test_overhead_is_median_on_over_off_and_the_table_round_trips(tmp_path):
-    overhead = [{"snapshots": s, "pair": p, "status": "ok", "step_median_s": step, "train_s": 1, "tokens_per_s": 1,
-                 "wait_s_per_rank": 0.2, "slot_bytes": 2**20 * 10, "own_shm_bytes": 2**20 * 20,
-                 "replica_shm_bytes": 2**20 * 20, "planned_shm_bytes": 2**20 * 41, "push_mb_s": 300.0}
-                for p, (s, step) in enumerate([("off", 0.40), ("on", 0.41), ("off", 0.42), ("on", 0.43)])]
+    overhead = [
+        {
+            "snapshots": s,
+            "pair": p,
+            "status": "ok",
+            "step_median_s": step,
+            "train_s": 1,
+            "tokens_per_s": 1,
+            "wait_s_per_rank": 0.2,
+            "slot_bytes": 2**20 * 10,
+            "own_shm_bytes": 2**20 * 20,
+            "replica_shm_bytes": 2**20 * 20,
+            "planned_shm_bytes": 2**20 * 41,
+            "push_mb_s": 300.0,
+        }
+        for p, (s, step) in enumerate([("off", 0.40), ("on", 0.41), ("off", 0.42), ("on", 0.43)])
+    ]
     ov = rep.overhead_summary(overhead)
     assert ov["overhead_pct"] == pytest.approx((0.42 / 0.41 - 1) * 100)
     assert ov["own_mib"] == 20 and ov["planned_mib"] == 41 and ov["extra_ms"] == pytest.approx(10.0)

@@ -21,8 +21,9 @@ from experiments.provenance import (
 
 
 def row(**kw) -> ClaimRow:
-    base = dict(claim="goodput vs restart", paper="1.197x", ours="1.3x", paper_value=1.197, ours_value=1.3,
-                better="higher")
+    base = dict(
+        claim="goodput vs restart", paper="1.197x", ours="1.3x", paper_value=1.197, ours_value=1.3, better="higher"
+    )
     base.update(kw)
     return ClaimRow(**base)
 
@@ -59,8 +60,9 @@ def test_not_comparable_and_missing_paper_figure():
 
 
 def test_table_has_paper_ours_and_verdict_columns_and_escapes_pipes():
-    text = paper_vs_ours_table([row(ours_value=0.5, ours="0.5x | slow", reason="restart costs 9 s"),
-                                dict(claim="tuned", paper="", ours="+3%")])
+    text = paper_vs_ours_table(
+        [row(ours_value=0.5, ours="0.5x | slow", reason="restart costs 9 s"), dict(claim="tuned", paper="", ours="+3%")]
+    )
     lines = text.strip().splitlines()
     assert lines[0] == "| claim | paper | ours | verdict |"
     assert len(lines) == 4
@@ -87,10 +89,21 @@ def test_write_provenance_names_command_code_and_machine(tmp_path):
 
 
 def _prov(**kw) -> Provenance:
-    base = dict(command="python -m experiments.ckpt_overhead", git_sha="a" * 40, git_dirty=True,
-                date="2025-01-02T03:04:05+00:00",
-                machine={"cpu_cores": 2, "mem_total_gib": 23.4, "gpus": [], "torch": "2.13.0", "python": "3.11",
-                         "cpu_model": "Xeon", "load_avg_1_5_15": [1.0, 2.0, 3.0]})
+    base = dict(
+        command="python -m experiments.ckpt_overhead",
+        git_sha="a" * 40,
+        git_dirty=True,
+        date="2025-01-02T03:04:05+00:00",
+        machine={
+            "cpu_cores": 2,
+            "mem_total_gib": 23.4,
+            "gpus": [],
+            "torch": "2.13.0",
+            "python": "3.11",
+            "cpu_model": "Xeon",
+            "load_avg_1_5_15": [1.0, 2.0, 3.0],
+        },
+    )
     base.update(kw)
     return Provenance(**base)
 

@@ -42,17 +42,18 @@ def test_a_missing_result_says_how_to_make_it(tmp_path):
     assert "python -m experiments.y" in out
 
 
-CLAIMS = ("| claim | paper | ours | verdict |\n|---|---|---|---|\n"
-          "| gain at age 5 | 1.2x | 1.5x | better than the paper (R/s is 34: a reason) |\n"
-          "| gain at age 18 | 1.7x | 1.6x | matches the paper: within noise |\n")
+CLAIMS = (
+    "| claim | paper | ours | verdict |\n|---|---|---|---|\n"
+    "| gain at age 5 | 1.2x | 1.5x | better than the paper (R/s is 34: a reason) |\n"
+    "| gain at age 18 | 1.7x | 1.6x | matches the paper: within noise |\n"
+)
 
 
 def test_the_digest_quotes_the_named_row_with_the_verdicts_head_only(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "table.md").write_text("# x\n\n" + CLAIMS)
     line = rr.digest_line(tmp_path, rr.Section("x", "X", "intro", digest_row=("gain at age 18",)))
-    assert line == ("- **X** ([table](results/x/table.md)): gain at age 18: **1.6x** (paper: 1.7x); "
-                    "matches the paper.")
+    assert line == ("- **X** ([table](results/x/table.md)): gain at age 18: **1.6x** (paper: 1.7x); matches the paper.")
     first = rr.digest_line(tmp_path, rr.Section("x", "X", "intro", digest_row=("no such row",)))
     assert "gain at age 5: **1.5x** (paper: 1.2x); better than the paper." in first
 

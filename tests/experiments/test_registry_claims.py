@@ -58,6 +58,6 @@ def test_the_readme_states_the_registrys_time_for_make_reproduce():
     total = round(sum(e.budget_min for e in REGISTRY))
     text = (ROOT / "README.md").read_text()
     start = text.index("`make reproduce` regenerates")
-    line = " ".join(text[start:text.index("\n\n", start)].split())
+    line = " ".join(text[start : text.index("\n\n", start)].split())
     assert f"add up to {total} min" in line, (total, line)
     assert not re.search(r"half an hour", line)

@@ -30,8 +30,13 @@ def test_missing_modules_are_skipped_and_the_rest_still_run():
     calls: list = []
     logs: list[str] = []
     mods = {"fake.a": _module(calls=calls), "fake.c": _module(calls=calls)}
-    out = run_all([_exp("a"), _exp("b"), _exp("c")], quick=True, exists=lambda m: m in mods,
-                  load=mods.__getitem__, log=logs.append)
+    out = run_all(
+        [_exp("a"), _exp("b"), _exp("c")],
+        quick=True,
+        exists=lambda m: m in mods,
+        load=mods.__getitem__,
+        log=logs.append,
+    )
     assert [o.status for o in out] == ["ok", "skipped", "ok"]
     assert calls == [["--quick"], ["--quick"]]
     assert any("b: SKIPPED" in line and "fake.b does not exist" in line for line in logs)
@@ -39,16 +44,26 @@ def test_missing_modules_are_skipped_and_the_rest_still_run():
 
 def test_a_failing_experiment_is_reported_and_does_not_stop_the_next():
     mods = {"fake.a": _module(raises=RuntimeError("boom")), "fake.b": _module(rc=3), "fake.c": _module()}
-    out = run_all([_exp("a"), _exp("b"), _exp("c")], quick=False, exists=lambda m: True, load=mods.__getitem__,
-                  log=lambda s: None)
+    out = run_all(
+        [_exp("a"), _exp("b"), _exp("c")], quick=False, exists=lambda m: True, load=mods.__getitem__, log=lambda s: None
+    )
     assert [o.status for o in out] == ["failed", "failed", "ok"]
     assert "boom" in out[0].detail and "returned 3" in out[1].detail
 
 
 def test_registry_covers_every_claim_and_selection_keeps_its_order():
     names = [e.name for e in REGISTRY]
-    assert names == ["goodput_vs_age", "process_loss", "peers", "peers_host_loss", "rebind_scaling", "bit_identity", "ckpt_overhead", "compile",
-                     "scale_projection"]
+    assert names == [
+        "goodput_vs_age",
+        "process_loss",
+        "peers",
+        "peers_host_loss",
+        "rebind_scaling",
+        "bit_identity",
+        "ckpt_overhead",
+        "compile",
+        "scale_projection",
+    ]
     assert all(e.module == f"experiments.{e.name}" for e in REGISTRY)
     assert [e.name for e in select(REGISTRY, ["compile", "bit_identity"])] == ["bit_identity", "compile"]
     with pytest.raises(ValueError, match="choose from"):

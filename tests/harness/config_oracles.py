@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from harness.schema import RunConfig
 from harness.faults import registry as faults
 from harness.faults.placement import StoreHome, placement
+from harness.schema import RunConfig
 
 # Words or quoting by which an error line names its fix (an override in backticks, or a direction).
 FIX = re.compile(r"`[^`]+`|\b(try|e\.g\.|use|set|pick|choose|lower|raise|give|remove|drop|add)\b", re.I)
@@ -25,7 +25,7 @@ def check_refusal(context: object, message: str) -> None:
     assert "Traceback" not in message, (context, message)
     fix = FIX.search(message)
     assert fix, f"{context}: the error names no fix: {message}"
-    reason = message[:fix.start()]
+    reason = message[: fix.start()]
     assert re.search(r"[A-Za-z]{3,}", reason), f"{context}: the error gives no reason before its fix: {message}"
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import run_harness
 
 
@@ -40,11 +39,27 @@ def kill_fallback_run(tmp_path_factory) -> KillFallbackRun:
     # Progress on, a line per step: test_strategies checks that a relaunch prints no step twice that it
     # does not replay. recovery_deadline_s=5: a survivor that missed the notice would fall back at the
     # deadline, 5 s after the kill, well past test_detection_live's 2 s bound, instead of 60 s later.
-    done = run_harness(["experiment=smoke", "model.num_layers=2", "model.seq_len=32", "model.batch_size=2",
-                        "progress=true", "train.log_every=1", f"train.steps={steps}", "strategy=accelpact",
-                        "checkpoint=sync", f"checkpoint.interval={interval}", "fault=kill", "fault.ranks=[1]",
-                        f"fault.at_step={fault_step}", "fault.phase=backward_reduce_scatter",
-                        "strategy.recovery_deadline_s=5",
-                        "strategy.snapshot.every=0",  # no snapshots: the kill cannot heal in memory
-                        f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    done = run_harness(
+        [
+            "experiment=smoke",
+            "model.num_layers=2",
+            "model.seq_len=32",
+            "model.batch_size=2",
+            "progress=true",
+            "train.log_every=1",
+            f"train.steps={steps}",
+            "strategy=accelpact",
+            "checkpoint=sync",
+            f"checkpoint.interval={interval}",
+            "fault=kill",
+            "fault.ranks=[1]",
+            f"fault.at_step={fault_step}",
+            "fault.phase=backward_reduce_scatter",
+            "strategy.recovery_deadline_s=5",
+            "strategy.snapshot.every=0",  # no snapshots: the kill cannot heal in memory
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=400,
+    )
     return KillFallbackRun(tmp, run_dir, done, steps, interval, fault_step)

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import harness_cmd, harness_env, worker_processes
 
 CASES = {
@@ -29,7 +28,12 @@ def outcomes(tmp_path_factory):
     for name, (args, _) in CASES.items():
         tmp = tmp_path_factory.mktemp(name)
         proc = subprocess.Popen(
-            harness_cmd(args, tmp), cwd=tmp, env=harness_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            harness_cmd(args, tmp),
+            cwd=tmp,
+            env=harness_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         started[name] = (proc, tmp)
     done = {}

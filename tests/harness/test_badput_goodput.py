@@ -21,8 +21,17 @@ approx = pytest.approx
 
 
 def step(rank, i, t0, t1, tokens=100, incarnation=0):
-    return {"kind": "step", "t": t1, "rank": rank, "step": i, "t_start": t0, "t_end": t1, "loss": 1.0,
-            "tokens": tokens, "incarnation": incarnation}
+    return {
+        "kind": "step",
+        "t": t1,
+        "rank": rank,
+        "step": i,
+        "t_start": t0,
+        "t_end": t1,
+        "loss": 1.0,
+        "tokens": tokens,
+        "incarnation": incarnation,
+    }
 
 
 def reference(step_s=1.0):
@@ -42,13 +51,12 @@ def cold_restart(step_s):
     after launch), a 0.5 s restore from step 4, replays of 5 and 6, then steps 7-9."""
     ev = [step(0, i, i * step_s, (i + 1) * step_s) for i in range(7)]
     t_fault = 7 * step_s + 0.2
-    ev.append({"kind": "fault", "t": t_fault, "rank": -1, "fault": "socket_reset", "step": 7, "phase": "x",
-               "ranks": [0]})
+    ev.append(
+        {"kind": "fault", "t": t_fault, "rank": -1, "fault": "socket_reset", "step": 7, "phase": "x", "ranks": [0]}
+    )
     ready = t_fault + 3.0
-    ev.append({"kind": "restart", "t": ready, "rank": 0, "t_launch": t_fault + 1.0, "t_ready": ready,
-               "incarnation": 1})
-    ev.append({"kind": "restore", "t": ready + 0.5, "rank": 0, "from_step": 4, "t_start": ready,
-               "t_end": ready + 0.5})
+    ev.append({"kind": "restart", "t": ready, "rank": 0, "t_launch": t_fault + 1.0, "t_ready": ready, "incarnation": 1})
+    ev.append({"kind": "restore", "t": ready + 0.5, "rank": 0, "from_step": 4, "t_start": ready, "t_end": ready + 0.5})
     t = ready + 0.5
     for i in (5, 6, 7, 8, 9):
         ev.append(step(0, i, t, t + step_s, incarnation=1))
@@ -117,8 +125,16 @@ def test_every_badput_field_has_exactly_one_named_part():
 
     assert sorted(p.field for p in BADPUT_PARTS) == sorted(f.name for f in fields(Badput))
     assert len(set(PART_NAMES)) == len(PART_NAMES)
-    for name in ("program_startup", "checkpoint_save", "checkpoint_restore", "wasted_progress", "detection",
-                 "agreement", "rebuild", "heal_transfer"):
+    for name in (
+        "program_startup",
+        "checkpoint_save",
+        "checkpoint_restore",
+        "wasted_progress",
+        "detection",
+        "agreement",
+        "rebuild",
+        "heal_transfer",
+    ):
         assert name in PART_NAMES
 
 

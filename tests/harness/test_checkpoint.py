@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from harness.checkpoint.inflight import SaveSlot
-from harness.checkpoint.layout import MARKER, CheckpointLayout, Listing, is_due, parse_step_dir, plan_prune, step_dir_name
+from harness.checkpoint.layout import (
+    MARKER,
+    CheckpointLayout,
+    Listing,
+    is_due,
+    parse_step_dir,
+    plan_prune,
+    step_dir_name,
+)
 from harness.checkpoint.records import CheckpointSaveError, SaveRecord
 
 WORLD = 2

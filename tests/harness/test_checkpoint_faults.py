@@ -35,10 +35,10 @@ JOIN_TIMEOUT_S = 300
 
 def _faulted_job(rank: int, root: str, mode: str, queue) -> None:
     """Train, save every 3 steps; rank 1 kills itself while writing step 8's shard."""
+    import test_checkpoint as tc
     import torch
     import torch.distributed.checkpoint.filesystem as fs
 
-    import test_checkpoint as tc
     from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
 
     if rank == 1:
@@ -60,8 +60,13 @@ def _faulted_job(rank: int, root: str, mode: str, queue) -> None:
         if kind == "checkpoint" and fields.get("complete"):
             completed.append(fields.get("step"))
 
-    ckpt = Checkpointer(CheckpointSettings(directory=root, interval=3, mode=mode, keep=3), model, optimizer,
-                        on_event=on_event, timeout=timedelta(seconds=20))
+    ckpt = Checkpointer(
+        CheckpointSettings(directory=root, interval=3, mode=mode, keep=3),
+        model,
+        optimizer,
+        on_event=on_event,
+        timeout=timedelta(seconds=20),
+    )
     for step in range(STEPS):
         tc._train_step(model, optimizer, step, rank)
         if ckpt.due(step):
@@ -76,6 +81,7 @@ def _faulted_job(rank: int, root: str, mode: str, queue) -> None:
 def _resume_job(rank: int, root: str, mode: str) -> dict:
     """The reference run (steps 0..10, no checkpoint), then a fresh model restored from disk + replay."""
     import test_checkpoint as tc
+
     from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
 
     model, optimizer = tc._build(seed=0)
@@ -88,9 +94,12 @@ def _resume_job(rank: int, root: str, mode: str) -> dict:
     restored = ckpt.load_latest()
     losses = {s: tc._train_step(model, optimizer, s, rank) for s in range(restored.from_step + 1, STEPS)}
     ckpt.close()
-    return {"latest": latest, "from_step": restored.from_step,
-            "loss_diffs": [s for s, v in losses.items() if v != ref_losses[s]],
-            "state_diffs": tc._diff(tc._local_state(model, optimizer), ref_state)}
+    return {
+        "latest": latest,
+        "from_step": restored.from_step,
+        "loss_diffs": [s for s, v in losses.items() if v != ref_losses[s]],
+        "state_diffs": tc._diff(tc._local_state(model, optimizer), ref_state),
+    }
 
 
 def _faulted_main(rank: int, port: int, root: str, mode: str, queue) -> None:
@@ -99,8 +108,9 @@ def _faulted_main(rank: int, port: int, root: str, mode: str, queue) -> None:
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=30))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
+        )
         _faulted_job(rank, root, mode, queue)
     except BaseException as exc:  # noqa: BLE001 - rank 0 is expected to fail once rank 1 is gone
         queue.put((rank, "error", -1, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
@@ -137,10 +147,14 @@ def test_sigkill_during_a_save_never_marks_it_complete_and_resume_is_bit_identic
     root = tmp_path / "ckpt"
     t0 = time.time()
     codes, messages = _run_faulted(root, mode)
-    assert codes[1] == -signal.SIGKILL, f"rank 1 was to SIGKILL itself in the save of step {KILLED_SAVE}: {codes}, {messages}"
+    assert codes[1] == -signal.SIGKILL, (
+        f"rank 1 was to SIGKILL itself in the save of step {KILLED_SAVE}: {codes}, {messages}"
+    )
     killed = root / step_dir_name(KILLED_SAVE)
     assert killed.is_dir() and any(killed.iterdir()), f"the killed save wrote nothing: {sorted(os.listdir(root))}"
-    assert not (killed / MARKER).exists(), f"the save of step {KILLED_SAVE} was marked complete: {sorted(os.listdir(killed))}"
+    assert not (killed / MARKER).exists(), (
+        f"the save of step {KILLED_SAVE} was marked complete: {sorted(os.listdir(killed))}"
+    )
     reported = {m[0]: m[3] for m in messages if m[1] in ("saved", "finished")}
     assert all(KILLED_SAVE not in steps for steps in reported.values()), f"a rank reported step 8 complete: {messages}"
     assert (root / step_dir_name(5) / MARKER).exists()
@@ -149,6 +163,10 @@ def test_sigkill_during_a_save_never_marks_it_complete_and_resume_is_bit_identic
     for rank, res in enumerate(results):
         assert res["latest"] == 5 and res["from_step"] == 5, (rank, res)
         assert res["loss_diffs"] == [], f"rank {rank}: losses after the restore differ at steps {res['loss_diffs']}"
-        assert res["state_diffs"] == [], f"rank {rank}: state differs from the uninterrupted run: {res['state_diffs'][:5]}"
-    print(f"{mode}: faulted + resumed in {time.time() - t0:.0f} s; rank 0's end: "
-          f"{[m for m in messages if m[0] == 0][-1:]}")
+        assert res["state_diffs"] == [], (
+            f"rank {rank}: state differs from the uninterrupted run: {res['state_diffs'][:5]}"
+        )
+    print(
+        f"{mode}: faulted + resumed in {time.time() - t0:.0f} s; rank 0's end: "
+        f"{[m for m in messages if m[0] == 0][-1:]}"
+    )

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.app.preflight import job_overrides
 from harness.app.comparison import ComparisonCallback
-from harness.report.compare import PAPER_GAIN, build_table, reference_config
 from harness.app.config import compose, to_run_config
-from harness.strategies import relaunch_reason
-from harness.strategies.accelpact import EXIT_FALLBACK
+from harness.app.preflight import job_overrides
+from harness.report.compare import PAPER_GAIN, build_table, reference_config
 from harness.report.goodput import compute_goodput
 from harness.report.table import RunSummary
+from harness.strategies import relaunch_reason
+from harness.strategies.accelpact import EXIT_FALLBACK
 
 
 def test_default_experiment_is_a_sweep_over_ages_and_strategies():
@@ -33,11 +33,15 @@ def test_the_sweep_is_every_strategy_at_every_age_ages_outer():
     assert multirun
     assert [dict(o.split("=") for o in job) for job in jobs] == [
         {"fault.at_age": age, "strategy": s}
-        for age in ("5", "18") for s in ("accelpact", "cold_restart", "checkpoint_restore")]
+        for age in ("5", "18")
+        for s in ("accelpact", "cold_restart", "checkpoint_restore")
+    ]
     # The command line narrows the experiment's sweep key by key.
     jobs, _ = job_overrides(["fault.at_age=2", "strategy=accelpact,cold_restart"])
-    assert [sorted(job) for job in jobs] == [["fault.at_age=2", "strategy=accelpact"],
-                                             ["fault.at_age=2", "strategy=cold_restart"]]
+    assert [sorted(job) for job in jobs] == [
+        ["fault.at_age=2", "strategy=accelpact"],
+        ["fault.at_age=2", "strategy=cold_restart"],
+    ]
 
 
 def test_reference_is_fault_free_with_the_same_cadence_and_data():
@@ -83,8 +87,16 @@ def test_relaunch_policy_stops_at_the_limit_and_on_ctrl_c():
 
 def _steps(rank: int, spans, tokens: int = 100, incarnation: int = 0, first: int = 0):
     return [
-        {"kind": "step", "t": b, "rank": rank, "step": first + i, "t_start": a, "t_end": b, "tokens": tokens,
-         "incarnation": incarnation}
+        {
+            "kind": "step",
+            "t": b,
+            "rank": rank,
+            "step": first + i,
+            "t_start": a,
+            "t_end": b,
+            "tokens": tokens,
+            "incarnation": incarnation,
+        }
         for i, (a, b) in enumerate(spans)
     ]
 
@@ -94,15 +106,27 @@ def test_table_over_hand_computed_timelines():
     ref = _steps(0, [(i, i + 1) for i in range(10)])
     # AccelPact: the same, with a 0.5 s in-memory recovery inside step 5 -> 1000 tokens in 10.5 s.
     ours = _steps(0, [(i, i + 1) for i in range(5)] + [(5, 6.5)] + [(i + 0.5, i + 1.5) for i in range(6, 10)])
-    ours.append({"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote",
-                 "ranks": [0]})
-    ours.append({"kind": "recovery", "t": 5.7, "rank": 0, "decision": "retry", "detection_s": 0.1,
-                 "agreement_s": 0.2, "rebuild_s": 0.1, "rebind_s": 0.1})
+    ours.append(
+        {"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote", "ranks": [0]}
+    )
+    ours.append(
+        {
+            "kind": "recovery",
+            "t": 5.7,
+            "rank": 0,
+            "decision": "retry",
+            "detection_s": 0.1,
+            "agreement_s": 0.2,
+            "rebuild_s": 0.1,
+            "rebind_s": 0.1,
+        }
+    )
     # Cold restart: steps 0..4, fault at 5.2, relaunch ready at 9, replay steps 4 (ckpt after 3) .. 9.
     cold = _steps(0, [(i, i + 1) for i in range(5)])
     cold += _steps(0, [(9 + i, 10 + i) for i in range(6)], incarnation=1, first=4)
-    cold.append({"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote",
-                 "ranks": [0]})
+    cold.append(
+        {"kind": "fault", "t": 5.2, "rank": 0, "fault": "socket_reset", "step": 5, "phase": "vote", "ranks": [0]}
+    )
     cold.append({"kind": "restart", "t": 9, "rank": 0, "t_launch": 6.0, "t_ready": 9.0, "incarnation": 1})
     summaries = [
         RunSummary("none", compute_goodput(ref), bit_identical=True),
@@ -160,9 +184,8 @@ def test_multirun_callback_over_trials_gives_intervals_and_verdicts(tmp_path: Pa
     """Three trials, each with its own reference (1 s steps). The cold restart's measured badput is 3 s
     more than AccelPact's in every trial, while its productive steps run at a different speed each trial
     (1 s, 1.5 s, 0.8 s: load). The badput-based gain is the same 7/4 in every trial; the measured one moves."""
-    from omegaconf import OmegaConf
-
     import pandas as pd
+    from omegaconf import OmegaConf
 
     fault = {"kind": "fault", "t": 2.05, "rank": 0, "fault": "socket_reset", "step": 2, "ranks": [0]}
     for k, pace in enumerate((1.0, 1.5, 0.8)):
@@ -177,7 +200,9 @@ def test_multirun_callback_over_trials_gives_intervals_and_verdicts(tmp_path: Pa
     cold = frame.loc["cold_restart"]
     # the verdict's measured whole-run gain: walls 7, 9, 6.2 s over 4 s; 3 trials' range covers 75%
     assert cold["trials"] == 3 and cold["gain"] == pytest.approx(7 / 4)
-    assert (cold["gain_lo"], cold["gain_hi"]) == pytest.approx((6.2 / 4, 9 / 4)) and cold["verdict"] == "AccelPact better"
+    assert (cold["gain_lo"], cold["gain_hi"]) == pytest.approx((6.2 / 4, 9 / 4)) and cold[
+        "verdict"
+    ] == "AccelPact better"
     assert cold["gain_coverage"] == pytest.approx(0.75)
     # badput-based (diagnostic): 4 useful steps at the reference's 1 s + 3 s badput = 7 s vs 4 s, every trial
     assert cold["gain_bp"] == pytest.approx(7 / 4) and cold["gain_bp_lo"] == pytest.approx(7 / 4)

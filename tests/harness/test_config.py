@@ -10,8 +10,8 @@ from harness.app.config import compose, group_options, load_catalogue, to_run_co
 from harness.app.machine import GiB, Machine, probe
 from harness.app.memory_plan import plan
 from harness.app.preflight import check_overrides, explain_compose_error
-from harness.schema import Device, RunConfig, run_config_from_dict, to_dict
 from harness.app.validate import ConfigError, check_values, validate
+from harness.schema import Device, RunConfig, run_config_from_dict, to_dict
 
 EXPERIMENTS = group_options("experiment")
 
@@ -40,7 +40,10 @@ def test_every_experiment_composes_and_validates_or_names_a_fitting_command(expe
         fixed = to_run_config(compose(suggested))
         validate(fixed, machine, catalogue, suggested)
         assert (fixed.strategy, fixed.fault, fixed.checkpoint, fixed.train.steps) == (
-            run.strategy, run.fault, run.checkpoint, run.train.steps
+            run.strategy,
+            run.fault,
+            run.checkpoint,
+            run.train.steps,
         )
         return
     assert memory.fits
@@ -73,7 +76,10 @@ def test_model_sizes_on_meta(catalogue):
         ("train.steps=1.5", "train.steps"),
         ("train.nope=1", "unknown key train.nope"),
         ("checkpoint.mode=fast", "async"),
-        ("strategy.replacement_start=fork", "expected one of [template, spawn]; e.g. `strategy.replacement_start=template`"),
+        (
+            "strategy.replacement_start=fork",
+            "expected one of [template, spawn]; e.g. `strategy.replacement_start=template`",
+        ),
     ],
 )
 def test_composition_errors_are_one_readable_line(override, fragment):
@@ -127,7 +133,9 @@ def test_nccl_without_gpus_points_to_local_cpu(catalogue):
 def test_backends_come_from_accelpacts_registry(catalogue):
     # Not an enum of the schema: a name accelpact's backend registry does not know is refused with the
     # registered ones, and a backend on a device it cannot carry is switched to one that can.
-    with pytest.raises(ConfigError, match=r"cluster\.backend=mpi is not an accelpact backend \(registered: gloo, nccl[^)]*\)"):
+    with pytest.raises(
+        ConfigError, match=r"cluster\.backend=mpi is not an accelpact backend \(registered: gloo, nccl[^)]*\)"
+    ):
         validate(_run(backend="mpi"), SMALL, catalogue)
     with pytest.raises(ConfigError, match=r"cluster\.backend=nccl"):
         validate(_run(name="single_node_gpu", backend="gloo", device=Device.cuda, world_size=2), GPU8, catalogue)
@@ -163,9 +171,26 @@ def test_memory_plan_scales_with_world_size(catalogue):
     run.cluster = dataclasses.replace(run.cluster, world_size=4)
     four = plan(run, SMALL, catalogue.counts(run.model))
     per_rank = lambda p, what: dict(p.rows)[what]  # noqa: E731
-    assert per_rank(four, "AdamW exp_avg + exp_avg_sq (sharded)") < per_rank(two, "AdamW exp_avg + exp_avg_sq (sharded)")
+    assert per_rank(four, "AdamW exp_avg + exp_avg_sq (sharded)") < per_rank(
+        two, "AdamW exp_avg + exp_avg_sq (sharded)"
+    )
     assert "DOES NOT FIT" in two.table() or two.fits
 
 
 def test_preflight_accepts_the_default():
     assert check_overrides([]).fits
+
+
+def test_a_between_steps_phase_without_a_fixed_step_passes_the_phase_check():
+    """fault.phase=eval with fault.at_age (no fault.at_step): the phase check has no step to check, and
+    used to fail with TypeError (None + 1) instead of passing (found by mypy)."""
+    from harness.app.validate import check_between_steps_phase
+    from harness.schema import FaultPhase
+
+    run = RunConfig()
+    run = dataclasses.replace(
+        run,
+        fault=dataclasses.replace(run.fault, phase=FaultPhase.eval, at_step=None, at_age=2),
+        train=dataclasses.replace(run.train, eval_every=2),
+    )
+    check_between_steps_phase(run)

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from config_oracles import check_parent_can_run, check_refusal
+
 from harness.app import capabilities
 from harness.app.config import compose, load_catalogue, load_group, to_run_config
 from harness.app.machine import probe
-from harness.schema import RunConfig
 from harness.app.validate import ConfigError, validate
+from harness.schema import RunConfig
 
 GROUPS = ("fault", "cluster", "strategy", "checkpoint", "model")
 
@@ -34,12 +34,18 @@ def world() -> tuple[RunConfig, dict[str, dict[str, object]], object, object]:
 
 def pairwise(sizes: list[int]) -> Iterator[tuple[int, ...]]:
     """A covering set: every pair of values of two different positions appears in some row (greedy)."""
-    uncovered = {(i, a, j, b) for i, j in itertools.combinations(range(len(sizes)), 2)
-                 for a in range(sizes[i]) for b in range(sizes[j])}
+    uncovered = {
+        (i, a, j, b)
+        for i, j in itertools.combinations(range(len(sizes)), 2)
+        for a in range(sizes[i])
+        for b in range(sizes[j])
+    }
     rows = list(itertools.product(*[range(n) for n in sizes]))
     while uncovered:
-        best = max(rows, key=lambda r: sum((i, r[i], j, r[j]) in uncovered
-                                           for i, j in itertools.combinations(range(len(r)), 2)))
+        best = max(
+            rows,
+            key=lambda r: sum((i, r[i], j, r[j]) in uncovered for i, j in itertools.combinations(range(len(r)), 2)),
+        )
         uncovered -= {(i, best[i], j, best[j]) for i, j in itertools.combinations(range(len(best)), 2)}
         yield best
 
@@ -79,7 +85,6 @@ def test_every_combination_of_group_options(world):
         check_combination(world, combo)
 
 
-
 def test_a_registered_plugin_fault_without_a_yaml_is_not_a_shipped_option(monkeypatch):
     """test_plugins registers a fault kind with no conf/ YAML when it is imported; in the full suite that
     happened before this module's fixture, whose load_group('fault') then opened a missing YAML (CI at a887f68)."""
@@ -88,11 +93,21 @@ def test_a_registered_plugin_fault_without_a_yaml_is_not_a_shipped_option(monkey
     from harness.faults import registry as faults
     from harness.registry import Registry
 
-    fresh = Registry("fault kind", faults.FaultSpec, lambda s: s.kind,
-                     lambda: importlib.import_module("harness.faults.kinds").BUILTIN)
+    fresh = Registry(
+        "fault kind",
+        faults.FaultSpec,
+        lambda s: s.kind,
+        lambda: importlib.import_module("harness.faults.kinds").BUILTIN,
+    )
     monkeypatch.setattr(faults, "_REGISTRY", fresh)  # this test's registration stays out of the others
-    faults.register(faults.FaultSpec("cross_groups_plugin_probe", "a plugin fault kind with no YAML", where="parent",
-                                     parent_apply=lambda driver, req: None))
+    faults.register(
+        faults.FaultSpec(
+            "cross_groups_plugin_probe",
+            "a plugin fault kind with no YAML",
+            where="parent",
+            parent_apply=lambda driver, req: None,
+        )
+    )
     assert "cross_groups_plugin_probe" in faults.kinds()
     loaded = load_group("fault")
     assert "cross_groups_plugin_probe" not in loaded and "kill" in loaded

@@ -25,18 +25,43 @@ from enum import Enum
 from pathlib import Path
 
 import pytest
+from config_oracles import check_parent_can_run, check_refusal
+from harness_test_helpers import harness_cmd, harness_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config_oracles import check_parent_can_run, check_refusal
 from harness import schema
 from harness.app import preflight
 from harness.app.config import GROUPS, compose, group_options, to_run_config
-from harness_test_helpers import harness_cmd, harness_env
-SECTIONS = {"model": schema.ModelConfig, "train": schema.TrainConfig, "cluster": schema.ClusterConfig,
-            "strategy": schema.StrategyConfig, "fault": schema.FaultConfig, "checkpoint": schema.CheckpointConfig}
-HAZARDS = ["", "''", "null", "abc", "[1,2", "a=b", "${oc.env:NOPE}", "${nope}", "1e999", "-0", " ", "\u00e9t\u00e9",
-           "{a: 1}", "[]", "true", "nan", "inf", "-inf"]
+
+SECTIONS = {
+    "model": schema.ModelConfig,
+    "train": schema.TrainConfig,
+    "cluster": schema.ClusterConfig,
+    "strategy": schema.StrategyConfig,
+    "fault": schema.FaultConfig,
+    "checkpoint": schema.CheckpointConfig,
+}
+HAZARDS = [
+    "",
+    "''",
+    "null",
+    "abc",
+    "[1,2",
+    "a=b",
+    "${oc.env:NOPE}",
+    "${nope}",
+    "1e999",
+    "-0",
+    " ",
+    "\u00e9t\u00e9",
+    "{a: 1}",
+    "[]",
+    "true",
+    "nan",
+    "inf",
+    "-inf",
+]
 
 
 def _ints() -> st.SearchStrategy[str]:
@@ -54,7 +79,7 @@ def _values(tp: object) -> st.SearchStrategy[str]:
     if origin is typing.Union:  # Optional[X]
         inner = next(a for a in args if a is not type(None))
         return st.one_of(st.just("null"), _values(inner))
-    if origin in (list, typing.List):
+    if origin in (list, list):
         ranks = st.lists(st.integers(-2, 6), max_size=3).map(lambda xs: "[" + ",".join(map(str, xs)) + "]")
         return st.one_of(ranks, st.sampled_from(HAZARDS))
     if isinstance(tp, type) and issubclass(tp, Enum):
@@ -65,8 +90,9 @@ def _values(tp: object) -> st.SearchStrategy[str]:
         return st.one_of(_ints(), st.sampled_from(HAZARDS))
     if tp is float:
         return st.one_of(_floats(), _ints(), st.sampled_from(HAZARDS))
-    return st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12),
-                     st.sampled_from(HAZARDS))
+    return st.one_of(
+        st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12), st.sampled_from(HAZARDS)
+    )
 
 
 def _field_override(section: str) -> st.SearchStrategy[str]:
@@ -78,17 +104,32 @@ def _field_override(section: str) -> st.SearchStrategy[str]:
 def _group_override(group: str) -> st.SearchStrategy[str]:
     options = group_options(group)
     return st.one_of(st.sampled_from(options), st.sampled_from(["nope", "MODEL", "schema", ""])).map(
-        lambda o: f"{group}={o}")
+        lambda o: f"{group}={o}"
+    )
 
 
 OVERRIDE = st.one_of(
     *[_group_override(g) for g in GROUPS if g != "experiment"],
     # project_scale is its own CLI (harness.scale); drawn less often than the training experiments.
     st.sampled_from([o for o in group_options("experiment") if o != "project_scale"] + ["nope"]).map(
-        lambda o: f"experiment={o}"),
+        lambda o: f"experiment={o}"
+    ),
     *[_field_override(s) for s in SECTIONS],
-    st.sampled_from(["progress=maybe", "progress=false", "bogus=1", "+bogus=1", "model.bogus=2", "~model",
-                     "train=3", "cluster.world_size", "=1", "index_path=null", "checkpoint.mode=async_pinned"]),
+    st.sampled_from(
+        [
+            "progress=maybe",
+            "progress=false",
+            "bogus=1",
+            "+bogus=1",
+            "model.bogus=2",
+            "~model",
+            "train=3",
+            "cluster.world_size",
+            "=1",
+            "index_path=null",
+            "checkpoint.mode=async_pinned",
+        ]
+    ),
 )
 
 
@@ -96,8 +137,10 @@ OVERRIDE = st.one_of(
 # experiment=smoke: the default experiment (compare) sweeps 6 jobs over strategy and fault, which would
 # override the drawn ones and cost 6 compositions per draw.
 CROSS_GROUPS = ("fault", "cluster", "strategy", "checkpoint", "model")
-CROSS = st.tuples(*[st.sampled_from(group_options(g)).map(lambda o, g=g: f"{g}={o}") for g in CROSS_GROUPS],
-                  st.lists(OVERRIDE, max_size=2)).map(lambda t: ["experiment=smoke", *t[:-1], *t[-1]])
+CROSS = st.tuples(
+    *[st.sampled_from(group_options(g)).map(lambda o, g=g: f"{g}={o}") for g in CROSS_GROUPS],
+    st.lists(OVERRIDE, max_size=2),
+).map(lambda t: ["experiment=smoke", *t[:-1], *t[-1]])
 # Jobs of a validated sweep whose typed config is checked against the parent's setup (each costs a
 # composition, 2-5 s on a loaded 2-core host).
 JOBS_CHECKED = 1
@@ -113,7 +156,7 @@ def check_one(overrides: list[str]) -> tuple[int, str]:
     assert len(lines) == 1, (overrides, text)
     if code == 2:
         assert lines[0].startswith("error: "), (overrides, text)
-        check_refusal(overrides, lines[0][len("error: "):])
+        check_refusal(overrides, lines[0][len("error: ") :])
     elif "experiment=project_scale" not in overrides:
         jobs = preflight.job_overrides(overrides)
         for job in (jobs[0] if jobs else [])[:JOBS_CHECKED]:
@@ -151,8 +194,11 @@ def test_every_group_option_alone_validates_or_names_the_fix():
 
 
 # The CLI around the function: real processes, run dir pointed into tmp so a leftover shows.
-CLI_CASES = [["model.num_heads=7", "cluster.world_size=[1"], ["experiment=smoke", "train.steps=3"],
-             ["experiment=project_scale", "bogus=1"]]
+CLI_CASES = [
+    ["model.num_heads=7", "cluster.world_size=[1"],
+    ["experiment=smoke", "train.steps=3"],
+    ["experiment=project_scale", "bogus=1"],
+]
 
 
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); test_bad_inputs runs the CLI's refusals
@@ -163,8 +209,15 @@ def test_cli_validate_only(tmp_path: Path):
         cmd = [*harness_cmd(["--validate-only", *args], tmp_path), f"hydra.run.dir={run_dir}"]
         if "experiment=project_scale" in args:
             cmd = [c for c in cmd if not c.startswith(("index_path=", "hydra."))]
-        procs.append((args, run_dir, subprocess.Popen(cmd, cwd=tmp_path, env=harness_env(), text=True,
-                                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+        procs.append(
+            (
+                args,
+                run_dir,
+                subprocess.Popen(
+                    cmd, cwd=tmp_path, env=harness_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                ),
+            )
+        )
     for args, run_dir, p in procs:
         out, err = p.communicate(timeout=240)
         in_process, line = check_one([*args])

@@ -4,9 +4,9 @@ survivor by the parent's death notice (waitpid), not at the recovery deadline, a
 from __future__ import annotations
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness
 
 from harness.events import read_events
-from harness_test_helpers import TINY, read_row, run_harness
 
 NOTICE_BOUND_S = 2.0  # the bound with the harness parent (a loaded 2-core host included)
 
@@ -37,12 +37,16 @@ def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
     import sys
 
     import torch.distributed as dist
-
     from harness_test_helpers import harness_env
 
-    server = subprocess.Popen([sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=harness_env(),
-                              cwd=tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "harness.faults.store_server", "--host", "127.0.0.1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=harness_env(),
+        cwd=tmp_path,
+    )
     try:
         _, host, port = server.stdout.readline().split()
         value = b'{"rank": 1}'
@@ -57,8 +61,9 @@ def test_store_server_sets_a_key_from_a_stdin_line(tmp_path):
 
 
 def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_path):
-    done = run_harness([*TINY, "strategy=accelpact", "cluster.pg_timeout_s=30", "strategy.stall_timeout_s=30"],
-                       tmp_path, timeout=120)
+    done = run_harness(
+        [*TINY, "strategy=accelpact", "cluster.pg_timeout_s=30", "strategy.stall_timeout_s=30"], tmp_path, timeout=120
+    )
     assert done.returncode != 0
     err = [line for line in (done.stdout + done.stderr).splitlines() if "stall_timeout_s" in line]
     assert err and "strategy.stall_timeout_s=15" in err[0], done.stdout[-2000:] + done.stderr[-2000:]
@@ -66,8 +71,8 @@ def test_stall_timeout_at_or_above_the_pg_timeout_is_refused_in_one_line(tmp_pat
 
 def test_blackhole_shorter_than_the_pg_timeout_is_allowed_with_the_watchdog():
     from harness.app.capabilities import check_runnable
-    from harness.schema import RunConfig
     from harness.app.validate import ConfigError
+    from harness.schema import RunConfig
 
     run = RunConfig()
     run.strategy.name, run.fault.kind, run.fault.at_step = "accelpact", "blackhole", 3

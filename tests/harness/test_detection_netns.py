@@ -10,10 +10,10 @@ Each run is compared with a fault-free reference of the same config.
 from __future__ import annotations
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness
 
 try:
     from harness.faults.netns import namespaces_available
@@ -43,12 +43,21 @@ def _recovery_window(run_dir) -> tuple[float, float]:
     return fault["t"], max(ends)
 
 
-@pytest.mark.parametrize("kind,outage_s,pg_timeout_s,stall_s", [("blackhole", 8.0, 120.0, 3.0),
-                                                               ("link_down", 13.0, 10.0, 3.0)])
+@pytest.mark.parametrize(
+    "kind,outage_s,pg_timeout_s,stall_s", [("blackhole", 8.0, 120.0, 3.0), ("link_down", 13.0, 10.0, 3.0)]
+)
 def test_outage_is_recovered_soon_after_the_link_returns(tmp_path, kind, outage_s, pg_timeout_s, stall_s):
     ref_dir, ref = _run(tmp_path, "reference", ["strategy=none", "fault=none", f"cluster.pg_timeout_s={pg_timeout_s}"])
-    run_dir, row = _run(tmp_path, kind, [f"fault={kind}", f"fault.outage_s={outage_s}",
-                                         f"cluster.pg_timeout_s={pg_timeout_s}", f"strategy.stall_timeout_s={stall_s}"])
+    run_dir, row = _run(
+        tmp_path,
+        kind,
+        [
+            f"fault={kind}",
+            f"fault.outage_s={outage_s}",
+            f"cluster.pg_timeout_s={pg_timeout_s}",
+            f"strategy.stall_timeout_s={stall_s}",
+        ],
+    )
     assert row["status"] == "ok" and row["relaunches"] == 0 and row["recoveries"] >= 1, row["reason"]
     t_fault, t_done = _recovery_window(run_dir)
     assert t_done - t_fault <= outage_s + MARGIN_S, f"recovered {t_done - t_fault:.1f} s after a {outage_s} s outage"

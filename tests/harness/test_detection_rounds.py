@@ -11,12 +11,12 @@ stretch replay (``harness/report/goodput.py``); a roll-forward recovery throws n
 
 from __future__ import annotations
 
-import pytest
-
 import json
 
-from harness.events import read_events
+import pytest
 from harness_test_helpers import TINY, read_row, run_harness
+
+from harness.events import read_events
 
 FAULT_STEP = 3
 PARTS = ("agreement", "rebuild", "rebind", "first_collective")
@@ -25,9 +25,20 @@ PARTS = ("agreement", "rebuild", "rebind", "first_collective")
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); nested rounds stay covered by test_recovery_fsdp2
 def test_two_round_recovery_is_attributed_part_by_part(tmp_path):
     run_dir = tmp_path / "nested"
-    done = run_harness([*TINY, "train.steps=6", "strategy=accelpact", "fault=nested_reset", "fault.ranks=[1]",
-                        f"fault.at_step={FAULT_STEP}", "fault.phase=backward_reduce_scatter",
-                        f"hydra.run.dir={run_dir}"], tmp_path, timeout=400)
+    done = run_harness(
+        [
+            *TINY,
+            "train.steps=6",
+            "strategy=accelpact",
+            "fault=nested_reset",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            "fault.phase=backward_reduce_scatter",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["recoveries"] == 1 and row["relaunches"] == 0, row

@@ -15,33 +15,92 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # One record of every kind, with the fields its writer gives (harness and accelpact writers).
 WRITTEN = {
-    ev.Step: dict(step=3, t_start=1.0, t_end=2.0, loss=7.5, tokens=64, incarnation=1, replay=True,
-                  snapshot_wait_s=0.01),
-    ev.Fault: dict(fault="socket_reset", step=3, phase="vote", ranks=[0], index=0, age=5, by="rank",
-                   t_inject=1.5),
-    ev.Recovery: dict(decision="retry", decision_detail={"action": "retry", "step": 3}, step=3, generation=1,
-                      phase="vote", fault={"type": "CommFault", "message": "reset"}, ranks=[0, 1],
-                      t_detected=1.6, detection_s=0.1, agreement_s=0.2, rebuild_s=0.01, rebind_s=0.001,
-                      first_collective_s=0.002, total_s=0.3, rounds=1, retire_s=0.02, detected_by="exception",
-                      round_times=[{"agreement": 0.2}], detection_from="injection", written=2.5, t=1.9),
-    ev.Heal: dict(role="survivor", lost_ranks=[1], step=5, resume_step=4, replayed_steps=1, source="own",
-                  own_source="live", generation=2, replacement_start_s=1.0, heal_transfer_s=0.5, total_s=1.5,
-                  t=9.0, t_detected=7.5, rounds=1, load_s=0.1, bytes_read_from_disk=0, replacements_lost=[],
-                  written=9.1),
-    ev.Replacement: dict(for_rank=1, exit_code=-9, dead_pid=10, pid=11, hot_spare=False, start="template",
-                         template_fallback="", template_import_s=3.0, t_death_seen=7.6, t_spawn=7.7,
-                         replacement=1, incarnation=0),
+    ev.Step: dict(
+        step=3, t_start=1.0, t_end=2.0, loss=7.5, tokens=64, incarnation=1, replay=True, snapshot_wait_s=0.01
+    ),
+    ev.Fault: dict(fault="socket_reset", step=3, phase="vote", ranks=[0], index=0, age=5, by="rank", t_inject=1.5),
+    ev.Recovery: dict(
+        decision="retry",
+        decision_detail={"action": "retry", "step": 3},
+        step=3,
+        generation=1,
+        phase="vote",
+        fault={"type": "CommFault", "message": "reset"},
+        ranks=[0, 1],
+        t_detected=1.6,
+        detection_s=0.1,
+        agreement_s=0.2,
+        rebuild_s=0.01,
+        rebind_s=0.001,
+        first_collective_s=0.002,
+        total_s=0.3,
+        rounds=1,
+        retire_s=0.02,
+        detected_by="exception",
+        round_times=[{"agreement": 0.2}],
+        detection_from="injection",
+        written=2.5,
+        t=1.9,
+    ),
+    ev.Heal: dict(
+        role="survivor",
+        lost_ranks=[1],
+        step=5,
+        resume_step=4,
+        replayed_steps=1,
+        source="own",
+        own_source="live",
+        generation=2,
+        replacement_start_s=1.0,
+        heal_transfer_s=0.5,
+        total_s=1.5,
+        t=9.0,
+        t_detected=7.5,
+        rounds=1,
+        load_s=0.1,
+        bytes_read_from_disk=0,
+        replacements_lost=[],
+        written=9.1,
+    ),
+    ev.Replacement: dict(
+        for_rank=1,
+        exit_code=-9,
+        dead_pid=10,
+        pid=11,
+        hot_spare=False,
+        start="template",
+        template_fallback="",
+        template_import_s=3.0,
+        t_death_seen=7.6,
+        t_spawn=7.7,
+        replacement=1,
+        incarnation=0,
+    ),
     ev.Relaunch: dict(reason="rank 1 exited", incarnation=1, exit_codes={"1": -9}),
     ev.Restart: dict(t_launch=0.5, t_ready=2.5, incarnation=0, replacement=False),
     ev.Restore: dict(from_step=4, t_start=3.0, t_end=3.5, bytes=1000),
-    ev.Checkpoint: dict(step=4, mode="sync", t_start=2.0, t_end=2.4, staging="none", wait_s=0.0,
-                        t_complete=2.4, bytes_rank=500, bytes_total=1000, rss_before=1, rss_peak_delta=2,
-                        complete=True, bytes=1000),
+    ev.Checkpoint: dict(
+        step=4,
+        mode="sync",
+        t_start=2.0,
+        t_end=2.4,
+        staging="none",
+        wait_s=0.0,
+        t_complete=2.4,
+        bytes_rank=500,
+        bytes_total=1000,
+        rss_before=1,
+        rss_peak_delta=2,
+        complete=True,
+        bytes=1000,
+    ),
     ev.Eval: dict(step=5, loss=2.5),
-    ev.Fallback: dict(step=5, reason="RankLostError: rank 1", error="RankLostError", detected_by="notice",
-                      generation=2),
-    ev.Snapshots: dict(slot_bytes=100, count=12, wait_s=0.2, own_shm_bytes=200, replica_shm_bytes=0,
-                       replication={"push_mb_s": 3.0}),
+    ev.Fallback: dict(
+        step=5, reason="RankLostError: rank 1", error="RankLostError", detected_by="notice", generation=2
+    ),
+    ev.Snapshots: dict(
+        slot_bytes=100, count=12, wait_s=0.2, own_shm_bytes=200, replica_shm_bytes=0, replication={"push_mb_s": 3.0}
+    ),
 }
 
 
@@ -68,15 +127,18 @@ def test_a_misspelt_field_fails_where_it_is_written(tmp_path):
         log.emit(ev.Restore, t_start=1.0)  # t_end missing
 
 
-@pytest.mark.parametrize("record", [
-    {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 2.0},  # torn: no t_end
-    {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 4.0, "t_end": 3.0},  # ends first
-    {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 2.0, "t_end": 3.0, "tokens": "50"},
-    {"kind": "restore", "rank": 0, "t": 1.0, "t_start": 1.0, "t_end": float("nan")},
-    {"kind": "recovery", "rank": 0, "t": 1.0, "detection_s": -0.1},
-    {"kind": "fault", "rank": "0", "t": 1.0},
-    {"rank": 0, "t": 1.0},  # no kind
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 2.0},  # torn: no t_end
+        {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 4.0, "t_end": 3.0},  # ends first
+        {"kind": "step", "rank": 0, "t": 1.0, "step": 3, "t_start": 2.0, "t_end": 3.0, "tokens": "50"},
+        {"kind": "restore", "rank": 0, "t": 1.0, "t_start": 1.0, "t_end": float("nan")},
+        {"kind": "recovery", "rank": 0, "t": 1.0, "detection_s": -0.1},
+        {"kind": "fault", "rank": "0", "t": 1.0},
+        {"rank": 0, "t": 1.0},  # no kind
+    ],
+)
 def test_malformed_records_are_counted_not_used(record):
     log = ev.parse_records([record, {"kind": "telemetry", "rank": 0, "t": 1.0}])
     assert log.events == [] and log.skipped == 1

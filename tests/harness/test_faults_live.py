@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 from harness.faults.schedule import FiredMarkers, ScheduleError, checkpoint_age, fault_steps, plan_faults
 from harness.schema import FaultConfig, FaultSchedule
-from harness_test_helpers import TINY, read_row, run_harness, start_harness, worker_processes
 
 
 # ----------------------------------------------------------------------------- schedules (pure) ----------
@@ -67,7 +67,14 @@ def test_every_and_random():
 
 def test_plan_carries_kind_phase_ranks_and_age():
     [f] = plan_faults(_fault(schedule=FaultSchedule.at_age, at_age=5, ranks=[1]), 42, 20)
-    assert (f.index, f.step, f.kind, f.phase, f.ranks, f.age) == (0, 25, "socket_reset", "backward_reduce_scatter", (1,), 5)
+    assert (f.index, f.step, f.kind, f.phase, f.ranks, f.age) == (
+        0,
+        25,
+        "socket_reset",
+        "backward_reduce_scatter",
+        (1,),
+        5,
+    )
 
 
 def test_each_fault_fires_once_per_run_across_incarnations(tmp_path: Path):
@@ -105,8 +112,11 @@ def no_leftovers(tmp_path: Path):
     while worker_processes(str(tmp_path)) and time.time() < deadline:
         time.sleep(0.2)
     assert worker_processes(str(tmp_path)) == []
-    stray = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])
-             and p.pid != psutil.Process().pid]
+    stray = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(tmp_path) in " ".join(p.info["cmdline"] or []) and p.pid != psutil.Process().pid
+    ]
     assert stray == [], [p.info["cmdline"] for p in stray]
     if have_ip:
         assert _netns_names() - before_ns == set()
@@ -134,14 +144,28 @@ FAST = [*TINY, "train.steps=6", "strategy=none"]
 def test_socket_reset_breaks_a_collective(no_leftovers: Path):
     tmp = no_leftovers
     run_dir = tmp / "run"
-    done = run_harness([*FAST, "fault=socket_reset", "fault.at_step=3", "fault.ranks=[1]",
-                        "fault.phase=clip_allreduce", f"hydra.run.dir={run_dir}"], tmp)
+    done = run_harness(
+        [
+            *FAST,
+            "fault=socket_reset",
+            "fault.at_step=3",
+            "fault.ranks=[1]",
+            "fault.phase=clip_allreduce",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     row = read_row(run_dir)
     assert row["status"] == "failed" and row["steps_done"] == 3 and row["faults"] == 1
     [fault] = _fault_events(run_dir)
     assert (fault["fault"], fault["step"], fault["phase"], fault["ranks"], fault["rank"]) == (
-        "socket_reset", 3, "clip_allreduce", [1], 1)
+        "socket_reset",
+        3,
+        "clip_allreduce",
+        [1],
+        1,
+    )
     assert "Connection closed by peer" in _logs(run_dir) or "Connection reset" in _logs(run_dir)
 
 
@@ -149,8 +173,17 @@ def test_socket_reset_breaks_a_collective(no_leftovers: Path):
 def test_kill_breaks_a_collective(no_leftovers: Path):
     tmp = no_leftovers
     run_dir = tmp / "run"
-    done = run_harness([*FAST, "fault=kill", "fault.at_step=2", "fault.ranks=[1]", "fault.phase=clip_allreduce",
-                        f"hydra.run.dir={run_dir}"], tmp)
+    done = run_harness(
+        [
+            *FAST,
+            "fault=kill",
+            "fault.at_step=2",
+            "fault.ranks=[1]",
+            "fault.phase=clip_allreduce",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+    )
     assert done.returncode == 1
     row = read_row(run_dir)
     assert row["status"] == "failed" and row["failed_rank"] == 1 and "SIGKILL" in row["reason"]
@@ -163,8 +196,18 @@ def test_kill_breaks_a_collective(no_leftovers: Path):
 def test_hang_breaks_a_collective_at_the_pg_timeout(no_leftovers: Path):
     tmp = no_leftovers
     run_dir = tmp / "run"
-    done = run_harness([*FAST, "fault=hang", "fault.at_step=2", "fault.ranks=[1]", "cluster.pg_timeout_s=8",
-                        "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp)
+    done = run_harness(
+        [
+            *FAST,
+            "fault=hang",
+            "fault.at_step=2",
+            "fault.ranks=[1]",
+            "cluster.pg_timeout_s=8",
+            "fault.outage_s=11",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+    )
     assert done.returncode == 1
     [fault] = _fault_events(run_dir)
     assert fault["fault"] == "hang" and fault["by"] == "parent"
@@ -172,8 +215,17 @@ def test_hang_breaks_a_collective_at_the_pg_timeout(no_leftovers: Path):
 
 
 def test_too_short_an_outage_is_refused_before_anything_starts(tmp_path: Path):
-    done = run_harness([*FAST, "fault=hang", "fault.at_step=2", "cluster.pg_timeout_s=10", "fault.outage_s=5",
-                        f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    done = run_harness(
+        [
+            *FAST,
+            "fault=hang",
+            "fault.at_step=2",
+            "cluster.pg_timeout_s=10",
+            "fault.outage_s=5",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 2 and "fault.outage_s=13" in done.stderr
     assert not (tmp_path / "run").exists()
 
@@ -191,8 +243,18 @@ def test_blackhole_breaks_a_collective_and_leaves_no_namespace(no_leftovers: Pat
     _namespaces_or_skip()
     tmp = no_leftovers
     run_dir = tmp / "run"
-    done = run_harness([*FAST, "fault=blackhole", "fault.at_step=2", "fault.ranks=[1]", "cluster.pg_timeout_s=8",
-                        "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp)
+    done = run_harness(
+        [
+            *FAST,
+            "fault=blackhole",
+            "fault.at_step=2",
+            "fault.ranks=[1]",
+            "cluster.pg_timeout_s=8",
+            "fault.outage_s=11",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+    )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     row = read_row(run_dir)
     assert row["status"] == "failed" and row["steps_done"] == 2
@@ -211,8 +273,18 @@ def test_ctrl_c_mid_run_in_namespaces_tears_everything_down(no_leftovers: Path):
     _namespaces_or_skip()
     tmp = no_leftovers
     run_dir = tmp / "run"
-    proc = start_harness([*TINY, "train.steps=400", "fault=blackhole", "fault.at_step=390", "cluster.pg_timeout_s=8",
-                          "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp)
+    proc = start_harness(
+        [
+            *TINY,
+            "train.steps=400",
+            "fault=blackhole",
+            "fault.at_step=390",
+            "cluster.pg_timeout_s=8",
+            "fault.outage_s=11",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+    )
     try:
         # Mid-run: both ranks are running inside their namespaces (no need to wait for training).
         deadline = time.time() + 200

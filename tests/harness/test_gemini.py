@@ -10,7 +10,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness
 
 pytest.importorskip("lm_resiliency")
@@ -29,8 +28,11 @@ def test_an_odd_world_is_refused_with_the_fix():
 @pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 def test_a_killed_rank_resumes_from_the_in_memory_capture(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_harness(["strategy=gemini", *TINY, "train.steps=12", "fault=kill", "fault.at_step=6",
-                       f"hydra.run.dir={run_dir}"], tmp_path, timeout=900)
+    res = run_harness(
+        ["strategy=gemini", *TINY, "train.steps=12", "fault=kill", "fault.at_step=6", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["ranks_agree"] and row["relaunches"] == 1

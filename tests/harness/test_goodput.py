@@ -26,24 +26,57 @@ approx = pytest.approx
 
 # ---- tiny record builders (the field names are harness/events.py's contract) -----------------------
 def step(rank, i, t0, t1, tokens=100, incarnation=0, replay=False):
-    return {"kind": "step", "t": t1, "rank": rank, "step": i, "t_start": t0, "t_end": t1,
-            "loss": 1.0, "tokens": tokens, "incarnation": incarnation, "replay": replay}
+    return {
+        "kind": "step",
+        "t": t1,
+        "rank": rank,
+        "step": i,
+        "t_start": t0,
+        "t_end": t1,
+        "loss": 1.0,
+        "tokens": tokens,
+        "incarnation": incarnation,
+        "replay": replay,
+    }
 
 
 def fault(t, kind="socket_reset", at_step=7, phase="backward", ranks=(0,), writer=-1):
-    return {"kind": "fault", "t": t, "rank": writer, "fault": kind, "step": at_step, "phase": phase,
-            "ranks": list(ranks)}
+    return {
+        "kind": "fault",
+        "t": t,
+        "rank": writer,
+        "fault": kind,
+        "step": at_step,
+        "phase": phase,
+        "ranks": list(ranks),
+    }
 
 
 def recovery(rank, t, detection, agreement, rebuild, rebind, first, decision="retry", at_step=7):
-    return {"kind": "recovery", "t": t, "rank": rank, "step": at_step, "decision": decision,
-            "phase": "backward", "detection_s": detection, "agreement_s": agreement,
-            "rebuild_s": rebuild, "rebind_s": rebind, "first_collective_s": first}
+    return {
+        "kind": "recovery",
+        "t": t,
+        "rank": rank,
+        "step": at_step,
+        "decision": decision,
+        "phase": "backward",
+        "detection_s": detection,
+        "agreement_s": agreement,
+        "rebuild_s": rebuild,
+        "rebind_s": rebind,
+        "first_collective_s": first,
+    }
 
 
 def restart(rank, t_launch, t_ready, incarnation):
-    return {"kind": "restart", "t": t_ready, "rank": rank, "t_launch": t_launch, "t_ready": t_ready,
-            "incarnation": incarnation}
+    return {
+        "kind": "restart",
+        "t": t_ready,
+        "rank": rank,
+        "t_launch": t_launch,
+        "t_ready": t_ready,
+        "incarnation": incarnation,
+    }
 
 
 def restore(rank, t0, t1, from_step):
@@ -51,8 +84,16 @@ def restore(rank, t0, t1, from_step):
 
 
 def checkpoint(rank, i, t0, t1):
-    return {"kind": "checkpoint", "t": t1, "rank": rank, "step": i, "t_start": t0, "t_end": t1,
-            "bytes": 1024, "mode": "sync"}
+    return {
+        "kind": "checkpoint",
+        "t": t1,
+        "rank": rank,
+        "step": i,
+        "t_start": t0,
+        "t_end": t1,
+        "bytes": 1024,
+        "mode": "sync",
+    }
 
 
 # ---- the four strategy shapes ---------------------------------------------------------------------
@@ -91,9 +132,9 @@ def accelpact_events():
 
 def cold_restart_events(rank=0):
     """cold_restart, 1 rank: 10 steps of 1 s; checkpoint after step 4; fault during step 7; 3 s restart.
-      steps 0-4 [0, 5]; checkpoint [5, 5.5]; steps 5, 6 [5.5, 7.5]; fault at 8.0 (in step 7)
-      parent relaunches at 12.0, ready at 15.0 (incarnation 1); restore [15.0, 15.5] from step 4
-      replays 5, 6 [15.5, 17.5]; steps 7, 8, 9 [17.5, 20.5]."""
+    steps 0-4 [0, 5]; checkpoint [5, 5.5]; steps 5, 6 [5.5, 7.5]; fault at 8.0 (in step 7)
+    parent relaunches at 12.0, ready at 15.0 (incarnation 1); restore [15.0, 15.5] from step 4
+    replays 5, 6 [15.5, 17.5]; steps 7, 8, 9 [17.5, 20.5]."""
     ev = [fault(8.0, kind="blackhole", ranks=(0, 1))]
     for i in range(5):
         ev.append(step(rank, i, float(i), i + 1.0, tokens=50))
@@ -111,9 +152,9 @@ def cold_restart_events(rank=0):
 
 def checkpoint_restore_events():
     """checkpoint_restore (NVRx in-process), 2 identical ranks, 6 steps, checkpoint every 3 steps.
-      steps 0-2 [0, 3]; checkpoint [3, 3.2]; steps 3, 4 [3.2, 5.2]; hang at 5.7 (in step 5)
-      in-process restart raised at 8.7 (3 s PG timeout), ready 9.25; restore [9.25, 9.45] from step 2
-      replays 3, 4 [9.45, 11.45]; step 5 [11.45, 12.45]."""
+    steps 0-2 [0, 3]; checkpoint [3, 3.2]; steps 3, 4 [3.2, 5.2]; hang at 5.7 (in step 5)
+    in-process restart raised at 8.7 (3 s PG timeout), ready 9.25; restore [9.25, 9.45] from step 2
+    replays 3, 4 [9.45, 11.45]; step 5 [11.45, 12.45]."""
     ev = [fault(5.7, kind="hang", at_step=5, phase="forward", ranks=(1,))]
     for r in (0, 1):
         ev += [step(r, i, float(i), i + 1.0, tokens=32) for i in range(3)]
@@ -121,9 +162,11 @@ def checkpoint_restore_events():
         ev += [step(r, 3, 3.2, 4.2, tokens=32), step(r, 4, 4.2, 5.2, tokens=32)]
         ev.append(restart(r, 8.7, 9.25, incarnation=1))
         ev.append(restore(r, 9.25, 9.45, from_step=2))
-        ev += [step(r, 3, 9.45, 10.45, tokens=32, incarnation=1, replay=True),
-               step(r, 4, 10.45, 11.45, tokens=32, incarnation=1, replay=True),
-               step(r, 5, 11.45, 12.45, tokens=32, incarnation=1)]
+        ev += [
+            step(r, 3, 9.45, 10.45, tokens=32, incarnation=1, replay=True),
+            step(r, 4, 10.45, 11.45, tokens=32, incarnation=1, replay=True),
+            step(r, 5, 11.45, 12.45, tokens=32, incarnation=1),
+        ]
     return ev
 
 
@@ -201,8 +244,7 @@ def test_cold_restart_with_replay():
     (f,) = rep.faults
     assert f.kind == "blackhole"
     # everything but the checkpoint stall is this fault's doing: 7 + 0.5 + 2 + 0.5 = 10
-    assert f.badput == Badput(restart_s=approx(7.0), restore_s=approx(0.5), replay_s=approx(2.0),
-                              other_s=approx(0.5))
+    assert f.badput == Badput(restart_s=approx(7.0), restore_s=approx(0.5), replay_s=approx(2.0), other_s=approx(0.5))
     check_invariant(rep)
 
 
@@ -230,11 +272,13 @@ def test_ratio_and_comparison_table():
     cold = compute_goodput([dict(e, tokens=100) if e["kind"] == "step" else e for e in cold_restart_events()])
     assert goodput_ratio(ours, ref) == approx(10 / 10.511)
     assert goodput_ratio(cold, ref) == approx(10 / 20.5)
-    rows = comparison_table([
-        RunSummary("cold_restart", cold, age=2, fault="socket_reset", bit_identical=False),
-        RunSummary("accelpact", ours, age=2, fault="socket_reset", bit_identical=True),
-        RunSummary("none", ref, age=None),
-    ])
+    rows = comparison_table(
+        [
+            RunSummary("cold_restart", cold, age=2, fault="socket_reset", bit_identical=False),
+            RunSummary("accelpact", ours, age=2, fault="socket_reset", bit_identical=True),
+            RunSummary("none", ref, age=None),
+        ]
+    )
     assert [r["strategy"] for r in rows] == ["accelpact", "cold_restart", "none"]  # by age, None last
     assert all(list(r) == list(TABLE_COLUMNS) for r in rows)
     by = {r["strategy"]: r for r in rows}
@@ -253,12 +297,15 @@ def test_table_matches_reference_and_accelpact_by_age():
     def flat(wall):  # one 100-token step lasting `wall` seconds
         return compute_goodput([step(0, 0, 0.0, wall)])
 
-    rows = comparison_table([
-        RunSummary("none", flat(1.0), age=5), RunSummary("none", flat(2.0), age=18),
-        RunSummary("accelpact", flat(4.0), age=18, fault="socket_reset"),
-        RunSummary("accelpact", flat(1.25), age=5, fault="socket_reset"),
-        RunSummary("cold_restart", flat(8.0), age=18, fault="socket_reset"),
-    ])
+    rows = comparison_table(
+        [
+            RunSummary("none", flat(1.0), age=5),
+            RunSummary("none", flat(2.0), age=18),
+            RunSummary("accelpact", flat(4.0), age=18, fault="socket_reset"),
+            RunSummary("accelpact", flat(1.25), age=5, fault="socket_reset"),
+            RunSummary("cold_restart", flat(8.0), age=18, fault="socket_reset"),
+        ]
+    )
     cold = next(r for r in rows if r["strategy"] == "cold_restart")
     assert cold["ratio_to_reference"] == approx(2.0 / 8.0)  # the age-18 reference, not the age-5 one
     assert cold["accelpact_gain"] == approx(8.0 / 4.0)  # the age-18 accelpact run
@@ -294,8 +341,9 @@ def test_single_step():
 def test_multi_rank_skew():
     # rank 0: [0, 1], [1, 2]; rank 1: [0.2, 1.1], [1.1, 2.3]  -> wall [0, 2.3]
     # rank 0 useful 2.0, other 0.3;  rank 1 useful 0.9 + 1.2 = 2.1, other 0.2  -> means 2.05 / 0.25
-    rep = compute_goodput([step(0, 0, 0.0, 1.0), step(0, 1, 1.0, 2.0),
-                           step(1, 0, 0.2, 1.1, tokens=7), step(1, 1, 1.1, 2.3, tokens=7)])
+    rep = compute_goodput(
+        [step(0, 0, 0.0, 1.0), step(0, 1, 1.0, 2.0), step(1, 0, 0.2, 1.1, tokens=7), step(1, 1, 1.1, 2.3, tokens=7)]
+    )
     assert rep.timeline.wall_s == approx(2.3)
     assert rep.tokens == 100 + 100 + 7 + 7
     assert rep.useful_s == approx(2.05) and rep.badput.other_s == approx(0.25)
@@ -321,8 +369,7 @@ def test_torn_and_unsorted_events():
 
 def test_fault_records_from_several_writers_merge():
     # socket_reset injected on both ranks: each logs the same fault -> one fault
-    one = compute_goodput([step(0, 0, 0.0, 1.0), fault(0.5, writer=0, ranks=(0,)),
-                           fault(0.5004, writer=1, ranks=(1,))])
+    one = compute_goodput([step(0, 0, 0.0, 1.0), fault(0.5, writer=0, ranks=(0,)), fault(0.5004, writer=1, ranks=(1,))])
     assert len(one.faults) == 1 and one.faults[0].ranks == (0, 1) and one.faults[0].t == 0.5
     # the same writer logging the same (kind, step, phase) again is a second fault
     two = compute_goodput([step(0, 0, 0.0, 1.0), fault(0.5, writer=0), fault(0.7, writer=0)])
@@ -330,8 +377,9 @@ def test_fault_records_from_several_writers_merge():
 
 
 def test_check_invariant_can_fail():
-    bad = GoodputReport(timeline=Timeline(0.0, 10.0), tokens=1, steps=1, n_ranks=1, useful_s=9.0,
-                        badput=Badput(other_s=0.5))
+    bad = GoodputReport(
+        timeline=Timeline(0.0, 10.0), tokens=1, steps=1, n_ranks=1, useful_s=9.0, badput=Badput(other_s=0.5)
+    )
     with pytest.raises(AssertionError, match="!= wall"):
         check_invariant(bad)
     with pytest.raises(AssertionError, match="negative"):
@@ -358,8 +406,10 @@ _interval = st.tuples(st.floats(0, 50, allow_nan=False), st.floats(0, 5, allow_n
 @settings(max_examples=150, deadline=None)
 @given(
     steps=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), _interval, st.integers(0, 1)), max_size=25),
-    extras=st.lists(st.tuples(st.sampled_from(["restore", "checkpoint", "restart", "recovery"]),
-                              st.integers(0, 2), _interval), max_size=10),
+    extras=st.lists(
+        st.tuples(st.sampled_from(["restore", "checkpoint", "restart", "recovery"]), st.integers(0, 2), _interval),
+        max_size=10,
+    ),
     fault_times=st.lists(st.floats(0, 55, allow_nan=False), max_size=3),
 )
 def test_parts_always_sum_to_wall(steps, extras, fault_times):

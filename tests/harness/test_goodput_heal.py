@@ -15,29 +15,54 @@ approx = pytest.approx
 
 
 def _step(rank, i, t0, t1):
-    return {"kind": "step", "t": t1, "rank": rank, "step": i, "t_start": t0, "t_end": t1, "loss": 1.0,
-            "tokens": 100, "incarnation": 0, "replay": False}
+    return {
+        "kind": "step",
+        "t": t1,
+        "rank": rank,
+        "step": i,
+        "t_start": t0,
+        "t_end": t1,
+        "loss": 1.0,
+        "tokens": 100,
+        "incarnation": 0,
+        "replay": False,
+    }
 
 
 def _heal(rank, role, t_detected, start_s, transfer_s):
-    return {"kind": "heal", "rank": rank, "role": role, "t": t_detected + start_s + transfer_s, "t_detected": t_detected,
-            "replacement_start_s": start_s, "heal_transfer_s": transfer_s, "replayed_steps": 0}
+    return {
+        "kind": "heal",
+        "rank": rank,
+        "role": role,
+        "t": t_detected + start_s + transfer_s,
+        "t_detected": t_detected,
+        "replacement_start_s": start_s,
+        "heal_transfer_s": transfer_s,
+        "replayed_steps": 0,
+    }
 
 
 def _restart(rank, t_launch, t_ready, replacement):
-    return {"kind": "restart", "t": t_ready, "rank": rank, "t_launch": t_launch, "t_ready": t_ready,
-            "incarnation": 0, "replacement": replacement}
+    return {
+        "kind": "restart",
+        "t": t_ready,
+        "rank": rank,
+        "t_launch": t_launch,
+        "t_ready": t_ready,
+        "incarnation": 0,
+        "replacement": replacement,
+    }
 
 
 def heal_events():
     """2 ranks, steps 0-4 are [i, i+1] on both. Rank 1 is SIGKILLed at t=5.5 in step 5 (the parent logs it).
-      rank 0 (survivor): step 5's record spans [5, 11]: attempt [5, 5.5] thrown away (replay), caught the loss
-        at 5.7 (detection 0.2), replacement arrived at 9.7 (replacement_start 4), heal done at 10.2
-        (heal_transfer 0.5), the retried step 5 runs [10.2, 11] (useful). Step 6: [11, 12].
-      rank 1: the dead process's attempt [5, 5.5] has no record (other); the parent saw the death and launched
-        the replacement at 5.8 (detection 0.3); arrived 9.7 (replacement_start 3.9), heal done 10.2
-        (heal_transfer 0.5), ready to train at 10.3 (its restart record: heal_transfer 0.1 more), step 5 runs
-        [10.3, 11], step 6 [11, 12].
+    rank 0 (survivor): step 5's record spans [5, 11]: attempt [5, 5.5] thrown away (replay), caught the loss
+      at 5.7 (detection 0.2), replacement arrived at 9.7 (replacement_start 4), heal done at 10.2
+      (heal_transfer 0.5), the retried step 5 runs [10.2, 11] (useful). Step 6: [11, 12].
+    rank 1: the dead process's attempt [5, 5.5] has no record (other); the parent saw the death and launched
+      the replacement at 5.8 (detection 0.3); arrived 9.7 (replacement_start 3.9), heal done 10.2
+      (heal_transfer 0.5), ready to train at 10.3 (its restart record: heal_transfer 0.1 more), step 5 runs
+      [10.3, 11], step 6 [11, 12].
     """
     ev = [{"kind": "fault", "t": 5.5, "rank": -1, "fault": "kill", "step": 5, "phase": "vote", "ranks": [1]}]
     for r in (0, 1):
@@ -82,9 +107,11 @@ def test_a_replacement_lost_on_its_way_in_is_replacement_start_not_detection():
     spawned at 7.0, healed (its heal record's t_detected is its own launch). Rank 1: detection is the fault
     -> the first spawn (0.3 s); the first replacement's life [5.8, 7.0] is replacement_start too."""
     ev = [e for e in heal_events() if not (e["kind"] == "heal" and e["role"] == "replacement")]
-    ev += [{"kind": "replacement", "rank": -1, "t": 5.8, "for_rank": 1, "t_spawn": 5.8, "replacement": 1},
-           {"kind": "replacement", "rank": -1, "t": 7.0, "for_rank": 1, "t_spawn": 7.0, "replacement": 2},
-           _heal(1, "replacement", 7.0, 2.7, 0.5)]
+    ev += [
+        {"kind": "replacement", "rank": -1, "t": 5.8, "for_rank": 1, "t_spawn": 5.8, "replacement": 1},
+        {"kind": "replacement", "rank": -1, "t": 7.0, "for_rank": 1, "t_spawn": 7.0, "replacement": 2},
+        _heal(1, "replacement", 7.0, 2.7, 0.5),
+    ]
     report = compute_goodput(ev)
     check_invariant(report)
     b = report.badput

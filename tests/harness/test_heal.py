@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 STEPS = 8
 FAULT_STEP = 5
@@ -44,8 +44,16 @@ def reference(tmp_path_factory):
         if (world_size, hosts) not in runs:
             run_dir = tmp / f"reference{world_size}h{hosts}"
             cluster = [f"cluster.hosts={hosts}"] if hosts else []
-            done = run_harness([*(BASE_HOSTS if hosts else BASE), *cluster, f"cluster.world_size={world_size}",
-                                f"hydra.run.dir={run_dir}"], tmp, timeout=500)
+            done = run_harness(
+                [
+                    *(BASE_HOSTS if hosts else BASE),
+                    *cluster,
+                    f"cluster.world_size={world_size}",
+                    f"hydra.run.dir={run_dir}",
+                ],
+                tmp,
+                timeout=500,
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             runs[(world_size, hosts)] = run_dir
         return runs[(world_size, hosts)]
@@ -64,14 +72,29 @@ def _losses(run_dir: Path) -> dict[tuple[int, int], float]:
     return {k: v for k, (_, v) in final.items()}
 
 
-def _heal(reference, name: str, *overrides: str, world_size: int = 2, env_extra: dict | None = None,
-          timeout: float = 500, fault: str = "kill", ref_key: object = None,
-          base: list[str] = BASE) -> tuple[Path, dict, list[dict]]:
+def _heal(
+    reference,
+    name: str,
+    *overrides: str,
+    world_size: int = 2,
+    env_extra: dict | None = None,
+    timeout: float = 500,
+    fault: str = "kill",
+    ref_key: object = None,
+    base: list[str] = BASE,
+) -> tuple[Path, dict, list[dict]]:
     tmp, get_ref = reference
     ref_dir = get_ref(world_size) if ref_key is None else get_ref(world_size, ref_key)
     run_dir = tmp / name
-    args = [*base, f"cluster.world_size={world_size}", "strategy=accelpact_heal", f"fault={fault}",
-            f"fault.at_step={FAULT_STEP}", *overrides, f"hydra.run.dir={run_dir}"]
+    args = [
+        *base,
+        f"cluster.world_size={world_size}",
+        "strategy=accelpact_heal",
+        f"fault={fault}",
+        f"fault.at_step={FAULT_STEP}",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
     if env_extra:
         import os
 
@@ -101,11 +124,12 @@ def _heal(reference, name: str, *overrides: str, world_size: int = 2, env_extra:
     return run_dir, row, events
 
 
-def _check_heal(row: dict, events: list[dict], lost: list[int], world_size: int = 2, max_replayed: int = 1,
-                heals: int = 1) -> list[dict]:
+def _check_heal(
+    row: dict, events: list[dict], lost: list[int], world_size: int = 2, max_replayed: int = 1, heals: int = 1
+) -> list[dict]:
     healed = [e for e in events if e["kind"] == "heal"]
     replacements = [e for e in events if e["kind"] == "replacement"]
-    assert sorted(e["for_rank"] for e in replacements)[:len(lost)] == sorted(lost)
+    assert sorted(e["for_rank"] for e in replacements)[: len(lost)] == sorted(lost)
     assert {e["rank"] for e in healed} == set(range(world_size))
     last_generation = max(e["generation"] for e in healed)
     last = [e for e in healed if e["generation"] == last_generation]
@@ -153,8 +177,7 @@ def test_a_killed_rank_heals_at_the_other_phases(reference, phase):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_ranks_killed_at_once_of_four_heal_together(reference):
-    _, row, events = _heal(reference, "kill_two", "fault.ranks=[1,2]", "fault.phase=vote", world_size=4,
-                           timeout=900)
+    _, row, events = _heal(reference, "kill_two", "fault.ranks=[1,2]", "fault.phase=vote", world_size=4, timeout=900)
     _check_heal(row, events, lost=[1, 2], world_size=4, heals=row["heals"])
 
 
@@ -170,8 +193,17 @@ def _netns() -> tuple[bool, str]:
 @pytest.mark.skipif(not _netns()[0], reason=_netns()[1])
 def test_two_ranks_of_different_hosts_killed_at_once_heal_from_their_own_snapshots(reference):
     # Ranks 1 (host 0) and 2 (host 1) of 4 on 2 namespace hosts: each host keeps its shared memory.
-    _, row, events = _heal(reference, "kill_two_hosts", "cluster.hosts=2", "fault.ranks=[1,2]", "fault.phase=vote",
-                           world_size=4, ref_key=2, timeout=900, base=BASE_HOSTS)
+    _, row, events = _heal(
+        reference,
+        "kill_two_hosts",
+        "cluster.hosts=2",
+        "fault.ranks=[1,2]",
+        "fault.phase=vote",
+        world_size=4,
+        ref_key=2,
+        timeout=900,
+        base=BASE_HOSTS,
+    )
     last = _check_heal(row, events, lost=[1, 2], world_size=4, heals=row["heals"])
     assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"own"}
 
@@ -180,8 +212,13 @@ def test_two_ranks_of_different_hosts_killed_at_once_heal_from_their_own_snapsho
 def test_a_kill_during_the_snapshot_copy_heals_from_the_older_slot(reference):
     # Every copy pauses halfway for 3 s: the kill at the start of step 5's forward lands inside the copy of
     # step 4, whose marker is never written; the replacement resumes from slot 3, one step back.
-    _, row, events = _heal(reference, "kill_in_copy", "fault.ranks=[1]", "fault.phase=forward_allgather_first",
-                           "strategy.snapshot.pause_mid_copy_s=3")
+    _, row, events = _heal(
+        reference,
+        "kill_in_copy",
+        "fault.ranks=[1]",
+        "fault.phase=forward_allgather_first",
+        "strategy.snapshot.pause_mid_copy_s=3",
+    )
     last = _check_heal(row, events, lost=[1])
     assert {e["resume_step"] for e in last} == {FAULT_STEP - 1}
     [survivor] = [e for e in last if e["rank"] == 0]
@@ -192,8 +229,9 @@ def test_a_kill_during_the_snapshot_copy_heals_from_the_older_slot(reference):
 def test_a_replacement_killed_during_its_heal_costs_one_more_heal(reference):
     from harness.strategies.accelpact.heal import DIE_IN_HEAL
 
-    _, row, events = _heal(reference, "kill_replacement", "fault.ranks=[1]", "fault.phase=vote",
-                           env_extra={DIE_IN_HEAL: "1"})
+    _, row, events = _heal(
+        reference, "kill_replacement", "fault.ranks=[1]", "fault.phase=vote", env_extra={DIE_IN_HEAL: "1"}
+    )
     replacements = [e for e in events if e["kind"] == "replacement"]
     assert [e["replacement"] for e in replacements] == [1, 2], json.dumps(replacements)
     last = _check_heal(row, events, lost=[1])
@@ -227,14 +265,18 @@ def test_a_killed_template_falls_back_to_a_spawned_replacement(reference):
     [replacement] = [e for e in events if e["kind"] == "replacement"]
     assert replacement["start"] == "spawn", replacement
     assert replacement["template_fallback"] == "the template exited with code -9", replacement
-    assert (row["heal_replacement_start"], row["heal_template_fallback"]) == ("spawn", "the template exited with code -9")
+    assert (row["heal_replacement_start"], row["heal_template_fallback"]) == (
+        "spawn",
+        "the template exited with code -9",
+    )
     _check_heal(row, events, lost=[1])
 
 
 @pytest.mark.slow
 def test_replacement_start_spawn_starts_a_fresh_process(reference):
-    run_dir, row, events = _heal(reference, "kill_spawn", "fault.ranks=[1]", "fault.phase=vote",
-                                 "strategy.replacement_start=spawn")
+    run_dir, row, events = _heal(
+        reference, "kill_spawn", "fault.ranks=[1]", "fault.phase=vote", "strategy.replacement_start=spawn"
+    )
     _check_heal(row, events, lost=[1])
     assert (row["heal_replacement_start"], row["heal_template_fallback"]) == ("spawn", None)
     assert not (run_dir / "logs" / "template.log").exists()  # none was started
@@ -259,9 +301,18 @@ def test_a_hot_spare_takes_the_rank_without_a_process_start(reference):
 def test_host_loss_heals_from_the_buddy_replicas(reference):
     # 4 ranks on 2 namespace hosts: host 0 (ranks 0, 1) is lost with its shared memory; the replicas of
     # ranks 0 and 1 live on host 1 (their buddies: ranks 2 and 3).
-    _, row, events = _heal(reference, "host_loss", "cluster.hosts=2", "fault.ranks=[1]",
-                           "fault.phase=vote", world_size=4, fault="host_loss", ref_key=2, timeout=900,
-                           base=BASE_HOSTS)
+    _, row, events = _heal(
+        reference,
+        "host_loss",
+        "cluster.hosts=2",
+        "fault.ranks=[1]",
+        "fault.phase=vote",
+        world_size=4,
+        fault="host_loss",
+        ref_key=2,
+        timeout=900,
+        base=BASE_HOSTS,
+    )
     last = _check_heal(row, events, lost=[0, 1], world_size=4)
     assert {e["own_source"] for e in last if e["role"] == "replacement"} == {"buddy"}
     assert row["heal_source"] == "buddy"
@@ -281,9 +332,20 @@ def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
 
     os.environ[DIE_BEFORE_JOIN] = "1:hang"
     try:
-        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
-                            "fault.phase=vote", "strategy.replacement_timeout_s=3", f"hydra.run.dir={run_dir}"], tmp,
-                           timeout=400)
+        done = run_harness(
+            [
+                *BASE,
+                "strategy=accelpact_heal",
+                "fault=kill",
+                f"fault.at_step={FAULT_STEP}",
+                "fault.ranks=[1]",
+                "fault.phase=vote",
+                "strategy.replacement_timeout_s=3",
+                f"hydra.run.dir={run_dir}",
+            ],
+            tmp,
+            timeout=400,
+        )
     finally:
         os.environ.pop(DIE_BEFORE_JOIN, None)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -299,8 +361,20 @@ def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
     run_dir = tmp / "no_budget"
     # max_restarts=0: the parent starts no replacement (and relaunches nothing) and says why: the survivor
     # stops at once with the parent's reason instead of at replacement_timeout_s (120 s).
-    done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
-                        "fault.phase=vote", "strategy.max_restarts=0", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    done = run_harness(
+        [
+            *BASE,
+            "strategy=accelpact_heal",
+            "fault=kill",
+            f"fault.at_step={FAULT_STEP}",
+            "fault.ranks=[1]",
+            "fault.phase=vote",
+            "strategy.max_restarts=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=400,
+    )
     out = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode != 0 and "run failed" in out, out
     events = read_events(run_dir)
@@ -322,10 +396,24 @@ def test_a_spent_replacement_budget_is_named_at_once_and_falls_back(reference):
 def test_a_lost_host_without_replicas_falls_back_to_disk_and_says_so(reference):
     tmp, get_ref = reference
     run_dir = tmp / "host_loss_no_replicas"
-    done = run_harness([*BASE, "cluster=local_hosts", "cluster.pg_timeout_s=60", "cluster.hosts=2",
-                        "cluster.world_size=4", "strategy=accelpact_heal",
-                        "strategy.snapshot.replicas=false", "fault=host_loss", f"fault.at_step={FAULT_STEP}",
-                        "fault.ranks=[1]", "fault.phase=vote", f"hydra.run.dir={run_dir}"], tmp, timeout=900)
+    done = run_harness(
+        [
+            *BASE,
+            "cluster=local_hosts",
+            "cluster.pg_timeout_s=60",
+            "cluster.hosts=2",
+            "cluster.world_size=4",
+            "strategy=accelpact_heal",
+            "strategy.snapshot.replicas=false",
+            "fault=host_loss",
+            f"fault.at_step={FAULT_STEP}",
+            "fault.ranks=[1]",
+            "fault.phase=vote",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1
@@ -343,15 +431,24 @@ DEADLINE_S = 90
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("how,stage,rounds", [
-    ("arrived", "after arriving, before the rendezvous", 2),  # without the joining gate: the deadline
-    ("import", "before arriving", 1),
-])
+@pytest.mark.parametrize(
+    "how,stage,rounds",
+    [
+        ("arrived", "after arriving, before the rendezvous", 2),  # without the joining gate: the deadline
+        ("import", "before arriving", 1),
+    ],
+)
 def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how, stage, rounds):
     from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
 
-    _, row, events = _heal(reference, f"lost_before_join_{how}", "fault.ranks=[1]", "fault.phase=vote",
-                           f"strategy.recovery_deadline_s={DEADLINE_S}", env_extra={DIE_BEFORE_JOIN: f"1:{how}"})
+    _, row, events = _heal(
+        reference,
+        f"lost_before_join_{how}",
+        "fault.ranks=[1]",
+        "fault.phase=vote",
+        f"strategy.recovery_deadline_s={DEADLINE_S}",
+        env_extra={DIE_BEFORE_JOIN: f"1:{how}"},
+    )
     replacements = [e for e in events if e["kind"] == "replacement"]
     assert [e["replacement"] for e in replacements] == [1, 2], json.dumps(replacements)
     last = _check_heal(row, events, lost=[1])
@@ -364,8 +461,9 @@ def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how
     assert survivor["total_s"] < DEADLINE_S, survivor
 
 
-def _fallback_run(reference, name: str, env_extra: dict[str, str],
-                  extra: tuple[str, ...] = ()) -> tuple[list[dict], float]:
+def _fallback_run(
+    reference, name: str, env_extra: dict[str, str], extra: tuple[str, ...] = ()
+) -> tuple[list[dict], float]:
     """A run whose heal gives up and falls back to the disk checkpoint: (its events, its wall time)."""
     import os
     import time
@@ -376,9 +474,21 @@ def _fallback_run(reference, name: str, env_extra: dict[str, str],
     os.environ.update(env_extra)
     t0 = time.monotonic()
     try:
-        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]",
-                            "fault.phase=vote", f"strategy.recovery_deadline_s={DEADLINE_S}",
-                            f"hydra.run.dir={run_dir}", *extra], tmp, timeout=600)
+        done = run_harness(
+            [
+                *BASE,
+                "strategy=accelpact_heal",
+                "fault=kill",
+                f"fault.at_step={FAULT_STEP}",
+                "fault.ranks=[1]",
+                "fault.phase=vote",
+                f"strategy.recovery_deadline_s={DEADLINE_S}",
+                f"hydra.run.dir={run_dir}",
+                *extra,
+            ],
+            tmp,
+            timeout=600,
+        )
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -399,8 +509,12 @@ def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_f
     # one dies at the same point within milliseconds of its fork, so four die before the survivor's next
     # 0.1 s poll and it counts one round; the fifth then heals in memory (the parent's max_restarts
     # budget, not max_rounds, bounds that crash loop).
-    events, _ = _fallback_run(reference, "keeps_dying", {DIE_BEFORE_JOIN: "1:import,2:import,3:import,4:import"},
-                              ("strategy.replacement_start=spawn",))
+    events, _ = _fallback_run(
+        reference,
+        "keeps_dying",
+        {DIE_BEFORE_JOIN: "1:import,2:import,3:import,4:import"},
+        ("strategy.replacement_start=spawn",),
+    )
     [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]
     assert fallback["detected_by"] == "heal", fallback
     reason = fallback["reason"]

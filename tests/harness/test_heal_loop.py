@@ -23,17 +23,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
+from test_heal import _check_heal, _losses
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
-from test_heal import _check_heal, _losses
 
 STEPS = 8
 # Saves and evaluations after steps 2 and 5 (none after 7: a kill after the last vote meets guard.finish);
 # a 10-step warm-up, so the learning rate changes at every step of the run.
-LOOP = [*TINY, f"train.steps={STEPS}", "checkpoint=sync", "checkpoint.interval=3", "train.eval_every=3",
-        "train.warmup_steps=10"]
+LOOP = [
+    *TINY,
+    f"train.steps={STEPS}",
+    "checkpoint=sync",
+    "checkpoint.interval=3",
+    "train.eval_every=3",
+    "train.warmup_steps=10",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +50,9 @@ def loop_reference(tmp_path_factory):
     def get(world_size: int = 2) -> Path:
         if world_size not in runs:
             run_dir = tmp / f"reference{world_size}"
-            done = run_harness([*LOOP, f"cluster.world_size={world_size}", f"hydra.run.dir={run_dir}"], tmp,
-                               timeout=900)
+            done = run_harness(
+                [*LOOP, f"cluster.world_size={world_size}", f"hydra.run.dir={run_dir}"], tmp, timeout=900
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             runs[world_size] = run_dir
         return runs[world_size]
@@ -75,13 +82,29 @@ def _evals(run_dir: Path) -> dict[tuple[int, int], float]:
     return {k: v for k, (_, v) in final.items()}
 
 
-def _heal_loop(reference, name: str, at_step: int, phase: str, *, ranks: str = "[1]", world_size: int = 2,
-               env_extra: dict[str, str] | None = None) -> tuple[dict, list[dict]]:
+def _heal_loop(
+    reference,
+    name: str,
+    at_step: int,
+    phase: str,
+    *,
+    ranks: str = "[1]",
+    world_size: int = 2,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[dict, list[dict]]:
     tmp, get_ref = reference
     ref_dir = get_ref(world_size)
     run_dir = tmp / name
-    args = [*LOOP, f"cluster.world_size={world_size}", "strategy=accelpact_heal", "fault=kill", f"fault.at_step={at_step}",
-            f"fault.phase={phase}", f"fault.ranks={ranks}", f"hydra.run.dir={run_dir}"]
+    args = [
+        *LOOP,
+        f"cluster.world_size={world_size}",
+        "strategy=accelpact_heal",
+        "fault=kill",
+        f"fault.at_step={at_step}",
+        f"fault.phase={phase}",
+        f"fault.ranks={ranks}",
+        f"hydra.run.dir={run_dir}",
+    ]
     with _env(env_extra):
         done = run_harness(args, tmp, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

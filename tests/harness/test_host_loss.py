@@ -65,8 +65,10 @@ def _wait_json(path: Path, timeout_s: float = 120) -> dict:
         if path.exists():
             return json.loads(path.read_text())
         time.sleep(0.1)
-    raise AssertionError(f"{path} not written in {timeout_s} s; logs: "
-                         + " | ".join(p.read_text()[-800:] for p in path.parent.glob("*.log")))
+    raise AssertionError(
+        f"{path} not written in {timeout_s} s; logs: "
+        + " | ".join(p.read_text()[-800:] for p in path.parent.glob("*.log"))
+    )
 
 
 @pytest.mark.netns
@@ -85,14 +87,30 @@ def test_host_loss_kills_the_host_deletes_its_shm_and_buddies_still_hold_its_sna
         for r in range(world):
             env = {**os.environ, **topo.rank_env(r), "PYTHONPATH": str(REPO)}
             assert env["LOCAL_WORLD_SIZE"] == "2" and env["ACCELPACT_REPLICA_ADDR"] == topo.layout.ctl_addr(r)
-            cfg = {"host": host, "port": port, "token": token, "rank": r, "world_size": world,
-                   "root": env["ACCELPACT_SNAPSHOT_ROOT"], "mode": "push", "steps": [1, 2, 3], "nbytes": nbytes,
-                   "out": str(tmp_path / f"r{r}.out"), "serve_s": 300}
+            cfg = {
+                "host": host,
+                "port": port,
+                "token": token,
+                "rank": r,
+                "world_size": world,
+                "root": env["ACCELPACT_SNAPSHOT_ROOT"],
+                "mode": "push",
+                "steps": [1, 2, 3],
+                "nbytes": nbytes,
+                "out": str(tmp_path / f"r{r}.out"),
+                "serve_s": 300,
+            }
             (tmp_path / f"r{r}.json").write_text(json.dumps(cfg))
-            procs[r] = subprocess.Popen(topo.wrap_command(r, [sys.executable, "-m", "tests.accelpact._replica_rank",
-                                                              str(tmp_path / f"r{r}.json")]),
-                                        env=env, cwd=REPO, start_new_session=True,
-                                        stdout=open(tmp_path / f"r{r}.log", "wb"), stderr=subprocess.STDOUT)
+            procs[r] = subprocess.Popen(
+                topo.wrap_command(
+                    r, [sys.executable, "-m", "tests.accelpact._replica_rank", str(tmp_path / f"r{r}.json")]
+                ),
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+                stdout=open(tmp_path / f"r{r}.log", "wb"),
+                stderr=subprocess.STDOUT,
+            )
         try:
             outs = [_wait_json(tmp_path / f"r{r}.out") for r in range(world)]
             assert [o["buddy"] for o in outs] == [2, 3, 0, 1]  # same local rank on the next host
@@ -110,13 +128,29 @@ def test_host_loss_kills_the_host_deletes_its_shm_and_buddies_still_hold_its_sna
 
             for src in (2, 3):  # a replacement on host 1 heals each lost rank from its buddy on host 0
                 env = {**os.environ, **topo.rank_env(src), "PYTHONPATH": str(REPO)}
-                cfg = {"host": host, "port": port, "token": token, "rank": src, "world_size": world,
-                       "root": env["ACCELPACT_SNAPSHOT_ROOT"], "mode": "fetch", "src": src,
-                       "dest": str(roots[1] / token / f"rank{src}" / "slot0"), "out": str(tmp_path / f"f{src}.out")}
+                cfg = {
+                    "host": host,
+                    "port": port,
+                    "token": token,
+                    "rank": src,
+                    "world_size": world,
+                    "root": env["ACCELPACT_SNAPSHOT_ROOT"],
+                    "mode": "fetch",
+                    "src": src,
+                    "dest": str(roots[1] / token / f"rank{src}" / "slot0"),
+                    "out": str(tmp_path / f"f{src}.out"),
+                }
                 (tmp_path / f"f{src}.json").write_text(json.dumps(cfg))
-                done = subprocess.run(topo.wrap_command(src, [sys.executable, "-m", "tests.accelpact._replica_rank",
-                                                              str(tmp_path / f"f{src}.json")]),
-                                      env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+                done = subprocess.run(
+                    topo.wrap_command(
+                        src, [sys.executable, "-m", "tests.accelpact._replica_rank", str(tmp_path / f"f{src}.json")]
+                    ),
+                    env=env,
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
                 res = json.loads((tmp_path / f"f{src}.out").read_text())
                 assert res["marker"]["step"] == 3, res

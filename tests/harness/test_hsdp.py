@@ -16,17 +16,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.rank.identity import compare_runs, load_identity
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 pytestmark = pytest.mark.slow
 
 STEPS = 8
 FAULT_STEP = 5
-HSDP = [*TINY, f"train.steps={STEPS}", "checkpoint=sync", "checkpoint.interval=4", "cluster.world_size=4",
-        "cluster.replicate=2"]
+HSDP = [
+    *TINY,
+    f"train.steps={STEPS}",
+    "checkpoint=sync",
+    "checkpoint.interval=4",
+    "cluster.world_size=4",
+    "cluster.replicate=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +69,14 @@ def test_the_reference_replicates_each_shard_across_the_replicate_dimension(refe
 
 @pytest.mark.parametrize("strategy", ["accelpact", "cold_restart", "checkpoint_restore"])
 def test_a_socket_reset_ends_bit_identical_to_the_hsdp_reference(reference, strategy):
-    run_dir, row = _run(reference, f"{strategy}_reset", f"strategy={strategy}", "fault=socket_reset",
-                        f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]")
+    run_dir, row = _run(
+        reference,
+        f"{strategy}_reset",
+        f"strategy={strategy}",
+        "fault=socket_reset",
+        f"fault.at_step={FAULT_STEP}",
+        "fault.ranks=[1]",
+    )
     events = read_events(run_dir)
     assert row["faults"] == 1
     if strategy == "accelpact":  # recovered in memory: rebuilt both mesh dimensions' groups, nothing replayed
@@ -76,8 +88,14 @@ def test_a_socket_reset_ends_bit_identical_to_the_hsdp_reference(reference, stra
 
 
 def test_a_killed_rank_heals_in_memory_bit_identically(reference):
-    run_dir, row = _run(reference, "heal_kill", "strategy=accelpact_heal", "fault=kill",
-                        f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]")
+    run_dir, row = _run(
+        reference,
+        "heal_kill",
+        "strategy=accelpact_heal",
+        "fault=kill",
+        f"fault.at_step={FAULT_STEP}",
+        "fault.ranks=[1]",
+    )
     events = read_events(run_dir)
     assert row["relaunches"] == 0 and row["fallback"] is False, row["fallback_reason"]
     assert not [e for e in events if e["kind"] == "restore"]
@@ -95,8 +113,15 @@ def test_a_lost_host_holding_a_whole_replica_heals_in_memory_bit_identically(ref
     ok, why = namespaces_available()
     if not ok:
         pytest.skip(f"host loss needs network namespaces (root): {why}")
-    run_dir, row = _run(reference, "heal_host_loss", "strategy=accelpact_heal", "cluster=local_hosts",
-                        "fault=host_loss", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]")
+    run_dir, row = _run(
+        reference,
+        "heal_host_loss",
+        "strategy=accelpact_heal",
+        "cluster=local_hosts",
+        "fault=host_loss",
+        f"fault.at_step={FAULT_STEP}",
+        "fault.ranks=[1]",
+    )
     events = read_events(run_dir)
     assert row["relaunches"] == 0 and row["fallback"] is False, row["fallback_reason"]
     assert not [e for e in events if e["kind"] == "restore"]
@@ -107,8 +132,9 @@ def test_a_lost_host_holding_a_whole_replica_heals_in_memory_bit_identically(ref
 
 def test_gemini_restarts_every_rank_from_its_in_memory_capture_bit_identically(reference):
     pytest.importorskip("lm_resiliency", reason="strategy=gemini needs the gemini extra: pip install -e '.[gemini]'")
-    run_dir, row = _run(reference, "gemini_kill", "strategy=gemini", "fault=kill", f"fault.at_step={FAULT_STEP}",
-                        "fault.ranks=[1]")
+    run_dir, row = _run(
+        reference, "gemini_kill", "strategy=gemini", "fault=kill", f"fault.at_step={FAULT_STEP}", "fault.ranks=[1]"
+    )
     assert row["relaunches"] == 1
     restores = [e for e in read_events(run_dir) if e["kind"] == "restore"]
     assert "gemini" in {e.get("source") for e in restores}

@@ -18,8 +18,10 @@ from harness.schema import ClusterConfig, ModelConfig, RunConfig, StrategyConfig
 
 
 def _run(world: int, replicate: int, strategy: str = "none", group_size: int = 1) -> RunConfig:
-    return RunConfig(cluster=ClusterConfig(world_size=world, replicate=replicate),
-                     strategy=StrategyConfig(name=strategy, torchft=TorchftSettings(group_size=group_size)))
+    return RunConfig(
+        cluster=ClusterConfig(world_size=world, replicate=replicate),
+        strategy=StrategyConfig(name=strategy, torchft=TorchftSettings(group_size=group_size)),
+    )
 
 
 def test_layout_is_init_device_mesh_row_major_order():
@@ -35,8 +37,15 @@ def test_layout_is_init_device_mesh_row_major_order():
         mesh_layout(4, 3)
 
 
-@pytest.mark.parametrize("world,replicate,fix", [(4, 3, "cluster.replicate=2"), (4, 0, "cluster.replicate=1"),
-                                                 (4, 8, "cluster.replicate=4"), (6, 4, "cluster.replicate=3")])
+@pytest.mark.parametrize(
+    "world,replicate,fix",
+    [
+        (4, 3, "cluster.replicate=2"),
+        (4, 0, "cluster.replicate=1"),
+        (4, 8, "cluster.replicate=4"),
+        (6, 4, "cluster.replicate=3"),
+    ],
+)
 def test_a_replicate_that_does_not_divide_the_world_is_refused_naming_the_fix(world, replicate, fix):
     with pytest.raises(ConfigError) as err:
         check_values(_run(world, replicate))
@@ -101,8 +110,12 @@ def test_each_rank_starts_with_its_shard_of_the_seeded_full_value(fake_world, ra
     # Dimension names of this rank's own: DTensor caches specs by mesh equality (which ignores the rank),
     # and this one process plays every rank in turn.
     mesh = init_device_mesh("cpu", layout.shape, mesh_dim_names=(f"replicate{rank}", f"shard{rank}"))
-    model = build_model(ModelConfig(num_layers=1, vocab_size=64, hidden_size=32, intermediate_size=48, num_heads=4,
-                                    num_kv_heads=2), seed=3, mesh=mesh, device=torch.device("cpu"))
+    model = build_model(
+        ModelConfig(num_layers=1, vocab_size=64, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2),
+        seed=3,
+        mesh=mesh,
+        device=torch.device("cpu"),
+    )
     checked = 0
     for name, param in model.named_parameters():
         assert [p.is_shard() for p in param.placements] == [False, True], name

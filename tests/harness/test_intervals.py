@@ -7,8 +7,20 @@ import math
 import numpy as np
 import pytest
 
-from harness.report.intervals import (BETTER, NOISE, ONE_TRIAL, SAME, WORSE, Interval, coverage_text, interval,
-                                      order_statistic, order_statistic_coverage, t_log, verdict)
+from harness.report.intervals import (
+    BETTER,
+    NOISE,
+    ONE_TRIAL,
+    SAME,
+    WORSE,
+    Interval,
+    coverage_text,
+    interval,
+    order_statistic,
+    order_statistic_coverage,
+    t_log,
+    verdict,
+)
 
 SIMULATIONS = 4000
 # Binomial standard error of a coverage near 0.95 over 4000 draws is 0.0035: 4 of them never flakes on a
@@ -62,8 +74,8 @@ def test_the_coverage_check_catches_a_min_max_range_labelled_95_percent():
 
 def test_order_statistic_coverage_is_the_binomial_formula():
     assert order_statistic_coverage(2, 1) == pytest.approx(0.5)
-    assert order_statistic_coverage(5, 1) == pytest.approx(1 - 2 * 0.5 ** 5)
-    assert order_statistic_coverage(6, 1) == pytest.approx(1 - 2 * 0.5 ** 6)
+    assert order_statistic_coverage(5, 1) == pytest.approx(1 - 2 * 0.5**5)
+    assert order_statistic_coverage(6, 1) == pytest.approx(1 - 2 * 0.5**6)
     assert math.isnan(order_statistic_coverage(5, 3))  # k beyond the middle: no interval
 
 

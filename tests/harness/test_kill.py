@@ -9,7 +9,6 @@ import time
 import pandas as pd
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, read_row, start_harness, worker_processes
 
 
@@ -31,8 +30,11 @@ def _wait_for_step(events_file, step, proc, timeout=200):
 def _rank_pid(run_dir, rank):
     """The rank's process, from its restart event: a rank forked from the template is not the parent's
     child, and its environ and command line are the template's."""
-    pids = [e["pid"] for e in map(json.loads, (run_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines())
-            if e.get("kind") == "restart"]
+    pids = [
+        e["pid"]
+        for e in map(json.loads, (run_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines())
+        if e.get("kind") == "restart"
+    ]
     assert pids, f"no restart event of rank {rank}"
     return pids[-1]
 

@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.faults import registry
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -58,7 +58,8 @@ def test_a_whole_job_crash_is_a_group_restart_for_accelpact_heal_and_a_fallback_
     # A survivor that gave up: a fallback (the row says so), whose relaunch resumes from the snapshots first.
     assert heal.relaunch({0: 75, 1: -9}, 1) == (
         "fallback to a relaunch of every rank, resumed from the newest snapshot every rank holds (the checkpoint if "
-        "they hold no agreeing set): rank(s) [1] killed by a signal, rank(s) [0] could not recover in memory")
+        "they hold no agreeing set): rank(s) [1] killed by a signal, rank(s) [0] could not recover in memory"
+    )
     assert heal.relaunch({0: 75, 1: 3}, 1).startswith("fallback to a relaunch")
     assert heal.relaunch({0: 1, 1: 3}, 1) is None  # failures of their own: no relaunch, as before
     assert heal.relaunch({0: 0, 1: 0}, None) is None
@@ -69,13 +70,27 @@ def test_a_whole_job_crash_is_a_group_restart_for_accelpact_heal_and_a_fallback_
 def test_the_row_says_where_the_relaunch_resumed_from():
     from harness.report.results import detection_columns, heal_columns, restore_columns
 
-    snap = {"kind": "restore", "t": 2.0, "rank": 0, "t_start": 1.0, "t_end": 2.0, "from_step": 4, "bytes": 100,
-            "source": "snapshot"}
+    snap = {
+        "kind": "restore",
+        "t": 2.0,
+        "rank": 0,
+        "t_start": 1.0,
+        "t_end": 2.0,
+        "from_step": 4,
+        "bytes": 100,
+        "source": "snapshot",
+    }
     disk = {"kind": "restore", "t": 3.0, "rank": 0, "t_start": 2.5, "t_end": 3.0, "from_step": 3, "bytes": 7000}
     assert restore_columns([snap, {**snap, "rank": 1}]) == {
-        "restore_source": "snapshot", "restore_from_step": 4, "restore_disk_bytes": 0}
-    assert restore_columns([disk]) == {"restore_source": "checkpoint", "restore_from_step": 3,
-                                       "restore_disk_bytes": 7000}
+        "restore_source": "snapshot",
+        "restore_from_step": 4,
+        "restore_disk_bytes": 0,
+    }
+    assert restore_columns([disk]) == {
+        "restore_source": "checkpoint",
+        "restore_from_step": 3,
+        "restore_disk_bytes": 7000,
+    }
     assert restore_columns([])["restore_source"] is None
     # After a heal that gave up, heal_source names where the relaunch resumed from.
     lost = {"kind": "fallback", "t": 1.5, "rank": 0, "reason": "no replacement", "detected_by": "heal"}
@@ -93,8 +108,9 @@ def test_no_replacement_template_is_started_when_nobody_is_left_to_heal_with():
     from harness.parent import template
 
     def run(fault):
-        return to_run_config(compose(["experiment=smoke", "strategy=accelpact_heal", f"fault={fault}",
-                                      "fault.at_step=3"]))
+        return to_run_config(
+            compose(["experiment=smoke", "strategy=accelpact_heal", f"fault={fault}", "fault.at_step=3"])
+        )
 
     assert template.wanted(run("kill")) and not template.wanted(run("kill_all"))
 
@@ -104,8 +120,9 @@ def test_torchft_is_refused_for_a_whole_job_crash_with_the_fix():
     from harness.app.config import compose, to_run_config
     from harness.schema import ConfigError
 
-    run = to_run_config(compose(["experiment=smoke", "strategy=torchft", "cluster.world_size=2", "fault=kill_all",
-                                 "fault.at_step=3"]))
+    run = to_run_config(
+        compose(["experiment=smoke", "strategy=torchft", "cluster.world_size=2", "fault=kill_all", "fault.at_step=3"])
+    )
     with pytest.raises(ConfigError, match="kills every rank at once") as err:
         check_runnable(run)
     assert "strategy=accelpact_heal,cold_restart,checkpoint_restore" in str(err.value)
@@ -132,12 +149,20 @@ def _losses(run_dir: Path) -> dict[tuple[int, int], float]:
     return {k: v for k, (_, v) in final.items()}
 
 
-def _kill_all(reference, name: str, env_extra: dict[str, str] | None = None,
-              extra: tuple[str, ...] = ()) -> tuple[Path, dict, list[dict]]:
+def _kill_all(
+    reference, name: str, env_extra: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> tuple[Path, dict, list[dict]]:
     tmp, ref_dir = reference
     run_dir = tmp / name
-    args = [*BASE, "strategy=accelpact_heal", "fault=kill_all", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
-            *extra, f"hydra.run.dir={run_dir}"]
+    args = [
+        *BASE,
+        "strategy=accelpact_heal",
+        "fault=kill_all",
+        "fault.ranks=[1]",
+        f"fault.at_step={FAULT_STEP}",
+        *extra,
+        f"hydra.run.dir={run_dir}",
+    ]
     old = {k: os.environ.get(k) for k in (env_extra or {})}
     os.environ.update(env_extra or {})
     try:
@@ -188,8 +213,9 @@ def test_a_rank_whose_own_snapshots_are_gone_resumes_from_its_buddys_replica(ref
 
     # Rank 1's own slots go (a lost host's shared memory would take them); the replica on rank 0 stays.
     # Confirmed pushes: the replica of step 4 (or 3, while 4's push awaits its acknowledgement) is there.
-    run_dir, row, events = _kill_all(reference, "buddy_replica", {LOSE_SNAPSHOTS: "1:own"},
-                                     ("strategy.snapshot.confirm_push=true",))
+    run_dir, row, events = _kill_all(
+        reference, "buddy_replica", {LOSE_SNAPSHOTS: "1:own"}, ("strategy.snapshot.confirm_push=true",)
+    )
     restores = {e["rank"]: e for e in events if e["kind"] == "restore"}
     assert set(restores) == {0, 1} and {e.get("source") for e in restores.values()} == {"snapshot"}, restores
     assert restores[1]["slot"] == "buddy" and restores[0]["slot"] == "own", restores
@@ -211,8 +237,19 @@ def test_the_relaunch_after_a_heal_that_gave_up_resumes_from_the_snapshots_too(r
     old = os.environ.get(DIE_BEFORE_JOIN)
     os.environ[DIE_BEFORE_JOIN] = "1:exit"
     try:
-        done = run_harness([*BASE, "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", "fault.phase=vote",
-                            f"fault.at_step={FAULT_STEP}", f"hydra.run.dir={run_dir}"], tmp, timeout=600)
+        done = run_harness(
+            [
+                *BASE,
+                "strategy=accelpact_heal",
+                "fault=kill",
+                "fault.ranks=[1]",
+                "fault.phase=vote",
+                f"fault.at_step={FAULT_STEP}",
+                f"hydra.run.dir={run_dir}",
+            ],
+            tmp,
+            timeout=600,
+        )
     finally:
         os.environ.pop(DIE_BEFORE_JOIN, None) if old is None else os.environ.__setitem__(DIE_BEFORE_JOIN, old)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -231,16 +268,22 @@ def test_the_relaunch_after_a_heal_that_gave_up_resumes_from_the_snapshots_too(r
 
 @pytest.mark.slow  # a run with a relaunch: ~1.5 min on the loaded 2-core host
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("replicas,error", [
-    ("true", "BuddyLostError"),  # rank 1's own snapshots and its buddy's replica of them are gone
-    ("false", "SnapshotsDisagreeError"),  # no replicas: rank 0 holds snapshots, rank 1 none
-])
-def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_and_says_why(reference, replicas,
-                                                                                              error):
+@pytest.mark.parametrize(
+    "replicas,error",
+    [
+        ("true", "BuddyLostError"),  # rank 1's own snapshots and its buddy's replica of them are gone
+        ("false", "SnapshotsDisagreeError"),  # no replicas: rank 0 holds snapshots, rank 1 none
+    ],
+)
+def test_a_whole_job_crash_without_an_agreeing_set_of_snapshots_reads_the_disk_and_says_why(reference, replicas, error):
     from harness.faults.kill_all import LOSE_SNAPSHOTS
 
-    run_dir, row, events = _kill_all(reference, f"lost_snapshots_replicas_{replicas}", {LOSE_SNAPSHOTS: "1"},
-                                     (f"strategy.snapshot.replicas={replicas}",))
+    run_dir, row, events = _kill_all(
+        reference,
+        f"lost_snapshots_replicas_{replicas}",
+        {LOSE_SNAPSHOTS: "1"},
+        (f"strategy.snapshot.replicas={replicas}",),
+    )
     [fault] = [e for e in events if e["kind"] == "fault"]
     assert fault["lost_snapshots"] == ["1"]
     restores = [e for e in events if e["kind"] == "restore"]

@@ -23,11 +23,14 @@ def test_a_relaunch_the_verdict_times_is_never_forked(incarnation, first_launch,
     assert how == SPAWN and "relaunch" in why
 
 
-@pytest.mark.parametrize("args, reason", [
-    ((ReplacementStart.spawn, LOCAL, False), "cluster.first_launch=spawn"),
-    ((ReplacementStart.template, SRUN, False), "srun"),
-    ((ReplacementStart.template, LOCAL, True), "namespaces"),
-])
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        ((ReplacementStart.spawn, LOCAL, False), "cluster.first_launch=spawn"),
+        ((ReplacementStart.template, SRUN, False), "srun"),
+        ((ReplacementStart.template, LOCAL, True), "namespaces"),
+    ],
+)
 def test_a_first_launch_spawns_where_forking_cannot_or_must_not_serve(args, reason):
     how, why = launch_method(0, *args)
     assert how == SPAWN and reason in why

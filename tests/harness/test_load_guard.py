@@ -39,8 +39,9 @@ def test_guard_records_before_and_during_and_says_it_once():
     loads = iter([1.0, 5.0, 7.0, 3.0] + [3.0] * 1000)
     stats = iter([(0, 1000), (50, 2000)])
     said: list[str] = []
-    guard = LoadGuard(cores=2, every_s=0.01, loadavg=lambda: next(loads), stat=lambda: next(stats),
-                      say=said.append).start()
+    guard = LoadGuard(
+        cores=2, every_s=0.01, loadavg=lambda: next(loads), stat=lambda: next(stats), say=said.append
+    ).start()
     deadline = time.time() + 10
     while len(guard.samples) < 3 and time.time() < deadline:
         time.sleep(0.01)

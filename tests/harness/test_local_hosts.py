@@ -16,11 +16,11 @@ import sys
 import time
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness
 
-from harness.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
 from harness.app.validate import ConfigError, check_values
 from harness.faults.addressing import Layout, new_prefix
-from harness_test_helpers import TINY, read_row, run_harness
+from harness.schema import ClusterConfig, FaultConfig, LinkPlane, RunConfig
 
 
 # ---- pure: runs everywhere ----------------------------------------------------------------------------
@@ -65,8 +65,11 @@ def test_without_namespaces_local_hosts_is_refused_in_one_line(monkeypatch):
 
     monkeypatch.setattr(netns, "namespaces_available", lambda: (False, "network-namespace faults need root"))
     run = _run(cluster_name="local_hosts", cluster_hosts=2, cluster_pg_timeout_s=5.0)
-    with pytest.raises(ConfigError, match=r"^cluster=local_hosts \(cluster.hosts=2\) runs the ranks in network "
-                                          r"namespaces, which are unavailable: .*need root; try `cluster=local_cpu`$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^cluster=local_hosts \(cluster.hosts=2\) runs the ranks in network "
+        r"namespaces, which are unavailable: .*need root; try `cluster=local_cpu`$",
+    ):
         capabilities.check_runnable(run)
 
 
@@ -90,10 +93,15 @@ def _reaches(topo, rank: int, host: str, port: int) -> bool:
 
 def _listener(topo, rank: int) -> subprocess.Popen[str]:
     """A TCP listener on rank ``rank``'s host data address (what a gloo peer connects to)."""
-    code = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 0)); s.listen(8); "
-            "print(s.getsockname()[1], flush=True)\nwhile True: s.accept()[0].close()")
-    proc = subprocess.Popen(topo.wrap_command(rank, [sys.executable, "-c", code, topo.layout.data_addr(rank)]),
-                            stdout=subprocess.PIPE, text=True)
+    code = (
+        "import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 0)); s.listen(8); "
+        "print(s.getsockname()[1], flush=True)\nwhile True: s.accept()[0].close()"
+    )
+    proc = subprocess.Popen(
+        topo.wrap_command(rank, [sys.executable, "-c", code, topo.layout.data_addr(rank)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return proc
 
 

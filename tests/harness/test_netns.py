@@ -72,13 +72,17 @@ def _wait_for(workdir: Path, what: str, gen: int, procs, timeout_s: float = 60.0
     """Block until every rank reported ``what`` for generation ``gen``; fail fast if a rank died."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = [next((r for r in _reports(workdir, k) if r["what"] == what and r["gen"] == gen), None)
-                 for k in range(len(procs))]
+        found = [
+            next((r for r in _reports(workdir, k) if r["what"] == what and r["gen"] == gen), None)
+            for k in range(len(procs))
+        ]
         if all(found):
             return found  # type: ignore[return-value]
         dead = [(k, p.returncode) for k, p in enumerate(procs) if p.poll() is not None]
         if dead:
-            pytest.fail(f"rank died {dead} waiting for {what}/{gen}: {[_reports(workdir, k) for k in range(len(procs))]}")
+            pytest.fail(
+                f"rank died {dead} waiting for {what}/{gen}: {[_reports(workdir, k) for k in range(len(procs))]}"
+            )
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}/{gen}: {[_reports(workdir, k) for k in range(len(procs))]}")
 
@@ -98,8 +102,9 @@ def test_each_link_fault_breaks_gloo_store_survives_new_group_works(tmp_path):
         host, port = topo.control_addr
         procs = [
             subprocess.Popen(
-                topo.wrap_command(r, [sys.executable, __file__, "rank", str(r), "2", host, str(port),
-                                      str(tmp_path), str(len(KINDS))]),
+                topo.wrap_command(
+                    r, [sys.executable, __file__, "rank", str(r), "2", host, str(port), str(tmp_path), str(len(KINDS))]
+                ),
                 env={**_env(), **topo.rank_env(r)},
             )
             for r in range(2)
@@ -143,8 +148,9 @@ def test_each_link_fault_breaks_gloo_store_survives_new_group_works(tmp_path):
 def test_signal_to_owner_tears_everything_down(sig, server):
     from harness.faults.netns import leftovers
 
-    owner = subprocess.Popen([sys.executable, __file__, "owner", str(int(server))], stdout=subprocess.PIPE,
-                             text=True, env=_env())
+    owner = subprocess.Popen(
+        [sys.executable, __file__, "owner", str(int(server))], stdout=subprocess.PIPE, text=True, env=_env()
+    )
     try:
         line = owner.stdout.readline()
         assert line.startswith("READY "), line
@@ -167,8 +173,7 @@ def test_signal_to_owner_tears_everything_down(sig, server):
 def test_cleanup_stale_after_sigkill():
     from harness.faults.netns import cleanup_stale, leftovers, list_prefixes
 
-    owner = subprocess.Popen([sys.executable, __file__, "owner", "0"], stdout=subprocess.PIPE, text=True,
-                             env=_env())
+    owner = subprocess.Popen([sys.executable, __file__, "owner", "0"], stdout=subprocess.PIPE, text=True, env=_env())
     line = owner.stdout.readline()
     assert line.startswith("READY "), line
     prefix = line.split()[1]

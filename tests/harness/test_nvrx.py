@@ -54,9 +54,18 @@ def _build(seed: int):
     from torch.distributed.fsdp import fully_shard
     from transformers import MistralConfig, MistralForCausalLM
 
-    cfg = MistralConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
-                        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
-                        use_cache=False, tie_word_embeddings=False, sliding_window=None)
+    cfg = MistralConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        use_cache=False,
+        tie_word_embeddings=False,
+        sliding_window=None,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = MistralForCausalLM(cfg).float()
@@ -90,7 +99,11 @@ def _exhaust_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxRestartsExhausted, NvrxSettings, run_with_inprocess_restart
+    from harness.strategies.checkpoint_restore.nvrx_restart import (
+        NvrxRestartsExhausted,
+        NvrxSettings,
+        run_with_inprocess_restart,
+    )
 
     seen = []
 
@@ -98,8 +111,14 @@ def _exhaust_main(args: argparse.Namespace) -> None:
         ctx.init_process_group(timeout=timedelta(seconds=60))
         t = torch.ones(1)
         dist.all_reduce(t)  # the group built on this incarnation's prefix works
-        seen.append({"incarnation": ctx.incarnation, "prefix": ctx.store_prefix, "pid": os.getpid(),
-                     "monitor_pid": ctx.call_wrapper.monitor_process.process_monitor_proc.pid})
+        seen.append(
+            {
+                "incarnation": ctx.incarnation,
+                "prefix": ctx.store_prefix,
+                "pid": os.getpid(),
+                "monitor_pid": ctx.call_wrapper.monitor_process.process_monitor_proc.pid,
+            }
+        )
         raise ValueError(f"boom {ctx.incarnation}")
 
     result = {"seen": seen}
@@ -175,8 +194,15 @@ def _rank_main(args: argparse.Namespace) -> None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                record = {"kind": "step", "step": step, "loss": loss.item(), "pid": os.getpid(),
-                          "incarnation": ctx.incarnation, "t_start": t0, "t_end": time.time()}
+                record = {
+                    "kind": "step",
+                    "step": step,
+                    "loss": loss.item(),
+                    "pid": os.getpid(),
+                    "incarnation": ctx.incarnation,
+                    "t_start": t0,
+                    "t_end": time.time(),
+                }
                 steps_log.write(json.dumps(record) + "\n")
                 if ckpt.due(step):
                     ckpt.save(step)
@@ -210,8 +236,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(out: Path, fault_step: int, mode: str = "train", world: int = WORLD,
-            nvrx_port: int | None = None) -> list[subprocess.Popen]:
+def _launch(
+    out: Path, fault_step: int, mode: str = "train", world: int = WORLD, nvrx_port: int | None = None
+) -> list[subprocess.Popen]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ckpt").mkdir()
     master_port = _free_port()
@@ -230,8 +257,20 @@ def _launch(out: Path, fault_step: int, mode: str = "train", world: int = WORLD,
             "OMP_NUM_THREADS": "1",
             "TORCH_CPP_LOG_LEVEL": "ERROR",  # NVRx's monitor thread polls the store: a timeout warning per poll
         }
-        cmd = [sys.executable, __file__, "--out", str(out), "--ckpt", str(out / "ckpt"),
-               "--fault-step", str(fault_step), "--mode", mode, "--ports", nvrx_ports]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--out",
+            str(out),
+            "--ckpt",
+            str(out / "ckpt"),
+            "--fault-step",
+            str(fault_step),
+            "--mode",
+            mode,
+            "--ports",
+            nvrx_ports,
+        ]
         log = open(out / f"log_rank{rank}.txt", "w")
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
     return procs
@@ -301,12 +340,14 @@ def _check_restarted_run(name: str, rank: int, fault_step: int, tmp_path: Path) 
     # t_raised may come after t_detected, even on the faulting rank: its peer's collective can fail
     # and be reported before the faulting rank's own error has unwound through FSDP.
     assert order == sorted(order), rec
-    print(f"{name} rank {rank}: raise->re-entered {rec['restart_s']:.3f} s "
-          f"(detect {rec['t_detected'] - rec['t_raised']:+.3f}, abort {rec['t_aborted'] - rec['t_detected']:.3f}, "
-          f"finalize {rec['t_finalized'] - rec['t_aborted']:.3f}, "
-          f"barrier+gc {rec['t_initialized'] - rec['t_finalized']:.3f}, "
-          f"re-enter {rec['t_entered'] - rec['t_initialized']:.3f}); "
-          f"ready {restarts[1]['t_ready'] - rec['t_began']:.3f} s after the fault incl. PG+model+restore")
+    print(
+        f"{name} rank {rank}: raise->re-entered {rec['restart_s']:.3f} s "
+        f"(detect {rec['t_detected'] - rec['t_raised']:+.3f}, abort {rec['t_aborted'] - rec['t_detected']:.3f}, "
+        f"finalize {rec['t_finalized'] - rec['t_aborted']:.3f}, "
+        f"barrier+gc {rec['t_initialized'] - rec['t_finalized']:.3f}, "
+        f"re-enter {rec['t_entered'] - rec['t_initialized']:.3f}); "
+        f"ready {restarts[1]['t_ready'] - rec['t_began']:.3f} s after the fault incl. PG+model+restore"
+    )
     return rec
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,11 +58,16 @@ def _client(topo, rank: int, addr: tuple[str, int], op: str, *control: int) -> s
     from harness.strategies.checkpoint_restore.nvrx_types import STORE_HOST_ENV, STORE_PORT_ENV
 
     # The environment a rank gets: the topology's (MASTER_ADDR is rank 0's data address there) + the store's.
-    env = {**os.environ, **topo.rank_env(rank), STORE_HOST_ENV: addr[0], STORE_PORT_ENV: str(addr[1]),
-           "PYTHONPATH": str(REPO), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    env = {
+        **os.environ,
+        **topo.rank_env(rank),
+        STORE_HOST_ENV: addr[0],
+        STORE_PORT_ENV: str(addr[1]),
+        "PYTHONPATH": str(REPO),
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
     argv = [sys.executable, "-c", _CLIENT, op, *map(str, control)]
-    return subprocess.run(topo.wrap_command(rank, argv), env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(topo.wrap_command(rank, argv), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.slow  # 3 Python + torch starts: 48 s at load 9 here
@@ -117,8 +121,18 @@ def test_host_loss_and_a_data_link_reset_under_nvrx_end_bit_identical(tmp_path):
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "host_loss"
     done = run_harness([*SHRINK, "strategy=none", "fault=none", f"hydra.run.dir={ref_dir}"], tmp_path, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    done = run_harness([*SHRINK, "strategy=checkpoint_restore", "fault=host_loss", "fault.ranks=[1]",
-                        f"fault.at_step={FAULT_STEP}", f"hydra.run.dir={run_dir}"], tmp_path, timeout=450)
+    done = run_harness(
+        [
+            *SHRINK,
+            "strategy=checkpoint_restore",
+            "fault=host_loss",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        timeout=450,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok", row["reason"]
@@ -136,8 +150,18 @@ def test_host_loss_and_a_data_link_reset_under_nvrx_end_bit_identical(tmp_path):
     assert result.equal, result.describe()
 
     rst_dir = tmp_path / "tcp_reset"
-    done = run_harness([*SHRINK, "strategy=checkpoint_restore", "fault=tcp_reset", "fault.ranks=[1]",
-                        f"fault.at_step={FAULT_STEP}", f"hydra.run.dir={rst_dir}"], tmp_path, timeout=450)
+    done = run_harness(
+        [
+            *SHRINK,
+            "strategy=checkpoint_restore",
+            "fault=tcp_reset",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            f"hydra.run.dir={rst_dir}",
+        ],
+        tmp_path,
+        timeout=450,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(rst_dir)
     assert row["status"] == "ok" and row["relaunches"] == 0, row["reason"]

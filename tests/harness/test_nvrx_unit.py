@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
     from harness.strategies.checkpoint_restore import nvrx_restart
 
@@ -32,19 +33,44 @@ def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
 def test_restart_record_and_event_fields():
     from harness.strategies.checkpoint_restore.nvrx_restart import RestartContext, RestartRecord
 
-    rec = RestartRecord(incarnation=1, error="RuntimeError: x", t_raised=10.0, t_detected=10.02,
-                        t_aborted=10.15, t_finalized=10.2, t_entered=10.6)
+    rec = RestartRecord(
+        incarnation=1,
+        error="RuntimeError: x",
+        t_raised=10.0,
+        t_detected=10.02,
+        t_aborted=10.15,
+        t_finalized=10.2,
+        t_entered=10.6,
+    )
     assert rec.t_began == 10.0
     assert rec.restart_s == pytest.approx(0.6)
     # A rank interrupted by NVRx (it never raised itself) began its restart at detection.
     assert RestartRecord(incarnation=1, t_detected=5.0, t_entered=5.5).t_began == 5.0
-    ctx = RestartContext(incarnation=1, rank=0, world_size=2, store=None, store_prefix="p", exclude_ports=(1,),
-                         t_launch=1.0, t_entered=10.6, restarts=(rec,))
+    ctx = RestartContext(
+        incarnation=1,
+        rank=0,
+        world_size=2,
+        store=None,
+        store_prefix="p",
+        exclude_ports=(1,),
+        t_launch=1.0,
+        t_entered=10.6,
+        restarts=(rec,),
+    )
     fields = ctx.restart_event_fields(t_ready=12.0)
     assert (fields["t_launch"], fields["t_ready"], fields["incarnation"]) == (10.0, 12.0, 1)
     assert fields["nvrx_t_detected"] == 10.02 and fields["nvrx_error"] == "RuntimeError: x"
-    first = RestartContext(incarnation=0, rank=0, world_size=2, store=None, store_prefix="p", exclude_ports=(1,),
-                           t_launch=1.0, t_entered=3.0, restarts=())
+    first = RestartContext(
+        incarnation=0,
+        rank=0,
+        world_size=2,
+        store=None,
+        store_prefix="p",
+        exclude_ports=(1,),
+        t_launch=1.0,
+        t_entered=3.0,
+        restarts=(),
+    )
     assert first.restart_event_fields(t_ready=4.0)["t_launch"] == 1.0
 
 
@@ -58,7 +84,7 @@ def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
         try:
             raise RuntimeError("Connection closed by peer")
         except RuntimeError:
-            raise KeyboardInterrupt("stand-in for NVRx's asynchronous RankShouldRestart")
+            raise KeyboardInterrupt("stand-in for NVRx's asynchronous RankShouldRestart")  # noqa: B904 - as NVRx raises it
     except BaseException as exc:  # noqa: BLE001
         rec.raised(exc, 2.0)
         rec.raised(exc, 3.0)  # only the first failure of an incarnation counts

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import torch.distributed as dist
+from harness_test_helpers import TINY, harness_env, read_row, run_harness
 
 from accelpact import backends
 from accelpact.backends import GlooBackend
@@ -34,7 +34,6 @@ from harness.faults.registry import FaultSpec
 from harness.scale.config import Cluster, Outcome
 from harness.strategies.base import Strategy, forward_backward
 from harness.strategies.spec import Simulation, StrategySpec
-from harness_test_helpers import TINY, harness_env, read_row, run_harness
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,15 +81,31 @@ def _toy_gloo_group(store, rank, world_size, timeout):
 backends.register(ToyGloo)
 if "toy_gloo" not in dist.Backend.backend_list:
     dist.Backend.register_backend("toy_gloo", _toy_gloo_group, devices=["cpu"])
-strategies.register(StrategySpec(
-    name="toy_plain", rank_class=f"{__name__}:ToyPlain", description="test plugin: plain step + toy events",
-    label="toy", color="tab:purple", order=50, relaunch=_toy_relaunch,
-    simulation=Simulation(f"{__name__}:toy_outcome", "toy (a fixed stop)")))
-strategies.register(StrategySpec(
-    name="toy_skips_points", rank_class=f"{__name__}:ToySkipsPoints", description="test plugin: skips fault points",
-    label="toy (skips points)", color="tab:brown", order=51))
-faults.register(FaultSpec("toy_pause", "test plugin: SIGSTOP the rank for 0.3 s", where="parent",
-                          parent_apply=_toy_pause))
+strategies.register(
+    StrategySpec(
+        name="toy_plain",
+        rank_class=f"{__name__}:ToyPlain",
+        description="test plugin: plain step + toy events",
+        label="toy",
+        color="tab:purple",
+        order=50,
+        relaunch=_toy_relaunch,
+        simulation=Simulation(f"{__name__}:toy_outcome", "toy (a fixed stop)"),
+    )
+)
+strategies.register(
+    StrategySpec(
+        name="toy_skips_points",
+        rank_class=f"{__name__}:ToySkipsPoints",
+        description="test plugin: skips fault points",
+        label="toy (skips points)",
+        color="tab:brown",
+        order=51,
+    )
+)
+faults.register(
+    FaultSpec("toy_pause", "test plugin: SIGSTOP the rank for 0.3 s", where="parent", parent_apply=_toy_pause)
+)
 
 
 def _plugin_run(args: list[str], tmp: Path):
@@ -106,15 +121,29 @@ def _plugin_run(args: list[str], tmp: Path):
 
 def test_plugin_strategy_fault_and_backend_run_through_python_m_harness(tmp_path):
     run_dir = tmp_path / "run"
-    done = _plugin_run([*TINY, "train.steps=6", "strategy=toy_plain", "fault=toy_pause", "fault.schedule=at_step",
-                        "fault.at_step=3", "fault.ranks=[1]", "fault.phase=vote", "cluster.backend=toy_gloo",
-                        f"hydra.run.dir={run_dir}"], tmp_path)
+    done = _plugin_run(
+        [
+            *TINY,
+            "train.steps=6",
+            "strategy=toy_plain",
+            "fault=toy_pause",
+            "fault.schedule=at_step",
+            "fault.at_step=3",
+            "fault.ranks=[1]",
+            "fault.phase=vote",
+            "cluster.backend=toy_gloo",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["strategy"] == "toy_plain" and row["fault"] == "toy_pause"
     assert row["backend"] == "toy_gloo" and row["ranks_agree"]
     assert row["faults"] == 1
-    rank_events = [json.loads(line) for r in (0, 1) for line in (run_dir / "events" / f"rank{r}.jsonl").read_text().splitlines()]
+    rank_events = [
+        json.loads(line) for r in (0, 1) for line in (run_dir / "events" / f"rank{r}.jsonl").read_text().splitlines()
+    ]
     assert sorted(e["step"] for e in rank_events if e["kind"] == "toy_step") == sorted(list(range(6)) * 2)
     parent = [json.loads(line) for line in (run_dir / "events" / "parent.jsonl").read_text().splitlines()]
     fired = [e for e in parent if e["kind"] == "fault"]
@@ -125,9 +154,19 @@ def test_plugin_strategy_fault_and_backend_run_through_python_m_harness(tmp_path
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); the plugin run through python -m harness stays
 def test_a_strategy_that_skips_a_fault_point_fails_loudly(tmp_path):
     run_dir = tmp_path / "run"
-    done = _plugin_run([*TINY, "train.steps=5", "strategy=toy_skips_points", "fault=socket_reset",
-                        "fault.schedule=at_step", "fault.at_step=2", "fault.phase=vote", f"hydra.run.dir={run_dir}"],
-                       tmp_path)
+    done = _plugin_run(
+        [
+            *TINY,
+            "train.steps=5",
+            "strategy=toy_skips_points",
+            "fault=socket_reset",
+            "fault.schedule=at_step",
+            "fault.at_step=2",
+            "fault.phase=vote",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "failed"
@@ -157,8 +196,8 @@ def test_plugin_strategy_runs_through_the_scale_simulator():
 
 
 def test_plugin_backend_is_validated_like_a_built_in_one():
-    from harness.app.validate import cluster_problem
     from harness.app.machine import probe
+    from harness.app.validate import cluster_problem
     from harness.schema import RunConfig
 
     run = RunConfig()
@@ -171,5 +210,6 @@ def test_plugin_backend_is_validated_like_a_built_in_one():
 
 def test_registering_a_taken_name_with_another_spec_raises():
     with pytest.raises(ValueError, match="already registered"):
-        strategies.register(StrategySpec(name="accelpact", rank_class="x:Y", description="", label="", color="",
-                                         order=0))
+        strategies.register(
+            StrategySpec(name="accelpact", rank_class="x:Y", description="", label="", color="", order=0)
+        )

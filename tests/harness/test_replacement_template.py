@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_cmd, harness_env, worker_processes
 
 
 def _launcher(tmp_path: Path, extra_env: dict[str, str] | None = None):
-    from harness.schema import RunConfig
     from harness.parent.launcher import Launcher
     from harness.rank.worker import write_spec
+    from harness.schema import RunConfig
 
     run = RunConfig()
     run.strategy.name = "accelpact"
@@ -107,9 +106,22 @@ def test_a_template_with_a_second_thread_refuses_to_fork(tmp_path):
 
 
 def _start(tmp_path: Path, extra: list[str]) -> subprocess.Popen:
-    args = [*TINY, "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
-    return subprocess.Popen(harness_cmd(args, tmp_path), cwd=tmp_path, env=harness_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    args = [
+        *TINY,
+        "strategy=accelpact_heal",
+        "fault=kill",
+        "fault.ranks=[1]",
+        *extra,
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    return subprocess.Popen(
+        harness_cmd(args, tmp_path),
+        cwd=tmp_path,
+        env=harness_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
@@ -152,8 +164,11 @@ def test_a_killed_parent_takes_its_template_and_the_forked_replacement_with_it(t
     events = tmp_path / "run" / "events"
     try:
         # The replacement was forked from the template (the parent's "replacement" event says so).
-        _wait_for(lambda: any('"start": "template"' in p.read_text() for p in events.glob("*.jsonl")), proc,
-                  "replacement forked from the template")
+        _wait_for(
+            lambda: any('"start": "template"' in p.read_text() for p in events.glob("*.jsonl")),
+            proc,
+            "replacement forked from the template",
+        )
         assert len(worker_processes(str(tmp_path))) >= 3  # rank 0, the template, the forked rank 1
         os.kill(proc.pid, signal.SIGKILL)  # no teardown at all: only the kernel's parent-death signals
         proc.wait(30)

@@ -17,15 +17,16 @@ import subprocess
 import sys
 
 import pytest
+from harness_test_helpers import TINY, harness_env
 
-from harness.schema import ClusterConfig, Device, RankLaunch, RunConfig
 from harness.app.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 from harness.app.validate import ConfigError, check_values
 from harness.rank.env import RankEnv
-from harness_test_helpers import TINY, harness_env
+from harness.schema import ClusterConfig, Device, RankLaunch, RunConfig
 
-SLURM = ClusterConfig(name="slurm", backend="gloo", device=Device.cpu, world_size=4, nodes=2,
-                      launch=RankLaunch.srun, master_addr="auto")
+SLURM = ClusterConfig(
+    name="slurm", backend="gloo", device=Device.cpu, world_size=4, nodes=2, launch=RankLaunch.srun, master_addr="auto"
+)
 
 
 def test_node_lists_expand_as_slurm_writes_them():
@@ -41,8 +42,12 @@ def test_a_task_takes_rank_world_size_and_local_rank_from_slurm():
     env = RankEnv.from_environ({**task, "ACCELPACT_CONTROL_ADDR": "node01:29500", "ACCELPACT_JOB_TOKEN": "t"})
     assert (env.rank, env.world_size, env.local_rank, env.control_host) == (3, 4, 1, "node01")
     # The parent's own numbering wins where it gave one (every launcher but srun).
-    assert RankEnv.from_environ({**task, "RANK": "0", "WORLD_SIZE": "2", "ACCELPACT_CONTROL_ADDR": "h:1",
-                                 "ACCELPACT_JOB_TOKEN": "t"}).rank == 0
+    assert (
+        RankEnv.from_environ(
+            {**task, "RANK": "0", "WORLD_SIZE": "2", "ACCELPACT_CONTROL_ADDR": "h:1", "ACCELPACT_JOB_TOKEN": "t"}
+        ).rank
+        == 0
+    )
 
 
 def test_master_addr_is_the_allocations_first_node(monkeypatch):
@@ -73,10 +78,16 @@ def test_nodes_must_divide_the_world_size_and_need_srun():
 def _slurm_state() -> tuple[bool, str]:
     for tool in ("sbatch", "srun", "sinfo"):
         if shutil.which(tool) is None:
-            return False, f"Slurm is not installed here ({tool} not on PATH); `make slurm-up` installs and starts it (root)"
+            return (
+                False,
+                f"Slurm is not installed here ({tool} not on PATH); `make slurm-up` installs and starts it (root)",
+            )
     done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
     if done.returncode != 0 or not any(s.startswith(("idle", "mixed")) for s in done.stdout.split()):
-        return False, f"no Slurm controller with an idle node answers ({done.stderr.strip() or done.stdout.strip()}); `make slurm-up`"
+        return (
+            False,
+            f"no Slurm controller with an idle node answers ({done.stderr.strip() or done.stdout.strip()}); `make slurm-up`",
+        )
     try:
         import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (the launcher plugin must be importable)
     except ImportError:
@@ -87,9 +98,11 @@ def _slurm_state() -> tuple[bool, str]:
         # this run's comparison reference is started by the submitting process (root namespace) through
         # srun onto a node namespace, where the parent's control store does not answer: its ranks waited
         # until the test's 700 s timeout (seen in a clean-clone CI run).
-        return False, ("the Slurm here is scripts/slurm.sh's multi-node namespace cluster, where the submitting "
-                       "process's reference run cannot reach its control store; `SLURM_NODES=1 make slurm-up` "
-                       "for this test")
+        return False, (
+            "the Slurm here is scripts/slurm.sh's multi-node namespace cluster, where the submitting "
+            "process's reference run cannot reach its control store; `SLURM_NODES=1 make slurm-up` "
+            "for this test"
+        )
     return True, ""
 
 
@@ -113,10 +126,28 @@ def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path, cancel_jobs):
 
     sweep = tmp_path / "sweep"
     # `-m` goes first: Hydra's parser takes one run of overrides after its flags.
-    argv = [sys.executable, "-m", "harness", "-m", f"index_path={tmp_path / 'index.csv'}", "hydra/launcher=submitit_slurm", *TINY, "train.steps=8", "cluster=slurm", "cluster.backend=gloo",
-         "cluster.device=cpu", "cluster.world_size=2", "cluster.nodes=1", "strategy=accelpact",
-         "fault=socket_reset", "fault.ranks=[1]", "fault.at_step=4", f"hydra.sweep.dir={sweep}",
-         "hydra.launcher.cpus_per_task=2", "hydra.launcher.timeout_min=10"]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness",
+        "-m",
+        f"index_path={tmp_path / 'index.csv'}",
+        "hydra/launcher=submitit_slurm",
+        *TINY,
+        "train.steps=8",
+        "cluster=slurm",
+        "cluster.backend=gloo",
+        "cluster.device=cpu",
+        "cluster.world_size=2",
+        "cluster.nodes=1",
+        "strategy=accelpact",
+        "fault=socket_reset",
+        "fault.ranks=[1]",
+        "fault.at_step=4",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.launcher.cpus_per_task=2",
+        "hydra.launcher.timeout_min=10",
+    ]
     done = subprocess.run(argv, cwd=tmp_path, env=harness_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     jobs = list((sweep / ".submitit").glob("*/*_submission.sh"))

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +37,33 @@ _UP, _WHY = _two_nodes()
 
 def sbatch(name: str, tmp: Path, overrides: list[str]) -> subprocess.Popen:
     run_dir = tmp / name
-    argv = [sys.executable, "-m", "harness", f"index_path={tmp / 'index.csv'}", *TINY, "train.steps=8",
-            "cluster=slurm", "cluster.backend=gloo", "cluster.device=cpu", "cluster.world_size=2", "cluster.nodes=2",
-            "strategy=accelpact", *overrides, f"hydra.run.dir={run_dir}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness",
+        f"index_path={tmp / 'index.csv'}",
+        *TINY,
+        "train.steps=8",
+        "cluster=slurm",
+        "cluster.backend=gloo",
+        "cluster.device=cpu",
+        "cluster.world_size=2",
+        "cluster.nodes=2",
+        "strategy=accelpact",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
     env = dict(harness_env(), GLOO_SOCKET_IFNAME="eth0")
-    cmd = ["sbatch", "--wait", "-N2", "--ntasks-per-node=1", f"--job-name=ap-{name}", f"--output={tmp / name}.out",
-           "--wrap", " ".join(argv)]
+    cmd = [
+        "sbatch",
+        "--wait",
+        "-N2",
+        "--ntasks-per-node=1",
+        f"--job-name=ap-{name}",
+        f"--output={tmp / name}.out",
+        "--wrap",
+        " ".join(argv),
+    ]
     return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -54,8 +74,10 @@ def sbatch(name: str, tmp: Path, overrides: list[str]) -> subprocess.Popen:
 def test_a_two_node_run_recovers_a_reset_bit_identically(tmp_path):
     from harness.rank.identity import compare_runs
 
-    jobs = {"ref": sbatch("ref", tmp_path, ["fault=none"]),
-            "reset": sbatch("reset", tmp_path, ["fault=socket_reset", "fault.ranks=[1]", "fault.at_step=4"])}
+    jobs = {
+        "ref": sbatch("ref", tmp_path, ["fault=none"]),
+        "reset": sbatch("reset", tmp_path, ["fault=socket_reset", "fault.ranks=[1]", "fault.at_step=4"]),
+    }
     for name, p in jobs.items():
         out, _ = p.communicate(timeout=850)
         log = (tmp_path / f"{name}.out").read_text() if (tmp_path / f"{name}.out").exists() else ""

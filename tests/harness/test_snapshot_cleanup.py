@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness_test_helpers import TINY, harness_env, read_row, worker_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,8 +29,14 @@ def _start(tmp_path: Path, base: Path, extra: list[str]) -> subprocess.Popen:
     args = [*TINY, "strategy=accelpact_heal", "train.steps=400", *extra, f"hydra.run.dir={tmp_path / 'run'}"]
     from harness_test_helpers import harness_cmd
 
-    return subprocess.Popen(harness_cmd(args, tmp_path), cwd=tmp_path, env=_env(base), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        harness_cmd(args, tmp_path),
+        cwd=tmp_path,
+        env=_env(base),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for_snapshot(base: Path, proc: subprocess.Popen, timeout_s: float = 240) -> Path:
@@ -84,9 +89,13 @@ def test_a_killed_parent_leaves_snapshots_that_the_stale_cleanup_removes(tmp_pat
     cli = [sys.executable, "-m", "harness.faults.netns"]
     listed = subprocess.run([*cli, "list"], env=_env(base), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert prefix in listed.stdout.split(), listed
-    left = subprocess.run([*cli, "leftovers", prefix], env=_env(base), capture_output=True, text=True, timeout=60, cwd=REPO)
+    left = subprocess.run(
+        [*cli, "leftovers", prefix], env=_env(base), capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert f"snapshots {base / (prefix + '-h0')}" in left.stdout
-    done = subprocess.run([*cli, "cleanup", prefix], env=_env(base), capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [*cli, "cleanup", prefix], env=_env(base), capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert done.returncode == 0 and f"removed snapshots {base / (prefix + '-h0')}" in done.stdout, done
     # Ranks orphaned by the parent (if any still run: they stop once their control store is gone) are
     # found by their job tag and killed before their root is removed.
@@ -97,12 +106,20 @@ def test_a_killed_parent_leaves_snapshots_that_the_stale_cleanup_removes(tmp_pat
 def test_a_rank_kill_healed_in_memory_leaves_no_snapshots(tmp_path):
     base = tmp_path / "shm"
     run_dir = tmp_path / "kill"
-    args = [*TINY, "train.steps=10", "strategy=accelpact_heal", "fault=kill", "fault.ranks=[1]", "fault.at_step=5",
-            f"hydra.run.dir={run_dir}"]
+    args = [
+        *TINY,
+        "train.steps=10",
+        "strategy=accelpact_heal",
+        "fault=kill",
+        "fault.ranks=[1]",
+        "fault.at_step=5",
+        f"hydra.run.dir={run_dir}",
+    ]
     from harness_test_helpers import harness_cmd
 
-    done = subprocess.run(harness_cmd(args, tmp_path), cwd=tmp_path, env=_env(base), capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        harness_cmd(args, tmp_path), cwd=tmp_path, env=_env(base), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert read_row(run_dir)["status"] == "ok"
     _no_leftovers(base, tmp_path)
@@ -126,20 +143,38 @@ def test_host_loss_heals_from_buddy_replicas_bit_identically_and_leaves_nothing(
     from harness_test_helpers import harness_cmd
 
     base = tmp_path / "shm"
-    common = [*TINY, "train.steps=10", "strategy=accelpact_heal", "cluster=local_hosts", "cluster.world_size=4",
-              "cluster.hosts=2"]
+    common = [
+        *TINY,
+        "train.steps=10",
+        "strategy=accelpact_heal",
+        "cluster=local_hosts",
+        "cluster.world_size=4",
+        "cluster.hosts=2",
+    ]
     rows = {}
-    for name, fault in (("ref", ["fault=none"]),
-                        ("host_loss", ["fault=host_loss", "fault.ranks=[3]", "fault.at_step=5", "fault.phase=vote"])):
-        done = subprocess.run(harness_cmd([*common, *fault, f"hydra.run.dir={tmp_path / name}"], tmp_path), cwd=tmp_path,
-                              env=_env(base), capture_output=True, text=True, timeout=900)
+    for name, fault in (
+        ("ref", ["fault=none"]),
+        ("host_loss", ["fault=host_loss", "fault.ranks=[3]", "fault.at_step=5", "fault.phase=vote"]),
+    ):
+        done = subprocess.run(
+            harness_cmd([*common, *fault, f"hydra.run.dir={tmp_path / name}"], tmp_path),
+            cwd=tmp_path,
+            env=_env(base),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         rows[name] = read_row(tmp_path / name)
     assert rows["host_loss"]["status"] == "ok" and rows["host_loss"]["fallback"] is False
     assert rows["host_loss"]["state_hash"] == rows["ref"]["state_hash"]
     import json
 
-    heals = [json.loads(line) for p in (tmp_path / "host_loss" / "events").glob("*.jsonl")
-             for line in p.read_text().splitlines() if '"heal"' in line]
+    heals = [
+        json.loads(line)
+        for p in (tmp_path / "host_loss" / "events").glob("*.jsonl")
+        for line in p.read_text().splitlines()
+        if '"heal"' in line
+    ]
     assert {h["rank"]: h["source"] for h in heals if h.get("role") == "replacement"} == {2: "buddy", 3: "buddy"}
     _no_leftovers(base, tmp_path)

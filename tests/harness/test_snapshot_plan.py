@@ -10,12 +10,12 @@ import os
 import subprocess
 
 import pytest
+from harness_test_helpers import harness_cmd, harness_env
 
 from harness.app.config import compose, load_catalogue, to_run_config
 from harness.app.machine import GiB, Machine, snapshot_space
 from harness.app.memory_plan import FP32, SNAPSHOT_META_BYTES, plan
 from harness.app.validate import ConfigError, check_values, validate
-from harness_test_helpers import harness_cmd, harness_env
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +54,17 @@ def test_a_plan_that_snapshots_push_over_host_memory_is_refused_before_training(
     without = plan(_run("strategy=accelpact_heal", "model=mistral_small", "strategy.snapshot.every=0"), BIG, counts)
     with_snap = plan(run, BIG, counts)
     # A host with room for the run but not for its snapshots.
-    host = Machine(cpu_cores=8, mem_available=int((without.per_host + with_snap.per_host) / 2 / 0.85), shm_free=32 * GiB)
-    assert plan(dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, snapshot=dataclasses.replace(
-        run.strategy.snapshot, every=0))), host, counts).fits
+    host = Machine(
+        cpu_cores=8, mem_available=int((without.per_host + with_snap.per_host) / 2 / 0.85), shm_free=32 * GiB
+    )
+    assert plan(
+        dataclasses.replace(
+            run,
+            strategy=dataclasses.replace(run.strategy, snapshot=dataclasses.replace(run.strategy.snapshot, every=0)),
+        ),
+        host,
+        counts,
+    ).fits
     assert not plan(run, host, counts).fits
     with pytest.raises(ConfigError) as info:
         validate(run, host, catalogue, ["strategy=accelpact_heal", "model=mistral_small"])
@@ -76,12 +84,15 @@ def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue
     validate(run, dataclasses.replace(tiny, shm_free=None), catalogue)  # not probed: the plan alone decides
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("strategy.snapshot.every=-1", "strategy.snapshot.every=-1 must be >= 0"),
-    ("strategy.snapshot.push_every=0", "strategy.snapshot.push_every=0 must be >= 1"),
-    ("strategy.hot_spares=-2", "strategy.hot_spares=-2 must be >= 0"),
-    ("strategy.replacement_timeout_s=0", "strategy.replacement_timeout_s=0.0 must be positive"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("strategy.snapshot.every=-1", "strategy.snapshot.every=-1 must be >= 0"),
+        ("strategy.snapshot.push_every=0", "strategy.snapshot.push_every=0 must be >= 1"),
+        ("strategy.hot_spares=-2", "strategy.hot_spares=-2 must be >= 0"),
+        ("strategy.replacement_timeout_s=0", "strategy.replacement_timeout_s=0.0 must be positive"),
+    ],
+)
 def test_snapshot_settings_are_checked(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         check_values(_run("strategy=accelpact_heal", override))
@@ -91,8 +102,12 @@ def test_push_settings_need_replicas_and_default_to_every_snapshot():
     run = _run("strategy=accelpact_heal")
     assert (run.strategy.snapshot.push_every, run.strategy.snapshot.confirm_push) == (1, False)
     with pytest.raises(ConfigError, match=r"push_every=2 .* replicas are off; try `strategy\.snapshot\.replicas=true`"):
-        check_values(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false"))
-    check_values(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true"))
+        check_values(
+            _run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false")
+        )
+    check_values(
+        _run("strategy=accelpact_heal", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true")
+    )
 
 
 def test_hot_spares_need_snapshots():
@@ -110,15 +125,36 @@ def test_cli_refuses_a_real_tmpfs_too_small_for_the_snapshots(tmp_path):
     try:
         env = {**harness_env(), "ACCELPACT_SNAPSHOT_ROOT": str(shm / "accelpact")}
         assert snapshot_space.__doc__  # the probe walks up to the tmpfs mount from the missing root
-        done = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact_heal",
-                                           "model=mistral_small"], tmp_path),
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            harness_cmd(
+                ["--validate-only", "experiment=smoke", "strategy=accelpact_heal", "model=mistral_small"], tmp_path
+            ),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         line = done.stderr.strip().splitlines()[-1]
         assert f"in {shm / 'accelpact'} (2 rank(s) x" in line and "GiB free there: DOES NOT FIT" in line, line
-        ok = subprocess.run(harness_cmd(["--validate-only", "experiment=smoke", "strategy=accelpact_heal",
-                                         "model=mistral_small", "strategy.snapshot.every=0"], tmp_path),
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        ok = subprocess.run(
+            harness_cmd(
+                [
+                    "--validate-only",
+                    "experiment=smoke",
+                    "strategy=accelpact_heal",
+                    "model=mistral_small",
+                    "strategy.snapshot.every=0",
+                ],
+                tmp_path,
+            ),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert ok.returncode == 0, ok.stderr
     finally:
         subprocess.run(["umount", str(shm)], check=False)

@@ -8,8 +8,17 @@ from harness.report.results import step_stats
 
 
 def _step(rank: int, step: int, t: float, loss: float, replay: bool = False) -> dict:
-    return {"kind": "step", "rank": rank, "t": t + 1.0, "step": step, "t_start": t, "t_end": t + 1.0,
-            "loss": loss, "tokens": 64, "replay": replay}
+    return {
+        "kind": "step",
+        "rank": rank,
+        "t": t + 1.0,
+        "step": step,
+        "t_start": t,
+        "t_end": t + 1.0,
+        "loss": loss,
+        "tokens": 64,
+        "replay": replay,
+    }
 
 
 def test_steps_run_by_another_group_after_rank_0_was_lost_are_counted():

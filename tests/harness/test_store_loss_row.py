@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.parent.launcher import LOG_DIR
 from harness.rank.identity import compare_runs
-from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 STEPS, INTERVAL, FAULT_STEP = 8, 4, 5  # checkpoint after step 3; the fault during step 5
 
@@ -25,8 +25,18 @@ def test_control_store_lost_at_a_fault_falls_back_to_checkpoint_restore(tmp_path
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "lost"
     ref = run_harness([*common, "strategy=none", "fault=none", f"hydra.run.dir={ref_dir}"], tmp_path, timeout=300)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    done = run_harness([*common, "strategy=accelpact", "fault=control_store_loss", f"fault.at_step={FAULT_STEP}",
-                        "strategy.recovery_deadline_s=5", f"hydra.run.dir={run_dir}"], tmp_path, timeout=400)
+    done = run_harness(
+        [
+            *common,
+            "strategy=accelpact",
+            "fault=control_store_loss",
+            f"fault.at_step={FAULT_STEP}",
+            "strategy.recovery_deadline_s=5",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["fallback"] is True and row["relaunches"] == 1, row
@@ -43,4 +53,6 @@ def test_control_store_lost_at_a_fault_falls_back_to_checkpoint_restore(tmp_path
     assert worker_processes(str(tmp_path)) == []
     # Each rank said it in one line: no c10d C++ backtraces from the dead store's client (launcher env).
     logs = "".join(p.read_text(errors="replace") for p in (run_dir / LOG_DIR).rglob("*") if p.is_file())
-    assert "ControlStoreLostError" in logs and "frame #" not in logs and "Exception raised from" not in logs, logs[-3000:]
+    assert "ControlStoreLostError" in logs and "frame #" not in logs and "Exception raised from" not in logs, logs[
+        -3000:
+    ]

@@ -16,12 +16,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from harness.rank.identity import compare_runs
 from harness_test_helpers import read_row, run_harness, worker_processes
 
-SHRINK = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=10",
-          "checkpoint.interval=4", "compare.trials=1"]
+from harness.rank.identity import compare_runs
+
+SHRINK = [
+    "model.num_layers=2",
+    "model.seq_len=32",
+    "model.batch_size=2",
+    "progress=false",
+    "train.steps=10",
+    "checkpoint.interval=4",
+    "compare.trials=1",
+]
 AGE = 2
 FAULT_STEP = 4 - 1 + AGE + 1  # checkpoint after step 3, AGE steps committed since
 
@@ -122,9 +129,22 @@ def test_kill_under_nvrx_relaunches_every_rank_on_a_fresh_store(comparison):
     in-job restart), each restores step 3's checkpoint, and the run ends bit-identical to the reference."""
     tmp, cmp_dir, _ = comparison
     run_dir = tmp / "nvrx_kill"
-    done = run_harness(["experiment=smoke", *SHRINK, "strategy=checkpoint_restore", "checkpoint=sync",
-                        "checkpoint.interval=4", "fault=kill", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
-                        "fault.phase=backward_reduce_scatter", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    done = run_harness(
+        [
+            "experiment=smoke",
+            *SHRINK,
+            "strategy=checkpoint_restore",
+            "checkpoint=sync",
+            "checkpoint.interval=4",
+            "fault=kill",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            "fault.phase=backward_reduce_scatter",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok", row["reason"]
@@ -145,9 +165,24 @@ def test_accelpact_recovers_from_a_hang_past_the_pg_timeout(comparison):
     # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
     # printed again (the parent once re-read rank 0's whole events file for every incarnation).
     shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
-    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
-                        "fault=hang", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}", "fault.phase=clip_allreduce",
-                        "cluster.pg_timeout_s=8", "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    done = run_harness(
+        [
+            "experiment=smoke",
+            *shrink,
+            "strategy=accelpact",
+            "checkpoint=sync",
+            "checkpoint.interval=4",
+            "fault=hang",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            "fault.phase=clip_allreduce",
+            "cluster.pg_timeout_s=8",
+            "fault.outage_s=11",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["fallback"] is False and row["relaunches"] == 0
@@ -168,9 +203,23 @@ def test_accelpact_recovers_from_a_real_blackhole_in_namespaces(comparison):
     # Progress on, a line per step: after the relaunch each step before the checkpoint must not be
     # printed again (the parent once re-read rank 0's whole events file for every incarnation).
     shrink = [o for o in SHRINK if not o.startswith("progress=")] + ["progress=true", "train.log_every=1"]
-    done = run_harness(["experiment=smoke", *shrink, "strategy=accelpact", "checkpoint=sync", "checkpoint.interval=4",
-                        "fault=blackhole", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}", "cluster.pg_timeout_s=8",
-                        "fault.outage_s=11", f"hydra.run.dir={run_dir}"], tmp, timeout=400)
+    done = run_harness(
+        [
+            "experiment=smoke",
+            *shrink,
+            "strategy=accelpact",
+            "checkpoint=sync",
+            "checkpoint.interval=4",
+            "fault=blackhole",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            "cluster.pg_timeout_s=8",
+            "fault.outage_s=11",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["relaunches"] == 0 and row["recoveries"] >= 1

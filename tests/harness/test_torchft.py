@@ -12,7 +12,6 @@ a stalled group is dropped and heals) and the run finishes with every rank agree
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, harness_env, read_row, run_harness, start_harness, worker_processes
 
 pytest.importorskip("torchft")
@@ -34,7 +32,9 @@ def _lighthouses(marker_pid: int | None = None) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "harness.strategies.torchft_lighthouse" in cmd and (marker_pid is None or f"--parent_pid {marker_pid}" in cmd):
+        if "harness.strategies.torchft_lighthouse" in cmd and (
+            marker_pid is None or f"--parent_pid {marker_pid}" in cmd
+        ):
             found.append(proc)
     return found
 
@@ -75,10 +75,12 @@ def test_lighthouse_serves_and_exits_on_close(tmp_path):
 
 
 def test_lighthouse_dies_with_a_killed_parent(tmp_path):
-    script = ("import sys, time\nfrom pathlib import Path\n"
-              "from harness.strategies.torchft_lighthouse import Lighthouse\n"
-              f"lh = Lighthouse.start(Path({str(tmp_path / 'lh.log')!r}), '127.0.0.1', 1, 60000, 100, 1000)\n"
-              "print(lh.proc.pid, flush=True)\ntime.sleep(600)\n")
+    script = (
+        "import sys, time\nfrom pathlib import Path\n"
+        "from harness.strategies.torchft_lighthouse import Lighthouse\n"
+        f"lh = Lighthouse.start(Path({str(tmp_path / 'lh.log')!r}), '127.0.0.1', 1, 60000, 100, 1000)\n"
+        "print(lh.proc.pid, flush=True)\ntime.sleep(600)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], env=harness_env(), stdout=subprocess.PIPE, text=True)
     try:
         pid = int(parent.stdout.readline())  # type: ignore[union-attr]
@@ -110,8 +112,9 @@ def _job(world: int, group_size: int, max_restarts: int = 8):
     from harness.strategies.torchft_parent import TorchftJob
 
     job = TorchftJob.__new__(TorchftJob)  # no Lighthouse process: only the restart policy is under test
-    job.run = SimpleNamespace(cluster=SimpleNamespace(world_size=world),
-                              strategy=SimpleNamespace(max_restarts=max_restarts))
+    job.run = SimpleNamespace(
+        cluster=SimpleNamespace(world_size=world), strategy=SimpleNamespace(max_restarts=max_restarts)
+    )
     job.launcher = _StubLauncher()
     job.group_size = group_size
     job.restarts, job._pending = {}, {}
@@ -151,18 +154,40 @@ def test_no_restart_beyond_max_restarts_or_without_a_lighthouse():
 
 def _step(rank, step, participants, groups=2, quorum_s=0.01):
     """A whole step record as a torchft rank writes it (typed events drop a malformed one)."""
-    return {"kind": "step", "rank": rank, "t": 100.0 + step, "step": step, "t_start": 99.5 + step, "t_end": 100.0 + step,
-            "torchft_participants": participants, "torchft_groups": groups, "torchft_quorum_s": quorum_s}
+    return {
+        "kind": "step",
+        "rank": rank,
+        "t": 100.0 + step,
+        "step": step,
+        "t_start": 99.5 + step,
+        "t_end": 100.0 + step,
+        "torchft_participants": participants,
+        "torchft_groups": groups,
+        "torchft_quorum_s": quorum_s,
+    }
 
 
 def test_columns_say_no_bit_identity_when_a_group_sat_out_steps():
     from harness.strategies.torchft_report import torchft_columns
 
     events = [_step(0, s, 2 if s < 4 or s > 6 else 1) for s in range(10)]
-    events += [{"kind": "recovery", "rank": r, "t": 105.0, "decision": "retry", "torchft_quorum_id": 2,
-                "detection_s": 0.5, "agreement_s": 0.1, "rebuild_s": 0.2} for r in (0, 1)]
-    events += [{"kind": "heal", "rank": 1, "t": 107.0, "role": "replacement", "total_s": 3.0},
-               {"kind": "heal", "rank": 0, "t": 107.0, "role": "sender", "total_s": 9.0}]
+    events += [
+        {
+            "kind": "recovery",
+            "rank": r,
+            "t": 105.0,
+            "decision": "retry",
+            "torchft_quorum_id": 2,
+            "detection_s": 0.5,
+            "agreement_s": 0.1,
+            "rebuild_s": 0.2,
+        }
+        for r in (0, 1)
+    ]
+    events += [
+        {"kind": "heal", "rank": 1, "t": 107.0, "role": "replacement", "total_s": 3.0},
+        {"kind": "heal", "rank": 0, "t": 107.0, "role": "sender", "total_s": 9.0},
+    ]
     cols = torchft_columns(events)
     assert cols["torchft_short_steps"] == 3
     assert cols["bit_identity_note"].startswith("no by design") and "(4-6)" in cols["bit_identity_note"]
@@ -190,17 +215,23 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
     for rows, world in ((8, 2), (7, 4), (3, 4), (1, 2)):
         t = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
         chunks = _chunk_with_empty(t, world, dim=0)
-        theirs = [t.new_zeros(chunks[0].size()).narrow(0, 0, c.size(0) if c.numel() else 0).copy_(c)
-                  if c.numel() else t.new_zeros(chunks[0].size()).narrow(0, 0, 0) for c in chunks]
+        theirs = [
+            t.new_zeros(chunks[0].size()).narrow(0, 0, c.size(0) if c.numel() else 0).copy_(c)
+            if c.numel()
+            else t.new_zeros(chunks[0].size()).narrow(0, 0, 0)
+            for c in chunks
+        ]
         ours = world_chunks(t, world)
         assert [tuple(c.shape) for c in ours] == [tuple(c.shape) for c in theirs]
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, ranks: tuple[int, ...] = (1,)):
-    return SimpleNamespace(strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
-                           cluster=SimpleNamespace(world_size=world, hosts=hosts, replicate=1),
-                           fault=SimpleNamespace(kind=fault, ranks=list(ranks)))
+    return SimpleNamespace(
+        strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
+        cluster=SimpleNamespace(world_size=world, hosts=hosts, replicate=1),
+        fault=SimpleNamespace(kind=fault, ranks=list(ranks)),
+    )
 
 
 def test_validation_names_the_fix():
@@ -215,7 +246,9 @@ def test_validation_names_the_fix():
     check_runnable(_run(4, 2, "host_loss", hosts=2))  # host 0 holds group 0 only
     check_runnable(_run(4, 1, "tcp_reset", hosts=2))
     # One host holding a rank of every group: its loss leaves no peer to heal from.
-    with pytest.raises(ConfigError, match=r"every replica group.*fault.ranks=\[1\] with a host per group: cluster.hosts=2"):
+    with pytest.raises(
+        ConfigError, match=r"every replica group.*fault.ranks=\[1\] with a host per group: cluster.hosts=2"
+    ):
         check_runnable(_run(2, 1, "host_loss", hosts=1))
     with pytest.raises(ConfigError, match=r"kills ranks \[0, 1\]"):
         check_runnable(_run(2, 1, "kill", ranks=(0, 1)))

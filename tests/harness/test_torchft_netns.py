@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 pytest.importorskip("torchft")
@@ -45,8 +44,19 @@ def test_host_loss_restarts_the_lost_group_in_its_namespace_and_it_heals_from_a_
     from harness.faults.netns import leftovers
 
     run_dir = tmp_path / "run"
-    done = run_harness([*TINY, "strategy=torchft", "fault=host_loss", "fault.ranks=[1]", f"fault.at_step={FAULT_STEP}",
-                        f"train.steps={STEPS}", f"hydra.run.dir={run_dir}"], tmp_path, timeout=800)
+    done = run_harness(
+        [
+            *TINY,
+            "strategy=torchft",
+            "fault=host_loss",
+            "fault.ranks=[1]",
+            f"fault.at_step={FAULT_STEP}",
+            f"train.steps={STEPS}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        timeout=800,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = read_row(run_dir)
     assert row["status"] == "ok" and row["ranks_agree"], row["reason"]

@@ -7,9 +7,9 @@ import sys
 
 import pandas as pd
 import pytest
+from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
 from harness.rank.identity import compare_runs, load_identity
-from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
 STEPS = 3
 
@@ -23,7 +23,12 @@ def runs(tmp_path_factory):
     for name, seed in specs.items():
         args = [*TINY, f"train.steps={STEPS}", f"train.seed={seed}", f"hydra.run.dir={tmp / name}"]
         procs[name] = subprocess.Popen(
-            harness_cmd(args, tmp), cwd=tmp, env=harness_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            harness_cmd(args, tmp),
+            cwd=tmp,
+            env=harness_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
     out = {}
     for name, proc in procs.items():
@@ -67,11 +72,19 @@ def test_identical_runs_have_identical_state_and_another_seed_differs(runs):
 @pytest.mark.slow  # default-suite time (issue 19: CI pytest <= 12 min); shares the three runs above
 def test_identity_cli(runs):
     tmp, _ = runs
-    ok = subprocess.run([sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "b")],
-                        cwd=REPO, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "b")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "identical" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "c")],
-                         cwd=REPO, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "c")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1 and "DIFFERENT" in bad.stdout and "param/" in bad.stdout
 
 

@@ -39,9 +39,19 @@ def test_trial_of_directory_names():
 
 
 def _row(strategy, age, gain, measured, trial, status="ok", identical=True, **extra):
-    return {"strategy": strategy, "age": age, "accelpact_gain_bp": gain, "accelpact_gain": measured,
-            "goodput_bp": 100 / gain if gain else math.nan, "goodput": 90.0, "status": status,
-            "bit_identical": identical, "trial": trial, "program_startup_s": 2.0 + trial, **extra}
+    return {
+        "strategy": strategy,
+        "age": age,
+        "accelpact_gain_bp": gain,
+        "accelpact_gain": measured,
+        "goodput_bp": 100 / gain if gain else math.nan,
+        "goodput": 90.0,
+        "status": status,
+        "bit_identical": identical,
+        "trial": trial,
+        "program_startup_s": 2.0 + trial,
+        **extra,
+    }
 
 
 def test_summary_per_cell_draws_the_verdict_from_the_measured_gain():
@@ -49,8 +59,11 @@ def test_summary_per_cell_draws_the_verdict_from_the_measured_gain():
     rows = []
     for t, (g_cold, g_neg) in enumerate([(1.3, 0.8), (1.2, 0.7), (1.35, 0.75)]):
         # cold_restart: the badput-based gain looks like a clear win, the measured one (0.95-1.35) does not
-        rows += [_row("cold_restart", 5, g_cold, 0.95 + 0.2 * t, t), _row("slow", 5, g_neg, g_neg, t),
-                 _row("noisy", 5, 1.3, [0.9, 1.2, 1.1][t], t)]
+        rows += [
+            _row("cold_restart", 5, g_cold, 0.95 + 0.2 * t, t),
+            _row("slow", 5, g_neg, g_neg, t),
+            _row("noisy", 5, 1.3, [0.9, 1.2, 1.1][t], t),
+        ]
     rows.append(_row("cold_restart", 5, 5.0, 5.0, 3, status="failed"))  # a failed run is not a trial
     rows.append(_row("single", 18, 1.5, 1.5, 0))
     out = {(r["strategy"], r["age"]): r for r in summarize_cells(rows)}
@@ -73,8 +86,10 @@ def test_the_minimum_effect_keeps_a_tiny_gain_from_reading_as_better():
 
 
 def test_notes_name_a_slow_step_and_a_load_spike():
-    rows = [_row("accelpact_heal", 5, 1.0, 1.0, t, step_drift=1.2, load_mean=load, load_max=load + 0.5,
-                 cores_used=2) for t, load in enumerate([2.1, 4.4, 2.0])]
+    rows = [
+        _row("accelpact_heal", 5, 1.0, 1.0, t, step_drift=1.2, load_mean=load, load_max=load + 0.5, cores_used=2)
+        for t, load in enumerate([2.1, 4.4, 2.0])
+    ]
     notes = summarize_cells(rows)[0]["notes"]
     assert "steps 1.20x the reference's" in notes and "load spike in 1 of 3 trials (load up to 4.9 on 2 cores)" in notes
     quiet = [dict(r, step_drift=1.03, load_mean=2.1) for r in rows]
@@ -88,8 +103,10 @@ def test_a_sweep_over_faults_keeps_one_cell_per_fault():
 
     rows = []
     for t in range(3):
-        rows += [_row("cold_restart", 5, 1.2, [1.3, 1.25, 1.35][t], t, fault="socket_reset"),
-                 _row("cold_restart", 5, 0.8, [0.8, 0.7, 0.75][t], t, fault="kill")]
+        rows += [
+            _row("cold_restart", 5, 1.2, [1.3, 1.25, 1.35][t], t, fault="socket_reset"),
+            _row("cold_restart", 5, 0.8, [0.8, 0.7, 0.75][t], t, fault="kill"),
+        ]
     cells = summarize_cells(rows)
     out = {(r["strategy"], r["age"], r["fault"]): r for r in cells}
     assert set(out) == {("cold_restart", 5, "socket_reset"), ("cold_restart", 5, "kill")}
@@ -109,12 +126,24 @@ def test_bit_identical_is_false_if_any_trial_differs():
 def test_median_rows_collapses_trials():
     from harness.report.trials import median_rows
 
-    rows = [{"strategy": "a", "age": 5, "trial": t, "gain": g, "status": "ok", "bit_identical": True, "fallback": "no"}
-            for t, g in enumerate((1.1, 1.5, 1.2))]
-    rows.append({"strategy": "a", "age": 5, "trial": 3, "gain": 9.0, "status": "failed", "bit_identical": False,
-                 "fallback": "no"})
-    rows.append({"strategy": "a", "age": 18, "trial": 0, "gain": 2.0, "status": "ok", "bit_identical": None,
-                 "fallback": "yes"})
+    rows = [
+        {"strategy": "a", "age": 5, "trial": t, "gain": g, "status": "ok", "bit_identical": True, "fallback": "no"}
+        for t, g in enumerate((1.1, 1.5, 1.2))
+    ]
+    rows.append(
+        {
+            "strategy": "a",
+            "age": 5,
+            "trial": 3,
+            "gain": 9.0,
+            "status": "failed",
+            "bit_identical": False,
+            "fallback": "no",
+        }
+    )
+    rows.append(
+        {"strategy": "a", "age": 18, "trial": 0, "gain": 2.0, "status": "ok", "bit_identical": None, "fallback": "yes"}
+    )
     out = median_rows(rows, ("strategy", "age"))
     assert [(r["strategy"], r["age"]) for r in out] == [("a", 5), ("a", 18)]
     assert out[0]["gain"] == pytest.approx(1.2) and out[0]["trials"] == 3 and out[0]["bit_identical"] is True

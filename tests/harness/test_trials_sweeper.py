@@ -8,11 +8,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from harness_test_helpers import run_harness
 
-TINY_COMPARE = ["model.num_layers=2", "model.seq_len=32", "model.batch_size=2", "progress=false", "train.steps=8",
-                "checkpoint.interval=4", "fault.at_age=1", "strategy=accelpact", "compare.trials=2"]
+TINY_COMPARE = [
+    "model.num_layers=2",
+    "model.seq_len=32",
+    "model.batch_size=2",
+    "progress=false",
+    "train.steps=8",
+    "checkpoint.interval=4",
+    "fault.at_age=1",
+    "strategy=accelpact",
+    "compare.trials=2",
+]
 
 
 def _started(run_dir: Path) -> float:

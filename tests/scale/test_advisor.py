@@ -28,8 +28,10 @@ def _choice(rate_per_s: float, platform: Platform = SYNTH, state: float = 1e9, s
     return choose(platform, state, step, rates, fallback_s={"gpu_host_loss": 600.0})
 
 
-@pytest.mark.parametrize("platform, state, step", [(SYNTH, 1e9, 1.0), (CPU_HERE, 22e6, 0.25),
-                                                   (GPU_NODE, 4e9, 5.0), (SYNTH.with_(push_gbps=0.5), 2e9, 0.5)])
+@pytest.mark.parametrize(
+    "platform, state, step",
+    [(SYNTH, 1e9, 1.0), (CPU_HERE, 22e6, 0.25), (GPU_NODE, 4e9, 5.0), (SYNTH.with_(push_gbps=0.5), 2e9, 0.5)],
+)
 def test_a_higher_fault_rate_never_advises_a_sparser_cadence(platform, state, step):
     rates = [10 ** (x / 8) for x in range(-64, 1)]  # 1e-8 .. 1 failure per second
     choices = [_choice(r, platform, state, step) for r in rates]
@@ -39,7 +41,9 @@ def test_a_higher_fault_rate_never_advises_a_sparser_cadence(platform, state, st
         assert hi.loss_rate / hi.objective <= 1.0 + 1e-9
     # the rate matters: rare faults buy a sparse cadence, frequent ones a dense one
     assert choices[0].replay_bound >= 64 and choices[-1].replay_bound <= choices[0].replay_bound // 8, (
-        choices[0].cadence, choices[-1].cadence)
+        choices[0].cadence,
+        choices[-1].cadence,
+    )
 
 
 def test_a_dearer_push_never_advises_pushing_more_often():
@@ -131,13 +135,16 @@ def test_no_arguments_prints_the_default_advice_in_under_30_s():
     assert ("winner: " in text) or ("no clear winner: " in text)
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--mix", "llama4"], "mix 'llama4' is unknown: use one of llama3"),
-    (["--rate", "hang=-1"], "--rate hang=-1: a rate cannot be negative"),
-    (["--state-gb", "80", "--host-memory-gb", "512"], "more than --host-memory-gb 512: lower --state-gb"),
-    (["--rate", "meteor=1"], "that class is unknown"),
-    (["--gpus", "100"], "--gpus=100 is not a multiple of --gpus-per-host=8"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--mix", "llama4"], "mix 'llama4' is unknown: use one of llama3"),
+        (["--rate", "hang=-1"], "--rate hang=-1: a rate cannot be negative"),
+        (["--state-gb", "80", "--host-memory-gb", "512"], "more than --host-memory-gb 512: lower --state-gb"),
+        (["--rate", "meteor=1"], "that class is unknown"),
+        (["--gpus", "100"], "--gpus=100 is not a multiple of --gpus-per-host=8"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_fix(argv, match, capsys):
     assert cli.main(argv) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err

@@ -98,12 +98,15 @@ def test_rsc_mixes_keep_the_published_mttf(name, gpus, hours):
     assert mttf_h(mix, gpus, unexpected_classes(mix)) == pytest.approx(hours)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"mix": "llama4"}, "mix 'llama4' is unknown: use one of llama3"),
-    ({"faults": 400}, "faults=400"),
-    ({"faults": 0}, "faults=0"),
-    ({"first_step": 300}, "first_step"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mix": "llama4"}, "mix 'llama4' is unknown: use one of llama3"),
+        ({"faults": 400}, "faults=400"),
+        ({"faults": 0}, "faults=0"),
+        ({"first_step": 300}, "first_step"),
+    ],
+)
 def test_bad_input_names_the_fix(kwargs, match):
     with pytest.raises(ScaleConfigError, match=match):
         draw_trace(**kwargs)

@@ -29,8 +29,9 @@ def test_the_committed_measurement_covers_2_sizes_x_2_token_settings_with_5_or_m
     assert len({c["model"]["hidden"] for c in cells.values()}) == 2
     assert len({c["tokens_per_step"] for c in cells.values()}) == 2
     assert len(cells) == 4
-    assert all(len(c["overhead"][m]) >= 5 and len(c["cpu_overhead"][m]) >= 5
-               for c in cells.values() for m in ("snap", "push"))
+    assert all(
+        len(c["overhead"][m]) >= 5 and len(c["cpu_overhead"][m]) >= 5 for c in cells.values() for m in ("snap", "push")
+    )
     prov = DATA["provenance"]
     assert prov["git_sha"] and prov["command"].startswith("python -m experiments.heal_tax") and prov["machine"]
 
@@ -38,15 +39,24 @@ def test_the_committed_measurement_covers_2_sizes_x_2_token_settings_with_5_or_m
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.cell}-{r.mode}")
 def test_model_inside_the_step_time_interval(row):
     assert row.lo <= row.predicted <= row.hi, (
-        f"{row.cell} {row.mode}: model {row.predicted:+.3f} outside the measured [{row.lo:+.3f}, {row.hi:+.3f}]")
+        f"{row.cell} {row.mode}: model {row.predicted:+.3f} outside the measured [{row.lo:+.3f}, {row.hi:+.3f}]"
+    )
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="the committed miss"))
-                                 if (r.cell, r.mode) in CPU_MISSES else r for r in ROWS],
-                         ids=lambda r: f"{r.cell}-{r.mode}")
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="the committed miss"))
+        if (r.cell, r.mode) in CPU_MISSES
+        else r
+        for r in ROWS
+    ],
+    ids=lambda r: f"{r.cell}-{r.mode}",
+)
 def test_model_inside_the_cpu_interval(row):
     assert row.cpu_lo <= row.predicted <= row.cpu_hi, (
-        f"{row.cell} {row.mode}: model {row.predicted:+.3f} outside CPU [{row.cpu_lo:+.3f}, {row.cpu_hi:+.3f}]")
+        f"{row.cell} {row.mode}: model {row.predicted:+.3f} outside CPU [{row.cpu_lo:+.3f}, {row.cpu_hi:+.3f}]"
+    )
 
 
 def test_the_model_is_not_flat():

@@ -40,13 +40,17 @@ def test_every_strategy_and_age_is_covered(rows):
     assert {r.age for r in rows if r.strategy == "cold_restart"} == _ages()
     cells = cal.error_intervals(rows)  # the calibration proper: every cell reported, with its trials
     assert {(c.strategy, c.age) for c in cells if c.age is not None} == {
-        (s, a) for s in ("accelpact", "cold_restart", "checkpoint_restore") for a in _ages()}
+        (s, a) for s in ("accelpact", "cold_restart", "checkpoint_restore") for a in _ages()
+    }
 
 
 def test_the_engine_replays_every_run_from_its_own_costs_within_5_percent():
-    misses = [f"{c.strategy} age {c.age}: simulated {c.simulated:.0f} vs measured {c.measured:.0f} (medians over "
-              f"trials; error {c.text()})" for c in cal.error_intervals(cal.calibrate(RESULTS, own=True))
-              if abs(c.error_median) > TOLERANCE]
+    misses = [
+        f"{c.strategy} age {c.age}: simulated {c.simulated:.0f} vs measured {c.measured:.0f} (medians over "
+        f"trials; error {c.text()})"
+        for c in cal.error_intervals(cal.calibrate(RESULTS, own=True))
+        if abs(c.error_median) > TOLERANCE
+    ]
     assert not misses, "; ".join(misses)
 
 
@@ -55,8 +59,11 @@ def test_dropping_the_replay_misses(monkeypatch):
     the largest age, so the check above can fail."""
     monkeypatch.setitem(cal.ROLLBACK, "cold_restart", STEP)
     oldest = max(_ages())
-    wrong = [c for c in cal.error_intervals(cal.calibrate(RESULTS, own=True))
-             if c.strategy == "cold_restart" and c.age == oldest]
+    wrong = [
+        c
+        for c in cal.error_intervals(cal.calibrate(RESULTS, own=True))
+        if c.strategy == "cold_restart" and c.age == oldest
+    ]
     assert wrong and wrong[0].error_median > 2 * TOLERANCE, wrong
 
 

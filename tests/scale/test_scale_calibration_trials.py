@@ -25,10 +25,33 @@ STEP_S = (0.20, 0.26, 0.18)
 RESTART_S = (1.0, 1.6, 1.2)
 NOISE = (1.00, 1.03, 0.98)
 
-GVA_COLUMNS = ["run", "strategy", "age", "status", "goodput", "wall_s", "tokens", "step_median_s",
-               "detection_s", "agreement_s", "rebuild_s", "rebind_s", "restart_s", "restore_s", "replay_s",
-               "checkpoint_s", "other_s", "fault_detection_s", "fault_agreement_s", "fault_rebuild_s",
-               "fault_rebind_s", "fault_restart_s", "fault_restore_s", "fault_replay_s", "fault_other_s"]
+GVA_COLUMNS = [
+    "run",
+    "strategy",
+    "age",
+    "status",
+    "goodput",
+    "wall_s",
+    "tokens",
+    "step_median_s",
+    "detection_s",
+    "agreement_s",
+    "rebuild_s",
+    "rebind_s",
+    "restart_s",
+    "restore_s",
+    "replay_s",
+    "checkpoint_s",
+    "other_s",
+    "fault_detection_s",
+    "fault_agreement_s",
+    "fault_rebuild_s",
+    "fault_rebind_s",
+    "fault_restart_s",
+    "fault_restore_s",
+    "fault_replay_s",
+    "fault_other_s",
+]
 
 
 def _gva_row(strategy: str, age: int | None, step: float, restart: float, noise: float) -> dict:
@@ -44,9 +67,16 @@ def _gva_row(strategy: str, age: int | None, step: float, restart: float, noise:
     row = {k: 0.0 for k in GVA_COLUMNS}
     row.update(parts)
     row.update({f"fault_{k}": v for k, v in fault.items()})
-    row.update(run=f"{strategy}_age{age}" if age is not None else "reference", strategy=strategy,
-               age="" if age is None else age, status="ok", goodput=noise * TOKENS / wall, wall_s=wall,
-               tokens=TOKENS, step_median_s=0.97 * step)
+    row.update(
+        run=f"{strategy}_age{age}" if age is not None else "reference",
+        strategy=strategy,
+        age="" if age is None else age,
+        status="ok",
+        goodput=noise * TOKENS / wall,
+        wall_s=wall,
+        tokens=TOKENS,
+        step_median_s=0.97 * step,
+    )
     return row
 
 
@@ -71,9 +101,26 @@ def gva_sweep(d: Path, trials: int) -> Path:
     return _write(d, rows, columns, {"steps": STEPS, "interval": INTERVAL})
 
 
-PL_COLUMNS = ["run", "fault", "strategy", "heal_source", "age", "status", "goodput", "useful_s", "useful_tokens",
-              "badput_total_s", "part_detection_s", "part_replacement_start_s", "part_heal_transfer_s",
-              "part_restart_s", "part_restore_s", "part_replay_s", "part_other_s", "part_checkpoint_s"]
+PL_COLUMNS = [
+    "run",
+    "fault",
+    "strategy",
+    "heal_source",
+    "age",
+    "status",
+    "goodput",
+    "useful_s",
+    "useful_tokens",
+    "badput_total_s",
+    "part_detection_s",
+    "part_replacement_start_s",
+    "part_heal_transfer_s",
+    "part_restart_s",
+    "part_restore_s",
+    "part_replay_s",
+    "part_other_s",
+    "part_checkpoint_s",
+]
 HEAL_DETECTION_S = (0.04, 0.09, 0.05)
 
 
@@ -81,25 +128,47 @@ def _pl_row(fault: str, strategy: str, age: int | None, k: int) -> dict:
     step = STEP_S[k]
     parts = {}
     if strategy == "accelpact":
-        parts = {"part_detection_s": HEAL_DETECTION_S[k], "part_replacement_start_s": 0.04,
-                 "part_heal_transfer_s": 0.2, "part_replay_s": 0.5 * step, "part_other_s": 0.05}
+        parts = {
+            "part_detection_s": HEAL_DETECTION_S[k],
+            "part_replacement_start_s": 0.04,
+            "part_heal_transfer_s": 0.2,
+            "part_replay_s": 0.5 * step,
+            "part_other_s": 0.05,
+        }
     elif strategy == "cold_restart":
-        parts = {"part_restart_s": RESTART_S[k], "part_restore_s": 0.3, "part_replay_s": age * step,
-                 "part_other_s": 0.02}
+        parts = {
+            "part_restart_s": RESTART_S[k],
+            "part_restore_s": 0.3,
+            "part_replay_s": age * step,
+            "part_other_s": 0.02,
+        }
     useful = STEPS * step
     badput = sum(parts.values()) + 0.1  # the one checkpoint write inside the window
     row = {c: "" for c in PL_COLUMNS}
     row.update(parts)
-    row.update(run=f"{strategy}_age{age}", fault=fault, strategy=strategy,
-               heal_source="own" if strategy == "accelpact" else "", age="" if age is None else age, status="ok",
-               goodput=NOISE[k] * TOKENS / (useful + badput), useful_s=useful, useful_tokens=TOKENS,
-               badput_total_s=badput, trial=k)
+    row.update(
+        run=f"{strategy}_age{age}",
+        fault=fault,
+        strategy=strategy,
+        heal_source="own" if strategy == "accelpact" else "",
+        age="" if age is None else age,
+        status="ok",
+        goodput=NOISE[k] * TOKENS / (useful + badput),
+        useful_s=useful,
+        useful_tokens=TOKENS,
+        badput_total_s=badput,
+        trial=k,
+    )
     return row
 
 
 def pl_sweep(d: Path, trials: int) -> Path:
-    rows = [_pl_row(fault, strategy, age, k) for k in range(trials) for fault in ("kill", "host_loss")
-            for strategy, age in (("reference", None), ("accelpact", 2), ("cold_restart", 2))]
+    rows = [
+        _pl_row(fault, strategy, age, k)
+        for k in range(trials)
+        for fault in ("kill", "host_loss")
+        for strategy, age in (("reference", None), ("accelpact", 2), ("cold_restart", 2))
+    ]
     columns = PL_COLUMNS + ["trial"] if trials > 1 else PL_COLUMNS
     if trials == 1:
         rows = [{c: r[c] for c in PL_COLUMNS} for r in rows]
@@ -125,8 +194,13 @@ def test_three_trials_give_per_cell_medians_and_an_interval(tmp_path):
         mine = [r for r in runs if (r.strategy, r.age) == (strategy, age)]
         errors = [r.error for r in mine]
         assert c.trials == 3
-        assert c.measured == pytest.approx(statistics.median(
-            float(w["goodput"]) for w in written if w["strategy"] == strategy and w["age"] == ("" if age is None else str(age))))
+        assert c.measured == pytest.approx(
+            statistics.median(
+                float(w["goodput"])
+                for w in written
+                if w["strategy"] == strategy and w["age"] == ("" if age is None else str(age))
+            )
+        )
         assert c.simulated == pytest.approx(statistics.median(r.simulated for r in mine))
         assert c.error_median == pytest.approx(statistics.median(errors))
         # The errors differ by trial (NOISE), so the bootstrap interval has width, within their range.
@@ -206,8 +280,9 @@ def test_heal_three_trials_give_per_cell_medians_and_an_interval(tmp_path):
         mine = [r for r in runs if (r.fault, r.strategy, r.age) == (fault, strategy, age)]
         errors = [r.error for r in mine]
         assert c.trials == 3 and c.heals == (strategy == "accelpact")
-        assert c.measured == pytest.approx(statistics.median(
-            float(w["goodput"]) for w in written if (w["fault"], w["strategy"]) == (fault, strategy)))
+        assert c.measured == pytest.approx(
+            statistics.median(float(w["goodput"]) for w in written if (w["fault"], w["strategy"]) == (fault, strategy))
+        )
         assert c.simulated == pytest.approx(statistics.median(r.simulated for r in mine))
         assert c.error_median == pytest.approx(statistics.median(errors))
         assert min(errors) - 1e-12 <= c.error_lo < c.error_hi <= max(errors) + 1e-12

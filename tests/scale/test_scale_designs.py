@@ -3,7 +3,6 @@ the measured winner, and each design changes only what it says it changes."""
 
 from __future__ import annotations
 
-
 from harness import strategies
 from harness.scale import scaling as sc
 from harness.scale.config import Cluster
@@ -46,8 +45,7 @@ def test_hsdp_continue_charges_the_failed_group_by_its_share():
 
 
 def _p(name: str, ettr: float, ci: float = 0.001) -> Projection:
-    return Projection(name, 100_000, True, best_ettr=ettr, best_ci=ci, badput={"gpu_host_loss": 1 - ettr},
-                      driver="x")
+    return Projection(name, 100_000, True, best_ettr=ettr, best_ci=ci, badput={"gpu_host_loss": 1 - ettr}, driver="x")
 
 
 def test_winner_line_names_the_best_measured_row_not_a_design():

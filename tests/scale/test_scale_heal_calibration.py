@@ -36,10 +36,12 @@ def test_both_faults_have_heal_runs(rows):
 
 
 def test_the_engine_replays_every_run_from_its_own_costs_within_5_percent():
-    misses = [f"{c.strategy} {c.fault} age {c.age}: simulated {c.simulated:.0f} vs measured {c.measured:.0f} "
-              f"(medians over trials; error {c.text()})"
-              for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
-              if abs(c.error_median) > TOLERANCE]
+    misses = [
+        f"{c.strategy} {c.fault} age {c.age}: simulated {c.simulated:.0f} vs measured {c.measured:.0f} "
+        f"(medians over trials; error {c.text()})"
+        for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
+        if abs(c.error_median) > TOLERANCE
+    ]
     assert not misses, "; ".join(misses)
 
 
@@ -53,15 +55,21 @@ def test_a_heal_that_replayed_to_the_checkpoint_misses(monkeypatch):
     """Negative control: the same runs replayed as if the heal restored from disk (rollback to the checkpoint,
     no heal parts) miss by far more than 5% at age 18, so the check above can fail."""
     monkeypatch.setattr(heal, "_heals", lambda row: False)
-    wrong = [c for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
-             if c.strategy == strategies.healer().name and c.age == 18]
+    wrong = [
+        c
+        for c in heal.heal_error_intervals(heal.calibrate_heal(RESULTS, own=True))
+        if c.strategy == strategies.healer().name and c.age == 18
+    ]
     assert wrong and all(abs(c.error_median) > 2 * TOLERANCE for c in wrong)
 
 
 def test_projection_uses_the_measured_parts():
     with (RESULTS / "data.csv").open() as fh:
-        kills = [r for r in csv.DictReader(fh) if r["fault"] == "kill" and r["status"] == "ok"
-                 and r.get("heal_source") not in ("", "nan", None)]
+        kills = [
+            r
+            for r in csv.DictReader(fh)
+            if r["fault"] == "kill" and r["status"] == "ok" and r.get("heal_source") not in ("", "nan", None)
+        ]
     detection = statistics.median(float(r["part_detection_s"]) for r in kills)
     transfer = statistics.median(float(r["part_heal_transfer_s"]) for r in kills)
     healing = [n for n, sim in strategies.simulated().items() if sim.build == heal.HEAL_BUILDS[0]]

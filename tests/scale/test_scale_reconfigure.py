@@ -26,8 +26,9 @@ def _names() -> tuple[str, str]:
 
 def test_heal_parts_scale_by_the_measured_ratio():
     d = json.loads(RAW.read_text())
-    ratio = (statistics.median(t["death_to_resumed_s"] for t in d["heal/2.15"])
-             / statistics.median(t["death_to_resumed_s"] for t in d["heal/2.13"]))
+    ratio = statistics.median(t["death_to_resumed_s"] for t in d["heal/2.15"]) / statistics.median(
+        t["death_to_resumed_s"] for t in d["heal/2.13"]
+    )
     rebind, reconf = _names()
     c = Cluster(gpus=1024)
     table = outcome_table(c, (rebind, reconf))

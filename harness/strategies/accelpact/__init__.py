@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 from harness import events
 from harness.strategies.accelpact.heal import (
     EXIT_FALLBACK,
     check_heal,
+    control_deadline,
     die_at_heal_plan,
+    replace_on_kill,
     restore_extra_state,
     resume_from_snapshots,
-    control_deadline,
-    replace_on_kill,
     side_group,
     snapshots_and_policy,
 )
@@ -60,20 +61,25 @@ class AccelPactStep(Strategy):
         rejoined = ctx.rejoin
         self.control = rejoined.control if rejoined is not None else ControlChannel.from_env()
         self.snapshots, heal, self.replication = snapshots_and_policy(
-            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler)
+            ctx.cfg, ctx.model, ctx.optimizer, self.control, ctx.rank, ctx.world_size, ctx.scheduler
+        )
         if ctx.incarnation > 0 and not ctx.replacement:
             self._start = self._resume_relaunched()
         max_norm = ctx.cfg.train.max_grad_norm
         try:
             self.guard = attach(
-                ctx.model, ctx.optimizer, self.control,
+                ctx.model,
+                ctx.optimizer,
+                self.control,
                 max_grad_norm=max_norm if max_norm > 0 else None,
                 pg_timeout=timedelta(seconds=ctx.cfg.cluster.pg_timeout_s),
                 # Detection is measured from the injected fault, not from the failed attempt's start.
                 injection_clock=self.faults.injector.consume_injection_time if self.faults is not None else None,
                 # None = auto (10 s when the PG timeout is longer), 0 = off (harness.app.capabilities).
                 stall_timeout_s=_stall_timeout(ctx.cfg.strategy.stall_timeout_s),
-                snapshots=self.snapshots, heal=heal, rejoin=rejoined.ticket if rejoined is not None else None,
+                snapshots=self.snapshots,
+                heal=heal,
+                rejoin=rejoined.ticket if rejoined is not None else None,
             )
         except Exception as exc:  # a replacement that cannot heal (no copy survives): fall back
             from accelpact.errors import UnrecoverableError
@@ -92,7 +98,7 @@ class AccelPactStep(Strategy):
             # Joined the survivors at the resume step; the checkpoint group with them comes now (they
             # build theirs in the guard's heal hook, before training continues).
             self._start = self.guard.next_step
-            restore_extra_state(ctx.scheduler, self.guard.resumed.extra_state)  # e.g. the LR schedule
+            restore_extra_state(ctx.scheduler, self.guard.resumed.extra_state)  # type: ignore[union-attr]  # rejoined: resumed
             self._record_heals()
             if ctx.cfg.checkpoint.interval > 0:
                 self.ckpt = self.make_checkpointer(self.checkpoint_group())
@@ -110,20 +116,22 @@ class AccelPactStep(Strategy):
         start, why = resume_from_snapshots(self.ctx, self.snapshots, self.replication)
         if start is not None:
             return start
-        reason = (f"relaunch: no complete, agreeing set of snapshots in shared memory ({why}); restoring the "
-                  "newest checkpoint from disk")
-        self.ctx.events.emit(events.Fallback, reason=reason[:500], error=why.split(":", 1)[0],
-                             detected_by="relaunch")
+        reason = (
+            f"relaunch: no complete, agreeing set of snapshots in shared memory ({why}); restoring the "
+            "newest checkpoint from disk"
+        )
+        self.ctx.events.emit(events.Fallback, reason=reason[:500], error=why.split(":", 1)[0], detected_by="relaunch")
         print(f"rank {self.ctx.rank}: {reason}", file=sys.stderr, flush=True)
         return self.restore_checkpoint()
 
     def checkpoint_group(self) -> Any:
         ctx = self.ctx
         generation = getattr(getattr(self, "control", None), "generation", 0)
-        return side_group(ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size,
-                          ctx.cfg.cluster.pg_timeout_s)
+        return side_group(
+            ctx.control_store, _token(), "ckpt", generation, ctx.rank, ctx.world_size, ctx.cfg.cluster.pg_timeout_s
+        )
 
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         from accelpact.errors import RolledBack, UnrecoverableError
 
         model = self.ctx.model
@@ -196,11 +204,20 @@ class AccelPactStep(Strategy):
     def _fall_back(self, step: int, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"
         # detected_by: how the loss was found ("notice", "heartbeat", "deadline", "heal"); the row reports it.
-        self.ctx.events.emit(events.Fallback, step=step, reason=reason[:500], error=type(exc).__name__,
-                             detected_by=getattr(exc, "detected_by", None),
-                             generation=getattr(exc, "generation", None))
-        print(f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
-              f"checkpoint restore: {reason}", file=sys.stderr, flush=True)
+        self.ctx.events.emit(
+            events.Fallback,
+            step=step,
+            reason=reason[:500],
+            error=type(exc).__name__,
+            detected_by=getattr(exc, "detected_by", None),
+            generation=getattr(exc, "generation", None),
+        )
+        print(
+            f"rank {self.ctx.rank}: in-memory recovery impossible at step {step}, falling back to "
+            f"checkpoint restore: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
         # os._exit, not an exception: tearing down process groups a dead peer left half-open can
         # block, and the parent only needs the event (already flushed) and the exit status.
         sys.stdout.flush()
@@ -220,13 +237,18 @@ class AccelPactStep(Strategy):
             d.pop("reports", None)
             # t = when the recovery ended (goodput lays the durations back to back, ending there);
             # the record is written after the retried step, so t must be given explicitly.
-            self.ctx.events.emit(events.Recovery, decision=decision.get("action"), decision_detail=decision,
-                                 written=time.time(), **{**d, "t": ev.t_detected + ev.total_s})
+            self.ctx.events.emit(
+                events.Recovery,
+                decision=decision.get("action"),
+                decision_detail=decision,
+                written=time.time(),
+                **{**d, "t": ev.t_detected + ev.total_s},
+            )
         # The fault broke the checkpoint group too (a reset hits every gloo connection of the rank).
         self._new_side_groups()
 
     def _record_heals(self) -> None:
-        for ev in self.guard.heal_events[self._heals_seen:]:
+        for ev in self.guard.heal_events[self._heals_seen :]:
             self.ctx.events.emit(events.Heal, written=time.time(), **ev.to_dict())
         self._heals_seen = len(self.guard.heal_events)
 
@@ -244,8 +266,11 @@ class AccelPactStep(Strategy):
             except Exception:  # noqa: BLE001 - a group c10d no longer knows: nothing to retire
                 pass
         if error is not None:
-            print(f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rank {self.ctx.rank}: an async checkpoint in flight during the fault was lost: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         try:
@@ -259,9 +284,15 @@ class AccelPactStep(Strategy):
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
-                self.ctx.events.emit(events.Snapshots, slot_bytes=self.snapshots.nbytes, count=self.snapshots.snapshots,
-                                     wait_s=self.snapshots.wait_s, own_shm_bytes=used_bytes(self.snapshots.dir),
-                                     replica_shm_bytes=held, replication=rep)
+                self.ctx.events.emit(
+                    events.Snapshots,
+                    slot_bytes=self.snapshots.nbytes,
+                    count=self.snapshots.snapshots,
+                    wait_s=self.snapshots.wait_s,
+                    own_shm_bytes=used_bytes(self.snapshots.dir),
+                    replica_shm_bytes=held,
+                    replication=rep,
+                )
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
             if self.replication is not None:
                 self.replication.close(remove=True)
@@ -274,20 +305,20 @@ def _token() -> str:
     return os.environ["ACCELPACT_JOB_TOKEN"]
 
 
-def _stall_timeout(value: "float | None") -> "float | None | str":
+def _stall_timeout(value: float | None) -> float | None | str:
     if value is None:
         return "auto"
     return value or None
 
 
-def relaunch_on_fallback(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_on_fallback(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
     memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
     why = _fallen(exit_codes)
     return None if why is None else "fallback to checkpoint restore: " + why
 
 
-def _fallen(exit_codes: Mapping[int, Optional[int]]) -> Optional[str]:
+def _fallen(exit_codes: Mapping[int, int | None]) -> str | None:
     """Which ranks were killed by a signal or gave up on in-memory recovery (None: neither, no relaunch)."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
@@ -302,18 +333,26 @@ def _fallen(exit_codes: Mapping[int, Optional[int]]) -> Optional[str]:
     return ", ".join(parts)
 
 
-def relaunch_from_snapshots(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """``accelpact_heal``'s policy: relaunch every rank when :func:`relaunch_on_fallback` would, and say where
     the relaunched ranks resume: from the snapshots they all hold (``AccelPactStep._resume_relaunched``; a
     ``fallback`` event says so if they must read the disk after all). A whole-job crash (every rank killed
     by a signal, none gave up on its own) is a group restart, not a fallback."""
     failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
     if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
-        return (f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
-                "from the newest snapshot every rank holds in shared memory")
+        return (
+            f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
+            "from the newest snapshot every rank holds in shared memory"
+        )
     why = _fallen(exit_codes)
-    return None if why is None else ("fallback to a relaunch of every rank, resumed from the newest snapshot every "
-                                     "rank holds (the checkpoint if they hold no agreeing set): " + why)
+    return (
+        None
+        if why is None
+        else (
+            "fallback to a relaunch of every rank, resumed from the newest snapshot every "
+            "rank holds (the checkpoint if they hold no agreeing set): " + why
+        )
+    )
 
 
 SPEC = StrategySpec(
@@ -332,6 +371,10 @@ SPEC = StrategySpec(
     # survivor still waiting then is killed, which the relaunch policy treats the same way.
     settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
     recovers_in_memory=True,
-    simulation=Simulation("harness.scale.outcomes:rebind_or_fall_back_to_disk", "AccelPact rebinding, disk fallback",
-                          synchronous=True, calibration_rollback="step"),
+    simulation=Simulation(
+        "harness.scale.outcomes:rebind_or_fall_back_to_disk",
+        "AccelPact rebinding, disk fallback",
+        synchronous=True,
+        calibration_rollback="step",
+    ),
 )

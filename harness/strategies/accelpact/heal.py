@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.schema import RunConfig
     from harness.rank.env import RankEnv
+    from harness.schema import RunConfig
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
@@ -61,22 +62,23 @@ class Rejoined:
     control: Any
     ticket: Any
 
-    def device_mesh(self, device_type: str, mesh_shape: tuple[int, ...],
-                    mesh_dim_names: Optional[tuple[str, ...]] = None) -> Any:
+    def device_mesh(
+        self, device_type: str, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None = None
+    ) -> Any:
         """The survivors' mesh, built from the groups this replacement joined (harness.rank.mesh.build_mesh
         calls it instead of ``init_device_mesh``, whose new groups the survivors would never join: HSDP)."""
         return self.ticket.device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
 
 
-def control_deadline(cfg: "RunConfig") -> None:
+def control_deadline(cfg: RunConfig) -> None:
     """The control channel's own deadline bounds how long survivors wait for a lost rank."""
     os.environ.setdefault("ACCELPACT_CONTROL_DEADLINE_S", str(cfg.strategy.recovery_deadline_s))
 
 
-def rejoin_job(cfg: "RunConfig", env: "RankEnv") -> Rejoined:
+def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
     import accelpact
-    import accelpact.snapshot  # noqa: F401 - imported before arriving: the survivors wait from then on
+    import accelpact.snapshot
     from accelpact.control import ControlChannel
     from harness.rank.models import meta_model
 
@@ -127,7 +129,7 @@ def _die(how: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _arrive_and_die(control: Any, env: "RankEnv") -> None:
+def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
     import json
     import time
@@ -135,27 +137,38 @@ def _arrive_and_die(control: Any, env: "RankEnv") -> None:
     from accelpact.recovery.heal import arrived_key
 
     control.heartbeat()
-    control.set(arrived_key(control, control.rank),
-                json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode())
+    control.set(
+        arrived_key(control, control.rank),
+        json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode(),
+    )
     time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
     _die("import")
 
 
-def side_group(control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int,
-               timeout_s: float) -> Any:
+def side_group(
+    control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int, timeout_s: float
+) -> Any:
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
     import torch.distributed as dist
 
     from accelpact.dataplane import generations as comm
 
-    spec = comm.GroupSpec(name=f"{tag}-g{generation}", backend="gloo", ranks=tuple(range(world_size)),
-                          is_default=False, tag=None, desc=tag, timeout=timedelta(seconds=timeout_s))
+    spec = comm.GroupSpec(
+        name=f"{tag}-g{generation}",
+        backend="gloo",
+        ranks=tuple(range(world_size)),
+        is_default=False,
+        tag=None,
+        desc=tag,
+        timeout=timedelta(seconds=timeout_s),
+    )
     store = dist.PrefixStore(f"{token}/side/{tag}/gen{generation}", control_store)
     return comm.rebuild_group(None, spec, store, rank)
 
 
-def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: Any,
-                         rank: int, world_size: int, scheduler: Any = None) -> tuple[Any, Any, Any]:
+def snapshots_and_policy(
+    cfg: RunConfig, model: Any, optimizer: Any, control: Any, rank: int, world_size: int, scheduler: Any = None
+) -> tuple[Any, Any, Any]:
     """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off.
 
     ``scheduler``: the LR scheduler, saved in each snapshot's extra_state (restore_extra_state reads it)."""
@@ -169,18 +182,29 @@ def snapshots_and_policy(cfg: "RunConfig", model: Any, optimizer: Any, control: 
     # incarnation); the control channel's token is new in each, so a relaunched job would find nothing under it.
     token = job_token_from_env()
     replication = _replication(cfg, control, rank, world_size, token)
-    snapshots = Snapshotter(model, optimizer, job_token=token, rank=rank, world_size=world_size,
-                            config=SnapshotConfig(every=every, push_every=cfg.strategy.snapshot.push_every,
-                                                  pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s),
-                            on_complete=replication.push if replication is not None else None,
-                            extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None)
-    policy = HealPolicy(replacement_timeout_s=cfg.strategy.replacement_timeout_s,
-                        fetch_replica=replication.fetch if replication is not None else None,
-                        buddy_of=(lambda r: replication.buddy) if replication is not None else None)
+    snapshots = Snapshotter(
+        model,
+        optimizer,
+        job_token=token,
+        rank=rank,
+        world_size=world_size,
+        config=SnapshotConfig(
+            every=every,
+            push_every=cfg.strategy.snapshot.push_every,
+            pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s,
+        ),
+        on_complete=replication.push if replication is not None else None,
+        extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None,
+    )
+    policy = HealPolicy(
+        replacement_timeout_s=cfg.strategy.replacement_timeout_s,
+        fetch_replica=replication.fetch if replication is not None else None,
+        buddy_of=(lambda r: replication.buddy) if replication is not None else None,
+    )
     return snapshots, policy, replication
 
 
-def _replication(cfg: "RunConfig", control: Any, rank: int, world_size: int, token: str) -> Any:
+def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token: str) -> Any:
     """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
     its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement (or to a
     relaunched rank whose host lost its own). ``token``: the snapshots' token."""
@@ -208,8 +232,16 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
     t_start = time.time()
     info, why = None, ""
     try:
-        info = restore_latest(ctx.model, ctx.optimizer, job_token=snapshots.job_token, rank=ctx.rank,
-                              config=snapshots.config, fetch=replication, world_size=ctx.world_size, required=True)
+        info = restore_latest(
+            ctx.model,
+            ctx.optimizer,
+            job_token=snapshots.job_token,
+            rank=ctx.rank,
+            config=snapshots.config,
+            fetch=replication,
+            world_size=ctx.world_size,
+            required=True,
+        )
     except (AccelPactError, OSError) as exc:  # none held, the ranks disagree, a copy lost with its buddy, unreadable
         why = f"{type(exc).__name__}: {exc}"
     everyone: list[Any] = [None] * ctx.world_size
@@ -219,9 +251,17 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
         snapshots.drop_newer_than(-1)  # this timeline is abandoned: its slots must not meet the new one's
         return None, f"{next(iter(failed.values()))} (on rank(s) {sorted(failed)})"
     assert info is not None
-    ctx.events.emit(Restore, t_start=t_start, t_end=time.time(), from_step=info.step, bytes=info.nbytes,
-                    source="snapshot", slot=info.source, load_s=info.load_s,
-                    held={str(r): s for r, s in (info.held or {}).items()})
+    ctx.events.emit(
+        Restore,
+        t_start=t_start,
+        t_end=time.time(),
+        from_step=info.step,
+        bytes=info.nbytes,
+        source="snapshot",
+        slot=info.source,
+        load_s=info.load_s,
+        held={str(r): s for r, s in (info.held or {}).items()},
+    )
     restore_extra_state(ctx.scheduler, info.extra_state)
     return info.step + 1, ""
 
@@ -237,20 +277,22 @@ def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
     scheduler.step()
 
 
-def check_heal(run: "RunConfig") -> None:
+def check_heal(run: RunConfig) -> None:
     """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
     themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.schema import ConfigError
     from harness.faults import registry
+    from harness.schema import ConfigError
 
     st = run.strategy
     if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
-        raise ConfigError(f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
-                          "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
-                          "which host loses a rank. Use strategy.hot_spares=0 here")
+        raise ConfigError(
+            f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
+            "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
+            "which host loses a rank. Use strategy.hot_spares=0 here"
+        )
 
 
-def replace_on_kill(run: "RunConfig", rank: int, code: int, codes: Mapping[int, Optional[int]]) -> bool:
+def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
     """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
     signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
     (then the disk fallback runs instead)."""

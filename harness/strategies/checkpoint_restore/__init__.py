@@ -22,7 +22,8 @@ their namespace again, on a fresh NVRx store, and restores the newest checkpoint
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from harness.strategies.base import Strategy
 from harness.strategies.spec import Simulation, StrategySpec
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 
 class CheckpointRestore(Strategy):
-    def run_step(self, step: int, tokens: "torch.Tensor") -> float:
+    def run_step(self, step: int, tokens: torch.Tensor) -> float:
         return self.plain_step(step, tokens)
 
     def abandon(self) -> None:
@@ -57,14 +58,16 @@ class _NvrxStore:
 
         self.launcher = launcher
         self.home = store_home(run, launcher)
-        self.addr: Optional[tuple[str, int]] = None
+        self.addr: tuple[str, int] | None = None
         launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
 
     def renew(self, incarnation: int) -> None:
         from harness.strategies.checkpoint_restore.nvrx_restart import STORE_HOST_ENV, STORE_PORT_ENV
 
         self.addr = host, port = self.home.renew()
-        self.launcher.extra_env.update({STORE_HOST_ENV: host, STORE_PORT_ENV: str(port), "TORCH_CPP_LOG_LEVEL": "ERROR"})
+        self.launcher.extra_env.update(
+            {STORE_HOST_ENV: host, STORE_PORT_ENV: str(port), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        )
 
     def row_columns(self) -> dict[str, Any]:
         """Where the last world's NVRx store was (the row says which network the ranks reached it on)."""
@@ -74,7 +77,7 @@ class _NvrxStore:
         self.home.close()
 
 
-def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_failure: Optional[int]) -> Optional[str]:
+def relaunch_after_lost_process(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
     """Relaunch every rank when the rank that failed first was killed by a signal: a lost process.
 
     NVRx's in-process restart recovers inside live processes; a process that is gone takes its state with
@@ -86,8 +89,10 @@ def relaunch_after_lost_process(exit_codes: Mapping[int, Optional[int]], first_f
     rank = first_failure if first_failure in failed else (min(failed) if failed else None)
     if rank is None or failed[rank] >= 0:
         return None
-    return (f"NVRx in-job restart: rank {rank} was lost (exit {failed[rank]}); in-process restart cannot bring "
-            "back a process, so every rank is relaunched and restores the newest checkpoint")
+    return (
+        f"NVRx in-job restart: rank {rank} was lost (exit {failed[rank]}); in-process restart cannot bring "
+        "back a process, so every rank is relaunched and restores the newest checkpoint"
+    )
 
 
 # Namespace faults run with NVRx: its store lives in the bridge namespace, on the control network
@@ -98,22 +103,24 @@ NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
-    from harness.schema import ConfigError, LinkPlane
     from harness.faults import registry as faults
+    from harness.schema import ConfigError, LinkPlane
     from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
 
     if faults.get(run.fault.kind).needs_netns:
         if run.fault.kind not in NETNS_FAULTS:
             raise ConfigError(
                 f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
-                f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}")
+                f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}"
+            )
         if LinkPlane(run.fault.link) == LinkPlane.control:
             # Measured: tcp_reset on the control link reset NVRx's own store clients; its monitor thread
             # died with "Broken pipe" (NVRx 0.4.1's store client does not reconnect) and the run hung.
             raise ConfigError(
                 f"fault={run.fault.kind} fault.link=control with strategy=checkpoint_restore is not supported: the "
                 "control link carries NVRx's own store, whose client does not reconnect (a reset there hung the run); "
-                "use `fault.link=data`")
+                "use `fault.link=data`"
+            )
     try:
         import_inprocess()
     except NvrxUnavailable as exc:
@@ -131,8 +138,12 @@ SPEC = StrategySpec(
     parent_setup=_NvrxStore,
     rank_entry="harness.strategies.checkpoint_restore.nvrx_rank:train_in_process",
     check=check_runnable,
-    simulation=Simulation("harness.scale.outcomes:restart_in_process_and_restore",
-                          "NVRx in-process restart + checkpoint", synchronous=True, calibration_rollback="checkpoint"),
+    simulation=Simulation(
+        "harness.scale.outcomes:restart_in_process_and_restore",
+        "NVRx in-process restart + checkpoint",
+        synchronous=True,
+        calibration_rollback="checkpoint",
+    ),
     paper_gain={5: 1.194},  # Mistral-7B, 16 GPUs (harness.report.paper.PAPER_GAIN_SETUP)
     paper_label="NVRx checkpoint restoration",
     unequal=(

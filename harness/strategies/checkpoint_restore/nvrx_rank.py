@@ -20,9 +20,13 @@ __all__ = ["train_in_process"]
 
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
-    from harness.rank import identity
     from harness.events import EventLog, Restart
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings, import_inprocess, run_with_inprocess_restart
+    from harness.rank import identity
+    from harness.strategies.checkpoint_restore.nvrx_restart import (
+        NvrxSettings,
+        import_inprocess,
+        run_with_inprocess_restart,
+    )
 
     import_inprocess()  # fail first, with the fix named, if NVRx is missing
     logs = Path(run_dir) / "logs"
@@ -55,8 +59,12 @@ def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
             return TrainResult(steps_committed=committed, identity=record)
 
         run = run_with_inprocess_restart(
-            train_fn, settings, token=f"{env.token}-nvrx", exclude_ports=[env.control_port],
-            rank=env.rank, world_size=env.world_size,
+            train_fn,
+            settings,
+            token=f"{env.token}-nvrx",
+            exclude_ports=[env.control_port],
+            rank=env.rank,
+            world_size=env.world_size,
         )
     if run.value is None:
         raise RuntimeError("NVRx kept this rank inactive; the harness needs every rank to train")

@@ -42,7 +42,8 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
@@ -62,19 +63,19 @@ __all__ = [
     "store_ports",
 ]
 
-from harness.strategies.checkpoint_restore.nvrx_types import (  # noqa: E402 - re-exported: the public names live here too
+from harness.strategies.checkpoint_restore.nvrx_types import (
     NVRX_VERSION,
-    STORE_PORT_ENV,
     STORE_HOST_ENV,
-    NvrxUnavailable,
+    STORE_PORT_ENV,
     NvrxRestartsExhausted,
-    NvrxSettings,
-    RestartRecord,
-    RestartContext,
     NvrxRun,
-    import_inprocess,
-    _installed_version,
+    NvrxSettings,
+    NvrxUnavailable,
+    RestartContext,
+    RestartRecord,
     T,
+    _installed_version,
+    import_inprocess,
 )
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from harness.parent.server_home import ServerHome, server_home
 
@@ -72,23 +72,26 @@ class NamespaceStores:
 
     def __init__(self, netns: str, host: str, python: str = sys.executable) -> None:
         self.netns, self.host, self.python = netns, host, python
-        self.proc: Optional[subprocess.Popen[str]] = None  # started by the first renew(), before incarnation 0
-        self._lines: "queue.Queue[str]" = queue.Queue()
+        self.proc: subprocess.Popen[str] | None = None  # started by the first renew(), before incarnation 0
+        self._lines: queue.Queue[str] = queue.Queue()
         # A file, not a pipe: nobody reads the server's stderr while it serves, and a full pipe would block it.
         self._err = tempfile.TemporaryFile(mode="w+")
 
-    def _start(self) -> "subprocess.Popen[str]":
+    def _start(self) -> subprocess.Popen[str]:
         root = str(Path(__file__).resolve().parents[3])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
-               "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+        }
         argv = ServerHome(self.host, self.netns).command([self.python, "-m", __name__, "--host", self.host])
         proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env
+        )
         threading.Thread(target=self._read, args=(proc,), daemon=True, name="nvrx-store-out").start()
         return proc
 
-    def _read(self, proc: "subprocess.Popen[str]") -> None:
+    def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             self._lines.put(line.strip())
@@ -120,9 +123,11 @@ class NamespaceStores:
         if self.proc.poll() is not None:
             self._err.seek(0)
             err = self._err.read()[-2000:].strip()
-        return (f"NVRx's store server in namespace {self.netns} ({self.host}) failed: {what}"
-                f"{'; exit ' + str(self.proc.returncode) if self.proc.returncode is not None else ''}"
-                f"{': ' + err if err else ''}")
+        return (
+            f"NVRx's store server in namespace {self.netns} ({self.host}) failed: {what}"
+            f"{'; exit ' + str(self.proc.returncode) if self.proc.returncode is not None else ''}"
+            f"{': ' + err if err else ''}"
+        )
 
     def close(self) -> None:
         self._err.close()
@@ -160,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nvrx_store: ignored {line.strip()!r}", file=sys.stderr, flush=True)
             continue
         store = None  # the previous world's server stops with its last reference
-        store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=60))
+        store = dist.TCPStore(
+            args.host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
         print(f"PORT {store.port}", flush=True)
     return 0
 

@@ -5,8 +5,9 @@ runs the wrapper itself. NVRx is imported lazily: this module is cheap to import
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -106,8 +107,10 @@ class NvrxSettings:
         # where the parent hosts NVRx's store (harness.strategies.checkpoint_restore.nvrx_store).
         host = self.store_host or os.environ.get(STORE_HOST_ENV) or os.environ.get("MASTER_ADDR")
         if not host:
-            raise ValueError(f"NVRx's store host is unknown: set {STORE_HOST_ENV} (or MASTER_ADDR) or pass "
-                             "NvrxSettings(store_host=...)")
+            raise ValueError(
+                f"NVRx's store host is unknown: set {STORE_HOST_ENV} (or MASTER_ADDR) or pass "
+                "NvrxSettings(store_host=...)"
+            )
         return host
 
 
@@ -176,9 +179,7 @@ class RestartContext:
         """Build this incarnation's default process group on its own store prefix."""
         import torch.distributed as dist
 
-        dist.init_process_group(
-            backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout
-        )
+        dist.init_process_group(backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     def add_finalizer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` (last added first) if this incarnation is torn down by a restart, e.g. to stop

@@ -13,7 +13,6 @@ No ``from __future__ import annotations`` here: Hydra's plugin scan executes thi
 registering it in sys.modules, where a dataclass with string annotations cannot resolve them.
 """
 
-
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,7 @@ class TrialsSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]  # type: ignore[index]
+        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]  # type: ignore[index, call-overload]
         with_reference = comparison.needs_reference(self.config)
         items: list[Any] = ([REFERENCE] if with_reference else []) + list(range(len(jobs)))
         plan = interleave(items, trials)
@@ -73,8 +72,10 @@ class TrialsSweeper(BasicSweeper):
         for n, (trial, item) in enumerate(plan):
             prefix = trial_prefix(trial, trials)
             if trials > 1 and n and n % len(items) == 0:
-                print(f"comparison: trial {trial} of {trials} starts ({(time.time() - t0) / 60:.1f} min so far)",
-                      flush=True)
+                print(
+                    f"comparison: trial {trial} of {trials} starts ({(time.time() - t0) / 60:.1f} min so far)",
+                    flush=True,
+                )
             if item is REFERENCE:
                 comparison.run_reference(self.config, sweep_dir / prefix / compare.REFERENCE, required=trial == 0)
                 continue
