@@ -44,8 +44,17 @@ def main() -> None:
     for r in range(1, args.peers + 1):
         store.set(heartbeat_key("tok", r), b"1 2 3")
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(args.fds)]
-    dog = wd.StallWatchdog("127.0.0.1", port, "tok", 0, args.peers + 1, stall_timeout_s=10.0,
-                           liveness=LivenessConfig(0.5, 4), abort=lambda: None, inodes=lambda: {1, 2, 3})
+    dog = wd.StallWatchdog(
+        "127.0.0.1",
+        port,
+        "tok",
+        0,
+        args.peers + 1,
+        stall_timeout_s=10.0,
+        liveness=LivenessConfig(0.5, 4),
+        abort=lambda: None,
+        inodes=lambda: {1, 2, 3},
+    )
     dog._steps.extend([0.2] * 8)  # a step history: the watchdog is past its warm-up
     built = dog.lookback_s
     dog.start()
@@ -63,12 +72,17 @@ def main() -> None:
     dog.stop(wait_s=1.0)
     for fd in held:
         os.close(fd)
-    print(f"stall watchdog, one rank's thread while attempts run ({len(os.listdir('/proc/self/fd'))} fds now, "
-          f"{args.peers} peers, {args.blocks} blocks of {args.block_s:.0f} s each, alternated; load "
-          f"{os.getloadavg()[0]:.1f}): CPU seconds per second, median over blocks")
+    print(
+        f"stall watchdog, one rank's thread while attempts run ({len(os.listdir('/proc/self/fd'))} fds now, "
+        f"{args.peers} peers, {args.blocks} blocks of {args.block_s:.0f} s each, alternated; load "
+        f"{os.getloadavg()[0]:.1f}): CPU seconds per second, median over blocks"
+    )
     for name, vals in cpu.items():
-        print(f"  {name:10s} {statistics.median(vals) * 100:.2f}% of a core  (blocks: "
-              + ", ".join(f"{v * 100:.2f}" for v in vals) + ")")
+        print(
+            f"  {name:10s} {statistics.median(vals) * 100:.2f}% of a core  (blocks: "
+            + ", ".join(f"{v * 100:.2f}" for v in vals)
+            + ")"
+        )
 
 
 if __name__ == "__main__":

@@ -112,8 +112,17 @@ def test_far_from_the_threshold_no_evidence_is_gathered(clock):
     """A normal step never pays for the stall evidence (a /proc scan, a store read per peer): only the last
     lookback_s before the threshold does, which is long enough for a stale beat to show by then."""
     scans = []
-    dog = wd.StallWatchdog("127.0.0.1", 1, "tok", 0, 2, stall_timeout_s=10.0, liveness=LivenessConfig(0.5, 4),
-                           abort=lambda: None, inodes=lambda: scans.append(1) or set())
+    dog = wd.StallWatchdog(
+        "127.0.0.1",
+        1,
+        "tok",
+        0,
+        2,
+        stall_timeout_s=10.0,
+        liveness=LivenessConfig(0.5, 4),
+        abort=lambda: None,
+        inodes=lambda: scans.append(1) or set(),
+    )
     _complete_steps(dog, clock, [0.2, 0.2, 0.2])
     store = CountingStore()
     dog.begin_attempt(0)
