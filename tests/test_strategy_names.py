@@ -44,7 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
             "accelpact_heal",
             "cold_restart",
             "checkpoint_restore",
-            "gemini",
             "torchft",
             "accelpact_grow",
             "accelpact_hsdp_continue",

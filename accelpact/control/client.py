@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch.distributed
 
-    from accelpact.detection.liveness import PeerWatch
-
 __all__ = ["ControlClient"]
 
 
@@ -35,8 +33,10 @@ class ControlClient(Protocol):
 
     def get(self, key: str, deadline_s: float | None = None) -> bytes: ...
 
+    # ``watch`` is an accelpact.detection.liveness.PeerWatch; typed Any because liveness imports this module
+    # (through store_loss), and the bottom of the package imports nothing above it.
     def gather(
-        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: PeerWatch | None = None
+        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: Any = None
     ) -> dict[int, bytes]: ...
 
     def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None: ...

@@ -25,14 +25,29 @@ if TYPE_CHECKING:
 
     import torch.distributed
 
-    from accelpact.control.channel import ControlConfig
     from accelpact.control.store_client import _Connection
+
+
+class _StoreAddress(Protocol):
+    """What the mixin reads of :class:`accelpact.control.ControlConfig` (a Protocol: channel imports this module)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def connect_timeout_s(self) -> float: ...
+
+    @property
+    def deadline_s(self) -> float: ...
 
 
 class _Channel(Protocol):
     """What the mixin uses of :class:`accelpact.control.ControlChannel`."""
 
-    config: ControlConfig
+    config: _StoreAddress
     rank: int
     connects: int
     _lock: threading.RLock
