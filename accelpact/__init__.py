@@ -15,10 +15,10 @@ FaultInjector``). Backend-specific recovery (gloo, NCCL) lives in ``accelpact.ba
 
 import sys
 
+from accelpact.backends import generations as _generations
 from accelpact.backends import is_comm_fault
 from accelpact.control import ControlChannel, ControlConfig, new_job_token, start_control_server
 from accelpact.control import notice_auth as _notice_auth
-from accelpact.dataplane import generations as _generations
 from accelpact.dataplane.process_group import init_process_group
 from accelpact.dataplane.reset import ResetConfig
 from accelpact.detection import liveness as _liveness
@@ -44,6 +44,7 @@ from accelpact.recovery.rejoin import RejoinTicket, rejoin
 # HealPolicy``: each is the same module object under its old name (nothing is copied).
 MOVED_MODULES = {
     "accelpact.comm": _generations,
+    "accelpact.dataplane.generations": _generations,
     "accelpact.heal": _heal,
     "accelpact.heal_wait": _heal_wait,
     "accelpact.liveness": _liveness,

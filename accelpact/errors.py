@@ -54,7 +54,7 @@ class CollectiveAbandoned(CommFault):
     """This rank stopped waiting on one of the guard's own collectives because its peers moved on.
 
     gloo can miss the break of a rank's own connection and leave a collective posted at that moment
-    waiting out the whole PG timeout (accelpact/dataplane/interruptible.py has the measurements). ``work`` is
+    waiting out the whole PG timeout (accelpact/backends/interruptible.py has the measurements). ``work`` is
     the abandoned collective, still pending in the backend: keep it (and its group) alive until the
     PG timeout.
     """

@@ -1,7 +1,7 @@
 """The commit vote with and without the ranks' positions, side by side (not a test).
 
 Before: the guard's vote before positions, as that code ran: ``buf.fill_(1.0)`` on a one-element float
-tensor, then the backend's vote of then (an async all-reduce and its wait). After: ``Guard._vote`` (accelpact.recovery.positions): the position folded into one int64
+tensor, then the backend's vote of then (an async all-reduce and its wait). After: ``Guard._vote`` (accelpact.common.positions): the position folded into one int64
 written through the backend's ``VoteBuffer``, the all-reduce, the sum read back and checked. Two gloo
 ranks on loopback alternate the two vote by vote (A B B A ...), so both see the same load to the
 microsecond, through the real backend's ``vote``. Also timed, as parts of the difference: the int64
@@ -36,8 +36,8 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
     import torch.distributed as dist
 
     from accelpact.backends import backend_for
+    from accelpact.common import positions
     from accelpact.guard.core import Guard
-    from accelpact.recovery import positions
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))

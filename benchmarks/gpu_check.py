@@ -226,8 +226,8 @@ def init_kwargs(data_plane: str, device) -> dict:
 def connect_in_place(pg, store, rank: int) -> float:
     """A group created in the reconfigure regime has no communicator yet: the first reconfigure makes it
     (the same handle exchange a recovery uses, accelpact.backends.reconfigure)."""
+    from accelpact.backends import generations as comm
     from accelpact.backends.reconfigure import reconfigure_group
-    from accelpact.dataplane import generations as comm
 
     return reconfigure_group(pg, comm.group_spec(pg), store, rank)
 

@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> dict:
     if start:
         guard.resume_at(start)  # accelpact: step numbers continue after the restored step
     if args.fault:  # accelpact.testing: inject one real fault into this run
-        from accelpact.dataplane import generations as comm
+        from accelpact.backends import generations as comm
         from accelpact.testing import FaultInjector
 
         step, phase, action = args.fault.split(":")

@@ -280,13 +280,73 @@ def test_production_runtime_never_imports_accelpact_testing():
     bad = accelpact_testing_imports()
     assert not bad, (
         "production accelpact modules import the test tools; move the shared code into "
-        "production (e.g. accelpact/backends/_sockets.py) and import it from there:\n" + "\n".join(bad)
+        "production (e.g. accelpact/common/sockets.py) and import it from there:\n" + "\n".join(bad)
     )
 
 
 def test_accelpact_has_no_import_cycles():
     cycles = find_cycles(import_graph("accelpact"))
     assert not cycles, "import cycles among accelpact modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The runtime's layers, bottom first: a module may import any package of its own layer or a lower one (the
+# package-cycle test rules out circles inside a layer).
+ACCELPACT_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("accelpact.errors", "accelpact.events", "accelpact.shutdown", "accelpact.common"),
+    ("accelpact.control",),
+    ("accelpact.detection",),
+    ("accelpact.backends",),
+    ("accelpact.dataplane",),
+    ("accelpact.recovery",),
+    ("accelpact.snapshot",),
+    ("accelpact.run",),
+    ("accelpact.guard",),
+    ("accelpact.testing",),
+    ("accelpact",),  # the package's public names
+)
+
+
+def package_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[tuple[str, str]]]:
+    """(sub)package of ``package`` -> the (importer, imported) module pairs that cross into other subpackages."""
+    depth = package.count(".") + 2
+
+    def of(module: str) -> str:
+        return ".".join(module.split(".")[:depth])
+
+    edges: dict[str, set[tuple[str, str]]] = {}
+    for src, targets in graph.items():
+        for dst in targets:
+            if of(src) != of(dst):
+                edges.setdefault(of(src), set()).add((src, dst))
+    return edges
+
+
+def test_accelpact_packages_have_no_import_cycle():
+    graph = import_graph("accelpact")
+    packages: dict[str, set[str]] = {".".join(m.split(".")[:2]): set() for m in graph}
+    for pkg, pairs in package_graph(graph, "accelpact").items():
+        packages[pkg] |= {".".join(dst.split(".")[:2]) for _, dst in pairs}
+    cycles = find_cycles(packages)
+    assert not cycles, "import cycles among accelpact's packages (counting function-level imports):\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
+
+
+def test_accelpact_imports_point_down_its_layers():
+    layer = {pkg: i for i, group in enumerate(ACCELPACT_LAYERS) for pkg in group}
+    graph = import_graph("accelpact")
+    packages = {".".join(m.split(".")[:2]) for m in graph}
+    assert packages <= set(layer), f"packages with no layer in ACCELPACT_LAYERS: {sorted(packages - set(layer))}"
+    upward = sorted(
+        f"{src} -> {dst}"
+        for pkg, pairs in package_graph(graph, "accelpact").items()
+        for src, dst in pairs
+        if layer[".".join(dst.split(".")[:2])] > layer[pkg]
+    )
+    assert not upward, (
+        "imports that do not point down ACCELPACT_LAYERS (move the shared type into accelpact.common, or the "
+        "code to the layer that owns it):\n" + "\n".join(upward)
+    )
 
 
 def test_harness_has_no_import_cycles():

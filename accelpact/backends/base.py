@@ -8,7 +8,7 @@ The guard itself is backend-neutral. Per backend it needs to:
 - ``track`` / ``abort``: know the live generation's transport and break it, so that peers blocked on
   this rank fail within milliseconds instead of at the PG timeout;
 - ``rebuild_groups``: build the next generation on a never-used store prefix under the old names
-  (the generic part lives in :mod:`accelpact.dataplane.generations`) and track its transport;
+  (the generic part lives in :mod:`accelpact.backends.generations`) and track its transport;
 - ``first_collective``: prove the new generation works, giving up when a peer has moved on;
 - ``abandon``: what to do with a generation whose first collective was abandoned;
 - ``vote_buffer`` / ``vote``: the commit vote's one-element tensor on the backend's device, and an
@@ -40,8 +40,8 @@ Waiter = Callable[[Any, str, str], None]
 if TYPE_CHECKING:
     import torch
 
+    from accelpact.backends.generations import GroupSpec
     from accelpact.backends.reconfigure import ReconfigurePath
-    from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["Backend", "backend_name"]
 
@@ -161,7 +161,7 @@ class Backend(abc.ABC):
         self, olds: Sequence[dist.ProcessGroup | None], specs: Sequence[GroupSpec], store: dist.Store, rank: int
     ) -> list[dist.ProcessGroup]:
         """Build the next generation of every group on ``store`` (never used) and make it the live one."""
-        from accelpact.dataplane import generations
+        from accelpact.backends import generations
 
         new = [
             generations.rebuild_group(old, spec, store, rank, device_id=self.rebuild_device(spec))
@@ -187,7 +187,7 @@ class Backend(abc.ABC):
 
     def vote_buffer(self) -> VoteBuffer:
         """The commit vote's one-element int64 buffer, on :attr:`device`: the count of voters and, folded
-        into the same number, each rank's position (accelpact.recovery.positions)."""
+        into the same number, each rank's position (accelpact.common.positions)."""
         return VoteBuffer(self.device)
 
     def vote(self, buf: VoteBuffer, pg: dist.ProcessGroup, wait: Waiter | None = None) -> int:
@@ -196,7 +196,7 @@ class Backend(abc.ABC):
         The commit rule reads "the vote completed here" as "every rank entered it and holds reduced
         gradients", so a backend whose collectives run asynchronously to the CPU must wait for the
         device before returning, and raise if the collective failed. ``wait(work, what, phase)`` (the
-        guard's :class:`accelpact.dataplane.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
+        guard's :class:`accelpact.backends.interruptible.CollectiveWaiter`) waits for the posted all-reduce and
         may give it up; None: ``work.wait()``.
         """
         work = dist.all_reduce(buf.tensor, group=pg, async_op=True)
@@ -209,8 +209,8 @@ class Backend(abc.ABC):
     def first_collective(
         self, pg: dist.ProcessGroup, superseded: Callable[[], bool] | None = None, poll_s: float = 0.02
     ) -> None:
-        """One tiny all-reduce on the new generation (see :func:`accelpact.dataplane.generations.first_collective`)."""
-        from accelpact.dataplane import generations
+        """One tiny all-reduce on the new generation (see :func:`accelpact.backends.generations.first_collective`)."""
+        from accelpact.backends import generations
 
         generations.first_collective(pg, self.device, superseded=superseded, poll_s=poll_s)
 

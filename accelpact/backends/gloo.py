@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from accelpact.backends._sockets import shutdown_sockets, tcp_socket_inodes
 from accelpact.backends.base import Backend
+from accelpact.common.sockets import shutdown_sockets, tcp_socket_inodes
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from accelpact.dataplane.generations import GroupSpec
+    from accelpact.backends.generations import GroupSpec
 
 __all__ = ["DataPlaneSockets", "GlooBackend"]
 

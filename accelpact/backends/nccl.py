@@ -17,7 +17,7 @@ What recovery needs from NCCL, and how it gets it:
   must be set before ``init_process_group``.
 - Abort: ``pg._get_backend(torch.device("cuda")).abort()`` (ProcessGroupNCCL.abort, i.e.
   ncclCommAbort on this rank's communicators). Not ``dist._abort_process_group``: that also removes
-  the group from c10d's registries, which :mod:`accelpact.dataplane.generations` does itself when it rebuilds under
+  the group from c10d's registries, which :mod:`accelpact.backends.generations` does itself when it rebuilds under
   the old name.
 - The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
   commit rule must not step the optimizer on a vote that can still fail.
@@ -43,8 +43,8 @@ from accelpact.errors import AccelPactError, CommFault
 if TYPE_CHECKING:
     import torch.distributed as dist
 
+    from accelpact.backends.generations import GroupSpec
     from accelpact.backends.vote_buffer import VoteBuffer
-    from accelpact.dataplane.generations import GroupSpec
 
 __all__ = ["NcclBackend", "ERROR_HANDLING_VARS", "RECOVERABLE_ERROR_HANDLING", "error_handling_problem"]
 
@@ -147,7 +147,7 @@ class NcclBackend(Backend):
         # after a watchdog abort the kernel ends without a result, so the sum is the proof: its low bits
         # count the voters exactly when every rank entered the vote.
         # (Work.is_success is not relied on: ProcessGroupNCCL has deprecated it.)
-        from accelpact.recovery.positions import count_of
+        from accelpact.common.positions import count_of
 
         value = super().vote(buf, pg, wait)
         if count_of(value, pg.size()) != pg.size():

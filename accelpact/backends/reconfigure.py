@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from accelpact.dataplane.generations import GroupSpec
+    from accelpact.backends.generations import GroupSpec
 
 _log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ def join_groups(
     :meth:`ReconfigurePath.reconfigure` on ``store``).
 
     Raises :class:`Fallback` when any rank failed (then everyone rebuilds, the replacement with
-    :func:`accelpact.dataplane.generations.rebuild_group`, which frees the names registered here first).
+    :func:`accelpact.backends.generations.rebuild_group`, which frees the names registered here first).
     """
     import torch.distributed.distributed_c10d as c10d
 

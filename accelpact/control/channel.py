@@ -43,6 +43,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from accelpact.common.peer_records import Beat, Verdict
 from accelpact.control import launch_env as _launch_env
 from accelpact.control.data_plane_store import DataPlaneStores
 from accelpact.control.store_client import (
@@ -54,11 +55,12 @@ from accelpact.control.store_client import (
     _new_client,
     _StoreRefused,
 )
-from accelpact.detection.liveness import Beat, PeerWatch, Verdict
 from accelpact.errors import ControlChannelError, RankLostError
 
 if TYPE_CHECKING:
     import torch.distributed
+
+    from accelpact.common.control_client import PeerCheck
 
 __all__ = ["ControlConfig", "ControlChannel", "start_control_server", "new_job_token"]
 
@@ -327,7 +329,7 @@ class ControlChannel(DataPlaneStores):
         return [self.key(f"gen{generation}", tag, str(r)) for r in range(self.world_size)]
 
     def gather(
-        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: PeerWatch | None = None
+        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: PeerCheck | None = None
     ) -> dict[int, bytes]:
         """Post ``payload`` under gen{generation}/{tag}/{rank}; return every rank's payload by rank.
 

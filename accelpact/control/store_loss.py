@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 from accelpact.errors import ControlChannelError, ControlStoreLostError
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__ = ["StoreLossReporter", "store_lost_error"]
 

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 
-from accelpact.backends import backend_for
-from accelpact.dataplane import generations
+from accelpact.backends import backend_for, generations
 from accelpact.detection.linkprobe import peer_addresses
 from accelpact.errors import GenerationSuperseded
 
@@ -41,9 +40,9 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from accelpact.backends import Backend
-    from accelpact.control.client import ControlClient
+    from accelpact.backends.generations import GroupSpec
+    from accelpact.common.control_client import ControlClient
     from accelpact.dataplane.bindings import BindingTable
-    from accelpact.dataplane.generations import GroupSpec
     from accelpact.events import RoundClock
 
 __all__ = ["DataPlane"]

@@ -2,7 +2,7 @@
 
 A process group never works again after an error (gloo; NCCL once aborted), so each generation is
 NEW group objects, built on a never-used prefix of the control store under the old groups' names
-(accelpact.dataplane.generations), and every place FSDP caches a group is pointed at the new ones
+(accelpact.backends.generations), and every place FSDP caches a group is pointed at the new ones
 (accelpact.dataplane.bindings). The old objects are returned to the caller, which drops them once the
 new generation's first collective worked: their destructors join their threads and close their sockets.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelpact.dataplane import generations
+from accelpact.backends import generations
 from accelpact.dataplane.bindings import find_stale_references
 from accelpact.dataplane.plane import DataPlane
 from accelpact.detection.linkprobe import wait_reachable

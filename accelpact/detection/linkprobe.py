@@ -26,7 +26,7 @@ _UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHO
 
 def peer_addresses(inodes: Iterable[int]) -> set[str]:
     """The distinct remote IP addresses of this process's sockets with these inodes (loopback excluded)."""
-    from accelpact.backends._sockets import open_sockets
+    from accelpact.common.sockets import open_sockets
 
     out: set[str] = set()
     for s in open_sockets(inodes):

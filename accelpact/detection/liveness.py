@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from accelpact import shutdown
+from accelpact.common.peer_records import Beat, Verdict
 from accelpact.control import notice_auth
 from accelpact.control.store_loss import StoreLossReporter
 
@@ -92,28 +93,6 @@ class LivenessConfig:
     @property
     def stale_after_s(self) -> float:
         return self.interval_s * self.missed_beats
-
-
-@dataclass(frozen=True)
-class Beat:
-    """One parsed heartbeat value."""
-
-    t: float  # the writer's wall clock (informative only: staleness uses the reader's clock)
-    pid: int
-    progress: int
-
-    @staticmethod
-    def format(pid: int, progress: int) -> bytes:
-        return f"{time.time():.6f} {pid} {progress}".encode()
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> Beat:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        parts = text.split()
-        t = float(parts[0])
-        pid = int(parts[1]) if len(parts) > 1 else -1
-        progress = int(parts[2]) if len(parts) > 2 else -1
-        return cls(t, pid, progress)
 
 
 @dataclass(frozen=True)
@@ -176,15 +155,6 @@ def is_connection_drop(message: str) -> bool:
     """True when a fault's text says a peer's connection dropped (never a timeout or a stall)."""
     text = message.lower()
     return any(m in text for m in _DROP_MARKERS) and "timed out" not in text
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A peer judged lost, and how: ``detected_by`` is "notice" or "heartbeat"."""
-
-    ranks: tuple[int, ...]
-    detected_by: str
-    reason: str
 
 
 class PeerJudge:

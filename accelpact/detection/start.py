@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from accelpact.common.rank_report import RankReport
 from accelpact.detection.liveness import Heartbeat, LivenessConfig, PeerJudge, PeerWatch, is_connection_drop
 from accelpact.detection.watchdog import StallWatchdog
 from accelpact.errors import AccelPactError
-from accelpact.recovery.consensus import RankReport
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__ = ["start_heartbeat", "start_watchdog", "peer_watch", "detection_origin"]
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from accelpact import shutdown
-from accelpact.detection.liveness import Beat, LivenessConfig, heartbeat_key
+from accelpact.common.peer_records import Beat
+from accelpact.detection.liveness import LivenessConfig, heartbeat_key
 
 __all__ = [
     "StallWatchdog",
@@ -65,7 +66,7 @@ def send_queues(inodes: Collection[int]) -> dict[int, int]:
     Measured in a namespace with a ``tbf`` blackhole on the link: the data never leaves the qdisc, so
     ``TCP_INFO`` shows no retransmits and no unacked packets; the send queue is what stays full.
     """
-    from accelpact.backends._sockets import _socket_inode_to_fd
+    from accelpact.common.sockets import _socket_inode_to_fd
 
     wanted = set(inodes)
     out: dict[int, int] = {}

@@ -24,7 +24,7 @@ from accelpact.dataplane.reset import fsdp_flavour
 from accelpact.errors import AccelPactError
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__: list[str] = []  # private to accelpact.guard
 

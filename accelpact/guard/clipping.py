@@ -5,7 +5,7 @@ fault-free reference) calls the same function, so a comparison bit for bit compa
 
 With FSDP2 on a one-dimensional mesh the norm's all-reduce is posted here (the same operations as
 DTensor's ``full_tensor()``: the local norm to the power p, a sum all-reduce, the p-th root), so that
-the guard can wait for it through its :class:`accelpact.dataplane.interruptible.CollectiveWaiter`: a
+the guard can wait for it through its :class:`accelpact.backends.interruptible.CollectiveWaiter`: a
 one-element all-reduce is the kind of collective gloo can leave waiting for the PG timeout when it is
 posted just as its rank's connection breaks.
 """

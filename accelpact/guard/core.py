@@ -39,8 +39,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from accelpact.backends.interruptible import CollectiveWaiter
+from accelpact.common import positions
 from accelpact.control.store_loss import store_lost_error
-from accelpact.dataplane.interruptible import CollectiveWaiter
 from accelpact.dataplane.plane import DataPlane
 from accelpact.dataplane.registry import attach_data_plane
 from accelpact.dataplane.reset import ResetConfig, fsdp_flavour, reset_after_fault
@@ -53,14 +54,13 @@ from accelpact.events import HealEvent, RecoveryLog
 from accelpact.guard import attach_checks as _attach_checks
 from accelpact.guard.clipping import clip_gradients
 from accelpact.guard.config import GuardConfig, InjectionClock
-from accelpact.recovery import positions
 from accelpact.recovery import rounds as recovery
 from accelpact.recovery.consensus import Phase
 from accelpact.recovery.context import RecoveryContext, StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase, decide_region
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
     from accelpact.recovery.consensus import Decision
     from accelpact.recovery.heal import HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
@@ -168,7 +168,7 @@ class Guard:
             self.plane.backend,
         )
         # The clip norm's and the vote's all-reduce are waited for in a way that can be given up
-        # (accelpact/dataplane/interruptible.py: gloo can leave them waiting for the PG timeout).
+        # (accelpact/backends/interruptible.py: gloo can leave them waiting for the PG timeout).
         self._wait = CollectiveWaiter(
             fired=self._watchdog.fired_reason if self._watchdog is not None else None,
             superseded=getattr(control, "generation_superseded", None),
@@ -244,7 +244,7 @@ class Guard:
         ``step``: the loop's own step number. The vote carries it (and the guard's position) to every rank,
         so a loop whose step differs from its peers' (one that ignored a :class:`accelpact.RolledBack`) is
         stopped at this step's vote with :class:`accelpact.StateDivergedError` naming every rank's position
-        (accelpact.recovery.positions), before any rank applies it."""
+        (accelpact.common.positions), before any rank applies it."""
         if self._closed:
             raise AccelPactError("guard is closed")
         if step is not None:

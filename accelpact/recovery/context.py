@@ -19,7 +19,7 @@ from accelpact.recovery.consensus import Phase
 from accelpact.recovery.region_rule import RegionPhase, RegionState
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
     from accelpact.dataplane.plane import DataPlane
     from accelpact.detection.liveness import LivenessConfig
 

@@ -33,7 +33,7 @@ from accelpact.detection.liveness import notice_key
 from accelpact.errors import RankLostError
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__ = [
     "arrived_key",

@@ -12,7 +12,7 @@ and runs the first collective with the survivors (accelpact.recovery.heal)::
     start = guard.next_step                            # the resume step
 
 Why groups are built from the plan and not with ``init_process_group``: the survivors rebuild their
-groups under their OLD names on the never-used store prefix of generation G (accelpact.dataplane.generations); a fresh
+groups under their OLD names on the never-used store prefix of generation G (accelpact.backends.generations); a fresh
 ``init_process_group`` would rendezvous under another prefix and, for later groups, under names that
 come from c10d's group counter, which differs between a fresh process and a survivor. So the
 replacement builds exactly the groups the survivors rebuild, in the same order, on the same prefix.
@@ -36,7 +36,7 @@ from accelpact.errors import ControlChannelError, RankLostError
 from accelpact.recovery.heal_wait import arrived_key, closed_key, joining_key, peek, plan_key
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__ = ["RejoinTicket", "rejoin"]
 
@@ -85,7 +85,7 @@ class RejoinTicket:
         import torch
         import torch.distributed as dist
 
-        from accelpact.dataplane import generations
+        from accelpact.backends import generations
 
         if self.store is None or not self.default_spec or not set(ranks) <= set(self.lost):
             return None
@@ -156,8 +156,7 @@ def rejoin(
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from accelpact.backends import reconfigure
-    from accelpact.dataplane import generations
+    from accelpact.backends import generations, reconfigure
     from accelpact.dataplane.reconfigure import FALLBACK_PREFIX
 
     if dist.is_initialized():

@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from accelpact.control.client import ControlClient
+    from accelpact.common.control_client import ControlClient
 
 __all__ = ["MODULES_KEY_ENV", "record", "names_to_preload"]
 

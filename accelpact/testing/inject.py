@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 # The socket helpers are production code (the gloo backend resets its own connections with them);
 # they are re-exported here because injecting a reset is what tests and the harness use them for.
-from accelpact.backends._sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
+from accelpact.common.sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
 
 if TYPE_CHECKING:
     import torch.nn as nn

@@ -23,7 +23,7 @@ import importlib
 import torch
 import torch.distributed as dist
 
-from accelpact.dataplane import generations as comm
+from accelpact.backends import generations as comm
 from accelpact.dataplane.bindings import BindingTable, find_stale_references
 from accelpact.testing.rank import RankContext
 from harness.workloads.fsdp_models import build as build_model

@@ -12,7 +12,7 @@ import time
 
 import torch.distributed as dist
 
-from accelpact.dataplane import generations as comm
+from accelpact.backends import generations as comm
 from accelpact.errors import GenerationSuperseded
 from accelpact.testing.rank import RankContext
 

@@ -6,7 +6,7 @@ its own gloo sockets and immediately posts a one-element all-reduce (what the gu
 after a reset injected at the vote). Rank 0's all-reduce fails within milliseconds; it then marks
 "moved on" on the control store, as a peer entering the next recovery generation does. Rank 1
 waits either with ``work.wait()`` (``sc["wait"] == "plain"``) or through the guard's
-:class:`accelpact.dataplane.interruptible.CollectiveWaiter`, and reports how long each wait took.
+:class:`accelpact.backends.interruptible.CollectiveWaiter`, and reports how long each wait took.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from accelpact.dataplane.interruptible import CollectiveWaiter
+from accelpact.backends.interruptible import CollectiveWaiter
 from accelpact.errors import CollectiveAbandoned
 from accelpact.testing.inject import reset_own_gloo_sockets
 from accelpact.testing.rank import RankContext

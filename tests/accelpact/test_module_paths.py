@@ -13,7 +13,7 @@ import pytest
 import accelpact
 
 OLD_TO_NEW = {
-    "accelpact.comm": "accelpact.dataplane.generations",
+    "accelpact.comm": "accelpact.backends.generations",
     "accelpact.heal": "accelpact.recovery.heal",
     "accelpact.heal_wait": "accelpact.recovery.heal_wait",
     "accelpact.liveness": "accelpact.detection.liveness",

@@ -1,4 +1,4 @@
-"""accelpact.recovery.positions: the one-element vote tells agreeing ranks from diverged ones, the same on every rank."""
+"""accelpact.common.positions: the one-element vote tells agreeing ranks from diverged ones, the same on every rank."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from accelpact.recovery.positions import NO_LOOP_STEP, Position, agreed, count_of, describe, encode
+from accelpact.common.positions import NO_LOOP_STEP, Position, agreed, count_of, describe, encode
 
 
 def _vote(world: int, *ps: Position) -> int:

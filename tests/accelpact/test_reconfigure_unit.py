@@ -10,8 +10,8 @@ import pytest
 import torch.distributed as dist
 
 from accelpact.backends import GlooBackend, reconfigure
+from accelpact.backends.generations import GroupSpec
 from accelpact.backends.reconfigure import Fallback, ReconfigurePath
-from accelpact.dataplane.generations import GroupSpec
 from accelpact.errors import AccelPactError
 
 
@@ -219,7 +219,7 @@ def test_the_reconfigure_plane_returns_the_live_groups_and_rebinds_nothing(fake_
     backend = _Adopting()
     plane = _plane(live, backend=backend)
     rebuilt: list[Any] = []
-    monkeypatch.setattr("accelpact.dataplane.generations.rebuild_group", lambda *a, **k: rebuilt.append(a) or object())
+    monkeypatch.setattr("accelpact.backends.generations.rebuild_group", lambda *a, **k: rebuilt.append(a) or object())
     old, new = plane.rebuild(1)
     assert new[0] is live[0] and old[0] is live[0] and rebuilt == [] and plane.table.rebound == []
     assert plane.last_path["path"] == "reconfigure" and backend.adopted == 1
@@ -231,7 +231,7 @@ def test_the_reconfigure_plane_falls_back_to_new_groups_and_says_why(fake_api, m
     live = [Pg(0, "0")]
     plane = _plane(live, backend=_Adopting())
     new = object()
-    monkeypatch.setattr("accelpact.dataplane.generations.rebuild_group", lambda *a, **k: new)
+    monkeypatch.setattr("accelpact.backends.generations.rebuild_group", lambda *a, **k: new)
     monkeypatch.setattr("accelpact.dataplane.reconfigure._fallback_store", lambda store: store)
     monkeypatch.setattr(GlooBackend, "rebuild_groups", lambda self, olds, specs, store, rank: [new])
     old, got = plane.rebuild(1)

@@ -3,7 +3,7 @@
 gloo can miss such a break and keep the collective waiting for the whole PG timeout, although the
 peer failed within milliseconds (measured: about 2 in 100 one-element all-reduces posted right after
 the rank shut its own sockets). The guard waits for its own tiny collectives (the clip norm, the vote,
-a generation's first collective) through accelpact.dataplane.interruptible.CollectiveWaiter, which gives up
+a generation's first collective) through accelpact.backends.interruptible.CollectiveWaiter, which gives up
 once a peer has moved on to the next recovery generation. Here, 150 rounds of "rank 1 breaks its
 links and posts the vote's all-reduce at once" on real gloo groups: no wait may come near the 20 s
 PG timeout. With a plain ``work.wait()`` the same rounds usually include a few 20 s waits.

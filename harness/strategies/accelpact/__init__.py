@@ -256,7 +256,7 @@ class AccelPactStep(Strategy):
         """The checkpoint group of the current control generation (every rank builds it at the same point)."""
         if self.ckpt is None:
             return
-        from accelpact.dataplane import generations as comm
+        from accelpact.backends import generations as comm
 
         old = self.ckpt._pg
         error = self.ckpt.replace_process_group(self.checkpoint_group())

@@ -151,7 +151,7 @@ def side_group(
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
     import torch.distributed as dist
 
-    from accelpact.dataplane import generations as comm
+    from accelpact.backends import generations as comm
 
     spec = comm.GroupSpec(
         name=f"{tag}-g{generation}",

@@ -4,8 +4,7 @@
 code under test uses. The optional members (``config``, ``join``, ``prepare_data_plane``,
 ``generation_superseded``) are looked up with ``getattr`` where they are used, so they are not part of it.
 
-A typing-only module at the bottom of the package: it imports nothing from accelpact at run time, and its
-users import it under ``TYPE_CHECKING``.
+A typing-only module in the bottom layer (accelpact.common): its users import it under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch.distributed
 
-__all__ = ["ControlClient"]
+    from accelpact.common.peer_records import Verdict
+
+__all__ = ["ControlClient", "PeerCheck"]
+
+
+class PeerCheck(Protocol):
+    """What a gather's ``watch`` does: look at the missing peers' beats and notices between waits.
+
+    accelpact.detection.liveness.PeerWatch is the implementation.
+    """
+
+    slice_s: float  # the longest wait between two looks
+
+    def check(self, store: Any, missing: list[int]) -> Verdict | None:
+        """A verdict that some of ``missing`` are lost, or None to keep waiting."""
+        ...
 
 
 class ControlClient(Protocol):
@@ -33,10 +47,13 @@ class ControlClient(Protocol):
 
     def get(self, key: str, deadline_s: float | None = None) -> bytes: ...
 
-    # ``watch`` is an accelpact.detection.liveness.PeerWatch; typed Any because liveness imports this module
-    # (through store_loss), and the bottom of the package imports nothing above it.
     def gather(
-        self, tag: str, payload: bytes, generation: int, deadline_s: float | None = None, watch: Any = None
+        self,
+        tag: str,
+        payload: bytes,
+        generation: int,
+        deadline_s: float | None = None,
+        watch: PeerCheck | None = None,
     ) -> dict[int, bytes]: ...
 
     def barrier(self, tag: str, generation: int, deadline_s: float | None = None) -> None: ...

@@ -15,30 +15,16 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from accelpact.common.group_spec import GroupSpec
 from accelpact.errors import CollectiveAbandoned, GenerationSuperseded
 
 __all__ = ["GroupSpec", "group_spec", "rebuild_group", "retire_group", "store_ports", "first_collective", "describe"]
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """What it takes to build a group again under the same identity."""
-
-    name: str
-    backend: str
-    ranks: tuple[int, ...]  # global ranks, in group-rank order
-    is_default: bool
-    tag: str | None
-    desc: str
-    timeout: datetime.timedelta | None
-    device_id: torch.device | None = None  # the accelerator the group is bound to (NCCL), else None
 
 
 def group_spec(pg: dist.ProcessGroup, timeout: datetime.timedelta | None = None) -> GroupSpec:
@@ -154,7 +140,7 @@ def first_collective(
     peer has already started another round, raise :class:`GenerationSuperseded` instead of waiting
     for a collective its peers have abandoned (gloo may otherwise sit out the whole PG timeout).
     """
-    from accelpact.dataplane.interruptible import wait_interruptibly
+    from accelpact.backends.interruptible import wait_interruptibly
 
     t = torch.ones(1, device=device)
     if superseded is None:
