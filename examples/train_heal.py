@@ -113,7 +113,7 @@ def reset_before_heal_collective(step: int, control: ControlChannel) -> Callable
 
     def hook(phase: str, at: int) -> None:
         if phase == "recovery" and at == step and not fired[0]:
-            from accelpact.testing.inject import reset_own_gloo_sockets
+            from accelpact.inject import reset_own_gloo_sockets
 
             fired[0] = True
             n = reset_own_gloo_sockets(exclude_ports=[int(control.config.port)])

@@ -3,8 +3,8 @@
 (a) the runtime (accelpact/) never imports the harness or its heavy dependencies (Hydra, OmegaConf,
     pandas, matplotlib, transformers), at module level or inside functions: a user drops accelpact
     into their own training script with torch as its only dependency;
-(b) no production accelpact module (anything outside accelpact/testing/) imports accelpact.testing:
-    test tools must never be on the recovery path;
+(b) no production accelpact module (anything outside accelpact/testing/ and accelpact/inject.py) imports
+    accelpact.testing or accelpact.inject: test tools and fault injection must never be on the recovery path;
 (c) neither package has an import cycle among its modules: every import counts, at module level,
     inside functions, under ``if TYPE_CHECKING:`` and through ``importlib.import_module`` /
     ``__import__`` with a literal name (an f-string name with a literal prefix, e.g.
@@ -133,12 +133,13 @@ def runtime_violations(forbidden: tuple[str, ...] = FORBIDDEN_IN_RUNTIME) -> lis
 
 
 def accelpact_testing_imports() -> list[str]:
+    """Imports of the test tools or the fault injection from the rest of the runtime (the recovery path)."""
     bad = []
     for path in py_files("accelpact"):
-        if path.relative_to(ROOT / "accelpact").parts[0] == "testing":
-            continue  # the test tools may import each other
+        if path.relative_to(ROOT / "accelpact").parts[0] in ("testing", "inject.py"):
+            continue  # the test tools may use the injection and each other
         for name, line in imports_of(path):
-            if _is_or_under(name, "accelpact.testing"):
+            if _is_or_under(name, "accelpact.testing") or _is_or_under(name, "accelpact.inject"):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     return bad
 
@@ -301,6 +302,7 @@ ACCELPACT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("accelpact.snapshot",),
     ("accelpact.run",),
     ("accelpact.guard",),
+    ("accelpact.inject",),
     ("accelpact.testing",),
     ("accelpact",),  # the package's public names
 )
@@ -346,6 +348,51 @@ def test_accelpact_imports_point_down_its_layers():
     assert not upward, (
         "imports that do not point down ACCELPACT_LAYERS (move the shared type into accelpact.common, or the "
         "code to the layer that owns it):\n" + "\n".join(upward)
+    )
+
+
+# What the harness may import of the runtime: the package's public modules, as a user's launcher or loop
+# would. Everything else in accelpact is internal and may move between releases.
+ACCELPACT_PUBLIC = frozenset(
+    {
+        "accelpact",
+        "accelpact.errors",
+        "accelpact.events",
+        "accelpact.guard",
+        "accelpact.control",
+        "accelpact.backends",
+        "accelpact.snapshot",
+        "accelpact.run",
+        "accelpact.run.spare",  # the hot-spare protocol, which a user's own spare follows too
+        "accelpact.inject",
+        "accelpact.testing",
+        "accelpact.testing.session",  # the multi-rank session and one rank of it (the harness's scenarios)
+        "accelpact.testing.rank",
+        "accelpact.testing.compare",
+    }
+)
+
+
+def harness_private_accelpact_imports() -> list[str]:
+    modules = {module_name(p) for p in py_files("accelpact")}
+    bad = []
+    for path in py_files("harness"):
+        for name, line in imports_of(path, bare_from=False):
+            if not _is_or_under(name, "accelpact"):
+                continue
+            module = name
+            while module not in modules and "." in module:
+                module = module.rpartition(".")[0]  # "from accelpact.run import Workers": the module accelpact.run
+            if module not in ACCELPACT_PUBLIC:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return bad
+
+
+def test_harness_imports_only_accelpacts_public_modules():
+    bad = harness_private_accelpact_imports()
+    assert not bad, (
+        "the harness imports accelpact internals; import the name from a public module (export it there if a "
+        "launcher or a loop needs it):\n" + "\n".join(bad)
     )
 
 

@@ -3,7 +3,9 @@
 ``backend_for(pg)`` returns a fresh backend object for the c10d backend ``pg`` was created with
 ("gloo" or "nccl"); the guard holds it for its lifetime. An unsupported backend raises an error
 that names the supported ones. ``is_comm_fault(exc)`` classifies an exception with every registered
-backend's message fragments (backends/faults.py has the rule).
+backend's message fragments (backends/faults.py has the rule). :func:`rebuild_group` builds a group
+from its :class:`GroupSpec` on a store prefix, :func:`retire_group` drops one, :func:`store_ports` names the
+store connections a fault must spare.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from accelpact.backends.base import Backend, backend_name
 from accelpact.backends.faults import GENERIC_FAULT_MARKERS, matches_comm_fault
+from accelpact.backends.generations import rebuild_group, retire_group, store_ports
 from accelpact.backends.gloo import DataPlaneSockets, GlooBackend
 from accelpact.backends.nccl import NcclBackend
+from accelpact.common.group_spec import GroupSpec
 from accelpact.errors import AccelPactError
 
 if TYPE_CHECKING:
@@ -32,6 +36,10 @@ __all__ = [
     "backend_name",
     "is_comm_fault",
     "register",
+    "GroupSpec",
+    "rebuild_group",
+    "retire_group",
+    "store_ports",
 ]
 
 BACKENDS: dict[str, type[Backend]] = {"gloo": GlooBackend, "nccl": NcclBackend}

@@ -5,8 +5,9 @@
 - clipping.py: the gradient clipping inside the guarded step.
 """
 
+from accelpact.detection.watchdog import DEFAULT_STALL_TIMEOUT_S
 from accelpact.guard.clipping import clip_gradients
 from accelpact.guard.config import GuardConfig, InjectionClock
 from accelpact.guard.core import Guard, attach
 
-__all__ = ["Guard", "GuardConfig", "InjectionClock", "attach", "clip_gradients"]
+__all__ = ["Guard", "GuardConfig", "InjectionClock", "attach", "clip_gradients", "DEFAULT_STALL_TIMEOUT_S"]

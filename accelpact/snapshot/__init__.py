@@ -12,14 +12,18 @@ its payload. See docs/snapshots.md.
 - :func:`snapshot_nbytes`: one slot's size; the memory plan is 4 of them per rank.
 - :func:`remove_job`: delete a job's snapshots (clean exit, stale clean-up).
 - :func:`job_token_from_env`, :func:`restart_count`: the token that survives a torchrun restart.
+- :class:`Replication`: the buddy replica of each snapshot on another host; :func:`replay_bound`: the
+  steps a host loss can replay at a given push cadence.
 
 torch and the standard library only, like the rest of accelpact.
 """
 
 from accelpact.snapshot.launch import job_token_from_env, restart_count
 from accelpact.snapshot.layout import default_root, remove_job, remove_rank
+from accelpact.snapshot.push_rule import replay_bound
+from accelpact.snapshot.replica import Replication, control_bind_address
 from accelpact.snapshot.restore import SnapshotInfo, restore_latest
-from accelpact.snapshot.sizing import snapshot_nbytes
+from accelpact.snapshot.sizing import snapshot_nbytes, used_bytes
 from accelpact.snapshot.slots import (
     NoSnapshotToResumeError,
     SnapshotError,
@@ -43,4 +47,8 @@ __all__ = [
     "default_root",
     "job_token_from_env",
     "restart_count",
+    "Replication",
+    "control_bind_address",
+    "replay_bound",
+    "used_bytes",
 ]

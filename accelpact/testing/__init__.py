@@ -1,10 +1,11 @@
-"""Test-only tools for accelpact: real fault injection and the multi-rank session.
+"""Test tools for accelpact: the multi-rank session, one rank of it, and bit-identity checks.
 
-Production modules of accelpact never import this package (a test enforces it). Users import it to
-inject faults into their own training scripts and to run multi-rank checks.
+Production modules of accelpact never import this package (a test enforces it). The fault injection
+lives in :mod:`accelpact.inject`; its names are re-exported here for the tests written against them.
 """
 
-from accelpact.testing.inject import (
+from accelpact.dataplane.bindings import BindingTable
+from accelpact.inject import (
     ACTIONS,
     PHASES,
     FaultInjector,
@@ -15,6 +16,7 @@ from accelpact.testing.inject import (
 )
 
 __all__ = [
+    "BindingTable",
     "ACTIONS",
     "PHASES",
     "FaultInjector",

@@ -53,7 +53,7 @@ class RankFaults:
     def __init__(
         self, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
     ) -> None:
-        from accelpact.testing import FaultInjector
+        from accelpact.inject import FaultInjector
 
         self.rank = rank
         self.run_dir = run_dir

@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from accelpact.run.workers import Notices, Workers, describe_exit, spawn
+from accelpact.run import Notices, Workers, describe_exit, spawn
 from harness.app.machine import usable_cores
 from harness.events import Step, events_path
 from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template

@@ -26,9 +26,9 @@ import subprocess
 import time
 from typing import Any
 
+from accelpact.run import HOT_SPARE, describe_exit, spawn
 from accelpact.run import spare as spare_protocol
-from accelpact.run.workers import HOT_SPARE, describe_exit, spawn
-from accelpact.run.workers import start_replacement as start_process
+from accelpact.run import start_replacement as start_process
 from harness.parent.template import fork_replacement
 
 SPARE_ENV = spare_protocol.SPARE_ENV  # set (to the spare's index + 1): the worker waits for a rank before training

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # The pipe client (fork requests, exit reports, readiness) is shared with accelpact.run.
-from accelpact.run.template import (  # noqa: F401 - re-exported for the harness and its tests
+from accelpact.run import (  # noqa: F401 - re-exported for the harness and its tests
     FORK_REPLY_S,
     READY_WAIT_S,
     ForkedRank,

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 # The fork server itself (pipe protocol, fork safety, reaping) is shared with accelpact.run's template.
-from accelpact.run.forkserver import enter_netns, fork_one, reap, serve, thread_count  # noqa: F401
+from accelpact.run import enter_netns, fork_one, reap, serve, thread_count  # noqa: F401
 
 
 def preload(spec_path: str) -> None:

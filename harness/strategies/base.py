@@ -84,7 +84,7 @@ def committed_before(run_dir: str, rank: int) -> int:
 
 def store_ports_of(ctx: TrainContext) -> set[int]:
     """Ports a socket-reset fault must spare: the control store's and every process group's store."""
-    from accelpact.backends.generations import store_ports
+    from accelpact.backends import store_ports
 
     port = getattr(ctx.control_store, "port", None)
     return store_ports([int(port)] if isinstance(port, int) else [])

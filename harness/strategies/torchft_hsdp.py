@@ -491,7 +491,7 @@ def group_store_host(control_host: str) -> str:
     namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
     data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
     neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
-    from accelpact.snapshot.replica import control_bind_address
+    from accelpact.snapshot import control_bind_address
 
     return control_bind_address(control_host)
 

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from accelpact import ResetConfig
 from accelpact import testing as fault_testing
-from accelpact.dataplane.bindings import BindingTable
-from accelpact.dataplane.reset import ResetConfig
 from accelpact.guard import attach, clip_gradients
+from accelpact.testing import BindingTable
 from harness.workloads.fsdp_models import (
     batch_for,
     build,

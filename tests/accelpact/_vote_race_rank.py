@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from accelpact.backends.interruptible import CollectiveWaiter
 from accelpact.errors import CollectiveAbandoned
-from accelpact.testing.inject import reset_own_gloo_sockets
+from accelpact.inject import reset_own_gloo_sockets
 from accelpact.testing.rank import RankContext
 
 

@@ -256,13 +256,13 @@ class AccelPactStep(Strategy):
         """The checkpoint group of the current control generation (every rank builds it at the same point)."""
         if self.ckpt is None:
             return
-        from accelpact.backends import generations as comm
+        from accelpact.backends import retire_group
 
         old = self.ckpt._pg
         error = self.ckpt.replace_process_group(self.checkpoint_group())
         if old is not None and old is not self.ckpt._pg:
             try:
-                comm.retire_group(old)
+                retire_group(old)
             except Exception:  # noqa: BLE001 - a group c10d no longer knows: nothing to retire
                 pass
         if error is not None:
@@ -280,7 +280,7 @@ class AccelPactStep(Strategy):
             if self.snapshots is not None:
                 # What the snapshots cost this rank (the process_loss experiment reads it): shared-memory
                 # bytes of one slot, own slots + the replicas its host held, time blocked, pushes.
-                from accelpact.snapshot.sizing import used_bytes
+                from accelpact.snapshot import used_bytes
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0

@@ -131,16 +131,11 @@ def _die(how: str) -> None:
 
 def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
-    import json
     import time
 
-    from accelpact.recovery.heal import arrived_key
+    from accelpact.inject import post_arrival
 
-    control.heartbeat()
-    control.set(
-        arrived_key(control, control.rank),
-        json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": env.t_launch}).encode(),
-    )
+    post_arrival(control, env.t_launch)
     time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
     _die("import")
 
@@ -151,9 +146,9 @@ def side_group(
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
     import torch.distributed as dist
 
-    from accelpact.backends import generations as comm
+    from accelpact.backends import GroupSpec, rebuild_group
 
-    spec = comm.GroupSpec(
+    spec = GroupSpec(
         name=f"{tag}-g{generation}",
         backend="gloo",
         ranks=tuple(range(world_size)),
@@ -163,7 +158,7 @@ def side_group(
         timeout=timedelta(seconds=timeout_s),
     )
     store = dist.PrefixStore(f"{token}/side/{tag}/gen{generation}", control_store)
-    return comm.rebuild_group(None, spec, store, rank)
+    return rebuild_group(None, spec, store, rank)
 
 
 def snapshots_and_policy(
@@ -175,7 +170,7 @@ def snapshots_and_policy(
     every = cfg.strategy.snapshot.every
     if every <= 0:
         return None, None, None
-    from accelpact.recovery.heal import HealPolicy
+    from accelpact import HealPolicy
     from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env
 
     # The snapshots' token outlives a relaunch (the parent exports ACCELPACT_SNAPSHOT_TOKEN, the same in every
@@ -210,7 +205,7 @@ def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token
     relaunched rank whose host lost its own). ``token``: the snapshots' token."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
-    from accelpact.snapshot.replica import Replication
+    from accelpact.snapshot import Replication
 
     return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push, job_token=token)
 
@@ -226,7 +221,7 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
     import torch.distributed as dist
 
     from accelpact.errors import AccelPactError
-    from accelpact.snapshot.restore import restore_latest
+    from accelpact.snapshot import restore_latest
     from harness.events import Restore
 
     t_start = time.time()

@@ -138,7 +138,7 @@ def _describe(exc: BaseException, limit: int = 3) -> str:
 
 
 def _reset_data_plane_sockets(exclude_ports: Sequence[int]) -> int:
-    from accelpact.testing import reset_own_gloo_sockets
+    from accelpact.inject import reset_own_gloo_sockets
 
     return reset_own_gloo_sockets(exclude_ports)
 

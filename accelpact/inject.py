@@ -1,4 +1,5 @@
-"""Real fault injection for tests and for the harness: socket resets, stalls and dead ranks.
+"""Real fault injection, public: socket resets, stalls and dead ranks, for tests, the harness and users' own
+fault drills.
 
 Usable with or without a guard. A plain training loop calls ``injector.begin_step(step)`` at the top
 of every step and ``injector.maybe_fire(phase, step)`` before its clip all-reduce / vote; a guarded
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 # The socket helpers are production code (the gloo backend resets its own connections with them);
 # they are re-exported here because injecting a reset is what tests and the harness use them for.
+from accelpact.backends.generations import store_ports
 from accelpact.common.sockets import reset_own_gloo_sockets, shutdown_sockets, tcp_socket_inodes
 
 if TYPE_CHECKING:
@@ -35,6 +37,8 @@ __all__ = [
     "reset_own_gloo_sockets",
     "shutdown_sockets",
     "tcp_socket_inodes",
+    "store_ports",
+    "post_arrival",
 ]
 
 # Phases a fault can be armed at, in the order they happen within one step.
@@ -215,3 +219,21 @@ class FaultInjector:
     def _grad_hook(self, grad: Any) -> None:
         self.maybe_fire("backward_reduce_scatter")
         return None
+
+
+def post_arrival(control: Any, t_launch: float | None = None) -> None:
+    """Post this replacement's arrival exactly as :func:`accelpact.rejoin` does, and nothing more.
+
+    For a drill in which a replacement dies after the survivors saw it arrive and before it took the
+    heal plan: the survivors must name that death, not wait out their deadline. ``control`` is the
+    replacement's :class:`accelpact.ControlChannel`; ``t_launch`` is when its launcher started it.
+    """
+    import json
+
+    from accelpact.recovery.heal_wait import arrived_key
+
+    control.heartbeat()
+    control.set(
+        arrived_key(control, control.rank),
+        json.dumps({"pid": os.getpid(), "t": time.time(), "t_launch": t_launch}).encode(),
+    )
