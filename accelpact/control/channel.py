@@ -1,40 +1,18 @@
-"""The out-of-band control channel: a long-lived TCPStore client with own deadlines and reconnects.
+"""The out-of-band control channel: a long-lived TCPStore client with its own deadlines and reconnects.
 
-Ranks agree on how to recover over this channel, never over the data plane that just failed. It is
-a client of a TCPStore server hosted by a process the data-plane faults do not touch (the harness
-parent, or the test process). Facts it is built on (measured with torch 2.13's TCPStore):
-
-- during a blackhole a store ``wait(timeout)`` is not honoured (26 s for 5 s), so every store call
-  runs on a worker thread and the caller stops waiting at its OWN deadline (plus a small grace);
-  a client whose call overran is abandoned (its socket may be mid-reply) and replaced;
-- after a TCP reset the client never reconnects by itself, so a call that fails with a network
-  error builds a new client (the server and its keys are intact) and retries, within the deadline.
-  Retrying is safe because every call here is idempotent (set of a per-rank key, check, wait, get),
-  except ``add``, which is retried only when the request provably never left ("Broken pipe").
-
-Keys. Every key starts with the per-job token, so a stray process of another job never satisfies a
-wait of this one. Recovery round (generation) ``g`` uses ``{token}/gen{g}/...``; the data plane of
-generation ``g`` is built on a fresh ``PrefixStore("{token}/dp/gen{g}", <fresh client>)``. Keys of
-an older generation or another token are never read, so stale keys need no cleanup to be harmless.
-
-Generations and nested faults. Each rank starts at generation 0 and calls ``advance_generation()``
-exactly once per recovery round, then posts its consensus report with ``gather`` at the new
-generation. A rank therefore posts at EVERY generation it passes through, and it leaves the gather
-of generation ``g`` only after every rank posted there. Hence no rank can be at ``g+2`` while
-another is at ``g``: ranks never differ by more than one generation. If a second fault hits during
-recovery (building or first use of the new group), every rank that sees it advances again; a rank
-that did NOT see it (its part of the collective completed) finds out at its next data-plane
-collective, whose peers have left, or sooner by polling ``generation_superseded()``, which is true
-once any peer has posted at ``generation + 1``. Either way it advances, posts, and the gather at the
-new generation brings everyone back into step, with reports that describe each rank's real state.
-No atomic counter is needed, and nothing is ever decided from a mix of generations.
+Ranks agree on how to recover over this channel, never over the data plane that just failed. It is a
+client of a TCPStore server hosted by a process the data-plane faults do not touch (the launcher, the
+harness parent, or the test process). Every store call runs on a worker thread and is given up at the
+caller's deadline, because a store ``wait`` is not honoured during a blackhole; a call that fails with a
+network error reconnects and retries. Every key starts with the per-job token and carries the recovery
+round's generation. docs/design.md ("The control channel") has the facts this rests on and the
+generation rule that keeps ranks at most one round apart.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +26,6 @@ from accelpact.control import launch_env as _launch_env
 from accelpact.control.data_plane_store import DataPlaneStores
 from accelpact.control.store_client import (
     _Connection,
-    _dist,
     _first_line,
     _is_connection_error,
     _is_wait_timeout,
@@ -62,7 +39,7 @@ if TYPE_CHECKING:
 
     from accelpact.common.control_client import PeerCheck
 
-__all__ = ["ControlConfig", "ControlChannel", "start_control_server", "new_job_token"]
+__all__ = ["ControlConfig", "ControlChannel"]
 
 # How much longer than its own deadline a call may take before the caller gives up on the worker:
 # covers thread hand-off and the store's own timeout firing at the same instant as ours.
@@ -456,21 +433,3 @@ def _wait_then_get(store: torch.distributed.Store, keys: list[str], deadline: fl
             return None
         raise
     return store.multi_get(keys)
-
-
-def start_control_server(host: str = "127.0.0.1", port: int = 0) -> tuple[torch.distributed.TCPStore, int]:
-    """Host the control store in this process (a long-lived one the data-plane faults do not touch).
-
-    ``port=0`` binds a free port. Returns the server store (keep a reference: the server lives as
-    long as it) and the bound port.
-    """
-    dist = _dist()
-    server: torch.distributed.TCPStore = dist.TCPStore(
-        host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
-    )
-    return server, server.port
-
-
-def new_job_token() -> str:
-    """A fresh per-job token (16 hex characters) for ControlConfig.job_token / ACCELPACT_JOB_TOKEN."""
-    return secrets.token_hex(8)

@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelpact.control import notice_auth
@@ -45,7 +41,9 @@ from accelpact.detection.liveness import (
 from accelpact.errors import RankLostError
 from accelpact.events import HealEvent
 from accelpact.recovery.heal_groups import merge_group_posts
+from accelpact.recovery.heal_join import join_as_replacement
 from accelpact.recovery.heal_plan import HealReport, ResumePlan, decide_resume
+from accelpact.recovery.heal_policy import FetchReplica, HealOutcome, HealPolicy
 from accelpact.recovery.heal_wait import (
     ReplacementWatch,
     abandoned_key,
@@ -65,6 +63,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "FetchReplica",
     "HealPolicy",
     "HealOutcome",
     "Healer",
@@ -78,47 +77,6 @@ __all__ = [
 
 # How often a survivor at the roll call reads every rank's notice and the others' posts (store round trips).
 ROLL_CALL_POLL_S = 0.02
-
-# A buddy's fetch: (source rank, destination slot directory, step or None for the newest) -> the
-# replica's marker (a dict with at least "step") or None when it holds none.
-FetchReplica = Callable[[int, Path, "int | None"], "dict[str, Any] | None"]
-
-
-@dataclass(frozen=True)
-class HealPolicy:
-    """How survivors heal a lost rank instead of raising RankLostError (``attach(..., heal=...)``).
-
-    ``replacement_timeout_s``: how long survivors wait for a replacement to arrive; a Python + torch +
-    transformers start on a loaded host took 5-15 s here, so the default leaves room for several.
-    ``fetch_replica``: the buddy's fetch (None: no replicas, own slots only). ``buddy_of``: rank -> the
-    rank holding its replica (for the error that names both). ``initial_state_reproducible``: a
-    replacement's freshly built model and optimizer equal every rank's state before step 0 (seeded
-    init), so a rank lost before its first snapshot is healed from step -1. ``max_rounds``: heals in a
-    row for one loss (a replacement lost during its heal costs one more).
-    """
-
-    replacement_timeout_s: float = 180.0
-    fetch_replica: FetchReplica | None = None
-    buddy_of: Callable[[int], int] | None = None
-    initial_state_reproducible: bool = True
-    max_rounds: int = 4
-    poll_s: float = 0.01
-
-    def __post_init__(self) -> None:
-        if self.replacement_timeout_s <= 0 or self.max_rounds < 1:
-            raise ValueError(
-                f"HealPolicy(replacement_timeout_s={self.replacement_timeout_s}, max_rounds="
-                f"{self.max_rounds}): both must be positive"
-            )
-
-
-@dataclass(frozen=True)
-class HealOutcome:
-    """What the guard does after a heal: continue at ``resume_step`` (with ``extra_state`` restored)."""
-
-    resume_step: int
-    extra_state: dict[str, Any]
-    event: HealEvent
 
 
 class Healer:
@@ -426,117 +384,13 @@ class Healer:
 
     # -- a replacement ----------------------------------------------------------------------------
 
+    # -- the replacement ---------------------------------------------------------------------------
+
     def join(self, ticket: RejoinTicket) -> HealOutcome:
         """The replacement's heal, after its model, FSDP wrapping and optimizer exist (attach calls it)."""
-        g = self.ctx
-        t0 = time.time()
-        held: dict[int, str] = {}
-        if self.policy.initial_state_reproducible:
-            held[-1] = "live"
-        if self.snapshots is not None:
-            held.update({s: "own" for s in self.snapshots.held_steps()})
-        replicas: dict[int, Path] = {}
-        buddy = self.policy.buddy_of(g.rank) if self.policy.buddy_of is not None else None
-        if not [s for s, src in held.items() if src == "own"] and self.policy.fetch_replica is not None:
-            newest = self._fetch(None)
-            if newest is not None:
-                replicas[newest[0]] = newest[1]
-                held[newest[0]] = "buddy"
-                # The buddy keeps two replicas, of the newest two pushed steps: fetched only if chosen.
-                # Pushed steps are every * push_every apart (accelpact.snapshot.push_rule).
-                cfg = getattr(self.snapshots, "config", None)
-                gap = getattr(cfg, "every", 1) * getattr(cfg, "push_every", 1) if cfg is not None else 1
-                held.setdefault(newest[0] - max(int(gap), 1), "buddy")
-        plan = self._agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
-        t_load = time.time()
-        extra: dict[str, Any] = {}
-        source = plan.sources[g.rank]
-        if source == "own":
-            extra = self.snapshots.restore(plan.step) or {}
-        elif source == "buddy":
-            path = replicas.get(plan.step)
-            if path is None:
-                got = self._fetch(plan.step)
-                if got is None:
-                    raise RankLostError(
-                        f"rank {g.rank}: its buddy (rank {buddy}) no longer holds the replica of step {plan.step} "
-                        "and no own snapshot slot survives: restore from a checkpoint",
-                        ranks=(g.rank,) + ((buddy,) if buddy is not None else ()),
-                        detected_by="heal",
-                    )
-                path = got[1]
-            extra = self.snapshots.restore(plan.step, source=path) or {}
-        load_s = time.time() - t_load
-        g.state.resume_at(plan.resume_step)
-        resume_step, generation, rounds = plan.resume_step, ticket.generation, 1
-        try:
-            g.plane.prove(list(g.plane.groups))
-        except BaseException as failed:  # noqa: BLE001 - only a communication fault is retried, below
-            if not g.plane.is_comm_fault(failed):
-                raise
-            again = self._retry_after_link_fault(plan, failed)
-            del failed
-            resume_step, generation, rounds = again.resume_step, again.event.generation, 1 + again.event.rounds
-            extra = again.extra_state or extra  # a retry at the same step restores nothing: keep this restore's
-        t_end = time.time()
-        t_launch = ticket.t_launch or ticket.t_start
-        event = HealEvent(
-            role="replacement",
-            lost_ranks=[g.rank],
-            step=-1,
-            resume_step=resume_step,
-            replayed_steps=0,
-            source=source,
-            own_source=source,
-            generation=generation,
-            replacement_start_s=ticket.t_arrived - t_launch,
-            heal_transfer_s=t_end - ticket.t_arrived,
-            total_s=t_end - t_launch,
-            t=t_end,
-            t_detected=t_launch,
-            load_s=load_s,
-            rounds=rounds,
-            data_plane=dict(ticket.data_plane),
+        return join_as_replacement(
+            self.ctx, self.policy, self.snapshots, ticket, agree=self._agree, survive=self.survive
         )
-        _log.info(
-            "rank %d: replacement healed from %s (step %d) in %.3f s after arrival; build %.3f s",
-            g.rank,
-            source,
-            plan.step,
-            t_end - ticket.t_arrived,
-            t0 - ticket.t_joined,
-        )
-        return HealOutcome(resume_step, extra, event)
-
-    def _retry_after_link_fault(self, plan: ResumePlan, failed: BaseException) -> HealOutcome:
-        """The heal's first collective failed on a communication fault (a link reset between the replacement
-        and a survivor): every survivor whose collective failed too goes around its heal loop (``survive``),
-        finds no rank dead and holds the next generation's roll call; this process joins that round as one
-        of them, now holding the plan's step, live.
-
-        Before, the replacement raised here and exited with its own error code, so its launcher did not
-        replace it again and the job restarted from disk (a CI run: "Software caused connection abort" in
-        the replacement's first collective, from a link reset on its node). A survivor whose collective
-        got through while this one's failed is not in a heal round: the roll call then finds no answer
-        within the control deadline and this raises RankLostError, as a failed join did before."""
-        g = self.ctx
-        _log.info(
-            "rank %d: the replacement's first collective failed (%s); retrying the heal with the survivors",
-            g.rank,
-            str(failed)[:200],
-        )
-        g.plane.abort()
-        lost = RankLostError(f"rank {g.rank}: link fault in the heal's first collective", ranks=(), detected_by="heal")
-        return self.survive(lost, plan.resume_step, time.time())
-
-    def _fetch(self, step: int | None) -> tuple[int, Path] | None:
-        dest = Path(tempfile.mkdtemp(prefix=f"accelpact-replica-r{self.ctx.rank}-"))
-        try:
-            marker = self.policy.fetch_replica(self.ctx.rank, dest, step)  # type: ignore[misc]  # None: the TypeError is a failed fetch, below
-        except Exception as exc:  # noqa: BLE001 - a buddy lost too, or unreachable: no replica, say why below
-            _log.warning("rank %d: fetching its replica (step %s) from its buddy failed: %s", self.ctx.rank, step, exc)
-            return None
-        return None if marker is None else (int(marker["step"]), dest)
 
 
 def _notice_pid(raw: bytes | None, token: str) -> int | None:
