@@ -1,25 +1,15 @@
 """Waiting on the guard's own collectives in a way that can be given up when the peers have moved on.
 
-Why: a gloo collective posted at the moment its rank's own connection breaks can miss the break and
-wait out the whole PG timeout, although every peer failed within milliseconds. Measured with torch
-2.13 on this project's 2-core CPU machine, a rank shutting down its own gloo sockets and at once
-posting a one-element all-reduce (the vote, the clip norm, the first collective of a generation):
-4 of 200 such all-reduces waited the full timeout ("Timed out waiting 5000ms for send operation
-to complete"); 0 of 300 when the all-reduce was posted 10 ms after the break; 0 of 200 for 4096-element
-all-gathers, reduce-scatters and all-reduces (FSDP's own collectives). Aborting the generation again
-does not help: its sockets are already shut, and nothing wakes the waiting operation.
+Why: a gloo collective posted at the moment its rank's own connection breaks can miss the break and wait
+out the whole PG timeout, although every peer failed within milliseconds (docs/design.md, "Waiting on the
+guard's own collectives", has the measurements). So the guard never blocks in ``work.wait()`` for the
+collectives it issues itself: it posts them asynchronously and polls, and gives up when the stall watchdog
+fired for this attempt or, without a watchdog, when the control channel says a peer already posted at the
+next generation (asked at growing intervals, so a merely slow peer costs few store round trips).
 
-So the guard never blocks in ``work.wait()`` for the collectives it issues itself. It posts them
-asynchronously and polls; between polls it asks whether to give up:
-
-- the stall watchdog fired for this attempt (it saw a peer post at the next recovery generation,
-  or a stall), or
-- without a watchdog, the control channel says a peer already posted at the next generation
-  (checked with a growing interval, so a merely slow peer costs few store round trips).
-
-Giving up raises :class:`accelpact.errors.CollectiveAbandoned` (a recoverable fault), after the
-backend has been told to keep the stuck generation alive until its PG timeout: dropping it sooner
-would make its destructor wait for the stuck operation.
+Giving up raises :class:`accelpact.errors.CollectiveAbandoned` (a recoverable fault), after the backend
+has been told to keep the stuck generation alive until its PG timeout: dropping it sooner would make its
+destructor wait for the stuck operation.
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 
 A generation is *abandoned* when this rank gives up waiting on one of its collectives (a peer started a
 newer recovery round, or the watchdog fired) while the collective may still be running in the backend.
-Destroying such a group blocks: gloo's destructor joins its worker threads, and a worker stuck in the
-collective returns only at the PG timeout. Measured here: a 2-rank gloo group with one all-reduce pending,
-dropped inside a reference cycle, made the next ``gc.collect()`` take 9.3 s with a 10 s PG timeout.
-
-So the groups (and the pending work) are kept until the deadline, then dropped, when the collective has
-failed and the destructor is quick. They used to be kept by the backend object that abandoned them. A
-Guard and its backend form a reference cycle, so once a Guard was closed and dropped (a second job in
-the same process, a test session running scenario after scenario), the next garbage collection freed
-the backend and with it the groups, and that collection, on whatever thread ran it, waited out the
-collective: 113-118 s of a 120 s PG timeout in the rebind check of ``test_recovery_fsdp2``, several CI
-runs. Kept here, the generation's lifetime no longer depends on who abandoned it.
+Destroying such a group blocks until the PG timeout (gloo's destructor joins a worker stuck in the
+collective), so the groups and their pending work are kept here until the deadline, then dropped.
+They are kept process-wide, not by the backend that abandoned them: a Guard and its backend form a
+reference cycle, and whichever garbage collection freed a closed Guard would otherwise wait out the
+collective. docs/design.md, "Waiting on the guard's own collectives", has the measurements.
 
 Standard library only; no lock: recoveries run on the training thread.
 """

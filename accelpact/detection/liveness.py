@@ -1,28 +1,17 @@
 """Liveness on the control plane: each rank's heartbeat, death notices, and the rule that calls a peer dead.
 
-Without this a survivor learns that a peer died only when the control channel's deadline runs out
-(60 s in the harness), although the launcher saw the exit by ``waitpid`` within milliseconds and the
-survivor's own sockets reported the dropped connection at once. docs/detection.md has the design.
+Without it a survivor learns of a dead peer only at the control channel's deadline, although the launcher
+saw the exit within milliseconds. Keys, every one under the per-job token:
 
-Keys (every one under the per-job token, so a process of another job can never write what this job
-reads, and a relaunch with a fresh token starts clean):
+- ``{token}/hb/{rank}`` = ``"<wall time> <pid> <progress>"``, rewritten every ``interval_s`` by a daemon
+  thread on its own store client; a beat is stale once it has not CHANGED for ``missed_beats * interval_s``
+  of the reader's monotonic clock, so clock skew between hosts does not matter.
+- ``{token}/dead/{rank}`` = a JSON :class:`DeathNotice`, from the launcher (:func:`publish_death`) or from a
+  rank whose connection to that peer dropped AND whose peer stopped beating. A notice naming another pid
+  than the rank's current beat is ignored, unless that beat is a replacement still ``JOINING``.
 
-- ``{token}/hb/{rank}`` = ``"<wall time> <pid> <progress>"``, rewritten every ``interval_s`` by a
-  daemon thread on its OWN store client (never the control channel's serialised connection, never
-  the data plane). Peers judge staleness by the value not CHANGING for ``missed_beats * interval_s``
-  of their own monotonic clock, so clock skew between hosts does not matter.
-- ``{token}/dead/{rank}`` = a JSON :class:`DeathNotice`, written by whoever learns of the death: the
-  launcher (``waitpid``; :func:`publish_death` is the hook for any launcher), or a rank whose data-plane
-  connection to that peer dropped AND whose peer stopped beating. A notice names the dead process's
-  pid when known; a reader ignores a notice whose pid differs from the pid in the rank's current beat
-  (a notice about an earlier process of that rank), unless that beat is a replacement's that has not
-  joined yet (progress ``JOINING``): then the process the reader trained with is gone whatever pid the
-  notice names. Without that exception a template-forked replacement, beating within ~0.1 s of the death,
-  could hide the notice from a survivor that reached its watch later: it waited out the control deadline
-  and fell back to disk (seen in about 1 run in 5 of a host loss under load).
-
-A SIGSTOPped rank also stops beating, but its sockets stay open: its peers see a timeout, not a dropped
-connection, so the rule never calls it dead; it is a stall, waited for within the recovery deadline.
+A SIGSTOPped rank stops beating but keeps its sockets open: a stall, never called dead.
+docs/detection.md has the design, the reasons for each rule and the measurements.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """The stall watchdog: end a data-plane collective that will not complete, long before the PG timeout.
 
-A SIGSTOPped peer or a silent link outage leaves gloo collectives blocked until the process-group
-timeout (30 min by default; 30 s in the harness), although the control plane can tell within seconds
-that nothing moves. One daemon thread per guard, with its own control-store client (never the
-channel's serialised connection, never the data plane), looks every ``tick_s`` and aborts this rank's
-data-plane generation (the backend's ``abort()``: gloo shuts its own sockets, so the blocked
-collective raises at once and the guard recovers as after a reset) when, during a guarded attempt:
+A SIGSTOPped peer or a silent link outage leaves gloo collectives blocked until the process-group timeout,
+although the control plane can tell within seconds that nothing moves. One daemon thread per guard, on its
+own control-store client, looks every ``tick_s`` during a guarded attempt and aborts this rank's data-plane
+generation (the blocked collective then raises at once, as after a reset) when:
 
-1. a peer has already posted at the next recovery generation (it is recovering: this rank's data
-   plane is dead even if its own collective has not failed yet); or
-2. (once ``_MIN_HISTORY`` steps have completed and been timed) the attempt has run longer than
-   ``max(stall_timeout_s, 3 x median step)`` AND it is a stall, not a
-   slow step: a peer's heartbeat is stale (the peer is stopped: a rank merely busy in a slow
-   ``step_fn`` keeps beating from its daemon thread), or one of this rank's own data-plane sockets has
-   held the same unsent data for 0.5 s (a blackhole or a link that went down). A slow peer leaves the
-   sockets idle and its beat fresh, so rule 2 never fires on it, however slow.
+1. a peer has already posted at the next recovery generation (it is recovering); or
+2. (once ``_MIN_HISTORY`` steps were timed) the attempt has run longer than ``max(stall_timeout_s,
+   3 x median step)`` AND it is a stall, not a slow step: a peer's heartbeat is stale, or one of this
+   rank's data-plane sockets has held the same unsent data for 0.5 s. A slow peer keeps beating and
+   leaves the sockets idle, so rule 2 never fires on it.
 
 Firing is serialised with the guard through one lock, and only for the generation and attempt it was
-armed for, so a late tick can never abort the freshly rebuilt generation. docs/detection.md has the
+armed for, so a late tick never aborts a freshly rebuilt generation. docs/detection.md has the
 measurements behind the thresholds.
 """
 
@@ -256,10 +251,8 @@ class StallWatchdog:
         if store.check([posted]):
             return "a peer is recovering (posted at the next generation)"
         if len(self._steps) < _MIN_HISTORY:
-            # No step time to judge against yet. The first steps hold lazy initialisation and
-            # compilation: measured, an aot_eager compile of step 0 on a loaded 2-core host kept a
-            # rank busy past the 10 s default while its heartbeat thread starved, and rule 2 took
-            # the slow first step for a stall. Until then only rule 1 (a peer is recovering) fires.
+            # No step time to judge against yet: the first steps hold lazy initialisation and compilation,
+            # which rule 2 would take for a stall (docs/detection.md). Only rule 1 fires until then.
             return None
         now = time.monotonic()
         elapsed = now - t0

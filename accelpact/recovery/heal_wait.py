@@ -1,23 +1,14 @@
 """What survivors wait for in a heal, and how a replacement lost on the way ends the wait in seconds.
 
-A heal waits twice for a replacement process (accelpact.recovery.heal has the protocol):
-
-1. for its ARRIVAL (``{token}/heal/arrived/{rank}``, with its pid), while the launcher starts it;
-2. after the survivors wrote its plan, for its JOINING ack (``{token}/heal/joining/{rank}/{pid}``): the
-   replacement writes it when it has read the plan, just before it enters the new generation's rendezvous.
-
-Either wait ends early when the launcher's death notice names the replacement's pid. Without the
-joining gate, a replacement lost between its arrival and the rendezvous left the survivors blocked in
-gloo's rendezvous until the control deadline (60 s in the harness): a rendezvous cannot be interrupted
-from Python, so the survivors must not enter it until the replacement has committed to it. The
-notice is read BEFORE the ack on every poll, so all survivors decide alike: a notice that is present
-means the death happened, so an ack written before it is already visible.
-
-A launcher that will NOT start another replacement (its budget is spent, or the process failed on its
-own and would fail again) says so under ``{token}/heal/abandoned/{rank}`` (:func:`publish_no_replacement`,
-like ``accelpact.detection.liveness.publish_death``): survivors then stop at once with its reason instead of
-waiting out ``replacement_timeout_s``. Replacements lost one after another are counted per rank; at
-``HealPolicy.max_rounds`` the survivors give up with the rank, the count and the fix.
+A heal waits twice for a replacement process (accelpact.recovery.heal has the protocol): for its ARRIVAL
+(``{token}/heal/arrived/{rank}``, with its pid) while the launcher starts it, then, after the survivors
+wrote its plan, for its JOINING ack (``{token}/heal/joining/{rank}/{pid}``), written just before it enters
+the new generation's rendezvous. A gloo rendezvous cannot be interrupted from Python, so the survivors
+enter it only once the replacement has committed to it. Either wait ends early when the launcher's death
+notice names the replacement's pid; the notice is read BEFORE the ack on every poll, so all survivors
+decide alike. A launcher that will not start another replacement says so under
+``{token}/heal/abandoned/{rank}`` (:func:`publish_no_replacement`), and at ``HealPolicy.max_rounds``
+replacements lost in a row the survivors give up. docs/process_loss.md has the failure modes, measured.
 """
 
 from __future__ import annotations
