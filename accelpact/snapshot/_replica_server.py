@@ -1,27 +1,16 @@
 """The receiving side of buddy replication: a TCP server thread that keeps the last two replicas per source.
 
-Layout, under the snapshot root of this host: ``<root>/<job_token>/replica/rank<src>/slot0|slot1/``,
-each a slot directory like the source's own (payload files, then ``marker.json``).
+Layout, under the snapshot root of this host: ``<root>/<job_token>/replica/rank<src>/slot0|slot1/``, each
+a slot directory like the source's own (payload files, then ``marker.json``). A replica is received IN
+PLACE, through mappings kept open across pushes (``FileMaps``), into the slot it replaces, whose marker is
+deleted before its first byte changes and written again last: a reader sees a complete replica, never a
+torn one, and at least the newest complete replica survives any push. The header is checked before a
+byte is written; a refused PUT's payload is read and dropped.
 
-A replica is received IN PLACE, like a rank's own snapshot: into the slot it replaces (the one
-holding the same step, a retried push; else one without a valid marker; else the older), whose
-marker is deleted before its first byte changes and written again last. The payload goes through
-mappings kept open across pushes (``FileMaps``): receiving into a fresh directory, as before, wrote
-every replica into newly allocated tmpfs pages, ~4x slower than into reused ones. A connection that
-breaks half-way leaves that slot without a marker (it does not exist for readers) and the newer
-replica untouched; the next push fills it again. So a reader sees a complete replica, never a torn
-one, and at least the newest complete replica survives any push.
-
-Before a byte is written, the header is checked: the marker names this job, the source rank and the
-step, and the file list's names and sizes are the marker's. A refused PUT's payload is read and
-dropped, then answered, and nothing on disk changes.
-
-One request per connection, one short-lived thread per connection: a slow PUT from the source must
-not hold up a GET from a replacement. Per source, a state lock covers choosing and invalidating the
-target slot, writing a marker, and serving a GET (so a GET never sends files a PUT is rewriting), and
-a put lock serialises PUTs. A new PUT of a source first shuts down the connection of the PUT still
-running for it (a sender that vanished without a reset, e.g. its host's namespace deleted, would
-otherwise hold the put lock until its 60 s timeout): the newest push wins.
+One request per connection, one short-lived thread per connection, so a slow PUT never holds up a GET.
+Per source, a state lock covers choosing the target slot, writing a marker and serving a GET, and a put
+lock serialises PUTs; a new PUT shuts down the source's PUT still running (the newest push wins).
+docs/replicas.md, "The channel", says why each of these, with the measurements.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """The replica channel's wire format: signed frames, then raw file bytes. Stdlib only.
 
-One request per TCP connection. A frame is a 4-byte big-endian length and a JSON body signed with
-the job token (``accelpact.control.notice_auth``: HMAC-SHA256 under a key derived from the token, and a
-``job`` tag). A peer of another job, or anything that merely reaches the port, cannot produce a
-frame the other side accepts, so it can neither read nor overwrite this job's replicas.
+One request per TCP connection. A frame is a 4-byte big-endian length and a JSON body signed with the job
+token (``accelpact.control.notice_auth``), so a peer of another job, or anything that merely reaches the
+port, can neither read nor overwrite this job's replicas. The signature covers the header (operation,
+source rank, step, file names and sizes, the slot's marker); the payload bytes are not MACed, which keeps
+the send zero-copy (``socket.sendfile``), and are covered by the marker's checksums, which every reader
+checks before loading.
 
-What the signature covers: the header (operation, source rank, step, file names and sizes, and the
-slot's marker). The payload bytes are not MACed, which keeps the send zero-copy (``socket.sendfile``
-from the slot file straight into the socket); they are covered by the marker's checksum, which is
-inside the signed header and which every reader of a slot checks before loading it.
-
-Receiving writes straight into the destination file through ``mmap`` + ``recv_into``: one copy,
-kernel socket buffer to the shared-memory page, with no Python ``bytes`` in between. A holder keeps
-those mappings across pushes (:class:`FileMaps`) and receives each replica into the reused mapping
-of the slot it overwrites: the first write into a fresh tmpfs mapping allocates and zeroes every page
-(measured ~4x slower than a write into a reused one).
+Receiving writes straight into the destination file through ``mmap`` + ``recv_into``, into the reused
+mapping of the slot it overwrites (:class:`FileMaps`): a fresh tmpfs mapping is several times slower to
+fill (docs/replicas.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The snapshots' CRC-32: ISA-L's implementation when ``isal`` is importable, else the standard library's.
 
-Both compute the same function (the zlib/PNG CRC-32, polynomial 0xEDB88320), so the values in a
-marker do not depend on which one wrote or reads it: a slot written with one is verified with the
-other (``tests/accelpact/test_checksum.py`` checks that they agree on random buffers, continued over
-chunk boundaries too).
-
-Why the optional dependency: the CRC-32 of each snapshot was about two thirds of the snapshot
-thread's CPU, and that thread's CPU is the snapshot overhead on a host whose cores all train.
-Measured on this 2-core EPYC over 256 MiB: ``zlib.crc32`` 3.65 GB/s, ``isal.isal_zlib.crc32``
-10.3 GB/s; over a 35 MiB mistral_tiny-like shard, copy + CRC took 16.4 ms of thread CPU with zlib
-and 9.6 ms with ISA-L (the copy alone 6.7 ms). Both release the GIL on large buffers. ``isal`` is
-a small C extension (python-isal, manylinux/macOS wheels) and a runtime dependency of the package;
-an environment without it still works, at zlib's speed. It is the one import beyond torch and the
-standard library that the runtime allows (``tests/test_import_rules.py`` names it), always guarded.
+Both compute the same function (the zlib/PNG CRC-32, polynomial 0xEDB88320), so a slot written with one
+is verified with the other (``tests/accelpact/test_checksum.py`` checks that they agree). Why the optional
+dependency: the CRC-32 was about two thirds of the snapshot thread's CPU, which on a host whose cores all
+train is the snapshot overhead, and ISA-L's is about 2.8x zlib's (docs/snapshots.md, "Validation and
+checksums", has the measurements). It is the one import beyond torch and the standard library that the
+runtime allows (``tests/test_import_rules.py`` names it), always guarded; without it the runtime still
+works, at zlib's speed.
 
 ``ACCELPACT_CRC32=zlib`` forces the standard library's (e.g. to measure the difference).
 """

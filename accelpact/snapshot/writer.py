@@ -3,21 +3,16 @@
 A :class:`CopyJob` has two phases:
 
 1. **copy** (the live shard tensors must not change): every tensor is copied into the slot's payload
-   file, which stays mapped (``torch.from_file(..., shared=True)``) across steps, so a copy is one
-   memcpy per tensor with no allocation. Measured here: 7.5 GB/s into a reused mapping against
-   2.7 GB/s for plain ``write()`` of a fresh file and 1.9 GB/s for the first touch of a new mapping.
-   When it ends, ``copied`` is set: the guard's ``before_update`` waits only for this.
-2. **seal** (touches only the slot): CRC-32 of the payload, ``meta.pt``, then ``marker.json`` by
-   atomic rename, then the ``on_complete`` hook (the buddy push).
+   file, which stays mapped (``torch.from_file(..., shared=True)``) across steps, so a copy is one memcpy
+   per tensor with no allocation; a reused mapping is the fastest target (docs/snapshots.md, "Off the
+   critical path", has the rates). When it ends, ``copied`` is set.
+2. **seal** (touches only the slot): CRC-32 of the payload, ``meta.pt``, then ``marker.json`` by atomic
+   rename, then the ``on_complete`` hook (the buddy push).
 
-On a GPU the shard is first copied on a side stream into one pinned host buffer (the stream waits
-for the optimizer's kernels first); ``before_update`` makes the compute stream wait for that copy's
-event, so the host never blocks on it; the thread waits for the event and then copies pinned memory
-into the slot. That path is written to be correct by construction but has NOT run here: this project
-machine has no GPU (benchmarks/gpu_check.py holds the check to run where one is lent).
-
-The payload file is preallocated with ``posix_fallocate``: writing through a mapping of a sparse
-tmpfs file that runs out of space kills the process with SIGBUS, an allocation fails with ENOSPC.
+On a GPU the shard is first copied on a side stream into one pinned host buffer; that path has NOT run
+on this project's machine (benchmarks/gpu_check.py holds the check). The payload file is preallocated
+with ``posix_fallocate``: a full tmpfs then fails the allocation, instead of killing the process with
+SIGBUS on a write through the mapping.
 """
 
 from __future__ import annotations
