@@ -1,31 +1,14 @@
 """The NCCL backend: abort the broken communicator, rebuild on the bound GPU, vote on the GPU.
 
-UNTESTED ON HARDWARE: the machine this was written on has no GPU, so this path has never run. It is
-written against torch 2.13's ProcessGroupNCCL as its Python API and C++ header document it; the
-pure logic (environment check, error classification, abort bookkeeping) is unit-tested with fakes.
-``benchmarks/gpu_check.py`` is the prepared check to run on a machine with two or more GPUs.
+UNTESTED ON HARDWARE: written against torch 2.13's ProcessGroupNCCL without a GPU; the pure logic
+(environment check, error classification, abort bookkeeping) is unit-tested with fakes, and
+``benchmarks/gpu_check.py`` is the prepared check for a machine with two or more GPUs.
 
-What recovery needs from NCCL, and how it gets it:
-
-- The process must survive a collective error. ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` selects what the
-  watchdog does on an error or timeout (ProcessGroupNCCL.hpp, ``ErrorHandlingMode``): 0 nothing,
-  1 abort communicators AND tear the process down, 2 ("CleanUpOnly") abort the communicators and
-  keep the process, 3 ("SkipCleanUp", torch's default) tear the process down WITHOUT aborting. Only
-  0 and 2 keep the process alive; 2 also unblocks a hung collective at the PG timeout, so 2 is what
-  :meth:`NcclBackend.configure` sets and what :meth:`NcclBackend.check` demands (0 is accepted too,
-  since the guard aborts communicators itself). The variable is read when a group is created, so it
-  must be set before ``init_process_group``.
-- Abort: ``pg._get_backend(torch.device("cuda")).abort()`` (ProcessGroupNCCL.abort, i.e.
-  ncclCommAbort on this rank's communicators). Not ``dist._abort_process_group``: that also removes
-  the group from c10d's registries, which :mod:`accelpact.backends.generations` does itself when it rebuilds under
-  the old name.
-- The vote waits for the device: NCCL collectives return to the CPU before they complete, and the
-  commit rule must not step the optimizer on a vote that can still fail.
-- Rebuild: the new group is bound to the same ``device_id`` as the old one; with a device_id, c10d's
-  ``_new_process_group_helper`` connects the communicator eagerly (as ``init_process_group`` does),
-  so groups rebuilt after it can be split from it.
-- ``dist.shrink_group`` exists for NCCL only and removes ranks; recovery here keeps every rank, so
-  it is not used.
+Recovery needs the process to survive a collective error, so :meth:`NcclBackend.configure` sets
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (abort the communicators, keep the process) before any group is
+created and :meth:`NcclBackend.check` refuses a mode that kills the process. The abort is the group's
+CUDA backend's ``abort()`` (ncclCommAbort); the vote waits for the device; a rebuilt group is bound to the
+old ``device_id``. docs/design.md, "The NCCL backend", says why each.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """The reconfigure data-plane path (torch >= 2.15): recover the SAME process groups in place.
 
 torch 2.15 can re-initialise a process group's communicator without replacing the group object
-(``dist._get_reconfigure_handle`` / ``dist._reconfigure(uuid, handles, group=...)``). Every reference
-FSDP2, DeviceMesh and DTensor cached stays valid, so a recovery needs no rebuild under the old names
-and no rebinding: :meth:`ReconfigurePath.reconfigure` returns the very group objects it was given, and
-the guard's rebind is an identity no-op. FSDP2's iteration state, the vote and the commit rule are
-unchanged (accelpact.dataplane.reset, accelpact.recovery.consensus).
+(``dist._get_reconfigure_handle`` / ``dist._reconfigure(uuid, handles, group=...)``), so every reference
+FSDP2, DeviceMesh and DTensor cached stays valid and the guard's rebind is an identity no-op.
 
-Protocol, per group, on the generation's never-used store prefix (the same store the rebuild path
-would rendezvous on): every member publishes its handle under its group rank; group rank 0 also
-publishes a fresh random uuid (the API requires a new one on every (re)initialisation, and two groups
-reconfiguring at once must not share one); each member reads all handles, in group-rank order, and
-calls ``_reconfigure``. Then every rank publishes whether all its groups reconfigured and reads every
-other rank's word: if ANY rank failed, ALL fall back to the rebuild-and-rebind path in the same round
-(:class:`Fallback`), so the ranks never end a round on different paths.
-
-Measured with torch 2.15.0 on this CPU machine (gloo, loopback; docs/torch_versions.md): after a
-connection reset in the middle of a 64 MB all_reduce, reconfiguring the default group and a sub-group
-took 0.7-3.6 ms and both were correct afterwards, three faults in a row, without any abort call; a
-gloo group created WITHOUT ``enable_reconfigure=True`` reconfigured just as well. A replacement
-process (a heal) creates its groups with ``enable_reconfigure=True`` (no communicator until the
-reconfigure) under the survivors' group names and runs the same protocol with them
-(:func:`join_groups`).
+Protocol, per group, on the generation's never-used store prefix: every member publishes its handle under
+its group rank, group rank 0 also a fresh random uuid (one per group and per (re)initialisation), and each
+member calls ``_reconfigure`` with all handles in group-rank order. Then every rank publishes whether all its
+groups reconfigured: if ANY rank failed, ALL fall back to rebuild-and-rebind in the same round
+(:class:`Fallback`). A heal's replacement creates its groups with ``enable_reconfigure=True`` under the
+survivors' names and runs the same protocol (:func:`join_groups`). docs/torch_versions.md has the
+measurements on gloo.
 """
 
 from __future__ import annotations

@@ -4,13 +4,12 @@ Two sources, in this order:
 
 1. ``ACCELPACT_CONTROL_ADDR=host:port`` and ``ACCELPACT_JOB_TOKEN`` (the harness, Slurm scripts, or
    anything that hosts its own long-lived store);
-2. torchrun's own store: ``MASTER_ADDR:MASTER_PORT``, with ``TORCHELASTIC_RUN_ID`` (and the restart
-   count) as the job token. torchrun's agent hosts that TCPStore (measured with torch 2.13, both the
-   default static rendezvous and ``--standalone``: the listening process is ``pt_elastic``, not a
-   worker), so a data-plane fault inside the workers never touches it.
+2. torchrun's own store: ``MASTER_ADDR:MASTER_PORT``, with ``TORCHELASTIC_RUN_ID`` (and the restart count)
+   as the job token. torchrun's agent process hosts it, not a worker (docs/torchrun.md), so a data-plane
+   fault inside the workers never touches it.
 
-Either variable of (1) overrides its counterpart of (2), so a torchrun job can still point at a store
-of its own. ``RANK`` and ``WORLD_SIZE`` come from the launcher in both cases.
+Either variable of (1) overrides its counterpart of (2). ``RANK`` and ``WORLD_SIZE`` come from the
+launcher in both cases.
 """
 
 from __future__ import annotations

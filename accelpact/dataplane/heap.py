@@ -1,15 +1,11 @@
 """Give the C heap's free pages back to the OS after a recovery (glibc's ``malloc_trim``).
 
-Measured on 2 ranks of the tiny decoder (``experiments.recovery_memory``, the 1000-fault soak): per
-recovery, glibc's in-use heap grew 6-16 KiB, but its free-and-kept part grew 0.1-0.3 MiB, and RSS with
-it. Each recovery allocates and frees a few hundred KB in C++ (a new gloo context and its thread, store
-clients, error paths) among blocks that stay, and glibc returns only the top of a heap to the OS by
-itself. ``MALLOC_ARENA_MAX=2`` did not help. ``malloc_trim(0)`` after each recovery returns every free
-page of every arena: over 1000 faults RSS grew 0.019 MiB per fault instead of 0.097.
-
-It runs after the new generation's first collective, with the old generation's retirement, so its
-cost (3-6 ms on this host, counted in ``RecoveryEvent.retire_s``) is outside the recovery's ``total_s``.
-Not glibc (musl, macOS): a no-op. ``ACCELPACT_MALLOC_TRIM=0`` turns it off.
+Each recovery allocates and frees a few hundred KB in C++ among blocks that stay, and glibc returns only
+the top of a heap by itself, so RSS grew with every recovery; ``malloc_trim(0)`` returns every free page
+of every arena (docs/reliability.md has the soak's measurements). It runs with the old generation's
+retirement, after the new generation's first collective, so its cost is in ``RecoveryEvent.retire_s``,
+outside the recovery's ``total_s``. Not glibc (musl, macOS): a no-op. ``ACCELPACT_MALLOC_TRIM=0`` turns
+it off.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """``init_process_group`` that survives a torchrun restart: one store prefix per restart attempt.
 
-Plain ``env://`` fails after torchrun restarts a worker group (``--max-restarts``) under its default
-static rendezvous: measured with torch 2.13 and gloo, every restarted worker died in
-``init_process_group`` with "Gloo connectFullMesh failed ... Connection refused". The static rendezvous
-keeps ONE agent store for every attempt (``static_tcp_rendezvous.next_rendezvous`` reuses its
-``_store``), while ``env://`` adds no attempt prefix (torch's own comment assumes "a new TCPStore for
-every retry", which holds for the c10d rendezvous, not for static). The new workers read the dead
-attempt's gloo addresses from the store and connect to ports nobody listens on any more.
-
-:func:`init_process_group` therefore initialises the group on ``PrefixStore("accelpact/attempt<N>")``
-over torchrun's store, N = ``TORCHELASTIC_RESTART_COUNT``. Outside torchrun it is plain ``env://``.
+Plain ``env://`` fails after torchrun restarts a worker group under its default static rendezvous: that
+rendezvous keeps ONE agent store for every attempt, and the new workers read the dead attempt's gloo
+addresses from it ("Gloo connectFullMesh failed ... Connection refused"; docs/torchrun.md has the
+measurement). :func:`init_process_group` therefore initialises the group on
+``PrefixStore("accelpact/attempt<N>")`` over torchrun's store, N = ``TORCHELASTIC_RESTART_COUNT``.
+Outside torchrun it is plain ``env://``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Put FSDP2 / FSDP1 back into a clean between-steps state after a step failed mid-flight.
 
-Two traps make a naive reset silently wrong (both measured with torch 2.13: they produce wrong
-numbers with no error, and ranks still agree with each other, so only a comparison with a
-fault-free run catches them; docs/design.md has the details):
+Two traps make a naive reset silently wrong (wrong numbers, no error, ranks still agreeing; docs/design.md,
+"Two silent-divergence traps"):
 
-- FSDP2 stale root grads: when backward raises, the root group's post-backward never runs, so the
-  root parameters' ``_unsharded_param.grad`` survives ``reset_iter_state()`` and the retried step
-  accumulates into it. Fix: clear every ``_unsharded_param.grad`` and ``unsharded_accumulated_grad``.
-- FSDP1 half-unsharded buffer: an all-gather that fails midway leaves the padded unsharded flat
-  parameter allocated, ``needs_unshard()`` then says False, and the retried forward computes on
-  garbage. Fix: reshard (and free) every handle.
+- FSDP2: when backward raises, the root's ``_unsharded_param.grad`` survives ``reset_iter_state()``. Fix:
+  clear every ``_unsharded_param.grad`` and ``unsharded_accumulated_grad``.
+- FSDP1: an all-gather that fails midway leaves the unsharded flat parameter allocated and
+  ``needs_unshard()`` False. Fix: reshard (and free) every handle.
 
-Each fix has a switch (:class:`ResetConfig`) so tests can prove the trap is real by disabling it.
-Pending all-gather Work objects of the broken group are dropped, never waited on: waiting on a
-dead group's Work can block or raise, and holding it keeps the old group alive.
+Each fix has a switch (:class:`ResetConfig`) so tests can prove the trap is real by disabling it. Pending
+all-gather Work objects of the broken group are dropped, never waited on: waiting can block or raise, and
+holding them keeps the old group alive.
 """
 
 from __future__ import annotations
