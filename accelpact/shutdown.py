@@ -1,18 +1,12 @@
 """accelpact's background threads end before the interpreter does: no SIGABRT at the exit of a finished rank.
 
-CPython 3.11-3.13 ends a daemon thread that tries to take the GIL back while the interpreter finalizes
-with ``pthread_exit``. A thread inside a torch call (a tensor copy, a TCPStore request) released the GIL
-through pybind11's ``gil_scoped_release``; when the call returns during finalization, the forced unwind
-of ``pthread_exit`` passes that guard's ``noexcept`` destructor and the C++ runtime calls
-``std::terminate``: "terminate called without an active exception", SIGABRT, exit -6. A rank whose
-training had completed then looked killed to its launcher, which replaced it.
-
-Every accelpact thread that calls into torch registers its owner here: the snapshot copy
+A daemon thread that returns from a torch call while CPython finalizes is ended with ``pthread_exit``,
+which aborts the process (docs/process_loss.md, "How the script ends", has the mechanism). Every accelpact
+thread that calls into torch therefore registers its owner here: the snapshot copy
 (accelpact.snapshot.snapshotter), the heartbeat and the stall watchdog (accelpact.detection), and the
-workers that run control-store calls (accelpact.control.store_client). One ``atexit`` hook, which
-CPython runs before finalization starts, asks each owner to stop its thread and waits for it, within
-:data:`EXIT_WAIT_S` in all. A thread still inside a call after that (a store that stopped answering) is
-named on stderr; it is the only case left that can abort.
+workers that run control-store calls (accelpact.control.store_client). One ``atexit`` hook, which CPython
+runs before finalization starts, asks each owner to stop its thread and waits for it, within
+:data:`EXIT_WAIT_S` in all; a thread still inside a call after that is named on stderr.
 
 Standard library only.
 """

@@ -1,25 +1,18 @@
 """Where each rank's loop is, carried by the guard's votes, so that a diverged loop is named at the vote.
 
 The commit vote (``guard.step``) and the region votes (``guard.run``, ``guard.finish``) are one all-reduce
-(SUM) of ONE int64 on every rank. Each rank adds its position to it: what it is voting on (a step, a
-region, the finish), the guard's step, how many regions it closed since that step, and the loop's own
-step (``guard.step(..., step=s)``; -1 when the loop does not say). The position is folded into a
-``b``-bit number ``h`` (each field times its own odd constant, summed modulo ``2**b``: two positions
-that differ in one field by less than ``2**b`` never fold alike), and the rank contributes
-``1 + h * 2**c + h*h * 2**(2c + b)``, where ``2**c`` exceeds the world size and ``b = 21 - c`` keeps the
-three sums apart in 63 bits. The vote's sum then holds the count of voters, ``sum(h)`` and ``sum(h*h)``:
-the ranks agree exactly when ``n * sum(h*h) == sum(h) ** 2`` (Cauchy-Schwarz), a test every rank
-computes from the same sum, so every rank reaches the same verdict after the same vote.
+(SUM) of ONE int64, because the vote's cost is its latency (docs/design.md, "The vote's cost"). Each rank
+adds its position to it: what it votes on, the guard's step, the regions closed since that step and the
+loop's own step (-1 when the loop does not say). The position is folded into a ``b``-bit number ``h`` (each
+field times its own odd constant, summed modulo ``2**b``: two positions that differ in one field by less
+than ``2**b`` never fold alike), and the rank contributes ``1 + h * 2**c + h*h * 2**(2c + b)``, where
+``2**c`` exceeds the world size and ``b = 21 - c`` keeps the three sums apart in 63 bits. The sum then
+holds the voters' count ``n``, ``sum(h)`` and ``sum(h*h)``: the ranks agree exactly when
+``n * sum(h*h) == sum(h) ** 2`` (Cauchy-Schwarz), which every rank computes from the same sum.
 
-One element, because the vote's cost is its latency: measured on 2 gloo ranks, a 3- or 9-element
-all-reduce took 1.5-1.7x the one-element vote's time (benchmarks/bench_vote_positions.py).
-
-A disagreement means the ranks are running different steps (a loop that ignored a ``RolledBack``) or one
-is finishing while another trains: their collectives would mix gradients of different steps, or pair a
-vote with another rank's FSDP collective and hang. The guard then gathers every rank's position and
-raises ``StateDivergedError`` naming them, before any rank applies the step.
-
-Pure logic, free of torch.distributed.
+A disagreement means the ranks run different steps, or one finishes while another trains; the guard
+then gathers every rank's position and raises ``StateDivergedError`` naming them, before any rank applies
+the step. Pure logic, free of torch.distributed.
 """
 
 from __future__ import annotations

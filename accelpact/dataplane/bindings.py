@@ -1,29 +1,16 @@
 """The binding table: every place that caches a data-plane process group, swapped in place on rebind.
 
-FSDP caches process-group objects all over its wrapper and parameter hierarchy (as of torch 2.13;
-docs/design.md lists them): FSDP2 mesh infos (including the post-forward mesh of ``reshard_after_forward=<int>``),
-comm objects' ``_group``, DeviceMesh ``_pg_registry``; FSDP1 states, flat-param handles, exec-order
-data, comm-hook state, the HSDP inter-node group. Rather than hard-code each attribute (they move
-between releases), :meth:`BindingTable.build` walks the FSDP object graph ONCE at attach time and
-records every (holder, attribute) or (dict, key) slot whose value is a process group. A rebind is
-then a loop over those slots: time proportional to the table, no traversal.
+FSDP caches process-group objects all over its wrapper and parameter hierarchy, in places that move
+between torch releases (docs/design.md, "Where FSDP keeps process groups", lists torch 2.13's). Rather
+than hard-code them, :meth:`BindingTable.build` walks the FSDP object graph ONCE at attach time and records
+every (holder, attribute) or (dict, key) slot whose value is a process group; a rebind is a loop over those
+slots. The DeviceMesh is mutated, never replaced (DTensors share it through their specs); its group names
+stay stable because generations.py re-registers every new group under its old name.
 
-The DeviceMesh is mutated, never replaced: parameter and optimizer-state DTensors share the same
-mesh object through their specs. Mesh ``_dim_group_names`` hold names, which stay stable because
-generations.py re-registers every new group under its old name; the c10d registries are its job.
-
-Function defaults are holders too: a module imported after ``init_process_group`` that writes
-``def f(..., group=group.WORLD)`` (torch.distributed.nn.functional does, and transformers / FSDP
-import it lazily) captures the group OBJECT in ``f.__defaults__``. Such a tuple holds only
-untracked objects, so the garbage collector stops tracking it and ``gc.get_referrers`` cannot see
-it: the group (its threads, its sockets) stayed alive after every recovery, and a later call of
-``f`` without ``group=`` would use the dead group. The table records these defaults too
-(:meth:`BindingTable.refresh_defaults` picks up modules imported since), and the completeness
-check looks inside untracked containers.
-
-:func:`find_stale_references` (in accelpact.dataplane.references, re-exported here) is the completeness
-check: it asks the garbage collector who still refers to an old group, including through containers
-the collector does not track.
+Function defaults are holders too (``def f(..., group=group.WORLD)`` in a module imported after
+``init_process_group``), and the collector does not track the tuple that holds them: the table records
+them (:meth:`BindingTable.refresh_defaults`), and :func:`find_stale_references` (the completeness check,
+re-exported from accelpact.dataplane.references) looks inside untracked containers.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ The pipe protocol, one JSON object per line:
 Why fork is safe: the template never creates a thread (no process group, no CUDA, no store client, no
 intra-op pool), and :func:`fork_one` checks ``/proc/self/task`` before every fork: a fork copies only the
 calling thread, so a lock another thread held would stay locked forever in the child. More than one
-thread: the request is refused with the count. numpy's OpenBLAS starts a pool thread at import unless
-``OPENBLAS_NUM_THREADS=1`` (measured), so launchers start templates with that setting.
+thread: the request is refused with the count. Launchers start templates with ``OPENBLAS_NUM_THREADS=1``,
+or numpy's OpenBLAS starts a pool thread at import (docs/launcher.md, "The template").
 
 Lifetime: the template dies with its launcher (:func:`die_with_parent`), and on EOF of its request pipe
 it SIGKILLs the sessions of children still running and exits.

@@ -10,7 +10,7 @@ replacement would get it; the script goes on with ``accelpact.rejoin``.
 
 What a spare saves over the template's fork: the fork itself and the script's top-level code (its imports
 are done, its arguments parsed) — the process exists before the death. What it costs: one idle process
-per spare, holding its imports' memory (about 0.4 GB with torch here) for the whole run. Until assigned a
+per spare, holding its imports' memory for the whole run (docs/launcher.md, "Hot spares"). Until assigned a
 spare has no rank: a script must call ``accelpact.run.replacement()`` before it reads ``RANK`` or
 ``LOCAL_RANK`` (or sets its device).
 

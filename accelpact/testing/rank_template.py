@@ -1,8 +1,7 @@
 """Session ranks forked from one preloaded process instead of each started from scratch.
 
-A session rank started with ``python rank.py`` spends about 7.5 s importing torch, FSDP, transformers
-and the runner before it joins the session (measured here with ``PYTHONPROFILEIMPORTTIME``; ~6.7 s of
-it imports), and a test suite starts a few dozen sessions. A *template* pays for those imports once
+A session rank started with ``python rank.py`` spends seconds importing torch, FSDP, transformers and
+the runner before it joins the session (docs/design.md's module table has the figure). A *template* pays for those imports once
 and then forks every later rank: ``accelpact.run``'s own script template (``accelpact.run.script_template``,
 which a user's replacement ranks come from, so the fork path the suite uses is the product's) runs
 ``accelpact.testing.rank`` as ``__main__`` in each child, with the rank's environment, directory and log.
