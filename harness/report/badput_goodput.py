@@ -1,26 +1,17 @@
-"""Badput-based goodput: the one goodput every comparison's verdict is drawn from. Pure, no I/O.
+"""Badput-based goodput: the diagnostic printed beside the verdict's measured goodput. Pure, no I/O.
 
 Whole-run goodput (``GoodputReport.goodput``: useful tokens / wall seconds) moves with how fast the
-productive steps happened to run. On a shared host that speed moves from run to run by more than the
-badput being compared (two default comparisons on 2 shared cores flipped AccelPact's gain over NVRx from
-0.95x to 1.27x, with every badput part plausible in both). Each run measures its badput by part, and
-badput does not depend on the productive steps' speed, so the verdict uses
+productive steps happened to run, which on a shared host moves from run to run. Each run's badput is
+measured by part and does not depend on that speed, so this module also computes
 
     badput-based goodput = useful tokens / (useful steps x the reference's productive step time
                                             + the run's measured badput)
 
-where "the reference's productive step time" is the fault-free reference run's useful seconds over its
-steps (mean over ranks); with several trials, the median over the trials' references
-(``reference_step_s``). For a reference at its own pace this equals its measured whole-run goodput. The measured whole-run goodput is always kept beside it.
-
-What it does not see: anything that makes the productive steps themselves slower (a per-step overhead
-of the strategy). That is charged only where it is measured as its own part (``snapshot_overhead``,
-``checkpoint_save``), or by a caller that measured it side by side (``step_factor``, e.g.
-experiments/process_loss's snapshot overhead). ``step_drift`` (the run's productive step over the
-reference's) is reported beside it so a slow-step strategy is still visible.
-
-Badput parts carry the names users of Google's ml-goodput-measurement know where one fits
-(``BADPUT_PARTS``; docs/goodput.md has the mapping).
+with the fault-free reference's useful seconds per step (with trials, the median over the trials'
+references: ``reference_step_s``). It cannot see a strategy's own slower step, except where that is
+measured as a part (``snapshot_overhead``, ``checkpoint_save``) or side by side (``step_factor``);
+``step_drift`` is reported beside it. Badput parts carry ml-goodput-measurement's names where one fits
+(``BADPUT_PARTS``). docs/goodput.md says why the verdict reads the measured goodput, with the runs.
 """
 
 from __future__ import annotations

@@ -4,55 +4,16 @@ Input is the list of records described in ``harness/events.py`` (any order, any 
 malformed records skipped and counted). Output is a frozen ``GoodputReport``. No torch, no I/O except
 ``load_report``, so every rule here is unit-tested in milliseconds against hand-computed timelines.
 
-Definitions
------------
-- Wall time: from the earliest ``step.t_start`` to the latest ``step.t_end`` over every rank and every
-  incarnation (cold restarts and in-process restarts included).
-- Useful tokens: for each (rank, step index) the tokens of its FINAL execution, counted once; summed over
-  ranks. A step that committed, was rolled back and replayed is counted once.
-- Goodput = useful tokens / wall time (tokens per second).
-
-Time accounting (the invariant)
--------------------------------
-Each rank's copy of the wall-clock window [t0, t1] is cut into labelled pieces; every instant gets exactly
-one label, the highest-priority interval covering it on that rank:
+Goodput = useful tokens (each (rank, step index)'s final execution, counted once) / wall time (earliest
+step start to latest step end, every incarnation included). Each rank's wall time is cut so that every
+instant gets exactly one label, the highest-priority interval covering it:
 
     detection > agreement > rebuild > rebind > replacement_start > heal_transfer > restore > checkpoint
         > snapshot_overhead > restart > replay > useful > other
 
-- detection/agreement/rebuild/rebind: a ``recovery`` record's durations, laid back to back so they END at
-  the record's ``t`` (the record is written when recovery completes). ``rebind`` includes the first
-  collective on the new group. Recovery outranks steps because a step record's interval may include the
-  failed attempt and the in-memory recovery inside it.
-- replacement_start / heal_transfer: a ``heal`` record's two durations, back to back, ending at its ``t``
-  (a lost rank healed in memory, accelpact.recovery.heal). On a survivor: caught -> every replacement arrived,
-  then the rest up to the first collective; on the replacement: its launch -> arrived (the process
-  start), then the rest, and after it its ``restart`` record's tail up to ready (the strategy's set-up).
-  Before them, the fault -> the heal's ``t_detected`` is detection (a survivor caught the loss; on the
-  lost rank, up to the parent's first ``replacement`` spawn for it: earlier replacements lost on their
-  way in are replacement_start). A survivor's attempt in flight
-  (step start -> the fault) is replay, as for a "retry" recovery: it is run again.
-- restore: ``restore`` records, t_start -> t_end.
-- checkpoint: ``checkpoint`` records (stalls), whole run.
-- snapshot_overhead: a step's ``snapshot_wait_s`` (the time it waited for the previous snapshot's copy),
-  laid at the step's end; whole run, like checkpoint stalls.
-- restart: a relaunch's ``restart`` records (a replacement's: heal_transfer), from the fault that preceded
-  the relaunch (not earlier than the rank's last committed step) to ``t_ready``; so the gap fault ->
-  relaunch is restart time too.
-- replay: the second and later executions of a (rank, step index). The first execution is the useful one
-  (its work was done once; redoing it is the waste), so a replay is charged to the fault that caused it.
-  Also, inside a step that an in-memory recovery with decision "retry" re-ran, the attempt thrown away:
-  step start -> recovery start. (A "roll_forward" recovery loses no work.)
-- useful: first executions of each (rank, step index), minus anything above that overlaps them.
-- other: whatever no record covers (inter-step gaps, the in-flight step a fault destroyed, ...).
-
-Per rank, useful + sum(badput parts) == wall exactly; the run's figures are the mean over ranks, so
-``report.useful_s + report.badput.total_s == report.timeline.wall_s`` (``check_invariant``).
-
-Per fault: every labelled interval except checkpoint/useful is charged to the latest fault at or before the
-interval's end. ``other`` is charged to a fault only inside its span on that rank: from the end of the
-rank's last step before the fault (the lost in-flight step) to the start of the rank's next first-time step
-after it. What no fault claims stays in the run total only.
+so per rank useful + badput == wall exactly, and the report (the mean over ranks) keeps it
+(``check_invariant``). docs/goodput.md, "Time accounting", says where each interval comes from and which
+fault each is charged to.
 """
 
 from __future__ import annotations
