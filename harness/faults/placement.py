@@ -2,9 +2,7 @@
 
 One decision, from the fault's spec and the cluster: the parent follows it when it sets a run up
 (``harness.parent.run``), and validation (``harness.app.capabilities``) refuses a run whose fault needs a
-store somewhere else. Before this was one function, the parent decided it inline and a fault that kills
-a child-hosted store (``control_store_loss``) validated with ``cluster.hosts`` > 0, where the store is
-in the bridge namespace: the run went on fault-free and its row named a driver error.
+store somewhere else, so the two cannot disagree (docs/reliability.md has the case that split them).
 
 - ``bridge_namespace``: the ranks run in namespaces (a namespace fault, or ``cluster.hosts`` > 0); the
   store runs in the topology's bridge namespace, on the control network every host reaches.

@@ -11,8 +11,7 @@ workers and starts the whole group again, while the other groups go on. ``Torchf
 - it is the launcher's ``replace_dead`` policy: a failed rank's whole replica group is restarted (its
   still-running members are SIGKILLed, as torchrun's agent stops them) within
   ``strategy.max_restarts`` replacement processes, and the group's new processes meet on a fresh
-  group generation (``gen_key``) so they never read the dead group's store address (a stale Manager
-  address after a restart was a measured trap of HSDP restarts).
+  group generation (``gen_key``) so they never read the dead group's store address (docs/peers.md).
 
 Nothing here imports torch: the parent builds no process group for torchft.
 """

@@ -1,39 +1,14 @@
 """The ``checkpoint_restore`` baseline: NVIDIA Resiliency Extension (NVRx) in-process restart on gloo/CPU.
 
 ``run_with_inprocess_restart(train_fn)`` runs a plain rank training function under
-``nvidia_resiliency_ext.inprocess.Wrapper`` (0.4.1). The process stays alive; when ``train_fn`` raises
-on any rank (a gloo collective failing after a connection reset, say), NVRx interrupts every rank,
-our Abort tears the data plane down, our Finalize runs the user's cleanups, and NVRx calls
-``train_fn`` again with the next incarnation. ``train_fn`` is expected to rebuild its process group
-on ``ctx.store`` (a never-used prefix per incarnation), rebuild model and optimizer, restore the
-newest checkpoint and replay the lost steps: that is what makes this the checkpoint-restore
-baseline that AccelPact's in-memory recovery is measured against.
-
-Facts this module is built on (measured here with NVRx 0.4.1 on gloo, and read in its source):
-
-- NVRx needs its own TCPStore (``NVRX_STORE_PORT`` or ``NvrxSettings.store_port``), hosted by rank 0,
-  and no process group may exist when the wrapper is entered.
-- A TCPStore client serialises its operations: NVRx's monitor thread blocks in
-  ``store.wait(..., monitor_interval)`` on the wrapper's client in a loop, so any other use of that
-  client from the training thread stalls up to one interval. The process group is therefore
-  rendezvoused on a SECOND client connection to the same server (or on a store the caller passes).
-- NVRx's stock ``AbortTorchDistributed`` is written for NCCL (it asks every group for its CUDA
-  backend) and ``destroy_process_group`` does not interrupt a gloo collective in flight; the
-  ``RankShouldRestart`` that NVRx raises asynchronously only lands when the main thread is back in
-  Python. A peer blocked in a gloo collective would then sit out the whole process-group timeout.
-  Our Abort therefore shuts down this process's own gloo TCP connections first (the gloo analogue of
-  ``ncclCommAbort``; store ports are left alone), then destroys every process group.
-- NVRx forks a daemonised monitor process per rank (double fork + setsid, so it is not our child)
-  that exits on its own within one monitor interval after the wrapper returns; we wait for it and
-  terminate it if it lingers, so a finished run leaves nothing behind.
-
-Timestamps surfaced per restart (``RestartRecord``), all ``time.time()`` seconds on one host clock:
-``t_raised`` (train_fn's previous incarnation raised on this rank), ``t_detected`` (NVRx's monitor
-thread saw an interruption in its store, before its ``last_call_wait``), ``t_aborted`` (our Abort
-ran: sockets reset, process groups destroyed), ``t_finalized`` (Finalize ran), ``t_initialized``
-(NVRx began the next iteration, after its iteration barrier and a full ``gc.collect()`` loop), and
-``t_entered`` (train_fn re-entered). ``RestartContext.restart_event_fields(t_ready)`` turns them into the fields of
-the harness's ``restart`` event.
+``nvidia_resiliency_ext.inprocess.Wrapper`` (0.4.1). The process stays alive; when ``train_fn`` raises on
+any rank, NVRx interrupts every rank, our Abort tears the data plane down (its own gloo sockets first:
+NVRx's stock abort is NCCL's and cannot interrupt a gloo collective), our Finalize runs the user's
+cleanups, and NVRx calls ``train_fn`` again with the next incarnation. ``train_fn`` rebuilds its process
+group on ``ctx.store`` (a never-used prefix per incarnation, on a second store client: NVRx's monitor
+thread holds the first), rebuilds model and optimizer, restores the newest checkpoint and replays the lost
+steps. Each restart's timestamps are a ``RestartRecord``. docs/harness.md, "The NVRx baseline", has the
+facts about NVRx this is built on.
 """
 
 import datetime

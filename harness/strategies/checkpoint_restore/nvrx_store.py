@@ -1,23 +1,15 @@
 """Where NVRx's TCPStore lives: in a process that outlives the ranks, at an address every rank reaches.
 
-NVRx's rank 0 hosts its store by default, so a rank-0 death would take every rank's restart down with it;
-the harness parent hosts it instead (``nvrx_restart.host_store``: NVRx's rank 0 finds the port taken, or the
-address not its own, and connects as a client). A relaunched world needs a fresh store: NVRx keys it by
-its own iteration number, which starts at 0 again, and on the old store it would read the dead world's
-keys. ``StoreHome.renew()`` hosts one store per incarnation and returns its (host, port).
+The harness parent hosts it, not NVRx's rank 0 (whose death would otherwise take every rank's restart
+with it); NVRx's rank 0 then connects as a client. ``StoreHome.renew()`` hosts a fresh store per
+incarnation, since NVRx keys the store by its own iteration number, which restarts at 0. Two homes
+(``harness.parent.server_home`` decides, as for every strategy server):
 
-Two homes (``harness.parent.server_home``: the same decision for every strategy server, torchft's
-Lighthouse too):
-
-- ``ParentStores``: ranks in the parent's network namespace (``cluster=local_cpu``); the store is a
-  TCPStore in the parent process itself, on ``cluster.master_addr``.
-- ``NamespaceStores``: ranks in network namespaces (``cluster.hosts`` > 0, or a namespace fault such as
-  ``host_loss``). The store runs in the topology's bridge namespace, on the control network's bridge
-  address, which every host reaches over its control link (``ctl0``). One server process
-  (``python -m harness.strategies.checkpoint_restore.nvrx_store --host ADDR``) serves the whole run and hosts a
-  fresh TCPStore on each ``NEW`` line of its stdin, answering ``PORT <port>``: a relaunch pays no Python
-  and torch start-up for its new store (the server's start took 10-30 s here on a loaded 2-core host). It exits at stdin EOF,
-  and the topology's teardown kills every process in the job's namespaces anyway.
+- ``ParentStores``: ranks in the parent's network namespace; a TCPStore in the parent itself.
+- ``NamespaceStores``: ranks in network namespaces; one server process in the bridge namespace
+  (``python -m harness.strategies.checkpoint_restore.nvrx_store --host ADDR``) hosts a fresh TCPStore on
+  each ``NEW`` line of its stdin and answers ``PORT <port>``, so a relaunch pays no server start-up. It
+  exits at stdin EOF. docs/harness.md, "The NVRx baseline", says why.
 """
 
 from __future__ import annotations

@@ -116,7 +116,15 @@ class NvrxSettings:
 
 @dataclass
 class RestartRecord:
-    """One in-process restart as this rank saw it (``incarnation`` is the NEW incarnation)."""
+    """One in-process restart as this rank saw it (``incarnation`` is the NEW incarnation).
+
+    Timestamps are ``time.time()`` seconds on one host clock: ``t_raised`` (the previous incarnation's
+    train_fn raised on this rank), ``t_detected`` (NVRx's monitor thread saw an interruption in its store,
+    before its ``last_call_wait``), ``t_aborted`` (our Abort ran: sockets reset, process groups destroyed),
+    ``t_finalized`` (Finalize ran), ``t_initialized`` (NVRx began the next iteration, after its iteration
+    barrier and a full ``gc.collect()`` loop) and ``t_entered`` (train_fn re-entered).
+    ``RestartContext.restart_event_fields(t_ready)`` turns them into the ``restart`` event's fields.
+    """
 
     incarnation: int
     error: str | None = None  # repr of what the previous incarnation raised on this rank
