@@ -335,11 +335,8 @@ class Healer:
                     continue  # an earlier replacement, itself lost since
                 found[r] = pid
             if set(found) >= lost:
-                # A rank that died with the others but whose notice came later (the launcher reaps one exit
-                # per poll) must be in this round: a template-forked replacement arrives within ~0.1 s,
-                # before the periodic scan below, and a plan without that rank sends everyone into a
-                # rendezvous with a dead member (measured: two ranks killed at once, notices 65 ms apart;
-                # the rendezvous waited out its 60 s store timeout and the run fell back to disk).
+                # A rank that died with the others but whose notice came later must be in this round: a plan
+                # without it sends everyone into a rendezvous with a dead member (docs/process_loss.md).
                 if not self._add_new_deaths(lost, watch):
                     return found
                 next_scan = time.monotonic() + 0.5

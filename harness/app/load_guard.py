@@ -1,9 +1,8 @@
 """The host's load around one run: sampled before it starts and every second while it runs, recorded in
 its row, and one line printed when the load exceeds the cores the run uses. It never refuses a run.
 
-Why: a run's measured goodput moves with its productive steps' speed, and on a shared host that speed
-moves with other processes' load (the same fault-free model took a 1.0 s and a 1.5 s median step within
-one comparison at load 4 vs 18 on 2 cores). The row's load columns say what each run ran under.
+Why: a run's measured goodput moves with its productive steps' speed, which on a shared host moves with
+other processes' load (docs/goodput.md, "Load"). The row's load columns say what each run ran under.
 
 - ``load_before``, ``load_mean``, ``load_max``: the 1-minute load average (/proc/loadavg via
   os.getloadavg) before the ranks start, and the mean and maximum of the samples while the run went;

@@ -1,28 +1,17 @@
 """Real link faults through network namespaces: blackhole, link down and TCP reset on a rank's data plane.
 
-``NetnsTopology`` builds, for one job, a bridge namespace plus one namespace per rank, or, with
-``hosts=N`` (``cluster=local_hosts``), one namespace per host holding ``world_size / N`` ranks that share
-its links. Each rank (host) namespace gets two veth links into the bridge namespace:
+``NetnsTopology`` builds, for one job, a bridge namespace plus one namespace per rank (or, with ``hosts=N``,
+per host of ``world_size / N`` ranks). Each gets two veth links into the bridge namespace: ``eth0``, the
+data plane (gloo is pinned to it; faults hit only it), and ``ctl0``, the control channel, whose store
+runs in the bridge namespace so it keeps answering while the data plane is down (a ``plane="control"``
+fault acts on ``ctl0`` instead). A blackhole is a ``tbf`` qdisc and a TCP reset is ``ss -K``, since this
+kernel has no netem and no iptables; ``outage_s`` must outlast the PG timeout by about 2 s to break a
+collective (docs/design.md, "Faults as each rank sees them").
 
-- ``eth0``: the data plane. gloo is pinned to it (``GLOO_SOCKET_IFNAME=eth0``); faults hit only it.
-- ``ctl0``: the out-of-band control channel, on its own bridge. The control TCPStore server runs inside
-  the bridge namespace (``harness.faults.store_server``) on the control bridge, so the store keeps
-  answering while the data plane is down. Data-plane faults never touch it; a fault aimed at the
-  control plane (``plane="control"``) acts on ``ctl0`` instead, to test the control channel's deadlines.
-
-Faults (measured on this kind of machine; docs/design.md, "Faults as each rank sees them"): netem is missing from this kernel,
-so a blackhole is ``tbf rate 8bit burst 1 limit 1`` on both ends of the rank's data link; iptables is not
-installed, so a TCP reset is ``ss -K`` (the kernel's sock_destroy) on the rank's data-plane sockets. A
-silent outage shorter than the process-group timeout is absorbed by TCP retransmits: to break a collective,
-make ``outage_s`` longer than the timeout + about 2 s.
-
-Safety: every address lives in 10.0.0.0/8 inside namespaces this job created; no link reaches the root
-namespace and no namespace has a default route, so no packet can leave. The root namespace's interfaces,
-routes and qdiscs are never touched. Teardown always happens: context-manager exit, atexit, and
-SIGINT/SIGTERM handlers; it kills every process inside the job's namespaces (and any process tagged with
-its prefix), deletes the namespaces (which removes the veths, bridges and qdiscs inside them) and checks
-that nothing with the prefix is left. ``cleanup_stale(prefix)`` does the same for a job that was SIGKILLed
-(CLI: ``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX``).
+Safety: every address lives in 10.0.0.0/8 inside namespaces this job created, with no route out and the
+root namespace untouched. Teardown always happens (context exit, atexit, SIGINT/SIGTERM) and checks that
+nothing with the job's prefix is left; ``cleanup_stale(prefix)`` does the same for a SIGKILLed job (CLI:
+``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX``).
 """
 
 from __future__ import annotations
