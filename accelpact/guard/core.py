@@ -62,7 +62,7 @@ _THREAD_STOP_S = 6.0
 class Guard:
     """One rank's guard over an FSDP model and its optimizer: guarded steps, guarded regions, heals.
 
-    Build it with :func:`attach`, which turns its keyword arguments into the ``config`` (a
+    Build it with :func:`accelpact.attach`, which turns its keyword arguments into the ``config`` (a
     :class:`GuardConfig`) and checks the model, the optimizer and the job token first. Then
     :meth:`step` runs each training step, :meth:`run` the caller's own collectives between steps,
     :meth:`finish` ends the run and :meth:`close` the guard.
@@ -73,7 +73,7 @@ class Guard:
         control: a connected control channel (:class:`accelpact.control.ControlChannel`).
         process_group: the data-plane group (None: the default group).
         config: the guard's settings.
-        injection_clock: see :func:`attach`; also settable later as ``guard.injection_clock``.
+        injection_clock: see :func:`accelpact.attach`; also settable later as ``guard.injection_clock``.
         snapshots: an ``accelpact.snapshot.Snapshotter`` of this model and optimizer (FSDP2 only).
         heal: with a :class:`accelpact.recovery.heal.HealPolicy`, a rank found dead is healed in
             memory instead of raising RankLostError (FSDP2 only).
