@@ -60,7 +60,7 @@ def _sendall_files(sock: socket.socket, slot: Path, files) -> None:
 def put(rep: Replication, slot: Path, marker: dict, sender, holder: int = 1) -> float:
     files = wire.payload_files(slot)
     t0 = time.perf_counter()
-    with socket.create_connection(rep._resolve(holder), timeout=60) as sock:
+    with socket.create_connection(rep.addresses.resolve(holder), timeout=60) as sock:
         wire.send_frame(
             sock,
             {"op": "put", "src": 0, "step": marker["step"], "files": [list(f) for f in files], "marker": marker},

@@ -1,7 +1,7 @@
 """The commit vote with and without the ranks' positions, side by side (not a test).
 
 Before: the guard's vote before positions, as that code ran: ``buf.fill_(1.0)`` on a one-element float
-tensor, then the backend's vote of then (an async all-reduce and its wait). After: ``Guard._vote`` (accelpact.common.positions): the position folded into one int64
+tensor, then the backend's vote of then (an async all-reduce and its wait). After: the guard's ``CommitVote`` (accelpact.guard.vote; accelpact.common.positions): the position folded into one int64
 written through the backend's ``VoteBuffer``, the all-reduce, the sum read back and checked. Two gloo
 ranks on loopback alternate the two vote by vote (A B B A ...), so both see the same load to the
 microsecond, through the real backend's ``vote``. Also timed, as parts of the difference: the int64
@@ -37,7 +37,7 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
 
     from accelpact.backends import backend_for
     from accelpact.common import positions
-    from accelpact.guard.core import Guard
+    from accelpact.guard.vote import CommitVote
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
@@ -47,14 +47,8 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
     old_buf = torch.zeros(1)  # the vote before positions: a one-element float buffer
     tensor_buf = torch.zeros(1, dtype=torch.int64)
     codec = positions.VoteCodec(2, pg)
-    guard = SimpleNamespace(
-        _vote_buf=backend.vote_buffer(),
-        rank=rank,
-        _wait=None,
-        _codec=None,
-        _loop_step=0,
-        plane=SimpleNamespace(backend=backend, vote_group=pg),
-    )
+    vote = CommitVote(SimpleNamespace(backend=backend, vote_group=pg), None, rank)
+    vote.loop_step = 0
 
     def old_backend_vote(buf, pg, wait=None) -> None:  # Backend.vote before positions, verbatim
         import torch.distributed as dist
@@ -70,8 +64,8 @@ def _rank(rank: int, port: int, blocks: int, votes: int, queue) -> None:
         old_backend_vote(old_buf, pg, wait=None)
 
     def after(i: int) -> None:
-        guard._loop_step = i
-        Guard._vote(guard, 0, i, 0)
+        vote.loop_step = i
+        vote(0, i, 0, -1)
 
     def after_via_tensor(i: int) -> None:  # the same vote, written with fill_ and read with item()
         tensor_buf.fill_(codec.encode(0, i, 0, i))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from accelpact.dataplane.reset import fsdp_flavour
@@ -25,8 +26,36 @@ from accelpact.errors import AccelPactError
 
 if TYPE_CHECKING:
     from accelpact.common.control_client import ControlClient
+    from accelpact.recovery.heal import HealPolicy
+    from accelpact.recovery.rejoin import RejoinTicket
 
 __all__: list[str] = []  # private to accelpact.guard
+
+
+def check_attach(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    control: ControlClient,
+    snapshots: object | None,
+    heal: HealPolicy | None,
+    rejoin: RejoinTicket | None,
+) -> None:
+    """Every check of this module, in order, with what else attach() refuses: no process group yet, and
+    snapshots or heals on FSDP1 (the arguments are attach()'s)."""
+    if not dist.is_initialized():
+        raise AccelPactError("attach() needs an initialised process group: call init_process_group first")
+    check_model(model)
+    check_optimizer(model, optimizer)
+    check_members(control)  # a job-token mismatch fails here, not at the first fault
+    flavour = fsdp_flavour(model)
+    if (snapshots is not None or heal is not None) and flavour != "fsdp2":
+        raise AccelPactError(
+            f"snapshots and heals need FSDP2 (fully_shard); this model uses {flavour}: its flat "
+            "parameters are not restored shard by shard. Wrap with torch.distributed.fsdp.fully_shard, or "
+            "attach without snapshots= and heal="
+        )
+    if heal is not None:
+        check_heal_mesh(model, None if rejoin is None else set(rejoin.groups))
 
 
 def check_model(model: nn.Module) -> None:

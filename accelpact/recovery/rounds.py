@@ -1,4 +1,16 @@
-"""Recovery rounds of the guard (steps 1-7 of accelpact.guard.core's docstring), kept apart from the step.
+"""Recovery rounds of the guard (accelpact.guard.core), kept apart from the step.
+
+On a communication fault the guard:
+1. aborts its own transport of the broken generation (gloo: resets its sockets), so peers blocked
+   on it fail in ms;
+2. resets FSDP to a clean between-steps state (accelpact.dataplane.reset; both traps handled);
+3. exchanges a RankReport over the out-of-band control channel (own deadline) and decides;
+4. builds the next data-plane generation on a never-used store prefix, under the old names;
+5. rebinds every cached reference in place (accelpact.dataplane.bindings);
+6. runs the first collective on the new generation;
+7. applies the decision. A fault during 4-6 starts a new round on the next generation.
+A lost rank or irreconcilable reports raise (RankLostError / StateDivergedError) naming the ranks and
+the last committed step; nothing hangs past the control channel's deadline.
 
 ``recover`` runs rounds until one succeeds: reset FSDP, agree over the control channel, make the next
 data-plane generation live (``DataPlane.rebuild``: today, new groups under the old names and a rebind),

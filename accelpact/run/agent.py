@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from accelpact.run.env import RankPlace, job_token, snapshot_token, worker_env
+from accelpact.run.agent_config import AgentConfig
+from accelpact.run.attempt import Attempt, note_ended, why_not_replaced
+from accelpact.run.env import job_token, snapshot_token, worker_env
 from accelpact.run.modules import MODULES_KEY_ENV
+from accelpact.run.signals import Interrupted, raise_on_signals
 from accelpact.run.template import TemplateClient, TemplateUnavailable, start_script_template
 from accelpact.run.workers import HOT_SPARE, Notices, Workers, describe_exit, spawn, start_replacement
 
@@ -53,85 +54,10 @@ __all__ = ["AgentConfig", "Agent", "JobFailed"]
 # for benchmarks/bench_heal_gpt2.py; the default also preloads what the ranks loaded: accelpact.run.modules).
 NO_MODULES_ENV = "ACCELPACT_RUN_NO_MODULE_PRELOAD"
 POLL_S = 0.05  # how often the agent reaps its ranks and reads the other agents' keys (torchrun: 0.1 s)
-REPLACE_MODES = ("template", "spawn", "none")
 
 
 class JobFailed(Exception):
     """The job ended without success; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """What one node's agent runs (the command line, parsed: accelpact.run.cli)."""
-
-    entry: tuple[str, ...]  # the script and its arguments (or, with module=True, the module and its arguments)
-    nnodes: int = 1
-    nproc_per_node: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    run_id: str = "none"
-    max_restarts: int = 0
-    max_replacements: int = 3
-    replacement: str = "template"
-    module: bool = False
-    snapshot_root: str | None = None  # "%n" is replaced by the node rank
-    log_dir: Path | None = None
-    preload: tuple[str, ...] = ()
-    join_timeout_s: float = 300.0
-    python: str = sys.executable
-    hot_spares: int = 0  # idle processes per node that take a killed rank's place (accelpact.run.spare)
-
-    def __post_init__(self) -> None:
-        if self.nnodes < 1 or self.nproc_per_node < 1:
-            raise ValueError(f"--nnodes={self.nnodes} and --nproc-per-node={self.nproc_per_node} must be >= 1")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank={self.node_rank} must be in 0..{self.nnodes - 1} (--nnodes={self.nnodes})")
-        if self.nnodes > 1 and self.master_port == 0:
-            raise ValueError(
-                "several nodes need a fixed store port: pass --master-port (or --rdzv-endpoint "
-                "HOST:PORT), the same on every node"
-            )
-        if self.replacement not in REPLACE_MODES:
-            raise ValueError(f"--replacement={self.replacement!r}: choose one of {', '.join(REPLACE_MODES)}")
-        if not self.entry:
-            raise ValueError("no training script given: accelpact-run [flags] SCRIPT [script args]")
-        if self.hot_spares < 0 or (self.hot_spares and self.replacement == "none"):
-            raise ValueError(
-                f"--hot-spares={self.hot_spares} with --replacement={self.replacement}: spares replace "
-                "killed ranks; give a count >= 0, and drop --replacement=none to use them"
-            )
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
-
-    def place(self, local_rank: int) -> RankPlace:
-        return RankPlace(
-            rank=self.node_rank * self.nproc_per_node + local_rank,
-            local_rank=local_rank,
-            world_size=self.world_size,
-            local_world_size=self.nproc_per_node,
-            node_rank=self.node_rank,
-            nnodes=self.nnodes,
-        )
-
-
-@dataclass
-class _Attempt:
-    """One attempt's ranks on this node (their processes: accelpact.run.workers, shared with the harness)."""
-
-    number: int
-    workers: Workers = field(default_factory=Workers)
-    spares: list[tuple[str, Any]] = field(default_factory=list)  # idle hot spares: (store key, Popen)
-    done_posted: bool = False
-    modules: int | None = None  # the template's preload request of what the ranks loaded (its id), once sent
-    ended: dict[int, int] = field(default_factory=dict)  # rank -> exit code, of ranks that exited after ending the run
-    replaced: dict[int, int] = field(default_factory=dict)  # rank -> pid of its replacement started in this attempt
-
-    @property
-    def procs(self) -> dict[int, Any]:  # global rank -> Popen or ForkedRank
-        return self.workers.procs
 
 
 class Agent:
@@ -224,7 +150,7 @@ class Agent:
             self._argv(), self._env(local_rank, attempt, replacement_of), self._log(self.cfg.place(local_rank).rank)
         )
 
-    def _start_spares(self, att: _Attempt) -> None:
+    def _start_spares(self, att: Attempt) -> None:
         """``--hot-spares`` processes running the script, each blocked in ``accelpact.run.replacement()``."""
         from accelpact.run.spare import SPARE_ENV, SPARE_KEY_ENV
 
@@ -239,7 +165,7 @@ class Agent:
                 log_path.parent.mkdir(parents=True, exist_ok=True)
             att.spares.append((key, spawn(self._argv(), env, log_path)))
 
-    def _take_spare(self, att: _Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
+    def _take_spare(self, att: Attempt, local: int, replacement_of: tuple[int, int, float], rank: int) -> Any:
         """An idle spare, assigned ``rank`` (its environment and log go over the store); None when none is left."""
         from accelpact.run.spare import assignment
 
@@ -257,12 +183,7 @@ class Agent:
     def _start_template(self) -> None:
         if self.cfg.replacement != "template" or (self.template is not None and self.template.alive()):
             return
-        entry = {
-            "script": None if self.cfg.module else self.cfg.entry[0],
-            "module": self.cfg.entry[0] if self.cfg.module else None,
-            "args": list(self.cfg.entry[1:]),
-            "preload": list(self.cfg.preload),
-        }
+        entry = {**self._entry(), "preload": list(self.cfg.preload)}
         out = os.dup(1)  # the agent's stdout becomes the template's and its children's
         try:
             self.template = start_script_template(self.cfg.python, entry, self._env(0, 0), stdout_fd=out)
@@ -276,7 +197,7 @@ class Agent:
             "args": list(self.cfg.entry[1:]),
         }
 
-    def _replace(self, att: _Attempt, rank: int, code: int) -> None:
+    def _replace(self, att: Attempt, rank: int, code: int) -> None:
         """One new process for dead ``rank`` (forked from the template, else spawned)."""
         local = rank - self.cfg.node_rank * self.cfg.nproc_per_node
         dead = att.procs[rank]
@@ -323,8 +244,8 @@ class Agent:
             t_started=time.time(),
         )
 
-    def _start(self, attempt: int) -> _Attempt:
-        att = _Attempt(
+    def _start(self, attempt: int) -> Attempt:
+        att = Attempt(
             attempt,
             Workers(
                 Notices(self.store.set, job_token(self.cfg.run_id, attempt), by="accelpact.run agent (waitpid)"),
@@ -347,13 +268,13 @@ class Agent:
         )
         return att
 
-    def _stop(self, att: _Attempt) -> None:
+    def _stop(self, att: Attempt) -> None:
         """Stop every rank and idle spare of the attempt (accelpact.run.workers.Workers.stop)."""
         att.workers.spares.extend(p for _, p in att.spares)  # idle spares end with the attempt
         att.spares.clear()
         att.workers.stop()
 
-    def _preload_what_ranks_loaded(self, att: _Attempt) -> None:
+    def _preload_what_ranks_loaded(self, att: Attempt) -> None:
         """Once local rank 0 wrote what it loaded by its first step, the template imports it too
         (accelpact.run.modules): the next replacement pays none of those imports."""
         template = self.template
@@ -380,61 +301,13 @@ class Agent:
             self.say(f"the template could not preload the ranks' modules: {exc}")
 
     # -- deaths -------------------------------------------------------------------------------
-    def _why_not_replaced(self, att: _Attempt, rank: int, code: int) -> str | None:
-        """None when ``rank`` is to be replaced; else why not (the survivors and the user read it)."""
-        pid = att.procs[rank].pid
-        if self.cfg.replacement == "none":
-            return f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} and --replacement=none"
-        if code >= 0:
-            return (
-                f"rank {rank} (pid {pid}) exited with code {describe_exit(code)} on its own (a process that "
-                "failed by itself would fail again; only a rank killed by a signal is replaced): see its output"
-            )
-        if self.replacements >= self.cfg.max_replacements:
-            return (
-                f"rank {rank} (pid {pid}) was killed ({describe_exit(code)}) but this agent already started "
-                f"{self.replacements} replacement(s) and --max-replacements={self.cfg.max_replacements} allows "
-                "no more"
-            )
-        if self.cfg.nnodes == 1 and not self._survivors(att, rank):
-            return (
-                f"every rank is dead or a replacement still waiting for survivors (rank {rank} with "
-                f"{describe_exit(code)}): no survivor to heal from"
-            )
-        return None
+    def _why_not_replaced(self, att: Attempt, rank: int, code: int) -> str | None:
+        """None when ``rank`` is to be replaced; else why not (accelpact.run.attempt.why_not_replaced)."""
+        return why_not_replaced(self.cfg, att, rank, code, self.replacements, self._peek)
 
-    def _survivors(self, att: _Attempt, dead: int) -> list[int]:
-        """The ranks besides ``dead`` whose live process can heal it: a rank that trained, or a replacement the
-        survivors already sent a plan. A replacement still waiting for one would wait for its plan's timeout
-        when a whole job dies across two polls, so it does not count."""
-        from accelpact.recovery.heal_wait import plan_key_of
-
-        token = job_token(self.cfg.run_id, att.number)
-        return [
-            r
-            for r, p in att.procs.items()
-            if r != dead
-            and p.poll() is None
-            and (r not in att.replaced or self._peek(plan_key_of(token, r, att.replaced[r])) is not None)
-        ]
-
-    def _ended_run(self, att: _Attempt, rank: int) -> int | None:
-        """The step at which ``rank`` ended the run (its guard's closed mark, this attempt), or None."""
-        from accelpact.recovery.heal_wait import closed_key_of
-
-        raw = self._peek(closed_key_of(job_token(self.cfg.run_id, att.number), rank))
-        return None if raw is None else int(raw.decode() or -1)
-
-    def _note_ended(self, att: _Attempt, exited: dict[int, int]) -> None:
+    def _note_ended(self, att: Attempt, exited: dict[int, int]) -> None:
         """Ranks that exited non-zero after ending the run: reported, never replaced, no death notice."""
-        for rank, code in sorted(exited.items()):
-            if code == 0 or rank in att.ended or rank in att.workers.noticed:
-                continue
-            step = self._ended_run(att, rank)
-            if step is None:
-                continue
-            att.ended[rank] = code
-            att.workers.noticed.add(rank)  # reap() skips it: nothing is left to heal
+        for rank, code, step in note_ended(self.cfg, att, exited, self._peek):
             pid = att.procs[rank].pid
             after = "its training is complete" if code < 0 else "its script failed after training"
             self.say(
@@ -448,7 +321,7 @@ class Agent:
                 attempt=att.number,
             )
 
-    def _handle_deaths(self, att: _Attempt) -> str | None:
+    def _handle_deaths(self, att: Attempt) -> str | None:
         """Reap this node's ranks (each death's notice written); replace the killed ones. The reason for a
         group restart, or None."""
         _, exited = att.workers.poll()
@@ -528,7 +401,7 @@ class Agent:
     def run(self) -> int:
         """Run the job; its exit code (0: every rank succeeded)."""
         attempt = 0
-        with _signals_raise():
+        with raise_on_signals():
             try:
                 self.connect()
                 self._barrier("start", self.cfg.join_timeout_s)
@@ -562,33 +435,10 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - e.g. node 0's store gone: say so, stop the ranks
                 self.say(f"job failed: the agent hit {type(exc).__name__}: {exc}", kind="failed", reason=str(exc))
                 return 1
-            except _Interrupted as exc:
+            except Interrupted as exc:
                 self.say(f"interrupted by {exc}: stopped every rank of this node", kind="interrupted")
                 return 130
             finally:
                 if self.template is not None:
                     self.template.close()
                     self.template = None
-
-
-class _Interrupted(BaseException):
-    pass
-
-
-class _signals_raise:
-    """SIGTERM / SIGHUP / SIGINT raise ``_Interrupted`` in the agent's loop (its ranks are stopped on the way out)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-    def __enter__(self) -> None:
-        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
-
-        def handler(signum: int, _frame: Any) -> None:
-            raise _Interrupted(signal.Signals(signum).name)
-
-        for s in self.SIGNALS:
-            signal.signal(s, handler)
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)

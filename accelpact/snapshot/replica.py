@@ -5,16 +5,10 @@ host. Each completed slot is therefore also pushed to the rank's *buddy*, which 
 complete replicas per source (``accelpact.snapshot._replica_server``). A replacement whose own slot
 is missing or corrupt fetches the replica back (:meth:`Replication.fetch`).
 
-Who is whose buddy (:func:`buddy_of`): the same local rank on the next host, wrapping around; with
-one host, the next rank. Hosts are, in this order of preference: an explicit list of each host's
-ranks (``hosts=``), or contiguous blocks of ``local_world_size`` ranks (torchrun's and Slurm's
-block placement; read from ``LOCAL_WORLD_SIZE`` when not given), else one host holding every rank.
-
-The channel is plain TCP between ranks, bound on this rank's *control-network* address (the one it
-uses to reach the control store; ``ACCELPACT_REPLICA_ADDR`` overrides it), never the training data
-plane, so a data-plane fault never reaches it. Each server's address is published in the control
-store under the job token. Requests are signed with the job token (``accelpact.control.notice_auth``):
-another job can neither read nor overwrite this job's replicas.
+Who is whose buddy, and where its server listens: accelpact.snapshot.buddies. The channel is plain
+TCP between ranks on their control-network addresses, never the training data plane, so a
+data-plane fault never reaches it. Requests are signed with the job token
+(``accelpact.control.notice_auth``): another job can neither read nor overwrite this job's replicas.
 
 A push never blocks training: :meth:`Replication.push` (the snapshotter's ``on_complete`` hook) only
 hands the slot to a pusher thread, which sends the newest pending slot; slots that arrive while one
@@ -37,15 +31,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from accelpact.control.notice_auth import NoticeRejected, sign, verify
 from accelpact.errors import RankLostError
 from accelpact.snapshot._replica_server import ReplicaServer, marker_matches, read_marker
 from accelpact.snapshot._replica_wire import (
@@ -59,6 +51,7 @@ from accelpact.snapshot._replica_wire import (
     send_frame,
     write_json_atomic,
 )
+from accelpact.snapshot.buddies import AddressBook, AddressStore, buddy_of, control_bind_address, host_groups, wards_of
 from accelpact.snapshot.slots import SnapshotError
 
 if TYPE_CHECKING:
@@ -75,10 +68,7 @@ __all__ = [
     "BuddyLostError",
 ]
 
-_CONNECT_TIMEOUT_S = 5.0
-_IO_TIMEOUT_S = 60.0
 _RETRY_PAUSES_S = (0.0, 0.05, 0.2, 0.5)  # a reset heals at once; a replaced buddy needs a moment to publish
-_RESOLVE_DEADLINE_S = 2.0
 
 
 class BuddyLostError(RankLostError, SnapshotError):
@@ -106,71 +96,6 @@ def check_replica(job_token: str, world_size: int, *, checksums: bool = True) ->
         return why is None
 
     return ok
-
-
-class _Store(Protocol):  # the part of accelpact.ControlChannel used here
-    job_token: str
-
-    def key(self, *parts: str) -> str: ...
-    def set(self, key: str, value: bytes) -> None: ...
-    def get(self, key: str, deadline_s: float | None = None) -> bytes: ...
-
-
-# ---------------------------------------------------------------------------------------------- topology
-
-
-def host_groups(
-    world_size: int, *, hosts: Sequence[Sequence[int]] | None = None, local_world_size: int | None = None
-) -> list[list[int]]:
-    """Each host's ranks: ``hosts`` as given, else blocks of ``local_world_size`` (default: the
-    ``LOCAL_WORLD_SIZE`` environment variable, else every rank on one host)."""
-    if hosts is not None:
-        groups = [list(h) for h in hosts]
-        flat = sorted(r for h in groups for r in h)
-        if flat != list(range(world_size)) or any(not h for h in groups):
-            raise ValueError(
-                f"hosts={hosts!r} must split ranks 0..{world_size - 1} into non-empty hosts, each rank once"
-            )
-        return groups
-    if local_world_size is None:
-        env = os.environ.get("LOCAL_WORLD_SIZE")
-        local_world_size = int(env) if env else world_size
-    if local_world_size < 1:
-        raise ValueError(f"local_world_size={local_world_size} must be >= 1")
-    return [list(range(s, min(s + local_world_size, world_size))) for s in range(0, world_size, local_world_size)]
-
-
-def buddy_of(rank: int, world_size: int, **topology: Any) -> int | None:
-    """The rank that holds ``rank``'s replicas (None with a single rank: there is nobody to hold them).
-
-    The same local rank on the next host (a smaller next host wraps the local rank); with one host,
-    the next rank. ``topology``: ``hosts=`` or ``local_world_size=`` as for :func:`host_groups`."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
-    if world_size == 1:
-        return None
-    groups = host_groups(world_size, **topology)
-    if len(groups) == 1:
-        return (rank + 1) % world_size
-    h = next(i for i, g in enumerate(groups) if rank in g)
-    nxt = groups[(h + 1) % len(groups)]
-    return nxt[groups[h].index(rank) % len(nxt)]
-
-
-def wards_of(rank: int, world_size: int, **topology: Any) -> list[int]:
-    """The ranks whose replicas ``rank`` holds."""
-    return [r for r in range(world_size) if buddy_of(r, world_size, **topology) == rank]
-
-
-def control_bind_address(control_host: str) -> str:
-    """This host's address on the control network: ``ACCELPACT_REPLICA_ADDR`` if set, else the local
-    address the kernel routes to the control store from (a UDP connect sends nothing)."""
-    explicit = os.environ.get("ACCELPACT_REPLICA_ADDR")
-    if explicit:
-        return explicit
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((control_host, 9))
-        return str(s.getsockname()[0])
 
 
 # ---------------------------------------------------------------------------------------------- replication
@@ -202,7 +127,7 @@ class Replication:
 
     def __init__(
         self,
-        store: _Store,
+        store: AddressStore,
         *,
         rank: int,
         world_size: int,
@@ -228,6 +153,7 @@ class Replication:
         self.root = Path(root)
         self.topology = dict(topology or {})
         self.buddy = buddy_of(rank, world_size, **self.topology)
+        self.addresses = AddressBook(store, self.job_token)  # the servers' addresses, this one's included
         self.server = ReplicaServer(
             job_token=self.job_token,
             rank=rank,
@@ -240,7 +166,6 @@ class Replication:
         self.pushed = self.retried = self.dropped = self.skipped = self.push_bytes = 0
         self.push_s = 0.0
         self.last_error: str | None = None
-        self._addr_cache: dict[int, tuple[str, int]] = {}
         self._pending: tuple[Path, dict[str, Any]] | None = None
         self._busy = False
         # Sequence numbers of queued and finished (sent, dropped or superseded) slots: what confirm waits on.
@@ -273,27 +198,8 @@ class Replication:
         if self._thread.is_alive() or self._closed:
             return
         host, port = self.server.start()
-        body = {"rank": self.rank, "host": host, "port": port, "pid": os.getpid()}
-        self.store.set(self._addr_key(self.rank), sign(body, self.job_token))
+        self.addresses.publish(self.rank, host, port)
         self._thread.start()
-
-    def _addr_key(self, rank: int) -> str:
-        return self.store.key("replica", "addr", str(rank))
-
-    def _resolve(self, rank: int, fresh: bool = False) -> tuple[str, int]:
-        if fresh or rank not in self._addr_cache:
-            raw = self.store.get(self._addr_key(rank), deadline_s=_RESOLVE_DEADLINE_S)
-            try:
-                body = verify(raw, self.job_token)
-            except NoticeRejected as why:
-                raise WireError(f"replica address of rank {rank} refused: {why}") from None
-            self._addr_cache[rank] = (str(body["host"]), int(body["port"]))
-        return self._addr_cache[rank]
-
-    def _connect(self, rank: int, fresh: bool) -> socket.socket:
-        sock = socket.create_connection(self._resolve(rank, fresh), timeout=_CONNECT_TIMEOUT_S)
-        sock.settimeout(_IO_TIMEOUT_S)
-        return sock
 
     # ------------------------------------------------------------------ push (source side)
 
@@ -390,7 +296,7 @@ class Replication:
 
     def _push_once(self, slot_dir: Path, marker: dict[str, Any], fresh: bool) -> int | None:
         files = payload_files(slot_dir)
-        with self._connect(self.buddy, fresh) as sock:  # type: ignore[arg-type]
+        with self.addresses.connect(self.buddy, fresh) as sock:  # type: ignore[arg-type]
             send_frame(
                 sock,
                 {
@@ -440,7 +346,7 @@ class Replication:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            with self._connect(holder, fresh) as sock:
+            with self.addresses.connect(holder, fresh) as sock:
                 send_frame(sock, {"op": "get", "src": src, "step": step}, self.job_token)
                 head = recv_frame(sock, self.job_token)
                 if not head.get("ok"):

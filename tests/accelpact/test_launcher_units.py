@@ -11,7 +11,8 @@ import pytest
 from accelpact.control import ControlChannel  # noqa: F401 - the channel reads what worker_env writes
 from accelpact.control.launch_env import control_settings
 from accelpact.run import replacement
-from accelpact.run.agent import Agent, AgentConfig, _Attempt
+from accelpact.run.agent import Agent, AgentConfig
+from accelpact.run.attempt import Attempt
 from accelpact.run.cli import config_from_args
 from accelpact.run.env import RankPlace, worker_env
 from accelpact.run.script_template import script_imports
@@ -171,7 +172,7 @@ class _Proc(SimpleNamespace):
 def test_which_deaths_get_a_replacement(code, mode, used, alive, healed):
     agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, replacement=mode, max_replacements=3))
     agent.replacements = used
-    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=None if alive else -9), 1: _Proc(pid=11, code=code)}))
+    att = Attempt(0, Workers(procs={0: _Proc(pid=10, code=None if alive else -9), 1: _Proc(pid=11, code=code)}))
     why = agent._why_not_replaced(att, 1, code)
     assert (why is None) == healed, why
     if why is not None:
@@ -199,7 +200,7 @@ def test_a_rank_that_closed_its_guard_after_finish_is_never_replaced(code, capsy
 
     agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, run_id="r1"))
     agent.store = _KeyStore({closed_key_of(job_token("r1", 0), 0): b"7"})
-    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=0)}))
+    att = Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=0)}))
     agent._replace = lambda *a: pytest.fail("a rank that ended the run was replaced")
     assert agent._handle_deaths(att) is None  # no group restart either
     assert att.ended == {0: code} and agent.replacements == 0
@@ -208,7 +209,7 @@ def test_a_rank_that_closed_its_guard_after_finish_is_never_replaced(code, capsy
     assert err.count("after it ended the run at step 7") == 1 and "not replaced; its training is complete" in err
     # Without the mark the same exit is a killed rank: replaced (rank 1 still runs).
     agent.store = _KeyStore({})
-    att = _Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=None)}))
+    att = Attempt(0, Workers(procs={0: _Proc(pid=10, code=code), 1: _Proc(pid=11, code=None)}))
     replaced = []
     agent._replace = lambda att, rank, code: replaced.append(rank)
     assert agent._handle_deaths(att) is None and replaced == [0]
@@ -241,7 +242,7 @@ def test_a_replacement_still_waiting_for_a_plan_is_no_survivor(planned):
     agent = Agent(AgentConfig(entry=("t.py",), nproc_per_node=2, replacement="template", max_replacements=3))
     keys = {plan_key_of(job_token(agent.cfg.run_id, 0), 0, 20): b"{}"} if planned else {}
     agent.store = _KeyStore(keys)
-    att = _Attempt(0, Workers(procs={0: _Proc(pid=20, code=None), 1: _Proc(pid=11, code=-signal.SIGKILL)}))
+    att = Attempt(0, Workers(procs={0: _Proc(pid=20, code=None), 1: _Proc(pid=11, code=-signal.SIGKILL)}))
     att.replaced[0] = 20
     why = agent._why_not_replaced(att, 1, -signal.SIGKILL)
     if planned:

@@ -200,7 +200,7 @@ def test_another_job_token_is_refused_and_changes_nothing(tmp_path, store):
         foreign = Replication(
             _chan(store, other, 0, 2), rank=0, world_size=2, root=tmp_path / "x", bind_host="127.0.0.1", start=False
         )
-        foreign._addr_cache[1] = (host, port)
+        foreign.addresses._cache[1] = (host, port)
         assert foreign.fetch(0, tmp_path / "stolen") is None
         assert not (tmp_path / "stolen").exists()
     finally:
