@@ -39,15 +39,14 @@ from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import load_average, run_session
 from experiments import _driver
 from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_lines, kinds_from_progress
-from experiments.bit_identity_soak import (
+from experiments.bit_identity_soak import soak_lines, soak_provenance
+from experiments.bit_identity_soak_run import (
     SETTLE_S,
     collect,
     default_soak_dir,
     json_lines,
     load_progress,
     run_soak,
-    soak_lines,
-    soak_provenance,
 )
 from experiments.provenance import (
     ClaimRow,

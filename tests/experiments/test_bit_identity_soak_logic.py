@@ -7,7 +7,8 @@ import json
 import random
 from pathlib import Path
 
-from experiments.bit_identity_soak import fit_slope, growth, load_progress, soak_lines, soak_timeout_s
+from experiments.bit_identity_soak import fit_slope, growth, soak_lines
+from experiments.bit_identity_soak_run import load_progress, soak_timeout_s
 from harness.workloads.fault_schedules import hang_every, soak_faults
 
 
