@@ -78,7 +78,7 @@ def test_a_killed_soak_is_read_back_from_its_progress_lines(tmp_path: Path):
 
 
 def test_short_only_keeps_the_soak_section_of_the_old_table(tmp_path: Path):
-    from experiments.bit_identity import keep_soak_section
+    from experiments.bit_identity_report import keep_soak_section
 
     old = tmp_path / "table.md"
     old.write_text(
