@@ -1,10 +1,20 @@
-"""The long soak of the bit-identity experiment: its growth verdicts, its section of table.md, and
-``python -m experiments.bit_identity_soak`` (only the soak, kept in a directory).
+"""The long soak of the bit-identity experiment: N faults in a row on 2 ranks, kept on disk as it runs.
 
-Growth is judged after a warm-up (allocator arenas, lazily built caches fill in the first ~50 faults) as
-a fitted slope per fault with a 95% confidence interval. Running a soak and reading it back from its
-directory: ``experiments.bit_identity_soak_run``.
+A soak of 1000 faults runs for about an hour on 2 loaded cores, so three things matter more than in
+the 10-fault runs:
+
+* its session timeout scales with the work (steps of the reference and the faulted run, faults,
+  hangs, the settle wait), or is set with ``--soak-timeout-s``; only a real hang should reach it;
+* its directory is never a temp dir (default ``outputs/bit_identity_soak/<UTC time>/``) and every
+  rank appends one JSON line per step (resources, new recovery events) as it goes, so a soak killed
+  or failed part-way keeps every fault up to then; ``--soak-report DIR`` rebuilds the rows from it;
+* growth is judged after a warm-up (allocator arenas, lazily built caches fill in the first ~50
+  faults) as a fitted slope per fault with a 95% confidence interval, and the "back to baseline"
+  figure is taken after abandoned generations have passed their collective timeout.
 """
+
+# Here: the growth verdicts, the soak's section of table.md and the CLI; running a soak and reading it
+# back from its directory: experiments.bit_identity_soak_run.
 
 from __future__ import annotations
 

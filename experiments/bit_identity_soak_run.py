@@ -1,16 +1,9 @@
-"""Running the bit-identity soak and reading it back: N faults in a row on 2 ranks, kept on disk as it runs.
+"""Running the bit-identity soak and reading it back from its kept directory (what a soak is and how it is
+judged: ``experiments.bit_identity_soak``).
 
-A soak of 1000 faults runs for about an hour on 2 loaded cores, so:
-
-* its session timeout scales with the work (steps of the reference and the faulted run, faults,
-  hangs, the settle wait), or is set with ``--soak-timeout-s``; only a real hang should reach it;
-* its directory is never a temp dir (default ``outputs/bit_identity_soak/<UTC time>/``) and every
-  rank appends one JSON line per step (resources, new recovery events) as it goes, so a soak killed
-  or failed part-way keeps every fault up to then; ``--soak-report DIR`` rebuilds the rows from it;
-* the "back to baseline" figure is taken after abandoned generations have passed their collective
-  timeout (``SETTLE_S``).
-
-``experiments.bit_identity_soak`` judges the growth and writes the table's section.
+Its session timeout scales with the work (``soak_timeout_s``); its directory is never a temp dir, and every
+rank appends one JSON line per step as it goes, so a soak killed part-way keeps every fault up to then
+(``load_progress``, ``collect``).
 """
 
 from __future__ import annotations
