@@ -32,7 +32,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     "registry (strategy modules import harness.schema); RunConfig() must be valid",
     ("experiments/process_loss.py", "cold_restart"): "row selection: the baselines the experiment runs",
     ("experiments/process_loss.py", "checkpoint_restore"): "row selection: the baselines the experiment runs",
-    ("experiments/scale_projection.py", "cold_restart"): "row selection: the stall set beside FT-HSDP's",
+    ("experiments/scale_projection_table.py", "cold_restart"): "row selection: the stall set beside FT-HSDP's",
     ("experiments/registry.py", "accelpact"): "row selection: the results digest's row",
     ("experiments/registry.py", "torchft"): "row selection: the peers digest's row",
     ("benchmarks/bench_recovery.py", "accelpact"): "the runtime package's name (git archive of accelpact/)",

@@ -125,7 +125,7 @@ class Checkpointer:
         """``process_group``: the group for checkpoint collectives; None creates a dedicated gloo group
         (collective: every rank must construct its Checkpointer at the same point), with ``timeout``
         (None: torch's default for new groups). ``on_event(kind, **fields)`` receives ``checkpoint`` and
-        ``restore`` events (harness/events.py), always on the calling thread."""
+        ``restore`` events (harness.events), always on the calling thread."""
         _check_mode_available(settings.mode)
         self.settings = settings
         self._model = model

@@ -63,7 +63,7 @@ class SaveRecord:
         return self.bytes_total
 
     def event_fields(self) -> dict[str, Any]:
-        """Fields for the ``checkpoint`` event (harness/events.py) plus the measurements."""
+        """Fields for the ``checkpoint`` event (harness.events) plus the measurements."""
         fields = asdict(self)
         fields["bytes"] = self.bytes_total
         return fields

@@ -1,6 +1,6 @@
 """Whole-run goodput and the badput breakdown: pure functions over the event log.
 
-Input is the list of records described in ``harness/events.py`` (any order, any mix of ranks, torn or
+Input is the list of records described in ``harness/events/`` (any order, any mix of ranks, torn or
 malformed records skipped and counted). Output is a frozen ``GoodputReport``. No torch, no I/O except
 ``load_report``, so every rule here is unit-tested in milliseconds against hand-computed timelines.
 

@@ -26,12 +26,14 @@ after ``heartbeat_timeout_ms``, the others go on alone, the restarted group heal
 ``host_loss`` (as ``kill``, for every group with a rank on the lost host). With the ranks in network
 namespaces the Lighthouse runs in the bridge namespace on the control network
 (``harness.parent.server_home``), and each group's store and Manager server listen on local rank 0's
-control-network address (``group_store_host``): nothing a rank dials is at the parent's 127.0.0.1.
+control-network address (``torchft_rank.group_store_host``): nothing a rank dials is at the parent's 127.0.0.1.
 
 Events: ``recovery`` (decision ``retry``) for every discarded attempt, ``heal`` for every heal (role
 ``replacement``, ``rejoin`` or ``sender``), and torchft's own figures on every ``step`` (quorum id,
-participants, quorum and should_commit times). A step with fewer groups than the job has is not the
-reference's math by design; ``harness.strategies.torchft_report`` puts that, with the reason, in the row.
+participants, quorum and should_commit times), built from each attempt's timing
+(``harness.strategies.torchft_attempt``). A step with fewer groups than the job has is not the reference's
+math by design; ``harness.strategies.torchft_report`` puts that, with the reason, in the row. The config
+check is ``harness.strategies.torchft_check``; a rank's group store and life, ``torchft_rank``.
 
 No patch of torchft is needed on this path: the FSDP hook waits on ``_ManagedWork`` directly, so the
 ``torchft.DistributedDataParallel`` comm-hook crash on a peer's death (``assert fut._fut``) is not hit.
@@ -39,7 +41,6 @@ No patch of torchft is needed on this path: the FSDP hook waits on ``_ManagedWor
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from datetime import timedelta
@@ -48,64 +49,22 @@ from typing import TYPE_CHECKING, Any
 
 from harness.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
 from harness.strategies.spec import StrategySpec
-from harness.strategies.torchft_parent import (
-    LIGHTHOUSE_ENV,
-    GroupLayout,
-    TorchftJob,
-    group_store_key,
-    groups_untouched,
-    ports_key,
-    ranks_lost,
+from harness.strategies.torchft_attempt import (
+    Attempt,
+    heal_fields,
+    retry_fields,
+    sent_fields,
+    step_fields,
+    time_manager,
+    timed_transport,
 )
+from harness.strategies.torchft_check import check_runnable
+from harness.strategies.torchft_parent import LIGHTHOUSE_ENV, GroupLayout, TorchftJob, ports_key
 
 if TYPE_CHECKING:
     import torch
 
-from harness.strategies.torchft_report import TORCHFT_VERSION
-
 REPLICA_ID_PREFIX = "harness_replica_"  # torchft reads the group's index from the id's trailing digits
-
-
-@dataclasses.dataclass
-class Attempt:
-    """One attempt at a step on this rank, as torchft's Manager went through it."""
-
-    t_start: float
-    t_quorum_start: float | None = None
-    t_quorum_end: float | None = None
-    t_configured: float | None = None
-    quorum_id: int | None = None
-    replica_world_size: int | None = None
-    heal: bool = False
-    recover_dst: tuple[int, ...] = ()
-    max_step: int | None = None
-    t_error: float | None = None
-    error: str = ""
-    quorum_wait_s: float = 0.0  # main thread blocked on the asynchronous quorum
-    send_s: float = 0.0
-    recv_s: float = 0.0
-    should_commit_s: float = 0.0
-    t_end: float | None = None
-
-
-class _TimedClient:
-    """torchft's ManagerClient with the quorum timed (it runs on the Manager's quorum thread)."""
-
-    def __init__(self, client: Any, owner: TorchftHsdp) -> None:
-        self._client = client
-        self._owner = owner
-
-    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        a = self._owner.attempt
-        a.t_quorum_start = time.time()
-        q = self._client._quorum(*args, **kwargs)
-        a.t_quorum_end = time.time()
-        a.quorum_id, a.replica_world_size, a.heal = q.quorum_id, q.replica_world_size, bool(q.heal)
-        a.recover_dst, a.max_step = tuple(q.recover_dst_replica_ranks), q.max_step
-        return q
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
 
 
 class TorchftHsdp(Strategy):
@@ -157,29 +116,11 @@ class TorchftHsdp(Strategy):
 
     def _build_manager(self, store_addr: tuple[str, int]) -> Any:
         import torchft
-        from torchft.checkpointing.pg_transport import PGTransport
 
         st, ctx = self.settings, self.ctx
         timeout = timedelta(seconds=st.timeout_s)
         pg = torchft.ProcessGroupGloo(timeout=timeout)
-        owner = self
-
-        class TimedPGTransport(PGTransport):
-            def send_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-                t = time.time()
-                try:
-                    super().send_checkpoint(*args, **kwargs)
-                finally:
-                    owner.attempt.send_s += time.time() - t
-
-            def recv_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-                t = time.time()
-                try:
-                    return super().recv_checkpoint(*args, **kwargs)
-                finally:
-                    owner.attempt.recv_s += time.time() - t
-
-        transport = TimedPGTransport(pg, timeout=timeout, device=ctx.device, state_dict=self._state_dict)
+        transport = timed_transport(pg, self, timeout=timeout, device=ctx.device, state_dict=self._state_dict)
         manager = torchft.Manager(
             pg=pg,
             load_state_dict=self._load_state_dict,
@@ -195,7 +136,7 @@ class TorchftHsdp(Strategy):
             lighthouse_addr=self.lighthouse,
             replica_id=f"{REPLICA_ID_PREFIX}{self.layout.group}",
             # Only local rank 0 runs the Manager's server; it advertises it on the host its group store
-            # listens on (group_store_host): the group's other ranks dial it, wherever they run.
+            # listens on (torchft_rank.group_store_host): the group's other ranks dial it, wherever they run.
             hostname=store_addr[0],
             checkpoint_transport=transport,
             # Every group builds the same model from the same seed: measured, init_sync=True "heals" group 1
@@ -203,33 +144,7 @@ class TorchftHsdp(Strategy):
             init_sync=False,
             max_retries=st.max_retries,
         )
-        manager._client = _TimedClient(manager._client, self)
-        configure = pg.configure
-
-        def timed_configure(*args: Any, **kwargs: Any) -> None:
-            configure(*args, **kwargs)
-            self.attempt.t_configured = time.time()
-
-        pg.configure = timed_configure
-        wait_quorum = manager.wait_quorum
-
-        def timed_wait() -> None:
-            t = time.time()
-            try:
-                wait_quorum()
-            finally:
-                self.attempt.quorum_wait_s += time.time() - t
-
-        manager.wait_quorum = timed_wait
-        report_error = manager.report_error
-
-        def noted_error(e: Exception) -> None:
-            if self.attempt.t_error is None:
-                self.attempt.t_error = time.time()
-                self.attempt.error = f"{type(e).__name__}: {str(e)[:200]}"
-            report_error(e)
-
-        manager.report_error = noted_error
+        time_manager(manager, pg, self)
         self.optimizer = torchft.Optimizer(manager, ctx.optimizer)
         return manager
 
@@ -309,7 +224,7 @@ class TorchftHsdp(Strategy):
                     raise Rewind(now)
                 continue
             self.ctx.optimizer.step()
-            self._fields = self._step_fields(a, attempts)
+            self._fields = step_fields(a, attempts, self.manager.num_participants(), self.layout.groups)
             now = self.manager.current_step()
             if now != step + 1:
                 # This group healed to a later step in this attempt (it was behind): it did not take part in
@@ -317,79 +232,17 @@ class TorchftHsdp(Strategy):
                 raise Rewind(now)
             return float(loss.detach())
 
-    def _step_fields(self, a: Attempt, attempts: int) -> dict[str, Any]:
-        return {
-            "torchft_attempts": attempts,
-            "torchft_quorum_id": a.quorum_id,
-            "torchft_participants": self.manager.num_participants(),
-            "torchft_groups": self.layout.groups,
-            "torchft_quorum_s": (a.t_quorum_end - a.t_quorum_start) if a.t_quorum_start and a.t_quorum_end else None,
-            "torchft_configure_s": (a.t_configured - a.t_quorum_end) if a.t_configured and a.t_quorum_end else None,
-            "torchft_quorum_wait_s": a.quorum_wait_s,
-            "torchft_should_commit_s": a.should_commit_s,
-        }
-
     def _emit_retry(self, failed: Attempt, retry: Attempt) -> None:
-        """A discarded attempt, as a "retry" recovery ending when the retry's process group was ready:
-        detection (the error -> should_commit said no), agreement (-> the new quorum), rebuild (-> the
-        cross-group process group reconfigured)."""
-        t_err = failed.t_error if failed.t_error is not None else failed.t_end
-        assert failed.t_end is not None and t_err is not None
-        q_end = retry.t_quorum_end or failed.t_end
-        ready = max(retry.t_configured or q_end, q_end)
-        self.ctx.events.emit(
-            "recovery",
-            t=ready,
-            decision="retry",
-            generation=retry.quorum_id or 0,
-            detected_by="exception",
-            detection_s=max(0.0, failed.t_end - t_err),
-            agreement_s=max(0.0, q_end - failed.t_end),
-            rebuild_s=max(0.0, ready - q_end),
-            rebind_s=0.0,
-            first_collective_s=0.0,
-            torchft_error=failed.error,
-            torchft_quorum_id=retry.quorum_id,
-            torchft_old_quorum_id=failed.quorum_id,
-        )
+        self.ctx.events.emit("recovery", **retry_fields(failed, retry))
 
     def _emit_heal(self, a: Attempt) -> None:
         """This group was behind and loaded a peer's state in this attempt."""
         self._heals += 1
-        first_of_replacement = self.ctx.replacement and self._heals == 1
-        start = a.t_quorum_start or a.t_start
-        replacement_start = max(0.0, start - self.t_launch) if first_of_replacement and self.t_launch else 0.0
-        assert a.t_end is not None
-        self.ctx.events.emit(
-            "heal",
-            t=a.t_end,
-            role="replacement" if first_of_replacement else "rejoin",
-            source="peer",
-            generation=a.quorum_id or 0,
-            replacement_start_s=replacement_start,
-            heal_transfer_s=a.t_end - start,
-            total_s=replacement_start + a.t_end - start,
-            recv_s=a.recv_s,
-            to_step=a.max_step,
-            transport="torchft PGTransport",
-        )
+        first_of_replacement = bool(self.ctx.replacement) and self._heals == 1
+        self.ctx.events.emit("heal", **heal_fields(a, first_of_replacement, self.t_launch))
 
     def _emit_sent(self, a: Attempt) -> None:
-        """This group sent its state to the healing groups: the time the training thread waited for it."""
-        assert a.t_end is not None
-        self.ctx.events.emit(
-            "heal",
-            t=(a.t_quorum_end or a.t_start) + a.send_s,
-            role="sender",
-            source="peer",
-            generation=a.quorum_id or 0,
-            replacement_start_s=0.0,
-            heal_transfer_s=min(a.quorum_wait_s, a.send_s),
-            total_s=a.send_s,
-            send_s=a.send_s,
-            to_ranks=list(a.recover_dst),
-            transport="torchft PGTransport",
-        )
+        self.ctx.events.emit("heal", **sent_fields(a))
 
     # -- the end of the run ------------------------------------------------------------------------------
     def _done_key(self, rank: int) -> str:
@@ -479,83 +332,6 @@ def _onto_own_mesh(model: Any, optimizer: Any, state: dict[str, Any]) -> dict[st
                     stride=value.stride(),
                 )
     return state
-
-
-def group_store_host(control_host: str) -> str:
-    """The address local rank 0 hosts its group's TCPStore (and its Manager's server) on: this host's
-    address on the control network, the one it reaches the control store from.
-
-    Every rank of every group dials it: the group's own ranks for their store and Manager, and every other
-    group's ranks too, since torchft hands the quorum's primary group store to all of them to configure the
-    cross-group process group (``Manager._async_quorum``: ``quorum.store_address``). With the ranks in network
-    namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
-    data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
-    neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
-    from accelpact.snapshot import control_bind_address
-
-    return control_bind_address(control_host)
-
-
-def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
-    """This generation's replica-group TCPStore (hosted by local rank 0 on ``host``, as torchrun's agent
-    hosts it), published on the control store for the group's other ranks."""
-    import torch.distributed as dist
-
-    key = group_store_key(token, layout.group, gen)
-    if layout.local == 0:
-        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-        control.set(key, f"{host}:{store.port}".encode())
-        return store, (host, int(store.port))
-    h, p = control.get(key).decode().rsplit(":", 1)
-    store = dist.TCPStore(h, int(p), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-    return store, (h, int(p))
-
-
-def check_runnable(run: Any) -> None:
-    """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
-    must leave at least one group untouched (a restarted group heals only from a live peer)."""
-    from harness.faults import registry as faults
-    from harness.schema import ConfigError
-
-    st = run.strategy.torchft
-    world = run.cluster.world_size
-    if st.group_size < 1 or world % st.group_size or world // st.group_size < 2:
-        raise ConfigError(
-            f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
-            f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
-            f"try strategy.torchft.group_size={max(1, world // 2)}"
-        )
-    replicate = run.cluster.replicate
-    if replicate > 1 and st.group_size * replicate != world:
-        raise ConfigError(
-            f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
-            f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
-            f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`"
-        )
-    spec = faults.get(run.fault.kind)
-    if spec.kills_all:
-        raise ConfigError(
-            f"strategy=torchft with fault={run.fault.kind}: the fault kills every rank at once, and torchft heals a "
-            "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
-            "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
-            "strategy=accelpact_heal,cold_restart,checkpoint_restore"
-        )
-    if spec.kills_ranks:
-        lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
-        if not groups_untouched(lost, world, st.group_size):
-            raise ConfigError(
-                f"strategy=torchft with fault={run.fault.kind} on rank(s) {list(run.fault.ranks)}: it kills ranks "
-                f"{sorted(lost)}, a member of every replica group of {st.group_size} rank(s), and torchft heals a "
-                f"restarted group only from a live one; try fault.ranks=[{run.fault.ranks[0]}] with a host per "
-                f"group: cluster.hosts={world // st.group_size}"
-            )
-    try:
-        import torchft  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
-        raise ConfigError(
-            f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
-            f"importing it failed: {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 SPEC = StrategySpec(

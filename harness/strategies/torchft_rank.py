@@ -15,8 +15,8 @@ from datetime import timedelta
 from typing import Any
 
 from harness.rank.mesh import mesh_layout
-from harness.strategies.torchft_hsdp import TorchftHsdp, _group_store, group_store_host
-from harness.strategies.torchft_parent import GroupLayout, gen_key
+from harness.strategies.torchft_hsdp import TorchftHsdp
+from harness.strategies.torchft_parent import GroupLayout, gen_key, group_store_key
 
 __all__ = ["train_replica"]
 
@@ -100,3 +100,33 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def group_store_host(control_host: str) -> str:
+    """The address local rank 0 hosts its group's TCPStore (and its Manager's server) on: this host's
+    address on the control network, the one it reaches the control store from.
+
+    Every rank of every group dials it: the group's own ranks for their store and Manager, and every other
+    group's ranks too, since torchft hands the quorum's primary group store to all of them to configure the
+    cross-group process group (``Manager._async_quorum``: ``quorum.store_address``). With the ranks in network
+    namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
+    data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
+    neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
+    from accelpact.snapshot import control_bind_address
+
+    return control_bind_address(control_host)
+
+
+def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
+    """This generation's replica-group TCPStore (hosted by local rank 0 on ``host``, as torchrun's agent
+    hosts it), published on the control store for the group's other ranks."""
+    import torch.distributed as dist
+
+    key = group_store_key(token, layout.group, gen)
+    if layout.local == 0:
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        control.set(key, f"{host}:{store.port}".encode())
+        return store, (host, int(store.port))
+    h, p = control.get(key).decode().rsplit(":", 1)
+    store = dist.TCPStore(h, int(p), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    return store, (h, int(p))

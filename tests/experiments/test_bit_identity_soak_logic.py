@@ -7,7 +7,8 @@ import json
 import random
 from pathlib import Path
 
-from experiments.bit_identity_soak import fit_slope, growth, load_progress, soak_lines, soak_timeout_s
+from experiments.bit_identity_soak import fit_slope, growth, soak_lines
+from experiments.bit_identity_soak_run import load_progress, soak_timeout_s
 from harness.workloads.fault_schedules import hang_every, soak_faults
 
 
@@ -77,7 +78,7 @@ def test_a_killed_soak_is_read_back_from_its_progress_lines(tmp_path: Path):
 
 
 def test_short_only_keeps_the_soak_section_of_the_old_table(tmp_path: Path):
-    from experiments.bit_identity import keep_soak_section
+    from experiments.bit_identity_report import keep_soak_section
 
     old = tmp_path / "table.md"
     old.write_text(

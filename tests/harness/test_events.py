@@ -149,7 +149,7 @@ def test_readers_never_filter_on_a_kind_string():
     offenders = []
     for package in ("harness", "experiments", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == ROOT / "harness" / "events.py":
+            if path.parent == ROOT / "harness" / "events":
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if pattern.search(line) and ('"kind"' in line or "'kind'" in line or "kind ==" in line):

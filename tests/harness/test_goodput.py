@@ -24,7 +24,7 @@ from harness.report.table import TABLE_COLUMNS, RunSummary, comparison_table, fo
 approx = pytest.approx
 
 
-# ---- tiny record builders (the field names are harness/events.py's contract) -----------------------
+# ---- tiny record builders (the field names are harness.events' contract) ---------------------------
 def step(rank, i, t0, t1, tokens=100, incarnation=0, replay=False):
     return {
         "kind": "step",

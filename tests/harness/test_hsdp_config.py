@@ -60,7 +60,7 @@ def test_a_replicate_that_divides_the_world_is_accepted(world, replicate):
 
 
 def test_torchft_replica_groups_must_be_the_replicate_dimension():
-    from harness.strategies.torchft_hsdp import check_runnable
+    from harness.strategies.torchft_check import check_runnable
 
     with pytest.raises(ConfigError) as err:
         check_runnable(_run(4, 2, "torchft", group_size=1))

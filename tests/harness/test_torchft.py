@@ -236,7 +236,7 @@ def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, r
 
 def test_validation_names_the_fix():
     from harness.app.validate import ConfigError
-    from harness.strategies.torchft_hsdp import check_runnable
+    from harness.strategies.torchft_check import check_runnable
 
     check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
     with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):

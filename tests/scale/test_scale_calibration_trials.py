@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import scale_projection as sp
+from experiments import scale_projection_calibration as spc
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
 from harness.scale.config import ScaleConfigError
@@ -242,8 +242,8 @@ def test_one_trial_file_still_calibrates_and_has_no_interval(tmp_path):
         assert c.trials == 1 and math.isnan(c.error_lo) and math.isnan(c.error_hi)
         assert c.error_median == pytest.approx(run.error) and c.measured == pytest.approx(run.measured)
         assert "no interval" in c.text()
-    assert "no interval" in sp.largest_miss_md(cells)
-    assert "no interval" in sp.calibration_md(cells)
+    assert "no interval" in spc.largest_miss_md(cells)
+    assert "no interval" in spc.calibration_md(cells)
 
 
 def test_two_runs_of_one_cell_in_one_trial_are_refused(tmp_path):
@@ -260,10 +260,10 @@ def test_largest_miss_is_the_cell_with_the_largest_median_error():
     cell misses by 3% in every trial."""
     rows = [cal.CalibrationRow("accelpact", 5, 100.0, sim, sim, k) for k, sim in enumerate((101.0, 109.0, 100.5))]
     rows += [cal.CalibrationRow("cold_restart", 5, 100.0, sim, sim, k) for k, sim in enumerate((103.0, 103.2, 102.9))]
-    text = sp.largest_miss_md(cal.error_intervals(rows))
+    text = spc.largest_miss_md(cal.error_intervals(rows))
     assert text.startswith("Largest miss (median error over trials): cold_restart age 5, +3.0% [")
     assert "(n=3)" in text and "limit is 5%" in text
-    assert "| cold_restart | 5 | 3 | 100 | 103 | +3.0% [" in sp.calibration_md(cal.error_intervals(rows))
+    assert "| cold_restart | 5 | 3 | 100 | 103 | +3.0% [" in spc.calibration_md(cal.error_intervals(rows))
 
 
 # --- process_loss (the heal) -----------------------------------------------------------------------------
@@ -294,9 +294,9 @@ def test_heal_three_trials_give_per_cell_medians_and_an_interval(tmp_path):
     costs = heal.measured_heal(str(d))
     assert costs["kill"].runs == 3 and "(3 trials)" in costs["kill"].source
     assert costs["kill"].parts["detection"] == pytest.approx(statistics.median(HEAL_DETECTION_S))
-    md = sp.heal_calibration_md(list(cells.values()))
+    md = spc.heal_calibration_md(list(cells.values()))
     assert "| kill (process_crash) | accelpact | heal in memory | 2 | 3 |" in md
-    assert "of any cell:" in sp.heal_largest_miss_md(list(cells.values()))
+    assert "of any cell:" in spc.heal_largest_miss_md(list(cells.values()))
 
 
 def test_heal_one_trial_file_still_calibrates_and_has_no_interval(tmp_path):
@@ -305,4 +305,4 @@ def test_heal_one_trial_file_still_calibrates_and_has_no_interval(tmp_path):
     cells = heal.heal_error_intervals(heal.calibrate_heal(d))
     assert len(cells) == 6
     assert all(c.trials == 1 and math.isnan(c.error_lo) and "no interval" in c.text() for c in cells)
-    assert "no interval" in sp.heal_largest_miss_md(cells)
+    assert "no interval" in spc.heal_largest_miss_md(cells)

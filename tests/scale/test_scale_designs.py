@@ -49,7 +49,7 @@ def _p(name: str, ettr: float, ci: float = 0.001) -> Projection:
 
 
 def test_winner_line_names_the_best_measured_row_not_a_design():
-    from experiments.scale_projection import winner_md
+    from experiments.scale_projection_table import winner_md
 
     names = _by_build()
     sims = strategies.simulated()
