@@ -11,10 +11,12 @@ each configuration, one after another in a shuffled order (the host is shared an
 - ``hot_spare``: ``--hot-spares 1``; ``spawn``: ``--replacement spawn``.
 
 The figure: from the killed rank's ``KILLED_AT`` line to the last rank's heal ending (``HealEvent.t``: its
-first collective on the healed groups), per job; median over trials with a 95 % percentile-bootstrap
-interval, and each configuration's ratio to ``template`` paired by trial.
+first collective on the healed groups), per job; the median over trials with the harness's interval for
+it (harness.report.intervals: distribution-free order statistics, its true coverage printed), and each
+configuration's ratio to ``template`` paired by trial.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_heal_gpt2.py --trials 5 --out results/process_loss
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_heal_gpt2.py --render results/process_loss  # redraw from its json
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,9 +93,68 @@ def run_job(scratch: Path, name: str, agent_args: list[str], extra_env: dict[str
     }
 
 
-def interval(values: list[float], rng: random.Random) -> tuple[float, float, float]:
-    boot = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
-    return statistics.median(values), boot[50], boot[1949]
+HEADER = (
+    "# Kill -> every rank resumed under `accelpact-run`, GPT-2 (transformers), world 2\n\n"
+    "benchmarks/bench_heal_gpt2.py: examples/heal_loop.py `--model gpt2` (transformers imports GPT-2's "
+    "modeling module at the model's first build), steps of about 1 s, rank 1 SIGKILLed in step 8 and "
+    "healed; from the "
+    "killed rank's last line to the last rank's heal ending (its first collective on the healed "
+    "groups). `template` is the default flags; `template_top_level_only` the template without the "
+    "modules the ranks loaded by their first step (accelpact.run.modules), as before.\n\n"
+)
+
+
+def table(names: list[str], rows: dict[str, list[dict[str, Any]]]) -> tuple[list[str], dict[str, Any]]:
+    """The markdown table and its summary: per configuration the median [interval] and the ratio to template."""
+    from harness.report.intervals import coverage_text, order_statistic
+
+    lines = [
+        "| replacement start | kill -> every rank resumed, median [interval] (s) | / template, paired [interval] | ok |",
+        "|---|---|---|---|",
+    ]
+    summary: dict[str, Any] = {}
+    shown = []
+    base = [r["kill_to_resumed_s"] for r in rows.get("template", [])]
+    for name in names:
+        vals = [r["kill_to_resumed_s"] for r in rows[name] if r["ok"]]
+        iv = order_statistic(vals)
+        pairs = [
+            v / b for v, b in zip((r["kill_to_resumed_s"] for r in rows[name]), base) if v is not None and b is not None
+        ]
+        ratio = order_statistic(pairs) if name != "template" else None
+        shown += [iv] + ([ratio] if ratio is not None else [])
+        summary[name] = {
+            "values": vals,
+            "median": iv.median,
+            "interval": [iv.lo, iv.hi],
+            "coverage": iv.coverage,
+            "ratio": None if ratio is None else [ratio.median, ratio.lo, ratio.hi],
+        }
+        lines.append(
+            f"| {name} | {iv.text('.2f')} | {'-' if ratio is None else ratio.text('.2f')} | "
+            f"{len(vals)}/{len(rows[name])} |"
+        )
+    lines += [
+        "",
+        "interval: the distribution-free order-statistic interval for the median (harness.report.intervals); "
+        f"coverage {coverage_text(shown)}.",
+    ]
+    return lines, summary
+
+
+def render(out: Path) -> None:
+    """Redraw heal_gpt2.md (and the json's summary) from the committed json's raw rows."""
+    data = json.loads((out / "heal_gpt2.json").read_text())
+    rows, prov = data["rows"], data["provenance"]
+    lines, summary = table(list(rows), rows)
+    prov = [line for line in prov if not line.startswith("- table redrawn")]
+    prov.append(
+        "- table redrawn from heal_gpt2.json's rows by `benchmarks/bench_heal_gpt2.py --render` (interval method)"
+    )
+    text = "\n".join(lines + ["", "### Provenance", ""] + prov) + "\n"
+    (out / "heal_gpt2.md").write_text(HEADER + text)
+    (out / "heal_gpt2.json").write_text(json.dumps({"summary": summary, "rows": rows, "provenance": prov}, indent=1))
+    print(HEADER + text)
 
 
 def main() -> None:
@@ -102,7 +162,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", type=Path, default=None, help="write heal_gpt2.md and heal_gpt2.json here")
+    ap.add_argument("--render", type=Path, default=None, help="only redraw the table in this directory from its json")
     args = ap.parse_args()
+    if args.render is not None:
+        render(args.render)
+        return
     names = args.configs.split(",")
     rng = random.Random(0)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
@@ -132,24 +196,7 @@ def main() -> None:
                 )
                 if not r["ok"]:
                     print(r["agent_tail"], flush=True)
-    lines = [
-        "| replacement start | kill -> every rank resumed, median [95% CI] (s) | / template, paired [95% CI] | ok |",
-        "|---|---|---|---|",
-    ]
-    summary: dict[str, Any] = {}
-    base = [r["kill_to_resumed_s"] for r in rows.get("template", [])]
-    for name in names:
-        vals = [r["kill_to_resumed_s"] for r in rows[name] if r["ok"]]
-        med, lo, hi = interval(vals, rng) if vals else (float("nan"),) * 3
-        pairs = [
-            v / b for v, b in zip((r["kill_to_resumed_s"] for r in rows[name]), base) if v is not None and b is not None
-        ]
-        rmed, rlo, rhi = interval(pairs, rng) if pairs and name != "template" else (1.0, 1.0, 1.0)
-        summary[name] = {"values": vals, "median": med, "ci": [lo, hi], "ratio": [rmed, rlo, rhi]}
-        lines.append(
-            f"| {name} | {med:.2f} [{lo:.2f}, {hi:.2f}] (n={len(vals)}) | "
-            f"{'-' if name == 'template' else f'{rmed:.2f} [{rlo:.2f}, {rhi:.2f}]'} | {len(vals)}/{len(rows[name])} |"
-        )
+    lines, summary = table(names, rows)
     loads = [r["load"] for rs in rows.values() for r in rs]
     prov = [
         f"- command: `PYTHONPATH=. {Path(sys.executable).name} benchmarks/bench_heal_gpt2.py --trials {args.trials}`",
@@ -165,16 +212,7 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        header = (
-            "# Kill -> every rank resumed under `accelpact-run`, GPT-2 (transformers), world 2\n\n"
-            "benchmarks/bench_heal_gpt2.py: examples/heal_loop.py `--model gpt2` (transformers imports GPT-2's "
-            "modeling module at the model's first build), steps of about 1 s, rank 1 SIGKILLed in step 8 and "
-            "healed; from the "
-            "killed rank's last line to the last rank's heal ending (its first collective on the healed "
-            "groups). `template` is the default flags; `template_top_level_only` the template without the "
-            "modules the ranks loaded by their first step (accelpact.run.modules), as before.\n\n"
-        )
-        (args.out / "heal_gpt2.md").write_text(header + text)
+        (args.out / "heal_gpt2.md").write_text(HEADER + text)
         (args.out / "heal_gpt2.json").write_text(
             json.dumps({"summary": summary, "rows": rows, "provenance": prov}, indent=1)
         )
