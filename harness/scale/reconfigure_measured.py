@@ -8,7 +8,8 @@ Two figures feed the simulator, both measured side by side with the 2.13 rebind 
 - the rebind after a transient fault (``recovery/w<N>/reconfigure``, ``rebind_s``): reconfigure keeps the
   same ProcessGroup objects, so nothing is rebound (microseconds, against 15 us for the rebind path).
 What reconfigure does NOT change here: the communicator build. Its ``rebuild_s`` (handle exchange +
-``_reconfigure``) was 7-42 ms against the rebind path's 6-35 ms at 2 and 4 ranks, so the simulator keeps
+``_reconfigure``) took longer than the rebind path's rendezvous at 2 and 4 ranks (results/reconfigure), so the
+simulator keeps
 ``harness.scale.scaling.comm_init_s`` for it: no measurement says a reconfigure avoids NCCL's per-rank
 bootstrap at scale.
 """
