@@ -91,7 +91,7 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
                 opt.zero_grad(set_to_none=True)
                 plain.append(time.perf_counter() - t)
                 step += 1
-            guard._next_step = step
+            guard.resume_at(step)
             for _ in range(sc["block_steps"]):
                 t = time.perf_counter()
                 guard.step(step_fn, batch_for(step, rank, m))
@@ -101,7 +101,8 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
         return out
     guard.phase_hooks.append(inj.on_phase)
     inj.install(root, middle)
-    start = guard._next_step = step
+    start = step
+    guard.resume_at(step)
     for k in range(sc["faults"]):
         if rank == k % ctx.world_size:
             inj.arm(start + 2 * k + 1, PHASES[k % len(PHASES)])
