@@ -208,8 +208,21 @@ def train(sc: dict, ctx: RankContext) -> dict:
         torch.save({"losses": losses, "state": state_of(model, optimizer)}, ctx.out_dir / f"{sc['name']}.rank{rank}.pt")
     del model, optimizer, guard, root, middle
     if (sc.get("leak_check") or sc.get("track_resources")) and result["error"] is None:
-        result["resources_after"] = resources(ctx.exclude_ports)
+        result["resources_after"] = _after_teardown(ctx.exclude_ports)
     return result
+
+
+def _after_teardown(exclude_ports: Any, tries: int = 10, pause_s: float = 0.2) -> dict[str, Any]:
+    """Resources once the closed guard's own threads (heartbeat, watchdog) have exited: the smallest of a few
+    samples over ~2 s, since close() lets them finish on their own (a slow host caught one still exiting).
+    A leak per fault survives this: it never goes back down."""
+    samples = [resources(exclude_ports)]
+    for _ in range(tries - 1):
+        time.sleep(pause_s)
+        samples.append(resources(exclude_ports))
+    return {
+        k: min(s[k] for s in samples) if isinstance(samples[0][k], (int, float)) else samples[-1][k] for k in samples[0]
+    }
 
 
 def rebind(sc: dict, ctx: RankContext) -> dict:
