@@ -19,6 +19,7 @@ watching worker processes (:class:`Workers`, :func:`spawn`, :func:`start_replace
 
 from accelpact.run.env import Replacement, replacement
 from accelpact.run.forkserver import die_with_parent, enter_netns, fork_one, reap, serve, thread_count
+from accelpact.run.signals import raise_on_signals
 from accelpact.run.template import FORK_REPLY_S, READY_WAIT_S, ForkedRank, TemplateClient, TemplateUnavailable
 from accelpact.run.workers import HOT_SPARE, Notices, Workers, describe_exit, spawn, start_replacement
 
@@ -42,4 +43,5 @@ __all__ = [
     "reap",
     "enter_netns",
     "thread_count",
+    "raise_on_signals",
 ]

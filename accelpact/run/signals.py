@@ -14,17 +14,24 @@ class Interrupted(BaseException):
 
 
 class raise_on_signals:
-    """SIGTERM / SIGHUP / SIGINT raise :class:`Interrupted` in the agent's loop (its ranks are stopped on the way out)."""
+    """The given signals raise ``error`` (its message: the signal's name) while the block runs; the old handlers
+    come back after it. The agent's default: SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted`."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    def __init__(
+        self,
+        signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
+        error: type[BaseException] = Interrupted,
+    ) -> None:
+        self.signals, self.error = signals, error
 
     def __enter__(self) -> None:
-        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
+        self._old = {s: signal.getsignal(s) for s in self.signals}
+        error = self.error
 
         def handler(signum: int, _frame: Any) -> None:
-            raise Interrupted(signal.Signals(signum).name)
+            raise error(signal.Signals(signum).name)
 
-        for s in self.SIGNALS:
+        for s in self.signals:
             signal.signal(s, handler)
 
     def __exit__(self, *exc: object) -> None:

@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from accelpact.run import Notices, Workers, describe_exit, spawn
+from accelpact.run import Notices, Workers, describe_exit, raise_on_signals, spawn
 from harness.app.machine import usable_cores
 from harness.events import Step, events_path
 from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
@@ -386,7 +386,8 @@ class Launcher:
                 for hook in self.step_hooks:
                     hook(event)
 
-        with _signals_raise_interrupted():
+        # SIGTERM / SIGHUP raise Interrupted in the main loop (SIGINT already raises KeyboardInterrupt).
+        with raise_on_signals((signal.SIGTERM, signal.SIGHUP), Interrupted):
             try:
                 while True:
                     drain()
@@ -425,22 +426,3 @@ class Launcher:
 
     def _codes(self) -> dict[int, int | None]:
         return self.workers.codes()
-
-
-class _signals_raise_interrupted:
-    """SIGTERM / SIGHUP raise ``Interrupted`` in the main loop (SIGINT already raises KeyboardInterrupt)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-    def __enter__(self) -> None:
-        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
-
-        def handler(signum: int, _frame: Any) -> None:
-            raise Interrupted(signal.Signals(signum).name)
-
-        for s in self.SIGNALS:
-            signal.signal(s, handler)
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
