@@ -80,6 +80,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--push-every", type=int, default=1, help="with --replicas: push only every k-th snapshot")
     ap.add_argument("--confirm-push", action="store_true", help="with --replicas: a push completes its snapshot")
+    ap.add_argument(
+        "--max-tax",
+        type=float,
+        default=None,
+        help="a budget for the snapshots' cost (e.g. 0.03): after a warm-up the ranks agree on the densest "
+        "cadence that fits (--push-every is then the warm-up's)",
+    )
+    ap.add_argument("--max-bound", type=int, default=16, help="with --max-tax: replay at most this many steps")
+    ap.add_argument("--tax-warmup", type=int, default=8, help="with --max-tax: steps measured before choosing")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--hsdp",
@@ -161,7 +170,12 @@ def main(args: argparse.Namespace) -> dict:
             scheduler.load_state_dict(extra_state["scheduler"])
             scheduler.step()  # the snapshot is taken inside guard.step, before the loop's scheduler.step()
 
-    token, config = snapshot.job_token_from_env(), snapshot.SnapshotConfig(push_every=args.push_every)  # accelpact
+    token, config = (
+        snapshot.job_token_from_env(),
+        snapshot.SnapshotConfig(
+            push_every=args.push_every, max_tax=args.max_tax, max_bound=args.max_bound, tax_warmup=args.tax_warmup
+        ),
+    )  # accelpact
     restored = None
     if me is None and snapshot.restart_count() > 0:  # accelpact: a restarted group resumes from the snapshots
         restored = snapshot.restore_latest(model, optimizer, job_token=token, rank=rank, config=config)
@@ -279,6 +293,12 @@ def main(args: argparse.Namespace) -> dict:
             for e in guard.heal_events
         ],
         "losses": losses,
+        "cadence": None
+        if snap.budget is None
+        else {
+            "decision": snap.budget.decision,
+            "schedule": None if snap.budget.schedule is None else snap.budget.schedule.to_text(),
+        },
     }
 
 

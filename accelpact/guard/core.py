@@ -108,6 +108,8 @@ class Guard:
         self.snapshots = snapshots
         if snapshots is not None and getattr(snapshots, "generation", 0) is None:
             snapshots.generation = lambda: getattr(control, "generation", 0)
+        if snapshots is not None and hasattr(snapshots, "attach_control"):
+            snapshots.attach_control(control)  # a tax budget agrees on the cadence through it
         self.events = RecoveryLog()  # the newest 256; .total counts them all (accelpact/events.py)
         # Called as hook(phase, step) at "step_start", "clip_allreduce", "vote", "post_vote" and,
         # during a recovery, "recovery" (new generation built, before its first collective); in a survivor's

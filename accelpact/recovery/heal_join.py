@@ -52,8 +52,7 @@ def join_as_replacement(
             held[newest[0]] = "buddy"
             # The buddy keeps two replicas, of the newest two pushed steps: fetched only if chosen.
             # Pushed steps are every * push_every apart (accelpact.snapshot.push_rule).
-            cfg = getattr(snapshots, "config", None)
-            gap = getattr(cfg, "every", 1) * getattr(cfg, "push_every", 1) if cfg is not None else 1
+            gap = snapshots.push_gap(newest[0]) if hasattr(snapshots, "push_gap") else 1
             held.setdefault(newest[0] - max(int(gap), 1), "buddy")
     plan = agree(HealReport(g.rank, "replacement", -1, held, buddy=buddy), ticket.generation)
     t_load = time.time()

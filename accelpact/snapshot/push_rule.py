@@ -26,7 +26,7 @@ and fails loudly (a disk-checkpoint fallback), never resuming from mismatched st
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 __all__ = ["check_push_every", "is_pushed", "pushed_steps", "replay_bound", "slot_to_overwrite"]
@@ -70,7 +70,13 @@ def replay_bound(every: int = 1, push_every: int = 1) -> int:
     return every * check_push_every(push_every)
 
 
-def slot_to_overwrite(held: Mapping[Slot, int | None], new_step: int, every: int = 1, push_every: int = 1) -> Slot:
+def slot_to_overwrite(
+    held: Mapping[Slot, int | None],
+    new_step: int,
+    every: int = 1,
+    push_every: int = 1,
+    was_pushed: Callable[[int], bool] | None = None,
+) -> Slot:
     """The slot a snapshot of ``new_step`` goes to, given the step each slot holds (None: no valid slot).
 
     An empty slot first (in ``held``'s order); else never the slot of the newest pushed step
@@ -83,7 +89,11 @@ def slot_to_overwrite(held: Mapping[Slot, int | None], new_step: int, every: int
         if step is None:
             return slot
     steps: dict[Slot, int] = {s: int(v) for s, v in held.items() if v is not None}
-    pushed = {s: v for s, v in steps.items() if is_pushed(v, every, push_every)}
+    # ``was_pushed``: whether a held step was pushed under the cadence in force WHEN it was taken (a tax
+    # budget switches cadence; judging an older step by the new one would drop the buddy's newest replica)
+    pushed = {
+        s: v for s, v in steps.items() if (was_pushed(v) if was_pushed is not None else is_pushed(v, every, push_every))
+    }
     if pushed and len(steps) > 1:
         keep = max(pushed, key=pushed.__getitem__)
         others = {s: v for s, v in steps.items() if s != keep}

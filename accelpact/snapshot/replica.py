@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,6 +175,7 @@ class Replication:
         self._cv = threading.Condition()
         self._closed = False
         self._warned_drop = False
+        self._push_cpu: deque[float] = deque(maxlen=16)  # the sender's CPU per push (the tax budget's measure)
         self._thread = threading.Thread(target=self._push_loop, name=f"accelpact-push-r{rank}", daemon=True)
         if start:
             self.start()
@@ -218,6 +221,11 @@ class Replication:
                 while self._finished < mine and not self._closed and self._thread.is_alive():
                     self._cv.wait()
 
+    def push_cpu_s(self) -> float | None:
+        """The median CPU seconds of this rank's newest pushes (the sender's side); None before the first."""
+        done = list(self._push_cpu)
+        return statistics.median(done) if done else None
+
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every queued slot was pushed or dropped; False at the timeout."""
         deadline = time.monotonic() + timeout_s
@@ -239,9 +247,11 @@ class Replication:
                 slot_dir, marker = self._pending
                 self._pending, self._busy = None, True
                 taken = self._queued  # this slot and every one it superseded
+            c0 = time.thread_time()
             try:
                 self._push_with_retries(slot_dir, marker)
             finally:
+                self._push_cpu.append(time.thread_time() - c0)
                 with self._cv:
                     self._busy = False
                     self._finished = taken

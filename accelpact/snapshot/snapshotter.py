@@ -34,6 +34,7 @@ from accelpact.snapshot.push_rule import check_push_every, is_pushed, slot_to_ov
 from accelpact.snapshot.sizing import check_room, snapshot_nbytes
 from accelpact.snapshot.slots import SnapshotError, SnapshotMissingError, invalidate
 from accelpact.snapshot.state import capture_meta, check_supported, entries, param_names, signature
+from accelpact.snapshot.tax_budget import TaxBudget
 from accelpact.snapshot.writer import CopyJob, CopyPlan, PayloadMaps
 
 __all__ = ["SnapshotConfig", "Snapshotter"]
@@ -54,6 +55,11 @@ class SnapshotConfig:
     each push is acknowledged before the next vote (``Replication(confirm=True)``); with asynchronous
     pushes (the default), at most that many when the lost rank's newest pushed snapshot had reached
     its buddy, else the heal finds no common step and fails loudly (docs/snapshots.md, "push_every").
+
+    ``max_tax``: a budget for protection's cost as a fraction of a step (e.g. 0.03). ``every`` and
+    ``push_every`` are then the warm-up cadence; after ``tax_warmup`` steps the ranks agree on the densest
+    cadence whose measured cost fits, with at most ``max_bound`` steps replayed after a host loss
+    (:mod:`accelpact.snapshot.tax_budget`; docs/snapshots.md, "A tax budget"). None: a fixed cadence.
     """
 
     root: str = ""
@@ -62,6 +68,9 @@ class SnapshotConfig:
     ranks_sharing_root: int | None = None
     pause_mid_copy_s: float = 0.0
     push_every: int = 1
+    max_tax: float | None = None
+    max_bound: int = 16
+    tax_warmup: int = 8
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -72,6 +81,18 @@ class SnapshotConfig:
             check_push_every(self.push_every)
         except ValueError as exc:
             raise ValueError(f"SnapshotConfig.{exc}") from None
+        if self.max_tax is not None and not 0 < self.max_tax < 1:
+            raise ValueError(
+                f"SnapshotConfig.max_tax={self.max_tax}: give the budget as a fraction of a step (e.g. 0.03 for "
+                "3%), or None for a fixed cadence"
+            )
+        if self.max_tax is not None and self.max_bound < self.every * self.push_every:
+            raise ValueError(
+                f"SnapshotConfig.max_bound={self.max_bound} is below the warm-up cadence's replay bound "
+                f"every*push_every={self.every * self.push_every}: raise max_bound or lower every/push_every"
+            )
+        if self.tax_warmup < 1:
+            raise ValueError(f"SnapshotConfig.tax_warmup={self.tax_warmup}: measure at least 1 step (e.g. 8)")
 
     def sharing(self) -> int:
         if self.ranks_sharing_root is not None:
@@ -122,12 +143,50 @@ class Snapshotter:
         self.snapshots = 0
         self.last_copy_s = 0.0
         self.last_seal_s = 0.0
+        cfg = self.config
+        owner = getattr(on_complete, "__self__", None)  # a Replication: its pusher thread's CPU per push
+        self.budget = (
+            TaxBudget(
+                cfg.max_tax,
+                cfg.max_bound,
+                cfg.tax_warmup,
+                (cfg.every, cfg.push_every),
+                self.rank,
+                self.world_size,
+                getattr(owner, "push_cpu_s", None) if on_complete is not None else None,
+            )
+            if cfg.max_tax is not None
+            else None
+        )
+
+    def cadence(self, step: int) -> tuple[int, int]:
+        """(every, push_every) in force for ``step``: the configured one, or the tax budget's."""
+        return self.budget.at(step) if self.budget is not None else (self.config.every, self.config.push_every)
+
+    def push_gap(self, step: int) -> int:
+        """Steps between the pushed step ``step`` and the pushed one before it (a replacement's guess of
+        the older replica its buddy holds; with a tax budget, the job's recorded cadence is looked up)."""
+        if self.budget is not None:
+            self.budget.learn()
+        every, push_every = self.cadence(step - 1)
+        return every * push_every
+
+    def attach_control(self, control: Any) -> None:
+        """The guard hands over its control client: the tax budget agrees on the cadence through it."""
+        if self.budget is not None:
+            self.budget.control = control
 
     # -- the guard's two calls ---------------------------------------------------------------------
 
     def after_commit(self, step: int) -> None:
         """Start the snapshot of committed step ``step`` (the guard calls it right after zero_grad)."""
-        if self._closed or step % self.config.every:
+        if self._closed:
+            return
+        if self.budget is not None:
+            gen = int(self.generation()) if self.generation is not None else 0
+            self.budget.on_commit(step, time.perf_counter(), gen)
+        every, push_every = self.cadence(step)
+        if step % every:
             return
         self._finish(block_counts=True)  # the previous snapshot's seal and push, if still running
         slot = self._target_slot(step)
@@ -135,7 +194,7 @@ class Snapshotter:
         extra = self.extra_state() if self.extra_state is not None else None
         meta = capture_meta(self.model, self.optimizer, step, index, extra, names, index_json)
         gen = int(self.generation()) if self.generation is not None else 0
-        push = is_pushed(step, self.config.every, self.config.push_every)
+        push = is_pushed(step, every, push_every)
         job = CopyJob(
             slot=slot,
             plan=plan,
@@ -225,6 +284,8 @@ class Snapshotter:
             step=step,
         )
         self.drop_newer_than(step)
+        if self.budget is not None:
+            self.budget.restored()
         return extra
 
     def drop_newer_than(self, step: int) -> None:
@@ -285,7 +346,7 @@ class Snapshotter:
                 for dd, m in own_slots(self.root, self.job_token, self.rank, self.world_size, verify=False, slots=(s,))
             ]
             held[d] = steps[0] if steps else None
-        return slot_to_overwrite(held, step, self.config.every, self.config.push_every)
+        return slot_to_overwrite(held, step, *self.cadence(step), was_pushed=lambda s: is_pushed(s, *self.cadence(s)))
 
     def _finish(self, block_counts: bool) -> None:
         job, thread = self._job, self._thread
@@ -307,3 +368,5 @@ class Snapshotter:
             ) from job.error
         self.snapshots += 1
         self.last_copy_s, self.last_seal_s = job.copy_s, job.seal_s
+        if self.budget is not None:
+            self.budget.on_snapshot(job.cpu_s)

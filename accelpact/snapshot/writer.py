@@ -151,6 +151,7 @@ class CopyJob:
     error: BaseException | None = None
     copy_s: float = 0.0
     seal_s: float = 0.0
+    cpu_s: float = 0.0  # this thread's CPU for the copy and the seal (the tax budget's measurement)
     marker: Marker | None = None
     cuda_event: Any = None  # the side stream's "copy finished" event (GPU only)
     _staging: torch.Tensor | None = None
@@ -177,6 +178,7 @@ class CopyJob:
 
     def run(self, maps: PayloadMaps) -> None:
         """Both phases; errors are kept for the caller (raised at its next call), never lost."""
+        c0 = time.thread_time()
         try:
             t0 = time.perf_counter()
             invalidate(self.slot)  # the slot stops existing before its first byte changes
@@ -204,6 +206,7 @@ class CopyJob:
                 t1 = time.perf_counter()
                 self._seal(payload)
                 self.seal_s = time.perf_counter() - t1
+                self.cpu_s = time.thread_time() - c0
                 if self.on_complete is not None:
                     self.on_complete(self.slot, cast(Marker, self.marker).to_dict())  # _seal set it
             except BaseException as exc:  # noqa: BLE001

@@ -27,7 +27,7 @@ EXAMPLE = ROOT / "examples" / "train_heal.py"
 STEPS, K = 9, 2
 
 
-def launch(run: Path, port: int, script_args: list[str]) -> list[subprocess.Popen]:
+def launch(run: Path, port: int, script_args: list[str], steps: int = STEPS) -> list[subprocess.Popen]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("ACCELPACT_CONTROL_ADDR", "ACCELPACT_JOB_TOKEN", "ACCELPACT_SNAPSHOT_TOKEN"):
         env.pop(var, None)
@@ -56,7 +56,7 @@ def launch(run: Path, port: int, script_args: list[str]) -> list[subprocess.Pope
                 str(run / "shm" / "node%n"),
                 str(EXAMPLE),
                 "--steps",
-                str(STEPS),
+                str(steps),
                 "--out",
                 str(run / "out"),
                 *script_args,
