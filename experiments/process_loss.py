@@ -107,6 +107,9 @@ def common(plan: Plan, scratch: Path) -> list[str]:
         "checkpoint=sync",
         f"checkpoint.interval={plan.interval}",
         f"train.steps={plan.steps}",
+        # Snapshot every step, always (a heal replays at most the step in flight), as the committed runs
+        # did: the heal's default tax budget would pick a sparser cadence after its 8-step warm-up.
+        "strategy.snapshot.max_tax=null",
         "progress=false",
         f"index_path={scratch / 'index.csv'}",
     ]

@@ -163,6 +163,12 @@ class SnapshotSettings:
     # (Replication(confirm=True)), which is what makes that bound hold when a push lags.
     confirm_push: bool = False
     pause_mid_copy_s: float = 0.0  # fault-injection tests only: each copy sleeps this long halfway
+    # A budget for the protection's cost, a fraction of a step: every/push_every are then the warm-up's, and
+    # after tax_warmup steps the ranks agree on the densest cadence that fits, replaying at most max_bound
+    # steps after a host loss (accelpact.snapshot.tax_budget; docs/snapshots.md). None: a fixed cadence.
+    max_tax: Optional[float] = None
+    max_bound: int = 16
+    tax_warmup: int = 8
 
 
 @dataclass

@@ -269,6 +269,10 @@ class Snapshots(Event):
     own_shm_bytes: int = 0
     replica_shm_bytes: int = 0  # the replicas this rank's host held for others
     replication: Mapping[str, Any] = field(default_factory=dict)
+    # The tax budget's cadence (strategy.snapshot.max_tax): "every,push_every,from_step,warm_every,warm_push_every",
+    # and what the rank measured and chose ({} without a budget, or before its decision step)
+    cadence: str = ""
+    cadence_decision: Mapping[str, Any] = field(default_factory=dict)
 
 
 KINDS: dict[str, type[Event]] = {

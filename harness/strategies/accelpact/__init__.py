@@ -283,6 +283,7 @@ class AccelPactStep(Strategy):
                 from accelpact.snapshot import used_bytes
 
                 rep = self.replication.stats() if self.replication is not None else {}
+                budget = self.snapshots.budget
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0
                 self.ctx.events.emit(
                     events.Snapshots,
@@ -292,6 +293,8 @@ class AccelPactStep(Strategy):
                     own_shm_bytes=used_bytes(self.snapshots.dir),
                     replica_shm_bytes=held,
                     replication=rep,
+                    cadence=budget.schedule.to_text() if budget is not None and budget.schedule is not None else "",
+                    cadence_decision=dict(budget.decision or {}) if budget is not None else {},
                 )
                 self.snapshots.close(remove=True)  # a clean exit leaves no snapshot behind
             if self.replication is not None:
