@@ -110,10 +110,14 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
 
 
 def _export(rev: str) -> Path:
-    """accelpact as committed at ``rev``, in a temp dir (git archive: the checkout is not touched)."""
+    """accelpact as committed at ``rev``, with this benchmark's rank side and the workloads it drives (they
+    use accelpact's API of their time), in a temp dir (git archive: the checkout is not touched). The export
+    comes first on the ranks' path, so a "before" rank imports nothing of the working tree."""
     dest = Path(tempfile.mkdtemp(prefix="bench_before_"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "accelpact"], check=True, capture_output=True
+        ["git", "-C", str(ROOT), "archive", rev, "accelpact", "harness", "benchmarks", "experiments"],
+        check=True,
+        capture_output=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
