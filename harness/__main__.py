@@ -21,8 +21,8 @@ from omegaconf import DictConfig
 
 from harness.app import capabilities
 from harness.app.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_schemas, to_run_config
-from harness.app.machine import probe
 from harness.app.validate import ConfigError, validate
+from harness.machine import probe
 from harness.plugins import load_plugins
 from harness.schema import Device
 

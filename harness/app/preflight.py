@@ -15,9 +15,9 @@ from enum import Enum
 
 from harness.app import capabilities
 from harness.app.config import GROUPS, compose, default_option, group_options, load_catalogue, to_run_config
-from harness.app.machine import probe
-from harness.app.memory_plan import MemoryPlan
 from harness.app.validate import Catalogue, ConfigError, validate
+from harness.machine import probe
+from harness.parent.memory_plan import MemoryPlan
 from harness.schema import Device
 
 # Command-line switches after which there is nothing to run (help, printing the config, ...).

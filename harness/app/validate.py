@@ -1,7 +1,7 @@
 """Validation of a typed RunConfig against this machine: one readable line per problem, with the fix.
 
 Everything here runs before a run directory or a process exists, so a rejected config leaves nothing
-behind. The rules take the machine as data (``harness.app.machine.Machine``) so they are unit-testable.
+behind. The rules take the machine as data (``harness.machine.Machine``) so they are unit-testable.
 
 When the requested cluster or model cannot run here, the error names the exact command that runs
 the same protocol (same strategy, fault, checkpoint schedule) at a size that fits: a cluster this
@@ -15,8 +15,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harness.app.machine import RANKS_PER_CORE, GiB, Machine
-from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
+from harness.machine import RANKS_PER_CORE, GiB, Machine
+from harness.parent.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
 from harness.schema import (
     ClusterConfig,
     ConfigError,

@@ -87,7 +87,7 @@ class RankFaults:
         return cls(cfg, rank, run_dir, events, exclude_ports)
 
     def install(self, model: Any) -> None:
-        from harness.rank.models import decoder_layers
+        from harness.models import decoder_layers
 
         layers = decoder_layers(model)
         self.injector.install(model, layers[len(layers) // 2])

@@ -41,8 +41,8 @@ from accelpact.run import enter_netns, fork_one, reap, serve, thread_count  # no
 
 def preload(spec_path: str) -> None:
     """Import everything a replacement imports before it arrives, and build the meta model once."""
+    from harness.contract import read_spec
     from harness.plugins import load_plugins
-    from harness.rank.worker import read_spec
 
     _, cfg = read_spec(spec_path)
     load_plugins()
@@ -51,7 +51,7 @@ def preload(spec_path: str) -> None:
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401
     from harness import strategies
-    from harness.rank.models import meta_model
+    from harness.models import meta_model
 
     spec = strategies.get(cfg.strategy.name)
     for entry in (spec.rejoin, spec.rank_entry):

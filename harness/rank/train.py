@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 
 from harness import strategies
+from harness.contract import RankEnv
 from harness.events import EventLog, Restart, Step
+from harness.models import build_model
 from harness.rank import identity
 from harness.rank.data import make_batch
-from harness.rank.env import RankEnv
 from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
-from harness.rank.models import build_model
 from harness.schema import Device, Precision, RunConfig
 from harness.strategies.base import Rewind, Strategy, TrainContext
 
@@ -76,7 +76,7 @@ def mixed_precision_policy(cfg: RunConfig) -> Any:
 
 def set_cpu_threads(world_size_on_host: int) -> None:
     """Split the cores between the ranks of this host: oversubscribed intra-op threads thrash."""
-    from harness.app.machine import usable_cores
+    from harness.machine import usable_cores
 
     cores = usable_cores()
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))

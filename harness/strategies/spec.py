@@ -89,7 +89,7 @@ class StrategySpec:
     check: Check | None = None
     replace_dead: ReplacePolicy | None = None
     # "module:function" called as fn(cfg, env) INSTEAD of building the default process group in a
-    # replacement process (harness.rank.env REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
+    # replacement process (harness.contract REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
     rejoin: str | None = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)

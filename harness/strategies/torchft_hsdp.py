@@ -25,7 +25,7 @@ after ``heartbeat_timeout_ms``, the others go on alone, the restarted group heal
 ``hang`` (a stopped group's peers time out after ``timeout_s`` and go on; the group rejoins and heals) and
 ``host_loss`` (as ``kill``, for every group with a rank on the lost host). With the ranks in network
 namespaces the Lighthouse runs in the bridge namespace on the control network
-(``harness.parent.server_home``), and each group's store and Manager server listen on local rank 0's
+(``harness.server_home``), and each group's store and Manager server listen on local rank 0's
 control-network address (``torchft_rank.group_store_host``): nothing a rank dials is at the parent's 127.0.0.1.
 
 Events: ``recovery`` (decision ``retry``) for every discarded attempt, ``heal`` for every heal (role

@@ -6,7 +6,7 @@ same flags, and prints one JSON line with the address it bound, so the parent ca
 port to the ranks (the console script only logs it). It dies with the parent (PR_SET_PDEATHSIG), so a
 killed parent leaves no Lighthouse behind, and it exits on SIGTERM / SIGINT / SIGHUP.
 
-Where it runs is ``harness.parent.server_home``'s decision, as for NVRx's store: in the parent's network
+Where it runs is ``harness.server_home``'s decision, as for NVRx's store: in the parent's network
 namespace on ``cluster.master_addr`` when the ranks run there, else in the topology's bridge namespace on
 the control network's bridge address (``netns=``), which every host reaches over its never-faulted
 control link; a lost host's ranks lose only their own connections to it.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.parent.server_home import ServerHome
+from harness.server_home import ServerHome
 
 READY_TIMEOUT_S = 60.0
 

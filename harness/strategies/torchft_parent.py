@@ -6,7 +6,7 @@ workers and starts the whole group again, while the other groups go on. ``Torchf
 
 - it starts the Lighthouse process (``harness.strategies.torchft_lighthouse``) before the ranks and
   hands its address to every rank as ``TORCHFT_LIGHTHOUSE``; it runs where every rank reaches it
-  (``harness.parent.server_home``: the parent's namespace, or the bridge namespace on the control
+  (``harness.server_home``: the parent's namespace, or the bridge namespace on the control
   network when the ranks run in network namespaces), so a lost host takes only its own ranks down;
 - it is the launcher's ``replace_dead`` policy: a failed rank's whole replica group is restarted (its
   still-running members are SIGKILLed, as torchrun's agent stops them) within
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.parent.server_home import server_home
+from harness.server_home import server_home
 from harness.strategies.torchft_lighthouse import Lighthouse
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"

@@ -196,8 +196,8 @@ def test_plugin_strategy_runs_through_the_scale_simulator():
 
 
 def test_plugin_backend_is_validated_like_a_built_in_one():
-    from harness.app.machine import probe
     from harness.app.validate import cluster_problem
+    from harness.machine import probe
     from harness.schema import RunConfig
 
     run = RunConfig()

@@ -19,10 +19,10 @@ import sys
 import pytest
 from harness_test_helpers import TINY, harness_env
 
-from harness.app.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 from harness.app.validate import ConfigError, check_values
-from harness.rank.env import RankEnv
+from harness.contract import RankEnv
 from harness.schema import ClusterConfig, Device, RankLaunch, RunConfig
+from harness.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 
 SLURM = ClusterConfig(
     name="slurm", backend="gloo", device=Device.cpu, world_size=4, nodes=2, launch=RankLaunch.srun, master_addr="auto"

@@ -241,7 +241,7 @@ def test_validation_names_the_fix():
     check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
     with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):
         check_runnable(_run(2, 2))  # one group: nothing to fall back on
-    # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.parent.server_home).
+    # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.server_home).
     check_runnable(_run(2, 1, "host_loss"))
     check_runnable(_run(4, 2, "host_loss", hosts=2))  # host 0 holds group 0 only
     check_runnable(_run(4, 1, "tcp_reset", hosts=2))
@@ -267,7 +267,7 @@ def test_the_ranks_a_fault_kills_and_the_groups_it_leaves():
 
 
 def test_strategy_servers_run_in_the_bridge_namespace_when_the_ranks_run_in_namespaces():
-    from harness.parent.server_home import ServerHome, server_home
+    from harness.server_home import ServerHome, server_home
 
     run = SimpleNamespace(cluster=SimpleNamespace(master_addr="127.0.0.1"))
     home = server_home(run, SimpleNamespace(store_netns="ap123456-br", control_host="10.2.255.254"))

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.rank.env import RankEnv
+    from harness.contract import RankEnv
     from harness.schema import RunConfig
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
@@ -80,7 +80,7 @@ def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     import accelpact
     import accelpact.snapshot
     from accelpact.control import ControlChannel
-    from harness.rank.models import meta_model
+    from harness.models import meta_model
 
     how = _injected_death(env.replacement)
     if how in ("import", "exit"):

@@ -3,7 +3,7 @@
 The harness parent hosts it, not NVRx's rank 0 (whose death would otherwise take every rank's restart
 with it); NVRx's rank 0 then connects as a client. ``StoreHome.renew()`` hosts a fresh store per
 incarnation, since NVRx keys the store by its own iteration number, which restarts at 0. Two homes
-(``harness.parent.server_home`` decides, as for every strategy server):
+(``harness.server_home`` decides, as for every strategy server):
 
 - ``ParentStores``: ranks in the parent's network namespace; a TCPStore in the parent itself.
 - ``NamespaceStores``: ranks in network namespaces; one server process in the bridge namespace
@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.parent.server_home import ServerHome, server_home
+from harness.server_home import ServerHome, server_home
 
 __all__ = ["StoreHome", "ParentStores", "NamespaceStores", "store_home"]
 
@@ -136,7 +136,7 @@ class NamespaceStores:
 
 
 def store_home(run: Any, launcher: Any) -> StoreHome:
-    """Where this run's NVRx stores live (``harness.parent.server_home``): a server process in the
+    """Where this run's NVRx stores live (``harness.server_home``): a server process in the
     launcher's namespace for servers when its ranks run in network namespaces, else the parent itself."""
     home = server_home(run, launcher)
     if home.netns:
