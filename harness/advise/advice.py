@@ -3,7 +3,7 @@ and a long harness run (a seeded fault trace) takes its settings from it.
 
 ``advise(cluster, mix, platform)`` is what ``python -m harness.advise`` computes. ``advise_for_trace(trace,
 step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this harness under a trace from
-``harness.faults.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
+``harness.advise.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
 ``cpu_here`` cost model): each strategy's disk interval in steps and the heal's cadence.
 """
 
@@ -21,7 +21,7 @@ from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureC
 from harness.scale.project import Projection, project
 
 if TYPE_CHECKING:
-    from harness.faults.trace import Trace
+    from harness.advise.trace import Trace
 
 __all__ = [
     "TORCHFT_QUORUM_S",
@@ -166,7 +166,7 @@ def advise_for_trace(
     platform: Platform | None = None,
     strategies: Sequence[str] | None = None,
 ) -> list[TraceAdviceRow]:
-    """Settings for a harness run under ``trace`` (``harness.faults.trace.Trace``): ``trace.world_size`` ranks,
+    """Settings for a harness run under ``trace`` (``harness.advise.trace.Trace``): ``trace.world_size`` ranks,
     one per host, steps of ``step_s``, ``state_bytes`` of snapshot per rank, a disk checkpoint that blocks
     ``checkpoint_write_s``; on the ``cpu_here`` cost model (the committed calibration) unless given.
 

@@ -103,7 +103,7 @@ class Strategy(ABC):
     restores_checkpoint_at_start = True
 
     def __init__(self, ctx: TrainContext, exclude_ports: Collection[int] = ()) -> None:
-        from harness.faults.rank_side import RankFaults
+        from harness.rank.faults import RankFaults
 
         self.ctx = ctx
         self._replay_until = committed_before(ctx.run_dir, ctx.rank)

@@ -21,25 +21,17 @@ import json
 import os
 import time
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from harness.events import EventLog, Fault
 from harness.faults import registry
+from harness.faults.handshake import ack_path, request_path
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
 from harness.schema import RunConfig
 
 # How long a rank waits for the parent to act on its request before it gives up and continues.
 ACK_TIMEOUT_S = 60.0
 _ACK_POLL_S = 0.002
-
-
-def request_path(run_dir: str | os.PathLike[str], index: int, rank: int) -> Path:
-    return Path(run_dir) / "faults" / f"request_{index}_rank{rank}.json"
-
-
-def ack_path(run_dir: str | os.PathLike[str], index: int, rank: int) -> Path:
-    return Path(run_dir) / "faults" / f"ack_{index}_rank{rank}"
 
 
 # Fault points after a step committed, in the loop's own collectives (harness.strategies.base).
