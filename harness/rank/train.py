@@ -15,11 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness import strategies
+from harness import identity, strategies
 from harness.contract import RankEnv
 from harness.events import EventLog, Restart, Step
 from harness.models import build_model
-from harness.rank import identity
 from harness.rank.data import make_batch
 from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
 from harness.schema import Device, Precision, RunConfig

@@ -32,7 +32,7 @@ from typing import Any
 
 from harness import strategies
 from harness.faults import registry as faults
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 from harness.report.goodput import load_report
 from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness.report.table import RunSummary, cell, comparison_table, format_table

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import events as ev
-from harness.rank import identity
+from harness import identity
 from harness.report.gitinfo import git_state
 from harness.schema import RunConfig
 

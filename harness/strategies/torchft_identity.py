@@ -2,7 +2,7 @@
 
 The reference (``strategy=none``) shards every tensor with FSDP2 over its mesh: the whole world, or under
 HSDP (``cluster.replicate``) the ranks of one replica; its identity records hold each rank's shard hashes
-(``harness.rank.identity``). A torchft replica group holds a full replica (sharded over the group's own
+(``harness.identity``). A torchft replica group holds a full replica (sharded over the group's own
 ranks only), so with another cut its shards are not those of the reference. To make the bit-for-bit
 comparison meaningful, each rank gathers the group's full tensors and hashes them cut the way FSDP2 cuts
 them on the reference's mesh (``torch.chunk`` on dim 0 over its shard dimension, missing chunks empty),
@@ -36,7 +36,7 @@ def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int
 
     import torch.distributed as dist
 
-    from harness.rank.identity import full_state_hash, tensor_digest
+    from harness.identity import full_state_hash, tensor_digest
 
     world = reference.replicate * reference.shard
     per_rank: list[dict[str, str]] = [{} for _ in range(world)]

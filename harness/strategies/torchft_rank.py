@@ -26,8 +26,8 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
     import torch.distributed as dist
 
+    from harness import identity
     from harness.events import EventLog
-    from harness.rank import identity
     from harness.rank.train import (
         TrainResult,
         build_context,

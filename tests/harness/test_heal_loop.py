@@ -27,7 +27,7 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 from test_heal import _check_heal, _losses
 
 from harness.events import read_events
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 STEPS = 8
 # Saves and evaluations after steps 2 and 5 (none after 7: a kill after the last vote meets guard.finish);

@@ -23,7 +23,7 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.faults import registry
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8

@@ -115,7 +115,7 @@ def test_host_loss_and_a_data_link_reset_under_nvrx_end_bit_identical(tmp_path):
     from harness.events import read_events
     from harness.faults.addressing import BRIDGE_HOST
     from harness.faults.netns import list_prefixes
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     before = set(list_prefixes())
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "host_loss"

@@ -122,7 +122,7 @@ def cancel_jobs(tmp_path):
 @pytest.mark.timeout(700)  # a queued job, a reference through srun and the job itself: ~100 s here
 @pytest.mark.skipif(not _UP, reason=_WHY)
 def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path, cancel_jobs):
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     sweep = tmp_path / "sweep"
     # `-m` goes first: Hydra's parser takes one run of overrides after its flags.

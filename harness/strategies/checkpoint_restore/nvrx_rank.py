@@ -20,8 +20,8 @@ __all__ = ["train_in_process"]
 
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
+    from harness import identity
     from harness.events import EventLog, Restart
-    from harness.rank import identity
     from harness.strategies.checkpoint_restore.nvrx_restart import (
         NvrxSettings,
         import_inprocess,
