@@ -34,10 +34,10 @@ def rank_main(args: argparse.Namespace) -> None:
     from harness.events import EventLog
     from harness.models import build_model
     from harness.rank.data import make_batch
+    from harness.rank.strategies.base import TrainContext
+    from harness.rank.strategies.none import PlainStep
     from harness.rank.train import run_loop, set_cpu_threads
     from harness.schema import RunConfig
-    from harness.strategies.base import TrainContext
-    from harness.strategies.none import PlainStep
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     set_cpu_threads(world)

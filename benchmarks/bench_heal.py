@@ -68,7 +68,7 @@ import json, sys, time
 t = [("interpreter up", time.perf_counter())]
 import torch, torch.distributed
 t.append(("import torch, torch.distributed", time.perf_counter()))
-import harness.rank.train, harness.strategies.accelpact
+import harness.rank.train, harness.rank.strategies.accelpact
 t.append(("harness rank modules (FSDP, strategies)", time.perf_counter()))
 import accelpact, accelpact.snapshot
 t.append(("accelpact", time.perf_counter()))

@@ -164,7 +164,7 @@ def _start(
     if plan.control is None:
         launcher.start_control_store()
     if strategy.parent_setup is not None:
-        torn.setup = strategy.parent_setup(run, launcher)
+        torn.setup = strategies.resolve(strategy.parent_setup)(run, launcher)
     if faults.get(run.fault.kind).injects:
         torn.driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
         stack.callback(torn.driver.close)

@@ -34,7 +34,7 @@ ACK_TIMEOUT_S = 60.0
 _ACK_POLL_S = 0.002
 
 
-# Fault points after a step committed, in the loop's own collectives (harness.strategies.base).
+# Fault points after a step committed, in the loop's own collectives (harness.rank.strategies.base).
 BETWEEN_STEPS = ("eval", "checkpoint_save")
 
 

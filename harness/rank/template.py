@@ -57,7 +57,7 @@ def preload(spec_path: str) -> None:
     for entry in (spec.rejoin, spec.rank_entry):
         if entry:
             __import__(entry.split(":")[0])
-    strategies.rank_class(cfg.strategy.name)
+    strategies.resolve(spec.rank_class)
     meta_model(cfg.model)  # transformers' model class and everything it imports lazily
 
 

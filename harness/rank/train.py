@@ -21,8 +21,9 @@ from harness.events import EventLog, Restart, Step
 from harness.models import build_model
 from harness.rank.data import make_batch
 from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
+from harness.rank.strategies.base import Rewind, Strategy, TrainContext
 from harness.schema import Device, Precision, RunConfig
-from harness.strategies.base import Rewind, Strategy, TrainContext
+from harness.strategies.spec import resolve
 
 
 @dataclass
@@ -186,24 +187,19 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
     spec = strategies.get(cfg.strategy.name)
     if spec.rank_entry is not None:
         # The strategy owns the process groups from the start (NVRx in-process restart): its own life.
-        import importlib
-
-        module_name, fn_name = spec.rank_entry.split(":")
-        return getattr(importlib.import_module(module_name), fn_name)(cfg, env, run_dir)
+        return resolve(spec.rank_entry)(cfg, env, run_dir)
     with EventLog(run_dir, env.rank) as events:
         control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
         rejoin = None
         if env.replacement and spec.rejoin is not None:
             # A replacement joins the running job's next generation instead of a fresh rendezvous.
-            import importlib
-
-            module_name, fn_name = spec.rejoin.split(":")
-            rejoin = getattr(importlib.import_module(module_name), fn_name)(cfg, env)
+            rejoin = resolve(spec.rejoin)(cfg, env)
         else:
             init_data_plane(cfg, env, control_store)
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
-            strategy = strategies.rank_class(cfg.strategy.name)(ctx)
+            strategy_class: type[Strategy] = resolve(spec.rank_class)
+            strategy = strategy_class(ctx)
             events.emit(
                 Restart,
                 t_launch=env.t_launch,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.strategies.torchft_parent import groups_untouched, ranks_lost
+from harness.strategies.torchft_layout import groups_untouched, ranks_lost
 from harness.strategies.torchft_report import TORCHFT_VERSION
 
 

@@ -162,7 +162,7 @@ def test_a_replacement_resumes_the_lr_schedule_from_extra_state(loop_reference):
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_a_second_death_after_the_recheck_is_found_by_the_roll_call(loop_reference):
-    from harness.strategies.accelpact.heal import DIE_AT_HEAL_PLAN
+    from harness.rank.strategies.heal import DIE_AT_HEAL_PLAN
 
     # Rank 1 is killed at step 5's vote; survivor rank 2 dies once every replacement arrived, after the
     # survivors' recheck of notices (the guard's heal_plan phase). Rank 0's roll call sees rank 2's notice

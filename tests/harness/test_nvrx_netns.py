@@ -75,7 +75,7 @@ def _client(topo, rank: int, addr: tuple[str, int], op: str, *control: int) -> s
 @pytest.mark.skipif(not _OK, reason=_WHY)
 def test_namespaced_ranks_reach_nvrx_store_in_the_bridge_namespace_not_at_the_parents_loopback():
     from harness.faults.netns import NetnsTopology, leftovers
-    from harness.strategies.checkpoint_restore.nvrx_store import NamespaceStores, ParentStores, store_home
+    from harness.parent.strategies.nvrx_store import NamespaceStores, ParentStores, store_home
 
     with NetnsTopology(world_size=2, store_server=False) as topo:  # no control store: one torch start less
         # What harness.parent.run gives the launcher for namespaced ranks: the control store's host.

@@ -31,8 +31,8 @@ from accelpact.backends import GlooBackend
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.registry import FaultSpec
+from harness.rank.strategies.base import Strategy, forward_backward
 from harness.scale.config import Cluster, Outcome
-from harness.strategies.base import Strategy, forward_backward
 from harness.strategies.spec import Simulation, StrategySpec
 
 HERE = Path(__file__).resolve().parent

@@ -90,7 +90,7 @@ def test_identity_cli(runs):
 
 def test_rank_processes_never_import_hydra():
     code = (
-        "import sys, harness.rank.worker, harness.rank.train, harness.strategies.none, harness.identity, harness.models;"
+        "import sys, harness.rank.worker, harness.rank.train, harness.rank.strategies.none, harness.identity, harness.models;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf'));"
         "assert not bad, bad"
     )

@@ -3,7 +3,7 @@
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the
 checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one, built on an
-explicit store prefix per control generation (harness.strategies.accelpact.heal.side_group).
+explicit store prefix per control generation (harness.rank.strategies.heal.side_group).
 
 A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
 default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
@@ -23,29 +23,23 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from harness import events
-from harness.strategies.accelpact.heal import (
-    EXIT_FALLBACK,
-    check_heal,
+from harness.rank.strategies.base import Rewind, Strategy, TrainContext, forward_backward
+from harness.rank.strategies.heal import (
     control_deadline,
     die_at_heal_plan,
-    replace_on_kill,
     restore_extra_state,
     resume_from_snapshots,
     side_group,
     snapshots_and_policy,
 )
-from harness.strategies.base import Rewind, Strategy, TrainContext, forward_backward
-from harness.strategies.spec import Simulation, StrategySpec
+from harness.strategies.accelpact import EXIT_FALLBACK
 
 if TYPE_CHECKING:
     import torch
-
-__all__ = ["AccelPactStep", "EXIT_FALLBACK", "relaunch_on_fallback", "relaunch_from_snapshots", "SPEC"]
 
 
 class AccelPactStep(Strategy):
@@ -309,72 +303,3 @@ def _stall_timeout(value: float | None) -> float | None | str:
     if value is None:
         return "auto"
     return value or None
-
-
-def relaunch_on_fallback(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
-    """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
-    memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
-    why = _fallen(exit_codes)
-    return None if why is None else "fallback to checkpoint restore: " + why
-
-
-def _fallen(exit_codes: Mapping[int, int | None]) -> str | None:
-    """Which ranks were killed by a signal or gave up on in-memory recovery (None: neither, no relaunch)."""
-    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
-    fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
-    killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
-    if not (fell_back or killed):
-        return None
-    parts = []
-    if killed:
-        parts.append(f"rank(s) {killed} killed by a signal")
-    if fell_back:
-        parts.append(f"rank(s) {fell_back} could not recover in memory")
-    return ", ".join(parts)
-
-
-def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
-    """``accelpact_heal``'s policy: relaunch every rank when :func:`relaunch_on_fallback` would, and say where
-    the relaunched ranks resume: from the snapshots they all hold (``AccelPactStep._resume_relaunched``; a
-    ``fallback`` event says so if they must read the disk after all). A whole-job crash (every rank killed
-    by a signal, none gave up on its own) is a group restart, not a fallback."""
-    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
-    if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
-        return (
-            f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
-            "from the newest snapshot every rank holds in shared memory"
-        )
-    why = _fallen(exit_codes)
-    return (
-        None
-        if why is None
-        else (
-            "fallback to a relaunch of every rank, resumed from the newest snapshot every "
-            "rank holds (the checkpoint if they hold no agreeing set): " + why
-        )
-    )
-
-
-SPEC = StrategySpec(
-    name="accelpact",
-    rank_class="harness.strategies.accelpact:AccelPactStep",
-    description="in-memory recovery: agree out of band, new process group, rebind FSDP's references, continue",
-    label="AccelPact",
-    color="tab:green",
-    order=1,
-    relaunch=relaunch_on_fallback,
-    replace_dead=replace_on_kill,
-    check=check_heal,
-    rejoin="harness.strategies.accelpact.heal:rejoin_job",
-    # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
-    # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
-    # survivor still waiting then is killed, which the relaunch policy treats the same way.
-    settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
-    recovers_in_memory=True,
-    simulation=Simulation(
-        "harness.scale.outcomes:rebind_or_fall_back_to_disk",
-        "AccelPact rebinding, disk fallback",
-        synchronous=True,
-        calibration_rollback="step",
-    ),
-)

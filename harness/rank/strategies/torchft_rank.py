@@ -2,9 +2,8 @@
 process group, the model sharded over the group, torchft's Manager, the harness's loop, and the identity in
 the reference's layout.
 
-Its own module, named only by the spec's ``rank_entry`` string: it uses the harness's rank loop
-(harness.rank.train), which imports the strategy registry, which imports harness.strategies.torchft_hsdp;
-kept apart, no import cycle closes.
+Named only by the spec's ``rank_entry`` string, so the spec (harness.strategies.torchft_hsdp, the common
+layer) never imports the rank side.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 from harness.rank.mesh import mesh_layout
-from harness.strategies.torchft_hsdp import TorchftHsdp
-from harness.strategies.torchft_parent import GroupLayout, gen_key, group_store_key
+from harness.rank.strategies.torchft_hsdp import TorchftHsdp
+from harness.strategies.torchft_layout import GroupLayout, gen_key, group_store_key
 
 __all__ = ["train_replica"]
 
@@ -28,6 +27,7 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
 
     from harness import identity
     from harness.events import EventLog
+    from harness.rank.strategies.torchft_identity import replica_identity
     from harness.rank.train import (
         TrainResult,
         build_context,
@@ -35,7 +35,6 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
         exit_without_static_destructors,
         run_loop,
     )
-    from harness.strategies.torchft_identity import replica_identity
 
     st = cfg.strategy.torchft
     layout = GroupLayout(env.rank, env.world_size, st.group_size)

@@ -1,6 +1,6 @@
 """torchft's Lighthouse as the harness parent runs it: one process per job, started before the ranks.
 
-``python -m harness.strategies.torchft_lighthouse --bind HOST:0 ...`` runs the same Rust server that
+``python -m harness.parent.strategies.torchft_lighthouse --bind HOST:0 ...`` runs the same Rust server that
 torchft's ``torchft_lighthouse`` console script runs (``torchft._torchft.LighthouseServer``), with the
 same flags, and prints one JSON line with the address it bound, so the parent can pass a kernel-chosen
 port to the ranks (the console script only logs it). It dies with the parent (PR_SET_PDEATHSIG), so a
@@ -61,7 +61,7 @@ class Lighthouse:
         argv = [
             python,
             "-m",
-            "harness.strategies.torchft_lighthouse",
+            "harness.parent.strategies.torchft_lighthouse",
             "--bind",
             f"{host}:0",
             "--min_replicas",
@@ -118,7 +118,7 @@ class Lighthouse:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.strategies.torchft_lighthouse")
+    parser = argparse.ArgumentParser(prog="python -m harness.parent.strategies.torchft_lighthouse")
     parser.add_argument("--bind", required=True)
     parser.add_argument("--min_replicas", type=int, required=True)
     parser.add_argument("--join_timeout_ms", type=int, default=60000)

@@ -1,4 +1,4 @@
-"""The harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups, the parent's policy.
+"""The rank side of the harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups.
 
 - ``snapshots_and_policy``: with ``strategy.snapshot.every > 0`` every rank snapshots each k-th committed
   step into its host's shared memory (``ACCELPACT_SNAPSHOT_ROOT``) and heals a lost rank in memory;
@@ -9,8 +9,9 @@
 - ``side_group``: the checkpointer's gloo group, built on an explicit store prefix and name per control
   generation. ``dist.new_group`` names groups from c10d's counter, which differs between a survivor and
   a fresh replacement, and rendezvouses on the default group's store: the two would never meet.
-- ``replace_on_kill`` (the spec's ``replace_dead``): the parent starts a replacement for a rank killed
-  by a signal, unless a rank already gave up (then the disk fallback runs, as before).
+
+The parent's policy (``replace_on_kill``, the spec's ``replace_dead``) and ``EXIT_FALLBACK`` are the spec's
+(``harness.strategies.accelpact``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from harness.strategies.accelpact import EXIT_FALLBACK
 
 if TYPE_CHECKING:
     from harness.contract import RankEnv
     from harness.schema import RunConfig
 
-# Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
-EXIT_FALLBACK = 75
 # Fault injection for tests: the replacement with this number (HARNESS_REPLACEMENT) SIGKILLs itself in
 # the middle of its heal.
 DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
@@ -270,26 +270,3 @@ def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
         return
     scheduler.load_state_dict(extra_state["scheduler"])
     scheduler.step()
-
-
-def check_heal(run: RunConfig) -> None:
-    """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
-    themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.faults import registry
-    from harness.schema import ConfigError
-
-    st = run.strategy
-    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
-        raise ConfigError(
-            f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
-            "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
-            "which host loses a rank. Use strategy.hot_spares=0 here"
-        )
-
-
-def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
-    """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
-    signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
-    (then the disk fallback runs instead)."""
-    alive = [r for r, c in codes.items() if c is None]
-    return run.strategy.snapshot.every > 0 and code < 0 and bool(alive) and EXIT_FALLBACK not in codes.values()
