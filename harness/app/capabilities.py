@@ -11,7 +11,8 @@ from __future__ import annotations
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
-from harness.schema import LinkPlane, RankLaunch, RunConfig
+from harness.faults.schedule import ScheduleError, plan_faults
+from harness.schema import ConfigError, LinkPlane, RankLaunch, RunConfig
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
 # shorter ones: a 3 s silent outage under a 5 s timeout just stalled the collective here).
@@ -30,9 +31,6 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.faults.schedule import ScheduleError, plan_faults
-    from harness.schema import ConfigError
-
     strategy = strategies.get(run.strategy.name)
     fault = faults.get(run.fault.kind)
     try:

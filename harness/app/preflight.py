@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from collections.abc import Sequence
 from enum import Enum
 
@@ -200,8 +201,6 @@ def validate_only(argv: Sequence[str], out=None, err=None) -> int:
     Nothing is created: no Hydra run directory, no process. The same function the CLI calls, so
     tests can fuzz it in-process.
     """
-    import sys
-
     out = out or sys.stdout
     err = err or sys.stderr
     args = [a for a in argv if a != VALIDATE_ONLY_FLAG]

@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from harness import strategies
+from harness.faults import registry as faults
 from harness.machine import RANKS_PER_CORE, GiB, Machine
 from harness.parent.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
 from harness.schema import (
@@ -51,9 +53,6 @@ class Catalogue:
 
 def check_names(run: RunConfig) -> None:
     """The strategy and fault kind must be registered (``harness.strategies``, ``harness.faults.registry``)."""
-    from harness import strategies
-    from harness.faults import registry as faults
-
     for name in [run.strategy.name]:
         try:
             strategies.get(name)
@@ -73,7 +72,6 @@ def check_names(run: RunConfig) -> None:
 
 def check_compare(run: RunConfig) -> None:
     """The comparison's interval method, level, minimum effect and ``ours`` must make sense."""
-    from harness import strategies
     from harness.report.intervals import METHODS
 
     cmp = run.compare
@@ -247,8 +245,6 @@ def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) ->
 
 
 def faults_need_netns(run: RunConfig) -> bool:
-    from harness.faults import registry as faults
-
     return faults.get(run.fault.kind).needs_netns
 
 

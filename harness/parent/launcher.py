@@ -44,6 +44,7 @@ from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
 from harness.parent.template import ReplacementTemplate, TemplateUnavailable
 from harness.schema import RankLaunch, RunConfig
+from harness.slurm_env import srun_argv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
@@ -309,8 +310,6 @@ class Launcher:
         The tasks number themselves from Slurm (SLURM_PROCID ...), so the environment carries no RANK. Each
         rank's entry in ``procs`` is the one srun process: srun exits when its last task does, so a failure
         shows once every rank has ended, with srun's exit code (the worst task's)."""
-        from harness.slurm_env import srun_argv
-
         env = self.rank_environ(0, incarnation, t_launch)
         # No parent pid either: a task's parent is slurmstepd, not this process (the rank's die-with-parent
         # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.

@@ -37,20 +37,19 @@ from typing import Any
 
 # The fork server itself (pipe protocol, fork safety, reaping) is shared with accelpact.run's template.
 from accelpact.run import enter_netns, fork_one, reap, serve, thread_count  # noqa: F401
+from harness import strategies
+from harness.contract import read_spec
+from harness.plugins import load_plugins
 
 
 def preload(spec_path: str) -> None:
     """Import everything a replacement imports before it arrives, and build the meta model once."""
-    from harness.contract import read_spec
-    from harness.plugins import load_plugins
-
     _, cfg = read_spec(spec_path)
     load_plugins()
     import accelpact
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401
-    from harness import strategies
     from harness.models import meta_model
 
     spec = strategies.get(cfg.strategy.name)

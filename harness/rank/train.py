@@ -6,8 +6,10 @@ per-step work belongs to a ``Strategy``; this loop is the same for all of them. 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -169,8 +171,6 @@ def exit_without_static_destructors() -> None:
     "terminate called without an active exception" (SIGABRT) from a C++ destructor (gloo / store threads)
     during interpreter shutdown, which turned a good run into a failed one. Only registered after
     success, so a failing rank still exits with its own status."""
-    import atexit
-    import sys
 
     def _exit() -> None:
         sys.stdout.flush()

@@ -33,6 +33,7 @@ from typing import Any
 from harness import strategies
 from harness.faults import registry as faults
 from harness.identity import compare_runs
+from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
 from harness.report.goodput import load_report
 from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness.report.table import RunSummary, cell, comparison_table, format_table
@@ -124,7 +125,6 @@ def trial_rows(
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
-    from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
     from harness.report.trials import trial_of
 
     by_trial: dict[int, list[tuple[Path, dict[str, Any]]]] = {}

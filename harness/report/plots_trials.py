@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import strategies
+from harness.report import plots_compare
 from harness.report.badput_goodput import PART_NAMES
 from harness.report.plots_compare import GOODPUT_FILE, _color, _legend, _plt
 
@@ -198,8 +199,6 @@ def plot_all(
     paper_gain: dict[tuple[str, int], float] | None = None,
 ) -> list[Path]:
     """The comparison's plots; ``one_trial``: (run_dir, row) of one trial, for its timeline and breakdown."""
-    from harness.report import plots_compare
-
     baseline = max(paper_gain, key=lambda k: k[1])[0] if paper_gain else None
     # The timeline and the per-fault breakdown of one trial; the goodput plot is the one with intervals.
     others = plots_compare.plot_all(out, [], one_trial, timeline_strategy=baseline)

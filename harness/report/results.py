@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from harness import events as ev
 from harness import identity
+from harness.faults.schedule import targeted_age
 from harness.report.gitinfo import git_state
+from harness.report.goodput import compute_goodput, save_report
 from harness.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -149,9 +151,6 @@ def goodput_columns(
     ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks).
     The goodput report is computed here, once per run, and saved as ``goodput.json`` for every later
     reader (tables, plots, experiments)."""
-    from harness.faults.schedule import targeted_age
-    from harness.report.goodput import compute_goodput, save_report
-
     events = ev.load_events(run_dir) if events is None else ev.typed(events)
     report = compute_goodput(events)
     save_report(str(run_dir), report)

@@ -23,9 +23,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.events import read_events
 from harness.parent.strategies.torchft_lighthouse import Lighthouse
 from harness.server_home import server_home
 from harness.strategies.torchft_layout import LIGHTHOUSE_ENV, GroupLayout, gen_key
+from harness.strategies.torchft_report import torchft_columns
 
 LIGHTHOUSE_LOG = "lighthouse.log"
 
@@ -99,9 +101,6 @@ class TorchftJob:
     def row_columns(self) -> dict[str, Any]:
         """torchft's columns of the row: quorum and heal times and short steps (from the events), the group
         restarts, and the Lighthouse's address (where it ran) and log."""
-        from harness.events import read_events
-        from harness.strategies.torchft_report import torchft_columns
-
         run_dir = Path(self.launcher.run_dir)
         events = read_events(run_dir) if (run_dir / "events").exists() else []
         return {

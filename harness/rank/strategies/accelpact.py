@@ -21,6 +21,7 @@ exists (then a ``fallback`` event, ``detected_by="relaunch"``, names why).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -215,8 +216,6 @@ class AccelPactStep(Strategy):
         # os._exit, not an exception: tearing down process groups a dead peer left half-open can
         # block, and the parent only needs the event (already flushed) and the exit status.
         sys.stdout.flush()
-        import os
-
         os._exit(EXIT_FALLBACK)
 
     def _record_recoveries(self) -> None:
@@ -294,8 +293,6 @@ class AccelPactStep(Strategy):
 
 
 def _token() -> str:
-    import os
-
     return os.environ["ACCELPACT_JOB_TOKEN"]
 
 

@@ -27,7 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.events import Eval, EventLog
+from harness.events import Eval, EventLog, Step, events_path, of_type, read_file_events
+from harness.rank.faults import RankFaults
 from harness.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -76,8 +77,6 @@ def checkpoint_dir(ctx: TrainContext) -> str:
 def committed_before(run_dir: str, rank: int) -> int:
     """Highest step index this rank committed in any earlier incarnation (-1 if none): later runs of
     those indices are replays."""
-    from harness.events import Step, events_path, of_type, read_file_events
-
     steps = of_type(read_file_events(events_path(run_dir, rank)), Step)
     return max((s.step for s in steps), default=-1)
 
@@ -103,8 +102,6 @@ class Strategy(ABC):
     restores_checkpoint_at_start = True
 
     def __init__(self, ctx: TrainContext, exclude_ports: Collection[int] = ()) -> None:
-        from harness.rank.faults import RankFaults
-
         self.ctx = ctx
         self._replay_until = committed_before(ctx.run_dir, ctx.rank)
         self.ckpt: Any = None

@@ -17,12 +17,14 @@ The parent's policy (``replace_on_kill``, the spec's ``replace_dead``) and ``EXI
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from harness.events import Restore
 from harness.strategies.accelpact import EXIT_FALLBACK
 
 if TYPE_CHECKING:
@@ -120,8 +122,6 @@ def _injected_death(replacement: int) -> str | None:
 
 
 def _die(how: str) -> None:
-    import signal
-
     sys.stdout.flush()
     if how == "exit":
         print("injected: this replacement fails before joining (HARNESS_DIE_BEFORE_JOIN)", file=sys.stderr, flush=True)
@@ -131,8 +131,6 @@ def _die(how: str) -> None:
 
 def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
-    import time
-
     from accelpact.inject import post_arrival
 
     post_arrival(control, env.t_launch)
@@ -222,7 +220,6 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
 
     from accelpact.errors import AccelPactError
     from accelpact.snapshot import restore_latest
-    from harness.events import Restore
 
     t_start = time.time()
     info, why = None, ""

@@ -12,6 +12,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from harness import identity
+from harness.events import EventLog, Restart
 from harness.rank.strategies.checkpoint_restore import CheckpointRestore
 from harness.rank.train import TrainResult, build_context, exit_without_static_destructors, run_loop
 
@@ -20,8 +22,6 @@ __all__ = ["train_in_process"]
 
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
-    from harness import identity
-    from harness.events import EventLog, Restart
     from harness.rank.strategies.nvrx_restart import (
         NvrxSettings,
         import_inprocess,

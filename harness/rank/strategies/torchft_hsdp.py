@@ -47,7 +47,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.rank.strategies.base import Rewind, Strategy, TrainContext, checkpoint_dir, forward_backward
+from harness.rank.strategies.base import (
+    Rewind,
+    Strategy,
+    TrainContext,
+    checkpoint_dir,
+    forward_backward,
+    store_ports_of,
+)
 from harness.rank.strategies.torchft_attempt import (
     Attempt,
     heal_fields,
@@ -169,8 +176,6 @@ class TorchftHsdp(Strategy):
 
     def _service_ports(self) -> list[int]:
         """Ports a socket reset must spare: stores, Managers' servers and the Lighthouse (not gloo's)."""
-        from harness.rank.strategies.base import store_ports_of
-
         ports = set(store_ports_of(self.ctx)) | {int(self.lighthouse.rsplit(":", 1)[1])}
         key = ports_key(self.token)
         if self.control.check([key]):

@@ -12,7 +12,10 @@ reference's.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+from harness.identity import full_state_hash, tensor_digest
 
 
 def world_chunks(full: Any, world: int) -> list[Any]:
@@ -32,11 +35,7 @@ def _full(t: Any) -> Any:
 def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int, reference: Any) -> dict[str, Any]:
     """Collective over the replica group's default process group. The record of global rank ``rank``, cut as
     the reference's mesh ``reference`` (a ``harness.rank.mesh.MeshLayout``) cuts it."""
-    import hashlib
-
     import torch.distributed as dist
-
-    from harness.identity import full_state_hash, tensor_digest
 
     world = reference.replicate * reference.shard
     per_rank: list[dict[str, str]] = [{} for _ in range(world)]

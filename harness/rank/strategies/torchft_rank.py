@@ -13,8 +13,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from harness import identity
+from harness.events import EventLog
 from harness.rank.mesh import mesh_layout
 from harness.rank.strategies.torchft_hsdp import TorchftHsdp
+from harness.rank.strategies.torchft_identity import replica_identity
 from harness.strategies.torchft_layout import GroupLayout, gen_key, group_store_key
 
 __all__ = ["train_replica"]
@@ -25,9 +28,6 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
     import torch.distributed as dist
 
-    from harness import identity
-    from harness.events import EventLog
-    from harness.rank.strategies.torchft_identity import replica_identity
     from harness.rank.train import (
         TrainResult,
         build_context,

@@ -23,6 +23,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from harness.report import compare
+
 REFERENCE = object()  # the reference's place in a round
 
 
@@ -48,7 +50,6 @@ class TrialsSweeper(BasicSweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         from harness.app import comparison
-        from harness.report import compare
         from harness.report.trials import interleave
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
