@@ -1,7 +1,9 @@
 """The strategy registry: strategy name -> ``StrategySpec`` (see ``harness.strategies.spec``).
 
 Each built-in strategy is one module here that defines ``SPEC``; the registry imports those modules
-on first use (they import torch only inside their methods, so reading the registry stays cheap).
+on first use. They are the strategies' common layer, torch-free, so the parent, the ranks and the reports all
+read the same registry; a spec names its rank side (``harness.rank.strategies``) and parent side
+(``harness.parent.strategies``) by "module:name" strings, which each side resolves (:func:`resolve`).
 A strategy from outside the harness registers itself with :func:`register` from a plugin module named
 in ``HARNESS_PLUGINS`` (``harness.plugins``), which the parent and every rank import at start-up.
 Nothing outside this package compares strategy names: ask the spec.

@@ -1,4 +1,5 @@
-"""Strategy ``accelpact``: every step through ``accelpact.guard``; comm faults are recovered in memory.
+"""Strategy ``accelpact``, rank side (the spec is ``harness.strategies.accelpact``): every step through
+``accelpact.guard``; comm faults are recovered in memory.
 
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the

@@ -15,7 +15,7 @@ committed. The base class does what every strategy needs, so a new strategy cann
   points of a plain loop; a guarded loop passes :meth:`on_guard_phase` to the guard's phase hooks.
 - **Replays.** Steps at or below the highest step committed in an earlier incarnation are replays.
 
-Modules here import torch inside methods only: the registry reads strategy modules in the parent.
+The registry never imports this module: a spec names its class by string (``rank_class``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Strategy ``checkpoint_restore``, rank side (the spec is ``harness.strategies.checkpoint_restore``): NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
+"""Strategy ``checkpoint_restore``, rank side: NVIDIA Resiliency Extension in-process restart (the NVRx
+baseline). Its spec: ``harness.strategies.checkpoint_restore``.
 
 The rank's whole training function runs under ``harness.rank.strategies.nvrx_restart.run_with_inprocess_restart``:
 the process stays alive; when a collective fails on any rank, NVRx interrupts every rank, the adapter

@@ -1,4 +1,5 @@
-"""Strategy ``gemini``, rank side (the spec is ``harness.strategies.gemini``): GEMINI in-memory checkpoints with a peer replica, through lm-resiliency 0.2.0.
+"""Strategy ``gemini``, rank side (the spec is ``harness.strategies.gemini``): GEMINI in-memory checkpoints
+with a peer replica, through lm-resiliency 0.2.0.
 
 Each rank calls ``lm_resiliency.enable_resiliency`` once, after its optimizer exists: it hooks
 ``optimizer.step`` and, every ``strategy.snapshot.every`` steps (1 if unset), copies the rank's state

@@ -1,4 +1,5 @@
-"""Strategy ``torchft``, rank side (the spec is ``harness.strategies.torchft_hsdp``): torchft 0.2.0's fault-tolerant HSDP, run as its users run it (a peer baseline).
+"""Strategy ``torchft``, rank side (the spec is ``harness.strategies.torchft_hsdp``): torchft 0.2.0's
+fault-tolerant HSDP, run as its users run it (a peer baseline).
 
 The world is cut into replica groups of ``strategy.torchft.group_size`` ranks. Inside a group the model
 is sharded with FSDP2 on the group's own default process group; across groups every gradient shard goes
