@@ -30,7 +30,7 @@ IDENTITY_DIR = "identity"
 
 def tensor_digest(t: Any) -> str:
     """sha256 of a tensor's dtype, shape and raw bytes (DTensors: the local shard)."""
-    import torch
+    import torch  # lazy: torch
 
     local = t.to_local() if hasattr(t, "to_local") else t
     local = local.detach().to("cpu").contiguous()
@@ -68,7 +68,7 @@ def full_state_hash(per_rank: Sequence[dict[str, str]]) -> str:
 
 def compute_identity(model: Any, optimizer: Any, steps_committed: int) -> dict[str, Any]:
     """Collective: every rank must call it. Returns this rank's identity record."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = shard_hashes(model, optimizer)

@@ -22,7 +22,7 @@ OUTAGE_MARGIN_S = 2.0
 def effective_stall_timeout_s(run: RunConfig) -> float | None:
     """The stall watchdog's timeout for this run, or None when it is off (``strategy.stall_timeout_s``:
     None = auto, 10 s when the PG timeout is longer; 0 = off)."""
-    from accelpact.guard import DEFAULT_STALL_TIMEOUT_S
+    from accelpact.guard import DEFAULT_STALL_TIMEOUT_S  # lazy: torch
 
     stall = run.strategy.stall_timeout_s
     if stall is None:

@@ -207,7 +207,7 @@ def validate_only(argv: Sequence[str], out=None, err=None) -> int:
     try:
         if "experiment=project_scale" in args:  # the cluster-scale simulator has its own keys
             from harness.scale.config import ScaleConfigError
-            from harness.scale.entry import parse
+            from harness.scale.entry import parse  # lazy: PyYAML, numpy
 
             try:
                 parse(args)

@@ -72,7 +72,7 @@ def check_names(run: RunConfig) -> None:
 
 def check_compare(run: RunConfig) -> None:
     """The comparison's interval method, level, minimum effect and ``ours`` must make sense."""
-    from harness.report.intervals import METHODS
+    from harness.report.intervals import METHODS  # lazy: numpy, scipy
 
     cmp = run.compare
     if cmp.interval not in METHODS:
@@ -287,7 +287,7 @@ def _backend_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, s
 
     The registry (``accelpact.backends``) is the one list of backends: each class names the devices it
     runs on, so a plugin backend is validated like a built-in one."""
-    from accelpact.backends import BACKENDS
+    from accelpact.backends import BACKENDS  # lazy: torch
 
     c = run.cluster
     fits = [name for name, cls in BACKENDS.items() if c.device.value in cls.devices]

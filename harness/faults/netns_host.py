@@ -110,7 +110,7 @@ def list_prefixes() -> list[str]:
 def _tagged_pids(prefix: str) -> set[int]:
     """Processes of this job found by their tag: ``$ACCELPACT_NETNS`` == prefix, or the job's store server
     (``--tag prefix``). Never this process or its ancestors (a shell that typed the prefix is not the job)."""
-    import psutil
+    import psutil  # lazy: psutil
 
     spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     pids: set[int] = set()
@@ -168,7 +168,7 @@ def cleanup_stale(prefix: str) -> list[str]:
 
 
 def _kill_and_wait(pids: set[int], timeout_s: float = 5.0) -> None:
-    import psutil
+    import psutil  # lazy: psutil
 
     procs = []
     for pid in pids:

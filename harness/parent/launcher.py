@@ -190,7 +190,7 @@ class Launcher:
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch
 
         # Port 0: the kernel picks a free port, no race with other runs or tests.
         self.store = dist.TCPStore(

@@ -86,7 +86,7 @@ def param_counts(m: ModelConfig) -> ParamCounts:
 
 
 def _count(m: ModelConfig) -> ParamCounts:
-    from harness.models import count_params, decoder_layers, meta_model
+    from harness.models import count_params, decoder_layers, meta_model  # lazy: torch
 
     model = meta_model(m)
     layers = decoder_layers(model)

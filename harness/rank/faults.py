@@ -45,7 +45,7 @@ class RankFaults:
     def __init__(
         self, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
     ) -> None:
-        from accelpact.inject import FaultInjector
+        from accelpact.inject import FaultInjector  # lazy: torch
 
         self.rank = rank
         self.run_dir = run_dir
@@ -79,7 +79,7 @@ class RankFaults:
         return cls(cfg, rank, run_dir, events, exclude_ports)
 
     def install(self, model: Any) -> None:
-        from harness.models import decoder_layers
+        from harness.models import decoder_layers  # lazy: torch
 
         layers = decoder_layers(model)
         self.injector.install(model, layers[len(layers) // 2])

@@ -50,7 +50,7 @@ def preload(spec_path: str) -> None:
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401
-    from harness.models import meta_model
+    from harness.models import meta_model  # lazy: torch
 
     spec = strategies.get(cfg.strategy.name)
     for entry in (spec.rejoin, spec.rank_entry):

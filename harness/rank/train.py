@@ -78,7 +78,7 @@ def mixed_precision_policy(cfg: RunConfig) -> Any:
 
 def set_cpu_threads(world_size_on_host: int) -> None:
     """Split the cores between the ranks of this host: oversubscribed intra-op threads thrash."""
-    from harness.machine import usable_cores
+    from harness.machine import usable_cores  # lazy: psutil
 
     cores = usable_cores()
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))

@@ -36,7 +36,7 @@ def _err(rows: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
 
 def _interval(row: dict[str, Any], key: str) -> Any:
     """The ``Interval`` of ``key`` in a cell row (for its coverage)."""
-    from harness.report.intervals import Interval
+    from harness.report.intervals import Interval  # lazy: numpy, scipy
 
     def num(k: str) -> float:
         v = row.get(k)
@@ -132,7 +132,7 @@ def plot_goodput_vs_age(
             markeredgecolor="black",
             label=f"paper vs {s} (age {age}): {gain}x",
         )
-    from harness.report.intervals import coverage_text
+    from harness.report.intervals import coverage_text  # lazy: numpy, scipy
 
     covered = coverage_text([_interval(r, "gain") for r in cells if r["age"] is not None and r["strategy"] != ours])
     method = next((str(r["interval_method"]) for r in cells if r.get("interval_method")), "")

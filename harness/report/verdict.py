@@ -88,7 +88,7 @@ def footer(cells: Sequence[dict[str, Any]]) -> str:
 
 def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str, Any]], title: str) -> str:
     """``runs.csv``, ``table.csv`` and ``table.md``; returns the printed table."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     pd.DataFrame(runs).to_csv(out_dir / "runs.csv", index=False)
     pd.DataFrame(cells).to_csv(out_dir / "table.csv", index=False)
@@ -105,7 +105,7 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
 def read_cells(table_csv: Path) -> list[dict[str, Any]]:
     """A comparison's ``table.csv`` (one row per cell, as ``write_tables`` wrote it) read back, NaN as None:
     what the plots of ``harness.report.plots_trials`` take, for drawing them again elsewhere."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     return [
         {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}  # type: ignore[misc]

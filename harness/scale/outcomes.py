@@ -111,7 +111,7 @@ def _measured_heal_parts(c: Cluster, cls: str, *, fixed_scale: float = 1.0) -> d
     plus what grows with the job (``harness.scale.scaling``): the vote and the communicator beyond their
     2-rank cost (already inside the measured heal transfer), and the shard copy at the cluster's shard size
     (the measured runs copied 31 MiB)."""
-    from harness.scale.heal_measured import measured_heal
+    from harness.scale.heal_measured import measured_heal  # lazy: numpy
 
     fault = "kill" if cls == "process_crash" else "host_loss"
     measured = measured_heal()[fault]
@@ -184,7 +184,7 @@ def heal_replica_while_others_continue(c: Cluster, cls: str) -> Outcome:
     torchft's row. A recurring bug hits every replica: as the built heal."""
     if cls == "software_bug":
         return rebind_and_heal_in_memory(c, cls)
-    from harness.scale.heal_measured import measured_heal
+    from harness.scale.heal_measured import measured_heal  # lazy: numpy
 
     g = min(c.replica_gpus, c.gpus)
     replicate = max(2, c.gpus // g)

@@ -126,10 +126,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=5000)
     parser.add_argument("--parent_pid", type=int, default=0)
     args = parser.parse_args(argv)
-    from accelpact.run import die_with_parent
+    from accelpact.run import die_with_parent  # lazy: torch
 
     die_with_parent(args.parent_pid)
-    from torchft._torchft import LighthouseServer
+    from torchft._torchft import LighthouseServer  # lazy: torchft
 
     server = LighthouseServer(
         bind=args.bind,

@@ -49,8 +49,8 @@ class AccelPactStep(Strategy):
     restores_checkpoint_at_start = False
 
     def __init__(self, ctx: TrainContext) -> None:
-        from accelpact.control import ControlChannel
-        from accelpact.guard import attach
+        from accelpact.control import ControlChannel  # lazy: torch
+        from accelpact.guard import attach  # lazy: torch
 
         super().__init__(ctx)
         control_deadline(ctx.cfg)
@@ -78,7 +78,7 @@ class AccelPactStep(Strategy):
                 rejoin=rejoined.ticket if rejoined is not None else None,
             )
         except Exception as exc:  # a replacement that cannot heal (no copy survives): fall back
-            from accelpact.errors import UnrecoverableError
+            from accelpact.errors import UnrecoverableError  # lazy: torch
 
             if isinstance(exc, UnrecoverableError):
                 self._fall_back(-1, exc)
@@ -128,7 +128,7 @@ class AccelPactStep(Strategy):
         )
 
     def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         model = self.ctx.model
         try:
@@ -150,7 +150,7 @@ class AccelPactStep(Strategy):
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` under the guard (accelpact's Guard.run): a fault there recovers, a lost rank heals."""
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         committed = self.guard.committed_step
         try:
@@ -181,7 +181,7 @@ class AccelPactStep(Strategy):
         self.ctx.events.emit(events.Eval, step=step, loss=loss)
 
     def finish(self) -> None:
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         committed = self.guard.committed_step
         try:
@@ -250,7 +250,7 @@ class AccelPactStep(Strategy):
         """The checkpoint group of the current control generation (every rank builds it at the same point)."""
         if self.ckpt is None:
             return
-        from accelpact.backends import retire_group
+        from accelpact.backends import retire_group  # lazy: torch
 
         old = self.ckpt._pg
         error = self.ckpt.replace_process_group(self.checkpoint_group())
@@ -274,7 +274,7 @@ class AccelPactStep(Strategy):
             if self.snapshots is not None:
                 # What the snapshots cost this rank (the process_loss experiment reads it): shared-memory
                 # bytes of one slot, own slots + the replicas its host held, time blocked, pushes.
-                from accelpact.snapshot import used_bytes
+                from accelpact.snapshot import used_bytes  # lazy: torch
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 held = used_bytes(self.replication.server.dir) if self.replication is not None else 0

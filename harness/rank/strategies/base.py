@@ -83,7 +83,7 @@ def committed_before(run_dir: str, rank: int) -> int:
 
 def store_ports_of(ctx: TrainContext) -> set[int]:
     """Ports a socket-reset fault must spare: the control store's and every process group's store."""
-    from accelpact.backends import store_ports
+    from accelpact.backends import store_ports  # lazy: torch
 
     port = getattr(ctx.control_store, "port", None)
     return store_ports([int(port)] if isinstance(port, int) else [])
@@ -137,7 +137,7 @@ class Strategy(ABC):
         return None
 
     def make_checkpointer(self, process_group: Any) -> Any:
-        from harness.checkpoint import Checkpointer, CheckpointSettings
+        from harness.checkpoint import Checkpointer, CheckpointSettings  # lazy: psutil, torch
 
         cc = self.ctx.cfg.checkpoint
         settings = CheckpointSettings(
@@ -201,10 +201,10 @@ class Strategy(ABC):
 
     def eval_loss(self, step: int) -> float:
         """The mean over the ranks of a held-out batch's loss: a forward and an all-reduce outside the step."""
-        import torch
-        import torch.distributed as dist
+        import torch  # lazy: torch
+        import torch.distributed as dist  # lazy: torch
 
-        from harness.rank.data import make_batch
+        from harness.rank.data import make_batch  # lazy: torch
 
         cfg, m = self.ctx.cfg, self.ctx.cfg.model
         # Held out: another seed than training's; one batch per evaluation, the same on every run.
@@ -248,7 +248,7 @@ class Strategy(ABC):
         self.fire("clip_allreduce")
         if self.ctx.cfg.train.max_grad_norm > 0:
             # The guard's clipping, so the reference and accelpact do the very same float operations.
-            from accelpact.guard import clip_gradients
+            from accelpact.guard import clip_gradients  # lazy: torch
 
             clip_gradients(model, self.ctx.cfg.train.max_grad_norm)
         self.fire("vote")  # no vote in a plain loop: the point right before optimizer.step

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 class Gemini(Strategy):
     def __init__(self, ctx: TrainContext) -> None:
         super().__init__(ctx)
-        import torch.distributed as dist
-        from lm_resiliency import enable_resiliency
-        from lm_resiliency.checkpointing.config import InMemoryCkptConfig
+        import torch.distributed as dist  # lazy: torch
+        from lm_resiliency import enable_resiliency  # lazy: lm-resiliency
+        from lm_resiliency.checkpointing.config import InMemoryCkptConfig  # lazy: lm-resiliency
 
         every = max(1, ctx.cfg.strategy.snapshot.every)
         folder = Path(ctx.run_dir) / "gemini"

@@ -79,10 +79,10 @@ def control_deadline(cfg: RunConfig) -> None:
 
 def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
-    import accelpact
-    import accelpact.snapshot
-    from accelpact.control import ControlChannel
-    from harness.models import meta_model
+    import accelpact  # lazy: torch
+    import accelpact.snapshot  # lazy: torch
+    from accelpact.control import ControlChannel  # lazy: torch
+    from harness.models import meta_model  # lazy: torch
 
     how = _injected_death(env.replacement)
     if how in ("import", "exit"):
@@ -131,7 +131,7 @@ def _die(how: str) -> None:
 
 def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
-    from accelpact.inject import post_arrival
+    from accelpact.inject import post_arrival  # lazy: torch
 
     post_arrival(control, env.t_launch)
     time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
@@ -142,9 +142,9 @@ def side_group(
     control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int, timeout_s: float
 ) -> Any:
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from accelpact.backends import GroupSpec, rebuild_group
+    from accelpact.backends import GroupSpec, rebuild_group  # lazy: torch
 
     spec = GroupSpec(
         name=f"{tag}-g{generation}",
@@ -168,8 +168,8 @@ def snapshots_and_policy(
     every = cfg.strategy.snapshot.every
     if every <= 0:
         return None, None, None
-    from accelpact import HealPolicy
-    from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env
+    from accelpact import HealPolicy  # lazy: torch
+    from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env  # lazy: torch
 
     # The snapshots' token outlives a relaunch (the parent exports ACCELPACT_SNAPSHOT_TOKEN, the same in every
     # incarnation); the control channel's token is new in each, so a relaunched job would find nothing under it.
@@ -203,7 +203,7 @@ def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token
     relaunched rank whose host lost its own). ``token``: the snapshots' token."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
-    from accelpact.snapshot import Replication
+    from accelpact.snapshot import Replication  # lazy: torch
 
     return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push, job_token=token)
 
@@ -216,10 +216,10 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
     Returns (the step to resume at, "") or, when no complete, agreeing set of snapshots exists, (None, why):
     the caller then restores the checkpoint from disk. Every rank decides the same: one rank that could not
     load sends every rank to the disk (their own slots are dropped then, so no later restore mixes them in)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from accelpact.errors import AccelPactError
-    from accelpact.snapshot import restore_latest
+    from accelpact.errors import AccelPactError  # lazy: torch
+    from accelpact.snapshot import restore_latest  # lazy: torch
 
     t_start = time.time()
     info, why = None, ""

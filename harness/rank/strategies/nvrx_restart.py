@@ -102,7 +102,7 @@ def _describe(exc: BaseException, limit: int = 3) -> str:
 
 
 def _reset_data_plane_sockets(exclude_ports: Sequence[int]) -> int:
-    from accelpact.inject import reset_own_gloo_sockets
+    from accelpact.inject import reset_own_gloo_sockets  # lazy: torch
 
     return reset_own_gloo_sockets(exclude_ports)
 
@@ -188,7 +188,7 @@ def _reap_monitor(pid: int | None, timeout_s: float) -> str:
     (exited, its new parent has not reaped it yet) as exited."""
     if pid is None:
         return "unknown"
-    import psutil
+    import psutil  # lazy: psutil
 
     def gone(proc: "psutil.Process") -> bool:
         try:

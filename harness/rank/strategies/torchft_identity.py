@@ -20,7 +20,7 @@ from harness.identity import full_state_hash, tensor_digest
 
 def world_chunks(full: Any, world: int) -> list[Any]:
     """``full`` cut as FSDP2's Shard(0) cuts it over ``world`` ranks (its ``_chunk_with_empty``)."""
-    import torch
+    import torch  # lazy: torch
 
     chunks = list(torch.chunk(full, world, dim=0))
     while len(chunks) < world:
@@ -35,7 +35,7 @@ def _full(t: Any) -> Any:
 def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int, reference: Any) -> dict[str, Any]:
     """Collective over the replica group's default process group. The record of global rank ``rank``, cut as
     the reference's mesh ``reference`` (a ``harness.rank.mesh.MeshLayout``) cuts it."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
     world = reference.replicate * reference.shard
     per_rank: list[dict[str, str]] = [{} for _ in range(world)]

@@ -26,9 +26,9 @@ __all__ = ["train_replica"]
 def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under torchft (``StrategySpec.rank_entry``): its group's store and process group,
     the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from harness.rank.train import (
+    from harness.rank.train import (  # lazy: torch
         TrainResult,
         build_context,
         connect_control_store,
@@ -111,7 +111,7 @@ def group_store_host(control_host: str) -> str:
     namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
     data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
     neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
-    from accelpact.snapshot import control_bind_address
+    from accelpact.snapshot import control_bind_address  # lazy: torch
 
     return control_bind_address(control_host)
 
@@ -119,7 +119,7 @@ def group_store_host(control_host: str) -> str:
 def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
     """This generation's replica-group TCPStore (hosted by local rank 0 on ``host``, as torchrun's agent
     hosts it), published on the control store for the group's other ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
     key = group_store_key(token, layout.group, gen)
     if layout.local == 0:

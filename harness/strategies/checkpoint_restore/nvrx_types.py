@@ -34,7 +34,7 @@ class NvrxRestartsExhausted(RuntimeError):
 def import_inprocess() -> Any:
     """``nvidia_resiliency_ext.inprocess``, or ``NvrxUnavailable`` naming the fix."""
     try:
-        from nvidia_resiliency_ext import inprocess
+        from nvidia_resiliency_ext import inprocess  # lazy: NVRx
     except Exception as exc:  # ImportError, or a broken install failing at import time
         raise NvrxUnavailable(
             f"strategy=checkpoint_restore needs nvidia-resiliency-ext=={NVRX_VERSION} "
@@ -185,7 +185,7 @@ class RestartContext:
 
     def init_process_group(self, timeout: datetime.timedelta, backend: str = "gloo") -> None:
         """Build this incarnation's default process group on its own store prefix."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch
 
         dist.init_process_group(backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
