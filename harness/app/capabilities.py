@@ -8,6 +8,8 @@ the fault's spec; nothing here knows a strategy or fault by name.
 
 from __future__ import annotations
 
+import shutil
+
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
@@ -68,8 +70,6 @@ def check_runnable(run: RunConfig) -> None:
     if unmet is not None:
         raise ConfigError(unmet)
     if run.cluster.launch == RankLaunch.srun:
-        import shutil
-
         if shutil.which("srun") is None:
             raise ConfigError(
                 f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "

@@ -75,12 +75,8 @@ def group_options(group: str) -> list[str]:
     fault kinds (the `schema` nodes are not options)."""
     names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
     if group == "strategy":
-        from harness import strategies
-
         names |= set(strategies.names())
     elif group == "fault":
-        from harness.faults import registry as faults
-
         names |= set(faults.kinds())
     return sorted(names)
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,6 @@ def _interval(row: dict[str, Any], key: str) -> Any:
 def _footer(fig: Any, footer: str | None) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
-        import textwrap
-
         width = int(fig.get_figwidth() * 20)  # characters of 6-pt monospace that fit the figure's width
         text = "\n".join(textwrap.fill(line, width) for line in footer.splitlines())
         fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.22))

@@ -88,8 +88,6 @@ def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     if how in ("import", "exit"):
         _die(how)
     if how == "hang":
-        import time
-
         time.sleep(3600)  # the parent's kill_all ends it
     # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
     # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
@@ -107,8 +105,6 @@ def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     if os.environ.get(DIE_IN_HEAL) == str(env.replacement):
         # Fault injection (tests): this replacement dies inside its heal, after joining the new
         # generation and before the heal reports: the survivors must heal once more.
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)
     return Rejoined(control, ticket)
 
