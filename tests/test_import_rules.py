@@ -5,17 +5,19 @@
     into their own training script with torch as its only dependency;
 (b) no production accelpact module (anything outside accelpact/testing/ and accelpact/inject.py) imports
     accelpact.testing or accelpact.inject: test tools and fault injection must never be on the recovery path;
-(c) neither package has an import cycle among its modules, nor among its packages: every import counts, at module level,
-    inside functions, under ``if TYPE_CHECKING:`` and through ``importlib.import_module`` /
-    ``__import__`` with a literal name (an f-string name with a literal prefix, e.g.
-    ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
-    inside a function or behind importlib is still a cycle in the design. (A strategy's rank entry that
-    runs the harness's loop lives in its own module, named by its spec's ``rank_entry`` string: the loop
-    imports the strategy registry, which imports the strategy's package.);
+(c) neither package has an import cycle among its modules, nor the harness among its packages: every import
+    counts, at module level, inside functions, under ``if TYPE_CHECKING:`` and through
+    ``importlib.import_module`` / ``__import__`` with a literal name (an f-string name with a literal prefix,
+    e.g. ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
+    inside a function or behind importlib is still a cycle in the design. (A strategy's spec names its rank
+    and parent sides by "module:name" strings, which each side resolves: the registry imports neither.);
 (d) beyond the standard library, the runtime imports torch and nothing else except the optional
     accelerators named in OPTIONAL_IN_RUNTIME (``isal``: ISA-L's CRC-32 for snapshot checksums, ~2.8x
     zlib's with the same values), and those only inside ``try: ... except ImportError`` with a
-    standard-library fallback, so the runtime still works where they are not installed.
+    standard-library fallback, so the runtime still works where they are not installed;
+(e) the harness's imports point down its layers (``HARNESS_LAYERS``: common, rank, analysis, parent, app, by
+    the process a line runs in), and nothing outside the rank imports the rank's code (``HARNESS_APART``): the
+    ranks and the parent share only the common layer (docs/design.md, the harness's layers).
 """
 
 from __future__ import annotations
