@@ -80,7 +80,7 @@ def run(sc: dict, ctx: Any) -> dict:
     """Scenario runner (ranks of a session): ``kind`` "steps" (time steps, heartbeat on/off) or "die"."""
     from accelpact.errors import RankLostError
     from accelpact.guard import attach
-    from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+    from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
     m = model_config(None)
     model, optimizer, root, _m = build("fsdp2", m)

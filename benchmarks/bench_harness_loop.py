@@ -1,7 +1,7 @@
 """Steps/s of the harness training loop vs a minimal hand-written FSDP2 loop, side by side.
 
 Not a test. Starts WORLD ranks (gloo, 127.0.0.1); each rank builds the SAME sharded model twice
-(harness.rank.models.build_model, seed 0) and alternates single steps: the harness loop
+(harness.models.build_model, seed 0) and alternates single steps: the harness loop
 (``harness.rank.train.run_loop`` with the ``none`` strategy: batch generation, the Strategy call, a JSONL
 event per step) and a minimal loop written by hand (forward, backward, clip, step, zero_grad).
 Interleaving step by step makes both see the same machine load; the figure is
@@ -32,12 +32,12 @@ def rank_main(args: argparse.Namespace) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from harness.events import EventLog
+    from harness.models import build_model
     from harness.rank.data import make_batch
-    from harness.rank.models import build_model
+    from harness.rank.strategies.base import TrainContext
+    from harness.rank.strategies.none import PlainStep
     from harness.rank.train import run_loop, set_cpu_threads
     from harness.schema import RunConfig
-    from harness.strategies.base import TrainContext
-    from harness.strategies.none import PlainStep
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     set_cpu_threads(world)

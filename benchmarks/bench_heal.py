@@ -68,11 +68,11 @@ import json, sys, time
 t = [("interpreter up", time.perf_counter())]
 import torch, torch.distributed
 t.append(("import torch, torch.distributed", time.perf_counter()))
-import harness.rank.train, harness.strategies.accelpact
+import harness.rank.train, harness.rank.strategies.accelpact
 t.append(("harness rank modules (FSDP, strategies)", time.perf_counter()))
 import accelpact, accelpact.snapshot
 t.append(("accelpact", time.perf_counter()))
-from harness.rank.models import meta_model
+from harness.models import meta_model
 from harness.schema import ModelConfig
 meta_model(ModelConfig(num_layers=2))
 t.append(("transformers model class + meta model", time.perf_counter()))

@@ -69,7 +69,7 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
     from accelpact.guard import attach
     from accelpact.snapshot import SnapshotConfig, Snapshotter
     from accelpact.snapshot.replica import Replication
-    from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+    from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
     m = model_config(sc["model"])
     model, optimizer, _root, _mid = build("fsdp2", m)

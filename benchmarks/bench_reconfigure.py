@@ -58,7 +58,7 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
 
     from accelpact import testing as ft
     from accelpact.guard import attach, clip_gradients
-    from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+    from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
     torch.set_num_threads(1)
     m = model_config({**MODEL, "layers": sc["layers"]})

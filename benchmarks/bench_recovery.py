@@ -33,13 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accelpact.testing.session import run_session  # noqa: E402
-from harness.workloads.fsdp_models import model_config  # noqa: E402
+from experiments.workloads.fsdp_models import model_config  # noqa: E402
 
 if TYPE_CHECKING:  # only for the hint: with --before, the ranks import an accelpact that may lack it
     from accelpact.testing.rank import RankContext
 
 LAYERS = 32
-MODEL = {"seq": 64, "batch": 2}  # mistral_tiny width (harness.workloads.fsdp_models), 64-token sequences
+MODEL = {"seq": 64, "batch": 2}  # mistral_tiny width (experiments.workloads.fsdp_models), 64-token sequences
 HIDDEN = model_config()["hidden"]
 RUNNER = "benchmarks.bench_recovery:run_rank"
 
@@ -50,13 +50,13 @@ RUNNER = "benchmarks.bench_recovery:run_rank"
 def run_rank(sc: dict, ctx: RankContext) -> dict:
     """Scenario runner (accelpact.testing.rank): "rebind" is the shared rebinding job; "overhead"
     and "recovery" time an attached guard against a plain loop and through injected faults."""
-    from harness.workloads import fsdp_scenarios
+    from experiments.workloads import fsdp_scenarios
 
     if sc["kind"] == "rebind":
         return fsdp_scenarios.run(sc, ctx)
     from accelpact import testing as ft
     from accelpact.guard import attach, clip_gradients
-    from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+    from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
     m = model_config({**MODEL, "layers": sc["layers"]})
     model, opt, root, middle = build("fsdp2", m)

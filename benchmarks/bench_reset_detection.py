@@ -1,6 +1,6 @@
 """Peer detection of a connection reset: a reset on ONE rank vs on ALL ranks, per phase, at 2 and 4 ranks.
 
-The tiny FSDP2 decoder trains under the guard (``harness.workloads.fsdp_scenarios``, real gloo ranks,
+The tiny FSDP2 decoder trains under the guard (``experiments.workloads.fsdp_scenarios``, real gloo ranks,
 real ``FaultInjector`` socket resets). One fault every other step, cycling in a shuffled order
 through every (phase, one rank | all ranks) cell so that load drift hits all cells alike; in the
 one-rank cells the faulted rank rotates over the ranks. Each rank's first RecoveryEvent at the
@@ -79,7 +79,7 @@ def schedule(world: int, per_cell: int, phases: tuple[str, ...], seed: int) -> l
 
 def run_world(tmp: Path, world: int, faults: list[dict], sessions: int, layers: int) -> tuple[list[dict], list[dict]]:
     from accelpact.testing.session import load_average, run_session
-    from harness.workloads.fsdp_scenarios import RUNNER
+    from experiments.workloads.fsdp_scenarios import RUNNER
 
     samples: list[dict] = []
     meta: list[dict] = []

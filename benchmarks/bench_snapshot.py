@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext
 
 RUNNER = "benchmarks.bench_snapshot:run_rank"
-# conf/model/*.yaml, in harness.workloads.fsdp_models' field names.
+# conf/model/*.yaml, in experiments.workloads.fsdp_models' field names.
 SIZES = {
     "mistral_tiny": {
         "vocab": 4096,
@@ -79,7 +79,7 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
     from accelpact.guard import attach
     from accelpact.snapshot import SnapshotConfig, Snapshotter
     from accelpact.snapshot.sizing import used_bytes
-    from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+    from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
     m = model_config(sc["model"])
     model, optimizer, _root, _mid = build("fsdp2", m)

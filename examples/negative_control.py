@@ -18,8 +18,8 @@ import dataclasses
 import time
 
 from harness import strategies
+from harness.rank.strategies.accelpact import AccelPactStep
 from harness.strategies.accelpact import SPEC as ACCELPACT
-from harness.strategies.accelpact import AccelPactStep
 
 NAME = "accelpact_slow_recovery"
 SLEEP_S = 2.0
@@ -28,7 +28,7 @@ SLEEP_S = 2.0
 class SlowRecoveryStep(AccelPactStep):
     """AccelPact whose every recovery takes ``SLEEP_S`` longer."""
 
-    def __init__(self, ctx) -> None:  # noqa: ANN001 - harness.strategies.base.TrainContext
+    def __init__(self, ctx) -> None:  # noqa: ANN001 - harness.rank.strategies.base.TrainContext
         super().__init__(ctx)
         self.guard.phase_hooks.append(self._sleep_in_recovery)
 

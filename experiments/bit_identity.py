@@ -50,8 +50,8 @@ from experiments.bit_identity_soak_run import (
     run_soak,
 )
 from experiments.provenance import load_provenance, write_provenance
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
-from harness.workloads.fsdp_scenarios import RUNNER
+from experiments.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, ten_faults
+from experiments.workloads.fsdp_scenarios import RUNNER
 
 NAME = "bit_identity"
 

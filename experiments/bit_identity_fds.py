@@ -1,6 +1,6 @@
 """The soak's fds by kind: what a settled difference from the pre-fault baseline is made of.
 
-The soak's ranks record their fds by kind (``harness.workloads.memory_probe.fd_kinds``: store connections,
+The soak's ranks record their fds by kind (``experiments.workloads.memory_probe.fd_kinds``: store connections,
 data-plane peers, listeners, files, pipes, anon inodes) before the first fault, after the first
 recovery and once settled; these helpers compare them, so that the table names a constant instead
 of leaving it to be guessed.

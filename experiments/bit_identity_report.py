@@ -13,8 +13,8 @@ from experiments.bit_identity_fds import constant_after_first_recovery, fd_kind_
 from experiments.bit_identity_soak import soak_lines
 from experiments.bit_identity_soak_run import SETTLE_S
 from experiments.provenance import ClaimRow, paper_vs_ours_table, stamp_figure
+from experiments.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES
 from harness.report.paper import PAPER_BIT_IDENTITY_RANKS, PAPER_RANKS
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES
 
 
 def leak_plot(path: Path, results: list[dict], prov, title: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from experiments.bit_identity_fds import fd_kind_lines, only_store_connection
 from experiments.bit_identity_soak_run import SETTLE_S, run_reference, run_soak
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES
+from experiments.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES
 
 __all__ = [
     "WARMUP_FAULTS",

@@ -16,8 +16,8 @@ from typing import Any
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
 from experiments.bit_identity_fds import kinds_from_progress
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
-from harness.workloads.fsdp_scenarios import RUNNER
+from experiments.workloads.fault_schedules import PG_TIMEOUT_S, RESOURCES, armed, fault_rows, hang_every, soak_faults
+from experiments.workloads.fsdp_scenarios import RUNNER
 
 __all__ = [
     "SETTLE_S",

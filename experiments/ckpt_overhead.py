@@ -51,10 +51,10 @@ def sizes() -> dict[str, ModelSize]:
 
 
 def memory_plans() -> dict[str, Any]:
-    """harness.app.memory_plan for the paper's model and mistral_small, 2 CPU ranks, per-update async."""
+    """harness.parent.memory_plan for the paper's model and mistral_small, 2 CPU ranks, per-update async."""
     from harness.app.config import load_group
-    from harness.app.machine import probe
-    from harness.app.memory_plan import plan
+    from harness.machine import probe
+    from harness.parent.memory_plan import plan
     from harness.schema import CheckpointConfig, CheckpointMode, ClusterConfig, RunConfig
 
     models, machine = load_group("model"), probe(with_gpus=False)

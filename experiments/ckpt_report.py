@@ -161,7 +161,7 @@ its own figure does; each such row says why.
 
 ## Does the paper's 1.216B decoder fit here? No.
 
-harness.app.memory_plan for {PAPER_MODEL} ({p1["params"]:,} params) on 2 CPU ranks with per-update async
+harness.parent.memory_plan for {PAPER_MODEL} ({p1["params"]:,} params) on 2 CPU ranks with per-update async
 checkpointing: {p1["per_host_gib"]:.1f} GiB per host against {p1["usable_gib"]:.1f} GiB usable -> fits: {p1["fits"]}.
 Even the floor without activations does not: training state {TRAIN_STATE_BYTES_PER_PARAM} B/param =
 {TRAIN_STATE_BYTES_PER_PARAM * p1["params"] / 1e9:.1f} GB plus one staged checkpoint {CKPT_BYTES_PER_PARAM} B/param =

@@ -113,10 +113,10 @@ def _build(size: ModelSize):
     from torch.distributed.fsdp import fully_shard
     from transformers import MistralForCausalLM
 
-    from harness.rank.models import hf_config
+    from harness.models import hf_config
     from harness.schema import ModelConfig
 
-    # harness.rank.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
+    # harness.models.hf_config: the harness's own model (sdpa set explicitly, so transformers never
     # probes the hub for attention kernels). Full init then shard: fine at the sizes that fit here.
     cfg = hf_config(
         ModelConfig(

@@ -38,7 +38,7 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
-from harness.workloads.fsdp_scenarios import RUNNER
+from experiments.workloads.fsdp_scenarios import RUNNER
 
 NAME = "compile"
 FAULTS = [

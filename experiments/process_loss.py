@@ -296,9 +296,9 @@ def overhead_args(plan: Plan, scratch: Path, every: int, run_dir: Path) -> list[
 def measure_overhead(plan: Plan, scratch: Path, collect_only: bool = False) -> list[dict[str, Any]]:
     """Fault-free accelpact runs with snapshots off and on, alternated (off, on, off, on, ...)."""
     from harness.app.config import compose, load_catalogue, to_run_config
-    from harness.app.machine import probe
-    from harness.app.memory_plan import plan as memory_plan
     from harness.events import Snapshots, load_events, of_type
+    from harness.machine import probe
+    from harness.parent.memory_plan import plan as memory_plan
 
     out = []
     samples = read_samples(scratch / LOAD_FILE)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.app.machine import usable_cores
+from harness.machine import usable_cores
 from harness.report.gitinfo import git_state
 
 PROVENANCE_FILE = "provenance.json"

@@ -36,8 +36,8 @@ from experiments.provenance import (
     stamp_figure,
     write_provenance,
 )
+from experiments.workloads.fsdp_scenarios import RUNNER
 from harness.report.paper import PAPER_REBIND_MS, PAPER_REBIND_WORLDS
-from harness.workloads.fsdp_scenarios import RUNNER
 
 NAME = "rebind_scaling"
 FLAVOURS = ("fsdp2", "fsdp1")

@@ -24,7 +24,7 @@ from typing import Any
 
 from accelpact.testing.session import run_session
 from experiments.bit_identity_soak import fit_slope
-from harness.workloads.memory_probe import RUNNER
+from experiments.workloads.memory_probe import RUNNER
 
 __all__ = ["VARIANTS", "run", "main"]
 

@@ -21,8 +21,8 @@ from omegaconf import DictConfig
 
 from harness.app import capabilities
 from harness.app.config import CONF_DIR, CONFIG_NAME, load_catalogue, register_schemas, to_run_config
-from harness.app.machine import probe
 from harness.app.validate import ConfigError, validate
+from harness.machine import probe
 from harness.plugins import load_plugins
 from harness.schema import Device
 
@@ -53,7 +53,7 @@ def hydra_main(cfg: DictConfig) -> float:
         sys.exit(EXIT_BAD_CONFIG)
 
     from harness.app.comparison import sweep_reference_dir
-    from harness.parent.run import run_one
+    from harness.parent.run import run_one  # lazy: torch
 
     row = run_one(
         run,
@@ -88,7 +88,7 @@ def main() -> None:
     if preflight.VALIDATE_ONLY_FLAG in sys.argv[1:]:  # check the composition(s), run nothing
         sys.exit(preflight.validate_only(sys.argv[1:]))
     if "experiment=project_scale" in sys.argv[1:]:  # the cluster-scale simulator: its own keys, no ranks
-        from harness.scale.entry import main as scale_main
+        from harness.scale.entry import main as scale_main  # lazy: PyYAML, numpy
 
         sys.exit(scale_main(sys.argv[1:]))
     try:

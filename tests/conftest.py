@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 # What the suite's runners import at their top level beyond torch and accelpact (the model code).
-PRELOAD = ("harness.workloads.fsdp_models", "harness.workloads.fsdp_scenarios")
+PRELOAD = ("experiments.workloads.fsdp_models", "experiments.workloads.fsdp_scenarios")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,17 +5,19 @@
     into their own training script with torch as its only dependency;
 (b) no production accelpact module (anything outside accelpact/testing/ and accelpact/inject.py) imports
     accelpact.testing or accelpact.inject: test tools and fault injection must never be on the recovery path;
-(c) neither package has an import cycle among its modules: every import counts, at module level,
-    inside functions, under ``if TYPE_CHECKING:`` and through ``importlib.import_module`` /
-    ``__import__`` with a literal name (an f-string name with a literal prefix, e.g.
-    ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
-    inside a function or behind importlib is still a cycle in the design. (A strategy's rank entry that
-    runs the harness's loop lives in its own module, named by its spec's ``rank_entry`` string: the loop
-    imports the strategy registry, which imports the strategy's package.);
+(c) neither package has an import cycle among its modules, nor the harness among its packages: every import
+    counts, at module level, inside functions, under ``if TYPE_CHECKING:`` and through
+    ``importlib.import_module`` / ``__import__`` with a literal name (an f-string name with a literal prefix,
+    e.g. ``f"harness.strategies.{m}"``, counts as importing every module under that prefix): a cycle hidden
+    inside a function or behind importlib is still a cycle in the design. (A strategy's spec names its rank
+    and parent sides by "module:name" strings, which each side resolves: the registry imports neither.);
 (d) beyond the standard library, the runtime imports torch and nothing else except the optional
     accelerators named in OPTIONAL_IN_RUNTIME (``isal``: ISA-L's CRC-32 for snapshot checksums, ~2.8x
     zlib's with the same values), and those only inside ``try: ... except ImportError`` with a
-    standard-library fallback, so the runtime still works where they are not installed.
+    standard-library fallback, so the runtime still works where they are not installed;
+(e) the harness's imports point down its layers (``HARNESS_LAYERS``: common, rank, analysis, parent, app, by
+    the process a line runs in), and nothing outside the rank imports the rank's code (``HARNESS_APART``): the
+    ranks and the parent share only the common layer (docs/design.md, the harness's layers).
 """
 
 from __future__ import annotations
@@ -399,6 +401,136 @@ def test_harness_imports_only_accelpacts_public_modules():
 def test_harness_has_no_import_cycles():
     cycles = find_cycles(harness_graph())
     assert not cycles, "import cycles among harness modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The harness's layers, bottom first, by the process a line runs in. An entry names a module or a package (every
+# module under it, unless a longer entry names it: harness.faults.driver is the parent's, the rest of
+# harness.faults is common); the bare "harness" entry is the package's own __init__ only, so a new module needs
+# an entry. A module may import its own layer or a lower one (the package-cycle test rules out circles inside a
+# layer).
+HARNESS_LAYERS: tuple[tuple[str, ...], ...] = (
+    # common: what every process reads. The config, events, registries and plugins; the specs (strategies and
+    # fault kinds: pure data and small policies); the parent -> rank contract (environment and spec file); the
+    # machine facts, Slurm's variables and where servers run; the model definition and the final-state identity
+    # records, which the ranks write and the parent and the reports read.
+    (
+        "harness",
+        "harness.schema",
+        "harness.events",
+        "harness.registry",
+        "harness.plugins",
+        "harness.contract",
+        "harness.machine",
+        "harness.slurm_env",
+        "harness.server_home",
+        "harness.models",
+        "harness.identity",
+        "harness.strategies",
+        "harness.faults",
+    ),
+    # rank: one rank process. Its worker and loop, the strategies' rank sides, a fault's rank side, checkpoints.
+    ("harness.rank", "harness.checkpoint"),
+    # analysis: reads runs' files and the specs (goodput, rows, tables, plots, the scale model, the advisor).
+    ("harness.report", "harness.scale", "harness.advise"),
+    # parent: the launch. The run (which writes its row through analysis), the launcher, the strategies' parent
+    # sides, the fault driver and the network namespaces it acts in.
+    (
+        "harness.parent",
+        "harness.faults.driver",
+        "harness.faults.netns",
+        "harness.faults.netns_host",
+        "harness.faults.store_host",
+        "harness.faults.store_server",
+    ),
+    # app: the Hydra app, python -m harness: composes and validates, launches runs, judges comparisons.
+    ("harness.app", "harness.__main__"),
+)
+# Layers that share only what lies below them, whatever their order: the rank's code is imported by rank
+# processes only; the parent, analysis and the app meet the ranks on the common layer (the contract, the specs,
+# the identity records), never by importing their code.
+HARNESS_APART: tuple[tuple[str, str], ...] = (
+    ("harness.rank", "harness.report"),
+    ("harness.rank", "harness.parent"),
+    ("harness.rank", "harness.app"),
+)
+
+
+def harness_layer(module: str, layers: tuple[tuple[str, ...], ...] = HARNESS_LAYERS) -> int | None:
+    """Index in ``layers`` of the longest entry naming ``module`` (None: no entry does)."""
+    best: tuple[int, int] | None = None
+    for i, group in enumerate(layers):
+        for entry in group:
+            if module == entry or ("." in entry and module.startswith(entry + ".")):
+                if best is None or len(entry) > best[0]:
+                    best = (len(entry), i)
+    return None if best is None else best[1]
+
+
+def harness_package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among the harness's packages (harness.X), counting every import of every module in them."""
+    packages: dict[str, set[str]] = {".".join(m.split(".")[:2]): set() for m in graph}
+    for pkg, pairs in package_graph(graph, "harness").items():
+        packages[pkg] |= {".".join(dst.split(".")[:2]) for _, dst in pairs}
+    return find_cycles(packages)
+
+
+def harness_layer_violations(
+    graph: dict[str, set[str]],
+    layers: tuple[tuple[str, ...], ...] = HARNESS_LAYERS,
+    apart: tuple[tuple[str, str], ...] = HARNESS_APART,
+) -> list[str]:
+    """Modules with no layer, imports that point up ``layers``, and imports between two layers kept ``apart``."""
+    bad = [f"{m} has no layer in HARNESS_LAYERS" for m in sorted(graph) if harness_layer(m, layers) is None]
+    group_of = {entry: i for i, group in enumerate(layers) for entry in group}
+    for src in sorted(graph):
+        for dst in sorted(graph[src]):
+            a, b = harness_layer(src, layers), harness_layer(dst, layers)
+            if a is None or b is None:
+                continue
+            if b > a:
+                bad.append(f"{src} -> {dst} (layer {a} imports layer {b})")
+            elif b < a and any({group_of[x], group_of[y]} == {a, b} for x, y in apart):
+                bad.append(f"{src} -> {dst} (layers {b} and {a} are kept apart: they meet on a lower layer)")
+    return bad
+
+
+def test_harness_packages_have_no_import_cycle():
+    cycles = harness_package_cycles(harness_graph())
+    assert not cycles, "import cycles among the harness's packages (counting function-level imports):\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
+
+
+def test_harness_imports_point_down_its_layers():
+    bad = harness_layer_violations(harness_graph())
+    assert not bad, (
+        "harness imports that do not point down HARNESS_LAYERS (move the shared code down to the common layer, or "
+        "to the layer that owns it):\n" + "\n".join(bad)
+    )
+
+
+def test_harness_layer_check_flags_upward_and_apart_imports():
+    layers = (("h", "h.common", "h.faults"), ("h.rank",), ("h.report",), ("h.parent", "h.faults.driver"), ("h.app",))
+    apart = (("h.rank", "h.parent"), ("h.rank", "h.report"))
+    ok = {
+        "h": set(),
+        "h.common": set(),
+        "h.faults.kinds": {"h.common"},
+        "h.faults.driver": {"h.faults.kinds"},
+        "h.rank.train": {"h.common", "h.faults.kinds"},
+        "h.report.goodput": {"h.common"},
+        "h.parent.run": {"h.report.goodput", "h.faults.driver"},
+        "h.app.main": {"h.parent.run", "h.report.goodput"},
+    }
+    assert harness_layer_violations(ok, layers, apart) == []
+    assert harness_layer("h.faults.driver", layers) == 3 and harness_layer("h.faults.kinds", layers) == 0
+    planted = {**ok, "h.rank.train": {"h.common", "h.faults.driver"}, "h.parent.run": {"h.rank.train"}, "h.x": set()}
+    assert harness_layer_violations(planted, layers, apart) == [
+        "h.x has no layer in HARNESS_LAYERS",
+        "h.parent.run -> h.rank.train (layers 1 and 3 are kept apart: they meet on a lower layer)",
+        "h.rank.train -> h.faults.driver (layer 1 imports layer 3)",
+    ]
+    assert harness_package_cycles({"h.a.x": {"h.b.y"}, "h.b.y": set(), "h.b.z": {"h.a.x"}}) == [["h.a", "h.b", "h.a"]]
 
 
 def test_checker_finds_function_level_and_relative_imports(tmp_path):

@@ -186,7 +186,7 @@ def run_session(
 
     if ":" not in runner:
         raise ValueError(
-            f"runner {runner!r} must be 'package.module:function', e.g. 'harness.workloads.fsdp_scenarios:run'"
+            f"runner {runner!r} must be 'package.module:function', e.g. 'experiments.workloads.fsdp_scenarios:run'"
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ and a long harness run (a seeded fault trace) takes its settings from it.
 
 ``advise(cluster, mix, platform)`` is what ``python -m harness.advise`` computes. ``advise_for_trace(trace,
 step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this harness under a trace from
-``harness.faults.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
+``harness.advise.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
 ``cpu_here`` cost model): each strategy's disk interval in steps and the heal's cadence.
 """
 
@@ -15,13 +15,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
-from harness.advise.cost import Cadence, Platform
+from harness.advise.calibration import load, platform_from
+from harness.advise.cost import CPU_HERE, Cadence, Platform
 from harness.scale import analytic
 from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
+from harness.scale.mixes import named_mix, unexpected_classes
+from harness.scale.outcomes import DESIGN_BUILDS, outcome_table
 from harness.scale.project import Projection, project
+from harness.strategies import simulated
 
 if TYPE_CHECKING:
-    from harness.faults.trace import Trace
+    from harness.advise.trace import Trace
 
 __all__ = [
     "TORCHFT_QUORUM_S",
@@ -67,9 +71,6 @@ class Advice:
 
 def default_strategies() -> tuple[str, ...]:
     """Every strategy the simulator models that is built (no design rows) and is not the fault-free reference."""
-    from harness.scale.outcomes import DESIGN_BUILDS
-    from harness.strategies import simulated
-
     return tuple(n for n, s in simulated().items() if not s.fault_free and s.build not in DESIGN_BUILDS)
 
 
@@ -89,8 +90,6 @@ def heal_plan(
 ) -> tuple[dict[str, Choice], dict, dict[str, float]]:
     """For each heal strategy: its cadence choice, its outcome rows at that cadence, and its tax."""
     from harness.scale.heal_measured import HEAL_BUILDS
-    from harness.scale.outcomes import outcome_table
-    from harness.strategies import simulated
 
     sims = simulated()
     heals = [s for s in strategies if sims[s].build in HEAL_BUILDS]
@@ -166,7 +165,7 @@ def advise_for_trace(
     platform: Platform | None = None,
     strategies: Sequence[str] | None = None,
 ) -> list[TraceAdviceRow]:
-    """Settings for a harness run under ``trace`` (``harness.faults.trace.Trace``): ``trace.world_size`` ranks,
+    """Settings for a harness run under ``trace`` (``harness.advise.trace.Trace``): ``trace.world_size`` ranks,
     one per host, steps of ``step_s``, ``state_bytes`` of snapshot per rank, a disk checkpoint that blocks
     ``checkpoint_write_s``; on the ``cpu_here`` cost model (the committed calibration) unless given.
 
@@ -176,11 +175,6 @@ def advise_for_trace(
     back to its checkpoint (mean work between them: step_s / (p x their share)), and the heal's cadence is
     ``harness.advise.cadence.choose`` at the trace's rates per second of work. No ETTR: the run measures it.
     """
-    from harness.advise.calibration import load, platform_from
-    from harness.advise.cost import CPU_HERE
-    from harness.scale.mixes import named_mix, unexpected_classes
-    from harness.scale.outcomes import outcome_table
-
     if platform is None:
         try:
             platform = platform_from(load())

@@ -25,6 +25,8 @@ from harness.advise.cadence import Choice
 from harness.advise.cost import PLATFORMS, Platform
 from harness.scale.config import CLASSES, Cluster, FailureClass, ScaleConfigError
 from harness.scale.mixes import MIXES, mix_from_rates, mttf_h
+from harness.scale.outcomes import outcome_table
+from harness.strategies import simulated
 
 EXIT_BAD_INPUT = 2
 # The heal keeps 2 own slots and 2 buddy replicas of each GPU's state in host memory (docs/snapshots.md).
@@ -158,8 +160,6 @@ def _check_memory(args: argparse.Namespace) -> None:
 
 
 def _strategies(args: argparse.Namespace) -> tuple[str, ...]:
-    from harness.strategies import simulated
-
     sims = simulated()
     built = default_strategies()
     if not args.strategies:
@@ -198,8 +198,6 @@ def render(
         f"blocking {platform.block_s_per_gb * 1e3:.2f} ms/GB; {platform.source}",
         "",
     ]
-    from harness.scale.outcomes import outcome_table
-
     table = outcome_table(cluster, tuple(p.strategy for p in projections))
     head = ("strategy", "settings", "per-step tax", "ETTR (95% CI)", "a lost host replays", "what costs most")
     body = []

@@ -72,7 +72,7 @@ class Cadence:
     @property
     def replay_bound(self) -> int:
         """Steps a heal from the buddy replays at most (accelpact.snapshot.push_rule.replay_bound)."""
-        from accelpact.snapshot import replay_bound
+        from accelpact.snapshot import replay_bound  # lazy: torch
 
         return replay_bound(self.every, self.push_every)
 

@@ -8,10 +8,13 @@ the fault's spec; nothing here knows a strategy or fault by name.
 
 from __future__ import annotations
 
+import shutil
+
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.placement import unmet_need
-from harness.schema import LinkPlane, RankLaunch, RunConfig
+from harness.faults.schedule import ScheduleError, plan_faults
+from harness.schema import ConfigError, LinkPlane, RankLaunch, RunConfig
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
 # shorter ones: a 3 s silent outage under a 5 s timeout just stalled the collective here).
@@ -21,7 +24,7 @@ OUTAGE_MARGIN_S = 2.0
 def effective_stall_timeout_s(run: RunConfig) -> float | None:
     """The stall watchdog's timeout for this run, or None when it is off (``strategy.stall_timeout_s``:
     None = auto, 10 s when the PG timeout is longer; 0 = off)."""
-    from accelpact.guard import DEFAULT_STALL_TIMEOUT_S
+    from accelpact.guard import DEFAULT_STALL_TIMEOUT_S  # lazy: torch
 
     stall = run.strategy.stall_timeout_s
     if stall is None:
@@ -30,9 +33,6 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
-    from harness.faults.schedule import ScheduleError, plan_faults
-    from harness.schema import ConfigError
-
     strategy = strategies.get(run.strategy.name)
     fault = faults.get(run.fault.kind)
     try:
@@ -70,8 +70,6 @@ def check_runnable(run: RunConfig) -> None:
     if unmet is not None:
         raise ConfigError(unmet)
     if run.cluster.launch == RankLaunch.srun:
-        import shutil
-
         if shutil.which("srun") is None:
             raise ConfigError(
                 f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "

@@ -34,7 +34,7 @@ def sweep_reference_dir() -> Path | None:
 
 def needs_reference(config: Any) -> bool:
     """Whether a multirun over ``config`` is a comparison: its base injects a fault, or it sweeps one."""
-    from harness.app.config import to_run_config
+    from harness.app.config import to_run_config  # lazy: OmegaConf, psutil
 
     return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
 
@@ -43,8 +43,8 @@ def run_reference(config: Any, out: Path, required: bool = True) -> Path | None:
     """Run the fault-free reference of the multirun ``config`` into ``out``; the sweep's jobs compare
     themselves with it from then on. A failed reference raises when ``required``, else it is reported
     and the last good reference stays in use (a later trial's reference failing costs that trial only)."""
-    from harness.app.config import to_run_config
-    from harness.parent.run import run_one
+    from harness.app.config import to_run_config  # lazy: OmegaConf, psutil
+    from harness.parent.run import run_one  # lazy: psutil, torch
 
     print(f"comparison: running the fault-free reference in {out}", flush=True)
     row = run_one(reference_config(to_run_config(config)), out, None, ["(reference of the sweep)"])
@@ -76,7 +76,7 @@ class ComparisonCallback(Callback):
         run_reference(config, Path(str(config.hydra.sweep.dir)) / REFERENCE)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from harness.report.verdict import finish_trials
+        from harness.report.verdict import finish_trials  # lazy: numpy, scipy
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         entries: list[tuple[Path, dict[str, Any]]] = []
@@ -113,7 +113,7 @@ class ComparisonCallback(Callback):
 
 def _compare_settings(config: Any) -> CompareConfig:
     """The sweep's ``compare`` settings (the defaults where the config has none)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: OmegaConf
 
     raw = OmegaConf.select(config, "compare", default=None)
     if raw is None:

@@ -15,7 +15,9 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness import strategies
 from harness.app.validate import Catalogue
+from harness.faults import registry as faults
 from harness.schema import (
     CheckpointConfig,
     ClusterConfig,
@@ -41,9 +43,6 @@ _GROUP_SCHEMAS = {
 def register_schemas() -> None:
     """Put the dataclass schemas in Hydra's ConfigStore (idempotent), and an option for every registered
     strategy and fault kind that has no YAML file in conf/ (those of plugins, ``harness.plugins``)."""
-    from harness import strategies
-    from harness.faults import registry as faults
-
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for group, schema in _GROUP_SCHEMAS.items():
@@ -76,12 +75,8 @@ def group_options(group: str) -> list[str]:
     fault kinds (the `schema` nodes are not options)."""
     names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
     if group == "strategy":
-        from harness import strategies
-
         names |= set(strategies.names())
     elif group == "fault":
-        from harness.faults import registry as faults
-
         names |= set(faults.kinds())
     return sorted(names)
 

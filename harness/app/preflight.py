@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from collections.abc import Sequence
 from enum import Enum
 
 from harness.app import capabilities
 from harness.app.config import GROUPS, compose, default_option, group_options, load_catalogue, to_run_config
-from harness.app.machine import probe
-from harness.app.memory_plan import MemoryPlan
 from harness.app.validate import Catalogue, ConfigError, validate
+from harness.machine import probe
+from harness.parent.memory_plan import MemoryPlan
 from harness.schema import Device
 
 # Command-line switches after which there is nothing to run (help, printing the config, ...).
@@ -200,15 +201,13 @@ def validate_only(argv: Sequence[str], out=None, err=None) -> int:
     Nothing is created: no Hydra run directory, no process. The same function the CLI calls, so
     tests can fuzz it in-process.
     """
-    import sys
-
     out = out or sys.stdout
     err = err or sys.stderr
     args = [a for a in argv if a != VALIDATE_ONLY_FLAG]
     try:
         if "experiment=project_scale" in args:  # the cluster-scale simulator has its own keys
             from harness.scale.config import ScaleConfigError
-            from harness.scale.entry import parse
+            from harness.scale.entry import parse  # lazy: PyYAML, numpy
 
             try:
                 parse(args)

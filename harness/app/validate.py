@@ -1,7 +1,7 @@
 """Validation of a typed RunConfig against this machine: one readable line per problem, with the fix.
 
 Everything here runs before a run directory or a process exists, so a rejected config leaves nothing
-behind. The rules take the machine as data (``harness.app.machine.Machine``) so they are unit-testable.
+behind. The rules take the machine as data (``harness.machine.Machine``) so they are unit-testable.
 
 When the requested cluster or model cannot run here, the error names the exact command that runs
 the same protocol (same strategy, fault, checkpoint schedule) at a size that fits: a cluster this
@@ -15,8 +15,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harness.app.machine import RANKS_PER_CORE, GiB, Machine
-from harness.app.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
+from harness import strategies
+from harness.faults import registry as faults
+from harness.machine import RANKS_PER_CORE, GiB, Machine
+from harness.parent.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
 from harness.schema import (
     ClusterConfig,
     ConfigError,
@@ -51,9 +53,6 @@ class Catalogue:
 
 def check_names(run: RunConfig) -> None:
     """The strategy and fault kind must be registered (``harness.strategies``, ``harness.faults.registry``)."""
-    from harness import strategies
-    from harness.faults import registry as faults
-
     for name in [run.strategy.name]:
         try:
             strategies.get(name)
@@ -73,8 +72,7 @@ def check_names(run: RunConfig) -> None:
 
 def check_compare(run: RunConfig) -> None:
     """The comparison's interval method, level, minimum effect and ``ours`` must make sense."""
-    from harness import strategies
-    from harness.report.intervals import METHODS
+    from harness.report.intervals import METHODS  # lazy: numpy, scipy
 
     cmp = run.compare
     if cmp.interval not in METHODS:
@@ -265,8 +263,6 @@ def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) ->
 
 
 def faults_need_netns(run: RunConfig) -> bool:
-    from harness.faults import registry as faults
-
     return faults.get(run.fault.kind).needs_netns
 
 
@@ -309,7 +305,7 @@ def _backend_problem(run: RunConfig, machine: Machine) -> tuple[str, dict[str, s
 
     The registry (``accelpact.backends``) is the one list of backends: each class names the devices it
     runs on, so a plugin backend is validated like a built-in one."""
-    from accelpact.backends import BACKENDS
+    from accelpact.backends import BACKENDS  # lazy: torch
 
     c = run.cluster
     fits = [name for name, cls in BACKENDS.items() if c.device.value in cls.devices]

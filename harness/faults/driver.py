@@ -2,7 +2,7 @@
 
 ``FaultDriver.tick()`` runs in the parent's poll loop (``Launcher.tick_hooks``). A rank that reached
 the (step, phase) of a parent-side fault wrote ``faults/request_<i>_rank<R>.json`` and waits for the
-ack (``harness.faults.rank_side``). The driver looks up the kind's ``FaultSpec`` and calls its
+ack (``harness.rank.faults``). The driver looks up the kind's ``FaultSpec`` and calls its
 ``parent_apply(driver, request)`` (the built-in ones are in ``harness.faults.kinds``), which acts from
 outside the rank, records the ``fault`` event (``events/parent.jsonl``) with the wall time it acted
 (:meth:`FaultDriver.record`) and acks (:meth:`FaultDriver.ack`). A killed rank is never acked.
@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.events import EventLog, Fault
 from harness.faults import registry
-from harness.faults.rank_side import ack_path
+from harness.faults.handshake import ack_path
 from harness.faults.schedule import FAULTS_DIR
 from harness.schema import RunConfig
 

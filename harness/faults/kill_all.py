@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.faults.snapshot_roots import DEFAULT_BASE, ROOT_ENV
+
 __all__ = ["apply_kill_all", "ALL_DEAD_WITHIN_S", "LOSE_SNAPSHOTS"]
 
 # A SIGKILLed process is gone within milliseconds; a loaded host may take longer to reap it.
@@ -53,8 +55,6 @@ def apply_kill_all(driver: Any, req: dict) -> None:
 def _lose_snapshots(launcher: Any, ranks: list[int], lose: list[str]) -> None:
     """Delete the snapshots ``lose`` names (``LOSE_SNAPSHOTS``) under the run's snapshot token, on every host
     root of the run."""
-    from harness.faults.snapshot_roots import DEFAULT_BASE, ROOT_ENV
-
     roots = {launcher.rank_environ(r, launcher.incarnation, 0.0).get(ROOT_ENV) or DEFAULT_BASE for r in ranks}
     for root in roots:
         job = Path(root) / launcher.snapshot_token

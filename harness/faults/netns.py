@@ -51,6 +51,7 @@ from harness.faults.netns_host import (
     namespaces_available,
 )
 from harness.faults.snapshot_roots import ROOT_ENV, host_root, snapshot_base
+from harness.faults.store_server import start_in_namespace
 
 __all__ = [
     "TAG_ENV",
@@ -240,8 +241,6 @@ class NetnsTopology:
             )
 
     def _start_server(self) -> None:
-        from harness.faults.store_server import start_in_namespace
-
         self._server, self._control_addr = start_in_namespace(
             self.layout.bridge_ns, self.layout.bridge_ctl_addr, self.prefix, self._python, self._server_timeout_s
         )

@@ -7,12 +7,14 @@ prefix, so a leftover can always be traced to its job.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 
+from harness.faults import registry
 from harness.faults.addressing import PREFIX_RE, check_prefix, new_prefix
 from harness.faults.snapshot_roots import job_roots, remove_job_roots, root_prefixes
 
@@ -65,8 +67,6 @@ def namespaces_available() -> tuple[bool, str]:
 
 
 def _probe() -> tuple[bool, str]:
-    from harness.faults import registry
-
     specs = [registry.get(k) for k in registry.kinds()]
     netns_kinds = ", ".join(s.kind for s in specs if s.needs_netns)
     still = f"Fault kinds that need no namespaces still work: {', '.join(s.kind for s in specs if s.injects and not s.needs_netns)}."
@@ -110,7 +110,7 @@ def list_prefixes() -> list[str]:
 def _tagged_pids(prefix: str) -> set[int]:
     """Processes of this job found by their tag: ``$ACCELPACT_NETNS`` == prefix, or the job's store server
     (``--tag prefix``). Never this process or its ancestors (a shell that typed the prefix is not the job)."""
-    import psutil
+    import psutil  # lazy: psutil
 
     spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     pids: set[int] = set()
@@ -168,7 +168,7 @@ def cleanup_stale(prefix: str) -> list[str]:
 
 
 def _kill_and_wait(pids: set[int], timeout_s: float = 5.0) -> None:
-    import psutil
+    import psutil  # lazy: psutil
 
     procs = []
     for pid in pids:
@@ -187,8 +187,6 @@ def _kill_and_wait(pids: set[int], timeout_s: float = 5.0) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.faults.netns list | leftovers PREFIX | cleanup PREFIX [PREFIX ...]``"""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m harness.faults.netns", description="find and remove jobs' namespaces"
     )

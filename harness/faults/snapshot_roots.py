@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from harness.faults.addressing import PREFIX_RE, new_prefix
+
 __all__ = [
     "ROOT_ENV",
     "DEFAULT_BASE",
@@ -62,8 +64,6 @@ def single_host_snapshot_env(env: dict[str, str], tag_env: str) -> str:
     """Point the ranks of a run without namespaces (one host) at a fresh root of their own; returns
     the fresh prefix that names it (``remove_job_roots(prefix)`` at the end, ``cleanup PREFIX`` after
     a parent that was killed)."""
-    from harness.faults.addressing import new_prefix
-
     prefix = new_prefix()
     env[ROOT_ENV] = str(host_root(f"{prefix}-h0"))
     env[tag_env] = prefix  # the job tag (netns_host.TAG_ENV): `cleanup PREFIX` finds ranks a killed parent orphaned
@@ -72,8 +72,6 @@ def single_host_snapshot_env(env: dict[str, str], tag_env: str) -> str:
 
 def root_prefixes(base: Path | None = None) -> list[str]:
     """Job prefixes that own a snapshot root now (live or stale)."""
-    from harness.faults.addressing import PREFIX_RE
-
     b = base or snapshot_base()
     names = {p.name.split("-", 1)[0] for p in b.iterdir() if "-" in p.name} if b.is_dir() else set()
     return sorted(n for n in names if PREFIX_RE.match(n))

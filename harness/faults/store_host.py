@@ -12,6 +12,8 @@ from __future__ import annotations
 import subprocess
 import threading
 
+from harness.faults.store_server import start_here
+
 __all__ = ["ChildStore"]
 
 
@@ -32,8 +34,6 @@ class ChildStore:
 
     def ensure_running(self) -> tuple[str, int]:
         """Start a store if none is running (first start, or after :meth:`kill`); its (host, port)."""
-        from harness.faults.store_server import start_here
-
         with self._lock:
             if not self.alive:
                 self.proc, self.addr = start_here(self.host, tag="control-store")

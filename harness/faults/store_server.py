@@ -23,6 +23,8 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+from harness.faults.netns_host import TAG_ENV, NetnsError
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,8 +64,6 @@ def start_in_namespace(
     """Start this server inside ``netns`` listening on ``host`` (port chosen by the kernel); return the
     process (close its stdin to stop it) and the (host, port) it printed. NetnsError if it is not ready
     within ``timeout_s``."""
-    from harness.faults.netns_host import NetnsError
-
     return _start(["ip", "netns", "exec", netns], host, tag, python, timeout_s, NetnsError, f" in namespace {netns}")
 
 
@@ -78,8 +78,6 @@ def start_here(
 def _start(
     prefix: list[str], host: str, tag: str, python: str, timeout_s: float, error: type[Exception], where: str
 ) -> tuple[subprocess.Popen[str], tuple[str, int]]:
-    from harness.faults.netns_host import TAG_ENV
-
     argv = [python, "-m", "harness.faults.store_server", "--host", host, "--port", "0", "--tag", tag]
     # The server imports this package: make it importable whatever the launcher's cwd is.
     root = str(Path(__file__).resolve().parents[2])

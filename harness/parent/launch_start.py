@@ -62,7 +62,7 @@ def _key(launcher: Any) -> tuple[str, ...]:
 
 def shared_template(launcher: Any) -> ReplacementTemplate:
     """The process's template for ``launcher``'s run (started, and preloaded in the background, on first use)."""
-    from harness.parent.template import ReplacementTemplate
+    from harness.parent.template import ReplacementTemplate  # lazy: torch
 
     key = _key(launcher)
     template = _shared.get(key)

@@ -36,14 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from accelpact.run import Notices, Workers, describe_exit, raise_on_signals, spawn
-from harness.app.machine import usable_cores
+from harness.contract import SNAPSHOT_TOKEN, RankEnv
 from harness.events import Step, events_path
+from harness.machine import usable_cores
 from harness.parent.launch_start import SPAWN, TEMPLATE, is_shared, launch_method, shared_template
 from harness.parent.progress import EventTailer, Progress
 from harness.parent.replacements import SparePool, replace_the_dead
 from harness.parent.template import ReplacementTemplate, TemplateUnavailable
-from harness.rank.env import SNAPSHOT_TOKEN, RankEnv
 from harness.schema import RankLaunch, RunConfig
+from harness.slurm_env import srun_argv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = "logs"
@@ -189,7 +190,7 @@ class Launcher:
 
     # -- control channel ---------------------------------------------------------------------
     def start_control_store(self) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch
 
         # Port 0: the kernel picks a free port, no race with other runs or tests.
         self.store = dist.TCPStore(
@@ -304,13 +305,11 @@ class Launcher:
         )
 
     def _start_srun(self, incarnation: int, t_launch: float) -> None:
-        """Every rank as a task of one ``srun`` step across the allocation (harness.app.slurm_env).
+        """Every rank as a task of one ``srun`` step across the allocation (harness.slurm_env).
 
         The tasks number themselves from Slurm (SLURM_PROCID ...), so the environment carries no RANK. Each
         rank's entry in ``procs`` is the one srun process: srun exits when its last task does, so a failure
         shows once every rank has ended, with srun's exit code (the worst task's)."""
-        from harness.app.slurm_env import srun_argv
-
         env = self.rank_environ(0, incarnation, t_launch)
         # No parent pid either: a task's parent is slurmstepd, not this process (the rank's die-with-parent
         # check would end it at once); the step ends with the allocation or with kill_all's signal to srun.

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.app.memory_plan import MemoryPlan
+from harness.contract import write_spec
 from harness.parent.launcher import LOG_DIR, Launcher, LaunchPlan, Outcome
+from harness.parent.memory_plan import MemoryPlan
 from harness.parent.progress import Progress
-from harness.rank.worker import write_spec
 from harness.report import results
 from harness.schema import RunConfig, to_dict
 
@@ -63,8 +63,8 @@ def run_one(
     from the parent and decides after a failure whether every rank is relaunched.
     ``reference_dir``: a fault-free run of the same sweep; the row then says whether this run's final
     state is bit-identical to it."""
-    from harness.app import load_guard
     from harness.events import EventLog
+    from harness.parent import load_guard
 
     started = time.time()
     run = _resolve_cluster(run)
@@ -164,7 +164,7 @@ def _start(
     if plan.control is None:
         launcher.start_control_store()
     if strategy.parent_setup is not None:
-        torn.setup = strategy.parent_setup(run, launcher)
+        torn.setup = strategies.resolve(strategy.parent_setup)(run, launcher)
     if faults.get(run.fault.kind).injects:
         torn.driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
         stack.callback(torn.driver.close)
@@ -222,7 +222,7 @@ def _resolve_cluster(run: RunConfig) -> RunConfig:
 
     if run.cluster.launch != RankLaunch.srun:
         return run
-    from harness.app.slurm_env import resolve_cluster
+    from harness.slurm_env import resolve_cluster
 
     return dataclasses.replace(run, cluster=resolve_cluster(run.cluster))
 

@@ -56,6 +56,6 @@ def build_mesh(device_type: str, layout: MeshLayout, rejoin: Any = None) -> Any:
     create new groups the survivors never join."""
     if rejoin is not None and hasattr(rejoin, "device_mesh"):
         return rejoin.device_mesh(device_type, layout.shape, layout.dim_names)
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: torch
 
     return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.dim_names)

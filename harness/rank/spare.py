@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from accelpact.run import spare as spare_protocol
-from harness.rank.env import RankEnv
+from harness.contract import RankEnv
 from harness.schema import RunConfig
 
 
@@ -21,7 +21,7 @@ def become_rank(cfg: RunConfig, env: RankEnv) -> RankEnv:
     """Block until the parent assigns this spare a rank; returns the environment of that rank."""
     import accelpact.snapshot  # noqa: F401 - everything a replacement imports, now rather than after a death
     import harness.rank.train  # noqa: F401
-    from harness.rank.models import meta_model
+    from harness.models import meta_model  # lazy: torch
 
     meta_model(cfg.model)
     index = int(os.environ[spare_protocol.SPARE_ENV]) - 1

@@ -37,27 +37,26 @@ from typing import Any
 
 # The fork server itself (pipe protocol, fork safety, reaping) is shared with accelpact.run's template.
 from accelpact.run import enter_netns, fork_one, reap, serve, thread_count  # noqa: F401
+from harness import strategies
+from harness.contract import read_spec
+from harness.plugins import load_plugins
 
 
 def preload(spec_path: str) -> None:
     """Import everything a replacement imports before it arrives, and build the meta model once."""
-    from harness.plugins import load_plugins
-    from harness.rank.worker import read_spec
-
     _, cfg = read_spec(spec_path)
     load_plugins()
     import accelpact
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies
     from accelpact.control import ControlChannel  # noqa: F401
-    from harness import strategies
-    from harness.rank.models import meta_model
+    from harness.models import meta_model  # lazy: torch
 
     spec = strategies.get(cfg.strategy.name)
     for entry in (spec.rejoin, spec.rank_entry):
         if entry:
             __import__(entry.split(":")[0])
-    strategies.rank_class(cfg.strategy.name)
+    strategies.resolve(spec.rank_class)
     meta_model(cfg.model)  # transformers' model class and everything it imports lazily
 
 

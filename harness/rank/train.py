@@ -6,8 +6,10 @@ per-step work belongs to a ``Strategy``; this loop is the same for all of them. 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness import strategies
+from harness import identity, strategies
+from harness.contract import RankEnv
 from harness.events import EventLog, Restart, Step
-from harness.rank import identity
+from harness.models import build_model
 from harness.rank.data import make_batch
-from harness.rank.env import RankEnv
 from harness.rank.mesh import MeshLayout, build_mesh, mesh_layout
-from harness.rank.models import build_model
+from harness.rank.strategies.base import Rewind, Strategy, TrainContext
 from harness.schema import Device, Precision, RunConfig
-from harness.strategies.base import Rewind, Strategy, TrainContext
+from harness.strategies.spec import resolve
 
 
 @dataclass
@@ -76,7 +78,7 @@ def mixed_precision_policy(cfg: RunConfig) -> Any:
 
 def set_cpu_threads(world_size_on_host: int) -> None:
     """Split the cores between the ranks of this host: oversubscribed intra-op threads thrash."""
-    from harness.app.machine import usable_cores
+    from harness.machine import usable_cores  # lazy: psutil
 
     cores = usable_cores()
     torch.set_num_threads(max(1, cores // max(1, world_size_on_host)))
@@ -169,8 +171,6 @@ def exit_without_static_destructors() -> None:
     "terminate called without an active exception" (SIGABRT) from a C++ destructor (gloo / store threads)
     during interpreter shutdown, which turned a good run into a failed one. Only registered after
     success, so a failing rank still exits with its own status."""
-    import atexit
-    import sys
 
     def _exit() -> None:
         sys.stdout.flush()
@@ -187,24 +187,19 @@ def train(cfg: RunConfig, env: RankEnv, run_dir: str) -> TrainResult:
     spec = strategies.get(cfg.strategy.name)
     if spec.rank_entry is not None:
         # The strategy owns the process groups from the start (NVRx in-process restart): its own life.
-        import importlib
-
-        module_name, fn_name = spec.rank_entry.split(":")
-        return getattr(importlib.import_module(module_name), fn_name)(cfg, env, run_dir)
+        return resolve(spec.rank_entry)(cfg, env, run_dir)
     with EventLog(run_dir, env.rank) as events:
         control_store = connect_control_store(env, cfg.cluster.pg_timeout_s)
         rejoin = None
         if env.replacement and spec.rejoin is not None:
             # A replacement joins the running job's next generation instead of a fresh rendezvous.
-            import importlib
-
-            module_name, fn_name = spec.rejoin.split(":")
-            rejoin = getattr(importlib.import_module(module_name), fn_name)(cfg, env)
+            rejoin = resolve(spec.rejoin)(cfg, env)
         else:
             init_data_plane(cfg, env, control_store)
         try:
             ctx = build_context(cfg, env, run_dir, events, control_store, rejoin)
-            strategy = strategies.rank_class(cfg.strategy.name)(ctx)
+            strategy_class: type[Strategy] = resolve(spec.rank_class)
+            strategy = strategy_class(ctx)
             events.emit(
                 Restart,
                 t_launch=env.t_launch,

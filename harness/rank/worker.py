@@ -7,31 +7,14 @@ Exit status: 0 when training finished; 1 with the traceback on stderr (the rank'
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
-from pathlib import Path
-from typing import Any
 
 from accelpact.run import die_with_parent
-from harness.rank.env import RankEnv
-from harness.schema import RunConfig, run_config_from_dict
-
-SPEC_NAME = "worker_spec.json"
-
-
-def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
-    from harness.schema import to_dict
-
-    path = Path(run_dir) / SPEC_NAME
-    path.write_text(json.dumps({"run_dir": str(run_dir), "config": to_dict(cfg)}, indent=1))
-    return path
-
-
-def read_spec(path: str | Path) -> tuple[str, RunConfig]:
-    data: dict[str, Any] = json.loads(Path(path).read_text())
-    return data["run_dir"], run_config_from_dict(data["config"])
+from accelpact.run.spare import SPARE_ENV
+from harness.contract import RankEnv, read_spec
+from harness.plugins import load_plugins
 
 
 def main(argv: list[str]) -> int:
@@ -44,11 +27,7 @@ def main(argv: list[str]) -> int:
     os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank)})
     die_with_parent(env.parent_pid)
     run_dir, cfg = read_spec(argv[0])
-    from harness.plugins import load_plugins
-
     load_plugins()  # strategies and fault kinds of plugins, as in the parent
-    from harness.parent.replacements import SPARE_ENV
-
     if os.environ.get(SPARE_ENV):  # a hot spare: wait, fully imported, for the rank of the first death
         from harness.rank.spare import become_rank
 

@@ -32,7 +32,8 @@ from typing import Any
 
 from harness import strategies
 from harness.faults import registry as faults
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
+from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
 from harness.report.goodput import load_report
 from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness.report.table import RunSummary, cell, comparison_table, format_table
@@ -124,8 +125,7 @@ def trial_rows(
     """One row per run: the comparison table's columns (``build_table``) plus ``trial``,
     ``goodput_bp``, ``accelpact_gain_bp``, ``ratio_to_reference_bp``, ``step_drift``, ``badput_s``, every
     named badput part (``<part>_s``) and the run's load columns."""
-    from harness.report.badput_goodput import badput_goodput, named_parts, reference_step_s
-    from harness.report.trials import trial_of
+    from harness.report.trials import trial_of  # lazy: numpy, scipy
 
     by_trial: dict[int, list[tuple[Path, dict[str, Any]]]] = {}
     for d, r in entries:
@@ -195,7 +195,7 @@ def trial_rows(
 
 def write_table(out_dir: Path, table: list[dict[str, Any]], title: str) -> str:
     """Print and write ``table.md`` / ``table.csv``; returns the printed text."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     text = format_table(table, PRINT_COLUMNS)
     frame = pd.DataFrame(table)

@@ -27,6 +27,11 @@ from harness.report.goodput_records import StepRecord, parse_events
 
 if TYPE_CHECKING:
     from harness import events as ev
+import json
+import os
+from pathlib import Path
+
+from harness.events import read_events
 from harness.report.goodput_sweep import _FAULT_LABELS, _NO_FAULT, _PRIORITY, _rank_pieces
 
 
@@ -248,10 +253,6 @@ def report_from_dict(d: Mapping[str, Any]) -> GoodputReport:
 
 def save_report(run_dir: str, report: GoodputReport) -> None:
     """Write ``<run_dir>/goodput.json`` atomically."""
-    import json
-    import os
-    from pathlib import Path
-
     path = Path(run_dir) / REPORT_FILE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(report_to_dict(report), indent=1))
@@ -261,14 +262,9 @@ def save_report(run_dir: str, report: GoodputReport) -> None:
 def load_report(run_dir: str) -> GoodputReport:
     """The run's saved ``goodput.json``; a run without one (killed before it ended) is computed from its
     event logs and saved, so each run's events are parsed once."""
-    import json
-    from pathlib import Path
-
     path = Path(run_dir) / REPORT_FILE
     if path.exists():
         return report_from_dict(json.loads(path.read_text()))
-    from harness.events import read_events
-
     report = compute_goodput(read_events(run_dir))
     save_report(run_dir, report)
     return report

@@ -34,10 +34,10 @@ def _color(strategy: str) -> str | None:
 
 
 def _plt() -> Any:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     return plt
 
@@ -140,7 +140,7 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
             ax.axvline(e.t - t0, color="red", linewidth=1.5)
         if isinstance(e, ev.Fallback):
             ax.axvline(e.t - t0, color="magenta", linestyle=":")
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # lazy: matplotlib
 
     ax.legend(
         handles=[

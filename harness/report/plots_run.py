@@ -34,10 +34,10 @@ def plot_run(
     run_dir: Path, title: str = "", events: Sequence[Mapping[str, Any] | ev.Event] | None = None
 ) -> Path | None:
     """Write ``loss_throughput.png`` (from ``events``, read here if not given); None when no steps."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     series = per_step_series(ev.load_events(run_dir) if events is None else events)
     if not series["step"]:

@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import strategies
+from harness.report import plots_compare
 from harness.report.badput_goodput import PART_NAMES
 from harness.report.plots_compare import GOODPUT_FILE, _color, _legend, _plt
 
@@ -35,7 +37,7 @@ def _err(rows: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
 
 def _interval(row: dict[str, Any], key: str) -> Any:
     """The ``Interval`` of ``key`` in a cell row (for its coverage)."""
-    from harness.report.intervals import Interval
+    from harness.report.intervals import Interval  # lazy: numpy, scipy
 
     def num(k: str) -> float:
         v = row.get(k)
@@ -54,8 +56,6 @@ def _interval(row: dict[str, Any], key: str) -> Any:
 def _footer(fig: Any, footer: str | None) -> None:
     """Provenance text under the axes (command, git sha, machine) for a committed figure."""
     if footer:
-        import textwrap
-
         width = int(fig.get_figwidth() * 20)  # characters of 6-pt monospace that fit the figure's width
         text = "\n".join(textwrap.fill(line, width) for line in footer.splitlines())
         fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.22))
@@ -131,7 +131,7 @@ def plot_goodput_vs_age(
             markeredgecolor="black",
             label=f"paper vs {s} (age {age}): {gain}x",
         )
-    from harness.report.intervals import coverage_text
+    from harness.report.intervals import coverage_text  # lazy: numpy, scipy
 
     covered = coverage_text([_interval(r, "gain") for r in cells if r["age"] is not None and r["strategy"] != ours])
     method = next((str(r["interval_method"]) for r in cells if r.get("interval_method")), "")
@@ -198,8 +198,6 @@ def plot_all(
     paper_gain: dict[tuple[str, int], float] | None = None,
 ) -> list[Path]:
     """The comparison's plots; ``one_trial``: (run_dir, row) of one trial, for its timeline and breakdown."""
-    from harness.report import plots_compare
-
     baseline = max(paper_gain, key=lambda k: k[1])[0] if paper_gain else None
     # The timeline and the per-fault breakdown of one trial; the goodput plot is the one with intervals.
     others = plots_compare.plot_all(out, [], one_trial, timeline_strategy=baseline)

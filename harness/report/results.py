@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import events as ev
-from harness.rank import identity
+from harness import identity
+from harness.faults.schedule import targeted_age
 from harness.report.gitinfo import git_state
+from harness.report.goodput import compute_goodput, save_report
 from harness.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -92,7 +94,7 @@ def build_row(
 ) -> dict[str, Any]:
     """The row of a finished (or failed) run, from its config, events (read here if not given) and
     identity records."""
-    import torch
+    import torch  # lazy: torch
 
     sha, dirty = git_sha()
     row: dict[str, Any] = {
@@ -149,9 +151,6 @@ def goodput_columns(
     ``parent``: what the parent knows (``relaunch_reasons``: why it relaunched the ranks).
     The goodput report is computed here, once per run, and saved as ``goodput.json`` for every later
     reader (tables, plots, experiments)."""
-    from harness.faults.schedule import targeted_age
-    from harness.report.goodput import compute_goodput, save_report
-
     events = ev.load_events(run_dir) if events is None else ev.typed(events)
     report = compute_goodput(events)
     save_report(str(run_dir), report)
@@ -272,7 +271,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def write_row(run_dir: Path, row: dict[str, Any], summary: dict[str, Any] | None = None) -> None:
     """``row.csv`` (one row) and ``summary.json`` (the row plus ``summary``) in the run directory."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     _atomic_write(run_dir / ROW_FILE, pd.DataFrame([row]).to_csv(index=False))
     _atomic_write(run_dir / SUMMARY_FILE, json.dumps({**(summary or {}), "row": row}, indent=1, default=str))
@@ -285,7 +284,7 @@ def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            import pandas as pd
+            import pandas as pd  # lazy: pandas
 
             frames = [pd.read_csv(index_path)] if index_path.exists() and index_path.stat().st_size else []
             table = pd.concat([*frames, pd.DataFrame([row])], ignore_index=True)
@@ -295,6 +294,6 @@ def append_to_index(index_path: Path, row: dict[str, Any]) -> None:
 
 
 def read_index(index_path: Path) -> pd.DataFrame:
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     return pd.read_csv(index_path)

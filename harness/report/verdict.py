@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import strategies
 from harness.report.intervals import DEFAULT_METHOD, DESCRIPTIONS, LEVEL, MIN_EFFECT, Interval, coverage_text
-from harness.report.table import format_table
+from harness.report.table import cell, format_table
 from harness.report.trials import summarize_cells, trial_of
 
 PRINT_COLUMNS: tuple[str, ...] = (
@@ -87,15 +88,13 @@ def footer(cells: Sequence[dict[str, Any]]) -> str:
 
 def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str, Any]], title: str) -> str:
     """``runs.csv``, ``table.csv`` and ``table.md``; returns the printed table."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     pd.DataFrame(runs).to_csv(out_dir / "runs.csv", index=False)
     pd.DataFrame(cells).to_csv(out_dir / "table.csv", index=False)
     columns = print_columns(cells)
     text = format_table(cells, columns)
     md = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    from harness.report.table import cell
-
     for r in cells:
         md.append("| " + " | ".join(cell(r.get(c)).replace("|", "/") for c in columns) + " |")
     md += ["", footer(cells), ""]
@@ -106,7 +105,7 @@ def write_tables(out_dir: Path, runs: list[dict[str, Any]], cells: list[dict[str
 def read_cells(table_csv: Path) -> list[dict[str, Any]]:
     """A comparison's ``table.csv`` (one row per cell, as ``write_tables`` wrote it) read back, NaN as None:
     what the plots of ``harness.report.plots_trials`` take, for drawing them again elsewhere."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     return [
         {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}  # type: ignore[misc]
@@ -149,8 +148,6 @@ def finish_trials(
     (``harness.report.compare.trial_rows``); ``entries``: (run_dir, results row), for the timeline.
     ``method`` and ``min_effect``: the interval and the verdict's minimum effect (``compare.*``); ``ours``:
     the strategy whose gain is reported (None: the in-memory strategy among the runs)."""
-    from harness import strategies
-
     PAPER_GAIN = paper_gain
     cells = summarize_cells(runs, method, min_effect, level)
     ours = strategies.under_test({str(c["strategy"]) for c in cells}, ours).name

@@ -265,7 +265,7 @@ def error_intervals(rows: list[CalibrationRow]) -> list[CalibrationError]:
     """Per (strategy, age), in the order the cells first appear, the calibration error (simulated /
     measured - 1) over the sweep's trials: its median and distribution-free order-statistic interval (coverage 1 - 2^(1-n) for [min, max])
     (harness.report.intervals). A sweep of one trial gives n=1 and no interval."""
-    from harness.report.intervals import order_statistic
+    from harness.report.intervals import order_statistic  # lazy: scipy
 
     groups: dict[tuple[str, int | None], list[CalibrationRow]] = {}
     for r in rows:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from harness.strategies import simulated
+
 # The failure classes, in the order used by every array in the engine.
 CLASSES: tuple[str, ...] = (
     "transient_network",  # link flap or reset: every process and its state survive
@@ -23,8 +25,6 @@ CLASSES: tuple[str, ...] = (
 
 def strategy_names() -> tuple[str, ...]:
     """Every strategy the simulator models: the strategy registry's simulations (harness.strategies)."""
-    from harness.strategies import simulated
-
     return tuple(simulated())
 
 

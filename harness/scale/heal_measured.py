@@ -254,7 +254,7 @@ def heal_error_intervals(rows: list[HealCalibrationRow]) -> list[HealCalibration
     """Per (fault, strategy, recovery, age), in the order the cells first appear: the medians over the
     cell's trials and the error's median with its distribution-free order-statistic interval (coverage 1 - 2^(1-n) for [min, max])
     (harness.report.intervals). One trial gives n=1 and no interval."""
-    from harness.report.intervals import order_statistic
+    from harness.report.intervals import order_statistic  # lazy: scipy
 
     groups: dict[tuple[str, str, bool, int | None], list[HealCalibrationRow]] = {}
     for r in rows:

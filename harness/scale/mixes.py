@@ -3,7 +3,7 @@
 The simulator's one failure model is ``harness.scale.sources``: Llama 3's Table 5 causes mapped to the
 simulator's classes. This module only names it and adds the variants a user asks for by name; it never
 restates a count. Used by the protection advisor (``python -m harness.advise --mix NAME``) and by the
-fault-trace generator (``harness.faults.trace``).
+fault-trace generator (``harness.advise.trace``).
 
 - ``llama3``: Table 5 as published (16,384 H100s, 54 days; MTTF 3.1 h at 16,384 GPUs).
 - ``rsc_1k`` / ``rsc_16k``: Meta's research clusters (HPCA'25): Table 5's class proportions, with the

@@ -26,6 +26,8 @@ from harness.scale.config import (
     ScaleConfigError,
     check_outcomes,
 )
+from harness.scale.reconfigure_measured import measured_reconfigure
+from harness.scale.torchft_measured import measured_torchft
 from harness.strategies import simulated
 
 
@@ -109,7 +111,7 @@ def _measured_heal_parts(c: Cluster, cls: str, *, fixed_scale: float = 1.0) -> d
     plus what grows with the job (``harness.scale.scaling``): the vote and the communicator beyond their
     2-rank cost (already inside the measured heal transfer), and the shard copy at the cluster's shard size
     (the measured runs copied 31 MiB)."""
-    from harness.scale.heal_measured import measured_heal
+    from harness.scale.heal_measured import measured_heal  # lazy: numpy
 
     fault = "kill" if cls == "process_crash" else "host_loss"
     measured = measured_heal()[fault]
@@ -151,8 +153,6 @@ def reconfigure_and_heal_in_memory(c: Cluster, cls: str) -> Outcome:
     """AccelPact on torch 2.15's process-group reconfigure (``harness.scale.reconfigure_measured``): the heal
     as calibrated on results/process_loss with its size-independent parts x the measured 2.15/2.13 heal ratio;
     a transient fault reconfigures the same groups (nothing rebound). The communicator build is unchanged."""
-    from harness.scale.reconfigure_measured import measured_reconfigure
-
     r = measured_reconfigure()
     if cls in ("transient_network", "hang"):
         detect = sc.RESET_DETECT_S if cls == "transient_network" else c.hang_timeout_s
@@ -184,7 +184,7 @@ def heal_replica_while_others_continue(c: Cluster, cls: str) -> Outcome:
     torchft's row. A recurring bug hits every replica: as the built heal."""
     if cls == "software_bug":
         return rebind_and_heal_in_memory(c, cls)
-    from harness.scale.heal_measured import measured_heal
+    from harness.scale.heal_measured import measured_heal  # lazy: numpy
 
     g = min(c.replica_gpus, c.gpus)
     replicate = max(2, c.gpus // g)
@@ -223,8 +223,6 @@ def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
     heal, the shard over the NIC) is paid by one replica group out of N/G, so it costs the job that time x
     G/N; the survivors stop for their measured stop. torchft's per-step quorum is not charged (measured,
     reported in docs/scale.md)."""
-    from harness.scale.torchft_measured import measured_torchft
-
     if cls == "software_bug":
         return _cold(c, cls)  # every replica runs the same code: all hit the bug
     m = measured_torchft()

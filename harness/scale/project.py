@@ -26,6 +26,7 @@ from harness.scale.config import (
 )
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
+from harness.strategies import simulated
 
 GRID_FACTORS = tuple(float(x) for x in np.geomspace(1 / 8, 8, 10))
 
@@ -101,8 +102,6 @@ def project(
     ``tax``: a strategy's per-step protection cost as a fraction of the step: its steps take (1 + tax) x
     ``cluster.step_s`` of wall for a step's work, so its ETTR is the engine's / (1 + tax), and the difference
     is reported as badput ``protection``."""
-    from harness.strategies import simulated
-
     sims = simulated()
     strategies = tuple(sims) if strategies is None else tuple(strategies)
     table = outcome_table(cluster, strategies)

@@ -1,7 +1,9 @@
 """The strategy registry: strategy name -> ``StrategySpec`` (see ``harness.strategies.spec``).
 
 Each built-in strategy is one module here that defines ``SPEC``; the registry imports those modules
-on first use (they import torch only inside their methods, so reading the registry stays cheap).
+on first use. They are the strategies' common layer, torch-free, so the parent, the ranks and the reports all
+read the same registry; a spec names its rank side (``harness.rank.strategies``) and parent side
+(``harness.parent.strategies``) by "module:name" strings, which each side resolves (:func:`resolve`).
 A strategy from outside the harness registers itself with :func:`register` from a plugin module named
 in ``HARNESS_PLUGINS`` (``harness.plugins``), which the parent and every rank import at start-up.
 Nothing outside this package compares strategy names: ask the spec.
@@ -11,13 +13,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from harness.registry import Registry
-from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec
-
-if TYPE_CHECKING:
-    from harness.strategies.base import Strategy
+from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec, resolve
 
 __all__ = [
     "StrategySpec",
@@ -31,7 +29,7 @@ __all__ = [
     "reference",
     "under_test",
     "healer",
-    "rank_class",
+    "resolve",
     "relaunch_reason",
     "simulated",
     "projected_strategies",
@@ -131,12 +129,6 @@ def healer() -> StrategySpec:
     """The strategy under test that heals a lost process or host in memory by default (AccelPact's heal):
     what an experiment about losing a rank runs."""
     return next(s for s in specs() if s.recovers_in_memory and s.heals_lost_ranks)
-
-
-def rank_class(name: str) -> type[Strategy]:
-    """Import the rank-side class of ``name`` (rank processes only: it imports torch)."""
-    module_name, cls_name = get(name).rank_class.split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
 
 
 def relaunch_reason(

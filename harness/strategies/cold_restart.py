@@ -1,23 +1,11 @@
-"""Strategy ``cold_restart``: what a cluster manager does. On a fault the ranks fail (the comm error
-ends the process); the parent kills every rank process and launches fresh ones with incarnation + 1.
-Those rebuild everything, load the newest DCP checkpoint (``restore`` event, in the base class) and
-replay the steps lost since it (``replay=True`` step events)."""
+"""Strategy ``cold_restart``'s spec: after any rank failed, the parent kills every rank and launches fresh ones,
+which restore the newest checkpoint (the rank side is ``harness.rank.strategies.cold_restart``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from harness.strategies.base import Strategy
 from harness.strategies.spec import Simulation, StrategySpec
-
-if TYPE_CHECKING:
-    import torch
-
-
-class ColdRestart(Strategy):
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        return self.plain_step(step, tokens)
 
 
 def relaunch_after_any_failure(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
@@ -31,7 +19,7 @@ def relaunch_after_any_failure(exit_codes: Mapping[int, int | None], first_failu
 
 SPEC = StrategySpec(
     name="cold_restart",
-    rank_class="harness.strategies.cold_restart:ColdRestart",
+    rank_class="harness.rank.strategies.cold_restart:ColdRestart",
     description="kill every rank, relaunch fresh processes, load the newest checkpoint, replay lost steps",
     label="cold restart",
     color="tab:red",

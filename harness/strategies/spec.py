@@ -12,6 +12,7 @@ parent, the ranks and the report code can all read the registry.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
 
 # exit_codes (rank -> code, None while running), the rank that failed first -> why relaunch, or None.
 RelaunchPolicy = Callable[[Mapping[int, int | None], int | None], str | None]
-# (run, launcher) -> an object to keep alive for the run (closed with ``close()`` if it has one), or None.
-ParentSetup = Callable[["RunConfig", Any], Any]
 # run -> None, or raise ConfigError naming the fix.
 Check = Callable[["RunConfig"], None]
 # (run, dead rank, its exit code, every rank's exit code) -> start a replacement for that rank only
@@ -71,7 +70,7 @@ class StrategySpec:
     """One strategy. ``name`` is what ``strategy=NAME`` selects and what results rows record."""
 
     name: str
-    # "module:Class" of its ``harness.strategies.base.Strategy`` subclass, imported in the rank only
+    # "module:Class" of its ``harness.rank.strategies.base.Strategy`` subclass, imported in the rank only
     # (it imports torch).
     rank_class: str
     description: str
@@ -79,7 +78,9 @@ class StrategySpec:
     color: str  # matplotlib colour in every plot
     order: int  # position in tables (reference first)
     relaunch: RelaunchPolicy = never_relaunch
-    parent_setup: ParentSetup | None = None
+    # "module:name" of a callable (run, launcher) -> an object the parent keeps alive for the run (closed with
+    # ``close()`` if it has one), imported in the parent only (harness.parent.run); None: nothing to set up.
+    parent_setup: str | None = None
     # After the first rank fails, how long the parent lets the others finish on their own (a strategy
     # whose survivors write a fallback event before exiting needs a moment) before tearing down.
     settle_s: Callable[[RunConfig], float] = lambda run: 0.0
@@ -89,7 +90,7 @@ class StrategySpec:
     check: Check | None = None
     replace_dead: ReplacePolicy | None = None
     # "module:function" called as fn(cfg, env) INSTEAD of building the default process group in a
-    # replacement process (harness.rank.env REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
+    # replacement process (harness.contract REPLACEMENT > 0); what it returns is ``TrainContext.rejoin``.
     rejoin: str | None = None
     reference: bool = False  # the fault-free run every other run is compared with
     recovers_in_memory: bool = False  # the strategy under test (AccelPact's gain is measured against the rest)
@@ -114,5 +115,15 @@ class StrategySpec:
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
             raise ValueError(f"strategy name {self.name!r} must be a non-empty identifier (letters, digits, _)")
+        for ref in (self.parent_setup, self.rank_entry, self.rejoin):
+            if ref is not None and ":" not in ref:
+                raise ValueError(f"StrategySpec({self.name}): {ref!r} must be 'module:name'")
         if ":" not in self.rank_class:
             raise ValueError(f"StrategySpec({self.name}).rank_class must be 'module:Class', got {self.rank_class!r}")
+
+
+def resolve(ref: str) -> Any:
+    """What a spec's "module:name" reference names (``rank_class``, ``parent_setup``, ``rank_entry``,
+    ``rejoin``), imported now: each side resolves only its own, so this module never imports a side."""
+    module_name, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module_name), name)

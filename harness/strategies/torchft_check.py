@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.strategies.torchft_parent import groups_untouched, ranks_lost
+from harness.faults import registry as faults
+from harness.schema import ConfigError
+from harness.strategies.torchft_layout import groups_untouched, ranks_lost
 from harness.strategies.torchft_report import TORCHFT_VERSION
 
 
 def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
-    from harness.faults import registry as faults
-    from harness.schema import ConfigError
-
     st = run.strategy.torchft
     world = run.cluster.world_size
     if st.group_size < 1 or world % st.group_size or world // st.group_size < 2:

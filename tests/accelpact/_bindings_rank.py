@@ -2,7 +2,7 @@
 
 Named by tests/accelpact/test_bindings_unit.py as ``tests.accelpact._bindings_rank:run`` for a
 multi-rank session (accelpact.testing.session) on 2 or 4 ranks. For each case (one scenario each) it
-builds a tiny Mistral (harness.workloads.fsdp_models, narrower than the recovery tests' one), wraps it
+builds a tiny Mistral (experiments.workloads.fsdp_models, narrower than the recovery tests' one), wraps it
 (FSDP2, FSDP2 with ``reshard_after_forward=world/2``, FSDP1 flat params, FSDP1 use_orig_params),
 trains one step, builds the BindingTable, builds the next generation of every group it holds (under
 the old names, on a fresh store prefix, exactly as the guard does), rebinds, and records:
@@ -26,8 +26,8 @@ import torch.distributed as dist
 from accelpact.backends import generations as comm
 from accelpact.dataplane.bindings import BindingTable, find_stale_references
 from accelpact.testing.rank import RankContext
-from harness.workloads.fsdp_models import build as build_model
-from harness.workloads.fsdp_models import model_config
+from experiments.workloads.fsdp_models import build as build_model
+from experiments.workloads.fsdp_models import model_config
 
 MODEL = model_config(
     {"vocab": 512, "hidden": 64, "inter": 128, "layers": 4, "heads": 4, "kv_heads": 2, "seq": 16, "batch": 2}

@@ -16,7 +16,7 @@ from datetime import timedelta
 from accelpact.errors import RankLostError
 from accelpact.guard import attach
 from accelpact.testing.rank import RankContext
-from harness.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
+from experiments.workloads.fsdp_models import batch_for, build, model_config, step_fn_for
 
 
 def die(sc: dict, ctx: RankContext) -> dict:
@@ -71,7 +71,7 @@ def train(sc: dict, ctx: RankContext) -> dict:
 
     import torch
 
-    from harness.workloads.fsdp_models import state_of
+    from experiments.workloads.fsdp_models import state_of
 
     m = model_config(None)
     model, optimizer, _root, _middle = build("fsdp2", m)

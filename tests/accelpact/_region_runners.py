@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from accelpact import testing as fault_testing
 from accelpact.guard import attach
-from harness.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
-from harness.workloads.fsdp_scenarios import _arm, _plain_step
+from experiments.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
+from experiments.workloads.fsdp_scenarios import _arm, _plain_step
 
 if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext

@@ -22,7 +22,7 @@ from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, resto
 from accelpact.snapshot import layout as paths
 from accelpact.snapshot._replica_server import read_marker
 from accelpact.snapshot.replica import BuddyLostError, Replication
-from harness.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
+from experiments.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
 from tests.accelpact._snapshot_runners import _plain_step  # the same plain step with snapshot hooks
 
 

@@ -1,6 +1,6 @@
 """Scenario runner for tests/accelpact/test_snapshot_fsdp2.py: FSDP2 training with snapshots, then restores.
 
-Each scenario trains the tiny Mistral of harness.workloads.fsdp_models on 2 gloo ranks and saves what
+Each scenario trains the tiny Mistral of experiments.workloads.fsdp_models on 2 gloo ranks and saves what
 accelpact.testing.compare compares with the fault-free reference (``ref``): every loss, parameter
 shard and optimizer tensor. ``kind``:
 
@@ -26,7 +26,7 @@ import torch
 from accelpact.guard import attach, clip_gradients
 from accelpact.snapshot import SnapshotConfig, SnapshotError, Snapshotter, restore_latest
 from accelpact.snapshot.layout import slot_dir
-from harness.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
+from experiments.workloads.fsdp_models import batch_for, build, model_config, state_of, step_fn_for
 
 
 def _plain_step(model, optimizer, step_fn, tokens, snap=None, step=None):

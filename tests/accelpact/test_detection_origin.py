@@ -14,7 +14,7 @@ from accelpact.detection.start import detection_origin
 from accelpact.recovery.consensus import Phase, RankReport
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.fsdp_scenarios:run"
+RUNNER = "experiments.workloads.fsdp_scenarios:run"
 
 
 def test_origin_is_the_earliest_injection_reported_else_the_attempt_start():

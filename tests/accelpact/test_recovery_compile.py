@@ -12,7 +12,7 @@ import pytest
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.fsdp_scenarios:run"
+RUNNER = "experiments.workloads.fsdp_scenarios:run"
 
 STEPS = 5
 

@@ -14,7 +14,7 @@ import pytest
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.fsdp_scenarios:run"
+RUNNER = "experiments.workloads.fsdp_scenarios:run"
 
 PHASES = ["forward_allgather_first", "forward_allgather_middle", "backward_reduce_scatter", "clip_allreduce", "vote"]
 STEPS = 4

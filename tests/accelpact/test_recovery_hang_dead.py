@@ -7,7 +7,7 @@ import pytest
 from accelpact.testing.compare import differences
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.fsdp_scenarios:run"
+RUNNER = "experiments.workloads.fsdp_scenarios:run"
 
 STEPS = 4
 PG_TIMEOUT_S = 3.0  # short only here: the hang must outlast it

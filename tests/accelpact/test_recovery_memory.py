@@ -15,7 +15,7 @@ import pytest
 
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.memory_probe:probe"
+RUNNER = "experiments.workloads.memory_probe:probe"
 FAULTS, KEEP, EVERY = 30, 5, 5
 
 

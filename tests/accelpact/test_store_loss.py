@@ -23,7 +23,7 @@ import pytest
 from accelpact.testing.compare import bit_differences
 from accelpact.testing.session import run_session
 
-RUNNER = "harness.workloads.fsdp_scenarios:run"
+RUNNER = "experiments.workloads.fsdp_scenarios:run"
 MODEL = {"layers": 2, "hidden": 64, "inter": 192}
 STEPS = 12
 KILL_AT = 2  # the store dies once rank 0 finished this step

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments.bit_identity_soak import fit_slope, growth, soak_lines
 from experiments.bit_identity_soak_run import load_progress, soak_timeout_s
-from harness.workloads.fault_schedules import hang_every, soak_faults
+from experiments.workloads.fault_schedules import hang_every, soak_faults
 
 
 def test_slope_and_interval_cover_the_true_slope_and_exclude_zero_when_it_grows():

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from harness.app.config import compose, group_options, load_catalogue, to_run_config
-from harness.app.machine import GiB, Machine, probe
-from harness.app.memory_plan import plan
 from harness.app.preflight import check_overrides, explain_compose_error
 from harness.app.validate import ConfigError, check_values, validate
+from harness.machine import GiB, Machine, probe
+from harness.parent.memory_plan import plan
 from harness.schema import Device, RunConfig, run_config_from_dict, to_dict
 
 EXPERIMENTS = group_options("experiment")

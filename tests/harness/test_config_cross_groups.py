@@ -20,8 +20,8 @@ from config_oracles import check_parent_can_run, check_refusal
 
 from harness.app import capabilities
 from harness.app.config import compose, load_catalogue, load_group, to_run_config
-from harness.app.machine import probe
 from harness.app.validate import ConfigError, validate
+from harness.machine import probe
 from harness.schema import RunConfig
 
 GROUPS = ("fault", "cluster", "strategy", "checkpoint", "model")

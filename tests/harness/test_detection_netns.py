@@ -13,7 +13,7 @@ import pytest
 from harness_test_helpers import TINY, read_row, run_harness
 
 from harness.events import read_events
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 try:
     from harness.faults.netns import namespaces_available

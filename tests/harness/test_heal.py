@@ -23,7 +23,7 @@ import pytest
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 STEPS = 8
 FAULT_STEP = 5
@@ -227,7 +227,7 @@ def test_a_kill_during_the_snapshot_copy_heals_from_the_older_slot(reference):
 
 @pytest.mark.slow
 def test_a_replacement_killed_during_its_heal_costs_one_more_heal(reference):
-    from harness.strategies.accelpact.heal import DIE_IN_HEAL
+    from harness.rank.strategies.heal import DIE_IN_HEAL
 
     _, row, events = _heal(
         reference, "kill_replacement", "fault.ranks=[1]", "fault.phase=vote", env_extra={DIE_IN_HEAL: "1"}
@@ -322,7 +322,7 @@ def test_host_loss_heals_from_the_buddy_replicas(reference):
 
 @pytest.mark.slow
 def test_no_replacement_within_the_timeout_is_named_and_falls_back(reference):
-    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+    from harness.rank.strategies.heal import DIE_BEFORE_JOIN
 
     tmp, _ = reference
     run_dir = tmp / "no_replacement"
@@ -439,7 +439,7 @@ DEADLINE_S = 90
     ],
 )
 def test_a_replacement_lost_before_joining_is_replaced_in_seconds(reference, how, stage, rounds):
-    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+    from harness.rank.strategies.heal import DIE_BEFORE_JOIN
 
     _, row, events = _heal(
         reference,
@@ -503,7 +503,7 @@ def _fallback_run(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_fix(reference):
-    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+    from harness.rank.strategies.heal import DIE_BEFORE_JOIN
 
     # Spawned replacements: each dies seconds into its imports, one heal round each. A template-forked
     # one dies at the same point within milliseconds of its fork, so four die before the survivor's next
@@ -525,7 +525,7 @@ def test_a_replacement_that_keeps_dying_stops_the_heal_with_the_rank_count_and_f
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_replacement_failing_on_its_own_stops_the_heal_in_seconds(reference):
-    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+    from harness.rank.strategies.heal import DIE_BEFORE_JOIN
 
     events, _ = _fallback_run(reference, "fails_on_its_own", {DIE_BEFORE_JOIN: "1:exit"})
     [fallback] = [e for e in events if e["kind"] == "fallback" and e["rank"] == 0]

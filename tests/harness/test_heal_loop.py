@@ -27,7 +27,7 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 from test_heal import _check_heal, _losses
 
 from harness.events import read_events
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 STEPS = 8
 # Saves and evaluations after steps 2 and 5 (none after 7: a kill after the last vote meets guard.finish);
@@ -162,7 +162,7 @@ def test_a_replacement_resumes_the_lr_schedule_from_extra_state(loop_reference):
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_a_second_death_after_the_recheck_is_found_by_the_roll_call(loop_reference):
-    from harness.strategies.accelpact.heal import DIE_AT_HEAL_PLAN
+    from harness.rank.strategies.heal import DIE_AT_HEAL_PLAN
 
     # Rank 1 is killed at step 5's vote; survivor rank 2 dies once every replacement arrived, after the
     # survivors' recheck of notices (the guard's heal_plan phase). Rank 0's roll call sees rank 2's notice

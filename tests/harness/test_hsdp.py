@@ -19,7 +19,7 @@ import pytest
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
-from harness.rank.identity import compare_runs, load_identity
+from harness.identity import compare_runs, load_identity
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from harness.app.machine import GiB, Machine
-from harness.app.memory_plan import plan
 from harness.app.validate import ConfigError, check_values
+from harness.machine import GiB, Machine
+from harness.parent.memory_plan import plan
 from harness.rank.mesh import MESH_DIM_NAMES, mesh_layout
 from harness.schema import ClusterConfig, ModelConfig, RunConfig, StrategyConfig, TorchftSettings
 
@@ -103,7 +103,7 @@ def test_each_rank_starts_with_its_shard_of_the_seeded_full_value(fake_world, ra
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from harness.rank.models import build_model, full_init_value
+    from harness.models import build_model, full_init_value
 
     fake_world(rank)
     layout = mesh_layout(4, 2)

@@ -23,7 +23,7 @@ from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
 from harness.faults import registry
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -228,7 +228,7 @@ def test_a_rank_whose_own_snapshots_are_gone_resumes_from_its_buddys_replica(ref
 @pytest.mark.slow  # a run with a failed heal and a relaunch: ~1.5 min on the loaded 2-core host
 @pytest.mark.timeout(900)
 def test_the_relaunch_after_a_heal_that_gave_up_resumes_from_the_snapshots_too(reference):
-    from harness.strategies.accelpact.heal import DIE_BEFORE_JOIN
+    from harness.rank.strategies.heal import DIE_BEFORE_JOIN
 
     # fault=kill: rank 1's replacement fails on its own before joining, so the survivor gives up on the heal
     # and the parent relaunches every rank: they resume from the snapshots both ranks left, not from disk.

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness.app.load_guard import LoadGuard, cores_used, cpu_times, overload_line, steal_share
+from harness.parent.load_guard import LoadGuard, cores_used, cpu_times, overload_line, steal_share
 
 
 def test_cpu_times_reads_the_aggregate_line(tmp_path):

@@ -168,7 +168,7 @@ def no_new_namespaces():
 def test_harness_data_link_fault_recovers_bit_identical_and_control_link_fault_is_survived(tmp_path, no_new_namespaces):
     from harness.events import read_events
     from harness.faults.netns import list_prefixes
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     before = set(list_prefixes())
     ref_dir, ref = _harness(tmp_path, "reference", ["strategy=none", "fault=none"])

@@ -1,4 +1,4 @@
-"""Integration tests of harness.strategies.checkpoint_restore.nvrx_restart: the NVRx in-process-restart (checkpoint_restore) baseline.
+"""Integration tests of harness.rank.strategies.nvrx_restart: the NVRx in-process-restart (checkpoint_restore) baseline.
 
 The integration test runs 2 real gloo ranks as subprocesses (this file is also the rank script),
 each training a tiny FSDP2 MistralForCausalLM under ``run_with_inprocess_restart``, with a sync DCP
@@ -99,7 +99,7 @@ def _exhaust_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.strategies.checkpoint_restore.nvrx_restart import (
+    from harness.rank.strategies.nvrx_restart import (
         NvrxRestartsExhausted,
         NvrxSettings,
         run_with_inprocess_restart,
@@ -151,7 +151,7 @@ def _rank_main(args: argparse.Namespace) -> None:
 
     from accelpact.testing import FaultInjector
     from harness.checkpoint.checkpointer import Checkpointer, CheckpointSettings
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings, run_with_inprocess_restart
+    from harness.rank.strategies.nvrx_restart import NvrxSettings, run_with_inprocess_restart
 
     rank = int(os.environ["RANK"])
     ports = [int(p) for p in args.ports.split(",")]
@@ -391,7 +391,7 @@ def test_restart_limit_gives_a_clear_error_and_leaves_nothing_behind(tmp_path: P
     pytest.importorskip("nvidia_resiliency_ext.inprocess")
     import psutil
 
-    from harness.strategies.checkpoint_restore.nvrx_restart import host_store
+    from harness.parent.strategies.nvrx_store import host_store
 
     # NVRx's store hosted here, as a harness parent would: rank 0 must connect to it, not host one.
     store = host_store()

@@ -75,7 +75,7 @@ def _client(topo, rank: int, addr: tuple[str, int], op: str, *control: int) -> s
 @pytest.mark.skipif(not _OK, reason=_WHY)
 def test_namespaced_ranks_reach_nvrx_store_in_the_bridge_namespace_not_at_the_parents_loopback():
     from harness.faults.netns import NetnsTopology, leftovers
-    from harness.strategies.checkpoint_restore.nvrx_store import NamespaceStores, ParentStores, store_home
+    from harness.parent.strategies.nvrx_store import NamespaceStores, ParentStores, store_home
 
     with NetnsTopology(world_size=2, store_server=False) as topo:  # no control store: one torch start less
         # What harness.parent.run gives the launcher for namespaced ranks: the control store's host.
@@ -115,7 +115,7 @@ def test_host_loss_and_a_data_link_reset_under_nvrx_end_bit_identical(tmp_path):
     from harness.events import read_events
     from harness.faults.addressing import BRIDGE_HOST
     from harness.faults.netns import list_prefixes
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     before = set(list_prefixes())
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "host_loss"

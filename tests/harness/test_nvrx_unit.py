@@ -1,4 +1,4 @@
-"""Fast unit tests of the NVRx baseline's adapter (harness.strategies.checkpoint_restore.nvrx_restart): settings, the store
+"""Fast unit tests of the NVRx baseline's adapter (harness.rank.strategies.nvrx_restart): settings, the store
 port, per-restart records and the fields of the harness's restart event. No rank processes."""
 
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 
 def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
-    from harness.strategies.checkpoint_restore import nvrx_restart
+    from harness.rank.strategies import nvrx_restart
 
     # None in sys.modules makes the import raise ImportError, as on a machine without the package.
     monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext", None)
@@ -20,7 +20,7 @@ def test_missing_nvrx_names_the_fix(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
-    from harness.strategies.checkpoint_restore.nvrx_restart import STORE_PORT_ENV, NvrxSettings
+    from harness.rank.strategies.nvrx_restart import STORE_PORT_ENV, NvrxSettings
 
     monkeypatch.delenv(STORE_PORT_ENV, raising=False)
     with pytest.raises(ValueError, match=STORE_PORT_ENV):
@@ -31,7 +31,7 @@ def test_store_port_is_required(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_restart_record_and_event_fields():
-    from harness.strategies.checkpoint_restore.nvrx_restart import RestartContext, RestartRecord
+    from harness.rank.strategies.nvrx_restart import RestartContext, RestartRecord
 
     rec = RestartRecord(
         incarnation=1,
@@ -75,7 +75,7 @@ def test_restart_record_and_event_fields():
 
 
 def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
-    from harness.strategies.checkpoint_restore.nvrx_restart import _Recorder
+    from harness.rank.strategies.nvrx_restart import _Recorder
 
     rec = _Recorder()
     rec.entered(0, 1.0)
@@ -99,7 +99,7 @@ def test_recorder_turns_a_failed_incarnation_into_one_restart_record():
 def test_store_ports_sees_through_prefix_stores():
     import torch.distributed as dist
 
-    from harness.strategies.checkpoint_restore.nvrx_restart import store_ports
+    from harness.rank.strategies.nvrx_restart import store_ports
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     assert store_ports(dist.PrefixStore("a/b", dist.PrefixStore("c", store))) == (store.port,)
@@ -107,7 +107,7 @@ def test_store_ports_sees_through_prefix_stores():
 
 
 def test_settings_reject_bad_values():
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxSettings
+    from harness.rank.strategies.nvrx_restart import NvrxSettings
 
     with pytest.raises(ValueError, match="max_restarts"):
         NvrxSettings(max_restarts=-1)
@@ -135,7 +135,7 @@ def test_a_lost_process_is_relaunched_an_error_of_its_own_is_not():
 
 def test_store_host_env_wins_over_master_addr(monkeypatch: pytest.MonkeyPatch):
     # In network namespaces MASTER_ADDR is rank 0's data address; NVRx's store is elsewhere.
-    from harness.strategies.checkpoint_restore.nvrx_restart import STORE_HOST_ENV, NvrxSettings
+    from harness.rank.strategies.nvrx_restart import STORE_HOST_ENV, NvrxSettings
 
     monkeypatch.setenv("MASTER_ADDR", "10.1.0.1")
     monkeypatch.delenv(STORE_HOST_ENV, raising=False)
@@ -148,7 +148,7 @@ def test_store_host_env_wins_over_master_addr(monkeypatch: pytest.MonkeyPatch):
 def test_namespaced_ranks_get_their_nvrx_store_on_the_control_network_not_in_the_parent():
     from types import SimpleNamespace
 
-    from harness.strategies.checkpoint_restore.nvrx_store import NamespaceStores, ParentStores, store_home
+    from harness.parent.strategies.nvrx_store import NamespaceStores, ParentStores, store_home
 
     run = SimpleNamespace(cluster=SimpleNamespace(master_addr="127.0.0.1"))
     # Ranks in namespaces (harness.parent.run sets store_netns): the bridge namespace, the control store's host.

@@ -31,8 +31,8 @@ from accelpact.backends import GlooBackend
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.registry import FaultSpec
+from harness.rank.strategies.base import Strategy, forward_backward
 from harness.scale.config import Cluster, Outcome
-from harness.strategies.base import Strategy, forward_backward
 from harness.strategies.spec import Simulation, StrategySpec
 
 HERE = Path(__file__).resolve().parent
@@ -196,8 +196,8 @@ def test_plugin_strategy_runs_through_the_scale_simulator():
 
 
 def test_plugin_backend_is_validated_like_a_built_in_one():
-    from harness.app.machine import probe
     from harness.app.validate import cluster_problem
+    from harness.machine import probe
     from harness.schema import RunConfig
 
     run = RunConfig()

@@ -23,8 +23,8 @@ from harness_test_helpers import TINY, harness_cmd, harness_env, worker_processe
 
 
 def _launcher(tmp_path: Path, extra_env: dict[str, str] | None = None):
+    from harness.contract import write_spec
     from harness.parent.launcher import Launcher
-    from harness.rank.worker import write_spec
     from harness.schema import RunConfig
 
     run = RunConfig()

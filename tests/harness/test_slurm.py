@@ -19,10 +19,10 @@ import sys
 import pytest
 from harness_test_helpers import TINY, harness_env
 
-from harness.app.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 from harness.app.validate import ConfigError, check_values
-from harness.rank.env import RankEnv
+from harness.contract import RankEnv
 from harness.schema import ClusterConfig, Device, RankLaunch, RunConfig
+from harness.slurm_env import SlurmEnvError, parse_nodelist, rank_identity, resolve_cluster, srun_argv
 
 SLURM = ClusterConfig(
     name="slurm", backend="gloo", device=Device.cpu, world_size=4, nodes=2, launch=RankLaunch.srun, master_addr="auto"
@@ -122,7 +122,7 @@ def cancel_jobs(tmp_path):
 @pytest.mark.timeout(700)  # a queued job, a reference through srun and the job itself: ~100 s here
 @pytest.mark.skipif(not _UP, reason=_WHY)
 def test_a_two_rank_run_through_sbatch_writes_its_row(tmp_path, cancel_jobs):
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     sweep = tmp_path / "sweep"
     # `-m` goes first: Hydra's parser takes one run of overrides after its flags.

@@ -72,7 +72,7 @@ def sbatch(name: str, tmp: Path, overrides: list[str]) -> subprocess.Popen:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not _UP, reason=_WHY)
 def test_a_two_node_run_recovers_a_reset_bit_identically(tmp_path):
-    from harness.rank.identity import compare_runs
+    from harness.identity import compare_runs
 
     jobs = {
         "ref": sbatch("ref", tmp_path, ["fault=none"]),

@@ -13,9 +13,9 @@ import pytest
 from harness_test_helpers import harness_cmd, harness_env
 
 from harness.app.config import compose, load_catalogue, to_run_config
-from harness.app.machine import GiB, Machine, snapshot_space
-from harness.app.memory_plan import FP32, SNAPSHOT_META_BYTES, plan
 from harness.app.validate import ConfigError, check_values, validate
+from harness.machine import GiB, Machine, snapshot_space
+from harness.parent.memory_plan import FP32, SNAPSHOT_META_BYTES, plan
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 from harness_test_helpers import TINY, read_row, run_harness, worker_processes
 
 from harness.events import read_events
+from harness.identity import compare_runs
 from harness.parent.launcher import LOG_DIR
-from harness.rank.identity import compare_runs
 
 STEPS, INTERVAL, FAULT_STEP = 8, 4, 5  # checkpoint after step 3; the fault during step 5
 

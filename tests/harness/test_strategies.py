@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from harness_test_helpers import read_row, run_harness, worker_processes
 
-from harness.rank.identity import compare_runs
+from harness.identity import compare_runs
 
 SHRINK = [
     "model.num_layers=2",

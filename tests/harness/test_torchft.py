@@ -32,7 +32,7 @@ def _lighthouses(marker_pid: int | None = None) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "harness.strategies.torchft_lighthouse" in cmd and (
+        if "harness.parent.strategies.torchft_lighthouse" in cmd and (
             marker_pid is None or f"--parent_pid {marker_pid}" in cmd
         ):
             found.append(proc)
@@ -55,7 +55,7 @@ def _gone(pid: int, timeout: float = 15.0) -> bool:
 def test_lighthouse_serves_and_exits_on_close(tmp_path):
     import socket
 
-    from harness.strategies.torchft_lighthouse import Lighthouse
+    from harness.parent.strategies.torchft_lighthouse import Lighthouse
 
     log = tmp_path / "lighthouse.log"
     lh = Lighthouse.start(log, "127.0.0.1", 1, 60000, 100, 1000)
@@ -77,7 +77,7 @@ def test_lighthouse_serves_and_exits_on_close(tmp_path):
 def test_lighthouse_dies_with_a_killed_parent(tmp_path):
     script = (
         "import sys, time\nfrom pathlib import Path\n"
-        "from harness.strategies.torchft_lighthouse import Lighthouse\n"
+        "from harness.parent.strategies.torchft_lighthouse import Lighthouse\n"
         f"lh = Lighthouse.start(Path({str(tmp_path / 'lh.log')!r}), '127.0.0.1', 1, 60000, 100, 1000)\n"
         "print(lh.proc.pid, flush=True)\ntime.sleep(600)\n"
     )
@@ -109,7 +109,7 @@ class _StubLauncher:
 
 
 def _job(world: int, group_size: int, max_restarts: int = 8):
-    from harness.strategies.torchft_parent import TorchftJob
+    from harness.parent.strategies.torchft_parent import TorchftJob
 
     job = TorchftJob.__new__(TorchftJob)  # no Lighthouse process: only the restart policy is under test
     job.run = SimpleNamespace(
@@ -210,7 +210,7 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
     import torch
     from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
 
-    from harness.strategies.torchft_identity import world_chunks
+    from harness.rank.strategies.torchft_identity import world_chunks
 
     for rows, world in ((8, 2), (7, 4), (3, 4), (1, 2)):
         t = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
@@ -241,7 +241,7 @@ def test_validation_names_the_fix():
     check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
     with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):
         check_runnable(_run(2, 2))  # one group: nothing to fall back on
-    # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.parent.server_home).
+    # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.server_home).
     check_runnable(_run(2, 1, "host_loss"))
     check_runnable(_run(4, 2, "host_loss", hosts=2))  # host 0 holds group 0 only
     check_runnable(_run(4, 1, "tcp_reset", hosts=2))
@@ -255,7 +255,7 @@ def test_validation_names_the_fix():
 
 
 def test_the_ranks_a_fault_kills_and_the_groups_it_leaves():
-    from harness.strategies.torchft_parent import groups_untouched, ranks_lost
+    from harness.strategies.torchft_layout import groups_untouched, ranks_lost
 
     assert ranks_lost([1], 4, 0, whole_host=True) == {1}  # a host per rank
     assert ranks_lost([1], 4, 2, whole_host=True) == {0, 1}  # rank 1's host holds ranks 0-1
@@ -267,7 +267,7 @@ def test_the_ranks_a_fault_kills_and_the_groups_it_leaves():
 
 
 def test_strategy_servers_run_in_the_bridge_namespace_when_the_ranks_run_in_namespaces():
-    from harness.parent.server_home import ServerHome, server_home
+    from harness.server_home import ServerHome, server_home
 
     run = SimpleNamespace(cluster=SimpleNamespace(master_addr="127.0.0.1"))
     home = server_home(run, SimpleNamespace(store_netns="ap123456-br", control_host="10.2.255.254"))

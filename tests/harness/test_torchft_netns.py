@@ -1,7 +1,7 @@
 """strategy=torchft with its ranks in network namespaces: ``fault=host_loss`` through the harness.
 
 Before, validation refused it: the Lighthouse ran in the parent's network namespace, which the ranks'
-namespaces cannot reach. Now it runs where NVRx's store runs (``harness.parent.server_home``): in the
+namespaces cannot reach. Now it runs where NVRx's store runs (``harness.server_home``): in the
 topology's bridge namespace, on the control network's bridge address. Rank 1's host (a namespace of its
 own) is lost at step 4: the parent SIGKILLs its rank, torchft's per-group restart starts a replacement in
 that namespace, the replacement reaches the Lighthouse and group 0's store over its control link, heals

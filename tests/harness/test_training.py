@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from harness_test_helpers import REPO, TINY, harness_cmd, harness_env, read_row, worker_processes
 
-from harness.rank.identity import compare_runs, load_identity
+from harness.identity import compare_runs, load_identity
 
 STEPS = 3
 
@@ -73,14 +73,14 @@ def test_identical_runs_have_identical_state_and_another_seed_differs(runs):
 def test_identity_cli(runs):
     tmp, _ = runs
     ok = subprocess.run(
-        [sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "b")],
+        [sys.executable, "-m", "harness.identity", str(tmp / "a"), str(tmp / "b")],
         cwd=REPO,
         capture_output=True,
         text=True,
     )
     assert ok.returncode == 0 and "identical" in ok.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "harness.rank.identity", str(tmp / "a"), str(tmp / "c")],
+        [sys.executable, "-m", "harness.identity", str(tmp / "a"), str(tmp / "c")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -90,7 +90,7 @@ def test_identity_cli(runs):
 
 def test_rank_processes_never_import_hydra():
     code = (
-        "import sys, harness.rank.worker, harness.rank.train, harness.strategies.none, harness.rank.identity, harness.rank.models;"
+        "import sys, harness.rank.worker, harness.rank.train, harness.rank.strategies.none, harness.identity, harness.models;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf'));"
         "assert not bad, bad"
     )

@@ -155,7 +155,7 @@ def test_settings_for_a_trace_run_grow_denser_with_more_faults():
     """A harness run under a seeded trace: each strategy's disk interval in steps, and the heal's cadence, from
     the trace's rate; a trace with more faults never gets sparser settings."""
     from harness.advise.advice import advise_for_trace
-    from harness.faults.trace import draw_trace
+    from harness.advise.trace import draw_trace
 
     platform = CPU_HERE
     by_faults = {}

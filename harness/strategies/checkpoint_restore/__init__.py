@@ -1,80 +1,21 @@
-"""Strategy ``checkpoint_restore``: NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
+"""Strategy ``checkpoint_restore``'s spec: NVIDIA Resiliency Extension in-process restart (the NVRx baseline).
 
-The rank's whole training function runs under ``harness.strategies.checkpoint_restore.nvrx_restart.run_with_inprocess_restart``:
-the process stays alive; when a collective fails on any rank, NVRx interrupts every rank, the adapter
-tears the process groups down, and the training function runs again (incarnation + 1). Each
-incarnation builds its process group on a never-used store prefix, rebuilds model and optimizer,
-restores the newest DCP checkpoint (``restore`` event) and replays the steps lost since it
-(``replay=True``). Its ``restart`` event carries NVRx's own timestamps.
-
-NVRx must be importable: without it this strategy fails with ``NvrxUnavailable`` naming the fix;
-there is no silent substitute. The spec's ``rank_entry`` makes ``harness.rank.train.train`` hand the
-rank's whole life to ``nvrx_rank.train_in_process``, because NVRx must own the process groups from the start.
-NVRx's own TCPStore is hosted outside the ranks (``nvrx_store``) so that a rank's death does not take it
-down: in the parent, or, for ranks in network namespaces, in the topology's bridge namespace on the
-control network, where every host reaches it.
-
-A lost process (a rank killed by a signal, or every rank of a lost host: ``fault=host_loss``) is beyond
-in-process restart: NVRx leaves it to the launcher above it (its ft_launcher's in-job restart). The parent
-does the same here (``relaunch_after_lost_process``): every rank is relaunched, a lost host's ranks in
-their namespace again, on a fresh NVRx store, and restores the newest checkpoint.
+Its rank side (``harness.rank.strategies.checkpoint_restore`` and ``nvrx_rank``, which say how it recovers)
+runs the rank's whole life under NVRx; the parent hosts NVRx's store outside the ranks
+(``harness.parent.strategies.nvrx_store``) and relaunches every rank after a lost process
+(``relaunch_after_lost_process``). Here, torch-free: that policy, and the check that NVRx can run this
+configuration. ``nvrx_types`` holds what both sides share (settings, records, the store's variables).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness.strategies.base import Strategy
+from harness.faults import registry as faults
+from harness.schema import ConfigError, LinkPlane
+from harness.strategies.checkpoint_restore.nvrx_types import NvrxUnavailable, import_inprocess
 from harness.strategies.spec import Simulation, StrategySpec
-
-if TYPE_CHECKING:
-    import torch
-
-
-class CheckpointRestore(Strategy):
-    def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        return self.plain_step(step, tokens)
-
-    def abandon(self) -> None:
-        """Finalizer of a torn-down incarnation: drop hooks and the checkpointer without raising."""
-        try:
-            self.close()
-        except Exception as exc:  # noqa: BLE001 - the incarnation is gone; its save error is moot
-            print(f"checkpoint_restore: closing the torn-down incarnation's checkpointer: {exc}", flush=True)
-
-
-class _NvrxStore:
-    """NVRx's store, hosted outside the ranks (``nvrx_store``), its address to every rank. A relaunched world
-    gets a new one.
-
-    NVRx keys its store by its own iteration number only (barriers, terminated ranks, completion), and a
-    relaunched world starts again at iteration 0: on the killed world's store it would read that world's
-    keys. So each incarnation's ranks get a fresh store, hosted before they start: in the parent for ranks
-    in its namespace, in the topology's bridge namespace on the control network for ranks in namespaces."""
-
-    def __init__(self, run: Any, launcher: Any) -> None:
-        from harness.strategies.checkpoint_restore.nvrx_store import store_home
-
-        self.launcher = launcher
-        self.home = store_home(run, launcher)
-        self.addr: tuple[str, int] | None = None
-        launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
-
-    def renew(self, incarnation: int) -> None:
-        from harness.strategies.checkpoint_restore.nvrx_restart import STORE_HOST_ENV, STORE_PORT_ENV
-
-        self.addr = host, port = self.home.renew()
-        self.launcher.extra_env.update(
-            {STORE_HOST_ENV: host, STORE_PORT_ENV: str(port), "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        )
-
-    def row_columns(self) -> dict[str, Any]:
-        """Where the last world's NVRx store was (the row says which network the ranks reached it on)."""
-        return {"nvrx_store": f"{self.addr[0]}:{self.addr[1]}" if self.addr else None}
-
-    def close(self) -> None:
-        self.home.close()
 
 
 def relaunch_after_lost_process(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
@@ -103,10 +44,6 @@ NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
-    from harness.faults import registry as faults
-    from harness.schema import ConfigError, LinkPlane
-    from harness.strategies.checkpoint_restore.nvrx_restart import NvrxUnavailable, import_inprocess
-
     if faults.get(run.fault.kind).needs_netns:
         if run.fault.kind not in NETNS_FAULTS:
             raise ConfigError(
@@ -129,14 +66,14 @@ def check_runnable(run: Any) -> None:
 
 SPEC = StrategySpec(
     name="checkpoint_restore",
-    rank_class="harness.strategies.checkpoint_restore:CheckpointRestore",
+    rank_class="harness.rank.strategies.checkpoint_restore:CheckpointRestore",
     description="NVRx in-process restart: keep processes, rebuild groups, restore the newest checkpoint, replay",
     label="NVRx checkpoint restore",
     color="tab:orange",
     order=3,
     relaunch=relaunch_after_lost_process,
-    parent_setup=_NvrxStore,
-    rank_entry="harness.strategies.checkpoint_restore.nvrx_rank:train_in_process",
+    parent_setup="harness.parent.strategies.nvrx_store:NvrxStore",
+    rank_entry="harness.rank.strategies.nvrx_rank:train_in_process",
     check=check_runnable,
     simulation=Simulation(
         "harness.scale.outcomes:restart_in_process_and_restore",

@@ -1,5 +1,5 @@
 """The data of the NVRx baseline: settings, per-restart timestamps, the context handed to the training
-function, errors, and the guarded import of nvidia-resiliency-ext. ``harness.strategies.checkpoint_restore.nvrx_restart``
+function, errors, and the guarded import of nvidia-resiliency-ext. ``harness.rank.strategies.nvrx_restart``
 runs the wrapper itself. NVRx is imported lazily: this module is cheap to import.
 """
 
@@ -34,7 +34,7 @@ class NvrxRestartsExhausted(RuntimeError):
 def import_inprocess() -> Any:
     """``nvidia_resiliency_ext.inprocess``, or ``NvrxUnavailable`` naming the fix."""
     try:
-        from nvidia_resiliency_ext import inprocess
+        from nvidia_resiliency_ext import inprocess  # lazy: NVRx
     except Exception as exc:  # ImportError, or a broken install failing at import time
         raise NvrxUnavailable(
             f"strategy=checkpoint_restore needs nvidia-resiliency-ext=={NVRX_VERSION} "
@@ -104,7 +104,7 @@ class NvrxSettings:
 
     def resolved_host(self) -> str:
         # NVRX_STORE_HOST first: in network namespaces MASTER_ADDR is rank 0's data address, which is not
-        # where the parent hosts NVRx's store (harness.strategies.checkpoint_restore.nvrx_store).
+        # where the parent hosts NVRx's store (harness.parent.strategies.nvrx_store).
         host = self.store_host or os.environ.get(STORE_HOST_ENV) or os.environ.get("MASTER_ADDR")
         if not host:
             raise ValueError(
@@ -185,7 +185,7 @@ class RestartContext:
 
     def init_process_group(self, timeout: datetime.timedelta, backend: str = "gloo") -> None:
         """Build this incarnation's default process group on its own store prefix."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch
 
         dist.init_process_group(backend, store=self.store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 

@@ -23,6 +23,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from harness.report import compare
+
 REFERENCE = object()  # the reference's place in a round
 
 
@@ -38,7 +40,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="trials", node=TrialsSw
 
 def trial_prefix(trial: int, trials: int) -> str:
     """The directory runs of ``trial`` go under, relative to the sweep dir ("" for a single trial)."""
-    from harness.report.trials import TRIAL_DIR
+    from harness.report.trials import TRIAL_DIR  # lazy: numpy, scipy
 
     return "" if trials == 1 else f"{TRIAL_DIR}{trial}/"
 
@@ -48,8 +50,7 @@ class TrialsSweeper(BasicSweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         from harness.app import comparison
-        from harness.report import compare
-        from harness.report.trials import interleave
+        from harness.report.trials import interleave  # lazy: numpy, scipy
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)

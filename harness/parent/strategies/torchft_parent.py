@@ -4,9 +4,9 @@ torchft's users run one Lighthouse per job and one torchrun per replica group, e
 ``--max-restarts``: when a worker of a group fails, that group's torchrun agent stops the group's other
 workers and starts the whole group again, while the other groups go on. ``TorchftJob`` does both here:
 
-- it starts the Lighthouse process (``harness.strategies.torchft_lighthouse``) before the ranks and
+- it starts the Lighthouse process (``harness.parent.strategies.torchft_lighthouse``) before the ranks and
   hands its address to every rank as ``TORCHFT_LIGHTHOUSE``; it runs where every rank reaches it
-  (``harness.parent.server_home``: the parent's namespace, or the bridge namespace on the control
+  (``harness.server_home``: the parent's namespace, or the bridge namespace on the control
   network when the ranks run in network namespaces), so a lost host takes only its own ranks down;
 - it is the launcher's ``replace_dead`` policy: a failed rank's whole replica group is restarted (its
   still-running members are SIGKILLed, as torchrun's agent stops them) within
@@ -19,73 +19,17 @@ Nothing here imports torch: the parent builds no process group for torchft.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.parent.server_home import server_home
-from harness.strategies.torchft_lighthouse import Lighthouse
+from harness.events import read_events
+from harness.parent.strategies.torchft_lighthouse import Lighthouse
+from harness.server_home import server_home
+from harness.strategies.torchft_layout import LIGHTHOUSE_ENV, GroupLayout, gen_key
+from harness.strategies.torchft_report import torchft_columns
 
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 LIGHTHOUSE_LOG = "lighthouse.log"
-
-
-def gen_key(token: str, group: int) -> str:
-    """Control-store key holding replica group ``group``'s current generation (absent: 0)."""
-    return f"{token}/torchft/g{group}/gen"
-
-
-def group_store_key(token: str, group: int, gen: int) -> str:
-    """Control-store key where generation ``gen`` of group ``group`` publishes its store's ``host:port``."""
-    return f"{token}/torchft/g{group}/gen{gen}/store"
-
-
-def ports_key(token: str) -> str:
-    """Control-store key every rank appends its service ports to (``port,``): a socket reset spares them."""
-    return f"{token}/torchft/ports"
-
-
-@dataclass(frozen=True)
-class GroupLayout:
-    """Where a global rank sits: replica group ``group``, rank ``local`` of ``size`` inside it."""
-
-    rank: int
-    world_size: int
-    size: int
-
-    @property
-    def group(self) -> int:
-        return self.rank // self.size
-
-    @property
-    def local(self) -> int:
-        return self.rank % self.size
-
-    @property
-    def groups(self) -> int:
-        return self.world_size // self.size
-
-    def members(self) -> list[int]:
-        return list(range(self.group * self.size, (self.group + 1) * self.size))
-
-
-def ranks_lost(fault_ranks: Iterable[int], world_size: int, hosts: int, whole_host: bool) -> set[int]:
-    """The ranks a fault on ``fault_ranks`` kills: each of them, or with ``whole_host`` (a host loss) every
-    rank of its host (``hosts`` namespaces of ``world_size / hosts`` consecutive ranks; 0: a host per rank,
-    as ``harness.faults.addressing.Layout`` places them)."""
-    per_host = world_size // hosts if hosts else 1
-    lost: set[int] = set()
-    for r in fault_ranks:
-        first = (r // per_host) * per_host if whole_host else r
-        lost.update(range(first, first + (per_host if whole_host else 1)))
-    return lost
-
-
-def groups_untouched(lost: Iterable[int], world_size: int, group_size: int) -> list[int]:
-    """The replica groups with no rank in ``lost``: the peers a restarted group can heal from."""
-    hit = {r // group_size for r in lost}
-    return [g for g in range(world_size // group_size) if g not in hit]
 
 
 class TorchftJob:
@@ -157,9 +101,6 @@ class TorchftJob:
     def row_columns(self) -> dict[str, Any]:
         """torchft's columns of the row: quorum and heal times and short steps (from the events), the group
         restarts, and the Lighthouse's address (where it ran) and log."""
-        from harness.events import read_events
-        from harness.strategies.torchft_report import torchft_columns
-
         run_dir = Path(self.launcher.run_dir)
         events = read_events(run_dir) if (run_dir / "events").exists() else []
         return {

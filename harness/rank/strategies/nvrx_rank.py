@@ -12,17 +12,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from harness import identity
+from harness.events import EventLog, Restart
+from harness.rank.strategies.checkpoint_restore import CheckpointRestore
 from harness.rank.train import TrainResult, build_context, exit_without_static_destructors, run_loop
-from harness.strategies.checkpoint_restore import CheckpointRestore
 
 __all__ = ["train_in_process"]
 
 
 def train_in_process(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under NVRx in-process restart; returns ``harness.rank.train.TrainResult``."""
-    from harness.events import EventLog, Restart
-    from harness.rank import identity
-    from harness.strategies.checkpoint_restore.nvrx_restart import (
+    from harness.rank.strategies.nvrx_restart import (
         NvrxSettings,
         import_inprocess,
         run_with_inprocess_restart,

@@ -1,4 +1,7 @@
-"""The parent -> rank contract carried in environment variables (the spec file carries the config).
+"""The parent -> rank contract: environment variables, and the spec file that carries the config.
+
+Common ground of the two processes: the parent (``harness.parent``) writes both, a rank
+(``harness.rank.worker``) reads them; neither side imports the other.
 
 ``ACCELPACT_CONTROL_ADDR`` / ``ACCELPACT_JOB_TOKEN`` name the parent's long-lived store and this
 job's token; every data-plane key is prefixed with the token so a stray process from another job
@@ -7,9 +10,15 @@ cannot join. Pure: no torch.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.schema import RunConfig, run_config_from_dict, to_dict
+from harness.slurm_env import rank_identity
 
 CONTROL_ADDR = "ACCELPACT_CONTROL_ADDR"
 JOB_TOKEN = "ACCELPACT_JOB_TOKEN"
@@ -62,8 +71,6 @@ class RankEnv:
     def from_environ(cls, env: Mapping[str, str] = os.environ) -> RankEnv:
         """From the parent's variables; an ``srun`` task (cluster.launch=srun) that was given no RANK takes
         rank, world size and local rank from Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)."""
-        from harness.app.slurm_env import rank_identity
-
         slurm = None if "RANK" in env else rank_identity(env)
         if slurm is not None:
             rank, world_size, local_rank = slurm
@@ -86,3 +93,19 @@ class RankEnv:
             parent_pid=int(env.get(PARENT_PID, "0")),
             replacement=int(env.get(REPLACEMENT, "0")),
         )
+
+
+SPEC_NAME = "worker_spec.json"
+
+
+def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
+    """Write the run's config for its ranks (plain JSON: a rank never imports Hydra or OmegaConf)."""
+    path = Path(run_dir) / SPEC_NAME
+    path.write_text(json.dumps({"run_dir": str(run_dir), "config": to_dict(cfg)}, indent=1))
+    return path
+
+
+def read_spec(path: str | Path) -> tuple[str, RunConfig]:
+    """(run dir, config) from a spec file :func:`write_spec` wrote."""
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data["run_dir"], run_config_from_dict(data["config"])

@@ -118,7 +118,7 @@ class LoadGuard:
 def for_run(run: Any) -> LoadGuard:
     """A guard for ``run`` (a RunConfig): its ranks on this host, each with the torch threads the launcher
     gives it (usable cores // ranks here, harness.parent.launcher)."""
-    from harness.app.machine import usable_cores
+    from harness.machine import usable_cores  # lazy: psutil
 
     usable = usable_cores()
     ranks_here = max(1, run.cluster.world_size // max(run.cluster.nodes, 1))

@@ -34,7 +34,6 @@ __all__ = [
     "NvrxRun",
     "import_inprocess",
     "run_with_inprocess_restart",
-    "host_store",
     "store_ports",
 ]
 
@@ -54,16 +53,6 @@ from harness.strategies.checkpoint_restore.nvrx_types import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def host_store(port: int = 0, host: str = "127.0.0.1") -> dist.TCPStore:
-    """Host NVRx's store in a process that outlives the ranks (the harness parent); pass its ``.port``
-    to the ranks as NVRX_STORE_PORT.
-
-    By default NVRx's rank 0 hosts the store, so a rank-0 death takes it, and with it every rank's
-    restart, down. NVRx 0.4.1's rank 0 falls back to connecting as a client when the port is taken,
-    which is what this relies on."""
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
 
 
 def store_ports(store: dist.Store | None) -> tuple[int, ...]:
@@ -113,7 +102,7 @@ def _describe(exc: BaseException, limit: int = 3) -> str:
 
 
 def _reset_data_plane_sockets(exclude_ports: Sequence[int]) -> int:
-    from accelpact.inject import reset_own_gloo_sockets
+    from accelpact.inject import reset_own_gloo_sockets  # lazy: torch
 
     return reset_own_gloo_sockets(exclude_ports)
 
@@ -199,7 +188,7 @@ def _reap_monitor(pid: int | None, timeout_s: float) -> str:
     (exited, its new parent has not reaped it yet) as exited."""
     if pid is None:
         return "unknown"
-    import psutil
+    import psutil  # lazy: psutil
 
     def gone(proc: "psutil.Process") -> bool:
         try:

@@ -1,4 +1,4 @@
-"""The harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups, the parent's policy.
+"""The rank side of the harness's half of accelpact's heal: snapshots, the replacement's rejoin, side groups.
 
 - ``snapshots_and_policy``: with ``strategy.snapshot.every > 0`` every rank snapshots each k-th committed
   step into its host's shared memory (``ACCELPACT_SNAPSHOT_ROOT``) and heals a lost rank in memory;
@@ -9,26 +9,28 @@
 - ``side_group``: the checkpointer's gloo group, built on an explicit store prefix and name per control
   generation. ``dist.new_group`` names groups from c10d's counter, which differs between a survivor and
   a fresh replacement, and rendezvouses on the default group's store: the two would never meet.
-- ``replace_on_kill`` (the spec's ``replace_dead``): the parent starts a replacement for a rank killed
-  by a signal, unless a rank already gave up (then the disk fallback runs, as before).
+
+The parent's policy (``replace_on_kill``, the spec's ``replace_dead``) and ``EXIT_FALLBACK`` are the spec's
+(``harness.strategies.accelpact``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from harness.events import Restore
+from harness.strategies.accelpact import EXIT_FALLBACK
+
 if TYPE_CHECKING:
-    from harness.rank.env import RankEnv
+    from harness.contract import RankEnv
     from harness.schema import RunConfig
 
-# Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
-EXIT_FALLBACK = 75
 # Fault injection for tests: the replacement with this number (HARNESS_REPLACEMENT) SIGKILLs itself in
 # the middle of its heal.
 DIE_IN_HEAL = "HARNESS_DIE_IN_HEAL"
@@ -77,17 +79,15 @@ def control_deadline(cfg: RunConfig) -> None:
 
 def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     """A replacement: arrive on the control channel and build the survivors' next generation."""
-    import accelpact
-    import accelpact.snapshot
-    from accelpact.control import ControlChannel
-    from harness.rank.models import meta_model
+    import accelpact  # lazy: torch
+    import accelpact.snapshot  # lazy: torch
+    from accelpact.control import ControlChannel  # lazy: torch
+    from harness.models import meta_model  # lazy: torch
 
     how = _injected_death(env.replacement)
     if how in ("import", "exit"):
         _die(how)
     if how == "hang":
-        import time
-
         time.sleep(3600)  # the parent's kill_all ends it
     # The heavy imports (transformers: seconds on a loaded host) belong to the process start, not to the
     # heal the survivors wait for: a model on the meta device costs nothing and imports them all.
@@ -105,8 +105,6 @@ def rejoin_job(cfg: RunConfig, env: RankEnv) -> Rejoined:
     if os.environ.get(DIE_IN_HEAL) == str(env.replacement):
         # Fault injection (tests): this replacement dies inside its heal, after joining the new
         # generation and before the heal reports: the survivors must heal once more.
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)
     return Rejoined(control, ticket)
 
@@ -120,8 +118,6 @@ def _injected_death(replacement: int) -> str | None:
 
 
 def _die(how: str) -> None:
-    import signal
-
     sys.stdout.flush()
     if how == "exit":
         print("injected: this replacement fails before joining (HARNESS_DIE_BEFORE_JOIN)", file=sys.stderr, flush=True)
@@ -131,9 +127,7 @@ def _die(how: str) -> None:
 
 def _arrive_and_die(control: Any, env: RankEnv) -> None:
     """Post an arrival exactly as accelpact.rejoin does, then die before taking the plan."""
-    import time
-
-    from accelpact.inject import post_arrival
+    from accelpact.inject import post_arrival  # lazy: torch
 
     post_arrival(control, env.t_launch)
     time.sleep(0.5)  # the survivors read the arrival and write the plan meanwhile
@@ -144,9 +138,9 @@ def side_group(
     control_store: Any, token: str, tag: str, generation: int, rank: int, world_size: int, timeout_s: float
 ) -> Any:
     """A gloo group over every rank named ``{tag}-g{generation}`` on ``{token}/side/{tag}/gen{generation}``."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from accelpact.backends import GroupSpec, rebuild_group
+    from accelpact.backends import GroupSpec, rebuild_group  # lazy: torch
 
     spec = GroupSpec(
         name=f"{tag}-g{generation}",
@@ -170,8 +164,8 @@ def snapshots_and_policy(
     every = cfg.strategy.snapshot.every
     if every <= 0:
         return None, None, None
-    from accelpact import HealPolicy
-    from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env
+    from accelpact import HealPolicy  # lazy: torch
+    from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env  # lazy: torch
 
     # The snapshots' token outlives a relaunch (the parent exports ACCELPACT_SNAPSHOT_TOKEN, the same in every
     # incarnation); the control channel's token is new in each, so a relaunched job would find nothing under it.
@@ -208,7 +202,7 @@ def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token
     relaunched rank whose host lost its own). ``token``: the snapshots' token."""
     if not cfg.strategy.snapshot.replicas or world_size < 2:
         return None
-    from accelpact.snapshot import Replication
+    from accelpact.snapshot import Replication  # lazy: torch
 
     return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push, job_token=token)
 
@@ -221,11 +215,10 @@ def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[i
     Returns (the step to resume at, "") or, when no complete, agreeing set of snapshots exists, (None, why):
     the caller then restores the checkpoint from disk. Every rank decides the same: one rank that could not
     load sends every rank to the disk (their own slots are dropped then, so no later restore mixes them in)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from accelpact.errors import AccelPactError
-    from accelpact.snapshot import restore_latest
-    from harness.events import Restore
+    from accelpact.errors import AccelPactError  # lazy: torch
+    from accelpact.snapshot import restore_latest  # lazy: torch
 
     t_start = time.time()
     info, why = None, ""
@@ -273,26 +266,3 @@ def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
         return
     scheduler.load_state_dict(extra_state["scheduler"])
     scheduler.step()
-
-
-def check_heal(run: RunConfig) -> None:
-    """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
-    themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.faults import registry
-    from harness.schema import ConfigError
-
-    st = run.strategy
-    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
-        raise ConfigError(
-            f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
-            "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
-            "which host loses a rank. Use strategy.hot_spares=0 here"
-        )
-
-
-def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:
-    """Heal in memory (start a replacement for ``rank``) when snapshots are on, the rank was killed by a
-    signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
-    (then the disk fallback runs instead)."""
-    alive = [r for r, c in codes.items() if c is None]
-    return run.strategy.snapshot.every > 0 and code < 0 and bool(alive) and EXIT_FALLBACK not in codes.values()

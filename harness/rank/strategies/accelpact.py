@@ -1,9 +1,10 @@
-"""Strategy ``accelpact``: every step through ``accelpact.guard``; comm faults are recovered in memory.
+"""Strategy ``accelpact``, rank side (the spec is ``harness.strategies.accelpact``): every step through
+``accelpact.guard``; comm faults are recovered in memory.
 
 No restore and no replay: each in-memory recovery becomes a ``recovery`` event (decision and the
 durations of detection, agreement, rebuild, rebind, first collective). After a recovery the
 checkpointer's own gloo group (broken by the same fault) is replaced by a fresh one, built on an
-explicit store prefix per control generation (harness.strategies.accelpact.heal.side_group).
+explicit store prefix per control generation (harness.rank.strategies.heal.side_group).
 
 A lost rank (SIGKILL) heals in memory when snapshots are on (``strategy.snapshot.every``, 1 by
 default): the parent starts a replacement for that rank only; the survivors wait for it, agree the
@@ -21,31 +22,26 @@ exists (then a ``fallback`` event, ``detected_by="relaunch"``, names why).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from harness import events
-from harness.strategies.accelpact.heal import (
-    EXIT_FALLBACK,
-    check_heal,
+from harness.rank.strategies.base import Rewind, Strategy, TrainContext, forward_backward
+from harness.rank.strategies.heal import (
     control_deadline,
     die_at_heal_plan,
-    replace_on_kill,
     restore_extra_state,
     resume_from_snapshots,
     side_group,
     snapshots_and_policy,
 )
-from harness.strategies.base import Rewind, Strategy, TrainContext, forward_backward
-from harness.strategies.spec import Simulation, StrategySpec
+from harness.strategies.accelpact import EXIT_FALLBACK
 
 if TYPE_CHECKING:
     import torch
-
-__all__ = ["AccelPactStep", "EXIT_FALLBACK", "relaunch_on_fallback", "relaunch_from_snapshots", "SPEC"]
 
 
 class AccelPactStep(Strategy):
@@ -53,8 +49,8 @@ class AccelPactStep(Strategy):
     restores_checkpoint_at_start = False
 
     def __init__(self, ctx: TrainContext) -> None:
-        from accelpact.control import ControlChannel
-        from accelpact.guard import attach
+        from accelpact.control import ControlChannel  # lazy: torch
+        from accelpact.guard import attach  # lazy: torch
 
         super().__init__(ctx)
         control_deadline(ctx.cfg)
@@ -82,7 +78,7 @@ class AccelPactStep(Strategy):
                 rejoin=rejoined.ticket if rejoined is not None else None,
             )
         except Exception as exc:  # a replacement that cannot heal (no copy survives): fall back
-            from accelpact.errors import UnrecoverableError
+            from accelpact.errors import UnrecoverableError  # lazy: torch
 
             if isinstance(exc, UnrecoverableError):
                 self._fall_back(-1, exc)
@@ -132,7 +128,7 @@ class AccelPactStep(Strategy):
         )
 
     def run_step(self, step: int, tokens: torch.Tensor) -> float:
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         model = self.ctx.model
         try:
@@ -154,7 +150,7 @@ class AccelPactStep(Strategy):
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` under the guard (accelpact's Guard.run): a fault there recovers, a lost rank heals."""
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         committed = self.guard.committed_step
         try:
@@ -185,7 +181,7 @@ class AccelPactStep(Strategy):
         self.ctx.events.emit(events.Eval, step=step, loss=loss)
 
     def finish(self) -> None:
-        from accelpact.errors import RolledBack, UnrecoverableError
+        from accelpact.errors import RolledBack, UnrecoverableError  # lazy: torch
 
         committed = self.guard.committed_step
         try:
@@ -221,8 +217,6 @@ class AccelPactStep(Strategy):
         # os._exit, not an exception: tearing down process groups a dead peer left half-open can
         # block, and the parent only needs the event (already flushed) and the exit status.
         sys.stdout.flush()
-        import os
-
         os._exit(EXIT_FALLBACK)
 
     def _record_recoveries(self) -> None:
@@ -256,7 +250,7 @@ class AccelPactStep(Strategy):
         """The checkpoint group of the current control generation (every rank builds it at the same point)."""
         if self.ckpt is None:
             return
-        from accelpact.backends import retire_group
+        from accelpact.backends import retire_group  # lazy: torch
 
         old = self.ckpt._pg
         error = self.ckpt.replace_process_group(self.checkpoint_group())
@@ -280,7 +274,7 @@ class AccelPactStep(Strategy):
             if self.snapshots is not None:
                 # What the snapshots cost this rank (the process_loss experiment reads it): shared-memory
                 # bytes of one slot, own slots + the replicas its host held, time blocked, pushes.
-                from accelpact.snapshot import used_bytes
+                from accelpact.snapshot import used_bytes  # lazy: torch
 
                 rep = self.replication.stats() if self.replication is not None else {}
                 budget = self.snapshots.budget
@@ -303,8 +297,6 @@ class AccelPactStep(Strategy):
 
 
 def _token() -> str:
-    import os
-
     return os.environ["ACCELPACT_JOB_TOKEN"]
 
 
@@ -312,72 +304,3 @@ def _stall_timeout(value: float | None) -> float | None | str:
     if value is None:
         return "auto"
     return value or None
-
-
-def relaunch_on_fallback(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
-    """Fall back to checkpoint restore (relaunch every rank) only when a rank said it cannot recover in
-    memory (exit ``EXIT_FALLBACK``) or was killed by a signal; any other failure ends the run."""
-    why = _fallen(exit_codes)
-    return None if why is None else "fallback to checkpoint restore: " + why
-
-
-def _fallen(exit_codes: Mapping[int, int | None]) -> str | None:
-    """Which ranks were killed by a signal or gave up on in-memory recovery (None: neither, no relaunch)."""
-    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
-    fell_back = sorted(r for r, c in failed.items() if c == EXIT_FALLBACK)
-    killed = sorted(r for r, c in failed.items() if c is not None and c < 0)
-    if not (fell_back or killed):
-        return None
-    parts = []
-    if killed:
-        parts.append(f"rank(s) {killed} killed by a signal")
-    if fell_back:
-        parts.append(f"rank(s) {fell_back} could not recover in memory")
-    return ", ".join(parts)
-
-
-def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure: int | None) -> str | None:
-    """``accelpact_heal``'s policy: relaunch every rank when :func:`relaunch_on_fallback` would, and say where
-    the relaunched ranks resume: from the snapshots they all hold (``AccelPactStep._resume_relaunched``; a
-    ``fallback`` event says so if they must read the disk after all). A whole-job crash (every rank killed
-    by a signal, none gave up on its own) is a group restart, not a fallback."""
-    failed = {r: c for r, c in exit_codes.items() if c not in (0, None)}
-    if exit_codes and len(failed) == len(exit_codes) and all(c < 0 for c in failed.values()):
-        return (
-            f"group restart: every rank ({sorted(failed)}) was killed by a signal; the relaunched ranks resume "
-            "from the newest snapshot every rank holds in shared memory"
-        )
-    why = _fallen(exit_codes)
-    return (
-        None
-        if why is None
-        else (
-            "fallback to a relaunch of every rank, resumed from the newest snapshot every "
-            "rank holds (the checkpoint if they hold no agreeing set): " + why
-        )
-    )
-
-
-SPEC = StrategySpec(
-    name="accelpact",
-    rank_class="harness.strategies.accelpact:AccelPactStep",
-    description="in-memory recovery: agree out of band, new process group, rebind FSDP's references, continue",
-    label="AccelPact",
-    color="tab:green",
-    order=1,
-    relaunch=relaunch_on_fallback,
-    replace_dead=replace_on_kill,
-    check=check_heal,
-    rejoin="harness.strategies.accelpact.heal:rejoin_job",
-    # Survivors of a lost rank learn of it from the parent's death notice (within ~0.1 s) or by the
-    # heartbeat rule (~2 s), write their fallback event and exit; 10 s covers a loaded host. A
-    # survivor still waiting then is killed, which the relaunch policy treats the same way.
-    settle_s=lambda run: min(run.strategy.recovery_deadline_s + 15.0, 10.0),
-    recovers_in_memory=True,
-    simulation=Simulation(
-        "harness.scale.outcomes:rebind_or_fall_back_to_disk",
-        "AccelPact rebinding, disk fallback",
-        synchronous=True,
-        calibration_rollback="step",
-    ),
-)

@@ -21,11 +21,11 @@ import json
 import os
 import time
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from harness.events import EventLog, Fault
 from harness.faults import registry
+from harness.faults.handshake import ack_path, request_path
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
 from harness.schema import RunConfig
 
@@ -34,15 +34,7 @@ ACK_TIMEOUT_S = 60.0
 _ACK_POLL_S = 0.002
 
 
-def request_path(run_dir: str | os.PathLike[str], index: int, rank: int) -> Path:
-    return Path(run_dir) / "faults" / f"request_{index}_rank{rank}.json"
-
-
-def ack_path(run_dir: str | os.PathLike[str], index: int, rank: int) -> Path:
-    return Path(run_dir) / "faults" / f"ack_{index}_rank{rank}"
-
-
-# Fault points after a step committed, in the loop's own collectives (harness.strategies.base).
+# Fault points after a step committed, in the loop's own collectives (harness.rank.strategies.base).
 BETWEEN_STEPS = ("eval", "checkpoint_save")
 
 
@@ -53,7 +45,7 @@ class RankFaults:
     def __init__(
         self, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
     ) -> None:
-        from accelpact.inject import FaultInjector
+        from accelpact.inject import FaultInjector  # lazy: torch
 
         self.rank = rank
         self.run_dir = run_dir
@@ -87,7 +79,7 @@ class RankFaults:
         return cls(cfg, rank, run_dir, events, exclude_ports)
 
     def install(self, model: Any) -> None:
-        from harness.rank.models import decoder_layers
+        from harness.models import decoder_layers  # lazy: torch
 
         layers = decoder_layers(model)
         self.injector.install(model, layers[len(layers) // 2])

@@ -1,10 +1,10 @@
 """Scenario runners for multi-rank sessions: train the tiny decoder with or without faults, time rebinds.
 
 ``run`` is the runner the tests, the experiments and the benchmarks name in
-``accelpact.testing.session.run_session(..., runner="harness.workloads.fsdp_scenarios:run")``. Each
+``accelpact.testing.session.run_session(..., runner="experiments.workloads.fsdp_scenarios:run")``. Each
 caller keeps its own list of scenarios; this module only says what a scenario of each kind does.
 
-``kind: "train"`` (the default): N steps of the model of :mod:`harness.workloads.fsdp_models`, either a
+``kind: "train"`` (the default): N steps of the model of :mod:`experiments.workloads.fsdp_models`, either a
 plain loop (``guard: False``, the fault-free reference) or under an attached guard with faults armed
 through accelpact.testing.FaultInjector (real socket resets, stalls, dead ranks, resets during
 recovery). Records every loss, every recovery event, the injections, optional resources and
@@ -43,7 +43,7 @@ from accelpact import ResetConfig
 from accelpact import testing as fault_testing
 from accelpact.guard import attach, clip_gradients
 from accelpact.testing import BindingTable
-from harness.workloads.fsdp_models import (
+from experiments.workloads.fsdp_models import (
     batch_for,
     build,
     dynamo_counters,
@@ -53,7 +53,7 @@ from harness.workloads.fsdp_models import (
     state_of,
     step_fn_for,
 )
-from harness.workloads.memory_probe import fd_kinds
+from experiments.workloads.memory_probe import fd_kinds
 
 if TYPE_CHECKING:  # only for the hints: runners are also used with an accelpact that predates it
     from accelpact.testing.rank import RankContext

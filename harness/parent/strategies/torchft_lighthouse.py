@@ -1,12 +1,12 @@
 """torchft's Lighthouse as the harness parent runs it: one process per job, started before the ranks.
 
-``python -m harness.strategies.torchft_lighthouse --bind HOST:0 ...`` runs the same Rust server that
+``python -m harness.parent.strategies.torchft_lighthouse --bind HOST:0 ...`` runs the same Rust server that
 torchft's ``torchft_lighthouse`` console script runs (``torchft._torchft.LighthouseServer``), with the
 same flags, and prints one JSON line with the address it bound, so the parent can pass a kernel-chosen
 port to the ranks (the console script only logs it). It dies with the parent (PR_SET_PDEATHSIG), so a
 killed parent leaves no Lighthouse behind, and it exits on SIGTERM / SIGINT / SIGHUP.
 
-Where it runs is ``harness.parent.server_home``'s decision, as for NVRx's store: in the parent's network
+Where it runs is ``harness.server_home``'s decision, as for NVRx's store: in the parent's network
 namespace on ``cluster.master_addr`` when the ranks run there, else in the topology's bridge namespace on
 the control network's bridge address (``netns=``), which every host reaches over its never-faulted
 control link; a lost host's ranks lose only their own connections to it.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.parent.server_home import ServerHome
+from harness.server_home import ServerHome
 
 READY_TIMEOUT_S = 60.0
 
@@ -61,7 +61,7 @@ class Lighthouse:
         argv = [
             python,
             "-m",
-            "harness.strategies.torchft_lighthouse",
+            "harness.parent.strategies.torchft_lighthouse",
             "--bind",
             f"{host}:0",
             "--min_replicas",
@@ -118,7 +118,7 @@ class Lighthouse:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.strategies.torchft_lighthouse")
+    parser = argparse.ArgumentParser(prog="python -m harness.parent.strategies.torchft_lighthouse")
     parser.add_argument("--bind", required=True)
     parser.add_argument("--min_replicas", type=int, required=True)
     parser.add_argument("--join_timeout_ms", type=int, default=60000)
@@ -126,10 +126,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--heartbeat_timeout_ms", type=int, default=5000)
     parser.add_argument("--parent_pid", type=int, default=0)
     args = parser.parse_args(argv)
-    from accelpact.run import die_with_parent
+    from accelpact.run import die_with_parent  # lazy: torch
 
     die_with_parent(args.parent_pid)
-    from torchft._torchft import LighthouseServer
+    from torchft._torchft import LighthouseServer  # lazy: torchft
 
     server = LighthouseServer(
         bind=args.bind,

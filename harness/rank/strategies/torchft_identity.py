@@ -2,7 +2,7 @@
 
 The reference (``strategy=none``) shards every tensor with FSDP2 over its mesh: the whole world, or under
 HSDP (``cluster.replicate``) the ranks of one replica; its identity records hold each rank's shard hashes
-(``harness.rank.identity``). A torchft replica group holds a full replica (sharded over the group's own
+(``harness.identity``). A torchft replica group holds a full replica (sharded over the group's own
 ranks only), so with another cut its shards are not those of the reference. To make the bit-for-bit
 comparison meaningful, each rank gathers the group's full tensors and hashes them cut the way FSDP2 cuts
 them on the reference's mesh (``torch.chunk`` on dim 0 over its shard dimension, missing chunks empty),
@@ -12,12 +12,15 @@ reference's.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+from harness.identity import full_state_hash, tensor_digest
 
 
 def world_chunks(full: Any, world: int) -> list[Any]:
     """``full`` cut as FSDP2's Shard(0) cuts it over ``world`` ranks (its ``_chunk_with_empty``)."""
-    import torch
+    import torch  # lazy: torch
 
     chunks = list(torch.chunk(full, world, dim=0))
     while len(chunks) < world:
@@ -32,11 +35,7 @@ def _full(t: Any) -> Any:
 def replica_identity(model: Any, optimizer: Any, steps_committed: int, rank: int, reference: Any) -> dict[str, Any]:
     """Collective over the replica group's default process group. The record of global rank ``rank``, cut as
     the reference's mesh ``reference`` (a ``harness.rank.mesh.MeshLayout``) cuts it."""
-    import hashlib
-
-    import torch.distributed as dist
-
-    from harness.rank.identity import full_state_hash, tensor_digest
+    import torch.distributed as dist  # lazy: torch
 
     world = reference.replicate * reference.shard
     per_rank: list[dict[str, str]] = [{} for _ in range(world)]

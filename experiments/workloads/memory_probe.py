@@ -26,8 +26,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from accelpact import testing as fault_testing
 from accelpact.guard import attach
-from harness.workloads.fault_schedules import PG_TIMEOUT_S, armed, soak_faults
-from harness.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
+from experiments.workloads.fault_schedules import PG_TIMEOUT_S, armed, soak_faults
+from experiments.workloads.fsdp_models import batch_for, build, model_config, resources, step_fn_for
 
 if TYPE_CHECKING:
     from accelpact.testing.rank import RankContext

@@ -89,7 +89,7 @@ def snapshot_space() -> tuple[str, int | None]:
 
 def _gpu_memory() -> tuple[int, ...]:
     try:
-        import torch
+        import torch  # lazy: torch
 
         if not torch.cuda.is_available():
             return ()

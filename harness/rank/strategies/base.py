@@ -15,7 +15,7 @@ committed. The base class does what every strategy needs, so a new strategy cann
   points of a plain loop; a guarded loop passes :meth:`on_guard_phase` to the guard's phase hooks.
 - **Replays.** Steps at or below the highest step committed in an earlier incarnation are replays.
 
-Modules here import torch inside methods only: the registry reads strategy modules in the parent.
+The registry never imports this module: a spec names its class by string (``rank_class``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.events import Eval, EventLog
+from harness.events import Eval, EventLog, Step, events_path, of_type, read_file_events
+from harness.rank.faults import RankFaults
 from harness.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -76,15 +77,13 @@ def checkpoint_dir(ctx: TrainContext) -> str:
 def committed_before(run_dir: str, rank: int) -> int:
     """Highest step index this rank committed in any earlier incarnation (-1 if none): later runs of
     those indices are replays."""
-    from harness.events import Step, events_path, of_type, read_file_events
-
     steps = of_type(read_file_events(events_path(run_dir, rank)), Step)
     return max((s.step for s in steps), default=-1)
 
 
 def store_ports_of(ctx: TrainContext) -> set[int]:
     """Ports a socket-reset fault must spare: the control store's and every process group's store."""
-    from accelpact.backends import store_ports
+    from accelpact.backends import store_ports  # lazy: torch
 
     port = getattr(ctx.control_store, "port", None)
     return store_ports([int(port)] if isinstance(port, int) else [])
@@ -103,8 +102,6 @@ class Strategy(ABC):
     restores_checkpoint_at_start = True
 
     def __init__(self, ctx: TrainContext, exclude_ports: Collection[int] = ()) -> None:
-        from harness.faults.rank_side import RankFaults
-
         self.ctx = ctx
         self._replay_until = committed_before(ctx.run_dir, ctx.rank)
         self.ckpt: Any = None
@@ -140,7 +137,7 @@ class Strategy(ABC):
         return None
 
     def make_checkpointer(self, process_group: Any) -> Any:
-        from harness.checkpoint import Checkpointer, CheckpointSettings
+        from harness.checkpoint import Checkpointer, CheckpointSettings  # lazy: psutil, torch
 
         cc = self.ctx.cfg.checkpoint
         settings = CheckpointSettings(
@@ -204,10 +201,10 @@ class Strategy(ABC):
 
     def eval_loss(self, step: int) -> float:
         """The mean over the ranks of a held-out batch's loss: a forward and an all-reduce outside the step."""
-        import torch
-        import torch.distributed as dist
+        import torch  # lazy: torch
+        import torch.distributed as dist  # lazy: torch
 
-        from harness.rank.data import make_batch
+        from harness.rank.data import make_batch  # lazy: torch
 
         cfg, m = self.ctx.cfg, self.ctx.cfg.model
         # Held out: another seed than training's; one batch per evaluation, the same on every run.
@@ -251,7 +248,7 @@ class Strategy(ABC):
         self.fire("clip_allreduce")
         if self.ctx.cfg.train.max_grad_norm > 0:
             # The guard's clipping, so the reference and accelpact do the very same float operations.
-            from accelpact.guard import clip_gradients
+            from accelpact.guard import clip_gradients  # lazy: torch
 
             clip_gradients(model, self.ctx.cfg.train.max_grad_norm)
         self.fire("vote")  # no vote in a plain loop: the point right before optimizer.step

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.app.machine import RANK_RUNTIME_BYTES, GiB, Machine
+from harness.machine import RANK_RUNTIME_BYTES, GiB, Machine
 from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
 
 FP32 = 4
@@ -86,7 +86,7 @@ def param_counts(m: ModelConfig) -> ParamCounts:
 
 
 def _count(m: ModelConfig) -> ParamCounts:
-    from harness.rank.models import count_params, decoder_layers, meta_model
+    from harness.models import count_params, decoder_layers, meta_model  # lazy: torch
 
     model = meta_model(m)
     layers = decoder_layers(model)

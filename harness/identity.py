@@ -5,10 +5,13 @@ the ranks exchange those hashes (all_gather_object), and each computes the same 
 from all of them. ``ranks_agree`` records that every rank derived the same full-state hash and the
 same committed step count. Each rank writes ``<run_dir>/identity/rank<R>.json``.
 
-``compare_runs(reference, run)`` (CLI: ``python -m harness.rank.identity REF_RUN RUN``) checks a run's
+``compare_runs(reference, run)`` (CLI: ``python -m harness.identity REF_RUN RUN``) checks a run's
 final state bit for bit against a fault-free reference run with the same seed, step count and world
 size, naming every tensor shard that differs. This is the stronger check: ranks agreeing with each
 other does not catch a divergence all ranks share (docs/design.md, "Two silent-divergence traps").
+
+Common ground: the ranks hash and write (torch only inside those functions), the parent's results row
+and the reports read and compare; so it lives below both.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ IDENTITY_DIR = "identity"
 
 def tensor_digest(t: Any) -> str:
     """sha256 of a tensor's dtype, shape and raw bytes (DTensors: the local shard)."""
-    import torch
+    import torch  # lazy: torch
 
     local = t.to_local() if hasattr(t, "to_local") else t
     local = local.detach().to("cpu").contiguous()
@@ -65,7 +68,7 @@ def full_state_hash(per_rank: Sequence[dict[str, str]]) -> str:
 
 def compute_identity(model: Any, optimizer: Any, steps_committed: int) -> dict[str, Any]:
     """Collective: every rank must call it. Returns this rank's identity record."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = shard_hashes(model, optimizer)
@@ -163,7 +166,7 @@ def compare_runs(reference_dir: str | Path, run_dir: str | Path) -> IdentityComp
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.rank.identity",
+        prog="python -m harness.identity",
         description="Compare a run's final state with a fault-free reference run, bit for bit.",
     )
     parser.add_argument("reference", help="run directory of the fault-free reference run")

@@ -3,11 +3,11 @@
 The harness parent hosts it, not NVRx's rank 0 (whose death would otherwise take every rank's restart
 with it); NVRx's rank 0 then connects as a client. ``StoreHome.renew()`` hosts a fresh store per
 incarnation, since NVRx keys the store by its own iteration number, which restarts at 0. Two homes
-(``harness.parent.server_home`` decides, as for every strategy server):
+(``harness.server_home`` decides, as for every strategy server):
 
 - ``ParentStores``: ranks in the parent's network namespace; a TCPStore in the parent itself.
 - ``NamespaceStores``: ranks in network namespaces; one server process in the bridge namespace
-  (``python -m harness.strategies.checkpoint_restore.nvrx_store --host ADDR``) hosts a fresh TCPStore on
+  (``python -m harness.parent.strategies.nvrx_store --host ADDR``) hosts a fresh TCPStore on
   each ``NEW`` line of its stdin and answers ``PORT <port>``, so a relaunch pays no server start-up. It
   exits at stdin EOF. docs/harness.md, "The NVRx baseline", says why.
 """
@@ -26,12 +26,25 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.parent.server_home import ServerHome, server_home
+from harness.server_home import ServerHome, server_home
+from harness.strategies.checkpoint_restore.nvrx_types import STORE_HOST_ENV, STORE_PORT_ENV
 
-__all__ = ["StoreHome", "ParentStores", "NamespaceStores", "store_home"]
+__all__ = ["host_store", "StoreHome", "ParentStores", "NamespaceStores", "store_home", "NvrxStore"]
 
 READY_TIMEOUT_S = 120.0  # the server's first store waits for its Python and torch import (loaded host: 10-30 s)
 NEW_TIMEOUT_S = 30.0  # a later store: one TCPStore bind in a live process
+
+
+def host_store(port: int = 0, host: str = "127.0.0.1") -> Any:
+    """Host NVRx's store in a process that outlives the ranks (the harness parent); pass its ``.port``
+    to the ranks as NVRX_STORE_PORT.
+
+    By default NVRx's rank 0 hosts the store, so a rank-0 death takes it, and with it every rank's
+    restart, down. NVRx 0.4.1's rank 0 falls back to connecting as a client when the port is taken,
+    which is what this relies on."""
+    import torch.distributed as dist  # torch: only where a store is hosted (the parent reads this module early)
+
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
 
 
 class StoreHome(Protocol):
@@ -50,8 +63,6 @@ class ParentStores:
         self.store: Any = None
 
     def renew(self) -> tuple[str, int]:
-        from harness.strategies.checkpoint_restore.nvrx_restart import host_store
-
         self.store = host_store(host=self.host)  # the previous one's server stops with its last reference
         return self.host, int(self.store.port)
 
@@ -136,12 +147,41 @@ class NamespaceStores:
 
 
 def store_home(run: Any, launcher: Any) -> StoreHome:
-    """Where this run's NVRx stores live (``harness.parent.server_home``): a server process in the
+    """Where this run's NVRx stores live (``harness.server_home``): a server process in the
     launcher's namespace for servers when its ranks run in network namespaces, else the parent itself."""
     home = server_home(run, launcher)
     if home.netns:
         return NamespaceStores(home.netns, home.host)
     return ParentStores(home.host)
+
+
+class NvrxStore:
+    """NVRx's store, hosted outside the ranks (``nvrx_store``), its address to every rank. A relaunched world
+    gets a new one.
+
+    NVRx keys its store by its own iteration number only (barriers, terminated ranks, completion), and a
+    relaunched world starts again at iteration 0: on the killed world's store it would read that world's
+    keys. So each incarnation's ranks get a fresh store, hosted before they start: in the parent for ranks
+    in its namespace, in the topology's bridge namespace on the control network for ranks in namespaces."""
+
+    def __init__(self, run: Any, launcher: Any) -> None:
+        self.launcher = launcher
+        self.home = store_home(run, launcher)
+        self.addr: tuple[str, int] | None = None
+        launcher.before_start.append(self.renew)  # hosted as each incarnation's ranks start
+
+    def renew(self, incarnation: int) -> None:
+        self.addr = host, port = self.home.renew()
+        self.launcher.extra_env.update(
+            {STORE_HOST_ENV: host, STORE_PORT_ENV: str(port), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        )
+
+    def row_columns(self) -> dict[str, Any]:
+        """Where the last world's NVRx store was (the row says which network the ranks reached it on)."""
+        return {"nvrx_store": f"{self.addr[0]}:{self.addr[1]}" if self.addr else None}
+
+    def close(self) -> None:
+        self.home.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Where a strategy's own server process runs, so that every rank reaches it, wherever the ranks run.
 
 Some strategies need a server that outlives the ranks: NVRx's TCPStore
-(``harness.strategies.checkpoint_restore.nvrx_store``), torchft's Lighthouse
-(``harness.strategies.torchft_lighthouse``). It must run at an address every rank can dial. There are
+(``harness.parent.strategies.nvrx_store``), torchft's Lighthouse
+(``harness.parent.strategies.torchft_lighthouse``). It must run at an address every rank can dial. There are
 two homes, the same two the harness's control store has (``harness.faults.placement``):
 
 - the parent's network namespace, on ``cluster.master_addr``: the ranks run in that namespace too

@@ -2,9 +2,8 @@
 process group, the model sharded over the group, torchft's Manager, the harness's loop, and the identity in
 the reference's layout.
 
-Its own module, named only by the spec's ``rank_entry`` string: it uses the harness's rank loop
-(harness.rank.train), which imports the strategy registry, which imports harness.strategies.torchft_hsdp;
-kept apart, no import cycle closes.
+Named only by the spec's ``rank_entry`` string, so the spec (harness.strategies.torchft_hsdp, the common
+layer) never imports the rank side.
 """
 
 from __future__ import annotations
@@ -14,9 +13,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from harness import identity
+from harness.events import EventLog
 from harness.rank.mesh import mesh_layout
-from harness.strategies.torchft_hsdp import TorchftHsdp
-from harness.strategies.torchft_parent import GroupLayout, gen_key, group_store_key
+from harness.rank.strategies.torchft_hsdp import TorchftHsdp
+from harness.rank.strategies.torchft_identity import replica_identity
+from harness.strategies.torchft_layout import GroupLayout, gen_key, group_store_key
 
 __all__ = ["train_replica"]
 
@@ -24,18 +26,15 @@ __all__ = ["train_replica"]
 def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
     """One rank's life under torchft (``StrategySpec.rank_entry``): its group's store and process group,
     the model sharded over the group, the Manager, the loop, identity in the reference's layout."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
-    from harness.events import EventLog
-    from harness.rank import identity
-    from harness.rank.train import (
+    from harness.rank.train import (  # lazy: torch
         TrainResult,
         build_context,
         connect_control_store,
         exit_without_static_destructors,
         run_loop,
     )
-    from harness.strategies.torchft_identity import replica_identity
 
     st = cfg.strategy.torchft
     layout = GroupLayout(env.rank, env.world_size, st.group_size)
@@ -112,7 +111,7 @@ def group_store_host(control_host: str) -> str:
     namespaces ``cluster.master_addr`` (127.0.0.1) is each rank's own loopback, and the data address is what
     data-plane faults cut and ``tcp_reset`` resets; the control link (``ACCELPACT_REPLICA_ADDR`` there) is
     neither. On one host (``cluster=local_cpu``) this is the route to the control store: 127.0.0.1."""
-    from accelpact.snapshot import control_bind_address
+    from accelpact.snapshot import control_bind_address  # lazy: torch
 
     return control_bind_address(control_host)
 
@@ -120,7 +119,7 @@ def group_store_host(control_host: str) -> str:
 def _group_store(control: Any, token: str, layout: GroupLayout, gen: int, host: str, timeout_s: float) -> Any:
     """This generation's replica-group TCPStore (hosted by local rank 0 on ``host``, as torchrun's agent
     hosts it), published on the control store for the group's other ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch
 
     key = group_store_key(token, layout.group, gen)
     if layout.local == 0:

@@ -23,7 +23,7 @@ INIT_STD = 0.02  # transformers' initializer_range default for Mistral
 
 def hf_config(m: ModelConfig) -> Any:
     """The transformers MistralConfig for ``m`` (sdpa attention, no KV cache: we only train)."""
-    from transformers import MistralConfig
+    from transformers import MistralConfig  # lazy: transformers
 
     cfg = MistralConfig(
         vocab_size=m.vocab_size,
@@ -46,7 +46,7 @@ def hf_config(m: ModelConfig) -> Any:
 
 def meta_model(m: ModelConfig) -> nn.Module:
     """The model with every tensor on the meta device: shapes only, nothing allocated."""
-    from transformers import MistralForCausalLM
+    from transformers import MistralForCausalLM  # lazy: transformers
 
     with torch.device("meta"):
         return MistralForCausalLM(hf_config(m))

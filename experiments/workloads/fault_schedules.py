@@ -1,7 +1,7 @@
 """The bit-identity experiment's fault schedules and how one fault's row is read from the ranks' records.
 
 Shared by the 10-fault runs (:mod:`experiments.bit_identity`), the soak
-(:mod:`experiments.bit_identity_soak`) and the memory probe (:mod:`harness.workloads.memory_probe`), so that a
+(:mod:`experiments.bit_identity_soak`) and the memory probe (:mod:`experiments.workloads.memory_probe`), so that a
 soak's fault means exactly what the same fault
 means in the short run.
 """

@@ -63,7 +63,7 @@ class TimedClient:
 
 def timed_transport(pg: Any, owner: AttemptOwner, **options: Any) -> Any:
     """torchft's PGTransport over ``pg`` (``options`` are its own), with the heal's send and receive timed."""
-    from torchft.checkpointing.pg_transport import PGTransport
+    from torchft.checkpointing.pg_transport import PGTransport  # lazy: torchft
 
     class TimedPGTransport(PGTransport):
         def send_checkpoint(self, *args: Any, **kwargs: Any) -> None:
