@@ -212,24 +212,6 @@ def check_snapshot_values(run: RunConfig) -> None:
             f"{st.snapshot.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
             "`strategy.snapshot.replicas=true`, or drop the push settings"
         )
-    if st.snapshot.max_tax is not None and st.snapshot.every > 0:
-        from accelpact.snapshot import SnapshotConfig  # lazy: torch; its own checks, each naming the fix
-
-        try:
-            SnapshotConfig(
-                root="/unused",
-                every=st.snapshot.every,
-                push_every=st.snapshot.push_every,
-                max_tax=st.snapshot.max_tax,
-                max_bound=st.snapshot.max_bound,
-                tax_warmup=st.snapshot.tax_warmup,
-                check_room=False,
-            )
-        except ValueError as exc:
-            raise ConfigError(
-                f"{str(exc).replace('SnapshotConfig.', 'strategy.snapshot.')}; or `strategy.snapshot.max_tax=null` "
-                "for a fixed cadence"
-            ) from None
     if st.hot_spares < 0:
         raise ConfigError(f"strategy.hot_spares={st.hot_spares} must be >= 0; try `strategy.hot_spares=0`")
     if st.hot_spares and st.snapshot.every == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from harness.faults import registry
-from harness.schema import ConfigError, RunConfig
+from harness.schema import ConfigError, RunConfig, SnapshotSettings
 from harness.strategies.spec import Simulation, StrategySpec
 
 __all__ = ["EXIT_FALLBACK", "relaunch_on_fallback", "relaunch_from_snapshots", "check_heal", "replace_on_kill", "SPEC"]
@@ -64,15 +64,38 @@ def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure:
 
 
 def check_heal(run: RunConfig) -> None:
-    """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
-    themselves are checked by harness.app.validate.check_snapshot_values)."""
+    """ConfigError naming the fix for a tax budget or hot spares that cannot work (the spec's ``check``; the
+    other values are checked by harness.app.validate.check_snapshot_values)."""
     st = run.strategy
+    if st.snapshot.max_tax is not None and st.snapshot.every > 0:
+        check_tax_budget(st.snapshot)
     if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
         raise ConfigError(
             f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
             "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
             "which host loses a rank. Use strategy.hot_spares=0 here"
         )
+
+
+def check_tax_budget(snap: SnapshotSettings) -> None:
+    """``strategy.snapshot.max_tax`` and its companions, by accelpact's own checks, each naming the fix."""
+    from accelpact.snapshot import SnapshotConfig  # lazy: torch
+
+    try:
+        SnapshotConfig(
+            root="/unused",
+            every=snap.every,
+            push_every=snap.push_every,
+            max_tax=snap.max_tax,
+            max_bound=snap.max_bound,
+            tax_warmup=snap.tax_warmup,
+            check_room=False,
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"{str(exc).replace('SnapshotConfig.', 'strategy.snapshot.')}; or `strategy.snapshot.max_tax=null` "
+            "for a fixed cadence"
+        ) from None
 
 
 def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, int | None]) -> bool:

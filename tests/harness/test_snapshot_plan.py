@@ -16,6 +16,7 @@ from harness.app.config import compose, load_catalogue, to_run_config
 from harness.app.validate import ConfigError, check_values, validate
 from harness.machine import GiB, Machine, snapshot_space
 from harness.parent.memory_plan import FP32, SNAPSHOT_META_BYTES, plan
+from harness.strategies.accelpact_heal import SPEC
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +92,6 @@ def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue
         ("strategy.snapshot.push_every=0", "strategy.snapshot.push_every=0 must be >= 1"),
         ("strategy.hot_spares=-2", "strategy.hot_spares=-2 must be >= 0"),
         ("strategy.replacement_timeout_s=0", "strategy.replacement_timeout_s=0.0 must be positive"),
-        ("strategy.snapshot.max_tax=1.5", "strategy.snapshot.max_tax=1.5: give the budget as a fraction"),
-        ("strategy.snapshot.max_bound=0", "strategy.snapshot.max_bound=0 is below the warm-up cadence"),
-        ("strategy.snapshot.tax_warmup=0", "strategy.snapshot.tax_warmup=0: measure at least 1 step"),
     ],
 )
 def test_snapshot_settings_are_checked(override, needle):
@@ -101,12 +99,26 @@ def test_snapshot_settings_are_checked(override, needle):
         check_values(_run("strategy=accelpact_heal", override))
 
 
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("strategy.snapshot.max_tax=1.5", "strategy.snapshot.max_tax=1.5: give the budget as a fraction"),
+        ("strategy.snapshot.max_bound=0", "strategy.snapshot.max_bound=0 is below the warm-up cadence"),
+        ("strategy.snapshot.tax_warmup=0", "strategy.snapshot.tax_warmup=0: measure at least 1 step"),
+    ],
+)
+def test_tax_budget_settings_are_checked_by_the_strategy(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.") + r".*max_tax=null"):
+        SPEC.check(_run("strategy=accelpact_heal", override))
+    SPEC.check(_run("strategy=accelpact_heal"))  # the default budget passes
+
+
 def test_push_settings_need_replicas_and_default_to_every_snapshot():
     run = _run("strategy=accelpact_heal")
     assert (run.strategy.snapshot.push_every, run.strategy.snapshot.confirm_push) == (1, False)
     # every snapshot pushed during the warm-up; then the tax budget's cadence (docs/snapshots.md)
     assert (run.strategy.snapshot.max_tax, run.strategy.snapshot.max_bound) == (0.03, 16)
-    check_values(_run("strategy=accelpact_heal", "strategy.snapshot.max_tax=null"))
+    SPEC.check(_run("strategy=accelpact_heal", "strategy.snapshot.max_tax=null"))
     with pytest.raises(ConfigError, match=r"push_every=2 .* replicas are off; try `strategy\.snapshot\.replicas=true`"):
         check_values(
             _run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false")
