@@ -16,6 +16,7 @@ def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
     from harness.faults import registry as faults
+    from harness.faults.schedule import plan_faults
     from harness.schema import ConfigError
 
     st = run.strategy.torchft
@@ -33,23 +34,9 @@ def check_runnable(run: Any) -> None:
             f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
             f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`"
         )
-    spec = faults.get(run.fault.kind)
-    if spec.kills_all:
-        raise ConfigError(
-            f"strategy=torchft with fault={run.fault.kind}: the fault kills every rank at once, and torchft heals a "
-            "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
-            "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
-            "strategy=accelpact_heal,cold_restart,checkpoint_restore"
-        )
-    if spec.kills_ranks:
-        lost = ranks_lost(run.fault.ranks, world, run.cluster.hosts, spec.kills_hosts)
-        if not groups_untouched(lost, world, st.group_size):
-            raise ConfigError(
-                f"strategy=torchft with fault={run.fault.kind} on rank(s) {list(run.fault.ranks)}: it kills ranks "
-                f"{sorted(lost)}, a member of every replica group of {st.group_size} rank(s), and torchft heals a "
-                f"restarted group only from a live one; try fault.ranks=[{run.fault.ranks[0]}] with a host per "
-                f"group: cluster.hosts={world // st.group_size}"
-            )
+    plan = plan_faults(run.fault, run.train.steps, run.checkpoint.interval, world)
+    for planned in plan:
+        _check_fault(run, faults.get(planned.kind), planned.ranks)
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
@@ -57,3 +44,27 @@ def check_runnable(run: Any) -> None:
             f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
             f"importing it failed: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _check_fault(run: Any, spec: Any, ranks: tuple[int, ...]) -> None:
+    """One planned fault (each of a trace's faults in turn) must leave a replica group untouched."""
+    from harness.schema import ConfigError
+
+    st = run.strategy.torchft
+    world = run.cluster.world_size
+    if spec.kills_all:
+        raise ConfigError(
+            f"strategy=torchft with fault={spec.kind}: the fault kills every rank at once, and torchft heals a "
+            "restarted replica group only from a live one, so nothing would be left to heal from; use fault=kill "
+            "(one rank) or fault=host_loss with a host per group, or compare the whole-job crash with "
+            "strategy=accelpact_heal,cold_restart,checkpoint_restore"
+        )
+    if spec.kills_ranks:
+        lost = ranks_lost(list(ranks), world, run.cluster.hosts, spec.kills_hosts)
+        if not groups_untouched(lost, world, st.group_size):
+            raise ConfigError(
+                f"strategy=torchft with fault={spec.kind} on rank(s) {list(ranks)}: it kills ranks "
+                f"{sorted(lost)}, a member of every replica group of {st.group_size} rank(s), and torchft heals a "
+                f"restarted group only from a live one; try fault.ranks=[{ranks[0]}] with a host per "
+                f"group: cluster.hosts={world // st.group_size}"
+            )

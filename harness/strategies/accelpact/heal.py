@@ -275,11 +275,11 @@ def restore_extra_state(scheduler: Any, extra_state: dict) -> None:
 def check_heal(run: RunConfig) -> None:
     """ConfigError naming the fix for hot spares that cannot work (the spec's ``check``; the values
     themselves are checked by harness.app.validate.check_snapshot_values)."""
-    from harness.faults import registry
+    from harness.faults import planned
     from harness.schema import ConfigError
 
     st = run.strategy
-    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
+    if st.hot_spares and (run.cluster.hosts or planned.needs_netns(run)):
         raise ConfigError(
             f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
             "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
