@@ -2,7 +2,7 @@
 intervals: the whole-run goodput each strategy keeps when many faults of many kinds strike one run.
 
     python -m experiments.mixed_faults              # 300 steps, ~10 faults (Llama 3 mix, seed 0), 5 trials
-    python -m experiments.mixed_faults --quick      # 40 steps, ~2 faults, 2 trials, into a temp dir
+    python -m experiments.mixed_faults --quick      # 60 steps, ~2 faults (seed 0 draws 4), 2 trials, into a temp dir
     python -m experiments.mixed_faults --quick --out results/mixed_faults/quick
 
 Every run is ``python -m harness experiment=mixed_faults`` (conf/experiment/mixed_faults.yaml: mistral_tiny,
@@ -28,6 +28,7 @@ identity), table.csv, runs.csv, timeline.png and the provenance.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ class Size:
 
 
 FULL = Size(300, 10.0, 5)
-QUICK = Size(40, 2.0, 2)
+QUICK = Size(60, 2.0, 2)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ def calibrate(scratch: Path, size: Size, seed: int) -> Calibration:
 
     every, steps = 5, 20
     run_dir = scratch / "calibration"
+    saved = scratch / "calibration.json"
+    if saved.exists():  # --scratch of an earlier run (--resume, --report-only): the same advice again
+        return Calibration(**json.loads(saved.read_text()))
     row = run_harness(
         [*base_overrides(size, seed), *reference_overrides(), f"train.steps={steps}", f"checkpoint.interval={every}"],
         run_dir,
@@ -130,7 +134,9 @@ def calibrate(scratch: Path, size: Size, seed: int) -> Calibration:
     saves = steps // every
     world = int(row.get("world_size") or 2)
     state = float(row.get("n_params") or 0) * 4 * 3 / world
-    return Calibration(step_s, rep.badput.checkpoint_s / saves, state, str(run_dir))
+    cal = Calibration(step_s, rep.badput.checkpoint_s / saves, state, str(run_dir))
+    saved.write_text(json.dumps(dataclasses.asdict(cal)) + "\n")
+    return cal
 
 
 def advice(base: list[str], cal: Calibration) -> tuple[Any, dict[str, Any]]:
@@ -190,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
     ap.add_argument("--scratch", default=None, help="where the runs go (default: a temp dir, deleted unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch run directories")
+    ap.add_argument("--resume", action="store_true", help="with --scratch: skip the runs that already finished")
+    ap.add_argument("--report-only", action="store_true", help="with --scratch: no runs, the report of those there")
     args = ap.parse_args(argv)
+    if (args.resume or args.report_only) and not args.scratch:
+        print("error: --resume and --report-only need the --scratch of the earlier runs", file=sys.stderr)
+        return 2
     size = QUICK if args.quick else FULL
     size = Size(args.steps or size.steps, args.faults or size.faults, args.trials or size.trials)
     if size.trials < 1:
@@ -211,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         for s, why in missing.items():
             print(f"note: no {s} rows: {why}", flush=True)
         print(trace.table_md(cal.step_s).splitlines()[0], flush=True)
+        if args.report_only:
+            from experiments import mixed_faults_report
+            from experiments.provenance import load_provenance
+
+            runtime = float(load_provenance(out).extra.get("runtime_s", 0.0))
+            mixed_faults_report.write(out, sweep, trace, cal, rows, settings, missing, runtime)
+            return 0
         write_provenance(
             out,
             _driver.command(argv, NAME),
@@ -232,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             if n % len(items) == 0:
                 print(f"trial {trial} starts ({timing.elapsed_s / 60:.1f} min so far)", flush=True)
             overrides = reference_overrides() if item == REFERENCE else settings[item]
+            if args.resume and (sweep / f"trial{trial}" / item / "summary.json").exists():
+                continue
             run_harness(
                 [*base, *overrides, f"compare.trial={trial}"], sweep / f"trial{trial}" / item, scratch / "index.csv"
             )

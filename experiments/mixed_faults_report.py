@@ -46,7 +46,7 @@ def class_badput(runs: Sequence[tuple[Path, dict[str, Any]]], trace: Any) -> dic
     cls_of = {e.step: e.cls for e in trace.events}
     per: dict[str, dict[str, list[float]]] = {}
     for d, row in runs:
-        if row.get("status") != "ok" or row.get("fault") in (None, "none"):
+        if row.get("status") != "ok" or _is_reference(row.get("strategy")):
             continue
         sums: dict[str, float] = {c: 0.0 for c in sorted(set(cls_of.values()))}
         for f in load_report(str(d)).faults:
@@ -65,6 +65,18 @@ def _median(vals: Sequence[float]) -> float:
     return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
 
 
+def _is_reference(strategy: Any) -> bool:
+    """The fault-free reference's cell (the comparison labels it, e.g. ``none (reference)``)."""
+    from harness import strategies
+
+    ref = strategies.reference()
+    return strategy in (ref.name, ref.label)
+
+
+def _label(strategy: Any) -> str:
+    return "fault-free reference" if _is_reference(strategy) else f"`{strategy}`"
+
+
 def _num(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -78,7 +90,7 @@ def plot_timelines(out: Path, runs: Sequence[tuple[Path, dict[str, Any]]], trace
     picked = [(d, r) for d, r in runs if first is not None and d.parent.name == f"trial{first}"]
     if not picked:
         return None
-    picked.sort(key=lambda dr: (dr[1].get("strategy") != "none", str(dr[1].get("strategy"))))
+    picked.sort(key=lambda dr: (not _is_reference(dr[1].get("strategy")), str(dr[1].get("strategy"))))
     plt = _plt()
     fig, axes = plt.subplots(len(picked), 1, figsize=(13, 1.6 * len(picked) + 1.4), sharex=True, squeeze=False)
     kind_of = {e.step: e.kind for e in trace.events}
@@ -95,7 +107,7 @@ def plot_timelines(out: Path, runs: Sequence[tuple[Path, dict[str, Any]]], trace
                 rotation=30,
                 color="red",
             )
-        name = "fault-free reference" if row.get("strategy") == "none" else str(row.get("strategy"))
+        name = "fault-free reference" if _is_reference(row.get("strategy")) else str(row.get("strategy"))
         ax.set_title(
             f"{name}: goodput {_num(row.get('goodput'))} tokens/s, {row.get('faults') or 0} faults, "
             f"{row.get('replayed_steps') or 0} replayed steps",
@@ -191,13 +203,13 @@ def _goodput_table(
         "[interval] | verdict | badput s | replayed steps | bit-identical to the reference |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    ref = next((c for c in cells if c["strategy"] == "none"), None)
+    ref = next((c for c in cells if _is_reference(c["strategy"])), None)
     gains = []
     for c in cells:
-        name = "fault-free reference" if c["strategy"] == "none" else f"`{c['strategy']}`"
+        name = _label(c["strategy"])
         good = f"{_num(c['goodput'])} [{_num(c['goodput_lo'])}, {_num(c['goodput_hi'])}] (n={c['goodput_n']})"
         share = c["goodput"] / ref["goodput"] if ref and ref["goodput"] else math.nan
-        if c["strategy"] in ("none", OURS):
+        if _is_reference(c["strategy"]) or c["strategy"] == OURS:
             gain, verdict = "-", "-"
         else:
             gain, verdict = c.get("gain_ci") or "-", c.get("verdict") or "-"
@@ -215,7 +227,7 @@ def _goodput_table(
         ident_txt = "-" if ident is None else ("yes" if ident else "no")
         if c["strategy"] in NO_IDENTITY_PROMISE:
             ident_txt += f" (not promised: {NO_IDENTITY_PROMISE[c['strategy']]})"
-        if c["strategy"] == "none":
+        if _is_reference(c["strategy"]):
             ident_txt = "-"
         lines.append(
             f"| {name} | {c['trials']} of {c['runs']} | {good} | {_num(share, '.2f')} | {gain} | {verdict} | "
@@ -250,8 +262,7 @@ def _part_table(cells: list[dict[str, Any]]) -> list[str]:
         "|---|" + "---|" * len(parts),
     ]
     for c in cells:
-        name = "fault-free reference" if c["strategy"] == "none" else f"`{c['strategy']}`"
-        lines.append(f"| {name} | " + " | ".join(_num(c.get(f"{p}_s")) for p in parts) + " |")
+        lines.append(f"| {_label(c['strategy'])} | " + " | ".join(_num(c.get(f"{p}_s")) for p in parts) + " |")
     return [*lines, ""]
 
 

@@ -67,7 +67,7 @@ def _cell(strategy: str, goodput: float, gain: float) -> dict:
 def test_a_refused_strategy_keeps_its_row_with_the_reason_and_ratios_are_to_the_reference():
     from harness.report.intervals import DESCRIPTIONS, Interval, coverage_text
 
-    cells = [_cell("none", 100.0, math.nan), _cell("accelpact_heal", 80.0, 1.0), _cell("cold_restart", 40.0, 2.0)]
+    cells = [_cell("none (reference)", 100.0, math.nan), _cell("accelpact_heal", 80.0, 1.0), _cell("cold_restart", 40.0, 2.0)]
     lines = mixed_faults_report._goodput_table(
         cells,
         {"gemini": "strategy=gemini needs lm-resiliency: `pip install -e '.[gemini]'`"},
@@ -83,4 +83,6 @@ def test_a_refused_strategy_keeps_its_row_with_the_reason_and_ratios_are_to_the_
     assert "| 0.40 |" in cold and "2.000" in cold and "AccelPact better" in cold
     heal = next(line for line in lines if line.startswith("| `accelpact_heal`"))
     assert "| 0.80 |" in heal and "AccelPact better" not in heal  # no gain over itself
+    ref = next(line for line in lines if line.startswith("| fault-free reference"))
+    assert "| 1.00 |" in ref  # the comparison labels the reference "none (reference)"
     assert "50.0% at n=2" in text  # the coverage the intervals really have, not the level asked
