@@ -28,7 +28,8 @@ from experiments.scale_projection_plots import plots
 from experiments.scale_projection_table import TABLE_SIZES, charges_md, table_md
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
-from harness.scale.config import CLASSES, Cluster, strategy_names
+from harness.scale.config import CLASSES, Cluster
+from harness.scale.entry import strategy_names
 from harness.scale.project import mttf_h, project
 from harness.scale.sources import llama3_mix
 

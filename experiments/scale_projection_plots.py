@@ -8,7 +8,8 @@ from pathlib import Path
 
 from experiments.provenance import stamp_figure
 from harness import strategies
-from harness.scale.config import CLASSES, strategy_names
+from harness.scale.config import CLASSES
+from harness.scale.entry import strategy_names
 from harness.scale.sources import ANCHORS
 
 

@@ -65,7 +65,7 @@ def check_names(run: RunConfig) -> None:
                 f"try `strategy={strategies.under_test().name}`"
             ) from None
     if run.fault.kind == planned.TRACE_KIND or run.fault.schedule == FaultSchedule.trace:
-        check_trace(run)
+        planned.check_trace(run)
         return
     try:
         faults.get(run.fault.kind)
@@ -73,31 +73,6 @@ def check_names(run: RunConfig) -> None:
         raise ConfigError(
             f"fault.kind={run.fault.kind!r} is not registered (registered: "
             f"{', '.join(faults.kinds())}); try `fault=socket_reset`"
-        ) from None
-
-
-def check_trace(run: RunConfig) -> None:
-    """``fault=mixed``: the schedule is ``trace``, and the trace can be drawn (mix, fault count, steps)."""
-    from harness.faults import planned
-    from harness.faults.spec import NO_FAULT
-    from harness.scale.config import ScaleConfigError
-
-    f = run.fault
-    if f.schedule != FaultSchedule.trace:
-        raise ConfigError(
-            f"fault.kind={planned.TRACE_KIND} draws its faults from a trace, and fault.schedule={f.schedule.value}; "
-            "set `fault.schedule=trace` (the preset `fault=mixed` does)"
-        )
-    if f.kind not in (planned.TRACE_KIND, NO_FAULT):
-        raise ConfigError(
-            f"fault.schedule=trace draws each fault's kind from fault.mix, and fault.kind={f.kind} names one kind; "
-            f"use `fault=mixed` (fault.kind={planned.TRACE_KIND}), or another fault.schedule for fault={f.kind}"
-        )
-    try:
-        planned.draw(f, run.train.steps, run.cluster.world_size)
-    except ScaleConfigError as exc:
-        raise ConfigError(
-            f"fault=mixed: {exc}; set fault.mix / fault.trace_faults (e.g. `fault.trace_faults=10`) / train.steps"
         ) from None
 
 

@@ -15,12 +15,22 @@ from typing import TYPE_CHECKING
 
 from harness.faults import registry
 from harness.faults.spec import NO_FAULT, FaultSpec
-from harness.schema import FaultConfig, FaultSchedule, RunConfig
+from harness.schema import ConfigError, FaultConfig, FaultSchedule, RunConfig
 
 if TYPE_CHECKING:  # numpy and the simulator's mixes, imported only when a trace is drawn
     from harness.faults.trace import Trace
 
-__all__ = ["TRACE_KIND", "is_trace", "draw", "planned_kinds", "specs", "injects", "needs_netns", "describe"]
+__all__ = [
+    "TRACE_KIND",
+    "is_trace",
+    "draw",
+    "planned_kinds",
+    "specs",
+    "injects",
+    "needs_netns",
+    "describe",
+    "check_trace",
+]
 
 # fault.kind under fault.schedule=trace: the kinds come from the trace, not from this name.
 TRACE_KIND = "mixed"
@@ -78,3 +88,27 @@ def describe(run: RunConfig) -> str:
         kinds = ",".join(planned_kinds(run.fault, run.train.steps, run.cluster.world_size)) or "no fault"
         return f"fault=mixed (fault.mix={run.fault.mix} fault.seed={run.fault.seed}: {kinds})"
     return f"fault={run.fault.kind}"
+
+
+def check_trace(run: RunConfig) -> None:
+    """``fault=mixed``: the schedule is ``trace``, and the trace can be drawn (mix, fault count, steps); else a
+    one-line ``ConfigError`` naming the fix (``harness.app.validate.check_names`` calls it)."""
+    from harness.scale.config import ScaleConfigError
+
+    f = run.fault
+    if f.schedule != FaultSchedule.trace:
+        raise ConfigError(
+            f"fault.kind={TRACE_KIND} draws its faults from a trace, and fault.schedule={f.schedule.value}; "
+            "set `fault.schedule=trace` (the preset `fault=mixed` does)"
+        )
+    if f.kind not in (TRACE_KIND, NO_FAULT):
+        raise ConfigError(
+            f"fault.schedule=trace draws each fault's kind from fault.mix, and fault.kind={f.kind} names one kind; "
+            f"use `fault=mixed` (fault.kind={TRACE_KIND}), or another fault.schedule for fault={f.kind}"
+        )
+    try:
+        draw(f, run.train.steps, run.cluster.world_size)
+    except ScaleConfigError as exc:
+        raise ConfigError(
+            f"fault=mixed: {exc}; set fault.mix / fault.trace_faults (e.g. `fault.trace_faults=10`) / train.steps"
+        ) from None

@@ -21,13 +21,6 @@ CLASSES: tuple[str, ...] = (
 )
 
 
-def strategy_names() -> tuple[str, ...]:
-    """Every strategy the simulator models: the strategy registry's simulations (harness.strategies)."""
-    from harness.strategies import simulated
-
-    return tuple(simulated())
-
-
 # What a failure takes away besides the downtime.
 ROLLBACK_STEP = "step"  # only the step in flight (state kept in memory)
 ROLLBACK_CHECKPOINT = "checkpoint"  # everything since the newest durable checkpoint

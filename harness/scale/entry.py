@@ -18,12 +18,23 @@ from dataclasses import fields, replace
 
 import yaml
 
-from harness.scale.config import CLASSES, Cluster, ScaleConfigError, check_number, strategy_names
+from harness.scale.config import CLASSES, Cluster, ScaleConfigError, check_number
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchors_for, text_table
 from harness.scale.sources import llama3_mix
 
 EXIT_BAD_CONFIG = 2
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy the simulator models: the strategy registry's simulations (harness.strategies). Here,
+    not in harness.scale.config, which the fault trace (harness.faults.trace) imports: the strategies' own
+    checks ask the trace's kinds, and config importing the strategies back would close a cycle."""
+    from harness.strategies import simulated
+
+    return tuple(simulated())
+
+
 _CLUSTER_KEYS = {f.name for f in fields(Cluster)}
 _IGNORED = {"experiment"}
 
