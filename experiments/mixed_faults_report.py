@@ -57,6 +57,16 @@ def class_badput(runs: Sequence[tuple[Path, dict[str, Any]]], trace: Any) -> dic
     return {s: {c: _median(v) for c, v in by.items()} for s, by in per.items()}
 
 
+def fired_faults(runs: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Per strategy, the fewest and the most faults that fired in a run (the trace's faults a run never
+    reached do not fire: a step a rank skips, as a restarted torchft group does, injects nothing)."""
+    per: dict[str, list[int]] = {}
+    for r in runs:
+        if r.get("status") == "ok" and isinstance(r.get("faults"), (int, float)):
+            per.setdefault(str(r["strategy"]), []).append(int(r["faults"]))
+    return {s: (min(v), max(v)) for s, v in per.items()}
+
+
 def _median(vals: Sequence[float]) -> float:
     v = sorted(vals)
     if not v:
@@ -163,7 +173,8 @@ def write(
     ]
     if missing:
         lines += ["Not run here (the harness's own reason):", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
-    lines += _goodput_table(cells, missing, cmp, DESCRIPTIONS, Interval, coverage_text)
+    fired = fired_faults(runs)
+    lines += _goodput_table(cells, missing, cmp, DESCRIPTIONS, Interval, coverage_text, fired, len(trace.events))
     lines += _part_table(cells)
     lines += _class_table(by_class, trace)
     lines += _advice_table(rows, settings, missing, cal)
@@ -195,13 +206,15 @@ def _goodput_table(
     descriptions: Any,
     interval_cls: Any,
     coverage_text: Any,
+    fired: dict[str, tuple[int, int]] | None = None,
+    planned: int = 0,
 ) -> list[str]:
     lines = [
         "## Whole-run goodput, and the gain of accelpact_heal",
         "",
-        "| strategy | trials | goodput, tokens/s: median [interval] | of the reference's | gain of accelpact_heal "
-        "[interval] | verdict | badput s | replayed steps | bit-identical to the reference |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| strategy | trials | faults fired | goodput, tokens/s: median [interval] | of the reference's | gain of "
+        "accelpact_heal [interval] | verdict | badput s | replayed steps | bit-identical to the reference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ref = next((c for c in cells if _is_reference(c["strategy"])), None)
     gains = []
@@ -229,12 +242,14 @@ def _goodput_table(
             ident_txt += f" (not promised: {NO_IDENTITY_PROMISE[c['strategy']]})"
         if _is_reference(c["strategy"]):
             ident_txt = "-"
+        lo, hi = (fired or {}).get(str(c["strategy"]), (0, 0))
+        shots = "-" if _is_reference(c["strategy"]) else (f"{lo}" if lo == hi else f"{lo}-{hi}") + f" of {planned}"
         lines.append(
-            f"| {name} | {c['trials']} of {c['runs']} | {good} | {_num(share, '.2f')} | {gain} | {verdict} | "
+            f"| {name} | {c['trials']} of {c['runs']} | {shots} | {good} | {_num(share, '.2f')} | {gain} | {verdict} | "
             f"{_num(c.get('badput_s'))} | {_num(c.get('replayed_steps'), '.0f')} | {ident_txt} |"
         )
     for s, why in missing.items():
-        lines.append(f"| `{s}` | not run | - | - | - | - | - | - | - ({why.split(';')[0]}) |")
+        lines.append(f"| `{s}` | not run | - | - | - | - | - | - | - | - ({why.split(';')[0]}) |")
     lines += [
         "",
         f"goodput: useful tokens / wall second over the whole run (first step to last), every cost of the strategy "
@@ -243,7 +258,9 @@ def _goodput_table(
         f"{coverage_text(gains)} (asked: {cmp.level:.0%}). verdict: better when the whole interval lies above "
         f"{1 + cmp.min_effect:.2f}, worse when below {1 / (1 + cmp.min_effect):.3f}, the same between them, else "
         "within noise. bit-identical: the final model and optimizer state equal the fault-free reference's in "
-        "every trial.",
+        "every trial. faults fired: the fewest and the most of the trace's faults a run injected; a fault fires "
+        "only when its rank runs its step, and a torchft replica group restarted after a loss rejoins at the live "
+        "group's step, so the faults planned on it for the steps it skipped never fire.",
         "",
     ]
     return lines

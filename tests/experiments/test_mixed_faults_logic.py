@@ -67,7 +67,11 @@ def _cell(strategy: str, goodput: float, gain: float) -> dict:
 def test_a_refused_strategy_keeps_its_row_with_the_reason_and_ratios_are_to_the_reference():
     from harness.report.intervals import DESCRIPTIONS, Interval, coverage_text
 
-    cells = [_cell("none (reference)", 100.0, math.nan), _cell("accelpact_heal", 80.0, 1.0), _cell("cold_restart", 40.0, 2.0)]
+    cells = [
+        _cell("none (reference)", 100.0, math.nan),
+        _cell("accelpact_heal", 80.0, 1.0),
+        _cell("cold_restart", 40.0, 2.0),
+    ]
     lines = mixed_faults_report._goodput_table(
         cells,
         {"gemini": "strategy=gemini needs lm-resiliency: `pip install -e '.[gemini]'`"},
@@ -75,12 +79,21 @@ def test_a_refused_strategy_keeps_its_row_with_the_reason_and_ratios_are_to_the_
         DESCRIPTIONS,
         Interval,
         coverage_text,
+        mixed_faults_report.fired_faults(
+            [
+                {"strategy": "cold_restart", "status": "ok", "faults": 4},
+                {"strategy": "cold_restart", "status": "ok", "faults": 3},
+                {"strategy": "cold_restart", "status": "failed", "faults": 0},
+            ]
+        ),
+        4,
     )
     text = "\n".join(lines)
     gemini = next(line for line in lines if line.startswith("| `gemini`"))
     assert "not run" in gemini and "pip install -e '.[gemini]'" in gemini
     cold = next(line for line in lines if line.startswith("| `cold_restart`"))
     assert "| 0.40 |" in cold and "2.000" in cold and "AccelPact better" in cold
+    assert "| 3-4 of 4 |" in cold  # the faults fired, over the runs that ended ok
     heal = next(line for line in lines if line.startswith("| `accelpact_heal`"))
     assert "| 0.80 |" in heal and "AccelPact better" not in heal  # no gain over itself
     ref = next(line for line in lines if line.startswith("| fault-free reference"))
