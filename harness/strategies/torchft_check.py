@@ -16,7 +16,6 @@ def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
     from harness.faults import registry as faults
-    from harness.faults.schedule import plan_faults
     from harness.schema import ConfigError
 
     st = run.strategy.torchft
@@ -34,9 +33,8 @@ def check_runnable(run: Any) -> None:
             f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
             f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`"
         )
-    plan = plan_faults(run.fault, run.train.steps, run.checkpoint.interval, world)
-    for planned in plan:
-        _check_fault(run, faults.get(planned.kind), planned.ranks)
+    for kind, ranks in _strikes(run):
+        _check_fault(run, faults.get(kind), ranks)
     try:
         import torchft  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
@@ -44,6 +42,20 @@ def check_runnable(run: Any) -> None:
             f"strategy=torchft needs torchft=={TORCHFT_VERSION}: `pip install -e '.[baselines]'` (`make setup` does); "
             f"importing it failed: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _strikes(run: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(kind, ranks) of every fault the run plans: each event of a trace (``fault=mixed``), else its one kind
+    on ``fault.ranks``."""
+    from harness.faults import planned
+    from harness.faults.schedule import plan_faults
+
+    if planned.is_trace(run.fault):
+        plan = plan_faults(run.fault, run.train.steps, run.checkpoint.interval, run.cluster.world_size)
+        return [(p.kind, p.ranks) for p in plan]
+    if run.fault.kind == planned.NO_FAULT:
+        return []
+    return [(run.fault.kind, tuple(run.fault.ranks))]
 
 
 def _check_fault(run: Any, spec: Any, ranks: tuple[int, ...]) -> None:
