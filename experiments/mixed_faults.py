@@ -86,7 +86,9 @@ def base_overrides(size: Size, seed: int) -> list[str]:
 
 def reference_overrides() -> list[str]:
     """The fault-free reference: no strategy, no fault, no checkpoint (the ideal the others are held to)."""
-    return ["strategy=none", "fault=none", "checkpoint.interval=0"]
+    from harness import strategies
+
+    return [f"strategy={strategies.reference().name}", "fault=none", "checkpoint.interval=0"]
 
 
 def run_harness(overrides: list[str], run_dir: Path, index: Path) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments import _driver
+from experiments.mixed_faults import OURS
 from experiments.provenance import footer_text, load_provenance
 
-OURS = "accelpact_heal"
 TIMELINE = "timeline.png"
 # Strategies that do not promise a final state bit-identical to the fault-free run, and why.
 NO_IDENTITY_PROMISE: dict[str, str] = {
