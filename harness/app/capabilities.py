@@ -72,8 +72,9 @@ def check_runnable(run: RunConfig) -> None:
         # would be a host of its own; say so rather than guess.
         if planned.is_trace(run.fault):
             raise ConfigError(
-                f"{planned.describe(run)} draws {', '.join(f.kind for f in netns)}, which need the ranks in "
-                "network-namespace hosts (root); add `cluster=local_hosts`"
+                f"{planned.describe(run)} draws {', '.join(f.kind for f in netns)}, which "
+                f"{'need' if len(netns) > 1 else 'needs'} the ranks in network-namespace hosts (root); add "
+                "`cluster=local_hosts`"
             )
     if netns or run.cluster.hosts:
         from harness.faults.netns import namespaces_available
