@@ -171,6 +171,13 @@ def write(
         f"and every strategy once, in a rotated order (`python -m experiments.mixed_faults`).",
         "",
     ]
+    if prov.extra.get("quick"):
+        lines += [
+            f"**A `--quick` run**: {trace.steps} steps and {prov.extra.get('trials')} trial(s), not the full size "
+            "(`python -m experiments.mixed_faults`: 300 steps, ~10 faults, 5 trials). Its intervals are wide, and "
+            "its trace is short.",
+            "",
+        ]
     if missing:
         lines += ["Not run here (the harness's own reason):", *[f"- `{s}`: {why}" for s, why in missing.items()], ""]
     fired = fired_faults(runs)
