@@ -26,11 +26,12 @@ from experiments.provenance import current_command, load_provenance, write_prove
 from experiments.scale_projection_calibration import cell_order, heal_cell_order
 from experiments.scale_projection_plots import plots
 from experiments.scale_projection_table import TABLE_SIZES, charges_md, table_md
+from harness.fleet.config import CLASSES, Cluster
+from harness.fleet.sources import llama3_mix
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
-from harness.scale.config import CLASSES, Cluster, strategy_names
+from harness.scale.entry import strategy_names
 from harness.scale.project import mttf_h, project
-from harness.scale.sources import llama3_mix
 
 NAME = "scale_projection"
 ROOT = Path(__file__).resolve().parent.parent

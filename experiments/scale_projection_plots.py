@@ -8,8 +8,9 @@ from pathlib import Path
 
 from experiments.provenance import stamp_figure
 from harness import strategies
-from harness.scale.config import CLASSES, strategy_names
-from harness.scale.sources import ANCHORS
+from harness.fleet.config import CLASSES
+from harness.fleet.sources import ANCHORS
+from harness.scale.entry import strategy_names
 
 
 def _plotted(strategy: str) -> bool:

@@ -15,14 +15,14 @@ from experiments.scale_projection_calibration import (
     trials_said,
 )
 from harness import strategies
+from harness.fleet.config import Cluster
+from harness.fleet.sources import FTHSDP_STALL_S, FTHSDP_SYNC_STALL_S, RSC_MTTF_H, RSC_SOURCE
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
 from harness.scale import scaling as sc
-from harness.scale.config import Cluster
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import mttf_h
 from harness.scale.render import anchor_table_md, badput_table_md, strategy_legend_md
-from harness.scale.sources import FTHSDP_STALL_S, FTHSDP_SYNC_STALL_S, RSC_MTTF_H, RSC_SOURCE
 from harness.scale.torchft_measured import measured_torchft
 
 TABLE_SIZES = (1024, 9600, 16384, 100_000)
@@ -215,7 +215,7 @@ def table_md(
             "",
             "Cluster: 8 GPUs per host, 5 s step, 4 GB of checkpoint per GPU written and read at 2 TB/s aggregate "
             "(Llama 3's Tectonic figure), 10-minute hang timeout, warm spare hosts (60 s swap). Failure mix: "
-            "Llama 3's Table 5 as per-GPU-hour rates (see harness/scale/sources.py for every figure's source). "
+            "Llama 3's Table 5 as per-GPU-hour rates (see harness/fleet/sources.py for every figure's source). "
             "The anchors are whole-job figures from other clusters, software and failure mixes: they bound the "
             "projection's order of magnitude, they are not its target.",
             "",

@@ -44,6 +44,9 @@ class FaultSchedule(str, Enum):
     at_age = "at_age"
     every = "every"
     random = "random"
+    # One fault per event of a seeded trace drawn from a published failure mix (harness.fleet.trace): each
+    # with the event's own kind, step and rank (fault.mix, fault.trace_faults, fault.seed; fault=mixed).
+    trace = "trace"
 
 
 # Functional form because `async` is a keyword, and OmegaConf matches overrides by member NAME.
@@ -217,6 +220,10 @@ class FaultConfig:
     seed: int = 0
     outage_s: float = 8.0
     link: LinkPlane = LinkPlane.data  # namespace faults: cut the host's data link or its control link
+    # fault.schedule=trace: the mix the trace is drawn from (harness.fleet.mixes) and how many faults it
+    # expects over the run (seeded by fault.seed; drawn over cluster.world_size ranks).
+    mix: str = "llama3"
+    trace_faults: float = 10.0
 
 
 @dataclass

@@ -425,6 +425,7 @@ HARNESS_LAYERS: tuple[tuple[str, ...], ...] = (
         "harness.server_home",
         "harness.models",
         "harness.identity",
+        "harness.fleet",
         "harness.strategies",
         "harness.faults",
     ),

@@ -52,6 +52,12 @@ ALLOWED: dict[tuple[str, str], str] = {
             "torchft_peer_heal",
         )
     },
+    **{
+        ("experiments/mixed_faults.py", name): "row selection: the strategies the experiment runs, and the advisor's "
+        "(the simulator's) model of each"
+        for name in ("accelpact_heal", "checkpoint_restore", "cold_restart", "torchft", "gemini", "torchft_peer_heal")
+    },
+    ("experiments/mixed_faults_report.py", "torchft"): "the table says why its end is not promised bit-identical",
     ("experiments/rejudge.py", "accelpact"): "the name the committed runs ran under",
     ("experiments/rejudge.py", "accelpact_heal"): "what those runs are called now (snapshots on)",
     ("harness/advise/advice.py", "cold_restart"): "the heal's fallback is a cold restart's outcome",

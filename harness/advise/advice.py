@@ -3,7 +3,7 @@ and a long harness run (a seeded fault trace) takes its settings from it.
 
 ``advise(cluster, mix, platform)`` is what ``python -m harness.advise`` computes. ``advise_for_trace(trace,
 step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this harness under a trace from
-``harness.advise.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
+``harness.fleet.trace`` (``world_size`` ranks, the trace's compressed rate of p faults per step, the
 ``cpu_here`` cost model): each strategy's disk interval in steps and the heal's cadence.
 """
 
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 from harness.advise.cadence import Choice, choose, heal_outcomes, job_rates
 from harness.advise.calibration import load, platform_from
 from harness.advise.cost import CPU_HERE, Cadence, Platform
+from harness.fleet.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
+from harness.fleet.mixes import named_mix, unexpected_classes
 from harness.scale import analytic
-from harness.scale.config import CLASSES, ROLLBACK_CHECKPOINT, Cluster, FailureClass
-from harness.scale.mixes import named_mix, unexpected_classes
 from harness.scale.outcomes import DESIGN_BUILDS, outcome_table
 from harness.scale.project import Projection, project
 from harness.strategies import simulated
 
 if TYPE_CHECKING:
-    from harness.advise.trace import Trace
+    from harness.fleet.trace import Trace
 
 __all__ = [
     "TORCHFT_QUORUM_S",
@@ -165,7 +165,7 @@ def advise_for_trace(
     platform: Platform | None = None,
     strategies: Sequence[str] | None = None,
 ) -> list[TraceAdviceRow]:
-    """Settings for a harness run under ``trace`` (``harness.advise.trace.Trace``): ``trace.world_size`` ranks,
+    """Settings for a harness run under ``trace`` (``harness.fleet.trace.Trace``): ``trace.world_size`` ranks,
     one per host, steps of ``step_s``, ``state_bytes`` of snapshot per rank, a disk checkpoint that blocks
     ``checkpoint_write_s``; on the ``cpu_here`` cost model (the committed calibration) unless given.
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.advise.cost import Cadence, Platform, Tax, push_time_s, tax
-from harness.scale.config import CLASSES, ROLLBACK_NONE, Cluster, FailureClass, Outcome
+from harness.fleet.config import CLASSES, ROLLBACK_NONE, Cluster, FailureClass, Outcome
 
 __all__ = ["CANDIDATES", "Choice", "expected_replay_steps", "heal_outcomes", "choose"]
 

@@ -23,8 +23,8 @@ from typing import NoReturn
 from harness.advise.advice import advise, default_strategies
 from harness.advise.cadence import Choice
 from harness.advise.cost import PLATFORMS, Platform
-from harness.scale.config import CLASSES, Cluster, FailureClass, ScaleConfigError
-from harness.scale.mixes import MIXES, mix_from_rates, mttf_h
+from harness.fleet.config import CLASSES, Cluster, FailureClass, ScaleConfigError
+from harness.fleet.mixes import MIXES, mix_from_rates, mttf_h
 from harness.scale.outcomes import outcome_table
 from harness.strategies import simulated
 

@@ -9,11 +9,13 @@ the fault's spec; nothing here knows a strategy or fault by name.
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 from harness import strategies
-from harness.faults import registry as faults
+from harness.faults import planned
 from harness.faults.placement import unmet_need
 from harness.faults.schedule import ScheduleError, plan_faults
+from harness.faults.spec import FaultSpec
 from harness.schema import ConfigError, LinkPlane, RankLaunch, RunConfig
 
 # An outage must outlast the process-group timeout by this much to break a collective (TCP absorbs
@@ -33,12 +35,62 @@ def effective_stall_timeout_s(run: RunConfig) -> float | None:
 
 
 def check_runnable(run: RunConfig) -> None:
+    """Refuse, with one line naming the fix, a run this machine cannot give what its strategy and every
+    fault kind it plans need (a trace's kinds: their union, ``harness.faults.planned``)."""
     strategy = strategies.get(run.strategy.name)
-    fault = faults.get(run.fault.kind)
     try:
-        plan_faults(run.fault, run.train.steps, run.checkpoint.interval)
+        plan_faults(run.fault, run.train.steps, run.checkpoint.interval, run.cluster.world_size)
     except ScheduleError as exc:
         raise ConfigError(str(exc)) from exc
+    specs = planned.specs(run)
+    for fault in specs:
+        _check_outage(run, strategy, fault)
+    remote = [f for f in specs if f.where in ("parent", "netns")]
+    if run.cluster.launch == RankLaunch.srun and (remote or run.cluster.hosts):
+        what = f"cluster.hosts={run.cluster.hosts}" if run.cluster.hosts else f"fault={remote[0].kind}"
+        raise ConfigError(
+            f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
+            f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
+            f"try `fault=socket_reset`"
+        )
+    unmet = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
+    if unmet is not None:
+        raise ConfigError(unmet)
+    if run.cluster.launch == RankLaunch.srun:
+        if shutil.which("srun") is None:
+            raise ConfigError(
+                f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
+                "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
+                "try `cluster=local_cpu`"
+            )
+    netns = [f for f in specs if f.needs_netns]
+    if netns and not run.cluster.hosts:
+        # A trace's namespace kinds (host_loss, link faults) act on a host: without cluster.hosts every rank
+        # would be a host of its own; say so rather than guess.
+        if planned.is_trace(run.fault):
+            raise ConfigError(
+                f"{planned.describe(run)} draws {', '.join(f.kind for f in netns)}, which "
+                f"{'need' if len(netns) > 1 else 'needs'} the ranks in network-namespace hosts (root); add "
+                "`cluster=local_hosts`"
+            )
+    if netns or run.cluster.hosts:
+        from harness.faults.netns import namespaces_available
+
+        ok, why = namespaces_available()
+        if not ok:
+            what = planned.describe(run) if netns else f"cluster={run.cluster.name} (cluster.hosts={run.cluster.hosts})"
+            raise ConfigError(
+                f"{what} runs the ranks in network namespaces, which are unavailable: {why}"
+                + ("" if netns else "; try `cluster=local_cpu`")
+            )
+    if strategy.check is not None:
+        strategy.check(run)
+
+
+def _check_outage(run: RunConfig, strategy: Any, fault: FaultSpec) -> None:
+    """An outage must outlast what ends it (the stall watchdog, the strategy's own step timeout or the
+    process-group timeout), else TCP absorbs it and nothing breaks."""
+
     watchdog_s = effective_stall_timeout_s(run) if strategy.recovers_in_memory else None
     if run.fault.link == LinkPlane.control:
         pass  # a control-link outage breaks no collective; it tests the control channel's deadlines
@@ -59,36 +111,3 @@ def check_runnable(run: RunConfig) -> None:
                 else ""
             )
         )
-    if run.cluster.launch == RankLaunch.srun and (fault.where in ("parent", "netns") or run.cluster.hosts):
-        what = f"cluster.hosts={run.cluster.hosts}" if run.cluster.hosts else f"fault={fault.kind}"
-        raise ConfigError(
-            f"{what} acts on the ranks from the parent's host (signals, network namespaces), and under "
-            f"cluster.launch=srun the ranks are srun tasks on the allocation's nodes; in-process faults work there: "
-            f"try `fault=socket_reset`"
-        )
-    unmet = unmet_need(run)  # e.g. a fault that kills a child-hosted store, where the store is elsewhere
-    if unmet is not None:
-        raise ConfigError(unmet)
-    if run.cluster.launch == RankLaunch.srun:
-        if shutil.which("srun") is None:
-            raise ConfigError(
-                f"cluster={run.cluster.name} starts its ranks with srun, which is not on PATH here: run "
-                "it where Slurm's client commands are (this machine, as root: `make slurm-up`), or "
-                "try `cluster=local_cpu`"
-            )
-    if fault.needs_netns or run.cluster.hosts:
-        from harness.faults.netns import namespaces_available
-
-        ok, why = namespaces_available()
-        if not ok:
-            what = (
-                f"fault={fault.kind}"
-                if fault.needs_netns
-                else f"cluster={run.cluster.name} (cluster.hosts={run.cluster.hosts})"
-            )
-            raise ConfigError(
-                f"{what} runs the ranks in network namespaces, which are unavailable: {why}"
-                + ("" if fault.needs_netns else "; try `cluster=local_cpu`")
-            )
-    if strategy.check is not None:
-        strategy.check(run)

@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from harness.faults import registry as faults
+from harness.faults import planned
 from harness.report.compare import REFERENCE, is_fault_free, reference_config, trial_rows
 from harness.report.paper import PAPER_GAIN
 from harness.schema import CompareConfig
@@ -36,7 +36,7 @@ def needs_reference(config: Any) -> bool:
     """Whether a multirun over ``config`` is a comparison: its base injects a fault, or it sweeps one."""
     from harness.app.config import to_run_config  # lazy: OmegaConf, psutil
 
-    return faults.get(to_run_config(config).fault.kind).injects or "fault" in _swept_keys(config)
+    return planned.injects(to_run_config(config)) or "fault" in _swept_keys(config)
 
 
 def run_reference(config: Any, out: Path, required: bool = True) -> Path | None:

@@ -206,7 +206,7 @@ def validate_only(argv: Sequence[str], out=None, err=None) -> int:
     args = [a for a in argv if a != VALIDATE_ONLY_FLAG]
     try:
         if "experiment=project_scale" in args:  # the cluster-scale simulator has its own keys
-            from harness.scale.config import ScaleConfigError
+            from harness.fleet.config import ScaleConfigError
             from harness.scale.entry import parse  # lazy: PyYAML, numpy
 
             try:

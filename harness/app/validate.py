@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from harness import strategies
+from harness.faults import planned
 from harness.faults import registry as faults
 from harness.machine import RANKS_PER_CORE, GiB, Machine
 from harness.parent.memory_plan import MemoryPlan, ParamCounts, param_counts, plan
@@ -24,6 +25,7 @@ from harness.schema import (
     ConfigError,
     Device,
     FaultPhase,
+    FaultSchedule,
     LinkPlane,
     ModelConfig,
     Precision,
@@ -61,6 +63,9 @@ def check_names(run: RunConfig) -> None:
                 f"strategy {name!r} is not registered (registered: {', '.join(strategies.names())}); "
                 f"try `strategy={strategies.under_test().name}`"
             ) from None
+    if run.fault.kind == planned.TRACE_KIND or run.fault.schedule == FaultSchedule.trace:
+        planned.check_trace(run)
+        return
     try:
         faults.get(run.fault.kind)
     except KeyError:
@@ -245,7 +250,7 @@ def check_snapshot_room(run: RunConfig, memory: MemoryPlan, machine: Machine) ->
 
 
 def faults_need_netns(run: RunConfig) -> bool:
-    return faults.get(run.fault.kind).needs_netns
+    return planned.needs_netns(run)
 
 
 def _divisor_at_most(n: int, limit: int) -> int:

@@ -104,7 +104,9 @@ class FaultDriver:
 
     def topology_or_fail(self) -> Any:
         if self.topology is None:
-            raise RuntimeError(f"fault={self.run.fault.kind} needs the ranks in network namespaces")
+            raise RuntimeError(
+                f"fault={self.run.fault.kind} needs the ranks in network namespaces (cluster=local_hosts)"
+            )
         return self.topology
 
     def close(self) -> None:

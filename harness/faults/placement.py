@@ -1,6 +1,6 @@
 """Where a run's control store lives, and whether its ranks run in network namespaces.
 
-One decision, from the fault's spec and the cluster: the parent follows it when it sets a run up
+One decision, from the specs of every kind the run plans (their union: ``harness.faults.planned``) and the cluster: the parent follows it when it sets a run up
 (``harness.parent.run``), and validation (``harness.app.capabilities``) refuses a run whose fault needs a
 store somewhere else, so the two cannot disagree (docs/reliability.md has the case that split them).
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from harness.faults import registry
+from harness.faults import planned
 from harness.schema import RunConfig
 
 __all__ = ["StoreHome", "Placement", "placement", "unmet_need"]
@@ -38,11 +38,11 @@ class Placement:
 
 def placement(run: RunConfig) -> Placement:
     """What the parent sets up for ``run``: namespaces or not, and the control store's home."""
-    spec = registry.get(run.fault.kind)
-    namespaces = spec.needs_netns or run.cluster.hosts > 0
+    specs = planned.specs(run)
+    namespaces = any(s.needs_netns for s in specs) or run.cluster.hosts > 0
     if namespaces:
         store = StoreHome.bridge_namespace
-    elif spec.store_in_child:
+    elif any(s.store_in_child for s in specs):
         store = StoreHome.child
     else:
         store = StoreHome.parent
@@ -52,12 +52,18 @@ def placement(run: RunConfig) -> Placement:
 def unmet_need(run: RunConfig) -> str | None:
     """Why the placement of ``run`` cannot give its fault what the fault's spec needs (one line with
     the fix), or None when it can."""
-    spec = registry.get(run.fault.kind)
     where = placement(run)
-    if spec.store_in_child and where.store != StoreHome.child:
-        return (
-            f"fault={spec.kind} kills the control store the parent hosts in a child process; with "
-            f"cluster.hosts={run.cluster.hosts} the store runs in the hosts' bridge namespace, which it "
-            f"cannot kill; try `cluster=local_cpu` (or `cluster.hosts=0`)"
-        )
+    for spec in planned.specs(run):
+        if spec.store_in_child and where.store != StoreHome.child:
+            if planned.is_trace(run.fault):
+                return (
+                    f"{planned.describe(run)} draws {spec.kind}, which kills the control store the parent hosts "
+                    "in a child process, and a namespace fault, which puts the store in the hosts' bridge "
+                    "namespace, where it cannot be killed; try another `fault.seed`"
+                )
+            return (
+                f"fault={spec.kind} kills the control store the parent hosts in a child process; with "
+                f"cluster.hosts={run.cluster.hosts} the store runs in the hosts' bridge namespace, which it "
+                f"cannot kill; try `cluster=local_cpu` (or `cluster.hosts=0`)"
+            )
     return None

@@ -10,6 +10,10 @@
   ``count`` faults use the first ``count`` checkpoints that leave room before the end of the run.
 - ``every``: during steps ``every, 2*every, ...`` below ``steps`` (at most ``count`` when ``count > 1``).
 - ``random``: ``count`` distinct steps in ``1 .. steps-1`` drawn from ``random.Random(seed)``.
+- ``trace`` (``fault=mixed``): one fault per event of the seeded trace ``harness.faults.planned.draw``
+  gives (``fault.mix``, ``fault.trace_faults``, ``fault.seed``, over ``world_size`` ranks), each of its
+  event's kind, at its step, on its rank, at ``fault.phase`` (every kind fires there; the default, the
+  backward reduce-scatter, is inside the step for all of them).
 
 A fault fires once per run even across cold restarts: the rank that injects it first creates
 ``<run_dir>/faults/fired_<index>_rank<R>`` (``O_EXCL``), and relaunched or in-process-restarted ranks
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.faults import registry
+from harness.faults import planned, registry
 from harness.schema import FaultConfig, FaultSchedule
 
 FAULTS_DIR = "faults"
@@ -80,8 +84,10 @@ def _at_age_steps(age: int, count: int, steps: int, interval: int) -> list[int]:
     return out
 
 
-def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> list[int]:
+def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int, world_size: int = 1) -> list[int]:
     """The steps (sorted, distinct) during which the faults of ``fault`` fire; [] for kind none."""
+    if planned.is_trace(fault):
+        return [p.step for p in _trace_plan(fault, steps, checkpoint_interval, world_size)]
     if not registry.get(fault.kind).injects:
         return []
     count = max(1, int(fault.count))
@@ -102,6 +108,11 @@ def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
         result = list(range(fault.every, steps, fault.every))
         if fault.count > 1:
             result = result[:count]
+    elif sched == FaultSchedule.trace:
+        raise ScheduleError(
+            f"fault.schedule=trace draws each fault's kind from fault.mix, and fault.kind={fault.kind} names one "
+            "kind; use `fault=mixed` (fault.kind=mixed)"
+        )
     elif sched == FaultSchedule.random:
         if steps < 2 or count > steps - 1:
             raise ScheduleError(f"fault.count={count} random faults need train.steps > {count}")
@@ -116,8 +127,36 @@ def fault_steps(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
     return sorted(set(result))
 
 
-def plan_faults(fault: FaultConfig, steps: int, checkpoint_interval: int) -> list[PlannedFault]:
-    """Every fault of the run, in firing order."""
+def _trace_plan(fault: FaultConfig, steps: int, checkpoint_interval: int, world_size: int) -> list[PlannedFault]:
+    from harness.fleet.config import ScaleConfigError
+
+    try:
+        trace = planned.draw(fault, steps, world_size)
+    except ScaleConfigError as exc:
+        raise ScheduleError(f"fault.schedule=trace: {exc} (fault.trace_faults, fault.mix, train.steps)") from None
+    return [
+        PlannedFault(
+            index=i,
+            step=e.step,
+            kind=e.kind,
+            phase=fault.phase.value,
+            ranks=(e.rank,),
+            age=checkpoint_age(e.step, checkpoint_interval),
+        )
+        for i, e in enumerate(trace.events)
+    ]
+
+
+def plan_faults(fault: FaultConfig, steps: int, checkpoint_interval: int, world_size: int = 1) -> list[PlannedFault]:
+    """Every fault of the run, in firing order. ``world_size``: the ranks a trace draws over
+    (``fault.schedule=trace``; the other schedules strike ``fault.ranks``)."""
+    if planned.is_trace(fault):
+        return _trace_plan(fault, steps, checkpoint_interval, world_size)
+    if fault.kind == planned.TRACE_KIND:
+        raise ScheduleError(
+            f"fault.kind={planned.TRACE_KIND} draws its faults from a trace: set `fault.schedule=trace` "
+            "(the preset `fault=mixed` does)"
+        )
     return [
         PlannedFault(
             index=i,
@@ -133,7 +172,7 @@ def plan_faults(fault: FaultConfig, steps: int, checkpoint_interval: int) -> lis
 
 def targeted_age(fault: FaultConfig, checkpoint_interval: int) -> int | None:
     """The checkpoint age the schedule aims at (for result rows); None when it has no single age."""
-    if not registry.get(fault.kind).injects:
+    if planned.is_trace(fault) or fault.kind == planned.TRACE_KIND or not registry.get(fault.kind).injects:
         return None
     if fault.schedule == FaultSchedule.at_age:
         return fault.at_age

@@ -125,7 +125,7 @@ def _start(
     fault driver; each registered on ``stack`` for teardown. Returns (launcher, the child store host or None)."""
     from harness import strategies
     from harness.events import Replacement
-    from harness.faults import registry as faults
+    from harness.faults import planned as planned_faults
     from harness.faults.driver import FaultDriver
     from harness.faults.netns_host import TAG_ENV
     from harness.faults.placement import StoreHome, placement
@@ -165,7 +165,7 @@ def _start(
         launcher.start_control_store()
     if strategy.parent_setup is not None:
         torn.setup = strategies.resolve(strategy.parent_setup)(run, launcher)
-    if faults.get(run.fault.kind).injects:
+    if planned_faults.injects(run):
         torn.driver = FaultDriver(run, run_dir, launcher, parent_events, topology, store_host=store_host)
         stack.callback(torn.driver.close)
         launcher.tick_hooks.append(torn.driver.tick)

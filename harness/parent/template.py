@@ -31,18 +31,17 @@ from accelpact.run import (  # noqa: F401 - re-exported for the harness and its 
 
 def wanted(run: Any) -> bool:
     """Start a template for this run? When a killed rank is healed by a replacement process: snapshots on,
-    a fault that kills ranks but not all of them (after ``kill_all`` nobody is left to heal with: every rank
+    a planned fault (any of a trace's) that kills ranks but not all of them (after ``kill_all`` nobody is left to heal with: every rank
     is relaunched), ranks started by this parent (an srun step's ranks live on other nodes), and
     ``strategy.replacement_start=template``."""
-    from harness.faults import registry
+    from harness.faults import planned
     from harness.schema import RankLaunch, ReplacementStart
 
-    st, fault = run.strategy, registry.get(run.fault.kind)
+    st = run.strategy
     return (
         st.replacement_start == ReplacementStart.template
         and st.snapshot.every > 0
-        and fault.kills_ranks
-        and not fault.kills_all
+        and any(f.kills_ranks and not f.kills_all for f in planned.specs(run))
         and run.cluster.launch == RankLaunch.local
     )
 

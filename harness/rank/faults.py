@@ -24,7 +24,7 @@ from collections.abc import Collection
 from typing import Any
 
 from harness.events import EventLog, Fault
-from harness.faults import registry
+from harness.faults import planned, registry
 from harness.faults.handshake import ack_path, request_path
 from harness.faults.schedule import FiredMarkers, PlannedFault, plan_faults
 from harness.schema import RunConfig
@@ -51,7 +51,7 @@ class RankFaults:
         self.run_dir = run_dir
         self.events = events
         self.markers = FiredMarkers(run_dir)
-        plan = plan_faults(cfg.fault, cfg.train.steps, cfg.checkpoint.interval)
+        plan = plan_faults(cfg.fault, cfg.train.steps, cfg.checkpoint.interval, cfg.cluster.world_size)
         self.pending: list[PlannedFault] = self.markers.pending(plan, rank)
         self.injector = FaultInjector(exclude_ports=tuple(exclude_ports), on_fire=self._on_fire)
         self._planned: dict[int, PlannedFault] = {}
@@ -74,7 +74,7 @@ class RankFaults:
         cls, cfg: RunConfig, rank: int, run_dir: str, events: EventLog, exclude_ports: Collection[int]
     ) -> RankFaults | None:
         """None when this run injects nothing (``fault=none``)."""
-        if not registry.get(cfg.fault.kind).injects:
+        if not planned.injects(cfg):
             return None
         return cls(cfg, rank, run_dir, events, exclude_ports)
 

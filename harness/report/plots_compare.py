@@ -103,9 +103,44 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
     plt = _plt()
     events = ev.typed(events)
     ranks = sorted({e.rank for e in events if e.rank >= 0})
-    steps = ev.of_type(events, ev.Step)
-    t0 = min((e.t_start for e in steps), default=0.0)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * max(1, len(ranks))))
+    draw_timeline(ax, events)
+    ax.legend(handles=timeline_legend(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set(title=title)
+    fig.tight_layout()
+    path = out / TIMELINE_FILE
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+TIMELINE_COLORS: tuple[tuple[str, str], ...] = (
+    ("tab:green", "step"),
+    ("tab:orange", "replayed step"),
+    ("tab:blue", "checkpoint stall"),
+    ("tab:gray", "restart (launch -> ready)"),
+    ("tab:brown", "restore"),
+    ("tab:purple", "in-memory recovery"),
+    ("red", "fault"),
+)
+
+
+def timeline_legend() -> list[Any]:
+    """The legend handles of :func:`draw_timeline`'s colours."""
+    from matplotlib.patches import Patch  # lazy: matplotlib
+
+    return [Patch(color=c, label=lbl) for c, lbl in TIMELINE_COLORS]
+
+
+def draw_timeline(ax: Any, events: Sequence[Mapping[str, Any] | ev.Event], t0: float | None = None) -> float:
+    """One run's timeline on ``ax``: a row per rank with its steps (replays in orange), checkpoint stalls,
+    restarts, restores, in-memory recoveries, and a red line at every fault. ``t0``: the time origin (None:
+    the run's first step). Returns the origin used."""
+    events = ev.typed(events)
+    ranks = sorted({e.rank for e in events if e.rank >= 0})
+    steps = ev.of_type(events, ev.Step)
+    if t0 is None:
+        t0 = min((e.t_start for e in steps), default=0.0)
     seen: set[tuple[int, int]] = set()
     for s in sorted(steps, key=lambda e: (e.incarnation, e.t_start)):
         key = (s.rank, s.step)
@@ -140,32 +175,9 @@ def plot_timeline(out: Path, events: Sequence[Mapping[str, Any] | ev.Event], tit
             ax.axvline(e.t - t0, color="red", linewidth=1.5)
         if isinstance(e, ev.Fallback):
             ax.axvline(e.t - t0, color="magenta", linestyle=":")
-    from matplotlib.patches import Patch  # lazy: matplotlib
-
-    ax.legend(
-        handles=[
-            Patch(color=c, label=lbl)
-            for c, lbl in (
-                ("tab:green", "step"),
-                ("tab:orange", "replayed step"),
-                ("tab:blue", "checkpoint stall"),
-                ("tab:gray", "restart (launch -> ready)"),
-                ("tab:brown", "restore"),
-                ("tab:purple", "in-memory recovery"),
-                ("red", "fault"),
-            )
-        ],
-        fontsize=7,
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-    )
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.set(xlabel="seconds since the first step", title=title)
-    fig.tight_layout()
-    path = out / TIMELINE_FILE
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    ax.set(xlabel="seconds since the first step")
+    return t0
 
 
 def fault_breakdown(report: GoodputReport) -> dict[str, float]:

@@ -19,6 +19,6 @@ Pure Python plus numpy; nothing here imports torch. One idea per module:
 The design, in words, is in docs/scale.md.
 """
 
-from harness.scale.config import ScaleConfigError
+from harness.fleet.config import ScaleConfigError
 
 __all__ = ["ScaleConfigError"]

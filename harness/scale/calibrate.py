@@ -32,7 +32,7 @@ from typing import cast
 
 import numpy as np
 
-from harness.scale.config import ScaleConfigError
+from harness.fleet.config import ScaleConfigError
 from harness.scale.engine import CHECKPOINT, ROLLBACK_CODE, STEP, Lanes, Schedule, simulate
 from harness.strategies import simulated
 

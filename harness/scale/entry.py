@@ -1,6 +1,6 @@
 """``python -m harness experiment=project_scale cluster_gpus=16384 [key=value ...]``: the table for your job.
 
-Keys (defaults in ``harness.scale.config.Cluster``; see conf/experiment/project_scale.yaml):
+Keys (defaults in ``harness.fleet.config.Cluster``; see conf/experiment/project_scale.yaml):
   cluster_gpus, gpus_per_host, step_s, checkpoint_gb_per_gpu, write_gbps, read_gbps, hang_timeout_s,
   spare_available, spare_swap_s, host_repair_s, bug_fix_s, replica_gpus, days   (the cluster)
   trials (Monte Carlo trials per interval, default 16), seed (default 0),
@@ -18,12 +18,23 @@ from dataclasses import fields, replace
 
 import yaml
 
-from harness.scale.config import CLASSES, Cluster, ScaleConfigError, check_number, strategy_names
+from harness.fleet.config import CLASSES, Cluster, ScaleConfigError, check_number
+from harness.fleet.sources import llama3_mix
 from harness.scale.project import mttf_h, project
 from harness.scale.render import anchors_for, text_table
-from harness.scale.sources import llama3_mix
 
 EXIT_BAD_CONFIG = 2
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy the simulator models: the strategy registry's simulations (harness.strategies). Here,
+    not in harness.fleet.config, which the fault trace (harness.fleet.trace) imports: the strategies' own
+    checks ask the trace's kinds, and config importing the strategies back would close a cycle."""
+    from harness.strategies import simulated
+
+    return tuple(simulated())
+
+
 _CLUSTER_KEYS = {f.name for f in fields(Cluster)}
 _IGNORED = {"experiment"}
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.fleet.config import ScaleConfigError
 from harness.scale.calibrate import age_of, check_one_run_per_trial, error_text, trial_of
-from harness.scale.config import ScaleConfigError
 from harness.scale.engine import CHECKPOINT, STEP, Lanes, Schedule, simulate
 
 ROOT = Path(__file__).resolve().parents[2]

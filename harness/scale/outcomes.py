@@ -15,8 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 
-from harness.scale import scaling as sc
-from harness.scale.config import (
+from harness.fleet.config import (
     CLASSES,
     ROLLBACK_CHECKPOINT,
     ROLLBACK_NONE,
@@ -26,6 +25,7 @@ from harness.scale.config import (
     ScaleConfigError,
     check_outcomes,
 )
+from harness.scale import scaling as sc
 from harness.scale.reconfigure_measured import measured_reconfigure
 from harness.scale.torchft_measured import measured_torchft
 from harness.strategies import simulated

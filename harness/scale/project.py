@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.scale import analytic
-from harness.scale.config import (
+from harness.fleet.config import (
     CLASSES,
     ROLLBACK_CHECKPOINT,
     Cluster,
@@ -24,6 +23,7 @@ from harness.scale.config import (
     check_number,
     check_outcomes,
 )
+from harness.scale import analytic
 from harness.scale.engine import ROLLBACK_CODE, Lanes, mean_ci, simulate
 from harness.scale.outcomes import outcome_table
 from harness.strategies import simulated

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.scale.config import ScaleConfigError
+from harness.fleet.config import ScaleConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "results" / "reconfigure" / "raw.json"

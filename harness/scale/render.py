@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from harness.scale.config import CLASSES
+from harness.fleet.config import CLASSES
+from harness.fleet.sources import ANCHORS, Anchor
 from harness.scale.project import Projection
-from harness.scale.sources import ANCHORS, Anchor
 from harness.strategies import simulated
 
 

@@ -7,7 +7,7 @@ that is neither says "assumption, unverified". Change a constant here and every 
 
 from __future__ import annotations
 
-from harness.scale.config import Cluster
+from harness.fleet.config import Cluster
 
 # --- measured here -----------------------------------------------------------------------------------
 # Cold restart: relaunch Python + torch + model + gloo rendezvous (median restart_s, 7 runs).

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.scale.config import ScaleConfigError
+from harness.fleet.config import ScaleConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "results" / "scale_projection" / "torchft_runs.csv"

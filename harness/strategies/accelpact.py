@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from harness.faults import registry
+from harness.faults import planned
 from harness.schema import ConfigError, RunConfig, SnapshotSettings
 from harness.strategies.spec import Simulation, StrategySpec
 
@@ -69,7 +69,7 @@ def check_heal(run: RunConfig) -> None:
     st = run.strategy
     if st.snapshot.max_tax is not None and st.snapshot.every > 0:
         check_tax_budget(st.snapshot)
-    if st.hot_spares and (run.cluster.hosts or registry.get(run.fault.kind).needs_netns):
+    if st.hot_spares and (run.cluster.hosts or planned.needs_netns(run)):
         raise ConfigError(
             f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
             "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "

@@ -33,7 +33,7 @@ ReplacePolicy = Callable[["RunConfig", int, int, Mapping[int, int | None]], bool
 class Simulation:
     """How the scale simulator (``harness.scale``) models a strategy at sizes this machine cannot run."""
 
-    # "module:function" taking (harness.scale.config.Cluster, failure class) -> Outcome; the mechanisms
+    # "module:function" taking (harness.fleet.config.Cluster, failure class) -> Outcome; the mechanisms
     # are in harness.scale.outcomes, each named for what it does, so two strategies can share one.
     build: str
     label: str  # in the simulator's legend and tables
@@ -42,7 +42,7 @@ class Simulation:
     synchronous: bool = False
     fault_free: bool = False  # no failures are drawn for it: the upper bound (the reference)
     # What the harness's calibration fault (a socket reset) throws away under it: "step" or "checkpoint"
-    # (harness.scale.config's rollbacks); None: the simulator is not calibrated against its runs.
+    # (harness.fleet.config's rollbacks); None: the simulator is not calibrated against its runs.
     calibration_rollback: str | None = None
 
     def __post_init__(self) -> None:

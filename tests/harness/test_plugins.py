@@ -31,8 +31,8 @@ from accelpact.backends import GlooBackend
 from harness import strategies
 from harness.faults import registry as faults
 from harness.faults.registry import FaultSpec
+from harness.fleet.config import Cluster, Outcome
 from harness.rank.strategies.base import Strategy, forward_backward
-from harness.scale.config import Cluster, Outcome
 from harness.strategies.spec import Simulation, StrategySpec
 
 HERE = Path(__file__).resolve().parent
@@ -184,9 +184,9 @@ def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path):
 
 
 def test_plugin_strategy_runs_through_the_scale_simulator():
+    from harness.fleet.sources import llama3_mix
     from harness.scale.outcomes import outcome_table
     from harness.scale.project import project
-    from harness.scale.sources import llama3_mix
 
     assert "toy_plain" in strategies.simulated()
     table = outcome_table(Cluster(gpus=1024), ("none", "toy_plain"))

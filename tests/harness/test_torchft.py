@@ -23,6 +23,8 @@ import psutil
 import pytest
 from harness_test_helpers import TINY, harness_env, read_row, run_harness, start_harness, worker_processes
 
+from harness.schema import FaultSchedule
+
 pytest.importorskip("torchft")
 
 TORCHFT = ["strategy=torchft", *TINY]
@@ -230,7 +232,7 @@ def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, r
     return SimpleNamespace(
         strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
         cluster=SimpleNamespace(world_size=world, hosts=hosts, replicate=1),
-        fault=SimpleNamespace(kind=fault, ranks=list(ranks)),
+        fault=SimpleNamespace(kind=fault, ranks=list(ranks), schedule=FaultSchedule.at_step),
     )
 
 

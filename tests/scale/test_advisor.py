@@ -13,10 +13,10 @@ from accelpact.snapshot.push_rule import is_pushed, pushed_steps, replay_bound
 from harness.advise import cli
 from harness.advise.cadence import CANDIDATES, choose, expected_replay_steps, heal_outcomes
 from harness.advise.cost import CPU_HERE, GPU_NODE, Cadence, Platform, tax
-from harness.scale.config import Cluster
+from harness.fleet.config import Cluster
+from harness.fleet.sources import llama3_mix
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import project
-from harness.scale.sources import llama3_mix
 
 # Synthetic costs: a 1 GB shard, 1 s steps, a push as dear as a copy; nothing hides, as on this host.
 SYNTH = Platform("synthetic", copy_gbps=4.0, checksum_gbps=8.0, push_gbps=4.0, push_sides=2)
@@ -155,7 +155,7 @@ def test_settings_for_a_trace_run_grow_denser_with_more_faults():
     """A harness run under a seeded trace: each strategy's disk interval in steps, and the heal's cadence, from
     the trace's rate; a trace with more faults never gets sparser settings."""
     from harness.advise.advice import advise_for_trace
-    from harness.advise.trace import draw_trace
+    from harness.fleet.trace import draw_trace
 
     platform = CPU_HERE
     by_faults = {}

@@ -1,4 +1,4 @@
-"""The seeded fault trace (harness.advise.trace): same seed, same trace; the fault-kind shares and the rate it
+"""The seeded fault trace (harness.fleet.trace): same seed, same trace; the fault-kind shares and the rate it
 claims hold over many draws; every kind is one the harness can inject; named mixes keep the published MTTFs.
 
 The statistical checks draw from fixed seeds, so they cannot flake; their tolerance (5 standard errors) is
@@ -12,11 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from harness.advise.trace import CAUSE_KINDS, class_kind_shares, draw_trace
 from harness.faults.registry import kinds as registered_kinds
-from harness.scale.config import ScaleConfigError
-from harness.scale.mixes import mttf_h, named_mix, unexpected_classes
-from harness.scale.sources import LLAMA3_TABLE5
+from harness.fleet.config import ScaleConfigError
+from harness.fleet.mixes import mttf_h, named_mix, unexpected_classes
+from harness.fleet.sources import LLAMA3_TABLE5
+from harness.fleet.trace import CAUSE_KINDS, class_kind_shares, draw_trace
 
 DRAWS = 3000
 

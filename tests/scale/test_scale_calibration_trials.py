@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from experiments import scale_projection_calibration as spc
+from harness.fleet.config import ScaleConfigError
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
-from harness.scale.config import ScaleConfigError
 
 STEPS, INTERVAL, TOKENS = 8, 4, 800.0
 # Per trial: the step (each trial's host load differs), the cold restart's restart cost, and a factor on

@@ -4,8 +4,8 @@ the measured winner, and each design changes only what it says it changes."""
 from __future__ import annotations
 
 from harness import strategies
+from harness.fleet.config import Cluster
 from harness.scale import scaling as sc
-from harness.scale.config import Cluster
 from harness.scale.heal_measured import HEAL_BUILDS
 from harness.scale.outcomes import DESIGN_BUILDS, outcome_table
 from harness.scale.project import Projection

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness import strategies
+from harness.fleet.config import Cluster
 from harness.scale import calibrate as cal
 from harness.scale import heal_measured as heal
-from harness.scale.config import Cluster
 from harness.scale.outcomes import outcome_table
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "process_loss"

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from harness.fleet.config import Cluster, FailureClass, Outcome, ScaleConfigError, check_mix, check_outcomes
+from harness.fleet.sources import llama3_mix
 from harness.scale import entry
-from harness.scale.config import Cluster, FailureClass, Outcome, ScaleConfigError, check_mix, check_outcomes
 from harness.scale.outcomes import outcome_table
 from harness.scale.project import project
-from harness.scale.sources import llama3_mix
 
 
 @pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, None, "fast"])

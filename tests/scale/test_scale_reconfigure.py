@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import strategies
-from harness.scale.config import Cluster
+from harness.fleet.config import Cluster
 from harness.scale.heal_measured import HEAL_BUILDS, HEAL_PARTS
 from harness.scale.outcomes import outcome_table
 

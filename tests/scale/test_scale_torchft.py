@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness import strategies
+from harness.fleet.config import Cluster
 from harness.scale import scaling as sc
-from harness.scale.config import Cluster
 from harness.scale.outcomes import outcome_table
 
 CSV = Path(__file__).resolve().parents[2] / "results" / "scale_projection" / "torchft_runs.csv"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness.faults import registry as faults
+from harness.faults import planned
 from harness.schema import ConfigError, LinkPlane
 from harness.strategies.checkpoint_restore.nvrx_types import NvrxUnavailable, import_inprocess
 from harness.strategies.spec import Simulation, StrategySpec
@@ -44,17 +44,17 @@ NETNS_FAULTS = frozenset({"host_loss", "tcp_reset", "link_down", "blackhole"})
 
 def check_runnable(run: Any) -> None:
     """NVRx must be importable; of the namespace faults, those run with it (``NETNS_FAULTS``), on the data plane."""
-    if faults.get(run.fault.kind).needs_netns:
-        if run.fault.kind not in NETNS_FAULTS:
+    for spec in (s for s in planned.specs(run) if s.needs_netns):
+        if spec.kind not in NETNS_FAULTS:
             raise ConfigError(
-                f"fault={run.fault.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
+                f"fault={spec.kind} with strategy=checkpoint_restore is not supported yet: it has not been run "
                 f"with NVRx; namespace faults that have: {', '.join(sorted(NETNS_FAULTS))}"
             )
         if LinkPlane(run.fault.link) == LinkPlane.control:
             # Measured: tcp_reset on the control link reset NVRx's own store clients; its monitor thread
             # died with "Broken pipe" (NVRx 0.4.1's store client does not reconnect) and the run hung.
             raise ConfigError(
-                f"fault={run.fault.kind} fault.link=control with strategy=checkpoint_restore is not supported: the "
+                f"fault={spec.kind} fault.link=control with strategy=checkpoint_restore is not supported: the "
                 "control link carries NVRx's own store, whose client does not reconnect (a reset there hung the run); "
                 "use `fault.link=data`"
             )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.scale.config import FailureClass
+from harness.fleet.config import FailureClass
 
 LLAMA3 = "The Llama 3 Herd of Models (Meta, arXiv:2407.21783, 2024), Table 5"
 LLAMA3_GPUS = 16384

@@ -1,9 +1,9 @@
 """Named published failure mixes: a name -> per-class rates (``FailureClass``), each with its source.
 
-The simulator's one failure model is ``harness.scale.sources``: Llama 3's Table 5 causes mapped to the
+The simulator's one failure model is ``harness.fleet.sources``: Llama 3's Table 5 causes mapped to the
 simulator's classes. This module only names it and adds the variants a user asks for by name; it never
 restates a count. Used by the protection advisor (``python -m harness.advise --mix NAME``) and by the
-fault-trace generator (``harness.advise.trace``).
+fault-trace generator (``harness.fleet.trace``).
 
 - ``llama3``: Table 5 as published (16,384 H100s, 54 days; MTTF 3.1 h at 16,384 GPUs).
 - ``rsc_1k`` / ``rsc_16k``: Meta's research clusters (HPCA'25): Table 5's class proportions, with the
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from harness.scale.config import CLASSES, FailureClass, ScaleConfigError, check_number
-from harness.scale.sources import RSC_MTTF_H, RSC_SOURCE, llama3_mix
+from harness.fleet.config import CLASSES, FailureClass, ScaleConfigError, check_number
+from harness.fleet.sources import RSC_MTTF_H, RSC_SOURCE, llama3_mix
 
 __all__ = ["NamedMix", "MIXES", "named_mix", "mix_from_rates", "unexpected_classes", "mttf_h"]
 

@@ -4,8 +4,8 @@ Pure logic (numpy, no torch): ``draw_trace(mix="llama3", steps=300, faults=10, s
 list of (step, fault kind, rank) for the same arguments, so every strategy and every trial of a long run
 can be fed the same trace.
 
-**From a mix to fault kinds.** The rates are the simulator's (``harness.scale.mixes``: Llama 3's Table 5
-mapped to its failure classes by ``harness.scale.sources.CLASS_CAUSES``). A fault draws a class by the
+**From a mix to fault kinds.** The rates are the simulator's (``harness.fleet.mixes``: Llama 3's Table 5
+mapped to its failure classes by ``harness.fleet.sources.CLASS_CAUSES``). A fault draws a class by the
 classes' rates, then a Table 5 cause within the class by its published count, then the harness's fault
 kind of that cause (``CAUSE_KINDS``): a GPU, memory or other hardware fault loses the host (a faulty GPU
 is drained with its host), a software bug kills the process, an NCCL watchdog timeout is a hang, a
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.scale.config import FailureClass, ScaleConfigError
-from harness.scale.mixes import MIXES, mttf_h, named_mix, unexpected_classes
-from harness.scale.sources import CLASS_CAUSES, LLAMA3, LLAMA3_TABLE5, RECURRING_BUG_SHARE
+from harness.fleet.config import FailureClass, ScaleConfigError
+from harness.fleet.mixes import MIXES, mttf_h, named_mix, unexpected_classes
+from harness.fleet.sources import CLASS_CAUSES, LLAMA3, LLAMA3_TABLE5, RECURRING_BUG_SHARE
 
 __all__ = ["CAUSE_KINDS", "TraceEvent", "Trace", "draw_trace", "class_kind_shares"]
 

@@ -10,8 +10,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from harness.strategies import simulated
-
 # The failure classes, in the order used by every array in the engine.
 CLASSES: tuple[str, ...] = (
     "transient_network",  # link flap or reset: every process and its state survive
@@ -21,11 +19,6 @@ CLASSES: tuple[str, ...] = (
     "software_bug",  # a bug that recurs at the same step: in-memory retry cannot help
     "planned_maintenance",  # announced: a checkpoint can be taken first
 )
-
-
-def strategy_names() -> tuple[str, ...]:
-    """Every strategy the simulator models: the strategy registry's simulations (harness.strategies)."""
-    return tuple(simulated())
 
 
 # What a failure takes away besides the downtime.
