@@ -165,6 +165,7 @@ def strategy_overrides(name: str, row: Any) -> list[str]:
             f"strategy.snapshot.every={c.every}",
             f"strategy.snapshot.push_every={c.push_every}",
             f"strategy.snapshot.confirm_push={str(bool(c.confirm)).lower()}",
+            "strategy.snapshot.max_tax=null",  # the advisor's cadence, not the runtime's tax budget
         ]
     return out
 

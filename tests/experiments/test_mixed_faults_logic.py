@@ -24,6 +24,7 @@ def test_each_strategy_runs_at_its_advised_interval_and_only_the_heal_takes_the_
         "strategy.snapshot.every=2",
         "strategy.snapshot.push_every=3",
         "strategy.snapshot.confirm_push=true",
+        "strategy.snapshot.max_tax=null",  # the advisor's cadence holds: no tax budget re-chooses it
     ]
     assert mixed_faults.strategy_overrides("cold_restart", _row("cold_restart", 8)) == [
         "strategy=cold_restart",
