@@ -133,6 +133,7 @@ def one_trial(tmp: Path, i: int, phase: str, step: int, steps: int, mode: str) -
         *TINY,
         f"train.steps={steps}",
         f"strategy={STRATEGY}",
+        "strategy.snapshot.max_tax=null",  # every step snapshotted, as the committed figures were
         "fault=kill",
         "fault.ranks=[1]",
         f"fault.at_step={step}",
