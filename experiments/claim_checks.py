@@ -238,3 +238,26 @@ def check_scale_projection(results: Path) -> list[str]:
     if ft is None:
         return ["no torchft_peer_heal row at the largest size"]
     return [] if ft[0] - ft[1] > ours[0] + ours[1] else [f"at {top} GPUs torchft {ft} vs AccelPact {ours}: not ahead"]
+
+
+MIXED_PEERS = ("cold_restart", "checkpoint_restore", "torchft")
+
+
+def check_mixed_faults(results: Path) -> list[str]:
+    """Over the seeded mixed trace, AccelPact's heal beats cold restart, NVRx and torchft on the measured
+    whole-run goodput (the interval of its gain above 1 + the minimum effect, >= 5 trials), and ends
+    bit-identical to the fault-free reference in every trial."""
+    rows = {r["strategy"]: r for r in _rows(results / "table.csv")}
+    problems = []
+    for name in MIXED_PEERS:
+        r = rows.get(name)
+        if r is None:
+            problems.append(f"no {name} row")
+            continue
+        n, lo = as_float(r.get("gain_n")), as_float(r.get("gain_lo"))
+        if not n >= 5 or not lo > 1 + MIN_EFFECT:
+            problems.append(f"{name}: gain interval from {lo} over n={n}, not above {1 + MIN_EFFECT} with >= 5 trials")
+    heal = rows.get("accelpact_heal")
+    if heal is None or heal.get("bit_identical") != "True":
+        problems.append("accelpact_heal did not end bit-identical to the reference in every trial")
+    return problems

@@ -53,6 +53,20 @@ def test_a_check_fails_when_the_numbers_stop_supporting_the_claim(tmp_path):
         writer.writerows(rows)
     assert any("snapshot overhead" in p for p in claim_checks.check_process_loss(loss))
 
+    mixed = tmp_path / "mixed"
+    shutil.copytree(ROOT / "results" / "mixed_faults" / "quick", mixed)
+    assert claim_checks.check_mixed_faults(mixed) == []
+    with (mixed / "table.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    next(r for r in rows if r["strategy"] == "torchft")["gain_lo"] = "1.01"  # inside the minimum effect
+    next(r for r in rows if r["strategy"] == "accelpact_heal")["bit_identical"] = "False"
+    with (mixed / "table.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    problems = claim_checks.check_mixed_faults(mixed)
+    assert any(p.startswith("torchft") for p in problems) and any("bit-identical" in p for p in problems)
+
 
 def test_the_readme_states_the_registrys_time_for_make_reproduce():
     total = round(sum(e.budget_min for e in REGISTRY))
