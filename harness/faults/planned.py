@@ -68,7 +68,10 @@ def planned_kinds(fault: FaultConfig, steps: int, world_size: int) -> tuple[str,
 
 def specs(run: RunConfig) -> tuple[FaultSpec, ...]:
     """The specs of every kind ``run`` injects (see :func:`planned_kinds`)."""
-    kinds = planned_kinds(run.fault, run.train.steps, run.cluster.world_size)
+    if is_trace(run.fault):  # only a trace's kinds depend on the run's length and world
+        kinds = planned_kinds(run.fault, run.train.steps, run.cluster.world_size)
+    else:
+        kinds = planned_kinds(run.fault, 0, 1)
     return tuple(registry.get(k) for k in kinds)
 
 

@@ -163,12 +163,15 @@ def test_namespaced_ranks_get_their_nvrx_store_on_the_control_network_not_in_the
 def test_namespace_faults_run_with_nvrx_are_allowed_on_the_data_plane_only():
     from types import SimpleNamespace
 
-    from harness.schema import ConfigError
+    from harness.schema import ConfigError, FaultSchedule
     from harness.strategies.checkpoint_restore import NETNS_FAULTS, check_runnable
+
+    def run(kind: str, link: str) -> SimpleNamespace:
+        return SimpleNamespace(fault=SimpleNamespace(kind=kind, link=link, schedule=FaultSchedule.at_step))
 
     assert NETNS_FAULTS == {"host_loss", "tcp_reset", "link_down", "blackhole"}
     for kind in NETNS_FAULTS:
-        check_runnable(SimpleNamespace(fault=SimpleNamespace(kind=kind, link="data")))
+        check_runnable(run(kind, "data"))
     # The control link carries NVRx's own store: a reset there hung NVRx (its client does not reconnect).
     with pytest.raises(ConfigError, match="fault.link=control with strategy=checkpoint_restore is not supported"):
-        check_runnable(SimpleNamespace(fault=SimpleNamespace(kind="tcp_reset", link="control")))
+        check_runnable(run("tcp_reset", "control"))
