@@ -208,21 +208,27 @@ def train(sc: dict, ctx: RankContext) -> dict:
         torch.save({"losses": losses, "state": state_of(model, optimizer)}, ctx.out_dir / f"{sc['name']}.rank{rank}.pt")
     del model, optimizer, guard, root, middle
     if (sc.get("leak_check") or sc.get("track_resources")) and result["error"] is None:
-        result["resources_after"] = _after_teardown(ctx.exclude_ports)
+        result["resources_after"] = _after_teardown(ctx.exclude_ports, result.get("resources_before"))
     return result
 
 
-def _after_teardown(exclude_ports: Any, tries: int = 10, pause_s: float = 0.2) -> dict[str, Any]:
-    """Resources once the closed guard's own threads (heartbeat, watchdog) have exited: the smallest of a few
-    samples over ~2 s, since close() lets them finish on their own (a slow host caught one still exiting).
-    A leak per fault survives this: it never goes back down."""
-    samples = [resources(exclude_ports)]
-    for _ in range(tries - 1):
+def _after_teardown(
+    exclude_ports: Any, baseline: dict[str, Any] | None = None, deadline_s: float = 15.0, pause_s: float = 0.2
+) -> dict[str, Any]:
+    """Resources once the closed guard's own threads (heartbeat, watchdog) and the old generations' sockets
+    are gone: the smallest of each count, sampled until every count is back at ``baseline`` or
+    ``deadline_s`` passed. close() lets them finish on their own, and on a loaded host (load 15 on 2 cores)
+    2 s was not always enough. A leak per fault survives this: it never goes back down."""
+    numeric = [k for k, v in resources(exclude_ports).items() if isinstance(v, (int, float))]
+    low: dict[str, Any] = resources(exclude_ports)
+    end = time.monotonic() + (deadline_s if baseline is not None else 2.0)  # no baseline: ~2 s of samples
+    while time.monotonic() < end:
+        if baseline is not None and all(low[k] <= baseline.get(k, low[k]) for k in numeric if k != "rss_mib"):
+            break
         time.sleep(pause_s)
-        samples.append(resources(exclude_ports))
-    return {
-        k: min(s[k] for s in samples) if isinstance(samples[0][k], (int, float)) else samples[-1][k] for k in samples[0]
-    }
+        now = resources(exclude_ports)
+        low = {k: min(low[k], now[k]) if k in numeric else now[k] for k in now}
+    return low
 
 
 def rebind(sc: dict, ctx: RankContext) -> dict:
