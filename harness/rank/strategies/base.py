@@ -136,12 +136,16 @@ class Strategy(ABC):
         """The checkpointer's process group; None: the checkpointer creates one (dist.new_group)."""
         return None
 
+    def checkpoint_directory(self) -> str:
+        """Where this rank's checkpoints go (torchft: one directory per replica group)."""
+        return checkpoint_dir(self.ctx)
+
     def make_checkpointer(self, process_group: Any) -> Any:
         from harness.checkpoint import Checkpointer, CheckpointSettings  # lazy: psutil, torch
 
         cc = self.ctx.cfg.checkpoint
         settings = CheckpointSettings(
-            directory=checkpoint_dir(self.ctx), interval=cc.interval, mode=cc.mode.value, keep=cc.keep
+            directory=self.checkpoint_directory(), interval=cc.interval, mode=cc.mode.value, keep=cc.keep
         )
         return Checkpointer(
             settings,

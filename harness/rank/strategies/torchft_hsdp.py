@@ -104,21 +104,9 @@ class TorchftHsdp(Strategy):
         self._hook_fsdp()
 
     # -- set-up ---------------------------------------------------------------------------------------
-    def make_checkpointer(self, process_group: Any) -> Any:
+    def checkpoint_directory(self) -> str:
         """Each replica group saves its own replica, into its own directory (as torchft's users do)."""
-        from harness.checkpoint import Checkpointer, CheckpointSettings  # lazy: psutil, torch
-
-        cc = self.ctx.cfg.checkpoint
-        directory = str(Path(checkpoint_dir(self.ctx)) / f"group{self.layout.group}")
-        settings = CheckpointSettings(directory=directory, interval=cc.interval, mode=cc.mode.value, keep=cc.keep)
-        return Checkpointer(
-            settings,
-            self.ctx.model,
-            self.ctx.optimizer,
-            process_group=process_group,
-            on_event=self.ctx.events.emit,
-            timeout=timedelta(seconds=self.ctx.cfg.cluster.pg_timeout_s),
-        )
+        return str(Path(checkpoint_dir(self.ctx)) / f"group{self.layout.group}")
 
     def _build_manager(self, store_addr: tuple[str, int]) -> Any:
         import torchft  # lazy: torchft
