@@ -29,6 +29,8 @@ from accelpact.common.sockets import reset_own_gloo_sockets, shutdown_sockets, t
 if TYPE_CHECKING:
     import torch.nn as nn
 
+    from accelpact.common.control_client import ControlClient
+
 __all__ = [
     "PHASES",
     "ACTIONS",
@@ -221,7 +223,7 @@ class FaultInjector:
         return None
 
 
-def post_arrival(control: Any, t_launch: float | None = None) -> None:
+def post_arrival(control: ControlClient, t_launch: float | None = None) -> None:
     """Post this replacement's arrival exactly as :func:`accelpact.rejoin` does, and nothing more.
 
     For a drill in which a replacement dies after the survivors saw it arrive and before it took the

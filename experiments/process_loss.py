@@ -108,8 +108,9 @@ def common(plan: Plan, scratch: Path) -> list[str]:
         f"checkpoint.interval={plan.interval}",
         f"train.steps={plan.steps}",
         # Snapshot every step, always (a heal replays at most the step in flight), as the committed runs
-        # did: the heal's default tax budget would pick a sparser cadence after its 8-step warm-up.
-        "strategy.snapshot.max_tax=null",
+        # did: the heal's default tax budget would pick a sparser cadence after its 8-step warm-up. Under
+        # per_strategy: the sweep runs the baselines too, which have no snapshot settings.
+        f"++per_strategy.{UNDER_TEST}.snapshot.max_tax=null",
         "progress=false",
         f"index_path={scratch / 'index.csv'}",
     ]

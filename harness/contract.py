@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import strategies
 from harness.schema import RunConfig, run_config_from_dict, to_dict
 from harness.slurm_env import rank_identity
 
@@ -108,4 +109,4 @@ def write_spec(run_dir: str | Path, cfg: RunConfig) -> Path:
 def read_spec(path: str | Path) -> tuple[str, RunConfig]:
     """(run dir, config) from a spec file :func:`write_spec` wrote."""
     data: dict[str, Any] = json.loads(Path(path).read_text())
-    return data["run_dir"], run_config_from_dict(data["config"])
+    return data["run_dir"], run_config_from_dict(data["config"], strategies.config_class)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Type, TypeVar
 
 
 class ConfigError(ValueError):
@@ -154,57 +154,22 @@ class ClusterConfig:
 
 
 @dataclass
-class SnapshotSettings:
-    """accelpact's per-step snapshots (accelpact.snapshot) and the in-memory heal of a lost rank."""
-
-    every: int = 0  # snapshot every k committed steps; 0 = off (a lost rank then falls back to disk)
-    replicas: bool = True  # also push each snapshot to the buddy rank (accelpact.snapshot.replica)
-    # Push only every k-th snapshot (the steps divisible by every * push_every); a heal after a host loss
-    # then replays up to every * push_every steps (docs/snapshots.md, "push_every"). 1: every snapshot.
-    push_every: int = 1
-    # A push counts as part of its snapshot: the next step's vote waits for the buddy's acknowledgement
-    # (Replication(confirm=True)), which is what makes that bound hold when a push lags.
-    confirm_push: bool = False
-    pause_mid_copy_s: float = 0.0  # fault-injection tests only: each copy sleeps this long halfway
-    # A budget for the protection's cost, a fraction of a step: every/push_every are then the warm-up's, and
-    # after tax_warmup steps the ranks agree on the densest cadence that fits, replaying at most max_bound
-    # steps after a host loss (accelpact.snapshot.tax_budget; docs/snapshots.md). None: a fixed cadence.
-    max_tax: Optional[float] = None
-    max_bound: int = 16
-    tax_warmup: int = 8
-
-
-@dataclass
-class TorchftSettings:
-    """strategy=torchft (harness.strategies.torchft_hsdp): replica groups, the Lighthouse, the Managers."""
-
-    group_size: int = 1  # ranks per replica group: FSDP2 inside a group, torchft's all-reduce across groups
-    min_replicas: int = 1  # the Lighthouse's min_replicas: 1 lets the healthy groups go on while one is out
-    heartbeat_timeout_ms: int = 1000  # a silent group leaves the quorum after this long (torchft default 5000)
-    quorum_tick_ms: int = 100
-    join_timeout_ms: int = 60000
-    timeout_s: float = 10.0  # torchft's collective / should_commit / heal timeout (Manager timeout)
-    quorum_timeout_s: float = 60.0
-    max_retries: int = 10  # consecutive discarded steps before a Manager gives up (its process then fails)
-
-
-@dataclass
 class StrategyConfig:
+    """What every strategy has. A strategy with settings of its own subclasses this in its module
+    (``StrategySpec.config``: accelpact's snapshots, torchft's replica groups), and ``strategy=NAME``
+    composes against that class."""
+
     name: str = "none"  # a registered strategy (harness.strategies); checked at validation
     recovery_deadline_s: float = 60.0
     max_restarts: int = 20
     # accelpact's stall watchdog (accelpact/detection/watchdog.py): None = auto (10 s when the PG timeout is
     # longer, else off), 0 = off, else seconds; must be below cluster.pg_timeout_s.
     stall_timeout_s: Optional[float] = None
-    # accelpact: snapshots on (conf/strategy/accelpact.yaml sets every=1) make a killed rank heal in
-    # memory: the parent starts a replacement for that rank only (accelpact.recovery.heal).
-    snapshot: SnapshotSettings = field(default_factory=SnapshotSettings)
     # How long survivors wait for a replacement to arrive (a Python + torch + transformers start).
     replacement_timeout_s: float = 120.0
     hot_spares: int = 0  # pre-started processes that take the rank of the first death (0: none)
     # How a replacement process starts when no hot spare is left (harness.parent.template).
     replacement_start: ReplacementStart = ReplacementStart.template
-    torchft: TorchftSettings = field(default_factory=TorchftSettings)
 
 
 @dataclass
@@ -261,6 +226,10 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    # Settings that only some of a sweep's strategies have, by strategy name: each entry is merged over
+    # ``strategy`` when that strategy runs (``per_strategy.torchft.group_size=2``), and checked against its
+    # config class whichever strategy runs (harness.app.config.to_run_config).
+    per_strategy: Dict[str, Any] = field(default_factory=dict)
     # Rows of every run are collected here (relative paths are relative to the working directory).
     index_path: str = "outputs/index.csv"
     progress: bool = True
@@ -301,8 +270,17 @@ def from_dict(cls: Type[T], data: dict[str, Any]) -> T:
     return cls(**kwargs)
 
 
-def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
-    return from_dict(RunConfig, data)
+def run_config_from_dict(
+    data: dict[str, Any], strategy_config: Callable[[str], Type[StrategyConfig]] = lambda name: StrategyConfig
+) -> RunConfig:
+    """The RunConfig of ``to_dict``'s output; ``strategy_config(name)``: the config class of the named strategy
+    (``harness.strategies.config_class``), which its ``strategy`` entry is read into."""
+    rest = {k: v for k, v in data.items() if k != "strategy"}
+    run = from_dict(RunConfig, rest)
+    if "strategy" in data:
+        strategy = data["strategy"]
+        run.strategy = from_dict(strategy_config(strategy.get("name", StrategyConfig.name)), strategy)
+    return run
 
 
 def _resolved_hints(cls: type) -> dict[str, Any]:

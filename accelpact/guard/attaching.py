@@ -7,7 +7,7 @@ heartbeat, the stall timeout) into a :class:`accelpact.guard.config.GuardConfig`
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from accelpact.common.control_client import ControlClient
     from accelpact.recovery.heal import HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
+    from accelpact.snapshot.snapshotter import Snapshotter
 
 __all__ = ["attach"]
 
@@ -41,7 +42,7 @@ def attach(
     heartbeat_interval_s: float | None = 0.5,
     heartbeat_misses: int = 4,
     stall_timeout_s: float | None | str = "auto",
-    snapshots: Any = None,
+    snapshots: Snapshotter | None = None,
     heal: HealPolicy | None = None,
     rejoin: RejoinTicket | None = None,
     data_plane: str = "auto",

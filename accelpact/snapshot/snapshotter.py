@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from accelpact import shutdown
+from accelpact.common.control_client import ControlClient
 from accelpact.snapshot import layout as paths
 from accelpact.snapshot.launch import check_snapshot_token
 from accelpact.snapshot.load import load_slot, own_slots
@@ -171,7 +172,7 @@ class Snapshotter:
         every, push_every = self.cadence(step - 1)
         return every * push_every
 
-    def attach_control(self, control: Any) -> None:
+    def attach_control(self, control: ControlClient) -> None:
         """The guard hands over its control client: the tax budget agrees on the cadence through it."""
         if self.budget is not None:
             self.budget.control = control

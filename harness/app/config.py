@@ -4,16 +4,21 @@ Parent process only (it imports Hydra). The dataclasses themselves live in ``har
 rank processes can rebuild the config without Hydra.
 
 Every group YAML starts with ``defaults: [schema, _self_]``: it extends the group's dataclass schema,
-so an unknown key or a wrongly typed value fails at composition, naming the key.
+so an unknown key or a wrongly typed value fails at composition, naming the key. A strategy's YAML extends
+its own ``<name>_schema`` instead: the config class its spec names (``StrategySpec.config``), so
+``strategy=torchft`` has torchft's settings and no other strategy has them. ``per_strategy.NAME`` carries a
+sweep's settings for one strategy only (:func:`to_run_config` applies it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import strategies
 from harness.app.validate import Catalogue
@@ -21,6 +26,7 @@ from harness.faults import registry as faults
 from harness.schema import (
     CheckpointConfig,
     ClusterConfig,
+    ConfigError,
     FaultConfig,
     ModelConfig,
     RunConfig,
@@ -47,9 +53,10 @@ def register_schemas() -> None:
     cs.store(name="run_schema", node=RunConfig)
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=group, name="schema", node=schema)
-    for name in strategies.names():
-        if not (CONF_DIR / "strategy" / f"{name}.yaml").exists():
-            cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
+    for spec in strategies.specs():
+        cs.store(group="strategy", name=f"{spec.name}_schema", node=spec.config)
+        if not (CONF_DIR / "strategy" / f"{spec.name}.yaml").exists():
+            cs.store(group="strategy", name=spec.name, node=spec.config(name=spec.name))
     for kind in faults.kinds():
         if not (CONF_DIR / "fault" / f"{kind}.yaml").exists():
             cs.store(group="fault", name=kind, node=FaultConfig(kind=kind))
@@ -64,10 +71,51 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # type: ignore[misc]
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(container, dict)
+    strategy = container.get("strategy") or {}
+    per_strategy = container.get("per_strategy") or {}
+    container["strategy"] = _strategy_node(strategy, per_strategy)
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
     run = OmegaConf.to_object(merged)
     assert isinstance(run, RunConfig)
     return run
+
+
+def _strategy_node(strategy: dict, per_strategy: dict) -> DictConfig:
+    """The strategy's node typed by its own config class, with ``per_strategy[name]`` merged over it. Every
+    ``per_strategy`` entry is checked against its strategy's class, so a misspelled key fails in any run."""
+    for name, values in per_strategy.items():
+        if name not in strategies.names():
+            raise ConfigError(
+                f"per_strategy.{name}: no strategy is registered under that name; the registered ones: "
+                f"{', '.join(strategies.names())}"
+            )
+        _typed(name, values, f"per_strategy.{name}")
+    name = str(strategy.get("name", StrategyConfig.name))
+    node = _typed(name, strategy, "strategy")
+    if name in per_strategy:
+        node = _as_dict(OmegaConf.merge(node, per_strategy[name]))
+    return node
+
+
+def _typed(name: str, values: object, where: str) -> DictConfig:
+    """``values`` merged into strategy ``name``'s config class; ConfigError naming the key it does not have."""
+    cls = strategies.config_class(name)
+    try:
+        return _as_dict(OmegaConf.merge(OmegaConf.structured(cls(name=name)), values))
+    except (ConfigKeyError, ValidationError) as exc:
+        keys = ", ".join(f.name for f in dataclasses.fields(cls) if f.name != "name")
+        hint = (
+            "; a setting of one strategy in a sweep of several goes under `per_strategy.<strategy>`, e.g. "
+            f"`++per_strategy.{name}.<key>=<value>`"
+            if where == "strategy"
+            else ""
+        )
+        raise ConfigError(f"{where}: {str(exc).splitlines()[0]} (strategy={name}'s settings: {keys}){hint}") from None
+
+
+def _as_dict(node: object) -> DictConfig:
+    assert isinstance(node, DictConfig)  # merging into a structured config keeps it a mapping
+    return node
 
 
 def group_options(group: str) -> list[str]:
@@ -94,9 +142,9 @@ def load_group(group: str) -> dict[str, object]:
 
     Shipped means a YAML in conf/: a plugin's registered fault kind or strategy has none (it is
     configured by overrides), so it is not loaded here."""
-    schema = _GROUP_SCHEMAS[group]
     out: dict[str, object] = {}
     for name in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+        schema = strategies.config_class(name) if group == "strategy" else _GROUP_SCHEMAS[group]
         raw = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
         raw.pop("defaults", None)  # type: ignore[call-arg, arg-type]  # a DictConfig
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)

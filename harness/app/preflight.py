@@ -123,7 +123,14 @@ def explain_compose_error(exc: BaseException, overrides: Sequence[str]) -> str:
         given = next((o for o in overrides if _key(o) == full_key.split("[")[0]), full_key)
         if "not in" in detail or type(cause).__name__ == "ConfigAttributeError":
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-            return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}"
+            wanted = next((o for o in overrides if _key(o).startswith(full_key)), full_key + "=...")
+            own = (
+                "; each strategy owns its settings: for one strategy of a sweep of several, "
+                f"`++per_strategy.<strategy>.{wanted.lstrip('+').split('.', 1)[1]}`"
+                if full_key.startswith("strategy.")
+                else ""
+            )
+            return f"unknown key {full_key} in `{given}`; {_known_keys(parent, overrides)}{own}"
         example = _default_value(full_key.split("[")[0], overrides)  # type: ignore[assignment]
         hint = (
             f"; e.g. `{full_key.split('[')[0]}={example}`"

@@ -32,6 +32,7 @@ from harness.schema import (
     RankLaunch,
     RunConfig,
 )
+from harness.strategies.snapshot_config import snapshots_of
 
 # The memory plan counts parameters on a meta-device model, about 2 ms per layer on a quiet core:
 # model.num_layers=10**12 (a fuzz draw) made validation run for ever.
@@ -188,7 +189,7 @@ def check_values(run: RunConfig) -> None:
             f"strategy.stall_timeout_s={stall} is not below cluster.pg_timeout_s={c.pg_timeout_s}, so the PG timeout "
             f"would always fire first; set strategy.stall_timeout_s={c.pg_timeout_s / 2:g} or raise cluster.pg_timeout_s"
         )
-    check_snapshot_values(run)
+    check_replacement_values(run)
     if run.checkpoint.interval < 0:
         raise ConfigError(
             f"checkpoint.interval={run.checkpoint.interval} must be >= 0 (0 = never); try `checkpoint.interval=0`"
@@ -197,32 +198,16 @@ def check_values(run: RunConfig) -> None:
         raise ConfigError(f"checkpoint.keep={run.checkpoint.keep} must be at least 1; try `checkpoint.keep=2`")
 
 
-def check_snapshot_values(run: RunConfig) -> None:
-    """strategy.snapshot / hot_spares / replacement_timeout_s (accelpact's in-memory heal of a lost rank)."""
+def check_replacement_values(run: RunConfig) -> None:
+    """strategy.hot_spares / replacement_timeout_s, which any strategy has (a heal's snapshot settings are its
+    spec's ``check``: harness.strategies.accelpact.check_heal)."""
     st = run.strategy
-    if st.snapshot.every < 0:
-        raise ConfigError(
-            f"strategy.snapshot.every={st.snapshot.every} must be >= 0 (0 = snapshots off, k = every "
-            "k-th committed step); try `strategy.snapshot.every=1`"
-        )
-    if st.snapshot.push_every < 1:
-        raise ConfigError(
-            f"strategy.snapshot.push_every={st.snapshot.push_every} must be >= 1 (1 = push every "
-            "snapshot to the buddy, k = every k-th); to push none, use `strategy.snapshot.replicas=false`; "
-            "try `strategy.snapshot.push_every=1`"
-        )
-    if (st.snapshot.push_every > 1 or st.snapshot.confirm_push) and not st.snapshot.replicas:
-        raise ConfigError(
-            f"strategy.snapshot.push_every={st.snapshot.push_every} / confirm_push="
-            f"{st.snapshot.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
-            "`strategy.snapshot.replicas=true`, or drop the push settings"
-        )
     if st.hot_spares < 0:
         raise ConfigError(f"strategy.hot_spares={st.hot_spares} must be >= 0; try `strategy.hot_spares=0`")
-    if st.hot_spares and st.snapshot.every == 0:
+    if st.hot_spares and snapshots_of(st) is None:
         raise ConfigError(
             f"strategy.hot_spares={st.hot_spares} takes the rank of a dead process and heals it from "
-            "its snapshot, and snapshots are off; try `strategy.snapshot.every=1`"
+            f"its snapshot, and snapshots are off; try `strategy={strategies.healer().name} strategy.snapshot.every=1`"
         )
     if st.replacement_timeout_s <= 0:
         raise ConfigError(

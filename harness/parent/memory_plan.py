@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from harness.machine import RANK_RUNTIME_BYTES, GiB, Machine
 from harness.schema import CheckpointMode, Device, ModelConfig, Precision, RunConfig
+from harness.strategies.snapshot_config import snapshots_of
 
 FP32 = 4
 # A snapshot slot's metadata (RNG states, param groups, the index, the marker): well under 1 MiB.
@@ -117,8 +118,8 @@ def snapshot_slot_bytes(shard_params: int) -> int:
 def snapshot_rows(run: RunConfig, shard_params: int) -> list[tuple[str, int]]:
     """The plan's snapshot rows per rank: none with snapshots off; 2 own slots; 2 buddy replicas when
     replicas are on and there is a buddy (world_size > 1)."""
-    snap = run.strategy.snapshot
-    if snap.every <= 0:
+    snap = snapshots_of(run.strategy)
+    if snap is None:
         return []
     slot = snapshot_slot_bytes(shard_params)
     rows = [("snapshots: 2 own slots (shared memory)", 2 * slot)]

@@ -36,11 +36,12 @@ def wanted(run: Any) -> bool:
     ``strategy.replacement_start=template``."""
     from harness.faults import planned
     from harness.schema import RankLaunch, ReplacementStart
+    from harness.strategies.snapshot_config import snapshots_of
 
     st = run.strategy
     return (
         st.replacement_start == ReplacementStart.template
-        and st.snapshot.every > 0
+        and snapshots_of(st) is not None
         and any(f.kills_ranks and not f.kills_all for f in planned.specs(run))
         and run.cluster.launch == RankLaunch.local
     )

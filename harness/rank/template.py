@@ -44,8 +44,8 @@ from harness.plugins import load_plugins
 
 def preload(spec_path: str) -> None:
     """Import everything a replacement imports before it arrives, and build the meta model once."""
+    load_plugins()  # before the spec: its strategy may be a plugin's, with its own config class
     _, cfg = read_spec(spec_path)
-    load_plugins()
     import accelpact
     import accelpact.snapshot  # noqa: F401
     import harness.rank.train  # noqa: F401 - torch, torch.distributed, FSDP, the strategies

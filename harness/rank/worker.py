@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
     # reads the standard variables (accelpact's ControlChannel.from_env, torch) sees the same numbers.
     os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank)})
     die_with_parent(env.parent_pid)
+    load_plugins()  # strategies and fault kinds of plugins, as in the parent (the spec's strategy may be one)
     run_dir, cfg = read_spec(argv[0])
-    load_plugins()  # strategies and fault kinds of plugins, as in the parent
     if os.environ.get(SPARE_ENV):  # a hot spare: wait, fully imported, for the rank of the first death
         from harness.rank.spare import become_rank
 

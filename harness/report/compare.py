@@ -25,6 +25,7 @@ strategy=accelpact,cold_restart fault.at_age=5,18``), with the local launcher or
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from harness.report.badput_goodput import badput_goodput, named_parts, reference
 from harness.report.goodput import load_report
 from harness.report.paper import PAPER_GAIN  # the paper's figures live in one place
 from harness.report.table import RunSummary, cell, comparison_table, format_table
-from harness.schema import RunConfig
+from harness.schema import RunConfig, StrategyConfig
 
 REFERENCE = "reference"
 LOAD_COLUMNS: tuple[str, ...] = ("load_before", "load_mean", "load_max", "steal_pct", "cores_used")  # load_guard
@@ -61,9 +62,12 @@ PRINT_COLUMNS: tuple[str, ...] = (
 
 
 def reference_config(base: RunConfig) -> RunConfig:
-    """The fault-free reference of ``base``: strategy none, no fault, same model, data, steps, checkpoints."""
+    """The fault-free reference of ``base``: strategy none, no fault, same model, data, steps, checkpoints.
+    The reference's config keeps the settings every strategy has, and none of ``base``'s strategy's own."""
     ref = copy.deepcopy(base)
-    ref.strategy.name = strategies.reference().name
+    name = strategies.reference().name
+    common = {f.name: getattr(base.strategy, f.name) for f in dataclasses.fields(StrategyConfig)}
+    ref.strategy = strategies.config_class(name)(**{**common, "name": name})
     ref.fault.kind = faults.NO_FAULT
     return ref
 

@@ -15,6 +15,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 
 from harness.registry import Registry
+from harness.schema import StrategyConfig
 from harness.strategies.spec import ProjectedStrategy, Simulation, StrategySpec, resolve
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "simulated",
     "projected_strategies",
     "color",
+    "config_class",
 ]
 
 _BUILTIN_MODULES = (
@@ -98,6 +100,12 @@ def register(spec: StrategySpec) -> StrategySpec:
 def get(name: str) -> StrategySpec:
     """The spec of ``name``; KeyError naming the registered strategies if there is none."""
     return _REGISTRY.get(name)
+
+
+def config_class(name: str) -> type[StrategyConfig]:
+    """The config class ``strategy=NAME`` composes against; the common StrategyConfig for a name not registered
+    (validation then says which names are)."""
+    return get(name).config if name in names() else StrategyConfig
 
 
 def names() -> list[str]:

@@ -10,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from harness.faults import planned
-from harness.schema import ConfigError, RunConfig, SnapshotSettings
+from harness.schema import ConfigError, RunConfig
+from harness.strategies.snapshot_config import AccelpactConfig, SnapshotSettings, accelpact_config
 from harness.strategies.spec import Simulation, StrategySpec
 
-__all__ = ["EXIT_FALLBACK", "relaunch_on_fallback", "relaunch_from_snapshots", "check_heal", "replace_on_kill", "SPEC"]
+__all__ = [
+    "EXIT_FALLBACK",
+    "relaunch_on_fallback",
+    "relaunch_from_snapshots",
+    "check_heal",
+    "check_snapshot_values",
+    "replace_on_kill",
+    "SPEC",
+]
 
 # Exit status of a rank that gave up on in-memory recovery (the parent relaunches from a checkpoint).
 EXIT_FALLBACK = 75
@@ -64,9 +73,10 @@ def relaunch_from_snapshots(exit_codes: Mapping[int, int | None], first_failure:
 
 
 def check_heal(run: RunConfig) -> None:
-    """ConfigError naming the fix for a tax budget or hot spares that cannot work (the spec's ``check``; the
-    other values are checked by harness.app.validate.check_snapshot_values)."""
-    st = run.strategy
+    """ConfigError naming the fix for snapshot settings, a tax budget or hot spares that cannot work (the
+    spec's ``check``)."""
+    st = accelpact_config(run.strategy)
+    check_snapshot_values(st.snapshot)
     if st.snapshot.max_tax is not None and st.snapshot.every > 0:
         check_tax_budget(st.snapshot)
     if st.hot_spares and (run.cluster.hosts or planned.needs_netns(run)):
@@ -74,6 +84,27 @@ def check_heal(run: RunConfig) -> None:
             f"strategy.hot_spares={st.hot_spares} runs spares on the parent's host, but this run puts "
             "ranks in network-namespace hosts (cluster.hosts or a namespace fault): a spare cannot know "
             "which host loses a rank. Use strategy.hot_spares=0 here"
+        )
+
+
+def check_snapshot_values(snap: SnapshotSettings) -> None:
+    """``strategy.snapshot``'s cadence and push settings, each naming the fix."""
+    if snap.every < 0:
+        raise ConfigError(
+            f"strategy.snapshot.every={snap.every} must be >= 0 (0 = snapshots off, k = every "
+            "k-th committed step); try `strategy.snapshot.every=1`"
+        )
+    if snap.push_every < 1:
+        raise ConfigError(
+            f"strategy.snapshot.push_every={snap.push_every} must be >= 1 (1 = push every "
+            "snapshot to the buddy, k = every k-th); to push none, use `strategy.snapshot.replicas=false`; "
+            "try `strategy.snapshot.push_every=1`"
+        )
+    if (snap.push_every > 1 or snap.confirm_push) and not snap.replicas:
+        raise ConfigError(
+            f"strategy.snapshot.push_every={snap.push_every} / confirm_push="
+            f"{snap.confirm_push} set how buddy replicas are pushed, and replicas are off; try "
+            "`strategy.snapshot.replicas=true`, or drop the push settings"
         )
 
 
@@ -103,7 +134,12 @@ def replace_on_kill(run: RunConfig, rank: int, code: int, codes: Mapping[int, in
     signal, some rank is still alive to heal it with, and no rank has given up on in-memory recovery
     (then the disk fallback runs instead)."""
     alive = [r for r, c in codes.items() if c is None]
-    return run.strategy.snapshot.every > 0 and code < 0 and bool(alive) and EXIT_FALLBACK not in codes.values()
+    return (
+        accelpact_config(run.strategy).snapshot.every > 0
+        and code < 0
+        and bool(alive)
+        and EXIT_FALLBACK not in codes.values()
+    )
 
 
 SPEC = StrategySpec(
@@ -113,6 +149,7 @@ SPEC = StrategySpec(
     label="AccelPact",
     color="tab:green",
     order=1,
+    config=AccelpactConfig,
     relaunch=relaunch_on_fallback,
     replace_dead=replace_on_kill,
     check=check_heal,

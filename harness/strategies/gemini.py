@@ -4,13 +4,30 @@ the check that it can run here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from harness.schema import ConfigError
+from harness.schema import ConfigError, StrategyConfig
 from harness.strategies.cold_restart import relaunch_after_any_failure
 from harness.strategies.spec import StrategySpec
 
 LM_RESILIENCY_VERSION = "0.2.0"
+
+
+@dataclass
+class GeminiSnapshots:
+    """GEMINI's in-memory captures: every ``every`` steps (lm-resiliency's ``interval``), replicated to the
+    paired rank (``replicas``: lm-resiliency always pairs; the memory plan counts the peer's copy)."""
+
+    every: int = 1
+    replicas: bool = True
+
+
+@dataclass
+class GeminiConfig(StrategyConfig):
+    """strategy=gemini: the common settings plus its captures (``strategy.snapshot.every``)."""
+
+    snapshot: GeminiSnapshots = field(default_factory=GeminiSnapshots)
 
 
 def check_runnable(run: Any) -> None:
@@ -36,6 +53,7 @@ SPEC = StrategySpec(
     label="GEMINI (lm-resiliency)",
     color="tab:brown",
     order=5,
+    config=GeminiConfig,
     relaunch=relaunch_after_any_failure,
     # The survivors write their copy and their peer's replica to disk after the collective error.
     settle_s=lambda run: 15.0,

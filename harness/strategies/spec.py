@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.schema import StrategyConfig
+
 if TYPE_CHECKING:
     from harness.schema import RunConfig
 
@@ -77,6 +79,8 @@ class StrategySpec:
     label: str  # in tables and legends
     color: str  # matplotlib colour in every plot
     order: int  # position in tables (reference first)
+    # Its config (``strategy.*``): StrategyConfig, or a subclass in the strategy's module with its own settings.
+    config: type[StrategyConfig] = StrategyConfig
     relaunch: RelaunchPolicy = never_relaunch
     # "module:name" of a callable (run, launcher) -> an object the parent keeps alive for the run (closed with
     # ``close()`` if it has one), imported in the parent only (harness.parent.run); None: nothing to set up.

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.faults import registry as faults
 from harness.schema import ConfigError
+from harness.strategies.torchft_config import torchft_config
 from harness.strategies.torchft_layout import groups_untouched, ranks_lost
 from harness.strategies.torchft_report import TORCHFT_VERSION
 
@@ -17,20 +18,20 @@ from harness.strategies.torchft_report import TORCHFT_VERSION
 def check_runnable(run: Any) -> None:
     """torchft must be importable, the world must split into >= 2 groups, and a fault that kills ranks
     must leave at least one group untouched (a restarted group heals only from a live peer)."""
-    st = run.strategy.torchft
+    st = torchft_config(run.strategy)
     world = run.cluster.world_size
     if st.group_size < 1 or world % st.group_size or world // st.group_size < 2:
         raise ConfigError(
-            f"strategy=torchft with cluster.world_size={world} and strategy.torchft.group_size="
+            f"strategy=torchft with cluster.world_size={world} and strategy.group_size="
             f"{st.group_size}: the world must split into at least 2 replica groups of equal size; "
-            f"try strategy.torchft.group_size={max(1, world // 2)}"
+            f"try strategy.group_size={max(1, world // 2)}"
         )
     replicate = run.cluster.replicate
     if replicate > 1 and st.group_size * replicate != world:
         raise ConfigError(
             f"strategy=torchft under HSDP (cluster.replicate={replicate}): torchft's replica groups are "
             f"the replicate dimension, so each holds cluster.world_size / cluster.replicate = "
-            f"{world // replicate} rank(s); try `strategy.torchft.group_size={world // replicate}`"
+            f"{world // replicate} rank(s); try `strategy.group_size={world // replicate}`"
         )
     for kind, ranks in _strikes(run):
         _check_fault(run, faults.get(kind), ranks)
@@ -61,7 +62,7 @@ def _check_fault(run: Any, spec: Any, ranks: tuple[int, ...]) -> None:
     """One planned fault (each of a trace's faults in turn) must leave a replica group untouched."""
     from harness.schema import ConfigError
 
-    st = run.strategy.torchft
+    st = torchft_config(run.strategy)
     world = run.cluster.world_size
     if spec.kills_all:
         raise ConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from harness.strategies.spec import StrategySpec
 from harness.strategies.torchft_check import check_runnable
+from harness.strategies.torchft_config import TorchftConfig, torchft_config
 
 SPEC = StrategySpec(
     name="torchft",
@@ -17,10 +18,11 @@ SPEC = StrategySpec(
     label="torchft",
     color="tab:purple",
     order=4,
+    config=TorchftConfig,
     parent_setup="harness.parent.strategies.torchft_parent:TorchftJob",
     rank_entry="harness.rank.strategies.torchft_rank:train_replica",
     check=check_runnable,
-    step_timeout_s=lambda run: run.strategy.torchft.timeout_s,  # the Manager drops a stalled step after it
+    step_timeout_s=lambda run: torchft_config(run.strategy).timeout_s,  # the Manager drops a stalled step after it
     unequal=(
         "a failed rank's whole replica group restarts (spawned, as torchrun --max-restarts does) and heals from the "
         "other group's memory; under HSDP a socket reset is such a failure too, since it breaks the rank's shard "

@@ -103,6 +103,7 @@ def test_every_strategy_runs_on_the_same_hsdp_mesh_with_torchfts_groups_as_its_r
     AccelPact here is accelpact_heal."""
     from harness.app.config import compose, to_run_config
     from harness.app.validate import check_values
+    from harness.strategies.torchft_config import torchft_config
 
     for name in peers.swept_strategies():
         run = to_run_config(compose(["experiment=peers", f"strategy={name}", "fault.at_age=5"]))
@@ -111,7 +112,7 @@ def test_every_strategy_runs_on_the_same_hsdp_mesh_with_torchfts_groups_as_its_r
         assert run.strategy.replacement_start.value == "spawn", name
         assert run.compare.ours == "accelpact_heal" and run.compare.trials >= 5
         if name == "torchft":
-            ft = run.strategy.torchft
+            ft = torchft_config(run.strategy)
             assert (ft.group_size, ft.heartbeat_timeout_ms, ft.timeout_s) == (2, 5000, 60.0)
 
 

@@ -90,8 +90,10 @@ def test_composition_errors_are_one_readable_line(override, fragment):
 
 
 def test_schema_round_trips_through_json():
+    from harness import strategies
+
     run = to_run_config(compose(["experiment=mistral7b_age5"]))
-    assert run_config_from_dict(to_dict(run)) == run
+    assert run_config_from_dict(to_dict(run), strategies.config_class) == run
 
 
 def test_checkpoint_mode_async_is_accepted():
@@ -194,3 +196,37 @@ def test_a_between_steps_phase_without_a_fixed_step_passes_the_phase_check():
         train=dataclasses.replace(run.train, eval_every=2),
     )
     check_between_steps_phase(run)
+
+
+def test_each_strategy_composes_against_its_own_config_class():
+    """Strategy-owned config: torchft's settings exist under strategy=torchft only, accelpact's snapshots under
+    accelpact's strategies only, and a rank rebuilds the same class from the JSON spec."""
+    from harness import strategies
+
+    for name in group_options("strategy"):
+        run = to_run_config(compose([f"strategy={name}"]))
+        assert type(run.strategy) is strategies.config_class(name), name
+        assert run_config_from_dict(to_dict(run), strategies.config_class) == run, name
+    torchft = to_run_config(compose(["strategy=torchft", "strategy.group_size=2"])).strategy
+    assert not hasattr(torchft, "snapshot") and torchft.group_size == 2
+    heal = to_run_config(compose(["strategy=accelpact_heal"])).strategy
+    assert not hasattr(heal, "group_size") and heal.snapshot.every == 1
+    override = "strategy.snapshot.every=2"
+    with pytest.raises(Exception) as info:
+        compose(["strategy=torchft", override])
+    message = explain_compose_error(info.value, ["strategy=torchft", override])
+    assert "unknown key strategy.snapshot" in message and "`++per_strategy.<strategy>.snapshot.every=2`" in message
+
+
+def test_per_strategy_settings_apply_to_their_strategy_only_and_are_checked_in_every_run():
+    sweep = ["++per_strategy.torchft.group_size=2", "++per_strategy.accelpact_heal.snapshot.max_tax=null"]
+    torchft = to_run_config(compose(["strategy=torchft", *sweep])).strategy
+    heal = to_run_config(compose(["strategy=accelpact_heal", *sweep])).strategy
+    cold = to_run_config(compose(["strategy=cold_restart", *sweep])).strategy
+    assert torchft.group_size == 2 and heal.snapshot.max_tax is None
+    assert not hasattr(cold, "group_size") and not hasattr(cold, "snapshot")
+    assert to_run_config(compose(["strategy=accelpact_heal"])).strategy.snapshot.max_tax == 0.03  # yaml default
+    with pytest.raises(ConfigError, match=r"per_strategy\.torchft: Key 'snapshot' not in 'TorchftConfig'"):
+        to_run_config(compose(["strategy=cold_restart", "++per_strategy.torchft.snapshot.every=1"]))
+    with pytest.raises(ConfigError, match=r"per_strategy\.torchf: no strategy is registered under that name"):
+        to_run_config(compose(["strategy=cold_restart", "++per_strategy.torchf.group_size=2"]))

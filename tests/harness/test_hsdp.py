@@ -144,4 +144,4 @@ def test_fault_free_torchft_on_hsdp_groups_is_the_reference_bit_for_bit(referenc
     """torchft's replica groups as the replicate dimension (FSDP2 inside each, torchft's all-reduce across)
     compute what HSDP computes: without a fault the final state is the HSDP reference's."""
     pytest.importorskip("torchft")
-    _run(reference, "torchft_none", "strategy=torchft", "strategy.torchft.group_size=2")
+    _run(reference, "torchft_none", "strategy=torchft", "strategy.group_size=2")

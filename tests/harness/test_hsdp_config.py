@@ -14,13 +14,14 @@ from harness.app.validate import ConfigError, check_values
 from harness.machine import GiB, Machine
 from harness.parent.memory_plan import plan
 from harness.rank.mesh import MESH_DIM_NAMES, mesh_layout
-from harness.schema import ClusterConfig, ModelConfig, RunConfig, StrategyConfig, TorchftSettings
+from harness.schema import ClusterConfig, ModelConfig, RunConfig, StrategyConfig
+from harness.strategies.torchft_config import TorchftConfig
 
 
 def _run(world: int, replicate: int, strategy: str = "none", group_size: int = 1) -> RunConfig:
     return RunConfig(
         cluster=ClusterConfig(world_size=world, replicate=replicate),
-        strategy=StrategyConfig(name=strategy, torchft=TorchftSettings(group_size=group_size)),
+        strategy=TorchftConfig(name=strategy, group_size=group_size) if strategy == "torchft" else StrategyConfig(),
     )
 
 
@@ -64,7 +65,7 @@ def test_torchft_replica_groups_must_be_the_replicate_dimension():
 
     with pytest.raises(ConfigError) as err:
         check_runnable(_run(4, 2, "torchft", group_size=1))
-    assert "`strategy.torchft.group_size=2`" in str(err.value) and "\n" not in str(err.value)
+    assert "`strategy.group_size=2`" in str(err.value) and "\n" not in str(err.value)
     pytest.importorskip("torchft")
     check_runnable(_run(4, 2, "torchft", group_size=2))
     check_runnable(_run(4, 1, "torchft", group_size=2))  # plain FSDP reference: torchft's groups are its own

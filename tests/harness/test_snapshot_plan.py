@@ -96,7 +96,13 @@ def test_shared_memory_too_small_is_refused_with_the_sizes_and_the_fix(catalogue
 )
 def test_snapshot_settings_are_checked(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
-        check_values(_run("strategy=accelpact_heal", override))
+        _check(_run("strategy=accelpact_heal", override))
+
+
+def _check(run):
+    """The value checks validation runs: the common ones, then the strategy's own (its spec's ``check``)."""
+    check_values(run)
+    SPEC.check(run)
 
 
 @pytest.mark.parametrize(
@@ -120,17 +126,16 @@ def test_push_settings_need_replicas_and_default_to_every_snapshot():
     assert (run.strategy.snapshot.max_tax, run.strategy.snapshot.max_bound) == (0.03, 16)
     SPEC.check(_run("strategy=accelpact_heal", "strategy.snapshot.max_tax=null"))
     with pytest.raises(ConfigError, match=r"push_every=2 .* replicas are off; try `strategy\.snapshot\.replicas=true`"):
-        check_values(
-            _run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false")
-        )
-    check_values(
-        _run("strategy=accelpact_heal", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true")
-    )
+        _check(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=2", "strategy.snapshot.replicas=false"))
+    _check(_run("strategy=accelpact_heal", "strategy.snapshot.push_every=4", "strategy.snapshot.confirm_push=true"))
 
 
 def test_hot_spares_need_snapshots():
-    with pytest.raises(ConfigError, match=r"hot_spares=1 .* snapshots are off; try `strategy\.snapshot\.every=1`"):
+    fix = r"hot_spares=1 .* snapshots are off; try `strategy=accelpact_heal strategy\.snapshot\.every=1`"
+    with pytest.raises(ConfigError, match=fix):
         check_values(_run("strategy=accelpact_heal", "strategy.hot_spares=1", "strategy.snapshot.every=0"))
+    with pytest.raises(ConfigError, match=fix):  # a strategy without snapshot settings at all
+        check_values(_run("strategy=cold_restart", "strategy.hot_spares=1"))
     check_values(_run("strategy=accelpact_heal", "strategy.hot_spares=1"))
 
 

@@ -24,6 +24,7 @@ import pytest
 from harness_test_helpers import TINY, harness_env, read_row, run_harness, start_harness, worker_processes
 
 from harness.schema import FaultSchedule
+from harness.strategies.torchft_config import TorchftConfig
 
 pytest.importorskip("torchft")
 
@@ -230,7 +231,7 @@ def test_identity_cut_matches_fsdp2_sharding_over_the_world():
 
 def _run(world: int, group_size: int = 1, fault: str = "none", hosts: int = 0, ranks: tuple[int, ...] = (1,)):
     return SimpleNamespace(
-        strategy=SimpleNamespace(torchft=SimpleNamespace(group_size=group_size)),
+        strategy=TorchftConfig(name="torchft", group_size=group_size),
         cluster=SimpleNamespace(world_size=world, hosts=hosts, replicate=1),
         fault=SimpleNamespace(kind=fault, ranks=list(ranks), schedule=FaultSchedule.at_step),
     )
@@ -241,7 +242,7 @@ def test_validation_names_the_fix():
     from harness.strategies.torchft_check import check_runnable
 
     check_runnable(_run(4, 2, "kill"))  # HSDP 2x2 is fine
-    with pytest.raises(ConfigError, match="strategy.torchft.group_size=1"):
+    with pytest.raises(ConfigError, match="strategy.group_size=1"):
         check_runnable(_run(2, 2))  # one group: nothing to fall back on
     # Network namespaces: the Lighthouse runs in the bridge namespace now (harness.server_home).
     check_runnable(_run(2, 1, "host_loss"))
@@ -348,5 +349,5 @@ def test_kill_drops_the_group_and_heals_it_from_a_peer(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # whole harness runs; a start alone took minutes on the loaded 2-core machine
 def test_a_stalled_group_is_dropped_and_rejoins(tmp_path):
-    row = _faulted_run(tmp_path, "fault=hang", "fault.at_step=4", "fault.outage_s=15", "strategy.torchft.timeout_s=5")
+    row = _faulted_run(tmp_path, "fault=hang", "fault.at_step=4", "fault.outage_s=15", "strategy.timeout_s=5")
     assert row["torchft_discarded_attempts"] >= 1 and row["torchft_short_steps"] >= 1

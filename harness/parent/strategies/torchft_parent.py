@@ -26,6 +26,7 @@ from typing import Any
 from harness.events import read_events
 from harness.parent.strategies.torchft_lighthouse import Lighthouse
 from harness.server_home import server_home
+from harness.strategies.torchft_config import torchft_config
 from harness.strategies.torchft_layout import LIGHTHOUSE_ENV, GroupLayout, gen_key
 from harness.strategies.torchft_report import torchft_columns
 
@@ -36,7 +37,7 @@ class TorchftJob:
     """What the parent keeps alive for a torchft run (``StrategySpec.parent_setup``); ``close()`` at the end."""
 
     def __init__(self, run: Any, launcher: Any) -> None:
-        st = run.strategy.torchft
+        st = torchft_config(run.strategy)
         self.run = run
         self.launcher = launcher
         self.group_size = st.group_size

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.rank.strategies.base import Strategy, TrainContext
+from harness.strategies.snapshot_config import snapshots_of
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +35,8 @@ class Gemini(Strategy):
         from lm_resiliency import enable_resiliency  # lazy: lm-resiliency
         from lm_resiliency.checkpointing.config import InMemoryCkptConfig  # lazy: lm-resiliency
 
-        every = max(1, ctx.cfg.strategy.snapshot.every)
+        snap = snapshots_of(ctx.cfg.strategy)
+        every = snap.every if snap is not None else 1
         folder = Path(ctx.run_dir) / "gemini"
         t0 = time.time()
         self.handle = enable_resiliency(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.events import Restore
 from harness.strategies.accelpact import EXIT_FALLBACK
+from harness.strategies.snapshot_config import AccelpactConfig, SnapshotSettings
 
 if TYPE_CHECKING:
     from harness.contract import RankEnv
@@ -161,16 +162,16 @@ def snapshots_and_policy(
     """(snapshotter, heal policy, replication) for this rank; (None, None, None) with snapshots off.
 
     ``scheduler``: the LR scheduler, saved in each snapshot's extra_state (restore_extra_state reads it)."""
-    every = cfg.strategy.snapshot.every
-    if every <= 0:
+    if not isinstance(cfg.strategy, AccelpactConfig) or cfg.strategy.snapshot.every <= 0:
         return None, None, None
+    snap = cfg.strategy.snapshot
     from accelpact import HealPolicy  # lazy: torch
     from accelpact.snapshot import SnapshotConfig, Snapshotter, job_token_from_env  # lazy: torch
 
     # The snapshots' token outlives a relaunch (the parent exports ACCELPACT_SNAPSHOT_TOKEN, the same in every
     # incarnation); the control channel's token is new in each, so a relaunched job would find nothing under it.
     token = job_token_from_env()
-    replication = _replication(cfg, control, rank, world_size, token)
+    replication = _replication(snap, control, world_size, token)
     snapshots = Snapshotter(
         model,
         optimizer,
@@ -178,12 +179,12 @@ def snapshots_and_policy(
         rank=rank,
         world_size=world_size,
         config=SnapshotConfig(
-            every=every,
-            push_every=cfg.strategy.snapshot.push_every,
-            pause_mid_copy_s=cfg.strategy.snapshot.pause_mid_copy_s,
-            max_tax=cfg.strategy.snapshot.max_tax,
-            max_bound=cfg.strategy.snapshot.max_bound,
-            tax_warmup=cfg.strategy.snapshot.tax_warmup,
+            every=snap.every,
+            push_every=snap.push_every,
+            pause_mid_copy_s=snap.pause_mid_copy_s,
+            max_tax=snap.max_tax,
+            max_bound=snap.max_bound,
+            tax_warmup=snap.tax_warmup,
         ),
         on_complete=replication.push if replication is not None else None,
         extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None,
@@ -196,15 +197,15 @@ def snapshots_and_policy(
     return snapshots, policy, replication
 
 
-def _replication(cfg: RunConfig, control: Any, rank: int, world_size: int, token: str) -> Any:
+def _replication(snap: SnapshotSettings, control: Any, world_size: int, token: str) -> Any:
     """The buddy replica channel (accelpact.snapshot.replica): its server holds the wards' replicas,
     its pusher sends this rank's slots to the buddy, its fetch brings them back to a replacement (or to a
     relaunched rank whose host lost its own). ``token``: the snapshots' token."""
-    if not cfg.strategy.snapshot.replicas or world_size < 2:
+    if not snap.replicas or world_size < 2:
         return None
     from accelpact.snapshot import Replication  # lazy: torch
 
-    return Replication.from_env(control, confirm=cfg.strategy.snapshot.confirm_push, job_token=token)
+    return Replication.from_env(control, confirm=snap.confirm_push, job_token=token)
 
 
 def resume_from_snapshots(ctx: Any, snapshots: Any, replication: Any) -> tuple[int | None, str]:

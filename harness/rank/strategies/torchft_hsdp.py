@@ -1,7 +1,7 @@
 """Strategy ``torchft``, rank side (the spec is ``harness.strategies.torchft_hsdp``): torchft 0.2.0's
 fault-tolerant HSDP, run as its users run it (a peer baseline).
 
-The world is cut into replica groups of ``strategy.torchft.group_size`` ranks. Inside a group the model
+The world is cut into replica groups of ``strategy.group_size`` ranks. Inside a group the model
 is sharded with FSDP2 on the group's own default process group; across groups every gradient shard goes
 through torchft's ``Manager.allreduce`` (``set_all_reduce_hook`` on every FSDP module: the hook is not
 recursive, and a hook on the root alone silently skips the cross-group reduction). With one rank per
@@ -65,6 +65,7 @@ from harness.rank.strategies.torchft_attempt import (
     time_manager,
     timed_transport,
 )
+from harness.strategies.torchft_config import torchft_config
 from harness.strategies.torchft_layout import LIGHTHOUSE_ENV, GroupLayout, ports_key
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class TorchftHsdp(Strategy):
         self.t_launch = t_launch
         self.control = control
         self.gen = gen
-        self.settings = ctx.cfg.strategy.torchft
+        self.settings = torchft_config(ctx.cfg.strategy)
         self.lighthouse = os.environ[LIGHTHOUSE_ENV]
         self.attempt = Attempt(t_start=time.time())
         self._failed: Attempt | None = None  # the last discarded attempt, until its retry's quorum

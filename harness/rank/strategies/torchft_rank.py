@@ -18,6 +18,7 @@ from harness.events import EventLog
 from harness.rank.mesh import mesh_layout
 from harness.rank.strategies.torchft_hsdp import TorchftHsdp
 from harness.rank.strategies.torchft_identity import replica_identity
+from harness.strategies.torchft_config import torchft_config
 from harness.strategies.torchft_layout import GroupLayout, gen_key, group_store_key
 
 __all__ = ["train_replica"]
@@ -36,7 +37,7 @@ def train_replica(cfg: Any, env: Any, run_dir: str) -> Any:
         run_loop,
     )
 
-    st = cfg.strategy.torchft
+    st = torchft_config(cfg.strategy)
     layout = GroupLayout(env.rank, env.world_size, st.group_size)
     pg_timeout = timedelta(seconds=cfg.cluster.pg_timeout_s)
     with EventLog(run_dir, env.rank) as events:
