@@ -73,9 +73,10 @@ def test_blackhole_shorter_than_the_pg_timeout_is_allowed_with_the_watchdog():
     from harness.app.capabilities import check_runnable
     from harness.app.validate import ConfigError
     from harness.schema import RunConfig
+    from harness.strategies.snapshot_config import AccelpactConfig
 
-    run = RunConfig()
-    run.strategy.name, run.fault.kind, run.fault.at_step = "accelpact", "blackhole", 3
+    run = RunConfig(strategy=AccelpactConfig(name="accelpact"))
+    run.fault.kind, run.fault.at_step = "blackhole", 3
     run.cluster.pg_timeout_s, run.fault.outage_s, run.train.steps = 120.0, 8.0, 10
     run.strategy.stall_timeout_s = 3.0
     try:

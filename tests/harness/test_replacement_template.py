@@ -26,9 +26,9 @@ def _launcher(tmp_path: Path, extra_env: dict[str, str] | None = None):
     from harness.contract import write_spec
     from harness.parent.launcher import Launcher
     from harness.schema import RunConfig
+    from harness.strategies.snapshot_config import AccelpactConfig
 
-    run = RunConfig()
-    run.strategy.name = "accelpact"
+    run = RunConfig(strategy=AccelpactConfig(name="accelpact"))
     run.cluster.pg_timeout_s = 60.0
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
