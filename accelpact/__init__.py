@@ -6,11 +6,12 @@ communicator, rebinds every cached reference in place and continues. See README.
 
 Its parts (docs/design.md has the module map): ``guard/`` (the step and the commit protocol),
 ``recovery/`` (rounds, commit rule, heal), ``detection/``, ``control/`` (the out-of-band channel),
-``dataplane/`` (process-group generations and rebinding), ``backends/``, ``snapshot/``, ``testing/``.
+``dataplane/`` (process-group generations and rebinding), ``backends/``, ``snapshot/``, ``run/`` (the
+launcher), ``inject`` (real fault injection: ``from accelpact.inject import FaultInjector``) and
+``testing/`` (the multi-rank test session and bit-identity checks).
 
 This package never imports the harness, Hydra, pandas or matplotlib, and its production modules
-never import ``accelpact.testing`` (the fault injector lives there: ``from accelpact.testing import
-FaultInjector``). Backend-specific recovery (gloo, NCCL) lives in ``accelpact.backends``.
+never import ``accelpact.testing``. Backend-specific recovery (gloo, NCCL) lives in ``accelpact.backends``.
 """
 
 import sys

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -42,12 +42,15 @@ from accelpact.recovery.context import StepState
 from accelpact.recovery.region_rule import RegionAction, RegionPhase
 
 if TYPE_CHECKING:
+    from accelpact.backends.base import Backend
     from accelpact.common.control_client import ControlClient
     from accelpact.recovery.heal import HealOutcome, HealPolicy
     from accelpact.recovery.rejoin import RejoinTicket
     from accelpact.snapshot.snapshotter import Snapshotter
 
 _log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")  # Guard.run returns what the caller's fn returns
 
 __all__ = ["Guard"]
 
@@ -161,7 +164,7 @@ class Guard:
         return list(self.plane.groups)
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> Backend:
         """The :class:`accelpact.backends.Backend` of the data-plane groups."""
         return self.plane.backend
 
@@ -178,9 +181,8 @@ class Guard:
     def resume_at(self, step: int) -> None:
         """Continue numbering from ``step`` (after restoring a checkpoint saved at ``step - 1``).
 
-        Only the numbering changes: the caller restores model and optimizer state. Call it
-        between steps, before the first :meth:`step` of the resumed run, so recovery reports
-        and errors name the caller's step numbers.
+        Only the numbering changes: the caller restores model and optimizer state. Call it between steps,
+        before the first :meth:`step` of the resumed run, so recovery reports and errors name its step numbers.
         """
         self.state.resume_at(step)
 
@@ -242,7 +244,7 @@ class Guard:
                 return cast(torch.Tensor, loss)  # rolls_forward raised if step_fn had not returned
             torch.set_rng_state(rng)  # retry the same step on the same batch
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the caller's own collectives (``fn(*args, **kwargs)``) under the guard; return fn's result.
 
         For what happens between steps: evaluation, a checkpoint save, a final gather. A fault inside
@@ -278,7 +280,7 @@ class Guard:
                 t_start = time.time()
                 state.phase = Phase.BEFORE_VOTE
                 state.region_phase = RegionPhase.RUNNING
-                result: Any = None
+                result: R | None = None
                 if self._watchdog is not None:
                     self._watchdog.begin_attempt(getattr(self.control, "generation", 0))
                 try:
@@ -305,7 +307,7 @@ class Guard:
                 action = decisions.region_action(recovered, rank=self.rank, committed=self.committed_step, peers=peers)
                 if action is RegionAction.COMPLETE:
                     state.region_done += 1
-                    return result
+                    return cast(R, result)  # every rank had finished fn: its result, computed before the fault
                 torch.set_rng_state(rng)  # RETRY: run fn again from its start
         finally:
             state.region_phase = None
