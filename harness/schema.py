@@ -172,6 +172,19 @@ class StrategyConfig:
     replacement_start: ReplacementStart = ReplacementStart.template
 
 
+C = TypeVar("C", bound=StrategyConfig)
+
+
+def own_config(strategy: StrategyConfig, cls: Type[C], settings: str, owners: str) -> C:
+    """``strategy`` as ``cls``, the config class of the strategies named in ``owners``; ConfigError when the
+    config of another strategy (without those ``settings``) reaches their code."""
+    if not isinstance(strategy, cls):
+        raise ConfigError(
+            f"strategy={strategy.name} has no {settings} settings ({type(strategy).__name__}); they belong to {owners}"
+        )
+    return strategy
+
+
 @dataclass
 class FaultConfig:
     kind: str = "none"  # a registered fault kind (harness.faults.registry); checked at validation

@@ -113,15 +113,7 @@ def check_tax_budget(snap: SnapshotSettings) -> None:
     from accelpact.snapshot import SnapshotConfig  # lazy: torch
 
     try:
-        SnapshotConfig(
-            root="/unused",
-            every=snap.every,
-            push_every=snap.push_every,
-            max_tax=snap.max_tax,
-            max_bound=snap.max_bound,
-            tax_warmup=snap.tax_warmup,
-            check_room=False,
-        )
+        SnapshotConfig(root="/unused", check_room=False, **snap.cadence())
     except ValueError as exc:
         raise ConfigError(
             f"{str(exc).replace('SnapshotConfig.', 'strategy.snapshot.')}; or `strategy.snapshot.max_tax=null` "

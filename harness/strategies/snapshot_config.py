@@ -9,9 +9,9 @@ block (GEMINI's in-memory captures).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
-from harness.schema import ConfigError, StrategyConfig
+from harness.schema import StrategyConfig, own_config
 
 __all__ = ["SnapshotSettings", "AccelpactConfig", "Snapshots", "snapshots_of", "accelpact_config"]
 
@@ -35,6 +35,11 @@ class SnapshotSettings:
     max_tax: Optional[float] = None
     max_bound: int = 16
     tax_warmup: int = 8
+
+    def cadence(self) -> dict[str, Any]:
+        """The keyword arguments of accelpact's ``SnapshotConfig`` that these settings give (its cadence and budget)."""
+        names = ("every", "push_every", "max_tax", "max_bound", "tax_warmup")
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass
@@ -60,9 +65,4 @@ def snapshots_of(strategy: StrategyConfig) -> Snapshots | None:
 
 def accelpact_config(strategy: StrategyConfig) -> AccelpactConfig:
     """``strategy`` as accelpact's config; ConfigError when a config of another strategy reaches accelpact's code."""
-    if not isinstance(strategy, AccelpactConfig):
-        raise ConfigError(
-            f"strategy={strategy.name} has no snapshot settings ({type(strategy).__name__}); they belong to "
-            "strategy=accelpact or strategy=accelpact_heal"
-        )
-    return strategy
+    return own_config(strategy, AccelpactConfig, "snapshot", "strategy=accelpact or strategy=accelpact_heal")

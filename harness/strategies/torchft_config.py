@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.schema import ConfigError, StrategyConfig
+from harness.schema import StrategyConfig, own_config
 
 __all__ = ["TorchftConfig", "torchft_config"]
 
@@ -29,9 +29,4 @@ class TorchftConfig(StrategyConfig):
 
 def torchft_config(strategy: StrategyConfig) -> TorchftConfig:
     """``strategy`` as torchft's config; ConfigError when a config of another strategy reaches torchft's code."""
-    if not isinstance(strategy, TorchftConfig):
-        raise ConfigError(
-            f"strategy={strategy.name} has no torchft settings ({type(strategy).__name__}); they belong to "
-            "strategy=torchft"
-        )
-    return strategy
+    return own_config(strategy, TorchftConfig, "torchft", "strategy=torchft")

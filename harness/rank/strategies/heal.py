@@ -178,14 +178,7 @@ def snapshots_and_policy(
         job_token=token,
         rank=rank,
         world_size=world_size,
-        config=SnapshotConfig(
-            every=snap.every,
-            push_every=snap.push_every,
-            pause_mid_copy_s=snap.pause_mid_copy_s,
-            max_tax=snap.max_tax,
-            max_bound=snap.max_bound,
-            tax_warmup=snap.tax_warmup,
-        ),
+        config=SnapshotConfig(pause_mid_copy_s=snap.pause_mid_copy_s, **snap.cadence()),
         on_complete=replication.push if replication is not None else None,
         extra_state=(lambda: {"scheduler": scheduler.state_dict()}) if scheduler is not None else None,
     )
