@@ -47,9 +47,7 @@ STRATEGIES: tuple[str, ...] = ("accelpact_heal", "checkpoint_restore", "cold_res
 OURS = "accelpact_heal"
 REFERENCE = "reference"
 # The advisor speaks the simulator's strategy names; where a harness strategy's differs, its model there.
-# GEMINI is not modelled by the simulator: it takes NVRx's disk interval (both restore from disk what their
-# in-memory copy cannot give back).
-ADVISOR_ROW: dict[str, str] = {"torchft": "torchft_peer_heal", "gemini": "checkpoint_restore"}
+ADVISOR_ROW: dict[str, str] = {"torchft": "torchft_peer_heal"}
 RUN_TIMEOUT_S = 3600  # one run; a run past it is stopped and reported failed, the others go on
 
 

@@ -343,8 +343,9 @@ def _advice_table(rows: dict[str, Any], settings: dict[str, list[str]], missing:
         )
     lines += [
         "",
-        "torchft is modelled as the simulator's `torchft_peer_heal`; GEMINI is not modelled and takes NVRx's "
-        "(`checkpoint_restore`'s) interval.",
+        "torchft is modelled as the simulator's `torchft_peer_heal`. GEMINI's row models a relaunch that reloads "
+        "its in-memory captures (only a recurring bug reads the disk), with its per-step capture from the cost model "
+        "(`harness.advise.taxes`).",
         "",
     ]
     return lines

@@ -61,7 +61,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/rejudge.py", "accelpact"): "the name the committed runs ran under",
     ("experiments/rejudge.py", "accelpact_heal"): "what those runs are called now (snapshots on)",
     ("harness/advise/advice.py", "cold_restart"): "the heal's fallback is a cold restart's outcome",
-    ("harness/advise/advice.py", "torchft_peer_heal"): "its measured per-step quorum is charged as a tax",
 }
 
 

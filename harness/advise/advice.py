@@ -9,6 +9,7 @@ step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this 
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from harness.fleet.trace import Trace
 
 __all__ = [
-    "TORCHFT_QUORUM_S",
     "AdviceRow",
     "Advice",
     "advise",
@@ -38,10 +38,6 @@ __all__ = [
     "TraceAdviceRow",
     "advise_for_trace",
 ]
-
-# torchft's per-step quorum, measured here: median 8 ms a step (docs/scale.md); the simulator itself does
-# not charge it, the advisor does.
-TORCHFT_QUORUM_S = 0.008
 
 
 @dataclass(frozen=True)
@@ -77,11 +73,15 @@ def default_strategies() -> tuple[str, ...]:
 def protection_plan(
     cluster: Cluster, mix: Mapping[str, FailureClass], platform: Platform, strategies: Sequence[str]
 ) -> tuple[dict[str, Choice], dict, dict[str, float]]:
-    """``heal_plan``, plus torchft's measured per-step quorum as its tax: every per-step cost the projection
-    charges."""
+    """``heal_plan``, plus each strategy's fixed per-step protection (its ``Simulation.per_step_tax``: torchft's
+    quorum, GEMINI's capture): every per-step cost the projection charges."""
     choices, rows, taxes = heal_plan(cluster, mix, platform, strategies)
-    if "torchft_peer_heal" in strategies:
-        taxes["torchft_peer_heal"] = TORCHFT_QUORUM_S / cluster.step_s
+    sims = simulated()
+    for s in strategies:
+        ref = sims[s].per_step_tax
+        if ref is not None and s not in taxes:
+            module_name, _, fn_name = ref.partition(":")
+            taxes[s] = float(getattr(importlib.import_module(module_name), fn_name)(cluster, platform))
     return choices, rows, taxes
 
 

@@ -109,8 +109,10 @@ def push_time_s(platform: Platform, state_bytes: float) -> float:
     return state_bytes / GB / platform.push_gbps
 
 
-def tax(platform: Platform, state_bytes: float, step_s: float, cadence: Cadence) -> Tax:
-    """The per-step tax of ``cadence`` for a rank with ``state_bytes`` of state and an unprotected step of ``step_s``."""
+def tax(platform: Platform, state_bytes: float, step_s: float, cadence: Cadence, checksum: bool = True) -> Tax:
+    """The per-step tax of ``cadence`` for a rank with ``state_bytes`` of state and an unprotected step of ``step_s``.
+
+    ``checksum=False``: a capture that is not checksummed (GEMINI's)."""
     if state_bytes < 0 or step_s <= 0:
         raise ValueError(f"state_bytes={state_bytes!r} must be >= 0 and step_s={step_s!r} > 0")
     e, k = cadence.every, cadence.push_every
@@ -118,7 +120,7 @@ def tax(platform: Platform, state_bytes: float, step_s: float, cadence: Cadence)
         raise ValueError(f"{cadence.text()}: every and push_every must be at least 1")
     gb = state_bytes / GB
     copy = gb / platform.copy_gbps
-    crc = gb / platform.checksum_gbps
+    crc = gb / platform.checksum_gbps if checksum else 0.0
     push = push_time_s(platform, state_bytes)
     per_snap_exposed = (1 - platform.copy_overlap) * copy + (1 - platform.checksum_overlap) * crc + platform.fixed_s
     push_exposed = (1 - platform.push_overlap) * push * platform.push_sides

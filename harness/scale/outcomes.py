@@ -236,6 +236,23 @@ def replica_drops_and_peer_heals(c: Cluster, cls: str) -> Outcome:
     return Outcome(rollback, parts, "replica drops out and rejoins by peer heal")
 
 
+def relaunch_and_restore_from_peer_memory(c: Cluster, cls: str) -> Outcome:
+    """GEMINI (lm-resiliency): every process relaunched, each rank's state reloaded from the newest in-memory
+    capture (its own host's, or its paired rank's replica for a lost host), at most one capture interval
+    replayed. A recurring bug is paid as a cold restart: the relaunch after the fix reads the disk checkpoint
+    (the captures of a job that was stopped for a fix are not counted on); planned maintenance as cold."""
+    if cls in ("software_bug", "planned_maintenance"):
+        return _cold(c, cls)
+    parts = {
+        "detection": _detect(c, cls),
+        "restart": sc.process_restart_s(c.gpus),
+        "restore": sc.heal_remote_s(c) if cls == "gpu_host_loss" else sc.heal_local_s(c),
+    }
+    if cls == "gpu_host_loss":
+        parts["spare"] = sc.spare_s(c)
+    return Outcome(ROLLBACK_STEP, parts, "relaunch every process, reload the in-memory captures, replay the step")
+
+
 def no_failures(c: Cluster, cls: str) -> Outcome:
     return Outcome(ROLLBACK_NONE, {}, "fault-free reference: no failures are drawn for it")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.schema import ConfigError, StrategyConfig
 from harness.strategies.cold_restart import relaunch_after_any_failure
-from harness.strategies.spec import StrategySpec
+from harness.strategies.spec import Simulation, StrategySpec
 
 LM_RESILIENCY_VERSION = "0.2.0"
 
@@ -58,6 +58,13 @@ SPEC = StrategySpec(
     # The survivors write their copy and their peer's replica to disk after the collective error.
     settle_s=lambda run: 15.0,
     check=check_runnable,
+    simulation=Simulation(
+        "harness.scale.outcomes:relaunch_and_restore_from_peer_memory",
+        "GEMINI (lm-resiliency 0.2.0): relaunch every process, reload the in-memory captures (a lost host's from "
+        "its paired rank); its per-step capture from the cost model (harness.advise.taxes)",
+        synchronous=True,
+        per_step_tax="harness.advise.taxes:gemini_capture",
+    ),
     unequal=(
         "per-step in-memory capture of each rank's state, replicated to its paired rank (a per-step cost)",
         "any fault restarts every rank (spawned; lm-resiliency's standby rendezvous does not register under "

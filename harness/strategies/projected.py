@@ -47,6 +47,7 @@ PROJECTED: tuple[ProjectedStrategy, ...] = (
             "harness.scale.outcomes:replica_drops_and_peer_heals",
             "torchft 0.2.0 replica drop + peer heal (survivors' stop and replica restart measured: "
             "results/scale_projection/torchft_runs.csv)",
+            per_step_tax="harness.advise.taxes:torchft_quorum",
         ),
         color="tab:pink",
     ),

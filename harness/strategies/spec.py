@@ -46,10 +46,15 @@ class Simulation:
     # What the harness's calibration fault (a socket reset) throws away under it: "step" or "checkpoint"
     # (harness.fleet.config's rollbacks); None: the simulator is not calibrated against its runs.
     calibration_rollback: str | None = None
+    # "module:function" taking (Cluster, harness.advise.cost.Platform) -> the protection it pays on every step,
+    # as a fraction of the step (the advisor charges it; harness.advise.taxes); None: nothing per step, or a
+    # cost the advisor chooses itself (the heal's cadence).
+    per_step_tax: str | None = None
 
     def __post_init__(self) -> None:
-        if ":" not in self.build:
-            raise ValueError(f"Simulation.build must be 'module:function', got {self.build!r}")
+        for ref in (self.build, self.per_step_tax):
+            if ref is not None and ":" not in ref:
+                raise ValueError(f"Simulation: {ref!r} must be 'module:function'")
 
 
 @dataclass(frozen=True)
