@@ -240,7 +240,7 @@ def check_scale_projection(results: Path) -> list[str]:
     return [] if ft[0] - ft[1] > ours[0] + ours[1] else [f"at {top} GPUs torchft {ft} vs AccelPact {ours}: not ahead"]
 
 
-MIXED_PEERS = ("cold_restart", "checkpoint_restore", "torchft")
+MIXED_PEERS = ("cold_restart", "checkpoint_restore", "torchft", "gemini")
 
 
 def check_mixed_faults(results: Path) -> list[str]:

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from experiments import _driver
-from experiments.mixed_faults import OURS
+from experiments.mixed_faults import FULL, OURS
 from experiments.provenance import footer_text, load_provenance
 
 TIMELINE = "timeline.png"
+FULL_STEPS, FULL_TRIALS = FULL.steps, FULL.trials
 # Strategies that do not promise a final state bit-identical to the fault-free run, and why.
 NO_IDENTITY_PROMISE: dict[str, str] = {
     "torchft": "a step with a replica group out averages fewer gradients, so its end differs by design",
@@ -171,11 +172,12 @@ def write(
         f"and every strategy once, in a rotated order (`python -m experiments.mixed_faults`).",
         "",
     ]
-    if prov.extra.get("quick"):
+    trials = int(prov.extra.get("trials") or 0)
+    if prov.extra.get("quick") or trace.steps < FULL_STEPS or trials < FULL_TRIALS:
         lines += [
-            f"**A `--quick` run**: {trace.steps} steps and {prov.extra.get('trials')} trial(s), not the full size "
-            "(`python -m experiments.mixed_faults`: 300 steps, ~10 faults, 5 trials). Its intervals are wide, and "
-            "its trace is short.",
+            f"**Not the full size**: {trace.steps} steps and {trials} trial(s) "
+            f"(`python -m experiments.mixed_faults`: {FULL_STEPS} steps, ~10 faults, {FULL_TRIALS} trials). Its "
+            "intervals are wider, and its trace is short.",
             "",
         ]
     if missing:

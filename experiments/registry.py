@@ -200,18 +200,18 @@ REGISTRY: tuple[Experiment, ...] = (
         paper="no graph breaks or recompiles across recoveries",
     ),
     Experiment(
-        "mixed_faults/quick",
+        "mixed_faults/steps60",
         "experiments.mixed_faults",
         "over one seeded trace of Llama 3's failure mix (60 steps, 4 faults: a link down, two host losses, a "
-        "hang), AccelPact's heal gives back more whole-run goodput than cold restart, NVRx and torchft, each "
-        "at the advisor's settings, outside the minimum effect, and ends bit-identical",
+        "hang), AccelPact's heal gives back more whole-run goodput than cold restart, NVRx, torchft and GEMINI, "
+        "each at the advisor's settings, outside the minimum effect, and ends bit-identical",
         66,
-        full_args=("--quick", "--trials", "5", "--out", "results/mixed_faults/quick"),
+        full_args=("--steps", "60", "--faults", "2", "--trials", "5", "--out", "results/mixed_faults/steps60"),
         title="A day of faults, compressed: every strategy over one seeded trace",
         intro="A seeded trace drawn from Llama 3's published failure mix, mapped to the harness's faults (the "
         "mapping and the rate scale are in the table), the same for every strategy and trial; each strategy at "
         "the protection advisor's settings for that trace; measured whole-run goodput with order-statistic "
-        "intervals over interleaved trials. A --quick run (60 steps), not the full 300-step one.",
+        "intervals over interleaved trials. A 60-step run, not the full 300-step one.",
         plot="timeline.png",
         digest_row=("`cold_restart`",),
         digest_columns=("strategy", "gain of accelpact_heal [interval]", "verdict", "bit-identical to the reference"),
@@ -243,7 +243,7 @@ README_ORDER: tuple[str, ...] = (
     "peers",
     "peers_host_loss",
     "process_loss",
-    "mixed_faults/quick",
+    "mixed_faults/steps60",
     "ckpt_overhead",
     "rebind_scaling",
     "bit_identity",

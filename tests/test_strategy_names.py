@@ -50,6 +50,7 @@ ALLOWED: dict[tuple[str, str], str] = {
             "accelpact_grow",
             "accelpact_hsdp_continue",
             "torchft_peer_heal",
+            "gemini",
         )
     },
     **{

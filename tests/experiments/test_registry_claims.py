@@ -54,7 +54,7 @@ def test_a_check_fails_when_the_numbers_stop_supporting_the_claim(tmp_path):
     assert any("snapshot overhead" in p for p in claim_checks.check_process_loss(loss))
 
     mixed = tmp_path / "mixed"
-    shutil.copytree(ROOT / "results" / "mixed_faults" / "quick", mixed)
+    shutil.copytree(ROOT / "results" / "mixed_faults" / "steps60", mixed)
     assert claim_checks.check_mixed_faults(mixed) == []
     with (mixed / "table.csv").open(newline="") as fh:
         rows = list(csv.DictReader(fh))

@@ -62,10 +62,10 @@ def test_registry_covers_every_claim_and_selection_keeps_its_order():
         "bit_identity",
         "ckpt_overhead",
         "compile",
-        "mixed_faults/quick",
+        "mixed_faults/steps60",
         "scale_projection",
     ]
-    # A name is the results directory: the experiment's own, or a named run of it (mixed_faults/quick)
+    # A name is the results directory: the experiment's own, or a named run of it (mixed_faults/steps60)
     assert all(e.module == f"experiments.{e.name.split('/')[0]}" for e in REGISTRY)
     assert [e.name for e in select(REGISTRY, ["compile", "bit_identity"])] == ["bit_identity", "compile"]
     with pytest.raises(ValueError, match="choose from"):
