@@ -90,8 +90,13 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
     step_fn = step_fn_for(model)
     # "e{e}k{k}": a whole cadence (snapshot.every = e, push_every = k), e.g. the advisor's choice.
     cycle = ["off", "snap", *[f"k{k}" for k in sc["ks"]], *[f"e{e}k{k}" for e, k in sc.get("cadences", [])]]
-    blocks = cycle + [cycle[i % len(cycle)] for i in range(len(cycle) * sc["rounds"])]
-    warm = len(cycle)  # the first cycle: lazy init, the slot files' first touch, the allocator
+    budget = _budget(sc, ctx, base, rep)
+    # "budget": the heal as a user gets it by default, every=1 push_every=1 thinned by the tax budget
+    # (SnapshotConfig.max_tax). Its warm-up and agreement run first, in blocks of their own, unmeasured.
+    lead = ["budget"] * -(-(2 * budget.warmup + 8) // sc["steps"]) if budget is not None else []
+    cycle += ["budget"] if budget is not None else []
+    blocks = lead + cycle + [cycle[i % len(cycle)] for i in range(len(cycle) * sc["rounds"])]
+    warm = len(lead) + len(cycle)  # the first cycle: lazy init, the slot files' first touch, the allocator
     times: dict[str, list[float]] = {b: [] for b in cycle}
     block_means: dict[str, list[float]] = {b: [] for b in cycle}
     cpu_means: dict[str, list[float]] = {b: [] for b in cycle}
@@ -100,7 +105,8 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
     step = 0
     for i, mode in enumerate(blocks):
         guard.snapshots = None if mode == "off" else snap
-        snap.on_complete = rep.push if mode.startswith(("k", "e")) else None
+        snap.on_complete = rep.push if mode.startswith(("k", "e", "budget")) else None
+        snap.budget = budget if mode == "budget" else None
         if mode.startswith("k"):
             snap.config = dataclasses.replace(base, push_every=int(mode[1:]))
         elif mode.startswith("e"):
@@ -138,7 +144,28 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
         "pushes": pushes,
         "replication": stats,
         "state_bytes": snap.nbytes,
+        "budget": budget.decision if budget is not None else None,
     }
+
+
+def _budget(sc: dict, ctx: RankContext, base: object, rep: object) -> object:
+    """The tax budget of ``sc["budget"]`` (a fraction of a step), or None: the snapshotter's own
+    (accelpact.snapshot.tax_budget), swapped in for the "budget" blocks only, agreeing through the control store."""
+    if not sc.get("budget"):
+        return None
+    from accelpact.snapshot.tax_budget import TaxBudget
+
+    budget = TaxBudget(
+        float(sc["budget"]),
+        base.max_bound,  # type: ignore[attr-defined]
+        base.tax_warmup,  # type: ignore[attr-defined]
+        (base.every, base.push_every),  # type: ignore[attr-defined]
+        ctx.rank,
+        ctx.world_size,
+        rep.push_cpu_s,  # type: ignore[attr-defined]
+    )
+    budget.control = ctx.control
+    return budget
 
 
 def overhead_rows(res: list[dict], ks: list[int]) -> list[str]:

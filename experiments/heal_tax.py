@@ -19,6 +19,10 @@ inside each cell's interval, from the committed file, without running anything.
 
     python -m experiments.heal_tax --trials 7
     python -m experiments.heal_tax --trials 11 --steps 8 --advised 4x1 2x2   # cadences at the default model
+    python -m experiments.heal_tax --trials 15 --steps 8 --advised 4x1 2x1 --budget 0.03   # + the heal's default
+
+``--budget MAX_TAX`` adds the heal as a user gets it by default: every=1, push_every=1 thinned by the runtime's
+tax budget (``SnapshotConfig.max_tax``), whose warm-up and agreement run first in unmeasured blocks.
 
 Writes ``results/heal_tax/calibration.md`` and ``calibration.json`` with the command, git sha and machine.
 """
@@ -153,18 +157,29 @@ def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             "cell": name,
             "cadences": cadences,
             "confirm_push": True,
+            "budget": args.budget,
         },
     )
+    # The model's rates come from the calibration beside the results: read them before minutes of runs.
+    platform = platform_from(load(args.results / "calibration.json"))
     t0, loads = time.monotonic(), [os.getloadavg()[0]]
     scratch = Path(tempfile.mkdtemp(prefix="accelpact-heal-tax-"))
     try:
-        cost = cost_trials(scratch / name, [1], args.steps, args.trials, model=model, cadences=cadences)
+        cost = cost_trials(
+            scratch / name, [1], args.steps, args.trials, model=model, cadences=cadences, budget=args.budget
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     loads.append(os.getloadavg()[0])
-    platform = platform_from(load(args.results / "calibration.json"))
     step = statistics.median(cost["off_cpu_s"])
-    modes = {"snap": None, "k1": (1, 1), **{f"e{e}k{k}": (e, k) for e, k in cadences}}
+    modes: dict[str, tuple[int, int] | None] = {
+        "snap": None,
+        "k1": (1, 1),
+        **{f"e{e}k{k}": (e, k) for e, k in cadences},
+    }
+    chosen = cost.get("budget") or {}
+    if args.budget:
+        modes["budget"] = (int(chosen["every"]), int(chosen["push_every"])) if chosen else (1, 1)
     lines = [
         "# The heal's per-step tax at the advisor's cadences, side by side",
         "",
@@ -185,8 +200,11 @@ def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         what = (
             "snapshots every step, no push"
             if cad is None
-            else "heal default: every=1, push_every=1"
+            else "every=1, push_every=1 (no budget)"
             if mode == "k1"
+            else f"heal default: max_tax={args.budget:g}, which chose every={cad[0]}, push_every={cad[1]}"
+            + ("" if chosen else " (no decision: the warm-up cadence)")
+            if mode == "budget"
             else f"every={cad[0]}, push_every={cad[1]}"
         )
         pred = tax(
@@ -234,6 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         metavar="EVERYxPUSH_EVERY",
         help="measure these cadences (e.g. 4x1 2x2) beside the heal's default at the default model",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="MAX_TAX",
+        help="with --advised: measure the tax budget too (the heal's default, strategy.snapshot.max_tax=0.03)",
     )
     args = ap.parse_args(argv)
     if args.advised:

@@ -68,10 +68,12 @@ def cost_trials(
     trials: int,
     model: dict | None = None,
     cadences: Sequence[tuple[int, int]] = (),
+    budget: float | None = None,
 ) -> dict[str, Any]:
     """Part 1: the per-trial overheads of every configuration against its neighbouring "off" block.
     ``model``: the bench's model fields (default ``benchmarks.bench_push_every.MODEL``: mistral_tiny, seq 64 x 2).
-    ``cadences``: (every, push_every) pairs measured as whole cadences too (configs ``e{e}k{k}``)."""
+    ``cadences``: (every, push_every) pairs measured as whole cadences too (configs ``e{e}k{k}``).
+    ``budget``: a tax budget (``SnapshotConfig.max_tax``) measured too (config ``budget``, the heal's default)."""
     from accelpact.testing.session import run_session
     from benchmarks.bench_push_every import MODEL
 
@@ -87,8 +89,9 @@ def cost_trials(
             "ks": ks,
             "confirm": True,
             "cadences": [list(c) for c in cadences],
+            "budget": budget,
         }
-        total = steps * (2 + len(ks) + len(cadences)) * (trials + 1)
+        total = steps * (2 + len(ks) + len(cadences) + (1 if budget else 0)) * (trials + 1) + (64 if budget else 0)
         s = run_session(
             scratch / "cost",
             RUNNER,
@@ -111,7 +114,8 @@ def cost_trials(
         "state_bytes": rank0.get("state_bytes"),
         "off_cpu_s": rank0["cpu_means"]["off"],
     }
-    for mode in ["snap", *[f"k{k}" for k in ks], *[f"e{e}k{k}" for e, k in cadences]]:
+    out["budget"] = rank0.get("budget")
+    for mode in ["snap", *[f"k{k}" for k in ks], *[f"e{e}k{k}" for e, k in cadences], *(["budget"] if budget else [])]:
         out["configs"][mode] = {
             "step_s": rank0["block_means"][mode],
             "overhead": [b / a - 1 for a, b in zip(rank0["block_means"]["off"], rank0["block_means"][mode])],

@@ -4,11 +4,9 @@ alone and with a confirmed push every step, the model's prediction lies inside e
 is run: the test reads the file.
 
 The model takes only the parts' rates measured alone, the cell's state bytes and its unprotected step (CPU
-seconds), nothing fitted to the cells. Two measures of the tax are checked: step time (the acceptance's; on
-this shared host, at load 7-13, its intervals are 72-183 points wide, so it catches only a model off by
-several times) and CPU per step (10-30 points wide). Checked by breaking the model once: a push charged at
-twice its cost (4 sides) fails the CPU check; a push charged on one side only (half its cost) is not caught.
-Tighter intervals need a quieter host or more trials."""
+seconds), nothing fitted to the cells. Two measures of the tax are checked: step time (the acceptance's) and
+CPU per step. In the committed quiet run (load 0.3-2.6, blocks of 8 steps) their intervals are 8-19 and
+5-19 points wide; at load 7-13 with blocks of 4 steps they were 72-183 and 10-30."""
 
 from __future__ import annotations
 
@@ -18,10 +16,10 @@ from harness.advise.calibration import cell_rows, load, platform_from
 
 DATA = load()
 ROWS = cell_rows(DATA)
-# The one CPU interval the model misses in the committed run (git 998fdf3, load 7-13): at the smallest step
-# (0.18 s of CPU) it predicts +13.9% against a measured [+14.4, +31.4]: a fixed per-push cost the parts'
-# rates do not hold, or the load. strict: if a new measurement covers it, this marker must go.
-CPU_MISSES = {("tiny_t128", "push")}
+# CPU intervals the model misses in the committed run, each a strict expected failure (a new measurement
+# that covers it forces its marker off). The quiet run at c274e01 has none; the earlier one at load 7-13
+# missed tiny_t128 with a push (+13.9% predicted, [+14.4, +31.4] measured).
+CPU_MISSES: set[tuple[str, str]] = set()
 
 
 def test_the_committed_measurement_covers_2_sizes_x_2_token_settings_with_5_or_more_trials():
