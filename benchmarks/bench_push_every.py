@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -148,21 +148,22 @@ def run_rank(sc: dict, ctx: RankContext) -> dict:
     }
 
 
-def _budget(sc: dict, ctx: RankContext, base: object, rep: object) -> object:
+def _budget(sc: dict, ctx: RankContext, base: Any, rep: Any) -> Any:
     """The tax budget of ``sc["budget"]`` (a fraction of a step), or None: the snapshotter's own
-    (accelpact.snapshot.tax_budget), swapped in for the "budget" blocks only, agreeing through the control store."""
+    (accelpact.snapshot.tax_budget), swapped in for the "budget" blocks only, agreeing through the control store.
+    ``base``: the bench's SnapshotConfig (its warm-up cadence and bounds); ``rep``: its Replication."""
     if not sc.get("budget"):
         return None
     from accelpact.snapshot.tax_budget import TaxBudget
 
     budget = TaxBudget(
         float(sc["budget"]),
-        base.max_bound,  # type: ignore[attr-defined]
-        base.tax_warmup,  # type: ignore[attr-defined]
-        (base.every, base.push_every),  # type: ignore[attr-defined]
+        base.max_bound,
+        base.tax_warmup,
+        (base.every, base.push_every),
         ctx.rank,
         ctx.world_size,
-        rep.push_cpu_s,  # type: ignore[attr-defined]
+        rep.push_cpu_s,
     )
     budget.control = ctx.control
     return budget

@@ -135,8 +135,9 @@ def combine_parts(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def advised(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    """``--advised``: the default model (tiny at 128 tokens) with snapshots off, snapshots alone, the heal's
-    default (a push every step) and each given cadence, interleaved; writes ``advised.md`` / ``advised.json``."""
+    """``--advised``: the default model (tiny at 128 tokens) with snapshots off, snapshots alone, a snapshot and
+    a push every step, each given cadence and, with ``--budget``, the heal's default (the runtime's tax budget),
+    interleaved; writes ``advised.md`` / ``advised.json``."""
     from experiments.process_loss_push_every import cost_trials
     from experiments.provenance import collect, current_command, provenance_markdown
     from harness.advise.calibration import load, order_interval, platform_from

@@ -205,7 +205,7 @@ REGISTRY: tuple[Experiment, ...] = (
         "over one seeded trace of Llama 3's failure mix (60 steps, 4 faults: a link down, two host losses, a "
         "hang), AccelPact's heal gives back more whole-run goodput than cold restart, NVRx, torchft and GEMINI, "
         "each at the advisor's settings, outside the minimum effect, and ends bit-identical",
-        66,
+        78,
         full_args=("--steps", "60", "--faults", "2", "--trials", "5", "--out", "results/mixed_faults/steps60"),
         title="A day of faults, compressed: every strategy over one seeded trace",
         intro="A seeded trace drawn from Llama 3's published failure mix, mapped to the harness's faults (the "
