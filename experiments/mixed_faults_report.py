@@ -23,7 +23,6 @@ from experiments.mixed_faults import FULL, OURS
 from experiments.provenance import footer_text, load_provenance
 
 TIMELINE = "timeline.png"
-FULL_STEPS, FULL_TRIALS = FULL.steps, FULL.trials
 # Strategies that do not promise a final state bit-identical to the fault-free run, and why.
 NO_IDENTITY_PROMISE: dict[str, str] = {
     "torchft": "a step with a replica group out averages fewer gradients, so its end differs by design",
@@ -173,10 +172,10 @@ def write(
         "",
     ]
     trials = int(prov.extra.get("trials") or 0)
-    if prov.extra.get("quick") or trace.steps < FULL_STEPS or trials < FULL_TRIALS:
+    if prov.extra.get("quick") or trace.steps < FULL.steps or trials < FULL.trials:
         lines += [
             f"**Not the full size**: {trace.steps} steps and {trials} trial(s) "
-            f"(`python -m experiments.mixed_faults`: {FULL_STEPS} steps, ~10 faults, {FULL_TRIALS} trials). Its "
+            f"(`python -m experiments.mixed_faults`: {FULL.steps} steps, ~{FULL.faults:g} faults, {FULL.trials} trials). Its "
             "intervals are wider, and its trace is short.",
             "",
         ]

@@ -9,7 +9,6 @@ step_s, state_bytes, checkpoint_write_s)`` gives the settings for a run of this 
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from harness.scale import analytic
 from harness.scale.outcomes import DESIGN_BUILDS, outcome_table
 from harness.scale.project import Projection, project
 from harness.strategies import simulated
+from harness.strategies.spec import resolve
 
 if TYPE_CHECKING:
     from harness.fleet.trace import Trace
@@ -80,8 +80,7 @@ def protection_plan(
     for s in strategies:
         ref = sims[s].per_step_tax
         if ref is not None and s not in taxes:
-            module_name, _, fn_name = ref.partition(":")
-            taxes[s] = float(getattr(importlib.import_module(module_name), fn_name)(cluster, platform))
+            taxes[s] = float(resolve(ref)(cluster, platform))
     return choices, rows, taxes
 
 
